@@ -1,0 +1,132 @@
+"""The environment contract every domain implements, and the validating wrapper.
+
+A :class:`DomainEnv` is one episode world. The core drives it turn by turn:
+``reset(seed)`` -> text observation; ``step(action_text, role)`` ->
+:class:`StepResult`; ``snapshot()`` / ``restore(snap)`` give exact copies of the
+world so counterfactual branches can be rolled from any turn.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepResult:
+    """What one env step returns.
+
+    :param observation: text observation after the step (what agents see next).
+    :param reward: env reward for this step (milestones, progress, a judged answer ...).
+    :param done: the episode ended (task solved, terminal action, failure).
+    :param valid: False when the action text could not be parsed or is not
+        allowed for the role; the env then did nothing (a no-op) and the core counts it.
+    :param info: free-form per-step data (metrics such as ``success``).
+    """
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    valid: bool = True
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExpertStep:
+    """One step of a scripted expert: which role owns the action and its text."""
+
+    role: str
+    action: str
+
+
+class DomainEnv(ABC):
+    """Base class for a domain's world. Subclasses keep *all* state that
+    ``snapshot`` must capture in plain Python data, so a deep copy is exact."""
+
+    @abstractmethod
+    def reset(self, seed: int) -> str:
+        """Start a new episode from ``seed`` (deterministic) and return the observation."""
+
+    @abstractmethod
+    def step(self, action: str, role: str | None = None) -> StepResult:
+        """Apply ``action`` (raw text emitted by the acting agent, whose role is
+        ``role``; ``None`` for a single monolithic model). Unparsable or
+        disallowed text is a no-op with ``valid=False``."""
+
+    @abstractmethod
+    def observation(self) -> str:
+        """The current text observation (same as the last reset/step returned)."""
+
+    def snapshot(self) -> Any:
+        """An exact, independent copy of the world state (default: deep copy of ``__dict__``)."""
+        return copy.deepcopy(self.__dict__)
+
+    def restore(self, snapshot: Any) -> None:
+        """Put the world back exactly into ``snapshot`` (which stays reusable)."""
+        self.__dict__.clear()
+        self.__dict__.update(copy.deepcopy(snapshot))
+
+    def expert_action(self) -> ExpertStep | None:
+        """What the scripted expert does now (role + action text), or ``None``
+        when the expert has nothing to do. Used for SFT cold-start demos."""
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        """Episode-level metrics so far (e.g. ``success``, ``spl``); reported at episode end."""
+        return {}
+
+
+class EnvContractError(RuntimeError):
+    """A domain env broke the :class:`DomainEnv` contract."""
+
+
+class ValidatedEnv:
+    """Wraps a :class:`DomainEnv` and checks the contract on every call, with
+    messages that name the domain and the bad value."""
+
+    def __init__(self, env: DomainEnv, name: str, reward_bounds: tuple[float, float] | None = None):
+        self.env, self.name, self.reward_bounds = env, name, reward_bounds
+        self.done = False
+        self.total_reward = 0.0
+
+    def reset(self, seed: int) -> str:
+        obs = self.env.reset(int(seed))
+        if not isinstance(obs, str):
+            raise EnvContractError(f"{self.name}: reset() must return str, got {type(obs).__name__}")
+        self.done, self.total_reward = False, 0.0
+        return obs
+
+    def step(self, action: str, role: str | None = None) -> StepResult:
+        if self.done:
+            raise EnvContractError(f"{self.name}: step() called after the episode ended")
+        res = self.env.step(action, role)
+        if not isinstance(res, StepResult):
+            raise EnvContractError(f"{self.name}: step() must return StepResult, got {type(res).__name__}")
+        if not isinstance(res.reward, (int, float)) or not math.isfinite(res.reward):
+            raise EnvContractError(f"{self.name}: step() returned a non-finite reward {res.reward!r}")
+        self.total_reward += float(res.reward)
+        if self.reward_bounds is not None:
+            lo, hi = self.reward_bounds
+            if not (lo - 1e-6 <= self.total_reward <= hi + 1e-6):
+                raise EnvContractError(
+                    f"{self.name}: episode reward {self.total_reward} left its bounds [{lo}, {hi}]")
+        self.done = bool(res.done)
+        return res
+
+    def observation(self) -> str:
+        return self.env.observation()
+
+    def snapshot(self) -> Any:
+        return (self.env.snapshot(), self.done, self.total_reward)
+
+    def restore(self, snapshot: Any) -> None:
+        inner, self.done, self.total_reward = snapshot
+        self.env.restore(inner)
+
+    def expert_action(self) -> ExpertStep | None:
+        return self.env.expert_action()
+
+    def metrics(self) -> dict[str, float]:
+        return self.env.metrics()
