@@ -73,6 +73,11 @@ class DomainEnv(ABC):
         when the expert has nothing to do. Used for SFT cold-start demos."""
         return None
 
+    def observation_images(self) -> list | None:
+        """Optional image observations (e.g. RGB frames for vision-language
+        policies); ``None`` for text-only domains."""
+        return None
+
     def metrics(self) -> dict[str, float]:
         """Episode-level metrics so far (e.g. ``success``, ``spl``); reported at episode end."""
         return {}

@@ -1,0 +1,1 @@
+"""Plugin entry point of the openresearcher domain (placeholder until the domain lands)."""

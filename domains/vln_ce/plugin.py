@@ -1,0 +1,1 @@
+"""Plugin entry point of the vln_ce domain (placeholder until the domain lands)."""

@@ -1,0 +1,1 @@
+"""Cross-cutting plugins (loggers, scale-out) and an example third-party package."""
