@@ -1,1 +1,52 @@
-"""Plugin entry point of the openresearcher domain (placeholder until the domain lands)."""
+"""Plugin entry point of the openresearcher domain: Searcher / Opener / Finder
+research a question with a BM25 browser over a corpus and answer it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from swarm_runtime import hookimpl
+from swarm_runtime.domain import Domain, Role
+
+from domains.openresearcher.browser import BROWSER_WORDS
+from domains.openresearcher.env import ENV_WORDS, ResearchEnv
+from domains.openresearcher.world import corpus_words, get_world
+
+BROWSER_KEYS = ("view_lines", "view_chars", "max_find_results", "line_width")
+
+
+class OpenResearcherDomain(Domain):
+    """Deep research over a corpus (OpenResearcher, BrowseComp-style questions)."""
+
+    name = "openresearcher"
+    description = ("Answer multi-hop questions with browser tools over a corpus: the Searcher searches, the "
+                   "Opener opens links and scrolls, the Finder finds words in a page; any role may answer.")
+    roles = (
+        Role("Searcher", "calls browser.search: search <words>"),
+        Role("Opener", "calls browser.open: open <id> | open <url> | open at <line>"),
+        Role("Finder", "calls browser.find: find <words>"),
+    )
+    tasks_dir = Path(__file__).parent / "tasks"
+
+    def make_env(self, task: DictConfig) -> ResearchEnv:
+        browser = dict(task.get("browser") or {})
+        unknown = sorted(set(browser) - set(BROWSER_KEYS))
+        if unknown:
+            raise ValueError(f"unknown browser key(s) {unknown}; valid: {', '.join(BROWSER_KEYS)}")
+        browser.pop("line_width", None)
+        topn = (task.get("search") or {}).get("topn", 3)
+        return ResearchEnv(get_world(task), int(task.max_decisions), {**browser, "topn": int(topn)})
+
+    def vocabulary(self, task: DictConfig) -> list[str]:
+        words = list(ENV_WORDS) + list(BROWSER_WORDS)
+        if task.get("source", "embedded") == "embedded":
+            from domains.openresearcher.encyclopedia import vocabulary
+
+            return list(dict.fromkeys(words + vocabulary()))
+        return list(dict.fromkeys(words + corpus_words(get_world(task), int(task.get("vocab_size", 20000)))))
+
+
+@hookimpl
+def swarm_register_domains(register) -> None:
+    register(OpenResearcherDomain())

@@ -1,1 +1,1 @@
-"""Built-in domain: vln_ce."""
+"""Built-in domain: vln_ce (VLN-CE R2R-style navigation; Turner / Mover / Stopper)."""

@@ -1,0 +1,146 @@
+"""The ``swarm`` command line.
+
+    swarm run domain=minecraft task=iron_pickaxe [key=value ...]
+    swarm eval RUN_DIR [checkpoint=TAG] [eval.runs=3 ...]
+    swarm domains | swarm plugins | swarm config [key=value ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from swarm_runtime.config import GROUPS, ConfigError, presets
+
+
+def _registry():
+    from swarm_runtime.plugins import get_registry
+
+    return get_registry()
+
+
+def cmd_run(args) -> int:
+    from swarm_runtime.config import resolve
+    from swarm_runtime.run import prepare_run
+
+    pm, reg = _registry()
+    cfg = resolve(args.overrides, reg)
+    ctx = prepare_run(cfg, pm, reg)
+    trainer = reg.get("algorithms", cfg.algo.name)(ctx)
+    trainer.train()
+    return 0
+
+
+def cmd_config(args) -> int:
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.config import resolve
+
+    _, reg = _registry()
+    print(OmegaConf.to_yaml(resolve(args.overrides, reg)))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.checkpoint import latest_checkpoint
+    from swarm_runtime.config import _set
+    from swarm_runtime.evaluate import evaluate
+    from swarm_runtime.outputs import format_table
+    from swarm_runtime.run import RunContext
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    tag = None
+    for item in args.overrides:
+        k, _, v = item.partition("=")
+        if k == "checkpoint":
+            tag = v
+        else:
+            _set(cfg, k, v)
+    tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
+    ckpt = (run_dir / "checkpoints" / tag) if tag else latest_checkpoint(run_dir)
+    if ckpt is None or not (ckpt / "state.json").exists():
+        raise ConfigError(f"checkpoint {tag or 'latest'!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}")
+    pm, reg = _registry()
+    if cfg.domain not in reg.domains:
+        raise ConfigError(f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}")
+    ctx = RunContext(cfg, pm, reg, run_dir)
+    agents, _ = ctx.build_swarm(ckpt / "agents")
+    res, _ = evaluate(agents, ctx.coordinator(), ctx.domain, ctx.task, ctx.seeds("eval"), int(cfg.eval.runs),
+                      int(cfg.seed) + 7919, cfg.eval.temperature)
+    table = format_table([(ckpt.name, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
+    out = run_dir / f"eval-{ckpt.name}.json"
+    out.write_text(json.dumps(res, indent=1, default=float))
+    print(f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds x {res['runs']} runs\n{table}\nsaved {out}")
+    return 0
+
+
+def cmd_domains(args) -> int:
+    _, reg = _registry()
+    for name, d in sorted(reg.domains.items()):
+        print(f"{name}: {d.description}".rstrip(": "))
+        print(f"  roles: {', '.join(r.name for r in d.roles)}")
+        print(f"  tasks: {', '.join(d.task_names())}")
+    return 0
+
+
+def cmd_plugins(args) -> int:
+    pm, reg = _registry()
+    for name, items in reg.provenance.items():
+        print(f"{name}")
+        for it in items:
+            print(f"  {it}")
+        hooks = sorted(h.name for h in pm.get_hookcallers(pm.get_plugin(name)) or [])
+        print(f"  hooks: {', '.join(hooks) or '(none)'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    epilog = (f"config groups: {', '.join(GROUPS)}; presets: model={'|'.join(presets('model'))}, "
+              f"algo={'|'.join(presets('algo'))}, hardware={'|'.join(presets('hardware'))}. "
+              "Any config key can be set with dotted key=value (see `swarm config`).")
+    p = argparse.ArgumentParser(prog="swarm", description="Train and deploy swarms of LLM agents (MPT).", epilog=epilog)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="SFT cold start + MPT training + held-out evaluation", epilog=epilog)
+    r.add_argument("overrides", nargs="*", help="domain=NAME task=NAME model=NAME algo=NAME hardware=NAME key=value ...")
+    r.set_defaults(func=cmd_run)
+    c = sub.add_parser("config", help="print the resolved config without running")
+    c.add_argument("overrides", nargs="*")
+    c.set_defaults(func=cmd_config)
+    e = sub.add_parser("eval", help="evaluate a run's checkpoint on the held-out seeds")
+    e.add_argument("run_dir", help="a run folder written by `swarm run`")
+    e.add_argument("overrides", nargs="*", help="checkpoint=TAG (default latest), eval.runs=N, eval.episodes=N ...")
+    e.set_defaults(func=cmd_eval)
+    sub.add_parser("domains", help="list domains, their roles and tasks").set_defaults(func=cmd_domains)
+    sub.add_parser("plugins", help="list loaded plugins and what each registered").set_defaults(func=cmd_plugins)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from loguru import logger
+
+    from swarm_runtime.plugins import PluginError
+
+    logger.remove()
+    logger.add(sys.stderr, level="INFO", format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"swarm: error: {exc}", file=sys.stderr)
+        return 2
+    except PluginError as exc:
+        print(f"swarm: plugin error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("swarm: interrupted; continue with resume=true", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

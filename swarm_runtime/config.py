@@ -1,0 +1,217 @@
+"""Configuration: documented dataclasses turned into OmegaConf structured configs,
+plus group resolution for ``domain=``, ``task=``, ``model=``, ``algo=``, ``hardware=``.
+
+Resolution order (later wins): dataclass defaults -> ``configs/<group>/<name>.yaml``
+presets -> the task YAML's ``overrides:`` block -> ``key=value`` arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from swarm_runtime.domain import REQUIRED_TASK_KEYS
+
+#: Core presets live in the repository's top-level ``configs/`` folder.
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+GROUPS = ("domain", "task", "model", "algo", "hardware")
+
+
+class ConfigError(ValueError):
+    """A bad config value; the CLI prints it and exits with code 2."""
+
+
+@dataclass
+class ModelConfig:
+    backend: str = "transformers"  #: policy backend (see ``swarm plugins``)
+    name: str = "tiny"  #: preset name
+    path: Optional[str] = None  #: local Hugging Face checkpoint; None = build the tiny model from this config
+    hidden_size: int = 128  #: tiny model width
+    intermediate_size: int = 256  #: tiny model MLP width
+    num_layers: int = 2  #: tiny model depth
+    num_heads: int = 4  #: attention heads
+    num_kv_heads: int = 2  #: key/value heads (grouped-query attention, as Qwen2/3)
+    max_positions: int = 512  #: longest prompt + response
+    bid_mode: str = "logits"  #: ``logits`` (score the bid tokens, fast) or ``generate`` (parse a generated bid)
+    temperature: float = 1.0  #: sampling temperature for bids and actions (0 = greedy)
+    max_action_tokens: int = 12  #: cap on a generated action
+    max_bid_tokens: int = 6  #: cap on a generated bid (``generate`` mode)
+    max_prompt_tokens: int = 256  #: prompts are cut from the left beyond this
+    dtype: str = "float32"  #: weights dtype when loading a checkpoint
+    device: str = "cpu"  #: torch device
+
+
+@dataclass
+class SFTConfig:
+    demo_episodes: int = 16  #: scripted-expert episodes (train seeds) for the cold start
+    epochs: int = 2  #: passes over each agent's demos (paper: 2)
+    lr: float = 2e-3  #: SFT learning rate (tiny models from scratch need far more than the paper's 1e-5)
+    batch_size: int = 64  #: examples per SFT step
+    owner_bids: list = field(default_factory=lambda: [0.6, 0.8])  #: demo bids of the role owning the expert's action (one drawn per example)
+    other_bids: list = field(default_factory=lambda: [0.0, 0.2, 0.4])  #: demo bids of the other roles (spread, so turns are contested and lower bids can be re-sampled)
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "mpt"  #: training algorithm (see ``swarm plugins``)
+    coordinator: str = "auction"  #: who acts each turn
+    credit: str = "bucket_brigade"  #: credit scheme
+    bid_levels: list = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.6, 0.8])  #: allowed bids, all < 1
+    iterations: int = 30  #: RL updates after SFT (action and bid steps together)
+    envs_per_step: int = 16  #: episodes rolled out per update
+    action_steps: int = 4  #: action-learning steps per cycle
+    bid_steps: int = 1  #: bid-learning steps per cycle
+    lr: float = 3e-4  #: RL learning rate (paper: 1e-6 for 4-8B models)
+    weight_decay: float = 0.0  #: AdamW weight decay
+    grad_clip: float = 1.0  #: max gradient norm
+    warmup_steps: int = 0  #: linear warm-up before the cosine decay
+    min_lr_ratio: float = 0.1  #: cosine floor as a fraction of lr
+    minibatch: int = 256  #: samples per forward/backward chunk (gradients accumulate)
+    branches_per_episode: int = 2  #: contested turns branched per episode in a bid step
+    resample_tries: int = 3  #: bid re-samples to get below the runner-up (DESIGN 2.4)
+    reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "cpu"  #: preset name
+    device: str = "cpu"  #: torch device
+    threads: int = 0  #: torch CPU threads (0 = all cores)
+
+
+@dataclass
+class EvalConfig:
+    runs: int = 3  #: sampled runs per held-out seed
+    episodes: Optional[int] = None  #: held-out seeds used (None = all of the task's eval seeds)
+    temperature: Optional[float] = None  #: sampling temperature at evaluation (None = model.temperature)
+
+
+@dataclass
+class RunConfig:
+    domain: str = "minecraft"  #: domain plugin (``swarm domains`` lists them)
+    task_name: str = "iron_pickaxe"  #: task of the domain (set with ``task=``)
+    task: Any = None  #: the task's YAML (domain-specific keys included)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
+    run_dir: Optional[str] = None  #: output folder (None = runs/<domain>-<task>-<time>)
+    resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint
+    checkpoint_every: int = 5  #: RL updates between checkpoints
+    keep_checkpoints: int = 2  #: older checkpoints are pruned
+    skip_sft_eval: bool = False  #: do not evaluate the SFT checkpoint
+    progress: bool = True  #: show progress bars
+    tensorboard: bool = True  #: write TensorBoard event files
+    log_level: str = "INFO"  #: loguru level on the console
+
+
+def presets(group: str) -> list[str]:
+    d = CONFIG_DIR / group
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def _valid_keys(node: DictConfig) -> str:
+    return ", ".join(sorted(str(k) for k in node.keys()))
+
+
+def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Split ``key=value`` arguments into group choices and dotted overrides."""
+    groups: dict[str, str] = {}
+    dotted: list[tuple[str, str]] = []
+    for a in args:
+        if "=" not in a:
+            raise ConfigError(f"argument {a!r} is not key=value (groups: {', '.join(GROUPS)}; or dotted keys like algo.lr=1e-4)")
+        k, v = a.split("=", 1)
+        (groups.__setitem__(k, v) if k in GROUPS else dotted.append((k, v)))
+    return groups, dotted
+
+
+def _set(cfg: DictConfig, key: str, value: str) -> None:
+    parts = key.split(".")
+    node = cfg
+    for i, p in enumerate(parts):
+        if not isinstance(node, DictConfig) or p not in node:
+            where = ".".join(parts[:i]) or "the top level"
+            valid = _valid_keys(node) if isinstance(node, DictConfig) else "(not a section)"
+            raise ConfigError(f"unknown config key {key!r}: {p!r} is not in {where}; valid: {valid}")
+        if i < len(parts) - 1:
+            node = node[p]
+    parsed = OmegaConf.create({"v": value})["v"] if value != "" else ""
+    if isinstance(parsed, str) and parsed.lower() in ("null", "none"):
+        parsed = None
+    try:
+        OmegaConf.update(cfg, key, parsed, merge=False)
+    except Exception as exc:  # omegaconf validation error: wrong type
+        raise ConfigError(f"bad value {value!r} for {key!r}: {exc}") from exc
+
+
+def resolve(args: list[str], registry) -> DictConfig:
+    """Build the run config from CLI arguments; raises :class:`ConfigError` on bad input."""
+    groups, dotted = parse_overrides(args)
+    cfg = OmegaConf.structured(RunConfig)
+    for group in ("model", "algo", "hardware"):
+        name = groups.get(group, getattr(RunConfig(), group).name if group != "algo" else "mpt")
+        valid = presets(group)
+        if name not in valid:
+            raise ConfigError(f"unknown {group} {name!r}; valid: {', '.join(valid) or '(none)'}")
+        cfg[group] = OmegaConf.merge(cfg[group], OmegaConf.load(CONFIG_DIR / group / f"{name}.yaml"))
+    domain_name = groups.get("domain", cfg.domain)
+    if domain_name not in registry.domains:
+        raise ConfigError(f"unknown domain {domain_name!r}; valid: {', '.join(sorted(registry.domains)) or '(none)'}")
+    domain = registry.domains[domain_name]
+    tasks = domain.task_names()
+    task_name = groups.get("task", tasks[0] if "task" not in groups and cfg.task_name not in tasks else cfg.task_name)
+    if task_name not in tasks:
+        raise ConfigError(f"unknown task {task_name!r} for domain {domain_name!r}; valid: {', '.join(tasks)}")
+    task = domain.task_config(task_name)
+    missing = [k for k in REQUIRED_TASK_KEYS if k not in task]
+    if missing:
+        raise ConfigError(f"task {task_name!r} of {domain_name!r} lacks required keys {missing}")
+    overrides = task.pop("overrides", None)
+    cfg.domain, cfg.task_name = domain_name, task_name
+    OmegaConf.set_struct(cfg, False)
+    cfg.task = task
+    OmegaConf.set_struct(cfg, True)
+    if overrides is not None:
+        for key, value in _flatten(OmegaConf.to_container(overrides)):
+            _set(cfg, key, value if isinstance(value, str) else OmegaConf.to_yaml({"v": value}).split(":", 1)[1].strip())
+    for key, value in dotted:
+        if "." not in key and key not in cfg and key in cfg.task:
+            key = f"task.{key}"  # domain switches such as sim=habitat or judge=llm
+        _set(cfg, key, value)
+    validate(cfg, registry)
+    return cfg
+
+
+def _flatten(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def validate(cfg: DictConfig, registry) -> None:
+    """Check values that only make sense from a fixed set; name the valid ones."""
+    checks = [("algo.coordinator", cfg.algo.coordinator, registry.coordinators),
+              ("algo.credit", cfg.algo.credit, registry.credit_schemes),
+              ("algo.name", cfg.algo.name, registry.algorithms),
+              ("model.backend", cfg.model.backend, registry.policy_backends)]
+    for key, value, table in checks:
+        if value not in table:
+            raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(sorted(table)) or '(none)'}")
+    if cfg.model.bid_mode not in ("logits", "generate"):
+        raise ConfigError(f"unknown model.bid_mode {cfg.model.bid_mode!r}; valid: generate, logits")
+    levels = list(cfg.algo.bid_levels)
+    if not levels or any(not (0.0 <= float(b) < 1.0) for b in levels) or 0.0 not in [float(b) for b in levels]:
+        raise ConfigError(f"algo.bid_levels {levels} must be values in [0, 1) and include 0")
+    for key in ("iterations", "envs_per_step", "action_steps", "checkpoint_every"):
+        node = cfg.algo if key != "checkpoint_every" else cfg
+        if int(node[key]) < (0 if key == "iterations" else 1):
+            raise ConfigError(f"{key} must be positive, got {node[key]}")
+    if int(cfg.algo.bid_steps) < 0:
+        raise ConfigError(f"algo.bid_steps must be >= 0, got {cfg.algo.bid_steps}")

@@ -1,0 +1,189 @@
+"""The batched episode loop (DESIGN 2.1, 4).
+
+Every turn, for every live env: all present agents' bid prompts go to their
+models in one batch per model, the coordinator (the auction) picks the actor,
+the winners' action prompts go out in one batch per model, and the envs step.
+Agents that share a model (replicas of a role) share one batch. A ``presence``
+function gives the active-agents mask (dropout, extra replicas).
+"""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from swarm_runtime.auction import AuctionResult
+from swarm_runtime.domain import Domain, Event
+from swarm_runtime.env import ValidatedEnv
+from swarm_runtime.policy.base import Policy
+
+
+@dataclass
+class Agent:
+    """One member of the swarm: a name, a role and a model (replicas share the model)."""
+
+    name: str
+    role: str
+    policy: Policy
+
+
+@dataclass
+class Turn:
+    """Everything credit assignment and counterfactual branches need about one decision."""
+
+    t: int
+    bids: list[float | None]
+    bid_tokens: list[list[int] | None]
+    bid_prompts: list[str | None]
+    auction: AuctionResult
+    action_prompt: str | None = None
+    action_tokens: list[int] | None = None
+    action_text: str = ""
+    reward: float = 0.0
+    valid: bool = True
+    snapshot: Any = None  #: (env snapshot, log) taken before the action, for branching
+
+    @property
+    def winner(self) -> int | None:
+        return self.auction.winner
+
+
+@dataclass
+class Episode:
+    seed: int
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    unparsed_bids: int = 0
+    invalid_actions: int = 0
+    reward_missing: bool = False
+
+    @property
+    def acted(self) -> list[Turn]:
+        return [t for t in self.turns if t.winner is not None]
+
+
+@dataclass
+class ForcedTurn:
+    """A first turn whose bids and winner are given (a counterfactual branch)."""
+
+    bids: list[float | None]
+    bid_tokens: list[list[int] | None]
+    bid_prompts: list[str | None]
+    winner: int
+
+
+@dataclass
+class Slot:
+    env: ValidatedEnv
+    episode: Episode
+    log: list[Event]
+    t: int = 0
+    forced: ForcedTurn | None = None
+    finished: bool = False
+
+
+Presence = Callable[[int, int, int], Sequence[bool]]  # (seed, turn, n_agents) -> mask
+
+
+def make_env(domain: Domain, task) -> ValidatedEnv:
+    bounds = (float(task.get("reward_min", 0.0)), float(task.reward_max))
+    return ValidatedEnv(domain.make_env(task), domain.name, bounds)
+
+
+def new_slots(domain: Domain, task, seeds: Sequence[int]) -> list[Slot]:
+    slots = []
+    for seed in seeds:
+        env = make_env(domain, task)
+        env.reset(seed)
+        slots.append(Slot(env, Episode(seed), []))
+    return slots
+
+
+def _group(pairs):
+    """Group (key, policy) pairs by policy object identity, keeping order."""
+    groups: dict[int, tuple[Policy, list]] = {}
+    for key, policy in pairs:
+        groups.setdefault(id(policy), (policy, []))[1].append(key)
+    return groups.values()
+
+
+def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, max_decisions: int,
+         rng: random.Random, *, record_snapshots: bool = False, presence: Presence | None = None,
+         on_turn: Callable | None = None) -> list[Episode]:
+    """Play every slot to the end (env done or ``max_decisions``) and return their episodes."""
+    n = len(agents)
+    while True:
+        live = [s for s in slots if not s.finished]
+        if not live:
+            break
+        obs = {id(s): s.env.observation() for s in live}
+        masks = {id(s): list(presence(s.episode.seed, s.t, n)) if presence else [True] * n for s in live}
+        # 1. sealed bids, one batch per model
+        bids: dict[int, list] = {id(s): [None] * n for s in live}
+        btoks: dict[int, list] = {id(s): [None] * n for s in live}
+        bprompts: dict[int, list] = {id(s): [None] * n for s in live}
+        requests = []
+        for s in live:
+            if s.forced is not None:
+                continue
+            for a, agent in enumerate(agents):
+                if not masks[id(s)][a]:
+                    continue
+                if coordinator.uses_bids:
+                    p = domain.bid_prompt(agent.role, obs[id(s)], s.log)
+                    bprompts[id(s)][a] = p
+                    requests.append(((s, a, p), agent.policy))
+                else:
+                    bids[id(s)][a] = 0.0
+        for policy, keys in _group(requests):
+            for (s, a, _), b in zip(keys, policy.bid([k[2] for k in keys])):
+                bids[id(s)][a], btoks[id(s)][a] = b.level, b.tokens
+                s.episode.unparsed_bids += int(not b.parsed)
+        # 2. the coordinator picks who acts
+        turns: dict[int, Turn] = {}
+        for s in live:
+            if s.forced is not None:
+                f = s.forced
+                res = AuctionResult(f.winner, None, float(f.bids[f.winner] or 0.0), 0.0)
+                turns[id(s)] = Turn(s.t, list(f.bids), list(f.bid_tokens), list(f.bid_prompts), res)
+                s.forced = None
+            else:
+                res = coordinator.select(bids[id(s)], rng, s.t)
+                turns[id(s)] = Turn(s.t, bids[id(s)], btoks[id(s)], bprompts[id(s)], res)
+        # 3. the winners act, one batch per model
+        acts = []
+        for s in live:
+            turn = turns[id(s)]
+            if turn.winner is None:
+                continue
+            agent = agents[turn.winner]
+            turn.action_prompt = domain.action_prompt(agent.role, obs[id(s)], s.log)
+            if record_snapshots and turn.auction.contested:
+                turn.snapshot = (s.env.snapshot(), list(s.log))
+            acts.append(((s, turn), agent.policy))
+        for policy, keys in _group(acts):
+            for (s, turn), r in zip(keys, policy.act([k[1].action_prompt for k in keys])):
+                turn.action_text, turn.action_tokens = r.text, r.tokens
+        # 4. envs step; skipped turns still count toward the cap
+        for s in live:
+            turn = turns[id(s)]
+            if turn.winner is not None:
+                role = agents[turn.winner].role
+                res = s.env.step(turn.action_text, role)
+                turn.reward, turn.valid = float(res.reward), res.valid
+                s.episode.invalid_actions += int(not res.valid)
+                s.episode.reward_missing |= bool(res.info.get("reward_missing", False))
+                s.log.append(Event(s.t, role, turn.action_text, res.valid, turn.reward))
+            else:
+                s.log.append(Event(s.t, None, ""))
+            s.episode.turns.append(turn)
+            s.t += 1
+            if s.env.done or s.t >= max_decisions:
+                s.finished = True
+                s.episode.reward = sum(t.reward for t in s.episode.turns)
+                s.episode.metrics = dict(s.env.metrics())
+        if on_turn is not None:
+            on_turn(live, turns)
+    return [s.episode for s in slots]

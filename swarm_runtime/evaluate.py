@@ -1,0 +1,76 @@
+"""Held-out evaluation: every eval seed, several sampled runs, mean ± standard error."""
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from typing import Sequence
+
+import torch
+
+from swarm_runtime.episode import Agent, Episode, new_slots, play
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (sample std / sqrt(n))."""
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(values) / n
+    if n == 1:
+        return m, 0.0
+    var = sum((v - m) ** 2 for v in values) / (n - 1)
+    return m, math.sqrt(var / n)
+
+
+def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -> dict:
+    """Average the runs of each seed first, then mean ± SE over seeds (each seed is one
+    held-out instance). Episodes whose reward is missing (a failed judge) are left out and counted."""
+    per_seed: dict[int, list[Episode]] = defaultdict(list)
+    for ep in episodes:
+        per_seed[ep.seed].append(ep)
+    out: dict = {"episodes": len(episodes), "seeds": len(per_seed), "runs": runs,
+                 "reward_missing": sum(ep.reward_missing for ep in episodes)}
+    known = {s: [e for e in eps if not e.reward_missing] for s, eps in per_seed.items()}
+    seed_means = [sum(e.reward for e in eps) / len(eps) for eps in known.values() if eps]
+    out["reward_mean"], out["reward_se"] = mean_se(seed_means)
+    metric_names = sorted({k for ep in episodes for k in ep.metrics})
+    for name in metric_names:
+        vals = [sum(float(e.metrics.get(name, 0.0)) for e in eps) / len(eps) for eps in known.values() if eps]
+        out[f"{name}_mean"], out[f"{name}_se"] = mean_se(vals)
+    turns = defaultdict(int)
+    total = 0
+    for ep in episodes:
+        for t in ep.turns:
+            if t.winner is not None:
+                turns[agents[t.winner].name] += 1
+                total += 1
+    out["turn_share"] = {a.name: turns[a.name] / total if total else 0.0 for a in agents}
+    out["unparsed_bids"] = sum(ep.unparsed_bids for ep in episodes)
+    out["invalid_actions"] = sum(ep.invalid_actions for ep in episodes)
+    out["decisions_mean"] = sum(len(ep.turns) for ep in episodes) / max(1, len(episodes))
+    return out
+
+
+def evaluate(agents: list[Agent], coordinator, domain, task, seeds: Sequence[int], runs: int, seed: int,
+             temperature: float | None = None, presence=None) -> tuple[dict, list[Episode]]:
+    """Play ``runs`` sampled episodes on every seed (one batch) and summarise. The
+    policies' sampling RNG and temperature are restored afterwards, so evaluation
+    never perturbs training."""
+    policies = {id(a.policy): a.policy for a in agents}.values()
+    saved = [(p, p.rng_state(), p.temperature) for p in policies]
+    try:
+        for i, p in enumerate(policies):
+            p.gen.manual_seed(seed * 1000 + i)
+            if temperature is not None:
+                p.temperature = float(temperature)
+        all_seeds = [s for _ in range(runs) for s in seeds]
+        slots = new_slots(domain, task, all_seeds)
+        with torch.no_grad():
+            episodes = play(slots, agents, coordinator, domain, int(task.max_decisions), random.Random(seed),
+                            presence=presence)
+    finally:
+        for p, state, temp in saved:
+            p.set_rng_state(state)
+            p.temperature = temp
+    return summarize(episodes, runs, agents), episodes

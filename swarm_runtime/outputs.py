@@ -1,0 +1,102 @@
+"""Run outputs: ``metrics.jsonl``, TensorBoard event files, PNG plots, result tables."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from loguru import logger
+
+
+class MetricsWriter:
+    """Appends one JSON line per update and mirrors scalars to TensorBoard."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, truncate_after: int | None = None):
+        self.path = run_dir / "metrics.jsonl"
+        if truncate_after is not None and self.path.exists():
+            # On resume, drop lines written after the checkpoint we continue from.
+            keep = [ln for ln in self.path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("step", -1) <= truncate_after]
+            self.path.write_text("".join(k + "\n" for k in keep))
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tb"))
+            except Exception as exc:  # tensorboard missing: keep going, say so once
+                logger.warning("TensorBoard disabled: {}", exc)
+
+    def log(self, step: int, metrics: dict) -> None:
+        row = {"step": step, **metrics}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, default=float) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def plot_training(run_dir: Path, agent_names: list[str]) -> list[Path]:
+    """reward_vs_flops.png (rollout reward against cumulative training FLOPs) and
+    turn_share.png (each agent's share of turns over training)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in read_metrics(run_dir) if "charts/episode_reward" in r]
+    if not rows:
+        return []
+    out = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["flops/total"] for r in rows], [r["charts/episode_reward"] for r in rows], marker=".")
+    evals = [r for r in read_metrics(run_dir) if "eval/reward_mean" in r]
+    for r in evals:
+        ax.errorbar([r["flops/total"]], [r["eval/reward_mean"]], yerr=[r["eval/reward_se"]], fmt="s", color="k")
+    ax.set_xlabel("cumulative training FLOPs")
+    ax.set_ylabel("episode reward (train rollouts; squares: held-out)")
+    ax.set_title(run_dir.name)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.append(run_dir / "reward_vs_flops.png")
+    fig.savefig(out[-1], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps = [r["step"] for r in rows]
+    shares = [[r.get(f"charts/turn_share_{a}", 0.0) for r in rows] for a in agent_names]
+    ax.stackplot(steps, shares, labels=agent_names, alpha=0.85)
+    ax.set_xlabel("RL update")
+    ax.set_ylabel("share of turns")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    out.append(run_dir / "turn_share.png")
+    fig.savefig(out[-1], dpi=110)
+    plt.close(fig)
+    return out
+
+
+def format_table(rows: list[tuple[str, dict]], metrics: list[str]) -> str:
+    """A markdown table of ``mean ± se`` for each named result."""
+    head = "| checkpoint | " + " | ".join(metrics) + " |"
+    sep = "|---|" + "---|" * len(metrics)
+    lines = [head, sep]
+    for name, res in rows:
+        cells = []
+        for m in metrics:
+            mean, se = res.get(f"{m}_mean"), res.get(f"{m}_se")
+            cells.append("n/a" if mean is None else f"{mean:.3g} ± {se:.2g}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

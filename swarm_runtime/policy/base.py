@@ -1,0 +1,51 @@
+"""The Policy protocol: one model per agent that both bids and acts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+@dataclass
+class Response:
+    """A sampled response: its text and the token ids the policy scores it by."""
+
+    text: str
+    tokens: list[int]
+
+
+@dataclass
+class Bid(Response):
+    """A sampled bid: the parsed level (0 when unparsable) and whether it parsed."""
+
+    level: float = 0.0
+    parsed: bool = True
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the episode loop and the trainers need from an agent's model."""
+
+    n_params: int
+    bid_levels: Sequence[float]
+
+    def bid(self, prompts: list[str]) -> list[Bid]:
+        """Sample one sealed bid per prompt."""
+
+    def act(self, prompts: list[str]) -> list[Response]:
+        """Sample one action response per prompt."""
+
+    def logprobs(self, prompts: list[str], responses: list[list[int]]) -> torch.Tensor:
+        """``log pi(response | prompt)`` summed over response tokens (differentiable)."""
+
+    def bid_target(self, level: float) -> list[int]:
+        """Token ids of the response that states bid ``level`` (for SFT and counterfactuals)."""
+
+    def action_target(self, text: str) -> list[int]:
+        """Token ids of ``text`` as an action response (for SFT demos)."""
+
+    def parameters(self): ...
+
+    def save(self, path: str) -> None:
+        """Write a Hugging Face–format checkpoint (``from_pretrained`` can load it)."""

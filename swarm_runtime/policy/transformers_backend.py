@@ -1,0 +1,280 @@
+"""Policy backend on Hugging Face ``transformers`` causal LMs.
+
+Default: a tiny Qwen2-style model built from a config, with the word-level
+tokenizer made in process from the domain's vocabulary (no download). Or any
+local Hugging Face checkpoint loaded by path (``model.path=/path/to/ckpt``).
+
+Bids: ``logits`` mode reads the next-token distribution over the bid-level
+tokens after the bid prompt (one forward pass); ``generate`` mode samples a
+response and parses the bid it ends with (an unparsable bid counts as 0).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from loguru import logger
+
+from swarm_runtime.flops import FlopCounter
+from swarm_runtime.policy.base import Bid, Response
+from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
+
+_DIGIT_GAP = re.compile(r"(?<=\d) (?=\d)")
+_BID_RE = re.compile(r"<bid_([0-9.]+)>|(\d*\.\d+|\d+)")
+
+
+def parse_bid(text: str, levels: Sequence[float]) -> tuple[float, bool]:
+    """Last bid in ``text`` (a ``<bid_x>`` token or a number in [0, 1)), snapped to the
+    nearest level; ``(0.0, False)`` when there is none."""
+    found = _BID_RE.findall(text)
+    for tok, num in reversed(found):
+        try:
+            v = float(tok or num)
+        except ValueError:
+            continue
+        if 0.0 <= v < 1.0:
+            return min(levels, key=lambda lvl: abs(lvl - v)), True
+    return 0.0, False
+
+
+def build_tiny_model(vocab_size: int, cfg, seed: int):
+    """A Qwen2-style causal LM of a few million parameters, randomly initialised."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=int(cfg.hidden_size), intermediate_size=int(cfg.intermediate_size),
+        num_hidden_layers=int(cfg.num_layers), num_attention_heads=int(cfg.num_heads),
+        num_key_value_heads=int(cfg.num_kv_heads), max_position_embeddings=int(cfg.max_positions),
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    model = Qwen2ForCausalLM(config)
+    return model
+
+
+class TransformersPolicy:
+    """One agent's model: bids and acts by sampling; scores responses for training."""
+
+    def __init__(self, model, tokenizer, bid_levels: Sequence[float], bid_mode: str = "logits",
+                 temperature: float = 1.0, max_action_tokens: int = 12, max_bid_tokens: int = 6,
+                 max_prompt_tokens: int = 256, seed: int = 0, flops: FlopCounter | None = None,
+                 device: str = "cpu"):
+        if bid_mode not in ("logits", "generate"):
+            raise ValueError(f"bid_mode {bid_mode!r} is not one of: logits, generate")
+        self.model, self.tok = model.to(device), tokenizer
+        self.device = device
+        self.bid_levels = list(bid_levels)
+        self.bid_mode, self.temperature = bid_mode, float(temperature)
+        self.max_action_tokens, self.max_bid_tokens = int(max_action_tokens), int(max_bid_tokens)
+        self.max_prompt_tokens = int(max_prompt_tokens)
+        self.flops = flops or FlopCounter()
+        self.gen = torch.Generator().manual_seed(int(seed))
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.bid_ids = [self.tok.convert_tokens_to_ids(bid_token(b)) for b in self.bid_levels]
+        if any(i is None or i == self.tok.unk_token_id for i in self.bid_ids):
+            raise ValueError("tokenizer lacks the bid-level tokens; build it with build_tokenizer()")
+        self.eos, self.pad = self.tok.eos_token_id, self.tok.pad_token_id
+        self.bos = self.tok.bos_token_id
+        banned = {self.pad, self.bos, self.tok.unk_token_id} - {None, self.eos}
+        self._action_ban = torch.tensor(sorted(banned | set(self.bid_ids)), dtype=torch.long)
+        self._prompt_cache: dict[str, list[int]] = {}
+        # Our in-process word-level tokenizer has no decoder: join words with spaces, glue digits.
+        model_type = type(getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)).__name__
+        self._word_level = model_type == "WordLevel"
+        # transformers >= 5.x names the KV cache ``cache``; older releases ``past_key_values``.
+        import inspect
+
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    # ------------------------------------------------------------------ encoding
+    def encode_prompt(self, prompt: str) -> list[int]:
+        ids = self._prompt_cache.get(prompt)
+        if ids is None:
+            ids = self.tok(prompt, add_special_tokens=False).input_ids[-(self.max_prompt_tokens - 1):]
+            ids = ([self.bos] if self.bos is not None else []) + ids
+            if len(self._prompt_cache) > 50_000:
+                self._prompt_cache.clear()
+            self._prompt_cache[prompt] = ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        ids = [t for t in ids if t != self.eos]
+        if not self._word_level:
+            return self.tok.decode(ids, skip_special_tokens=False).strip()
+        return _DIGIT_GAP.sub("", " ".join(self.tok.convert_ids_to_tokens(ids))).strip()
+
+    def action_target(self, text: str) -> list[int]:
+        return self.tok(" " + text.strip(), add_special_tokens=False).input_ids + [self.eos]
+
+    def bid_target(self, level: float) -> list[int]:
+        ids = [self.tok.convert_tokens_to_ids(bid_token(level))]
+        return ids if self.bid_mode == "logits" else ids + [self.eos]
+
+    def _left_pad(self, seqs: list[list[int]]):
+        L = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), L), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, L - len(s):] = torch.tensor(s)
+            mask[i, L - len(s):] = 1
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        return ids.to(self.device), mask.to(self.device), pos.to(self.device)
+
+    # ------------------------------------------------------------------ sampling
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.temperature <= 0:
+            return logits.argmax(-1)
+        probs = F.softmax(logits.float() / self.temperature, dim=-1)
+        return torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).to(logits.device)
+
+    @torch.no_grad()
+    def _sample(self, prompt_ids: list[list[int]], max_new: int, ban: torch.Tensor | None) -> list[list[int]]:
+        ids, mask, pos = self._left_pad(prompt_ids)
+        B = len(prompt_ids)
+        next_pos = mask.sum(1)
+        out: list[list[int]] = [[] for _ in range(B)]
+        finished = torch.zeros(B, dtype=torch.bool, device=self.device)
+        past, cur, cur_pos = None, ids, pos
+        n_tok = int(mask.sum())
+        for _ in range(max_new):
+            res = self.model(input_ids=cur, attention_mask=mask, position_ids=cur_pos,
+                             use_cache=True, logits_to_keep=1, **{self._cache_kw: past})
+            past = getattr(res, self._cache_kw)
+            logits = res.logits[:, -1, :]
+            if ban is not None:
+                logits[:, ban] = float("-inf")
+            nxt = self._pick(logits)
+            for i in torch.nonzero(~finished).flatten().tolist():
+                out[i].append(int(nxt[i]))
+            finished |= nxt == self.eos
+            if bool(finished.all()):
+                break
+            n_tok += int((~finished).sum())
+            cur = torch.where(finished, torch.full_like(nxt, self.pad), nxt).unsqueeze(1)
+            mask = torch.cat([mask, (~finished).long().unsqueeze(1)], dim=1)
+            cur_pos = next_pos.unsqueeze(1)
+            next_pos = next_pos + 1
+        self.flops.forward(self.n_params, n_tok)
+        return out
+
+    def act(self, prompts: list[str]) -> list[Response]:
+        if not prompts:
+            return []
+        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_action_tokens, self._action_ban)
+        return [Response(self.decode(o), o) for o in outs]
+
+    @torch.no_grad()
+    def bid_distribution(self, prompts: list[str]) -> torch.Tensor:
+        """Probabilities over the bid levels (``logits`` mode), one row per prompt."""
+        ids, mask, pos = self._left_pad([self.encode_prompt(p) for p in prompts])
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1).logits[:, -1, :]
+        self.flops.forward(self.n_params, int(mask.sum()))
+        t = self.temperature if self.temperature > 0 else 1.0
+        return F.softmax(logits[:, self.bid_ids].float() / t, dim=-1)
+
+    def bid(self, prompts: list[str]) -> list[Bid]:
+        if not prompts:
+            return []
+        if self.bid_mode == "logits":
+            probs = self.bid_distribution(prompts)
+            if self.temperature <= 0:
+                idx = probs.argmax(-1).tolist()
+            else:
+                idx = torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).tolist()
+            return [Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], level=self.bid_levels[j]) for j in idx]
+        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None)
+        bids = []
+        for o in outs:
+            text = self.decode(o)
+            level, ok = parse_bid(text, self.bid_levels)
+            bids.append(Bid(text, o, level=level, parsed=ok))
+        return bids
+
+    # ------------------------------------------------------------------ scoring
+    def logprobs(self, prompts: list[str], responses: list[list[int]]) -> torch.Tensor:
+        seqs = [self.encode_prompt(p) + list(r) for p, r in zip(prompts, responses)]
+        L = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
+        resp = torch.zeros((len(seqs), L), dtype=torch.bool)
+        for i, (s, r) in enumerate(zip(seqs, responses)):
+            ids[i, :len(s)] = torch.tensor(s)
+            resp[i, len(s) - len(r):len(s)] = True
+        mask = (torch.arange(L)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]).long()
+        ids, mask, resp = ids.to(self.device), mask.to(self.device), resp.to(self.device)
+        logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1, :]
+        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        tokens = int(mask.sum())
+        if torch.is_grad_enabled():
+            self.flops.train(self.n_params, tokens)
+        else:
+            self.flops.forward(self.n_params, tokens)
+        return (logp * resp[:, 1:]).sum(1)
+
+    # ------------------------------------------------------------------ plumbing
+    def parameters(self):
+        return self.model.parameters()
+
+    def train(self, mode: bool = True):
+        self.model.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tok.save_pretrained(path)
+        (path / "swarm_policy.json").write_text(json.dumps(
+            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode}, indent=1))
+
+    def rng_state(self) -> torch.Tensor:
+        return self.gen.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.gen.set_state(state)
+
+
+def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = "float32"):
+    """Load a local Hugging Face checkpoint (model + tokenizer) by path, adding the
+    bid-level tokens (and a pad token) when the tokenizer lacks them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model.path {str(path)!r} does not exist (give a local Hugging Face checkpoint folder)")
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"model.path {str(path)!r} has no config.json: not a Hugging Face checkpoint")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    wanted = [bid_token(b) for b in bid_levels]
+    missing = [t for t in wanted if t not in tok.get_vocab()]
+    if missing:
+        tok.add_tokens(missing, special_tokens=True)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if len(tok) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tok))
+        logger.info("resized embeddings of {} to {} tokens for the bid levels", path, len(tok))
+    tok.padding_side = "left"
+    return model, tok
+
+
+def make_transformers_policy(model_cfg, words: list[str], bid_levels: Sequence[float], seed: int,
+                             flops: FlopCounter | None = None, init_path: str | None = None) -> TransformersPolicy:
+    """Factory registered as the ``transformers`` backend."""
+    path = init_path or model_cfg.get("path")
+    if path:
+        model, tok = load_pretrained(path, bid_levels, str(model_cfg.get("dtype", "float32")))
+    else:
+        tok = build_tokenizer(words, bid_levels)
+        model = build_tiny_model(len(tok), model_cfg, seed)
+    return TransformersPolicy(
+        model, tok, bid_levels, bid_mode=str(model_cfg.bid_mode), temperature=float(model_cfg.temperature),
+        max_action_tokens=int(model_cfg.max_action_tokens), max_bid_tokens=int(model_cfg.max_bid_tokens),
+        max_prompt_tokens=int(model_cfg.max_prompt_tokens), seed=seed, flops=flops,
+        device=str(model_cfg.get("device", "cpu")))

@@ -1,0 +1,98 @@
+"""A run: its folder, its swarm of agents and the shared services (FLOPs, metrics, hooks)."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from loguru import logger
+from omegaconf import DictConfig, OmegaConf
+
+from swarm_runtime.config import ConfigError
+from swarm_runtime.checkpoint import latest_checkpoint
+from swarm_runtime.episode import Agent
+from swarm_runtime.flops import FlopCounter
+
+
+@dataclass
+class RunContext:
+    cfg: DictConfig
+    pm: object
+    registry: object
+    run_dir: Path
+    resume_from: Path | None = None
+    flops: FlopCounter = field(default_factory=FlopCounter)
+
+    @property
+    def domain(self):
+        return self.registry.domains[self.cfg.domain]
+
+    @property
+    def task(self) -> DictConfig:
+        return self.cfg.task
+
+    def seeds(self, split: str) -> list[int]:
+        seeds = self.domain.episode_seeds(self.task, split)
+        if split == "eval" and self.cfg.eval.episodes:
+            seeds = seeds[: int(self.cfg.eval.episodes)]
+        return seeds
+
+    def coordinator(self, name: str | None = None):
+        return self.registry.get("coordinators", name or self.cfg.algo.coordinator)(self.cfg)
+
+    def credit_fn(self, name: str | None = None):
+        return self.registry.get("credit_schemes", name or self.cfg.algo.credit)
+
+    def make_policy(self, seed: int, init_path: str | Path | None = None):
+        factory = self.registry.get("policy_backends", self.cfg.model.backend)
+        model_cfg = OmegaConf.merge(self.cfg.model, {"device": self.cfg.hardware.device})
+        words = self.domain.all_words(self.task)
+        return factory(model_cfg, words, [float(b) for b in self.cfg.algo.bid_levels], seed,
+                       flops=self.flops, init_path=str(init_path) if init_path else None)
+
+    def build_swarm(self, init_dir: Path | None = None, replicas: int = 1) -> tuple[list[Agent], dict]:
+        """One model per role (``replicas`` agents share it); weights from ``init_dir/<role>`` if given."""
+        policies, agents = {}, []
+        for i, role in enumerate(self.domain.roles):
+            path = init_dir / role.name if init_dir is not None else None
+            policies[role.name] = self.make_policy(int(self.cfg.seed) * 100 + i, path)
+            for k in range(replicas):
+                name = role.name if replicas == 1 else f"{role.name}#{k + 1}"
+                agents.append(Agent(name, role.name, policies[role.name]))
+        return agents, policies
+
+
+def prepare_run(cfg: DictConfig, pm, registry, command: str = "run") -> RunContext:
+    """Pick (or find, for ``resume=true``) the run folder, save the resolved config, set up logging."""
+    if cfg.hardware.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"hardware {cfg.hardware.name!r} needs a CUDA GPU (device {cfg.hardware.device!r}), "
+                          "but torch sees none; use hardware=cpu")
+    if int(cfg.hardware.threads) > 0:
+        torch.set_num_threads(int(cfg.hardware.threads))
+    resume_from = None
+    if cfg.run_dir:
+        run_dir = Path(cfg.run_dir)
+    elif cfg.resume:
+        pattern = f"{cfg.domain}-{cfg.task_name}-*"
+        found = sorted((p for p in Path("runs").glob(pattern) if latest_checkpoint(p)), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise ConfigError(f"resume=true but no run folder runs/{pattern} has a checkpoint; give run_dir=...")
+        run_dir = found[-1]
+    else:
+        run_dir = Path("runs") / f"{cfg.domain}-{cfg.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if cfg.resume:
+        resume_from = latest_checkpoint(run_dir)
+        if resume_from is None:
+            raise ConfigError(f"resume=true but {run_dir} has no checkpoint to resume from")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.run_dir = str(run_dir)
+    name = "config.yaml" if command == "run" else f"config.{command}.yaml"
+    if not (cfg.resume and (run_dir / name).exists()):
+        OmegaConf.save(cfg, run_dir / name)
+    logger.remove()
+    logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+    logger.add(run_dir / "run.log", level="DEBUG")
+    logger.info("run folder {}{}", run_dir, f" (resuming from {resume_from.name})" if resume_from else "")
+    return RunContext(cfg, pm, registry, run_dir, resume_from)

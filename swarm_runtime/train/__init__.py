@@ -1,0 +1,1 @@
+"""Training: SFT cold start, REINFORCE on actions, counterfactual Bradley-Terry on bids."""

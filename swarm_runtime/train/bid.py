@@ -1,0 +1,126 @@
+"""Bid learning (DESIGN 2.4): counterfactual branches and a Bradley-Terry loss.
+
+For a contested turn, restore the env and every agent's state (the public log)
+in a copy, re-sample the selected agent's bid until it falls below the
+runner-up's (up to ``tries`` times, else drop the turn), let the runner-up act
+and roll the branch to the end with the current policies. The bid response of
+the branch with the higher score (sum of rewards from that turn on) is y_w.
+"""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from swarm_runtime.domain import Domain
+from swarm_runtime.episode import Agent, Episode, ForcedTurn, Slot, Turn, make_env, play
+from swarm_runtime.train.losses import bradley_terry_loss
+
+
+@dataclass
+class BranchPair:
+    agent: int
+    prompt: str
+    original: list[int]  #: the selected agent's winning bid response
+    counterfactual: list[int]  #: its re-sampled, lower bid response
+    original_score: float
+    branch_score: float
+
+
+def pick_contested(episodes: Sequence[Episode], per_episode: int, rng: random.Random) -> list[tuple[Episode, Turn]]:
+    chosen = []
+    for ep in episodes:
+        if ep.reward_missing:
+            continue
+        cands = [t for t in ep.turns if t.auction.contested and t.snapshot is not None]
+        chosen += [(ep, t) for t in rng.sample(cands, min(per_episode, len(cands)))]
+    return chosen
+
+
+def resample_lower(agents: list[Agent], picks: list[tuple[Episode, Turn]], tries: int) -> list:
+    """For each pick, a re-sampled bid of the selected agent below the runner-up's, or None."""
+    found: list = [None] * len(picks)
+    pending = list(range(len(picks)))
+    for _ in range(tries):
+        if not pending:
+            break
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i in pending:
+            groups[id(agents[picks[i][1].winner].policy)].append(i)
+        for idx in groups.values():
+            policy = agents[picks[idx[0]][1].winner].policy
+            bids = policy.bid([picks[i][1].bid_prompts[picks[i][1].winner] for i in idx])
+            for i, b in zip(idx, bids):
+                if b.parsed and b.level < picks[i][1].auction.runner_up_bid:
+                    found[i] = b
+        pending = [i for i in pending if found[i] is None]
+    return found
+
+
+def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, tries: int,
+                 rng: random.Random, presence=None) -> list[BranchPair]:
+    """Roll one counterfactual branch per pick (batched) and pair the bid responses."""
+    new_bids = resample_lower(agents, picks, tries)
+    slots, meta = [], []
+    for (ep, turn), nb in zip(picks, new_bids):
+        if nb is None:
+            continue
+        env = make_env(domain, task)
+        env_snap, log = turn.snapshot
+        env.restore(env_snap)
+        sel = turn.winner
+        bids, toks = list(turn.bids), list(turn.bid_tokens)
+        bids[sel], toks[sel] = nb.level, nb.tokens
+        forced = ForcedTurn(bids, toks, list(turn.bid_prompts), winner=turn.auction.runner_up)
+        slot = Slot(env, Episode(ep.seed), list(log), t=turn.t, forced=forced)
+        slots.append(slot)
+        original_score = sum(t.reward for t in ep.turns[turn.t:])
+        meta.append((sel, turn.bid_prompts[sel], turn.bid_tokens[sel], nb.tokens, original_score))
+    if not slots:
+        return []
+    branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence)
+    pairs = []
+    for (sel, prompt, orig, cf, score), br in zip(meta, branches):
+        if br.reward_missing:
+            continue
+        pairs.append(BranchPair(sel, prompt, orig, cf, score, br.reward))
+    return pairs
+
+
+def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, minibatch: int,
+               grad_clip: float) -> dict[str, float]:
+    """Bradley-Terry update of each selected agent's bid on its decisive pairs (ties dropped)."""
+    from swarm_runtime.train.optim import clip_and_step
+
+    by_policy: dict[int, list] = defaultdict(list)
+    for p in pairs:
+        if p.original_score == p.branch_score:
+            continue
+        win, lose = (p.original, p.counterfactual) if p.original_score > p.branch_score else (p.counterfactual, p.original)
+        by_policy[id(agents[p.agent].policy)].append((p.prompt, win, lose))
+    metrics: dict[str, float] = {"charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
+                                 "charts/bid_pairs_higher_won": float(sum(
+                                     p.original_score > p.branch_score for p in pairs))}
+    for agent in agents:
+        batch = by_policy.pop(id(agent.policy), None)
+        if not batch:
+            continue
+        policy = agent.policy
+        policy.train()
+        n, total = len(batch), 0.0
+        for i in range(0, n, minibatch):
+            chunk = batch[i:i + minibatch]
+            prompts = [c[0] for c in chunk]
+            lw = policy.logprobs(prompts, [c[1] for c in chunk])
+            ll = policy.logprobs(prompts, [c[2] for c in chunk])
+            loss = bradley_terry_loss(lw, ll) * len(chunk) / n
+            loss.backward()
+            total += float(loss)
+        opt, sched = optimizers[agent.role]
+        metrics[f"losses/bid_{agent.role}"] = total
+        metrics[f"charts/bid_grad_norm_{agent.role}"] = clip_and_step(policy.parameters(), opt, sched, grad_clip)
+        policy.eval()
+    return metrics

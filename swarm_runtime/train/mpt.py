@@ -1,0 +1,227 @@
+"""MPT training (DESIGN 2.5): SFT cold start, then alternate ``action_steps``
+REINFORCE updates with ``bid_steps`` counterfactual Bradley-Terry updates, with
+held-out evaluation after SFT and after RL."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+
+import torch
+from loguru import logger
+from tqdm.auto import tqdm
+
+from swarm_runtime import checkpoint as ckpt
+from swarm_runtime.episode import new_slots, play
+from swarm_runtime.evaluate import evaluate
+from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
+from swarm_runtime.run import RunContext
+from swarm_runtime.train.action import action_update, credit_samples
+from swarm_runtime.train.bid import bid_update, pick_contested, run_branches
+from swarm_runtime.train.optim import make_optimizer
+from swarm_runtime.train.sft import collect_demos, demo_accuracy, sft
+
+
+def step_kind(iteration: int, action_steps: int, bid_steps: int) -> str:
+    """``action`` or ``bid`` for RL update ``iteration`` (4 action : 1 bid by default)."""
+    cycle = action_steps + bid_steps
+    return "action" if iteration % cycle < action_steps else "bid"
+
+
+def rollout_metrics(episodes, agents) -> dict[str, float]:
+    known = [e for e in episodes if not e.reward_missing]
+    m = {"charts/episode_reward": sum(e.reward for e in known) / max(1, len(known)),
+         "charts/decisions": sum(len(e.turns) for e in episodes) / max(1, len(episodes)),
+         "charts/invalid_actions": float(sum(e.invalid_actions for e in episodes)),
+         "charts/unparsed_bids": float(sum(e.unparsed_bids for e in episodes)),
+         "charts/reward_missing": float(len(episodes) - len(known))}
+    if known and "success" in known[0].metrics:
+        m["charts/success"] = sum(float(e.metrics.get("success", 0)) for e in known) / len(known)
+    wins = Counter(agents[t.winner].name for e in episodes for t in e.turns if t.winner is not None)
+    total = sum(wins.values())
+    for a in agents:
+        m[f"charts/turn_share_{a.name}"] = wins[a.name] / total if total else 0.0
+    m["charts/skipped_turns"] = sum(t.winner is None for e in episodes for t in e.turns) / max(1, len(episodes))
+    return m
+
+
+class MPTTrainer:
+    """The MPT algorithm, registered as ``algo.name=mpt``."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx, self.cfg = ctx, ctx.cfg
+        self.rng = random.Random(int(self.cfg.seed))
+        torch.manual_seed(int(self.cfg.seed))
+        self.state: dict = {"phase": "init", "iteration": 0}
+
+    # ------------------------------------------------------------------ setup
+    def _optimizers(self, policies: dict) -> dict:
+        a = self.cfg.algo
+        return {role: make_optimizer(p.parameters(), float(a.lr), float(a.weight_decay), int(a.iterations),
+                                     int(a.warmup_steps), float(a.min_lr_ratio)) for role, p in policies.items()}
+
+    def _setup(self):
+        ctx = self.ctx
+        if ctx.resume_from is not None:
+            self.state = ckpt.load_state(ctx.resume_from)
+            self.agents, self.policies = ctx.build_swarm(ctx.resume_from / "agents")
+            self.optimizers = self._optimizers(self.policies)
+            for role, policy in self.policies.items():
+                ts = ckpt.load_training_state(ctx.resume_from, role)
+                policy.set_rng_state(ts["policy_rng"])
+                if "optimizer" in ts:
+                    self.optimizers[role][0].load_state_dict(ts["optimizer"])
+                    self.optimizers[role][1].load_state_dict(ts["scheduler"])
+            ckpt.restore_rng(ctx.resume_from, self.rng)
+            ctx.flops.load_state_dict(self.state.get("flops", {}))
+            logger.info("resumed at phase {} iteration {}", self.state["phase"], self.state["iteration"])
+        else:
+            self.agents, self.policies = ctx.build_swarm()
+            self.optimizers = self._optimizers(self.policies)
+        self.coordinator = ctx.coordinator()
+        self.credit = ctx.credit_fn()
+        self.writer = MetricsWriter(ctx.run_dir, bool(self.cfg.tensorboard),
+                                    truncate_after=self.state["iteration"] if ctx.resume_from else None)
+        n = next(iter(self.policies.values())).n_params
+        logger.info("swarm: {} agents ({}), {:.2f}M parameters each", len(self.agents),
+                    ", ".join(a.name for a in self.agents), n / 1e6)
+
+    def _save(self, tag: str) -> None:
+        self.state["flops"] = self.ctx.flops.state_dict()
+        ckpt.save_checkpoint(self.ctx.run_dir, tag, self.policies, self.optimizers, self.state, self.rng,
+                             keep=int(self.cfg.keep_checkpoints))
+
+    def _hook(self, name: str, **kw) -> None:
+        getattr(self.ctx.pm.hook, name)(**kw)
+
+    # ------------------------------------------------------------------ phases
+    def cold_start(self) -> None:
+        ctx, s = self.ctx, self.cfg.algo.sft
+        ctx.flops.category = "sft"
+        train_seeds = ctx.seeds("train")
+        demo_seeds = self.rng.sample(train_seeds, min(int(s.demo_episodes), len(train_seeds)))
+        demos = collect_demos(ctx.domain, ctx.task, demo_seeds, list(s.owner_bids), list(s.other_bids),
+                              rng=random.Random(int(self.cfg.seed)))
+        t0 = time.time()
+        for i, (role, policy) in enumerate(self.policies.items()):
+            m = sft(policy, demos[role], int(s.epochs), float(s.lr), int(s.batch_size), int(self.cfg.seed) + i,
+                    desc=f"SFT {role}", progress=bool(self.cfg.progress))
+            m["demo_action_accuracy"] = demo_accuracy(policy, demos[role])
+            logger.info("SFT {}: {} examples, loss {:.3f} -> {:.3f}, greedy demo-action accuracy {:.0%}",
+                        role, m["examples"], m["first_loss"], m["loss"], m["demo_action_accuracy"])
+            self.writer.log(0, {f"sft/{k}_{role}": v for k, v in m.items()})
+            self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": role, **m})
+        logger.info("SFT done in {:.0f}s", time.time() - t0)
+        self.state["phase"] = "sft_done"
+        self._save("sft")
+
+    def held_out(self, label: str) -> dict:
+        ctx = self.ctx
+        ctx.flops.category = "eval"
+        t0 = time.time()
+        res, _ = evaluate(self.agents, self.coordinator, ctx.domain, ctx.task, ctx.seeds("eval"),
+                          int(self.cfg.eval.runs), int(self.cfg.seed) + 7919, self.cfg.eval.temperature)
+        logger.info("held-out {}: reward {:.2f} ± {:.2f} over {} seeds x {} runs ({:.0f}s)", label,
+                    res["reward_mean"], res["reward_se"], res["seeds"], res["runs"], time.time() - t0)
+        return res
+
+    def rl_step(self, it: int) -> dict:
+        ctx, a = self.ctx, self.cfg.algo
+        kind = step_kind(it, int(a.action_steps), int(a.bid_steps))
+        seeds = [self.rng.choice(ctx.seeds("train")) for _ in range(int(a.envs_per_step))]
+        ctx.flops.category = "rollout"
+        t0 = time.time()
+        with torch.no_grad():
+            episodes = play(new_slots(ctx.domain, ctx.task, seeds), self.agents, self.coordinator, ctx.domain,
+                            int(ctx.task.max_decisions), self.rng, record_snapshots=(kind == "bid"))
+        for ep in episodes:
+            self._hook("swarm_on_episode_end", domain=ctx.domain.name, seed=ep.seed, reward=ep.reward,
+                       metrics=ep.metrics)
+        m = rollout_metrics(episodes, self.agents)
+        m["time/rollout_s"] = time.time() - t0
+        t1 = time.time()
+        scale = float(a.reward_scale or ctx.task.reward_max)
+        if kind == "action":
+            ctx.flops.category = "update"
+            samples = credit_samples(episodes, self.credit, self.rng)
+            m.update(action_update(self.agents, samples, self.optimizers, scale, int(a.minibatch), float(a.grad_clip)))
+        else:
+            ctx.flops.category = "branch"
+            picks = pick_contested(episodes, int(a.branches_per_episode), self.rng)
+            with torch.no_grad():
+                pairs = run_branches(self.agents, self.coordinator, ctx.domain, ctx.task, picks,
+                                     int(a.resample_tries), self.rng)
+            ctx.flops.category = "update"
+            m["charts/contested_picked"] = float(len(picks))
+            m.update(bid_update(self.agents, pairs, self.optimizers, int(a.minibatch), float(a.grad_clip)))
+        m["time/update_s"] = time.time() - t1
+        m["charts/lr"] = next(iter(self.optimizers.values()))[1].get_last_lr()[0]
+        m["kind"] = kind
+        m.update({f"flops/{k}": v for k, v in ctx.flops.by_category.items()})
+        m["flops/total"] = ctx.flops.training_total
+        return m
+
+    # ------------------------------------------------------------------ main
+    def train(self) -> dict:
+        self._setup()
+        cfg = self.cfg
+        self._hook("swarm_on_run_start", config=cfg, run_dir=str(self.ctx.run_dir))
+        if self.state["phase"] == "init":
+            self.cold_start()
+        if self.state["phase"] == "sft_done":
+            if not cfg.skip_sft_eval:
+                self.state["sft_eval"] = self.held_out("after SFT")
+                self.writer.log(0, {"eval/reward_mean": self.state["sft_eval"]["reward_mean"],
+                                    "eval/reward_se": self.state["sft_eval"]["reward_se"],
+                                    "flops/total": self.ctx.flops.training_total})
+            self.state["phase"] = "rl"
+            self._save("iter-000000")
+        iterations = int(cfg.algo.iterations)
+        bar = tqdm(total=iterations, initial=self.state["iteration"], desc="MPT", disable=not cfg.progress)
+        while self.state["phase"] == "rl" and self.state["iteration"] < iterations:
+            it = self.state["iteration"]
+            m = self.rl_step(it)
+            self.state["iteration"] = it + 1
+            self.writer.log(it + 1, m)
+            self._hook("swarm_on_train_step", step=it + 1, kind=m["kind"], metrics=m)
+            bar.update(1)
+            bar.set_postfix(reward=f"{m['charts/episode_reward']:.1f}", kind=m["kind"])
+            logger.debug("update {} ({}): reward {:.2f}", it + 1, m["kind"], m["charts/episode_reward"])
+            if (it + 1) % int(cfg.checkpoint_every) == 0 or it + 1 == iterations:
+                self._save(f"iter-{it + 1:06d}")
+        bar.close()
+        if self.state["phase"] == "rl":
+            self.state["final_eval"] = self.held_out("after MPT")
+            self.state["phase"] = "done"
+            self.writer.log(iterations, {"eval/reward_mean": self.state["final_eval"]["reward_mean"],
+                                         "eval/reward_se": self.state["final_eval"]["reward_se"],
+                                         "flops/total": self.ctx.flops.training_total})
+            self._save(f"iter-{iterations:06d}")
+        return self.finish()
+
+    def finish(self) -> dict:
+        ctx = self.ctx
+        rows = []
+        if "sft_eval" in self.state:
+            rows.append(("SFT only", self.state["sft_eval"]))
+        rows.append(("MPT", self.state["final_eval"]))
+        metrics = ["reward"] + [k[:-5] for k in self.state["final_eval"] if k.endswith("_mean")
+                                and k not in ("reward_mean", "decisions_mean") and k[:-5] in ("success", "spl", "ndtw")]
+        table = format_table(rows, metrics)
+        results = {"domain": ctx.cfg.domain, "task": ctx.cfg.task_name, "seed": int(ctx.cfg.seed),
+                   "eval_seeds": ctx.seeds("eval"), "runs": int(ctx.cfg.eval.runs),
+                   "flops": ctx.flops.state_dict(), "results": {n: r for n, r in rows}, "table": table}
+        (ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
+        (ctx.run_dir / "eval.md").write_text(table + "\n")
+        plots = plot_training(ctx.run_dir, [a.name for a in self.agents])
+        self.writer.close()
+        self._hook("swarm_on_run_end", config=ctx.cfg, run_dir=str(ctx.run_dir), results=results)
+        print(f"\nHeld-out evaluation: {ctx.cfg.domain}/{ctx.cfg.task_name}, {len(ctx.seeds('eval'))} seeds x "
+              f"{ctx.cfg.eval.runs} runs (mean ± standard error over seeds)\n{table}")
+        if "sft_eval" in self.state:
+            d = self.state["final_eval"]["reward_mean"] - self.state["sft_eval"]["reward_mean"]
+            se = (self.state["final_eval"]["reward_se"] ** 2 + self.state["sft_eval"]["reward_se"] ** 2) ** 0.5
+            print(f"MPT - SFT: {d:+.2f} reward (combined standard error {se:.2f})")
+        print(f"Run folder: {ctx.run_dir} (eval.json, metrics.jsonl, tb/, {', '.join(p.name for p in plots)}, checkpoints/)")
+        return results

@@ -1,0 +1,108 @@
+"""SFT cold start (DESIGN 2.5): each agent learns only its own role's demonstrations.
+
+Demos come from the domain's scripted expert (``DomainEnv.expert_action``). At
+every expert step each role gets a bid example (drawn from ``owner_bids`` for the
+role that owns the action, from ``other_bids`` for the others), and the owner gets the action
+example. A single (monolithic) model gets the union through ``single_prompt``.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from swarm_runtime.domain import Domain, Event
+from swarm_runtime.episode import make_env
+from swarm_runtime.train.optim import clip_and_step, make_optimizer
+
+
+@dataclass
+class Example:
+    kind: str  #: ``bid`` or ``act``
+    prompt: str
+    target: object  #: bid level (float) or action text (str)
+
+
+def collect_demos(domain: Domain, task, seeds: Sequence[int], owner_bids: Sequence[float] = (0.6, 0.8),
+                  other_bids: Sequence[float] = (0.0, 0.2, 0.4), single: bool = False,
+                  rng: random.Random | None = None) -> dict[str, list[Example]]:
+    """Roll the scripted expert on ``seeds``; return examples per role (or under
+    ``"single"`` for one model acting every turn). Each bid example's target is
+    drawn from ``owner_bids`` (the role owning the expert's action) or ``other_bids``."""
+    rng = rng or random.Random(0)
+    roles = [r.name for r in domain.roles]
+    demos: dict[str, list[Example]] = {("single" if single else r): [] for r in roles}
+    for seed in seeds:
+        env = make_env(domain, task)
+        env.reset(seed)
+        log: list[Event] = []
+        for t in range(int(task.max_decisions)):
+            exp = env.expert_action()
+            if exp is None:
+                break
+            obs = env.observation()
+            if single:
+                demos["single"].append(Example("act", domain.single_prompt(obs, log), exp.action))
+            else:
+                for role in roles:
+                    level = rng.choice(list(owner_bids if role == exp.role else other_bids))
+                    demos[role].append(Example("bid", domain.bid_prompt(role, obs, log), level))
+                demos[exp.role].append(Example("act", domain.action_prompt(exp.role, obs, log), exp.action))
+            res = env.step(exp.action, exp.role)
+            log.append(Event(t, exp.role, exp.action, res.valid, float(res.reward)))
+            if env.done:
+                break
+    return demos
+
+
+def sft(policy, examples: list[Example], epochs: int, lr: float, batch_size: int, seed: int,
+        desc: str = "sft", progress: bool = True, max_steps: int | None = None) -> dict[str, float]:
+    """Supervised fine-tuning on ``examples``: mean token cross-entropy of the targets."""
+    if not examples:
+        return {"loss": float("nan"), "steps": 0}
+    pairs = [(e.prompt, policy.bid_target(e.target) if e.kind == "bid" else policy.action_target(e.target))
+             for e in examples]
+    steps_per_epoch = (len(pairs) + batch_size - 1) // batch_size
+    total = steps_per_epoch * epochs if max_steps is None else min(max_steps, steps_per_epoch * epochs)
+    opt, sched = make_optimizer(policy.parameters(), lr, 0.0, total, warmup=max(1, total // 20))
+    rng = random.Random(seed)
+    policy.train()
+    losses: list[float] = []
+    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
+    step = 0
+    for _ in range(epochs):
+        rng.shuffle(pairs)
+        for i in range(0, len(pairs), batch_size):
+            if step >= total:
+                break
+            batch = pairs[i:i + batch_size]
+            logp = policy.logprobs([p for p, _ in batch], [t for _, t in batch])
+            loss = -logp.sum() / sum(len(t) for _, t in batch)
+            loss.backward()
+            clip_and_step(policy.parameters(), opt, sched, 1.0)
+            losses.append(float(loss.detach()))
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
+    policy.eval()
+    tail = losses[-max(1, len(losses) // 10):]
+    return {"loss": sum(tail) / len(tail), "first_loss": losses[0], "steps": step, "examples": len(pairs)}
+
+
+@torch.no_grad()
+def demo_accuracy(policy, examples: list[Example], limit: int = 256) -> float:
+    """Share of action demos the policy reproduces exactly when sampling greedily."""
+    acts = [e for e in examples if e.kind == "act"][:limit]
+    if not acts:
+        return float("nan")
+    t = policy.temperature
+    policy.temperature = 0.0
+    try:
+        outs = policy.act([e.prompt for e in acts])
+    finally:
+        policy.temperature = t
+    return sum(o.text.strip() == e.target.strip() for o, e in zip(outs, acts)) / len(acts)
