@@ -6,10 +6,12 @@ presets -> the task YAML's ``overrides:`` block -> ``key=value`` arguments.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from swarm_runtime.domain import REQUIRED_TASK_KEYS
@@ -140,9 +142,14 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
             raise ConfigError(f"unknown config key {key!r}: {p!r} is not in {where}; valid: {valid}")
         if i < len(parts) - 1:
             node = node[p]
-    parsed = OmegaConf.create({"v": value})["v"] if value != "" else ""
-    if isinstance(parsed, str) and parsed.lower() in ("null", "none"):
+    try:  # YAML typing: 16 -> int, 1e-4 -> float, [0, 0.5] -> list, null -> None
+        parsed = yaml.safe_load(value) if value != "" else ""
+    except yaml.YAMLError:
+        parsed = value
+    if isinstance(parsed, str) and parsed.lower() == "none":
         parsed = None
+    if isinstance(parsed, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", parsed):
+        parsed = float(parsed)  # YAML 1.1 reads 1e-4 as a string
     try:
         OmegaConf.update(cfg, key, parsed, merge=False)
     except Exception as exc:  # omegaconf validation error: wrong type
@@ -178,7 +185,7 @@ def resolve(args: list[str], registry) -> DictConfig:
     OmegaConf.set_struct(cfg, True)
     if overrides is not None:
         for key, value in _flatten(OmegaConf.to_container(overrides)):
-            _set(cfg, key, value if isinstance(value, str) else OmegaConf.to_yaml({"v": value}).split(":", 1)[1].strip())
+            _set(cfg, key, value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n..."))
     for key, value in dotted:
         if "." not in key and key not in cfg and key in cfg.task:
             key = f"task.{key}"  # domain switches such as sim=habitat or judge=llm

@@ -32,8 +32,9 @@ def swarm_register_domains(register: Callable[[Any], None]) -> None:
 def swarm_register_policy_backends(register: Callable[[str, Callable[..., Any]], None]) -> None:
     """Register policy backends (``transformers``, ``vllm``, an OpenAI-compatible API ...).
 
-    :param register: ``register(name, factory)``; ``factory(model_cfg, vocabulary, seed)``
-        returns a :class:`swarm_runtime.policy.base.Policy`.
+    :param register: ``register(name, factory)``; ``factory(model_cfg, words, bid_levels, seed,
+        flops=FlopCounter, init_path=str | None)`` returns a :class:`swarm_runtime.policy.base.Policy`
+        (``words``: the domain's vocabulary; ``init_path``: a checkpoint folder to load).
     """
 
 
@@ -41,8 +42,10 @@ def swarm_register_policy_backends(register: Callable[[str, Callable[..., Any]],
 def swarm_register_coordinators(register: Callable[[str, Callable[..., Any]], None]) -> None:
     """Register coordinators that decide which agent acts each turn (the auction is one).
 
-    :param register: ``register(name, factory)``; ``factory(cfg)`` returns an object with
-        ``select(bids, rng, turn) -> swarm_runtime.auction.AuctionResult``.
+    :param register: ``register(name, factory)``; ``factory(cfg)`` returns an object with a
+        ``uses_bids`` attribute (False: agents are not asked to bid, every present agent's bid
+        reads 0.0) and ``select(bids, rng, turn) -> swarm_runtime.auction.AuctionResult``
+        (``bids[i] is None`` when agent i is absent).
     """
 
 

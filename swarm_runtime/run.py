@@ -86,6 +86,11 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run") -> RunConte
         resume_from = latest_checkpoint(run_dir)
         if resume_from is None:
             raise ConfigError(f"resume=true but {run_dir} has no checkpoint to resume from")
+        if (run_dir / "config.yaml").exists():
+            # Continue the run as it was configured; the command line only picks the run.
+            saved = OmegaConf.load(run_dir / "config.yaml")
+            saved.resume, saved.run_dir = True, str(run_dir)
+            cfg = saved
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run_dir = str(run_dir)
     name = "config.yaml" if command == "run" else f"config.{command}.yaml"

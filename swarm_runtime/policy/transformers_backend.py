@@ -18,6 +18,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from loguru import logger
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # per-shard bars on every checkpoint drown the run's own progress bar
 
 from swarm_runtime.flops import FlopCounter
 from swarm_runtime.policy.base import Bid, Response

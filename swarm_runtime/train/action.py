@@ -56,7 +56,7 @@ def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: 
             logp = policy.logprobs([c[0] for c in chunk], [c[1] for c in chunk])
             loss = reinforce_loss(logp, torch.tensor([c[2] for c in chunk])) * len(chunk) / n
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         opt, sched = optimizers[agent.role]
         metrics[f"losses/action_{agent.role}"] = total
         metrics[f"charts/grad_norm_{agent.role}"] = clip_and_step(policy.parameters(), opt, sched, grad_clip)

@@ -118,7 +118,7 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
             ll = policy.logprobs(prompts, [c[2] for c in chunk])
             loss = bradley_terry_loss(lw, ll) * len(chunk) / n
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         opt, sched = optimizers[agent.role]
         metrics[f"losses/bid_{agent.role}"] = total
         metrics[f"charts/bid_grad_norm_{agent.role}"] = clip_and_step(policy.parameters(), opt, sched, grad_clip)

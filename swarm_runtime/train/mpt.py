@@ -95,6 +95,16 @@ class MPTTrainer:
     def _hook(self, name: str, **kw) -> None:
         getattr(self.ctx.pm.hook, name)(**kw)
 
+    def _turn_observer(self):
+        """Forward each batched turn to ``swarm_on_turn`` (only when some plugin listens)."""
+        if not self.ctx.pm.hook.swarm_on_turn.get_hookimpls():
+            return None
+
+        def on_turn(live, turns):
+            self.ctx.pm.hook.swarm_on_turn(turn=live[0].t - 1, bids=[turns[id(s)].bids for s in live],
+                                           winners=[turns[id(s)].winner for s in live])
+        return on_turn
+
     # ------------------------------------------------------------------ phases
     def cold_start(self) -> None:
         ctx, s = self.ctx, self.cfg.algo.sft
@@ -107,6 +117,9 @@ class MPTTrainer:
         for i, (role, policy) in enumerate(self.policies.items()):
             m = sft(policy, demos[role], int(s.epochs), float(s.lr), int(s.batch_size), int(self.cfg.seed) + i,
                     desc=f"SFT {role}", progress=bool(self.cfg.progress))
+            if not demos[role]:
+                logger.warning("SFT {}: the expert gave this role no demonstrations; it starts untrained", role)
+                continue
             m["demo_action_accuracy"] = demo_accuracy(policy, demos[role])
             logger.info("SFT {}: {} examples, loss {:.3f} -> {:.3f}, greedy demo-action accuracy {:.0%}",
                         role, m["examples"], m["first_loss"], m["loss"], m["demo_action_accuracy"])
@@ -134,7 +147,8 @@ class MPTTrainer:
         t0 = time.time()
         with torch.no_grad():
             episodes = play(new_slots(ctx.domain, ctx.task, seeds), self.agents, self.coordinator, ctx.domain,
-                            int(ctx.task.max_decisions), self.rng, record_snapshots=(kind == "bid"))
+                            int(ctx.task.max_decisions), self.rng, record_snapshots=(kind == "bid"),
+                            on_turn=self._turn_observer())
         for ep in episodes:
             self._hook("swarm_on_episode_end", domain=ctx.domain.name, seed=ep.seed, reward=ep.reward,
                        metrics=ep.metrics)

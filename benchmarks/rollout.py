@@ -1,0 +1,92 @@
+"""Rollout throughput: the batched episode loop against a naive loop.
+
+Prints, from one run on the same models and seeds:
+- agent-decisions per second of the batched loop (all envs of a turn in one
+  batch per model) and of a naive loop (one env at a time: one bid call per
+  agent, one action call, one env step), and their ratio;
+- the share of the batched loop's wall time spent outside model forward passes.
+
+    python benchmarks/rollout.py [--envs 32] [--decisions 60] [--domain minecraft --task iron_pickaxe]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+from loguru import logger
+from omegaconf import OmegaConf
+
+from swarm_runtime.config import resolve
+from swarm_runtime.episode import new_slots, play
+from swarm_runtime.plugins import get_registry
+from swarm_runtime.run import RunContext
+from swarm_runtime.train.sft import collect_demos, sft
+
+
+class ForwardTimer:
+    """Accumulates wall time spent inside the models' forward passes."""
+
+    def __init__(self, models):
+        self.total, self._t0 = 0.0, 0.0
+        for m in models:
+            m.register_forward_pre_hook(self._pre)
+            m.register_forward_hook(self._post)
+
+    def _pre(self, *_):
+        self._t0 = time.perf_counter()
+
+    def _post(self, *_):
+        self.total += time.perf_counter() - self._t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--domain", default="minecraft")
+    ap.add_argument("--task", default="iron_pickaxe")
+    ap.add_argument("--envs", type=int, default=32)
+    ap.add_argument("--naive-envs", type=int, default=4, help="episodes of the naive loop (it is slow)")
+    ap.add_argument("--decisions", type=int, default=60, help="decision cap of the benchmark episodes")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    logger.remove()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pm, reg = get_registry()
+    cfg = resolve([f"domain={args.domain}", f"task={args.task}", f"task.max_decisions={args.decisions}"], reg)
+    ctx = RunContext(cfg, pm, reg, None)
+    agents, policies = ctx.build_swarm()
+    # A short SFT so the models emit real actions (the same models serve both loops).
+    demos = collect_demos(ctx.domain, ctx.task, ctx.seeds("train")[:4])
+    for i, (role, pol) in enumerate(policies.items()):
+        sft(pol, demos[role], 1, float(cfg.algo.sft.lr), 64, i, progress=False)
+    timer = ForwardTimer([p.model for p in policies.values()])
+    coord, seeds = ctx.coordinator(), ctx.seeds("train")
+    cap = int(ctx.task.max_decisions)
+
+    def run(batches):
+        n, t0, f0 = 0, time.perf_counter(), timer.total
+        with torch.no_grad():
+            for batch in batches:
+                eps = play(new_slots(ctx.domain, ctx.task, batch), agents, coord, ctx.domain, cap, random.Random(0))
+                n += sum(len(e.turns) for e in eps)
+        wall = time.perf_counter() - t0
+        return n, wall, timer.total - f0
+
+    run([seeds[:4]])  # warm-up
+    nb, wb, fb = run([seeds[: args.envs]])
+    nn, wn, fn = run([[s] for s in seeds[: args.naive_envs]])
+    rate_b, rate_n = nb / wb, nn / wn
+    print(f"domain {args.domain}/{args.task}, model {cfg.model.name} "
+          f"({next(iter(policies.values())).n_params / 1e6:.2f}M params x {len(policies)} agents), "
+          f"torch threads {torch.get_num_threads()}, decision cap {cap}")
+    print(f"batched loop: {args.envs} envs, {nb} decisions in {wb:.1f}s = {rate_b:.1f} decisions/s")
+    print(f"naive loop:   {args.naive_envs} envs one at a time, {nn} decisions in {wn:.1f}s = {rate_n:.1f} decisions/s")
+    print(f"speed-up batched / naive: {rate_b / rate_n:.1f}x (target >= 10x)")
+    print(f"batched loop time outside model forward passes: {100 * (wb - fb) / wb:.1f}% (target <= 20%)")
+    print(f"naive loop time outside model forward passes:   {100 * (wn - fn) / wn:.1f}%")
+
+
+if __name__ == "__main__":
+    main()

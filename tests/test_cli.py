@@ -1,0 +1,107 @@
+"""The real CLI in a subprocess: a smoke run, bad input, kill-and-resume, eval."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import TINY_RUN, swarm
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    res = swarm("run", *TINY_RUN, f"run_dir={d / 'run'}", cwd=d)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return d / "run", res
+
+
+def test_run_writes_everything(smoke_run):
+    run, res = smoke_run
+    assert "Held-out evaluation" in res.stdout and "SFT only" in res.stdout and "MPT" in res.stdout
+    for name in ("config.yaml", "metrics.jsonl", "eval.json", "eval.md", "run.log", "reward_vs_flops.png",
+                 "turn_share.png"):
+        assert (run / name).exists(), name
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "charts/episode_reward" in r]
+    assert steps == [1, 2]
+    assert all(r["flops/total"] > 0 for r in rows if "flops/total" in r)
+    ev = json.loads((run / "eval.json").read_text())
+    assert set(ev["results"]) == {"SFT only", "MPT"}
+    assert ev["results"]["MPT"]["seeds"] == 2
+
+
+def test_checkpoint_is_hugging_face_format(smoke_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run, _ = smoke_run
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    agent_dir = run / "checkpoints" / latest / "agents" / "Smith"
+    assert (agent_dir / "model.safetensors").exists()
+    model = AutoModelForCausalLM.from_pretrained(agent_dir)
+    tok = AutoTokenizer.from_pretrained(agent_dir)
+    assert model.config.model_type == "qwen2" and "<bid_0.8>" in tok.get_vocab()
+    for f in ("training_state.pt",):
+        assert (agent_dir / f).exists()
+    assert (run / "checkpoints" / latest / "rng.pt").exists()
+
+
+def test_eval_command(smoke_run):
+    run, _ = smoke_run
+    res = swarm("eval", str(run), "eval.runs=1", cwd=run.parent)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "reward" in res.stdout and list(run.glob("eval-iter-*.json"))
+    bad = swarm("eval", str(run), "checkpoint=nosuch", cwd=run.parent)
+    assert bad.returncode == 2 and "valid:" in bad.stderr and "sft" in bad.stderr
+
+
+@pytest.mark.parametrize("args, needle, valid", [
+    (["domain=nosuch"], "unknown domain 'nosuch'", "minecraft"),
+    (["domain=minecraft", "task=nosuch"], "unknown task 'nosuch'", "iron_pickaxe"),
+    (["domain=minecraft", "algo.nosuch=1"], "unknown config key 'algo.nosuch'", "lr"),
+    (["domain=minecraft", "nosuch=1"], "unknown config key 'nosuch'", "algo"),
+    (["domain=minecraft", "model=nosuch"], "unknown model 'nosuch'", "tiny"),
+    (["domain=minecraft", "algo.coordinator=nosuch"], "unknown algo.coordinator 'nosuch'", "auction"),
+])
+def test_bad_input_exits_2_naming_valid_values(tmp_path, args, needle, valid):
+    res = swarm("run", *args, cwd=tmp_path, timeout=120)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert needle in res.stderr and "valid:" in res.stderr and valid in res.stderr
+    assert not (tmp_path / "runs").exists()  # nothing written for a bad config
+
+
+def test_listing_commands(tmp_path):
+    res = swarm("domains", cwd=tmp_path)
+    assert res.returncode == 0 and "Logger, Miner, Smith" in res.stdout
+    res = swarm("plugins", cwd=tmp_path)
+    assert res.returncode == 0 and "coordinator:auction" in res.stdout and "domain:minecraft" in res.stdout
+    res = swarm("--help", cwd=tmp_path)
+    assert res.returncode == 0 and "run" in res.stdout and "eval" in res.stdout
+
+
+def test_kill_and_resume(tmp_path):
+    run = tmp_path / "run"
+    args = [a for a in TINY_RUN if not a.startswith("algo.iterations")] + [
+        "algo.iterations=6", "checkpoint_every=1", f"run_dir={run}"]
+    env_cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args]
+    proc = subprocess.Popen(env_cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = run / "checkpoints" / "iter-000002" / "state.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and not target.exists() and proc.poll() is None:
+        time.sleep(0.2)
+    assert target.exists(), "no checkpoint appeared before the deadline"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    state = json.loads((run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "state.json").read_text())
+    done_before = state["iteration"]
+    assert 2 <= done_before < 6
+    res = swarm("run", *args, "resume=true", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"resumed at phase rl iteration {done_before}" in (run / "run.log").read_text()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "charts/episode_reward" in r]
+    assert steps == [1, 2, 3, 4, 5, 6]  # each update logged once, none lost or repeated
+    assert "MPT" in res.stdout
