@@ -32,9 +32,10 @@ def save_checkpoint(run_dir: Path, tag: str, agents_by_role: dict, optimizers: d
         d = tmp / "agents" / role
         policy.save(d)
         extra = {"policy_rng": policy.rng_state()}
-        if role in optimizers:
-            opt, sched = optimizers[role]
-            extra.update(optimizer=opt.state_dict(), scheduler=sched.state_dict())
+        for kind, table in optimizers.items():  # {"action": {role: (opt, sched)}, "bid": {...}}
+            if role in table:
+                opt, sched = table[role]
+                extra[f"optimizer_{kind}"], extra[f"scheduler_{kind}"] = opt.state_dict(), sched.state_dict()
         torch.save(extra, d / "training_state.pt")
     torch.save({"run": run_rng.getstate(), "python": random.getstate(), "torch": torch.get_rng_state()},
                tmp / "rng.pt")

@@ -61,17 +61,20 @@ class AlgoConfig:
     coordinator: str = "auction"  #: who acts each turn
     credit: str = "bucket_brigade"  #: credit scheme
     bid_levels: list = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.6, 0.8])  #: allowed bids, all < 1
-    iterations: int = 30  #: RL updates after SFT (action and bid steps together)
-    envs_per_step: int = 16  #: episodes rolled out per update
+    iterations: int = 25  #: RL updates after SFT (action and bid steps together)
+    envs_per_step: int = 32  #: episodes rolled out per update
     action_steps: int = 4  #: action-learning steps per cycle
     bid_steps: int = 1  #: bid-learning steps per cycle
-    lr: float = 3e-4  #: RL learning rate (paper: 1e-6 for 4-8B models)
+    lr: float = 1e-4  #: RL learning rate (paper: 1e-6 for 4-8B models; 3e-4 already destabilises the tiny model)
     weight_decay: float = 0.0  #: AdamW weight decay
+    adam_eps: float = 1e-4  #: AdamW epsilon of the RL optimizers. Larger than the usual 1e-8 on purpose: an agent
+    #: whose credits are nearly uniform has a near-zero, pure-noise REINFORCE gradient, which Adam with a tiny eps
+    #: would still turn into full lr-sized (sign-like) steps; eps ~ the gradient scale damps those steps.
     grad_clip: float = 1.0  #: max gradient norm
     warmup_steps: int = 0  #: linear warm-up before the cosine decay
     min_lr_ratio: float = 0.1  #: cosine floor as a fraction of lr
     minibatch: int = 256  #: samples per forward/backward chunk (gradients accumulate)
-    branches_per_episode: int = 2  #: contested turns branched per episode in a bid step
+    branches_per_episode: int = 4  #: contested turns branched per episode in a bid step
     resample_tries: int = 3  #: bid re-samples to get below the runner-up (DESIGN 2.4)
     reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
     sft: SFTConfig = field(default_factory=SFTConfig)

@@ -57,9 +57,16 @@ class MPTTrainer:
 
     # ------------------------------------------------------------------ setup
     def _optimizers(self, policies: dict) -> dict:
+        """Per role, one AdamW for action steps and one for bid steps. Their gradients differ by
+        ~100x in scale (advantage / reward_scale vs a Bradley-Terry log-odds), so a shared Adam
+        second moment would let each bid step mute the action steps that follow it."""
         a = self.cfg.algo
-        return {role: make_optimizer(p.parameters(), float(a.lr), float(a.weight_decay), int(a.iterations),
-                                     int(a.warmup_steps), float(a.min_lr_ratio)) for role, p in policies.items()}
+        cycle = int(a.action_steps) + int(a.bid_steps)
+        steps = {"action": int(a.iterations) * int(a.action_steps) // cycle + 1,
+                 "bid": int(a.iterations) * int(a.bid_steps) // cycle + 1}
+        return {kind: {role: make_optimizer(p.parameters(), float(a.lr), float(a.weight_decay), n,
+                                            int(a.warmup_steps), float(a.min_lr_ratio), float(a.adam_eps))
+                       for role, p in policies.items()} for kind, n in steps.items()}
 
     def _setup(self):
         ctx = self.ctx
@@ -70,9 +77,10 @@ class MPTTrainer:
             for role, policy in self.policies.items():
                 ts = ckpt.load_training_state(ctx.resume_from, role)
                 policy.set_rng_state(ts["policy_rng"])
-                if "optimizer" in ts:
-                    self.optimizers[role][0].load_state_dict(ts["optimizer"])
-                    self.optimizers[role][1].load_state_dict(ts["scheduler"])
+                for kind, (opt, sched) in ((k, self.optimizers[k][role]) for k in self.optimizers):
+                    if f"optimizer_{kind}" in ts:
+                        opt.load_state_dict(ts[f"optimizer_{kind}"])
+                        sched.load_state_dict(ts[f"scheduler_{kind}"])
             ckpt.restore_rng(ctx.resume_from, self.rng)
             ctx.flops.load_state_dict(self.state.get("flops", {}))
             logger.info("resumed at phase {} iteration {}", self.state["phase"], self.state["iteration"])
@@ -159,7 +167,8 @@ class MPTTrainer:
         if kind == "action":
             ctx.flops.category = "update"
             samples = credit_samples(episodes, self.credit, self.rng)
-            m.update(action_update(self.agents, samples, self.optimizers, scale, int(a.minibatch), float(a.grad_clip)))
+            m.update(action_update(self.agents, samples, self.optimizers["action"], scale, int(a.minibatch),
+                                   float(a.grad_clip)))
         else:
             ctx.flops.category = "branch"
             picks = pick_contested(episodes, int(a.branches_per_episode), self.rng)
@@ -168,9 +177,9 @@ class MPTTrainer:
                                      int(a.resample_tries), self.rng)
             ctx.flops.category = "update"
             m["charts/contested_picked"] = float(len(picks))
-            m.update(bid_update(self.agents, pairs, self.optimizers, int(a.minibatch), float(a.grad_clip)))
+            m.update(bid_update(self.agents, pairs, self.optimizers["bid"], int(a.minibatch), float(a.grad_clip)))
         m["time/update_s"] = time.time() - t1
-        m["charts/lr"] = next(iter(self.optimizers.values()))[1].get_last_lr()[0]
+        m["charts/lr"] = next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
         m["kind"] = kind
         m.update({f"flops/{k}": v for k, v in ctx.flops.by_category.items()})
         m["flops/total"] = ctx.flops.training_total

@@ -7,8 +7,8 @@ import torch
 
 
 def make_optimizer(params, lr: float, weight_decay: float, total_steps: int, warmup: int = 0,
-                   min_ratio: float = 0.1):
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+                   min_ratio: float = 0.1, eps: float = 1e-8):
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95), eps=eps)
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
