@@ -34,16 +34,27 @@ def test_run_writes_everything(smoke_run):
     assert ev["results"]["MPT"]["seeds"] == 2
 
 
-def test_checkpoint_is_hugging_face_format(smoke_run):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_checkpoint_is_hugging_face_format(smoke_run, registry):
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from swarm_runtime.run import RunContext
 
     run, _ = smoke_run
     latest = (run / "checkpoints" / "latest").read_text().strip()
     agent_dir = run / "checkpoints" / latest / "agents" / "Smith"
     assert (agent_dir / "model.safetensors").exists()
     model = AutoModelForCausalLM.from_pretrained(agent_dir)
-    tok = AutoTokenizer.from_pretrained(agent_dir)
+    tok = PreTrainedTokenizerFast.from_pretrained(agent_dir)
     assert model.config.model_type == "qwen2" and "<bid_0.8>" in tok.get_vocab()
+    # the swarm reloads the very same word-level tokenizer (not the model type's BPE one)
+    pm, reg = registry
+    ctx = RunContext(OmegaConf.load(run / "config.yaml"), pm, reg, run)
+    fresh = ctx.make_policy(0)
+    loaded = ctx.make_policy(0, agent_dir)
+    text = "you are Smith . craft wooden_pickaxe . bid :"
+    assert loaded.encode_prompt(text) == fresh.encode_prompt(text)
+    assert loaded.decode(loaded.action_target("craft stick")) == "craft stick"
     for f in ("training_state.pt",):
         assert (agent_dir / f).exists()
     assert (run / "checkpoints" / latest / "rng.pt").exists()

@@ -233,7 +233,8 @@ class TransformersPolicy:
         self.model.save_pretrained(path)
         self.tok.save_pretrained(path)
         (path / "swarm_policy.json").write_text(json.dumps(
-            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode}, indent=1))
+            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode, "word_level_tokenizer": self._word_level},
+            indent=1))
 
     def rng_state(self) -> torch.Tensor:
         return self.gen.get_state()
@@ -252,7 +253,15 @@ def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = 
         raise FileNotFoundError(f"model.path {str(path)!r} does not exist (give a local Hugging Face checkpoint folder)")
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"model.path {str(path)!r} has no config.json: not a Hugging Face checkpoint")
-    tok = AutoTokenizer.from_pretrained(path)
+    meta = path / "swarm_policy.json"
+    if meta.exists() and json.loads(meta.read_text()).get("word_level_tokenizer"):
+        # Our in-process word-level tokenizer: AutoTokenizer (transformers 5) would pick the tokenizer
+        # class from the model type (Qwen2Tokenizer, BPE) and silently re-tokenise everything.
+        from transformers import PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
+    else:
+        tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     wanted = [bid_token(b) for b in bid_levels]
     missing = [t for t in wanted if t not in tok.get_vocab()]
