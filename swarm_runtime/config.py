@@ -65,7 +65,7 @@ class AlgoConfig:
     envs_per_step: int = 32  #: episodes rolled out per update
     action_steps: int = 4  #: action-learning steps per cycle
     bid_steps: int = 1  #: bid-learning steps per cycle
-    lr: float = 1e-4  #: RL learning rate (paper: 1e-6 for 4-8B models; 3e-4 already destabilises the tiny model)
+    lr: float = 3e-5  #: RL learning rate (paper: 1e-6 for 4-8B models; on the tiny model 1e-4 degrades the swarm, 3e-4+ collapses it)
     weight_decay: float = 0.0  #: AdamW weight decay
     adam_eps: float = 1e-4  #: AdamW epsilon of the RL optimizers. Larger than the usual 1e-8 on purpose: an agent
     #: whose credits are nearly uniform has a near-zero, pure-noise REINFORCE gradient, which Adam with a tiny eps
