@@ -11,6 +11,7 @@ import torch
 from swarm_runtime.credit import fold_skipped_rewards
 from swarm_runtime.episode import Agent, Episode
 from swarm_runtime.train.losses import per_agent_advantages, reinforce_loss
+from swarm_runtime.train.optim import accumulate_and_step
 
 
 def credit_samples(episodes: Sequence[Episode], credit_fn: Callable, rng: random.Random):
@@ -33,8 +34,6 @@ def credit_samples(episodes: Sequence[Episode], credit_fn: Callable, rng: random
 def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: float, minibatch: int,
                   grad_clip: float) -> dict[str, float]:
     """One REINFORCE update of every model that acted in ``samples``."""
-    from swarm_runtime.train.optim import clip_and_step
-
     if not samples:
         return {}
     # Replicas of a role share a model; the baseline is per agent (DESIGN 2.3).
@@ -44,21 +43,16 @@ def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: 
         by_policy[id(agents[a].policy)].append((prompt, tokens, A / reward_scale))
     metrics: dict[str, float] = {}
     for agent in agents:
-        key = id(agent.policy)
-        if key not in by_policy:
+        batch = by_policy.pop(id(agent.policy), None)
+        if not batch:
             continue
-        batch = by_policy.pop(key)
-        policy = agent.policy
-        policy.train()
-        n, total = len(batch), 0.0
-        for i in range(0, n, minibatch):
-            chunk = batch[i:i + minibatch]
-            logp = policy.logprobs([c[0] for c in chunk], [c[1] for c in chunk])
-            loss = reinforce_loss(logp, torch.tensor([c[2] for c in chunk])) * len(chunk) / n
-            loss.backward()
-            total += float(loss.detach())
-        opt, sched = optimizers[agent.role]
-        metrics[f"losses/action_{agent.role}"] = total
-        metrics[f"charts/grad_norm_{agent.role}"] = clip_and_step(policy.parameters(), opt, sched, grad_clip)
-        policy.eval()
+        loss, norm = accumulate_and_step(agent.policy, batch, minibatch, _reinforce_chunk,
+                                         *optimizers[agent.role], grad_clip)
+        metrics[f"losses/action_{agent.role}"] = loss
+        metrics[f"charts/grad_norm_{agent.role}"] = norm
     return metrics
+
+
+def _reinforce_chunk(policy, chunk) -> torch.Tensor:
+    logp = policy.logprobs([c[0] for c in chunk], [c[1] for c in chunk])
+    return reinforce_loss(logp, torch.tensor([c[2] for c in chunk]))

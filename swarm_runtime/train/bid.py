@@ -18,6 +18,7 @@ import torch
 from swarm_runtime.domain import Domain
 from swarm_runtime.episode import Agent, Episode, ForcedTurn, Slot, Turn, make_env, play
 from swarm_runtime.train.losses import bradley_terry_loss
+from swarm_runtime.train.optim import accumulate_and_step
 
 
 @dataclass
@@ -93,8 +94,6 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
 def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, minibatch: int,
                grad_clip: float) -> dict[str, float]:
     """Bradley-Terry update of each selected agent's bid on its decisive pairs (ties dropped)."""
-    from swarm_runtime.train.optim import clip_and_step
-
     by_policy: dict[int, list] = defaultdict(list)
     for p in pairs:
         if p.original_score == p.branch_score:
@@ -108,19 +107,14 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
         batch = by_policy.pop(id(agent.policy), None)
         if not batch:
             continue
-        policy = agent.policy
-        policy.train()
-        n, total = len(batch), 0.0
-        for i in range(0, n, minibatch):
-            chunk = batch[i:i + minibatch]
-            prompts = [c[0] for c in chunk]
-            lw = policy.logprobs(prompts, [c[1] for c in chunk])
-            ll = policy.logprobs(prompts, [c[2] for c in chunk])
-            loss = bradley_terry_loss(lw, ll) * len(chunk) / n
-            loss.backward()
-            total += float(loss.detach())
-        opt, sched = optimizers[agent.role]
-        metrics[f"losses/bid_{agent.role}"] = total
-        metrics[f"charts/bid_grad_norm_{agent.role}"] = clip_and_step(policy.parameters(), opt, sched, grad_clip)
-        policy.eval()
+        loss, norm = accumulate_and_step(agent.policy, batch, minibatch, _bradley_terry_chunk,
+                                         *optimizers[agent.role], grad_clip)
+        metrics[f"losses/bid_{agent.role}"] = loss
+        metrics[f"charts/bid_grad_norm_{agent.role}"] = norm
     return metrics
+
+
+def _bradley_terry_chunk(policy, chunk) -> torch.Tensor:
+    prompts = [c[0] for c in chunk]
+    return bradley_terry_loss(policy.logprobs(prompts, [c[1] for c in chunk]),
+                              policy.logprobs(prompts, [c[2] for c in chunk]))

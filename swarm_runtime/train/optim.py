@@ -27,3 +27,19 @@ def clip_and_step(params, opt, sched, max_norm: float) -> float:
     sched.step()
     opt.zero_grad(set_to_none=True)
     return norm
+
+
+def accumulate_and_step(policy, batch: list, minibatch: int, chunk_loss, opt, sched, grad_clip: float):
+    """Accumulate gradients over ``batch`` in chunks of ``minibatch`` (each chunk's loss
+    weighted by its share, so the result is the batch mean), then take one clipped step.
+    Returns ``(loss, gradient norm before clipping)``."""
+    policy.train()
+    n, total = len(batch), 0.0
+    for i in range(0, n, minibatch):
+        chunk = batch[i:i + minibatch]
+        loss = chunk_loss(policy, chunk) * len(chunk) / n
+        loss.backward()
+        total += float(loss.detach())
+    norm = clip_and_step(policy.parameters(), opt, sched, grad_clip)
+    policy.eval()
+    return total, norm
