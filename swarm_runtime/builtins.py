@@ -1,6 +1,7 @@
 """Core behaviour registered through the same public hooks a third-party plugin uses:
-the auction and round-robin coordinators, the credit schemes, the transformers
-policy backend and the MPT algorithm."""
+the auction, round-robin, Graph-of-Agents and AgentNet coordinators, the credit
+schemes, the transformers policy backend, the MPT and monolithic algorithms and
+the experiments of ``swarm experiment``."""
 from __future__ import annotations
 
 from swarm_runtime import hookimpl
@@ -10,8 +11,12 @@ from swarm_runtime import hookimpl
 def swarm_register_coordinators(register):
     from swarm_runtime.auction import AuctionCoordinator, RoundRobinCoordinator
 
+    from swarm_runtime.coordinators import AgentNetCoordinator, GraphOfAgentsCoordinator
+
     register("auction", AuctionCoordinator)
     register("round_robin", RoundRobinCoordinator)
+    register("graph_of_agents", GraphOfAgentsCoordinator)
+    register("agentnet", AgentNetCoordinator)
 
 
 @hookimpl
@@ -20,6 +25,9 @@ def swarm_register_credit_schemes(register):
 
     register("bucket_brigade", lambda rewards, bids, rng: bucket_brigade(rewards, bids))
     register("random_bids", random_bid_credit)
+    from swarm_runtime.train.monolithic import reward_to_go_credit
+
+    register("reward_to_go", reward_to_go_credit)
 
 
 @hookimpl
@@ -33,4 +41,15 @@ def swarm_register_policy_backends(register):
 def swarm_register_algorithms(register):
     from swarm_runtime.train.mpt import MPTTrainer
 
+    from swarm_runtime.train.monolithic import MonolithicTrainer
+
     register("mpt", MPTTrainer)
+    register("monolithic", MonolithicTrainer)
+
+
+@hookimpl
+def swarm_register_experiments(register):
+    from swarm_runtime.experiments import BUILTIN_EXPERIMENTS
+
+    for name, experiment in BUILTIN_EXPERIMENTS.items():
+        register(name, experiment)

@@ -2,6 +2,7 @@
 
     swarm run domain=minecraft task=iron_pickaxe [key=value ...]
     swarm eval RUN_DIR [checkpoint=TAG] [eval.runs=3 ...]
+    swarm experiment NAME [key=value ...] | swarm experiment --list
     swarm domains | swarm plugins | swarm config [key=value ...]
 """
 from __future__ import annotations
@@ -70,13 +71,35 @@ def cmd_eval(args) -> int:
     if cfg.domain not in reg.domains:
         raise ConfigError(f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}")
     ctx = RunContext(cfg, pm, reg, run_dir)
-    agents, _ = ctx.build_swarm(ckpt / "agents")
-    res, _ = evaluate(agents, ctx.coordinator(), ctx.domain, ctx.task, ctx.seeds("eval"), int(cfg.eval.runs),
+    from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic
+
+    if (ckpt / "agents" / MONOLITHIC).exists():  # an `algo=monolithic` run: one model, acting every turn
+        agents, _ = build_monolithic(ctx, ckpt / "agents")
+        coordinator = ctx.coordinator("round_robin")
+    else:
+        agents, _ = ctx.build_swarm(ckpt / "agents")
+        coordinator = ctx.coordinator()
+    res, _ = evaluate(agents, coordinator, ctx.domain, ctx.task, ctx.seeds("eval"), int(cfg.eval.runs),
                       int(cfg.seed) + 7919, cfg.eval.temperature)
     table = format_table([(ckpt.name, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
     out = run_dir / f"eval-{ckpt.name}.json"
     out.write_text(json.dumps(res, indent=1, default=float))
     print(f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds x {res['runs']} runs\n{table}\nsaved {out}")
+    return 0
+
+
+def cmd_experiment(args) -> int:
+    from swarm_runtime.experiments.runner import run_experiment
+
+    pm, reg = _registry()
+    if args.list or not args.name:
+        if not args.list:
+            raise ConfigError(f"give an experiment name; valid: {', '.join(sorted(reg.experiments))}")
+        for name, fn in reg.experiments.items():
+            doc = (fn.__doc__ or "").strip().splitlines()
+            print(f"{name}: {doc[0] if doc else ''}".rstrip(": "))
+        return 0
+    run_experiment(args.name, args.overrides, pm, reg)
     return 0
 
 
@@ -116,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir", help="a run folder written by `swarm run`")
     e.add_argument("overrides", nargs="*", help="checkpoint=TAG (default latest), eval.runs=N, eval.episodes=N ...")
     e.set_defaults(func=cmd_eval)
+    x = sub.add_parser("experiment", help="run one of the paper's experiments (see --list)", epilog=epilog)
+    x.add_argument("name", nargs="?", help="experiment name (swarm experiment --list)")
+    x.add_argument("overrides", nargs="*", help="same config as `swarm run` (domain=, task=, key=value), plus "
+                   "experiment.* keys; resume=true run_dir=DIR continues a killed experiment")
+    x.add_argument("--list", action="store_true", help="list the registered experiments")
+    x.set_defaults(func=cmd_experiment)
     sub.add_parser("domains", help="list domains, their roles and tasks").set_defaults(func=cmd_domains)
     sub.add_parser("plugins", help="list loaded plugins and what each registered").set_defaults(func=cmd_plugins)
     return p

@@ -66,6 +66,10 @@ class AlgoConfig:
     action_steps: int = 4  #: action-learning steps per cycle
     bid_steps: int = 1  #: bid-learning steps per cycle
     lr: float = 3e-5  #: RL learning rate (paper: 1e-6 for 4-8B models; on the tiny model 1e-4 degrades the swarm, 3e-4+ collapses it)
+    bid_lr: Optional[float] = 3e-4  #: learning rate of the bid (Bradley-Terry) steps; None = ``lr``. Ten times
+    #: ``lr``: the action steps' REINFORCE gradient is noisy at every token, while a bid step's pairs are few
+    #: (~30 decisive per step) but each is a whole-branch comparison; 1e-3 overshoots (one step hands ~90% of
+    #: the turns to one role), 3e-5 leaves the bids where SFT put them (docs/results.md).
     weight_decay: float = 0.0  #: AdamW weight decay
     adam_eps: float = 1e-4  #: AdamW epsilon of the RL optimizers. Larger than the usual 1e-8 on purpose: an agent
     #: whose credits are nearly uniform has a near-zero, pure-noise REINFORCE gradient, which Adam with a tiny eps
@@ -77,6 +81,7 @@ class AlgoConfig:
     branches_per_episode: int = 4  #: contested turns branched per episode in a bid step
     resample_tries: int = 3  #: bid re-samples to get below the runner-up (DESIGN 2.4)
     reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
+    goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the most relevant (highest-bid) agents propose an action
     sft: SFTConfig = field(default_factory=SFTConfig)
 
 
@@ -95,6 +100,27 @@ class EvalConfig:
 
 
 @dataclass
+class ExperimentConfig:
+    """Settings of ``swarm experiment NAME`` (docs/experiments.md); ignored by ``swarm run``."""
+
+    name: Optional[str] = None  #: the experiment (set by ``swarm experiment NAME``)
+    base: Optional[str] = None  #: a ``swarm run`` folder whose final checkpoint is the trained MPT swarm (its ``sft`` checkpoint the initial one); None = train one
+    iterations: int = 10  #: RL updates of each training inside an experiment (overrides algo.iterations there)
+    eval_episodes: Optional[int] = 16  #: held-out seeds per evaluated condition (eval.episodes wins when set; None = all)
+    sft_eval: bool = False  #: also evaluate each training's SFT checkpoint (one more held-out evaluation per training)
+    budget_factor: float = 3.0  #: a FLOPs-matched training (monolithic, round-robin) may run up to this x iterations before reaching its budget; its cosine schedule spans that cap
+    coordinators: list = field(default_factory=lambda: ["auction", "graph_of_agents", "round_robin", "agentnet"])  #: ``coordination``: compared over the same trained action policies
+    replicas: list = field(default_factory=lambda: [1, 2, 3, 4])  #: ``population``: replicas per role at inference (1..4 = 3..12 agents with 3 roles)
+    pass_k: int = 3  #: ``population``: k of pass@k (eval.runs is raised to k when lower)
+    milestones: Optional[list] = None  #: ``population``: milestones scored with pass@k (None = the keys of task.milestones)
+    dropout_p: list = field(default_factory=lambda: [0.0, 0.3, 0.6, 0.9])  #: ``dropout``: absence probabilities
+    dropout_replicas: list = field(default_factory=lambda: [1, 4])  #: ``dropout``: replicas per role (1 and 4 = 3 and 12 agents with 3 roles)
+    dropout_per: str = "turn"  #: ``dropout``: ``turn`` (a fresh draw every turn) or ``episode`` (one draw per episode and agent)
+    transfer_tasks: list = field(default_factory=list)  #: ``transfer``: tasks of the same domain to adapt to (set in a task's ``overrides:``)
+    transfer_iterations: int = 6  #: ``transfer``: RL updates of the swarm's adaptation (the monolithic one is matched in FLOPs)
+
+
+@dataclass
 class RunConfig:
     domain: str = "minecraft"  #: domain plugin (``swarm domains`` lists them)
     task_name: str = "iron_pickaxe"  #: task of the domain (set with ``task=``)
@@ -103,6 +129,7 @@ class RunConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: Optional[str] = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint

@@ -5,6 +5,15 @@ models in one batch per model, the coordinator (the auction) picks the actor,
 the winners' action prompts go out in one batch per model, and the envs step.
 Agents that share a model (replicas of a role) share one batch. A ``presence``
 function gives the active-agents mask (dropout, extra replicas).
+
+Optional coordinator capabilities (all off by default; see docs/plugins.md 3.2):
+``uses_proposals`` (the agents ``coordinator.proposers(bids, rng, turn)`` names
+each sample an action first, and the chosen agent's proposal is the turn's
+action), ``wants_info`` (``select`` also receives ``info=TurnInfo(last_actor,
+proposals)``) and ``bid_scorer(agent, last_actor)`` (the index of the agent
+whose model scores ``agent``'s bid prompt; by default the agent's own).
+An :class:`Agent` with ``prompt_kind="single"`` (one monolithic model) acts on
+the domain's ``single_prompt`` and steps the env with ``role=None``.
 """
 from __future__ import annotations
 
@@ -26,6 +35,29 @@ class Agent:
     name: str
     role: str
     policy: Policy
+    #: ``role``: bid and act on the role's prompts; ``single``: one model acting on the domain's
+    #: ``single_prompt``, stepping the env with ``role=None`` (a monolithic model may do anything).
+    prompt_kind: str = "role"
+
+    def action_prompt(self, domain: Domain, observation: str, log: list[Event]) -> str:
+        if self.prompt_kind == "single":
+            return domain.single_prompt(observation, log)
+        return domain.action_prompt(self.role, observation, log)
+
+    @property
+    def env_role(self) -> str | None:
+        """The role the env is stepped with (``None`` for a single monolithic model)."""
+        return None if self.prompt_kind == "single" else self.role
+
+    @property
+    def log_role(self) -> str:
+        """Who the public log says acted (the monolithic model is logged as :data:`SINGLE_ACTOR`)."""
+        return SINGLE_ACTOR if self.prompt_kind == "single" else self.role
+
+
+#: The actor name a single monolithic model's turns carry in the public log (a core template word,
+#: so every tokenizer knows it; the monolithic SFT demos use it too).
+SINGLE_ACTOR = "you"
 
 
 @dataclass
@@ -82,6 +114,15 @@ class Slot:
     t: int = 0
     forced: ForcedTurn | None = None
     finished: bool = False
+    last_actor: int | None = None  #: index of the agent that acted last (for routing coordinators)
+
+
+@dataclass(frozen=True)
+class TurnInfo:
+    """What a coordinator with ``wants_info = True`` receives besides the bids."""
+
+    last_actor: int | None  #: index of the agent that acted last in this episode (None before anyone acted)
+    proposals: dict[int, str]  #: agent index -> its proposed action text (``uses_proposals`` coordinators)
 
 
 Presence = Callable[[int, int, int], Sequence[bool]]  # (seed, turn, n_agents) -> mask
@@ -114,6 +155,9 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
          on_turn: Callable | None = None) -> list[Episode]:
     """Play every slot to the end (env done or ``max_decisions``) and return their episodes."""
     n = len(agents)
+    scorer = getattr(coordinator, "bid_scorer", None)
+    wants_info = bool(getattr(coordinator, "wants_info", False))
+    uses_proposals = bool(getattr(coordinator, "uses_proposals", False))
     while True:
         live = [s for s in slots if not s.finished]
         if not live:
@@ -134,13 +178,25 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
                 if coordinator.uses_bids:
                     p = domain.bid_prompt(agent.role, obs[id(s)], s.log)
                     bprompts[id(s)][a] = p
-                    requests.append(((s, a, p), agent.policy))
+                    judge = agents[scorer(a, s.last_actor)] if scorer is not None else agent
+                    requests.append(((s, a, p), judge.policy))
                 else:
                     bids[id(s)][a] = 0.0
         for policy, keys in _group(requests):
             for (s, a, _), b in zip(keys, policy.bid([k[2] for k in keys])):
                 bids[id(s)][a], btoks[id(s)][a] = b.level, b.tokens
                 s.episode.unparsed_bids += int(not b.parsed)
+        # 1b. proposals: the agents the coordinator names sample an action first (one batch per model)
+        proposals: dict[int, dict] = {id(s): {} for s in live}
+        if uses_proposals:
+            preqs = []
+            for s in live:
+                if s.forced is None:
+                    for a in coordinator.proposers(bids[id(s)], rng, s.t):
+                        preqs.append(((s, a, agents[a].action_prompt(domain, obs[id(s)], s.log)), agents[a].policy))
+            for policy, keys in _group(preqs):
+                for (s, a, _), r in zip(keys, policy.act([k[2] for k in keys])):
+                    proposals[id(s)][a] = r
         # 2. the coordinator picks who acts
         turns: dict[int, Turn] = {}
         for s in live:
@@ -150,7 +206,11 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
                 turns[id(s)] = Turn(s.t, list(f.bids), list(f.bid_tokens), list(f.bid_prompts), res)
                 s.forced = None
             else:
-                res = coordinator.select(bids[id(s)], rng, s.t)
+                if wants_info:
+                    info = TurnInfo(s.last_actor, {a: r.text for a, r in proposals[id(s)].items()})
+                    res = coordinator.select(bids[id(s)], rng, s.t, info=info)
+                else:
+                    res = coordinator.select(bids[id(s)], rng, s.t)
                 turns[id(s)] = Turn(s.t, bids[id(s)], btoks[id(s)], bprompts[id(s)], res)
         # 3. the winners act, one batch per model
         acts = []
@@ -159,9 +219,13 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
             if turn.winner is None:
                 continue
             agent = agents[turn.winner]
-            turn.action_prompt = domain.action_prompt(agent.role, obs[id(s)], s.log)
+            turn.action_prompt = agent.action_prompt(domain, obs[id(s)], s.log)
             if record_snapshots and turn.auction.contested:
                 turn.snapshot = (s.env.snapshot(), list(s.log))
+            proposal = proposals[id(s)].get(turn.winner)
+            if proposal is not None:  # the chosen proposal is the action (sampled on the same prompt)
+                turn.action_text, turn.action_tokens = proposal.text, proposal.tokens
+                continue
             acts.append(((s, turn), agent.policy))
         for policy, keys in _group(acts):
             for (s, turn), r in zip(keys, policy.act([k[1].action_prompt for k in keys])):
@@ -170,12 +234,13 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
         for s in live:
             turn = turns[id(s)]
             if turn.winner is not None:
-                role = agents[turn.winner].role
-                res = s.env.step(turn.action_text, role)
+                actor = agents[turn.winner]
+                res = s.env.step(turn.action_text, actor.env_role)
                 turn.reward, turn.valid = float(res.reward), res.valid
                 s.episode.invalid_actions += int(not res.valid)
                 s.episode.reward_missing |= bool(res.info.get("reward_missing", False))
-                s.log.append(Event(s.t, role, turn.action_text, res.valid, turn.reward))
+                s.log.append(Event(s.t, actor.log_role, turn.action_text, res.valid, turn.reward))
+                s.last_actor = turn.winner
             else:
                 s.log.append(Event(s.t, None, ""))
             s.episode.turns.append(turn)

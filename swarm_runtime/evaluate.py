@@ -23,6 +23,16 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return m, math.sqrt(var / n)
 
 
+def paired_difference(after: dict, before: dict) -> tuple[float, float, int]:
+    """Mean ± SE over the shared held-out seeds of ``after`` minus ``before`` per-seed reward
+    (two :func:`summarize` outputs on the same seeds). Pairing removes the seeds' own spread
+    (easy and hard worlds), so it is the right test of "did training help"."""
+    a, b = after.get("seed_rewards", {}), before.get("seed_rewards", {})
+    shared = [s for s in a if s in b]
+    m, se = mean_se([a[s] - b[s] for s in shared])
+    return m, se, len(shared)
+
+
 def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -> dict:
     """Average the runs of each seed first, then mean ± SE over seeds (each seed is one
     held-out instance). Episodes whose reward is missing (a failed judge) are left out and counted."""
@@ -34,6 +44,7 @@ def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -
     known = {s: [e for e in eps if not e.reward_missing] for s, eps in per_seed.items()}
     seed_means = [sum(e.reward for e in eps) / len(eps) for eps in known.values() if eps]
     out["reward_mean"], out["reward_se"] = mean_se(seed_means)
+    out["seed_rewards"] = {str(s): sum(e.reward for e in eps) / len(eps) for s, eps in known.items() if eps}
     metric_names = sorted({k for ep in episodes for k in ep.metrics})
     for name in metric_names:
         vals = [sum(float(e.metrics.get(name, 0.0)) for e in eps) / len(eps) for eps in known.values() if eps]

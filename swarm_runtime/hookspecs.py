@@ -67,6 +67,17 @@ def swarm_register_algorithms(register: Callable[[str, Callable[..., Any]], None
     """
 
 
+@hookspec
+def swarm_register_experiments(register: Callable[[str, Callable[..., Any]], None]) -> None:
+    """Register experiments run by ``swarm experiment NAME`` (``heldout``, ``dropout`` ... are built in).
+
+    :param register: ``register(name, experiment)``; ``experiment(x)`` receives a
+        :class:`swarm_runtime.experiments.ExperimentContext` (config, run folder, resumable cells,
+        trainings, evaluations) and returns a :class:`swarm_runtime.experiments.Report`; the first
+        line of its docstring is what ``swarm experiment --list`` shows.
+    """
+
+
 # --------------------------------------------------------------------------- observers
 
 

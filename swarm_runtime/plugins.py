@@ -35,6 +35,7 @@ class Registry:
     coordinators: dict[str, Callable] = field(default_factory=dict)
     credit_schemes: dict[str, Callable] = field(default_factory=dict)
     algorithms: dict[str, Callable] = field(default_factory=dict)
+    experiments: dict[str, Callable] = field(default_factory=dict)
     #: plugin name -> list of "kind:name" it registered (for ``swarm plugins``)
     provenance: dict[str, list[str]] = field(default_factory=dict)
 
@@ -96,6 +97,7 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
         "coordinators": "swarm_register_coordinators",
         "credit_schemes": "swarm_register_credit_schemes",
         "algorithms": "swarm_register_algorithms",
+        "experiments": "swarm_register_experiments",
     }
     for plugin_name, plugin in pm.list_name_plugin():
         for kind, hook in hooks.items():

@@ -74,7 +74,8 @@ def test_action_and_bid_steps_change_parameters(ctx):
     pol = agents[sel].policy
     pairs.append(BranchPair(sel, turn.bid_prompts[sel], turn.bid_tokens[sel], pol.bid_target(0.0), 5.0, 0.0))
     before = snapshot(pol)
-    lw0 = float(pol.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]]))
+    with torch.no_grad():
+        lw0 = float(pol.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]]))
     m = bid_update(agents, pairs, opts, minibatch=16, grad_clip=1.0)
     assert changed(before, pol) and m["charts/bid_pairs"] >= 1
     with torch.no_grad():

@@ -182,7 +182,11 @@ class TransformersPolicy:
         if not prompts:
             return []
         if self.bid_mode == "logits":
-            probs = self.bid_distribution(prompts)
+            # Replicas of a role in one env send the same bid prompt: score each distinct prompt once,
+            # then sample every row independently (same draws, a 1/k of the forward pass and its memory).
+            distinct = list(dict.fromkeys(prompts))
+            row = {p: i for i, p in enumerate(distinct)}
+            probs = self.bid_distribution(distinct)[[row[p] for p in prompts]]
             if self.temperature <= 0:
                 idx = probs.argmax(-1).tolist()
             else:

@@ -103,6 +103,11 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
     metrics: dict[str, float] = {"charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
                                  "charts/bid_pairs_higher_won": float(sum(
                                      p.original_score > p.branch_score for p in pairs))}
+    for a, agent in enumerate(agents):  # per agent: how often keeping its higher bid scored better
+        mine = [p for p in pairs if p.agent == a and p.original_score != p.branch_score]
+        if mine:
+            metrics[f"charts/bid_higher_won_{agent.name}"] = sum(
+                p.original_score > p.branch_score for p in mine) / len(mine)
     for agent in agents:
         batch = by_policy.pop(id(agent.policy), None)
         if not batch:

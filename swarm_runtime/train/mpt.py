@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from swarm_runtime import checkpoint as ckpt
 from swarm_runtime.episode import new_slots, play
-from swarm_runtime.evaluate import evaluate
+from swarm_runtime.evaluate import evaluate, paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
 from swarm_runtime.run import RunContext
 from swarm_runtime.train.action import action_update, credit_samples
@@ -64,7 +64,8 @@ class MPTTrainer:
         cycle = int(a.action_steps) + int(a.bid_steps)
         steps = {"action": int(a.iterations) * int(a.action_steps) // cycle + 1,
                  "bid": int(a.iterations) * int(a.bid_steps) // cycle + 1}
-        return {kind: {role: make_optimizer(p.parameters(), float(a.lr), float(a.weight_decay), n,
+        lrs = {"action": float(a.lr), "bid": float(a.bid_lr if a.get("bid_lr") is not None else a.lr)}
+        return {kind: {role: make_optimizer(p.parameters(), lrs[kind], float(a.weight_decay), n,
                                             int(a.warmup_steps), float(a.min_lr_ratio), float(a.adam_eps))
                        for role, p in policies.items()} for kind, n in steps.items()}
 
@@ -235,6 +236,10 @@ class MPTTrainer:
         results = {"domain": ctx.cfg.domain, "task": ctx.cfg.task_name, "seed": int(ctx.cfg.seed),
                    "eval_seeds": ctx.seeds("eval"), "runs": int(ctx.cfg.eval.runs),
                    "flops": ctx.flops.state_dict(), "results": {n: r for n, r in rows}, "table": table}
+        if "sft_eval" in self.state:
+            pd, pse, n = paired_difference(self.state["final_eval"], self.state["sft_eval"])
+            if n:
+                results["mpt_minus_sft"] = {"mean": pd, "se": pse, "seeds": n}
         (ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
         (ctx.run_dir / "eval.md").write_text(table + "\n")
         plots = plot_training(ctx.run_dir, [a.name for a in self.agents])
@@ -245,6 +250,10 @@ class MPTTrainer:
         if "sft_eval" in self.state:
             d = self.state["final_eval"]["reward_mean"] - self.state["sft_eval"]["reward_mean"]
             se = (self.state["final_eval"]["reward_se"] ** 2 + self.state["sft_eval"]["reward_se"] ** 2) ** 0.5
-            print(f"MPT - SFT: {d:+.2f} reward (combined standard error {se:.2f})")
+            line = f"MPT - SFT: {d:+.2f} reward (combined standard error {se:.2f}"
+            if "mpt_minus_sft" in results:
+                pair = results["mpt_minus_sft"]
+                line += f"; paired over the {pair['seeds']} held-out seeds: {pair['mean']:+.2f} ± {pair['se']:.2f}"
+            print(line + ")")
         print(f"Run folder: {ctx.run_dir} (eval.json, metrics.jsonl, tb/, {', '.join(p.name for p in plots)}, checkpoints/)")
         return results

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from swarm_runtime.domain import Domain, Event
-from swarm_runtime.episode import make_env
+from swarm_runtime.episode import SINGLE_ACTOR, make_env
 from swarm_runtime.policy.tokenizer import split_words
 from swarm_runtime.train.optim import clip_and_step, make_optimizer
 
@@ -53,7 +53,8 @@ def collect_demos(domain: Domain, task, seeds: Sequence[int], owner_bids: Sequen
                     demos[role].append(Example("bid", domain.bid_prompt(role, obs, log), level))
                 demos[exp.role].append(Example("act", domain.action_prompt(exp.role, obs, log), exp.action))
             res = env.step(exp.action, exp.role)
-            log.append(Event(t, exp.role, exp.action, res.valid, float(res.reward)))
+            # the public log as the acting model will see it: a single model's turns are logged as SINGLE_ACTOR
+            log.append(Event(t, SINGLE_ACTOR if single else exp.role, exp.action, res.valid, float(res.reward)))
             if env.done:
                 break
     return demos

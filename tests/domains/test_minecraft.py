@@ -77,8 +77,13 @@ def test_tasks_shipped_with_disjoint_seeds_and_exact_reward_max():
         assert len(train) >= 1000 and len(evals) == 32 and not set(train) & set(evals)
         assert list(cfg.milestones) == prerequisites(task)  # prerequisites + target, nothing else
         assert cfg.reward_max == sum(cfg.milestones.values())
-        # the only run-config override the tasks ship: two-word instructions need at most 4 tokens
-        assert dict(cfg.get("overrides", {})) in ({}, {"model": {"max_action_tokens": 4}})
+        # the run-config overrides the tasks ship: two-word instructions need at most 4 tokens, and
+        # iron_pickaxe names the tasks `swarm experiment transfer` adapts to
+        ov = {k: dict(v) for k, v in cfg.get("overrides", {}).items()}
+        assert set(ov) <= {"model", "experiment"}
+        assert ov.get("model", {}) in ({}, {"max_action_tokens": 4})
+        for t in ov.get("experiment", {}).get("transfer_tasks", []):
+            assert t in TASKS and t != task
 
 
 def test_iron_pickaxe_milestones_sum_to_140():

@@ -1,0 +1,130 @@
+"""``swarm experiment NAME [key=value ...]``: pick the run folder (or the one to resume), run the
+registered experiment and write ``results.md`` / ``results.json`` (plots are the experiment's)."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+from loguru import logger
+from omegaconf import OmegaConf
+
+from swarm_runtime.config import ConfigError, parse_overrides, resolve
+from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
+from swarm_runtime.experiments.report import markdown_table
+
+_RUN_KEYS = ("run_dir", "resume")
+
+
+def _split_run_args(args: list[str]) -> tuple[list[str], str | None, bool]:
+    """Separate ``run_dir=`` / ``resume=`` (they pick the folder) from the experiment's arguments;
+    ``base=DIR`` is short for ``experiment.base=DIR``."""
+    _, dotted = parse_overrides(args)  # validates key=value shape
+    run_dir, resume, rest = None, False, []
+    for a in args:
+        k, _, v = a.partition("=")
+        if k == "run_dir":
+            run_dir = v or None
+        elif k == "resume":
+            resume = v.strip().lower() in ("true", "1", "yes")
+        elif k == "base":  # shorthand of experiment.base
+            rest.append(f"experiment.base={v}")
+        else:
+            rest.append(a)
+    return rest, run_dir, resume
+
+
+def _find_run_dir(name: str, args: list[str], registry, run_dir: str | None, resume: bool) -> tuple[Path, list[str]]:
+    if run_dir and resume:
+        path = Path(run_dir)
+        saved = path / "experiment.json"
+        if not saved.exists():
+            raise ConfigError(f"resume=true but {str(path)!r} is not an experiment folder (no experiment.json)")
+        return path, _saved_args(saved, name)
+    if run_dir:
+        saved = Path(run_dir) / "experiment.json"
+        if saved.exists() and _saved_args(saved, name) != args:
+            raise ConfigError(f"{run_dir!r} already holds this experiment run with other arguments "
+                              f"({' '.join(_saved_args(saved, name))}); continue it with resume=true or pick another run_dir")
+        return Path(run_dir), args
+    cfg = resolve(args, registry)
+    prefix = f"experiment-{name}-{cfg.domain}-{cfg.task_name}-"
+    if resume:
+        found = sorted((p for p in Path("runs").glob(prefix + "*") if (p / "experiment.json").exists()),
+                       key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise ConfigError(f"resume=true but no folder runs/{prefix}* exists; give run_dir=...")
+        return found[-1], _saved_args(found[-1] / "experiment.json", name)
+    return Path("runs") / (prefix + time.strftime("%Y%m%d-%H%M%S")), args
+
+
+def _saved_args(path: Path, name: str) -> list[str]:
+    saved = json.loads(path.read_text())
+    if saved.get("experiment") != name:
+        raise ConfigError(f"{str(path.parent)!r} holds experiment {saved.get('experiment')!r}, not {name!r}")
+    return list(saved["args"])
+
+
+def run_experiment(name: str, args: list[str], pm, registry) -> Path:
+    """Run experiment ``name``; returns its folder. A killed run continues with ``resume=true``
+    (``run_dir=...`` or the newest matching folder), skipping the cells it finished, with the
+    arguments it was started with."""
+    if name not in registry.experiments:
+        raise ConfigError(f"unknown experiment {name!r}; valid: {', '.join(sorted(registry.experiments))}")
+    args, run_dir_arg, resume = _split_run_args(list(args))
+    run_dir, args = _find_run_dir(name, args, registry, run_dir_arg, resume)
+    cfg = resolve(args, registry)
+    cfg.experiment.name, cfg.run_dir, cfg.resume = name, str(run_dir), bool(resume)
+    if cfg.hardware.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"hardware {cfg.hardware.name!r} needs a CUDA GPU, but torch sees none; use hardware=cpu")
+    if int(cfg.hardware.threads) > 0:
+        torch.set_num_threads(int(cfg.hardware.threads))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    command = "swarm experiment " + " ".join(shlex.quote(a) for a in [name, *args])
+    if not (run_dir / "experiment.json").exists():
+        _atomic_json(run_dir / "experiment.json", {"experiment": name, "args": args, "command": command})
+        OmegaConf.save(cfg, run_dir / "config.yaml")
+    logger.remove()
+    logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+    logger.add(run_dir / "run.log", level="DEBUG")
+    logger.info("experiment {} in {}{}", name, run_dir, " (resuming)" if resume else "")
+    x = ExperimentContext(name, cfg, pm, registry, run_dir, args)
+    t0 = time.time()
+    report: Report = registry.experiments[name](x)
+    if x.bar is not None:
+        x.bar.close()
+    write_results(x, report, command, time.time() - t0)
+    return run_dir
+
+
+def write_results(x: ExperimentContext, report: Report, command: str, wall_s: float) -> None:
+    cells_wall = sum(float(c.get("wall_s", 0.0)) for c in x._memo.values())
+    resumed = bool(x.cfg.resume)
+    seeds = x.eval_seeds()
+    runs = int(report.data.get("runs_per_seed", x.cfg.eval.runs))
+    table = markdown_table(report.rows)
+    head = (f"# {report.title}\n\n{x.cfg.domain}/{x.cfg.task_name}; held-out: {len(seeds)} seeds x {runs} runs "
+            f"(mean ± standard error over seeds), seeds {seeds[0]}..{seeds[-1]}; run seed {x.cfg.seed}.\n\n"
+            f"Command: `{command}`\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
+            f"was computed (this invocation: {wall_s:.0f} s{'; cells finished by an earlier invocation were loaded' if resumed else ''}).\n")
+    parts = [head, table]
+    for title, text in report.tables.items():
+        parts += [f"\n## {title}\n", text]
+    if report.notes:
+        parts.append("\n" + "\n".join(f"- {n}" for n in report.notes))
+    for p in report.plots:
+        parts.append(f"\n![{p.stem}]({p.name})")
+    (x.run_dir / "results.md").write_text("\n".join(parts) + "\n")
+    _atomic_json(x.run_dir / "results.json", {
+        "experiment": x.name, "domain": x.cfg.domain, "task": x.cfg.task_name, "seed": int(x.cfg.seed),
+        "eval_seeds": seeds, "runs": runs, "command": command, "wall_s": wall_s, "cells_wall_s": cells_wall, "rows": report.rows,
+        "tables": report.tables, "plots": [p.name for p in report.plots], "notes": report.notes, **report.data})
+    print(f"\n{report.title}: {x.cfg.domain}/{x.cfg.task_name}, {len(seeds)} held-out seeds x {runs} runs "
+          f"(mean ± standard error over seeds)\n{table}")
+    for title, text in report.tables.items():
+        print(f"\n{title}\n{text}")
+    print(f"\nExperiment folder: {x.run_dir} (results.md, results.json, "
+          f"{', '.join(p.name for p in report.plots) or 'no plots'}, cells/, trainings/)")

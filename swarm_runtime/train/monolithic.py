@@ -1,0 +1,140 @@
+"""Monolithic REINFORCE baseline (``algo=monolithic``; DESIGN 2.5, docs/experiments.md).
+
+ONE model of the size of one agent (same model config, built by the same
+policy backend) acts every turn:
+
+- **Prompts**: the domain's ``single_prompt`` (observation + public log, no
+  role); the env is stepped with ``role=None``, which the env contract defines
+  as "a single monolithic model" (every action is allowed: Minecraft ignores the
+  role, VLN-CE's ``role_allows(None, ...)`` and OpenResearcher's tool check
+  accept any action). Its turns are logged as ``you`` (``episode.SINGLE_ACTOR``).
+- **SFT at matched compute**: the union of all roles' expert demonstrations (the
+  same demo seeds as the swarm would draw), trained for as many examples x epochs
+  as the swarm's SFTs together. Each expert step gives the swarm one bid example
+  per role plus one action example, and the monolithic model one action example,
+  so it takes ``(n_roles + 1) * epochs`` passes' worth of examples
+  (``max_steps`` caps the last epoch).
+- **REINFORCE**: return = the undiscounted **reward-to-go** of each turn
+  (``credit.reward_to_go``, registered as the ``reward_to_go`` credit scheme),
+  advantage = return minus the mean return of the update's batch (the mean
+  baseline; with one agent the core's per-agent baseline is exactly that),
+  divided by ``algo.reward_scale`` (or ``task.reward_max``), same optimizer,
+  clipping and schedule as MPT's action steps. No bids, so no bid steps.
+
+Everything else (rollout metrics, FLOPs, checkpoints, resume, held-out
+evaluation, observer hooks) is :class:`MPTTrainer`'s.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+from loguru import logger
+
+from swarm_runtime.credit import reward_to_go
+from swarm_runtime.episode import Agent
+from swarm_runtime.outputs import format_table, plot_training
+from swarm_runtime.run import RunContext
+from swarm_runtime.train.mpt import MPTTrainer
+from swarm_runtime.train.sft import collect_demos, demo_accuracy, sft
+
+#: Name (and checkpoint folder) of the single model.
+MONOLITHIC = "Monolithic"
+
+
+def reward_to_go_credit(rewards, bids, rng) -> list[float]:
+    """Credit scheme ``reward_to_go``: each turn's undiscounted return; the bids are ignored."""
+    return reward_to_go(rewards)
+
+
+def build_monolithic(ctx: RunContext, init_dir: Path | None = None) -> tuple[list[Agent], dict]:
+    """One model the size of one agent (the first role's seed), acting on ``single_prompt``."""
+    path = Path(init_dir) / MONOLITHIC if init_dir is not None else None
+    policy = ctx.make_policy(int(ctx.cfg.seed) * 100, path)
+    return [Agent(MONOLITHIC, MONOLITHIC, policy, prompt_kind="single")], {MONOLITHIC: policy}
+
+
+def matched_sft_plan(n_single: int, n_roles: int, epochs: int, batch_size: int) -> tuple[int, int]:
+    """(epochs, max_steps) giving the monolithic model the swarm's SFT examples x epochs.
+
+    Per expert step the swarm trains ``n_roles`` bid examples + 1 action example, the
+    monolithic model 1 action example: target = ``n_single * (n_roles + 1) * epochs``."""
+    target = n_single * (n_roles + 1) * epochs
+    return math.ceil(target / max(1, n_single)), math.ceil(target / batch_size)
+
+
+@dataclasses.dataclass
+class _MonolithicContext(RunContext):
+    """The run's context, but the "swarm" is one model and it always acts (round-robin over one)."""
+
+    def build_swarm(self, init_dir: Path | None = None, replicas: int = 1):
+        return build_monolithic(self, init_dir)
+
+    def coordinator(self, name: str | None = None):
+        return self.registry.get("coordinators", "round_robin")(self.cfg)
+
+    def credit_fn(self, name: str | None = None):
+        return reward_to_go_credit
+
+
+class MonolithicTrainer(MPTTrainer):
+    """Monolithic REINFORCE, registered as ``algo.name=monolithic`` (preset ``algo=monolithic``)."""
+
+    label = "Monolithic REINFORCE"
+
+    def __init__(self, ctx: RunContext):
+        ctx = _MonolithicContext(**{f.name: getattr(ctx, f.name) for f in dataclasses.fields(RunContext)})
+        super().__init__(ctx)
+        if int(self.cfg.algo.bid_steps) != 0:
+            logger.info("monolithic: no bids, so algo.bid_steps {} -> 0", self.cfg.algo.bid_steps)
+            self.cfg.algo.bid_steps = 0
+
+    def cold_start(self) -> None:
+        ctx, s = self.ctx, self.cfg.algo.sft
+        ctx.flops.category = "sft"
+        train_seeds = ctx.seeds("train")
+        demo_seeds = self.rng.sample(train_seeds, min(int(s.demo_episodes), len(train_seeds)))
+        demos = collect_demos(ctx.domain, ctx.task, demo_seeds, single=True)["single"]
+        epochs, steps = matched_sft_plan(len(demos), len(ctx.domain.roles), int(s.epochs), int(s.batch_size))
+        policy = self.policies[MONOLITHIC]
+        t0 = time.time()
+        m = sft(policy, demos, epochs, float(s.lr), int(s.batch_size), int(self.cfg.seed), max_steps=steps,
+                desc="SFT monolithic", progress=bool(self.cfg.progress))
+        if demos:
+            m["demo_action_accuracy"] = demo_accuracy(policy, demos)
+            m["matched_examples"] = float(steps * int(s.batch_size))
+            logger.info("SFT monolithic: {} demo actions x {} epochs ({} steps, matched to the swarm's examples x "
+                        "epochs), loss {:.3f} -> {:.3f}, greedy demo-action accuracy {:.0%} ({:.0f}s)", len(demos),
+                        epochs, m["steps"], m["first_loss"], m["loss"], m["demo_action_accuracy"], time.time() - t0)
+            self.writer.log(0, {f"sft/{k}_{MONOLITHIC}": v for k, v in m.items()})
+            self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": MONOLITHIC, **m})
+        self.state["phase"] = "sft_done"
+        self._save("sft")
+
+    def held_out(self, label: str) -> dict:
+        return super().held_out(label.replace("MPT", "RL"))
+
+    def finish(self) -> dict:
+        ctx = self.ctx
+        rows = ([("SFT only", self.state["sft_eval"])] if "sft_eval" in self.state else [])
+        rows.append((self.label, self.state["final_eval"]))
+        table = format_table(rows, ["reward"] + [m for m in ("success", "spl", "ndtw")
+                                                 if f"{m}_mean" in self.state["final_eval"]])
+        results = {"domain": ctx.cfg.domain, "task": ctx.cfg.task_name, "seed": int(ctx.cfg.seed),
+                   "eval_seeds": ctx.seeds("eval"), "runs": int(ctx.cfg.eval.runs),
+                   "flops": ctx.flops.state_dict(), "results": {n: r for n, r in rows}, "table": table}
+        (ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
+        (ctx.run_dir / "eval.md").write_text(table + "\n")
+        plots = plot_training(ctx.run_dir, [a.name for a in self.agents])
+        self.writer.close()
+        self._hook("swarm_on_run_end", config=ctx.cfg, run_dir=str(ctx.run_dir), results=results)
+        print(f"\nHeld-out evaluation: {ctx.cfg.domain}/{ctx.cfg.task_name}, {len(ctx.seeds('eval'))} seeds x "
+              f"{ctx.cfg.eval.runs} runs (mean ± standard error over seeds)\n{table}")
+        print(f"Run folder: {ctx.run_dir} (eval.json, metrics.jsonl, {', '.join(p.name for p in plots)}, checkpoints/)")
+        return results
+
+
+__all__ = ["MONOLITHIC", "MonolithicTrainer", "build_monolithic", "matched_sft_plan", "reward_to_go_credit"]

@@ -1,0 +1,202 @@
+"""`swarm experiment ...` at smoke scale: the real CLI in a subprocess for `heldout` (which also
+trains the tiny MPT swarm the other experiments reuse through experiment.base), every other
+experiment in process, resuming, and bad input."""
+import json
+
+import pytest
+from conftest import swarm
+from swarm_runtime.config import ConfigError
+from swarm_runtime.experiments.runner import run_experiment
+
+#: Smoke budget: tiny episodes, two updates per training, 2 held-out seeds x 1 run.
+SMOKE = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=12", "algo.sft.demo_episodes=2",
+         "algo.sft.epochs=1", "algo.envs_per_step=2", "experiment.iterations=2", "algo.action_steps=1",
+         "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "tensorboard=false",
+         "hardware.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory):
+    d = tmp_path_factory.mktemp("exp")
+    res = swarm("experiment", "heldout", *SMOKE, f"run_dir={d / 'heldout'}", cwd=d)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return d / "heldout", res
+
+
+@pytest.fixture(scope="module")
+def base(heldout):
+    return ["experiment.base=" + str(heldout[0] / "trainings" / "mpt")]
+
+
+def run(registry, name, tmp_path, *args):
+    pm, reg = registry
+    out = run_experiment(name, [*SMOKE, *args, f"run_dir={tmp_path / name}"], pm, reg)
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_heldout_cli_writes_table_json_plot_and_matches_flops(heldout):
+    d, res = heldout
+    assert "Held-out: MPT vs monolithic REINFORCE" in res.stdout and "| monolithic REINFORCE |" in res.stdout
+    for name in ("results.md", "results.json", "heldout_reward_vs_flops.png", "experiment.json", "run.log"):
+        assert (d / name).stat().st_size > 0, name
+    out = json.loads((d / "results.json").read_text())
+    assert out["eval_seeds"] == [100000, 100001] and out["runs"] == 1
+    labels = [r["label"] for r in out["rows"]]
+    assert labels == ["MPT", "monolithic REINFORCE"]
+    mpt, mono = out["trainings"]["MPT"], out["trainings"]["monolithic REINFORCE"]
+    assert mono["curve"] and mpt["curve"] and mono["final_eval"]["seeds"] == 2
+    # matched compute: the monolithic run stops near the MPT run's training FLOPs
+    assert abs(mono["flops"] - mpt["flops"]) < 0.35 * mpt["flops"]
+    # the monolithic run: matched SFT, then action (REINFORCE) updates only
+    rows = [json.loads(x) for x in (d / "trainings" / "monolithic" / "metrics.jsonl").read_text().splitlines()]
+    sft = next(r for r in rows if "sft/loss_Monolithic" in r)
+    assert sft["sft/loss_Monolithic"] < sft["sft/first_loss_Monolithic"]
+    assert {r["kind"] for r in rows if "kind" in r} == {"action"}
+    # `swarm eval` evaluates a monolithic run's checkpoint too
+    from swarm_runtime.cli import main
+
+    assert main(["eval", str(d / "trainings" / "monolithic"), "eval.runs=1"]) == 0
+    assert list((d / "trainings" / "monolithic").glob("eval-iter-*.json"))
+
+
+def test_resume_continues_a_killed_training(heldout, registry):
+    d, _ = heldout
+    mono = d / "trainings" / "monolithic"
+    # as if killed after SFT: its cell is missing and its latest checkpoint is the SFT one
+    (d / "cells" / "train-monolithic.json").unlink()
+    (mono / "checkpoints" / "latest").write_text("sft")
+    pm, reg = registry
+    run_experiment("heldout", ["resume=true", f"run_dir={d}"], pm, reg)
+    log = (d / "run.log").read_text().split("(resuming)")[-1]
+    assert "cell train-mpt: done before, skipped" in log and "resuming from sft" in log
+    rows = [json.loads(x) for x in (mono / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "kind" in r]
+    assert steps == list(range(1, len(steps) + 1))  # RL rows rewritten once, no duplicates
+    assert json.loads((d / "results.json").read_text())["rows"][1]["label"] == "monolithic REINFORCE"
+
+
+def test_unknown_experiment_exits_2_listing_valid_ones(tmp_path):
+    res = swarm("experiment", "nosuch", "domain=minecraft", cwd=tmp_path)
+    assert res.returncode == 2 and "unknown experiment 'nosuch'" in res.stderr
+    assert "heldout" in res.stderr and "participation" in res.stderr
+
+
+def test_list(capsys):
+    from swarm_runtime.cli import main
+
+    assert main(["experiment", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("heldout", "coordination", "bid_action_ablation", "credit_ablation", "population", "dropout",
+                 "transfer", "participation"):
+        assert f"{name}:" in out
+
+
+def test_coordination_and_resume(registry, tmp_path, base):
+    out, res = run(registry, "coordination", tmp_path, *base)
+    assert [r["label"] for r in res["rows"]] == ["auction", "graph_of_agents", "round_robin", "agentnet"]
+    assert (out / "coordination.png").stat().st_size > 0
+    cells = sorted(p.name for p in (out / "cells").iterdir())
+    assert cells == sorted(f"coordination-{c}.json" for c in ("auction", "graph_of_agents", "round_robin", "agentnet"))
+    # a killed run: one cell and the results are missing; resume=true recomputes only that cell
+    (out / "cells" / "coordination-agentnet.json").unlink()
+    (out / "results.json").unlink()
+    kept = (out / "cells" / "coordination-auction.json").read_text()
+    pm, reg = registry
+    run_experiment("coordination", ["resume=true", f"run_dir={out}"], pm, reg)
+    assert (out / "cells" / "coordination-agentnet.json").exists()
+    assert (out / "cells" / "coordination-auction.json").read_text() == kept
+    again = json.loads((out / "results.json").read_text())
+    assert again["rows"][0] == res["rows"][0] and len(again["rows"]) == 4
+    log = (out / "run.log").read_text()
+    assert "cell coordination-auction: done before, skipped" in log
+    assert "cell coordination-agentnet: running" in log.split("(resuming)")[-1]
+
+
+def test_bid_action_ablation(registry, tmp_path, base):
+    out, res = run(registry, "bid_action_ablation", tmp_path, *base)
+    assert [r["label"] for r in res["rows"]] == ["trained bids x trained actions", "initial bids x trained actions",
+                                                 "trained bids x initial actions", "initial bids x initial actions"]
+    assert (out / "bid_action_ablation.png").exists()
+
+
+def test_population_pass_at_k(registry, tmp_path, base):
+    out, res = run(registry, "population", tmp_path, *base, "experiment.replicas=[1,4]")
+    assert res["runs"] == 3  # eval.runs=1 raised to k=3
+    big = res["cells"]["12 agents (4 per role)"]
+    assert len(big["agents"]) == 12 and big["runs"] == 3
+    assert set(big["pass_at_k"]) == {"log", "planks", "stick", "crafting_table", "wooden_pickaxe"}
+    assert all(0.0 <= v[0] <= 1.0 for v in big["pass_at_k"].values())
+    assert (out / "population.png").exists()
+
+
+def test_dropout_per_episode(registry, tmp_path, base):
+    out, res = run(registry, "dropout", tmp_path, *base, "experiment.dropout_p=[0,0.9]", "experiment.dropout_per=episode")
+    labels = [r["label"] for r in res["rows"]]
+    assert labels == ["3 agents, p=0", "3 agents, p=0.9", "12 agents, p=0", "12 agents, p=0.9"]
+    skipped = {r["label"]: r["skipped turns / episode"] for r in res["rows"]}
+    assert skipped["3 agents, p=0"] == 0 and skipped["3 agents, p=0.9"] > 0  # everyone absent -> skipped turns
+    assert res["per"] == "episode" and (out / "dropout.png").exists()
+    with pytest.raises(ConfigError, match="turn"):
+        run(registry, "dropout", tmp_path / "bad", *base, "experiment.dropout_per=week")
+
+
+def test_participation(registry, tmp_path, base):
+    out, res = run(registry, "participation", tmp_path, *base)
+    series = res["cells"]["after MPT"]["participation"]
+    assert set(series) == {"Logger", "Miner", "Smith", "skipped"} and len(series["Logger"]) == 12
+    assert abs(sum(v[0] for v in series.values()) - 1.0) < 1e-9
+    assert (out / "participation.png").exists() and "by decision index" in (out / "results.md").read_text()
+
+
+def test_credit_ablation(registry, tmp_path, base):
+    out, res = run(registry, "credit_ablation", tmp_path, *base)
+    assert [r["label"] for r in res["rows"]] == ["MPT (bucket brigade)", "random-bid credit", "round-robin"]
+    from omegaconf import OmegaConf
+
+    rr = OmegaConf.load(out / "trainings" / "round_robin" / "config.yaml")
+    assert rr.algo.coordinator == "round_robin" and rr.algo.bid_steps == 0
+    assert OmegaConf.load(out / "trainings" / "random_bids" / "config.yaml").algo.credit == "random_bids"
+    assert (out / "trainings" / "random_bids" / "metrics.jsonl").exists()
+    assert (out / "credit_reward_vs_flops.png").exists()
+
+
+def test_transfer_needs_tasks_then_adapts(registry, tmp_path, base):
+    with pytest.raises(ConfigError, match="experiment.transfer_tasks is empty"):
+        run(registry, "transfer", tmp_path / "none", *base)
+    with pytest.raises(ConfigError, match="unknown transfer task"):
+        run(registry, "transfer", tmp_path / "bad", *base, "experiment.transfer_tasks=[nosuch]")
+    out, res = run(registry, "transfer", tmp_path, *base, "experiment.transfer_tasks=[torch]",
+                   "experiment.transfer_iterations=1")
+    assert [r["label"] for r in res["rows"]] == ["torch: MPT swarm", "torch: monolithic REINFORCE"]
+    sw = res["tasks"]["torch"]["MPT"]
+    assert sw["final_eval"]["seeds"] == 2 and sw["flops_by_category"]["sft"] == 0  # adapted, no SFT counted
+    state = json.loads((out / "trainings" / "torch-mpt" / "checkpoints" / "sft" / "state.json").read_text())
+    assert state["initialised_from"].endswith("agents")
+
+
+def greedy(x):
+    """Held-out reward of the trained swarm at temperature 0."""
+    from swarm_runtime.experiments import Report
+
+    x.plan(2)
+    run = x.trained_swarm()
+    x.cfg.eval.temperature = 0.0
+    cell = x.evaluate("greedy", lambda: x.load_swarm(run))
+    s = cell["summary"]
+    return Report("Greedy decoding", [{"label": "greedy", "reward": (s["reward_mean"], s["reward_se"])}])
+
+
+def test_third_party_experiment_of_the_docs(tmp_path, base):
+    import swarm_runtime
+    from swarm_runtime.plugins import build_registry, make_plugin_manager
+
+    class GreedyPlugin:
+        @swarm_runtime.hookimpl
+        def swarm_register_experiments(self, register):
+            register("greedy", greedy)
+
+    pm = make_plugin_manager(extra_plugins=[(GreedyPlugin(), "greedy_plugin")])
+    reg = build_registry(pm)
+    assert "experiment:greedy" in reg.provenance["greedy_plugin"]
+    out, res = run((pm, reg), "greedy", tmp_path, *base)
+    assert res["rows"][0]["label"] == "greedy" and (out / "cells" / "greedy.json").exists()
