@@ -27,7 +27,6 @@ evaluation, observer hooks) is :class:`MPTTrainer`'s.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
@@ -36,7 +35,6 @@ from loguru import logger
 
 from swarm_runtime.credit import reward_to_go
 from swarm_runtime.episode import Agent
-from swarm_runtime.outputs import format_table, plot_training
 from swarm_runtime.run import RunContext
 from swarm_runtime.train.mpt import MPTTrainer
 from swarm_runtime.train.sft import collect_demos, demo_accuracy, sft
@@ -116,25 +114,6 @@ class MonolithicTrainer(MPTTrainer):
 
     def held_out(self, label: str) -> dict:
         return super().held_out(label.replace("MPT", "RL"))
-
-    def finish(self) -> dict:
-        ctx = self.ctx
-        rows = ([("SFT only", self.state["sft_eval"])] if "sft_eval" in self.state else [])
-        rows.append((self.label, self.state["final_eval"]))
-        table = format_table(rows, ["reward"] + [m for m in ("success", "spl", "ndtw")
-                                                 if f"{m}_mean" in self.state["final_eval"]])
-        results = {"domain": ctx.cfg.domain, "task": ctx.cfg.task_name, "seed": int(ctx.cfg.seed),
-                   "eval_seeds": ctx.seeds("eval"), "runs": int(ctx.cfg.eval.runs),
-                   "flops": ctx.flops.state_dict(), "results": {n: r for n, r in rows}, "table": table}
-        (ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
-        (ctx.run_dir / "eval.md").write_text(table + "\n")
-        plots = plot_training(ctx.run_dir, [a.name for a in self.agents])
-        self.writer.close()
-        self._hook("swarm_on_run_end", config=ctx.cfg, run_dir=str(ctx.run_dir), results=results)
-        print(f"\nHeld-out evaluation: {ctx.cfg.domain}/{ctx.cfg.task_name}, {len(ctx.seeds('eval'))} seeds x "
-              f"{ctx.cfg.eval.runs} runs (mean ± standard error over seeds)\n{table}")
-        print(f"Run folder: {ctx.run_dir} (eval.json, metrics.jsonl, {', '.join(p.name for p in plots)}, checkpoints/)")
-        return results
 
 
 __all__ = ["MONOLITHIC", "MonolithicTrainer", "build_monolithic", "matched_sft_plan", "reward_to_go_credit"]

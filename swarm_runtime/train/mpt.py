@@ -49,6 +49,8 @@ def rollout_metrics(episodes, agents) -> dict[str, float]:
 class MPTTrainer:
     """The MPT algorithm, registered as ``algo.name=mpt``."""
 
+    label = "MPT"  #: row name of the trained checkpoint in the held-out table
+
     def __init__(self, ctx: RunContext):
         self.ctx, self.cfg = ctx, ctx.cfg
         self.rng = random.Random(int(self.cfg.seed))
@@ -229,7 +231,7 @@ class MPTTrainer:
         rows = []
         if "sft_eval" in self.state:
             rows.append(("SFT only", self.state["sft_eval"]))
-        rows.append(("MPT", self.state["final_eval"]))
+        rows.append((self.label, self.state["final_eval"]))
         metrics = ["reward"] + [k[:-5] for k in self.state["final_eval"] if k.endswith("_mean")
                                 and k not in ("reward_mean", "decisions_mean") and k[:-5] in ("success", "spl", "ndtw")]
         table = format_table(rows, metrics)
@@ -250,7 +252,7 @@ class MPTTrainer:
         if "sft_eval" in self.state:
             d = self.state["final_eval"]["reward_mean"] - self.state["sft_eval"]["reward_mean"]
             se = (self.state["final_eval"]["reward_se"] ** 2 + self.state["sft_eval"]["reward_se"] ** 2) ** 0.5
-            line = f"MPT - SFT: {d:+.2f} reward (combined standard error {se:.2f}"
+            line = f"{self.label} - SFT: {d:+.2f} reward (combined standard error {se:.2f}"
             if "mpt_minus_sft" in results:
                 pair = results["mpt_minus_sft"]
                 line += f"; paired over the {pair['seeds']} held-out seeds: {pair['mean']:+.2f} ± {pair['se']:.2f}"
