@@ -184,6 +184,16 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path) -> Path:
+    """Lay out, write ``fig`` to the PNG ``path`` (creating its folder) and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_participation(series: Mapping[str, Mapping[str, Sequence[float]]], path, title: str) -> Path:
     """The paper's Figure 6: one panel per label (e.g. ``"after SFT"``, ``"after MPT"``),
     each the stacked share of turns per role (and of skipped turns, in grey) against
@@ -197,8 +207,6 @@ def plot_participation(series: Mapping[str, Mapping[str, Sequence[float]]], path
     if not series:
         raise ValueError("plot_participation needs at least one labelled series")
     plt = _pyplot()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.8), sharey=True, squeeze=False)
     for ax, (label, shares) in zip(axes[0], series.items()):
         names = [k for k in shares if k != SKIPPED] + ([SKIPPED] if SKIPPED in shares else [])
@@ -218,10 +226,7 @@ def plot_participation(series: Mapping[str, Mapping[str, Sequence[float]]], path
         if k != keys[-1] or ax is axes[0][-1]:  # one legend when every panel has the same series
             ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_dropout(curves: Mapping[str, Mapping[float, tuple[float, float]]], path, title: str,
@@ -236,8 +241,6 @@ def plot_dropout(curves: Mapping[str, Mapping[float, tuple[float, float]]], path
     :param ylabel: y-axis label.
     """
     plt = _pyplot()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, points in curves.items():
         ps = sorted(points)
@@ -248,10 +251,7 @@ def plot_dropout(curves: Mapping[str, Mapping[float, tuple[float, float]]], path
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_population(bars: Mapping[str, Mapping[str, tuple[float, float]]], path, title: str,
@@ -267,8 +267,6 @@ def plot_population(bars: Mapping[str, Mapping[str, tuple[float, float]]], path,
     if not bars:
         raise ValueError("plot_population needs at least one labelled result")
     plt = _pyplot()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     milestones = list(next(iter(bars.values())))
     width = 0.8 / len(bars)
     fig, ax = plt.subplots(figsize=(max(5, 1.5 * len(milestones) + 2), 4))
@@ -282,7 +280,4 @@ def plot_population(bars: Mapping[str, Mapping[str, tuple[float, float]]], path,
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)

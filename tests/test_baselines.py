@@ -105,6 +105,17 @@ def test_split_policy_routes_bids_and_actions(ctx):
     sp.set_rng_state(state)
 
 
+def test_split_policy_saves_both_models(ctx, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    _, pa = ctx.build_swarm()
+    SplitPolicy(pa["Logger"], pa["Miner"]).save(tmp_path / "split")
+    for sub, pol in (("bid", pa["Logger"]), ("action", pa["Miner"])):
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "split" / sub)
+        ref = dict(pol.model.named_parameters())
+        assert all(torch.equal(p, ref[n]) for n, p in loaded.named_parameters())
+
+
 # ---------------------------------------------------------------------- monolithic
 def test_matched_sft_plan():
     # 100 expert steps, 3 roles, 2 epochs: the swarm trains 100 * (3 bid + 1 action) * 2 = 800 examples

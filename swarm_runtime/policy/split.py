@@ -79,4 +79,8 @@ class SplitPolicy:
         return self.train(False)
 
     def save(self, path) -> None:
-        raise NotImplementedError("a SplitPolicy is an evaluation wrapper; save its two models instead")
+        """Save both models: ``path/bid`` (answers bid prompts) and ``path/action`` (answers action prompts)."""
+        from pathlib import Path
+
+        self.bid_policy.save(Path(path) / "bid")
+        self.action_policy.save(Path(path) / "action")
