@@ -32,7 +32,8 @@ from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
 from domains.vln_ce import actions as A
 from domains.vln_ce.config import EmbeddedConfig, HabitatConfig
-from domains.vln_ce.metrics import dedup, is_success, ndtw, resample, spl, step_reward
+from domains.vln_ce.metrics import dedup, is_success, ndtw, resample, spl
+from domains.vln_ce.stepping import finish_decision, start_decision
 
 INSTALL_HINT = (
     "install habitat-sim (conda install habitat-sim headless -c conda-forge -c aihabitat) and "
@@ -270,13 +271,9 @@ class HabitatVLNEnv(DomainEnv):
 
     def step(self, action: str, role: str | None = None) -> StepResult:
         bk = self.bk
-        if bk.done:
-            return StepResult(bk.obs, 0.0, True, False, {"error": "episode already ended"})
-        bk.decisions += 1
-        act, err = A.check_action(action, role)
+        act, early = start_decision(bk, action, role, self.emb.max_decisions)
         if act is None:
-            bk.done = bk.decisions >= self.emb.max_decisions
-            return StepResult(bk.obs, 0.0, bk.done, False, {"error": err})
+            return early
         before, collided = bk.dist, False
         for prim in act.primitives():
             if getattr(self.env, "episode_over", False):
@@ -294,18 +291,8 @@ class HabitatVLNEnv(DomainEnv):
                     bk.path = bk.path + (pos,)
             if prim == A.STOP:
                 bk.stopped = True
-        bk.collisions += int(collided)
-        bk.bump = collided
-        bk.dist = self._distance()
-        bk.min_dist = min(bk.min_dist, bk.dist)
-        success_now = is_success(bk.stopped, bk.dist, self.emb.success_distance)
-        reward = step_reward(before, bk.dist, bk.d0, success_now, self.emb.success_bonus)
-        bk.done = bk.stopped or bk.decisions >= self.emb.max_decisions or bool(getattr(self.env, "episode_over", False))
-        bk.obs = self._text()
-        info = {"distance_to_goal": bk.dist, "collided": collided, "primitive_steps": act.n_steps}
-        if bk.done:
-            info.update(self.metrics())
-        return StepResult(bk.obs, reward, bk.done, True, info)
+        return finish_decision(bk, act, before, self._distance(), bk.d0, collided, self.emb, self._text, self.metrics,
+                               over=bool(getattr(self.env, "episode_over", False)))
 
     def metrics(self) -> dict[str, float]:
         if self._split not in self._envs:

@@ -22,8 +22,9 @@ from domains.vln_ce.config import EmbeddedConfig
 from domains.vln_ce.episodes import WAYPOINT_OFFSET, Episode, make_episode
 from domains.vln_ce.instructions import bearing, wrap
 from domains.vln_ce.layout import GoalField, Point
-from domains.vln_ce.metrics import dedup, is_success, ndtw, spl, step_reward
+from domains.vln_ce.metrics import dedup, is_success, ndtw, spl
 from domains.vln_ce.observation import render_observation
+from domains.vln_ce.stepping import finish_decision, start_decision
 
 STEP_M = A.FORWARD_STEP_CM / 100.0
 
@@ -101,27 +102,13 @@ class EmbeddedVLNEnv(DomainEnv):
 
     def step(self, action: str, role: str | None = None) -> StepResult:
         self._require_reset()
-        if self.done:
-            return StepResult(self.obs, 0.0, True, False, {"error": "episode already ended"})
-        self.decisions += 1
-        act, err = A.check_action(action, role)
+        act, early = start_decision(self, action, role, self.cfg.max_decisions)
         if act is None:
-            self.done = self.decisions >= self.cfg.max_decisions
-            return StepResult(self.obs, 0.0, self.done, False, {"error": err})
+            return early
         before = self.dist
         collided = self._apply(act)
-        self.collisions += int(collided)
-        self.bump = collided
-        self.dist = self.field.distance(self.pos)
-        self.min_dist = min(self.min_dist, self.dist)
-        success_now = is_success(self.stopped, self.dist, self.cfg.success_distance)
-        reward = step_reward(before, self.dist, self.ep.shortest, success_now, self.cfg.success_bonus)
-        self.done = self.stopped or self.decisions >= self.cfg.max_decisions
-        self.obs = self._render()
-        info = {"distance_to_goal": self.dist, "collided": collided, "primitive_steps": act.n_steps}
-        if self.done:
-            info.update(self.metrics())
-        return StepResult(self.obs, reward, self.done, True, info)
+        return finish_decision(self, act, before, self.field.distance(self.pos), self.ep.shortest, collided,
+                               self.cfg, self._render, self.metrics)
 
     # ---- measures -----------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
