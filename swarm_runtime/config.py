@@ -53,6 +53,7 @@ class SFTConfig:
     batch_size: int = 64  #: examples per SFT step
     owner_bids: list = field(default_factory=lambda: [0.6, 0.8])  #: demo bids of the role owning the expert's action (one drawn per example)
     other_bids: list = field(default_factory=lambda: [0.0, 0.2, 0.4])  #: demo bids of the other roles (spread, so turns are contested and lower bids can be re-sampled)
+    match: str = "compute"  #: monolithic baseline only: ``compute`` = the swarm's SFT examples x epochs (bids included; the issue's rule), ``data`` = the same demos for the same epochs
 
 
 @dataclass
@@ -116,6 +117,7 @@ class ExperimentConfig:
     dropout_p: list = field(default_factory=lambda: [0.0, 0.3, 0.6, 0.9])  #: ``dropout``: absence probabilities
     dropout_replicas: list = field(default_factory=lambda: [1, 4])  #: ``dropout``: replicas per role (1 and 4 = 3 and 12 agents with 3 roles)
     dropout_per: str = "turn"  #: ``dropout``: ``turn`` (a fresh draw every turn) or ``episode`` (one draw per episode and agent)
+    monolithic_sft: list = field(default_factory=lambda: ["compute"])  #: ``heldout``: one monolithic training per SFT matching (``compute``, ``data``; algo.sft.match)
     transfer_tasks: list = field(default_factory=list)  #: ``transfer``: tasks of the same domain to adapt to (set in a task's ``overrides:``)
     transfer_iterations: int = 6  #: ``transfer``: RL updates of the swarm's adaptation (the monolithic one is matched in FLOPs)
 
@@ -139,6 +141,10 @@ class RunConfig:
     progress: bool = True  #: show progress bars
     tensorboard: bool = True  #: write TensorBoard event files
     log_level: str = "INFO"  #: loguru level on the console
+
+
+#: How the monolithic baseline's SFT is matched to the swarm's (``algo.sft.match``).
+SFT_MATCHES = ("compute", "data")
 
 
 def presets(group: str) -> list[str]:
@@ -250,5 +256,9 @@ def validate(cfg: DictConfig, registry) -> None:
         node = cfg.algo if key != "checkpoint_every" else cfg
         if int(node[key]) < (0 if key == "iterations" else 1):
             raise ConfigError(f"{key} must be positive, got {node[key]}")
+    for key, value in (("algo.sft.match", [cfg.algo.sft.match]), ("experiment.monolithic_sft", cfg.experiment.monolithic_sft)):
+        bad = [v for v in value if v not in SFT_MATCHES]
+        if bad or not value:
+            raise ConfigError(f"{key} {bad[0] if bad else list(value)!r} is not valid; valid: {', '.join(SFT_MATCHES)}")
     if int(cfg.algo.bid_steps) < 0:
         raise ConfigError(f"algo.bid_steps must be >= 0, got {cfg.algo.bid_steps}")

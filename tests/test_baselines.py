@@ -174,3 +174,11 @@ def test_monolithic_trainer_rl_step_updates_the_model(registry, tmp_path):
     m = trainer.rl_step(0)
     assert m["kind"] == "action" and m["flops/update"] > 0 and m["charts/decisions"] == 6
     assert any(not torch.equal(a, b) for a, b in zip(before, pol.parameters()))
+
+
+@pytest.mark.parametrize("arg", ["algo.sft.match=flops", "experiment.monolithic_sft=[compute,flops]"])
+def test_bad_sft_match_names_the_valid_ones(registry, arg):
+    from swarm_runtime.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'flops' is not valid; valid: compute, data"):
+        resolve(["domain=minecraft", "task=wooden_pickaxe", arg], registry[1])

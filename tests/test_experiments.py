@@ -59,6 +59,21 @@ def test_heldout_cli_writes_table_json_plot_and_matches_flops(heldout):
     assert list((d / "trainings" / "monolithic").glob("eval-iter-*.json"))
 
 
+def test_heldout_matches_monolithic_sft_in_compute_and_in_data(registry, base, tmp_path):
+    out, res = run(registry, "heldout", tmp_path, *base, "experiment.monolithic_sft=[compute,data]")
+    labels = [r["label"] for r in res["rows"]]
+    assert labels == ["MPT", "monolithic REINFORCE (SFT matched compute)", "monolithic REINFORCE (SFT matched data)"]
+
+    def sft_row(key):
+        rows = [json.loads(x) for x in (out / "trainings" / key / "metrics.jsonl").read_text().splitlines()]
+        return next(r for r in rows if "sft/steps_Monolithic" in r)
+
+    compute, data = sft_row("monolithic"), sft_row("monolithic-data")
+    # the same demos: matched data takes the swarm's epochs, matched compute (n_roles + 1) x as many examples
+    assert data["sft/examples_Monolithic"] == compute["sft/examples_Monolithic"]
+    assert data["sft/steps_Monolithic"] < compute["sft/steps_Monolithic"]
+
+
 def test_resume_continues_a_killed_training(heldout, registry):
     d, _ = heldout
     mono = d / "trainings" / "monolithic"

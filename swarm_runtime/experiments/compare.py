@@ -49,13 +49,20 @@ def _matched_report(x: ExperimentContext, title: str, runs: dict[str, dict], plo
 
 def heldout(x: ExperimentContext) -> Report:
     """MPT vs monolithic REINFORCE at matched training FLOPs (reward-vs-FLOPs curves, held-out results)."""
-    x.plan(2)
-    mpt = x.swarm_summary()
-    mono = x.train("monolithic", ["algo=monolithic"], budget=mpt["flops"])
+    matches = list(dict.fromkeys(x.xcfg.monolithic_sft))
+    x.plan(1 + len(matches))
+    runs = {"MPT": x.swarm_summary()}
+    for m in matches:
+        # "monolithic" keeps the folder name of runs made before experiment.monolithic_sft existed
+        key, label = ("monolithic", "monolithic REINFORCE") if m == "compute" else (f"monolithic-{m}", None)
+        if len(matches) > 1 or label is None:
+            label = f"monolithic REINFORCE (SFT matched {m})"
+        runs[label] = x.train(key, ["algo=monolithic", f"algo.sft.match={m}"], budget=runs["MPT"]["flops"])
     notes = ["The monolithic model (one model the size of one agent) stops RL once its training FLOPs "
-             "(SFT included) reach the MPT run's; see docs/experiments.md for its SFT-compute matching."]
-    return _matched_report(x, "Held-out: MPT vs monolithic REINFORCE", {"MPT": mpt, "monolithic REINFORCE": mono},
-                           "heldout_reward_vs_flops.png", notes)
+             "(SFT included) reach the MPT run's. Its SFT is matched to the swarm's in compute (examples x "
+             "epochs, the swarm's bid examples included) or, with experiment.monolithic_sft=[data], in data "
+             "(the same demos for the same epochs); see docs/experiments.md."]
+    return _matched_report(x, "Held-out: MPT vs monolithic REINFORCE", runs, "heldout_reward_vs_flops.png", notes)
 
 
 def credit_ablation(x: ExperimentContext) -> Report:

@@ -13,7 +13,9 @@ policy backend) acts every turn:
   as the swarm's SFTs together. Each expert step gives the swarm one bid example
   per role plus one action example, and the monolithic model one action example,
   so it takes ``(n_roles + 1) * epochs`` passes' worth of examples
-  (``max_steps`` caps the last epoch).
+  (``max_steps`` caps the last epoch). ``algo.sft.match=data`` instead trains on the
+  same demos for the same epochs as each swarm agent (matched data, ~1/(n_roles+1)
+  of the compute): the swarm's agents see only their own role's share of it.
 - **REINFORCE**: return = the undiscounted **reward-to-go** of each turn
   (``credit.reward_to_go``, registered as the ``reward_to_go`` credit scheme),
   advantage = return minus the mean return of the update's batch (the mean
@@ -96,17 +98,21 @@ class MonolithicTrainer(MPTTrainer):
         train_seeds = ctx.seeds("train")
         demo_seeds = self.rng.sample(train_seeds, min(int(s.demo_episodes), len(train_seeds)))
         demos = collect_demos(ctx.domain, ctx.task, demo_seeds, single=True)["single"]
-        epochs, steps = matched_sft_plan(len(demos), len(ctx.domain.roles), int(s.epochs), int(s.batch_size))
+        if s.match == "data":
+            epochs, steps = int(s.epochs), None
+        else:
+            epochs, steps = matched_sft_plan(len(demos), len(ctx.domain.roles), int(s.epochs), int(s.batch_size))
         policy = self.policies[MONOLITHIC]
         t0 = time.time()
         m = sft(policy, demos, epochs, float(s.lr), int(s.batch_size), int(self.cfg.seed), max_steps=steps,
                 desc="SFT monolithic", progress=bool(self.cfg.progress))
         if demos:
             m["demo_action_accuracy"] = demo_accuracy(policy, demos)
-            m["matched_examples"] = float(steps * int(s.batch_size))
-            logger.info("SFT monolithic: {} demo actions x {} epochs ({} steps, matched to the swarm's examples x "
-                        "epochs), loss {:.3f} -> {:.3f}, greedy demo-action accuracy {:.0%} ({:.0f}s)", len(demos),
-                        epochs, m["steps"], m["first_loss"], m["loss"], m["demo_action_accuracy"], time.time() - t0)
+            m["matched_examples"] = float(m["steps"] * int(s.batch_size))
+            logger.info("SFT monolithic: {} demo actions x {} epochs ({} steps, matched to the swarm's {}), loss "
+                        "{:.3f} -> {:.3f}, greedy demo-action accuracy {:.0%} ({:.0f}s)", len(demos), epochs, m["steps"],
+                        "demos x epochs" if s.match == "data" else "examples x epochs", m["first_loss"], m["loss"],
+                        m["demo_action_accuracy"], time.time() - t0)
             self.writer.log(0, {f"sft/{k}_{MONOLITHIC}": v for k, v in m.items()})
             self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": MONOLITHIC, **m})
         self.state["phase"] = "sft_done"
