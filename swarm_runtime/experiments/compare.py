@@ -54,9 +54,8 @@ def heldout(x: ExperimentContext) -> Report:
     runs = {"MPT": x.swarm_summary()}
     for m in matches:
         # "monolithic" keeps the folder name of runs made before experiment.monolithic_sft existed
-        key, label = ("monolithic", "monolithic REINFORCE") if m == "compute" else (f"monolithic-{m}", None)
-        if len(matches) > 1 or label is None:
-            label = f"monolithic REINFORCE (SFT matched {m})"
+        key = "monolithic" if m == "compute" else f"monolithic-{m}"
+        label = "monolithic REINFORCE" if matches == ["compute"] else f"monolithic REINFORCE (SFT matched {m})"
         runs[label] = x.train(key, ["algo=monolithic", f"algo.sft.match={m}"], budget=runs["MPT"]["flops"])
     notes = ["The monolithic model (one model the size of one agent) stops RL once its training FLOPs "
              "(SFT included) reach the MPT run's. Its SFT is matched to the swarm's in compute (examples x "
