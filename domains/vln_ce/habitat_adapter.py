@@ -172,6 +172,7 @@ class _Bookkeeping:
     min_dist: float = 0.0
     path_len: float = 0.0
     collisions: int = 0
+    invalid: int = 0  #: decisions whose action was unparsable or not the acting role's
     bump: bool = False
     obs: str = ""
     path: tuple = ()
@@ -309,6 +310,7 @@ class HabitatVLNEnv(DomainEnv):
             "steps_taken": float(bk.steps),
             "decisions": float(bk.decisions),
             "collisions": float(bk.collisions),
+            "invalid_actions": float(bk.invalid),
         }
         return map_metrics(self.env.get_metrics(), own)
 

@@ -30,7 +30,7 @@ STEP_M = A.FORWARD_STEP_CM / 100.0
 
 #: Mutable state captured by snapshot() (everything else is immutable and shared).
 _STATE = ("x", "y", "heading", "decisions", "steps", "stopped", "done", "path", "path_len",
-          "min_dist", "dist", "collisions", "bump", "obs")
+          "min_dist", "dist", "collisions", "invalid", "bump", "obs")
 
 
 class EmbeddedVLNEnv(DomainEnv):
@@ -48,7 +48,7 @@ class EmbeddedVLNEnv(DomainEnv):
         self.field = self.ep.layout.goal_field(self.ep.goal)
         self.x, self.y = self.ep.start
         self.heading = self.ep.start_heading
-        self.decisions = self.steps = self.collisions = 0
+        self.decisions = self.steps = self.collisions = self.invalid = 0
         self.stopped = self.done = self.bump = False
         self.path: list[Point] = [self.ep.start]
         self.path_len = 0.0
@@ -126,6 +126,7 @@ class EmbeddedVLNEnv(DomainEnv):
             "steps_taken": float(self.steps),
             "decisions": float(self.decisions),
             "collisions": float(self.collisions),
+            "invalid_actions": float(self.invalid),
         }
 
     # ---- snapshot -----------------------------------------------------------------

@@ -1,7 +1,7 @@
 """One decision's bookkeeping, shared by the embedded simulator and the habitat adapter.
 
-Both keep the same measure state on an object (``done``, ``decisions``, ``obs``,
-``stopped``, ``dist``, ``min_dist``, ``collisions``, ``bump``): the embedded
+Both keep the same measure state on an object (``done``, ``decisions``, ``invalid``,
+``obs``, ``stopped``, ``dist``, ``min_dist``, ``collisions``, ``bump``): the embedded
 simulator on itself, the habitat adapter on its snapshot-able bookkeeping. The
 simulators differ only in how they move the agent between :func:`start_decision`
 and :func:`finish_decision`.
@@ -27,6 +27,7 @@ def start_decision(state: Any, action: str, role: str | None,
     state.decisions += 1
     act, err = A.check_action(action, role)
     if act is None:
+        state.invalid += 1
         state.done = state.decisions >= max_decisions
         return None, StepResult(state.obs, 0.0, state.done, False, {"error": err})
     return act, None

@@ -133,6 +133,9 @@ def test_wrong_role_is_a_noop(task):
         assert (env.x, env.y, env.heading, env.stopped) == (before["state"]["x"], before["state"]["y"],
                                                             before["state"]["heading"], False)
     assert env.decisions == 4  # a no-op still used a decision
+    assert env.metrics()["invalid_actions"] == 4 and env.metrics()["steps_taken"] == 0
+    env.step("The next action is turn left 30 degree.", "Turner")
+    assert env.metrics()["invalid_actions"] == 4
 
 
 # ---------------------------------------------------------------- metrics (hand-computed)
