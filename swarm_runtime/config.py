@@ -53,7 +53,7 @@ class SFTConfig:
     batch_size: int = 64  #: examples per SFT step
     owner_bids: list = field(default_factory=lambda: [0.6, 0.8])  #: demo bids of the role owning the expert's action (one drawn per example)
     other_bids: list = field(default_factory=lambda: [0.0, 0.2, 0.4])  #: demo bids of the other roles (spread, so turns are contested and lower bids can be re-sampled)
-    match: str = "compute"  #: monolithic baseline only: ``compute`` = the swarm's SFT examples x epochs (bids included; the issue's rule), ``data`` = the same demos for the same epochs
+    match: str = "compute"  #: monolithic baseline only: ``compute`` = the swarm's SFT examples x epochs (bids included; DESIGN 2.5), ``data`` = the same demos for the same epochs
 
 
 @dataclass

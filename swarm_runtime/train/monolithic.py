@@ -99,9 +99,10 @@ class MonolithicTrainer(MPTTrainer):
         demo_seeds = self.rng.sample(train_seeds, min(int(s.demo_episodes), len(train_seeds)))
         demos = collect_demos(ctx.domain, ctx.task, demo_seeds, single=True)["single"]
         if s.match == "data":
-            epochs, steps = int(s.epochs), None
+            (epochs, steps), matched = (int(s.epochs), None), "demos x epochs"
         else:
             epochs, steps = matched_sft_plan(len(demos), len(ctx.domain.roles), int(s.epochs), int(s.batch_size))
+            matched = "examples x epochs"
         policy = self.policies[MONOLITHIC]
         t0 = time.time()
         m = sft(policy, demos, epochs, float(s.lr), int(s.batch_size), int(self.cfg.seed), max_steps=steps,
@@ -111,7 +112,7 @@ class MonolithicTrainer(MPTTrainer):
             m["matched_examples"] = float(m["steps"] * int(s.batch_size))
             logger.info("SFT monolithic: {} demo actions x {} epochs ({} steps, matched to the swarm's {}), loss "
                         "{:.3f} -> {:.3f}, greedy demo-action accuracy {:.0%} ({:.0f}s)", len(demos), epochs, m["steps"],
-                        "demos x epochs" if s.match == "data" else "examples x epochs", m["first_loss"], m["loss"],
+                        matched, m["first_loss"], m["loss"],
                         m["demo_action_accuracy"], time.time() - t0)
             self.writer.log(0, {f"sft/{k}_{MONOLITHIC}": v for k, v in m.items()})
             self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": MONOLITHIC, **m})
