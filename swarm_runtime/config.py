@@ -49,6 +49,9 @@ class ModelConfig:
 class SFTConfig:
     demo_episodes: int = 16  #: scripted-expert episodes (train seeds) for the cold start
     epochs: int = 2  #: passes over each agent's demos (paper: 2)
+    action_epochs: Optional[int] = None  #: passes over the action demos (None = ``epochs``; bid demos always get
+    #: ``epochs``). Raise it where imitating the actions needs far more passes than the bids do: a tiny model from
+    #: scratch learns to copy names from its prompt (OpenResearcher queries) only after ~10k action examples.
     lr: float = 2e-3  #: SFT learning rate (tiny models from scratch need far more than the paper's 1e-5)
     batch_size: int = 64  #: examples per SFT step
     owner_bids: list = field(default_factory=lambda: [0.6, 0.8])  #: demo bids of the role owning the expert's action (one drawn per example)
@@ -262,3 +265,7 @@ def validate(cfg: DictConfig, registry) -> None:
             raise ConfigError(f"{key} {bad[0] if bad else list(value)!r} is not valid; valid: {', '.join(SFT_MATCHES)}")
     if int(cfg.algo.bid_steps) < 0:
         raise ConfigError(f"algo.bid_steps must be >= 0, got {cfg.algo.bid_steps}")
+    for key in ("epochs", "action_epochs"):
+        value = cfg.algo.sft[key]
+        if value is not None and int(value) < 1:
+            raise ConfigError(f"algo.sft.{key} must be >= 1{' or null (= algo.sft.epochs)' if key == 'action_epochs' else ''}, got {value}")

@@ -121,6 +121,9 @@ def test_matched_sft_plan():
     # 100 expert steps, 3 roles, 2 epochs: the swarm trains 100 * (3 bid + 1 action) * 2 = 800 examples
     epochs, steps = matched_sft_plan(100, 3, 2, 64)
     assert epochs == 8 and steps == 13  # ceil(800 / 64)
+    # with algo.sft.action_epochs=10 the action demos get 10 passes: 100 * (3 * 2 + 10) = 1600 examples
+    epochs, steps = matched_sft_plan(100, 3, 2, 64, action_epochs=10)
+    assert epochs == 16 and steps == 25
 
 
 def test_monolithic_acts_every_turn_on_single_prompts_and_learns(ctx):
@@ -181,4 +184,12 @@ def test_bad_sft_match_names_the_valid_ones(registry, arg):
     from swarm_runtime.config import ConfigError
 
     with pytest.raises(ConfigError, match="'flops' is not valid; valid: compute, data"):
+        resolve(["domain=minecraft", "task=wooden_pickaxe", arg], registry[1])
+
+
+@pytest.mark.parametrize("arg, key", [("algo.sft.action_epochs=0", "action_epochs"), ("algo.sft.epochs=0", "epochs")])
+def test_sft_passes_must_be_positive(registry, arg, key):
+    from swarm_runtime.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"algo.sft.{key} must be >= 1"):
         resolve(["domain=minecraft", "task=wooden_pickaxe", arg], registry[1])

@@ -44,6 +44,21 @@ def test_sft_lowers_loss_and_learns_role(ctx):
     assert m["loss"] < 0.5 * m["first_loss"]
 
 
+def test_sft_action_epochs_pass_over_actions_more_often(ctx):
+    """algo.sft.action_epochs: action demos get their own number of passes, bids keep ``epochs``."""
+    agents, policies = ctx.build_swarm()
+    demos = collect_demos(ctx.domain, ctx.task, [0], rng=random.Random(0))["Logger"]
+    n_act = sum(e.kind == "act" for e in demos)
+    n_bid = len(demos) - n_act
+    pol = policies["Logger"]
+    m = sft(pol, demos, epochs=1, lr=1e-3, batch_size=16, seed=0, progress=False, action_epochs=4)
+    assert m["examples_trained"] == n_bid + 4 * n_act
+    # one pass at a time: a pass that holds only actions still fills whole batches
+    assert m["steps"] == -(-len(demos) // 16) + 3 * -(-n_act // 16)
+    m = sft(pol, demos, epochs=2, lr=1e-3, batch_size=16, seed=0, progress=False)
+    assert m["examples_trained"] == 2 * len(demos)
+
+
 def test_action_and_bid_steps_change_parameters(ctx):
     agents, policies = ctx.build_swarm()
     opts = {r: make_optimizer(p.parameters(), 1e-3, 0.0, 10) for r, p in policies.items()}

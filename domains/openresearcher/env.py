@@ -18,6 +18,13 @@ A role calling another role's tool, or unparsable text, is a no-op with
 reaching it ends the episode unanswered (reward 0). Reward: 1 for a correct
 answer, else 0; a missing LLM grade gives reward 0 with
 ``info["reward_missing"] = True`` (the core leaves such episodes out of reward means).
+
+``evidence_credit`` (task key, default 0 = the paper's binary reward) pays part of
+that 1 for evidence: each evidence hop of the question, the first time its fact
+line is shown, pays ``evidence_credit / hops``, and a correct answer pays the
+rest (``1 - paid``). A correct episode still totals exactly 1 and every return
+stays in [0, 1]; a wrong answer keeps the evidence credit it earned. It gives
+RL a signal where tiny models almost never answer right (docs/results.md).
 """
 from __future__ import annotations
 
@@ -104,9 +111,13 @@ class ResearchEnv(DomainEnv):
     """One question per episode. ``world`` (corpus, index, questions, judge) is shared
     and never copied by snapshots; the browser stack and episode fields are."""
 
-    def __init__(self, world, max_decisions: int, browser_cfg: dict | None = None):
+    def __init__(self, world, max_decisions: int, browser_cfg: dict | None = None, evidence_credit: float = 0.0):
+        if not 0.0 <= float(evidence_credit) < 1.0:
+            raise ValueError(f"evidence_credit {evidence_credit!r} must be in [0, 1): the share of the answer's "
+                             "reward paid for evidence hops (0 = the paper's binary reward)")
         self.world = world
         self.max_decisions = int(max_decisions)
+        self.evidence_credit = float(evidence_credit)
         self.browser_cfg = dict(browser_cfg or {})
         self.browser = Browser(world.corpus, world.index, **self.browser_cfg)
         self.question: Question | None = None
@@ -121,6 +132,7 @@ class ResearchEnv(DomainEnv):
         self.f1 = 0.0
         self.reward_missing = False
         self.progress = 0  #: evidence hops seen so far (drives the scripted expert)
+        self.paid = 0.0  #: evidence credit paid so far this episode
         self.last_tool_role: str | None = None
         self.counts = {"tool_calls": 0, "tool_errors": 0, "invalid": 0}
 
@@ -154,15 +166,20 @@ class ResearchEnv(DomainEnv):
             return self._answer(act.text)
         res = self._call(act)
         self.counts["tool_calls"] += 1
+        reward = 0.0
         if res.ok:
             self.error = ""
             self.last_tool_role = role or ROLE_OF_TOOL[act.tool]
+            seen = self.progress
             self._update_progress()
+            if self.progress > seen and self.evidence_credit:
+                reward = self.evidence_credit * (self.progress - seen) / len(self.question.hops)
+                self.paid += reward
         else:
             self.counts["tool_errors"] += 1
             self.error = res.text
         info = {} if res.ok else {"tool_error": res.text}
-        return self._end_if_capped(StepResult(self.observation(), 0.0, False, True, info))
+        return self._end_if_capped(StepResult(self.observation(), reward, False, True, info))
 
     def _call(self, act: Action):
         b = self.browser
@@ -183,7 +200,7 @@ class ResearchEnv(DomainEnv):
             return StepResult(self.observation(), 0.0, True, True, info)
         self.correct = bool(grade.correct)
         info["correct"] = self.correct
-        return StepResult(self.observation(), 1.0 if self.correct else 0.0, True, True, info)
+        return StepResult(self.observation(), 1.0 - self.paid if self.correct else 0.0, True, True, info)
 
     def _end_if_capped(self, res: StepResult) -> StepResult:
         if self.decisions >= self.max_decisions:

@@ -57,12 +57,14 @@ def build_monolithic(ctx: RunContext, init_dir: Path | None = None) -> tuple[lis
     return [Agent(MONOLITHIC, MONOLITHIC, policy, prompt_kind="single")], {MONOLITHIC: policy}
 
 
-def matched_sft_plan(n_single: int, n_roles: int, epochs: int, batch_size: int) -> tuple[int, int]:
+def matched_sft_plan(n_single: int, n_roles: int, epochs: int, batch_size: int,
+                     action_epochs: int | None = None) -> tuple[int, int]:
     """(epochs, max_steps) giving the monolithic model the swarm's SFT examples x epochs.
 
-    Per expert step the swarm trains ``n_roles`` bid examples + 1 action example, the
-    monolithic model 1 action example: target = ``n_single * (n_roles + 1) * epochs``."""
-    target = n_single * (n_roles + 1) * epochs
+    Per expert step the swarm trains ``n_roles`` bid examples for ``epochs`` passes + 1
+    action example for ``action_epochs`` passes (None = ``epochs``), the monolithic model
+    1 action example: target = ``n_single * (n_roles * epochs + action_epochs)``."""
+    target = n_single * (n_roles * epochs + (epochs if action_epochs is None else action_epochs))
     return math.ceil(target / max(1, n_single)), math.ceil(target / batch_size)
 
 
@@ -99,9 +101,10 @@ class MonolithicTrainer(MPTTrainer):
         demo_seeds = self.rng.sample(train_seeds, min(int(s.demo_episodes), len(train_seeds)))
         demos = collect_demos(ctx.domain, ctx.task, demo_seeds, single=True)["single"]
         if s.match == "data":
-            (epochs, steps), matched = (int(s.epochs), None), "demos x epochs"
+            (epochs, steps), matched = (int(s.action_epochs or s.epochs), None), "demos x epochs"
         else:
-            epochs, steps = matched_sft_plan(len(demos), len(ctx.domain.roles), int(s.epochs), int(s.batch_size))
+            epochs, steps = matched_sft_plan(len(demos), len(ctx.domain.roles), int(s.epochs), int(s.batch_size),
+                                             s.action_epochs)
             matched = "examples x epochs"
         policy = self.policies[MONOLITHIC]
         t0 = time.time()

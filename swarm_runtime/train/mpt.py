@@ -127,7 +127,7 @@ class MPTTrainer:
         t0 = time.time()
         for i, (role, policy) in enumerate(self.policies.items()):
             m = sft(policy, demos[role], int(s.epochs), float(s.lr), int(s.batch_size), int(self.cfg.seed) + i,
-                    desc=f"SFT {role}", progress=bool(self.cfg.progress))
+                    desc=f"SFT {role}", progress=bool(self.cfg.progress), action_epochs=s.action_epochs)
             if not demos[role]:
                 logger.warning("SFT {}: the expert gave this role no demonstrations; it starts untrained", role)
                 continue

@@ -61,38 +61,48 @@ def collect_demos(domain: Domain, task, seeds: Sequence[int], owner_bids: Sequen
 
 
 def sft(policy, examples: list[Example], epochs: int, lr: float, batch_size: int, seed: int,
-        desc: str = "sft", progress: bool = True, max_steps: int | None = None) -> dict[str, float]:
-    """Supervised fine-tuning on ``examples``: mean token cross-entropy of the targets."""
+        desc: str = "sft", progress: bool = True, max_steps: int | None = None,
+        action_epochs: int | None = None) -> dict[str, float]:
+    """Supervised fine-tuning on ``examples``: mean token cross-entropy of the targets.
+
+    Bid examples get ``epochs`` passes, action examples ``action_epochs`` (None =
+    ``epochs``); each pass is shuffled, and one cosine schedule spans them all."""
     if not examples:
         return {"loss": float("nan"), "steps": 0}
-    pairs = [(e.prompt, policy.bid_target(e.target) if e.kind == "bid" else policy.action_target(e.target))
+    pairs = [(e.kind, e.prompt, policy.bid_target(e.target) if e.kind == "bid" else policy.action_target(e.target))
              for e in examples]
-    steps_per_epoch = (len(pairs) + batch_size - 1) // batch_size
-    total = steps_per_epoch * epochs if max_steps is None else min(max_steps, steps_per_epoch * epochs)
-    opt, sched = make_optimizer(policy.parameters(), lr, 0.0, total, warmup=max(1, total // 20))
+    passes = {"bid": int(epochs), "act": int(epochs if action_epochs is None else action_epochs)}
     rng = random.Random(seed)
+    schedule: list[list[tuple]] = []
+    for epoch in range(max(passes.values())):
+        rng.shuffle(pairs)  # in place, pass after pass: with equal passes the order is the historical one
+        schedule.append([(p, t) for kind, p, t in pairs if epoch < passes[kind]])
+    n_steps = sum((len(e) + batch_size - 1) // batch_size for e in schedule)
+    total = n_steps if max_steps is None else min(max_steps, n_steps)
+    opt, sched = make_optimizer(policy.parameters(), lr, 0.0, total, warmup=max(1, total // 20))
     policy.train()
     losses: list[float] = []
     bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
-    step = 0
-    for _ in range(epochs):
-        rng.shuffle(pairs)
-        for i in range(0, len(pairs), batch_size):
+    step = trained = 0
+    for epoch_pairs in schedule:
+        for i in range(0, len(epoch_pairs), batch_size):
             if step >= total:
                 break
-            batch = pairs[i:i + batch_size]
+            batch = epoch_pairs[i:i + batch_size]
             logp = policy.logprobs([p for p, _ in batch], [t for _, t in batch])
             loss = -logp.sum() / sum(len(t) for _, t in batch)
             loss.backward()
             clip_and_step(policy.parameters(), opt, sched, 1.0)
             losses.append(float(loss.detach()))
             step += 1
+            trained += len(batch)
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     bar.close()
     policy.eval()
     tail = losses[-max(1, len(losses) // 10):]
-    return {"loss": sum(tail) / len(tail), "first_loss": losses[0], "steps": step, "examples": len(pairs)}
+    return {"loss": sum(tail) / len(tail), "first_loss": losses[0], "steps": step, "examples": len(pairs),
+            "examples_trained": trained}
 
 
 @torch.no_grad()

@@ -395,6 +395,10 @@ def test_local_task_runs_on_jsonl_files(domain, tmp_path):
     r = env.step("open 0", "Opener")  # the [next] link
     assert "land8" in r.observation
     assert "city7" in domain.vocabulary(cfg)
+    cfg.evidence_credit = 0.5  # real questions carry no evidence hops
+    with pytest.raises(ValueError, match="evidence_credit 0.5 needs questions with evidence hops"):
+        domain.make_env(cfg)
+    cfg.evidence_credit = 0.0
     cfg.corpus_path = None
     with pytest.raises(ValueError, match="needs corpus_path"):
         domain.make_env(cfg)
@@ -475,6 +479,46 @@ def test_answer_rewards_and_ends(domain, task):
     env.reset(5)
     r = env.step("answer nobody", "Opener")
     assert r.done and r.reward == 0.0 and r.info["correct"] is False and "reward_missing" not in r.info
+
+
+@pytest.fixture()
+def credit_task(task):
+    cfg = copy.deepcopy(task)
+    cfg.evidence_credit = 0.5
+    return cfg
+
+
+def test_evidence_credit_pays_each_hop_once_and_a_correct_episode_totals_one(domain, credit_task):
+    env = domain.make_env(credit_task)
+    for seed in range(6):
+        env.reset(seed)
+        hops, rewards = len(env.question.hops), []
+        while (step := env.expert_action()) is not None:
+            rewards.append(env.step(step.action, step.role).reward)
+        paid = [r for r in rewards[:-1] if r]
+        assert paid == [pytest.approx(0.5 / hops)] * hops  # one payment per hop, when its fact is first shown
+        assert rewards[-1] == pytest.approx(0.5) and sum(rewards) == pytest.approx(1.0)
+        assert env.metrics()["success"] == 1.0
+    # a wrong answer keeps the evidence credit it earned and no more
+    env.reset(0)
+    while (step := env.expert_action()) is not None and not step.action.startswith("answer"):
+        env.step(step.action, step.role)
+    snap = env.snapshot()
+    assert env.step("answer nobody", "Finder").reward == 0.0 and env.paid == pytest.approx(0.5)
+    env.restore(snap)  # the paid credit is part of the snapshot
+    assert env.paid == pytest.approx(0.5) and env.step(f"answer {env.question.answer}", "Finder").reward == pytest.approx(0.5)
+
+
+def test_evidence_credit_passes_the_conformance_kit(domain, credit_task):
+    check_domain(domain, credit_task)  # returns stay within [0, reward_max = 1]
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5])
+def test_bad_evidence_credit_is_named(domain, task, bad):
+    cfg = copy.deepcopy(task)
+    cfg.evidence_credit = bad
+    with pytest.raises(ValueError, match=f"evidence_credit {bad!r} must be in \\[0, 1\\)"):
+        domain.make_env(cfg)
 
 
 def test_decision_cap_ends_unanswered(domain, task):
