@@ -23,11 +23,12 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return m, math.sqrt(var / n)
 
 
-def paired_difference(after: dict, before: dict) -> tuple[float, float, int]:
+def paired_difference(after: dict, before: dict, key: str = "seed_rewards") -> tuple[float, float, int]:
     """Mean ± SE over the shared held-out seeds of ``after`` minus ``before`` per-seed reward
-    (two :func:`summarize` outputs on the same seeds). Pairing removes the seeds' own spread
-    (easy and hard worlds), so it is the right test of "did training help"."""
-    a, b = after.get("seed_rewards", {}), before.get("seed_rewards", {})
+    (two :func:`summarize` outputs on the same seeds; ``key="seed_success"`` pairs the success
+    rate instead). Pairing removes the seeds' own spread (easy and hard worlds), so it is the
+    right test of "did training help"."""
+    a, b = after.get(key, {}), before.get(key, {})
     shared = [s for s in a if s in b]
     m, se = mean_se([a[s] - b[s] for s in shared])
     return m, se, len(shared)
@@ -49,6 +50,9 @@ def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -
     for name in metric_names:
         vals = [sum(float(e.metrics.get(name, 0.0)) for e in eps) / len(eps) for eps in known.values() if eps]
         out[f"{name}_mean"], out[f"{name}_se"] = mean_se(vals)
+    if "success" in metric_names:  # paired, like the reward, where the paper's metric is a success rate
+        out["seed_success"] = {str(s): sum(float(e.metrics.get("success", 0.0)) for e in eps) / len(eps)
+                               for s, eps in known.items() if eps}
     turns = defaultdict(int)
     total = 0
     for ep in episodes:

@@ -33,3 +33,15 @@ def test_paired_difference_removes_seed_spread():
     assert se == pytest.approx(mean_se([2.0, 3.0, 4.0])[1])  # 0.577, far below either run's own SE (~26)
     assert se < 0.1 * before["reward_se"]
     assert paired_difference(after, {"seed_rewards": {"9": 1.0}})[2] == 0
+
+
+def test_paired_success_difference():
+    def eps(success_by_seed):
+        return [Episode(seed, reward=0.5 * s, metrics={"success": float(s)})
+                for seed, ss in success_by_seed.items() for s in ss]
+    before = summarize(eps({1: [0, 0], 2: [1, 0], 3: [0, 0]}), runs=2, agents=[])
+    after = summarize(eps({1: [1, 0], 2: [1, 1], 3: [0, 0]}), runs=2, agents=[])
+    assert after["seed_success"] == {"1": 0.5, "2": 1.0, "3": 0.0}
+    d, se, n = paired_difference(after, before, "seed_success")
+    assert (d, n) == (pytest.approx(1 / 3), 3) and se == pytest.approx(mean_se([0.5, 0.5, 0.0])[1])
+    assert "seed_success" not in summarize(_eps({1: [1.0]}), runs=1, agents=[])  # no success metric, no pairing

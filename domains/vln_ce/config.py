@@ -55,6 +55,7 @@ class EmbeddedConfig:
     episodes_per_layout: int = 8  #: consecutive seeds sharing a layout
     max_instruction_words: int = 18  #: instruction length cap (tokens)
     view_range: float = 8.0  #: metres an agent can see
+    bearings: bool = False  #: give each seen item's direction (15-degree steps) after its distance
 
     @classmethod
     def from_task(cls, task: Any) -> "EmbeddedConfig":
@@ -66,6 +67,7 @@ class EmbeddedConfig:
             episodes_per_layout=_num(task, "episodes_per_layout", 8, 1, int),
             max_instruction_words=_num(task, "max_instruction_words", 18, 8, int),
             view_range=_num(task, "view_range", 8.0, 1.0),
+            bearings=bool(_get(task, "bearings", False)),
         )
         c.check_splits(task)
         c.check_reward_bounds(task)

@@ -63,18 +63,25 @@ def visible_items(layout: Layout, pos: Point, heading: float, view_range: float)
         else:
             continue
         if layout.visible(pos, p):
-            out[sector].append((d, name))
+            out[sector].append((d, name, rel))
     for v in out.values():
         v.sort()
     return out
 
 
-def render_view(layout: Layout, pos: Point, heading: float, view_range: float = 8.0) -> str:
+def direction(rel: float) -> str:
+    """A relative bearing as words in 15-degree steps: ``30 left``, ``15 right``, ``0``."""
+    k = int(round(rel / 15.0)) * 15
+    return "0" if k == 0 else f"{abs(k)} {'left' if k > 0 else 'right'}"
+
+
+def render_view(layout: Layout, pos: Point, heading: float, view_range: float = 8.0, bearings: bool = False) -> str:
     """``in <room> . ahead : ... . left : ... . right : ...``"""
     items = visible_items(layout, pos, heading, view_range)
     parts = [f"in {layout.rooms[layout.room_at(pos)].type}"]
     for sector, keep, offset in (("ahead", 2, 0.0), ("left", 1, 90.0), ("right", 1, -90.0)):
-        words = [f"{name} {metres(d)}" for d, name in items[sector][:keep]]
+        words = [f"{name} {metres(d)}" + (f" {direction(rel)}" if bearings else "")
+                 for d, name, rel in items[sector][:keep]]
         wall = layout.ray_to_wall(pos, heading + offset)
         if not words or (sector == "ahead" and wall <= 1.0):
             words.append(f"wall {metres(wall)}")
@@ -83,7 +90,7 @@ def render_view(layout: Layout, pos: Point, heading: float, view_range: float = 
 
 
 def render_observation(layout: Layout, pos: Point, heading: float, instruction: str, bump: bool = False,
-                       view_range: float = 8.0) -> str:
+                       view_range: float = 8.0, bearings: bool = False) -> str:
     """The full observation text (instruction first, then the view)."""
-    text = f"{instruction} . {render_view(layout, pos, heading, view_range)}"
+    text = f"{instruction} . {render_view(layout, pos, heading, view_range, bearings)}"
     return text + " . bump" if bump else text

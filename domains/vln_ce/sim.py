@@ -62,7 +62,7 @@ class EmbeddedVLNEnv(DomainEnv):
 
     def _render(self) -> str:
         return render_observation(self.ep.layout, self.pos, self.heading, self.ep.instruction, self.bump,
-                                  self.cfg.view_range)
+                                  self.cfg.view_range, self.cfg.bearings)
 
     def observation(self) -> str:
         self._require_reset()

@@ -242,6 +242,9 @@ class MPTTrainer:
             pd, pse, n = paired_difference(self.state["final_eval"], self.state["sft_eval"])
             if n:
                 results["mpt_minus_sft"] = {"mean": pd, "se": pse, "seeds": n}
+            pd, pse, n = paired_difference(self.state["final_eval"], self.state["sft_eval"], "seed_success")
+            if n:
+                results["mpt_minus_sft_success"] = {"mean": pd, "se": pse, "seeds": n}
         (ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
         (ctx.run_dir / "eval.md").write_text(table + "\n")
         plots = plot_training(ctx.run_dir, [a.name for a in self.agents])
@@ -256,6 +259,10 @@ class MPTTrainer:
             if "mpt_minus_sft" in results:
                 pair = results["mpt_minus_sft"]
                 line += f"; paired over the {pair['seeds']} held-out seeds: {pair['mean']:+.2f} ± {pair['se']:.2f}"
-            print(line + ")")
+            line += ")"
+            if "mpt_minus_sft_success" in results:
+                pair = results["mpt_minus_sft_success"]
+                line += f"; success {pair['mean']:+.3f} ± {pair['se']:.3f} paired"
+            print(line)
         print(f"Run folder: {ctx.run_dir} (eval.json, metrics.jsonl, tb/, {', '.join(p.name for p in plots)}, checkpoints/)")
         return results

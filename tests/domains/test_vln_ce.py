@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import random
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -293,6 +294,22 @@ def test_observation_short_and_in_vocabulary(domain, task):
             text, role = (e.action, e.role) if e else (A.expert_text(A.TURN_LEFT, 45), "Turner")
             obs = env.step(text, role).observation
     assert max(lengths) <= 60 and sum(lengths) / len(lengths) <= 42
+
+
+def test_bearings_give_each_seen_item_its_direction(domain, task):
+    from domains.vln_ce.observation import direction
+
+    assert [direction(a) for a in (0, 7, 8, 29, -31, 95, -120)] == [
+        "0", "0", "15 left", "30 left", "30 right", "90 left", "120 right"]
+    cfg = OmegaConf.merge(task, {"bearings": True})
+    tok = build_tokenizer(domain.all_words(cfg), (0, 0.2, 0.4, 0.6, 0.8))
+    plain, env = make_env(task), make_env(cfg)
+    for seed in (0, 5, 1_000_003):
+        obs, obs_b = plain.reset(seed), env.reset(seed)
+        assert not unknown_words(tok, obs_b)
+        # the same view, each landmark or door "<name> <d> m" followed by its direction (walls have none)
+        assert obs_b != obs and re.sub(r" m (\d+ (left|right)|0)(?= [,.]|$)", " m", obs_b) == obs
+    check_domain(domain, cfg)
 
 
 def test_instruction_names_route_and_goal(task):
