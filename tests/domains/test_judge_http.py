@@ -211,6 +211,7 @@ def test_env_with_llm_judge(server, tmp_path):
     d = OpenResearcherDomain()
     cfg = d.task_config("embedded")
     cfg.judge = "llm"
+    cfg.evidence_credit = 0.0  # the paper's binary reward: the whole 1 comes from the grade
     cfg.search.cache_dir = str(tmp_path / "bm25")
     cfg.llm_judge.update(base_url=server.base_url, api_key=KEY, timeout_s=TIMEOUT_S, max_attempts=2, backoff_s=0.0)
     env = d.make_env(cfg)
