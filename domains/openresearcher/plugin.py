@@ -36,12 +36,12 @@ class OpenResearcherDomain(Domain):
             raise ValueError(f"unknown browser key(s) {unknown}; valid: {', '.join(BROWSER_KEYS)}")
         browser.pop("line_width", None)
         topn = (task.get("search") or {}).get("topn", 3)
-        if float(task.get("evidence_credit", 0.0)) and task.get("source", "embedded") != "embedded":
-            raise ValueError(f"evidence_credit {task.evidence_credit} needs questions with evidence hops, which only "
-                             "the embedded corpus has (source: embedded); real questions get the binary reward: "
-                             "set evidence_credit 0")
+        credit = float(task.get("evidence_credit", 0.0))
+        if credit and task.get("source", "embedded") != "embedded":
+            raise ValueError(f"evidence_credit {credit} needs questions with evidence hops, which only the embedded "
+                             "corpus has (source: embedded); real questions get the binary reward: set evidence_credit 0")
         return ResearchEnv(get_world(task), int(task.max_decisions), {**browser, "topn": int(topn)},
-                           evidence_credit=float(task.get("evidence_credit", 0.0)))
+                           evidence_credit=credit)
 
     def vocabulary(self, task: DictConfig) -> list[str]:
         words = list(ENV_WORDS) + list(BROWSER_WORDS)
