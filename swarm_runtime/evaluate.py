@@ -48,11 +48,11 @@ def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -
     out["seed_rewards"] = {str(s): sum(e.reward for e in eps) / len(eps) for s, eps in known.items() if eps}
     metric_names = sorted({k for ep in episodes for k in ep.metrics})
     for name in metric_names:
-        vals = [sum(float(e.metrics.get(name, 0.0)) for e in eps) / len(eps) for eps in known.values() if eps]
-        out[f"{name}_mean"], out[f"{name}_se"] = mean_se(vals)
-    if "success" in metric_names:  # paired, like the reward, where the paper's metric is a success rate
-        out["seed_success"] = {str(s): sum(float(e.metrics.get("success", 0.0)) for e in eps) / len(eps)
-                               for s, eps in known.items() if eps}
+        per_seed_metric = {str(s): sum(float(e.metrics.get(name, 0.0)) for e in eps) / len(eps)
+                           for s, eps in known.items() if eps}
+        out[f"{name}_mean"], out[f"{name}_se"] = mean_se(list(per_seed_metric.values()))
+        if name == "success":  # kept per seed, like the reward, for the paired test of a success rate
+            out["seed_success"] = per_seed_metric
     turns = defaultdict(int)
     total = 0
     for ep in episodes:
