@@ -84,6 +84,9 @@ class AlgoConfig:
     minibatch: int = 256  #: samples per forward/backward chunk (gradients accumulate)
     branches_per_episode: int = 4  #: contested turns branched per episode in a bid step
     resample_tries: int = 3  #: bid re-samples to get below the runner-up (DESIGN 2.4)
+    bid_pair_weight: str = "uniform"  #: weight of each decisive branch pair in the Bradley-Terry loss: ``uniform``
+    #: (the paper: bids follow how often the higher bid's branch scored better) or ``margin`` (|score difference|,
+    #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/results.md VLN-CE)
     reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
     goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the most relevant (highest-bid) agents propose an action
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -263,6 +266,10 @@ def validate(cfg: DictConfig, registry) -> None:
         bad = [v for v in value if v not in SFT_MATCHES]
         if bad or not value:
             raise ConfigError(f"{key} {bad[0] if bad else list(value)!r} is not valid; valid: {', '.join(SFT_MATCHES)}")
+    from swarm_runtime.train.losses import PAIR_WEIGHTS  # torch: import only when validating
+
+    if cfg.algo.bid_pair_weight not in PAIR_WEIGHTS:
+        raise ConfigError(f"unknown algo.bid_pair_weight {cfg.algo.bid_pair_weight!r}; valid: {', '.join(PAIR_WEIGHTS)}")
     if int(cfg.algo.bid_steps) < 0:
         raise ConfigError(f"algo.bid_steps must be >= 0, got {cfg.algo.bid_steps}")
     for key in ("epochs", "action_epochs"):

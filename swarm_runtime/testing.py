@@ -99,7 +99,7 @@ def check_invalid_is_noop(domain: Domain, task: str | DictConfig, seed: int = 0)
     obs = env.observation()
     res = env.step(GARBAGE, domain.roles[0].name)
     assert not res.valid, f"{domain.name}: garbage action {GARBAGE!r} was accepted"
-    assert res.reward == 0.0, f"{domain.name}: garbage action earned reward"
+    assert res.reward <= 0.0, f"{domain.name}: garbage action earned reward {res.reward}"  # 0, or a penalty
     env2 = domain.make_env(cfg)
     env2.restore(before)
     assert env2.observation() == obs

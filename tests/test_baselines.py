@@ -193,3 +193,10 @@ def test_sft_passes_must_be_positive(registry, arg, key):
 
     with pytest.raises(ConfigError, match=f"algo.sft.{key} must be >= 1"):
         resolve(["domain=minecraft", "task=wooden_pickaxe", arg], registry[1])
+
+
+def test_bad_bid_pair_weight_names_the_valid_ones(registry):
+    from swarm_runtime.config import ConfigError
+
+    with pytest.raises(ConfigError, match="algo.bid_pair_weight 'median'; valid: uniform, margin"):
+        resolve(["domain=minecraft", "task=wooden_pickaxe", "algo.bid_pair_weight=median"], registry[1])

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from swarm_runtime.train.losses import bradley_terry_loss, per_agent_advantages, reinforce_loss
+from swarm_runtime.train.losses import bradley_terry_loss, pair_weights, per_agent_advantages, reinforce_loss
 
 
 def test_per_agent_mean_baseline():
@@ -29,3 +29,18 @@ def test_bradley_terry_hand_computed():
     assert float(loss.detach()) == pytest.approx(-math.log(1 / (1 + math.exp(-1.0))))
     loss.backward()
     assert lw.grad[0] < 0 < ll.grad[0]
+
+
+def test_weighted_bradley_terry_and_pair_weights():
+    lw, ll = torch.tensor([0.0, -1.0]), torch.tensor([0.0, 0.0])
+    per_pair = [math.log(2), -math.log(1 / (1 + math.exp(1.0)))]
+    assert float(bradley_terry_loss(lw, ll, torch.tensor([1.0, 1.0]))) == pytest.approx(sum(per_pair) / 2)
+    assert float(bradley_terry_loss(lw, ll, torch.tensor([0.5, 1.5]))) == pytest.approx(
+        (0.5 * per_pair[0] + 1.5 * per_pair[1]) / 2)
+    assert pair_weights([0.3, -2.0], "uniform") == [1.0, 1.0]
+    # margin: |score difference| normalised to mean 1, so one +1.2 win outweighs three -0.2 losses
+    w = pair_weights([1.2, -0.2, -0.2, -0.2], "margin")
+    assert w == pytest.approx([8 / 3, 4 / 9, 4 / 9, 4 / 9]) and sum(w) == pytest.approx(4)
+    assert pair_weights([], "margin") == []
+    with pytest.raises(ValueError, match="'median'; valid: uniform, margin"):
+        pair_weights([1.0], "median")

@@ -144,3 +144,33 @@ def test_sampling_logprobs_match_scoring(ctx):
     with torch.no_grad():
         lpb = pol.logprobs(prompts, [pol.bid_target(0.4)] * 3)
     assert (torch.log(probs[:, 2]) >= lpb - 1e-4).all()  # restricted softmax >= full softmax probability
+
+
+def test_margin_weighted_bid_pairs_follow_the_mean_score_difference(ctx):
+    """One large win for the higher bid against three small losses: the paper's uniform
+    Bradley-Terry step sides with the majority (the lower bid), ``margin`` with the mean.
+    Plain SGD, so the step follows the weighted gradient (Adam's first step is sign-like)."""
+    agents, policies = ctx.build_swarm()
+    pol = agents[0].policy
+    start = snapshot(pol)
+    prompt = "bid prompt : the wood is near"
+    high, low = pol.bid_target(0.8), pol.bid_target(0.2)
+    pairs = [BranchPair(0, prompt, high, low, 1.2, 0.0)] + [BranchPair(0, prompt, high, low, 0.0, 0.2)] * 3
+
+    def gap():
+        with torch.no_grad():
+            return float(pol.logprobs([prompt], [high]) - pol.logprobs([prompt], [low]))
+
+    g0, after = gap(), {}
+    for scheme in ("uniform", "margin"):
+        with torch.no_grad():
+            for p, s0 in zip(pol.parameters(), start):
+                p.copy_(s0)
+        opts = {}
+        for r, p in policies.items():
+            opt = torch.optim.SGD(p.parameters(), lr=0.05)
+            opts[r] = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0))
+        bid_update(agents, pairs, opts, minibatch=2, grad_clip=100.0, pair_weight=scheme)
+        after[scheme] = gap()
+    # BT's fixed points: sigmoid(gap) = the (weighted) share of wins for the high bid, 1/4 vs 2/3
+    assert after["uniform"] < g0 and after["margin"] > after["uniform"] + 0.05

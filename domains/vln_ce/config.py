@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from domains.vln_ce.metrics import reward_bounds
+
 SIMS = ("embedded", "habitat")
 RESTORE_MODES = ("state", "replay")
 
@@ -56,6 +58,7 @@ class EmbeddedConfig:
     max_instruction_words: int = 18  #: instruction length cap (tokens)
     view_range: float = 8.0  #: metres an agent can see
     bearings: bool = False  #: give each seen item's direction (15-degree steps) after its distance
+    invalid_penalty: float = 0.0  #: reward -invalid_penalty for each invalid action (0 = a free no-op)
 
     @classmethod
     def from_task(cls, task: Any) -> "EmbeddedConfig":
@@ -68,6 +71,7 @@ class EmbeddedConfig:
             max_instruction_words=_num(task, "max_instruction_words", 18, 8, int),
             view_range=_num(task, "view_range", 8.0, 1.0),
             bearings=bool(_get(task, "bearings", False)),
+            invalid_penalty=_num(task, "invalid_penalty", 0.0, 0.0),
         )
         c.check_splits(task)
         c.check_reward_bounds(task)
@@ -88,13 +92,15 @@ class EmbeddedConfig:
                 f"unseen_seed_start={self.unseen_seed_start}; eval episodes must use unseen layouts")
 
     def check_reward_bounds(self, task: Any) -> None:
-        """``reward_min``/``reward_max`` must contain [-1, 1 + success_bonus]."""
-        lo, hi = -1.0, 1.0 + self.success_bonus
+        """``reward_min``/``reward_max`` must contain the episode reward range
+        [-1 - max_decisions * invalid_penalty, 1 + success_bonus]."""
+        lo, hi = reward_bounds(self.success_bonus, self.invalid_penalty, self.max_decisions)
         rmin, rmax = float(_get(task, "reward_min", 0.0)), float(_get(task, "reward_max", hi))
         if rmin > lo or rmax < hi:
             raise VLNConfigError(
                 f"vln_ce: reward bounds [{rmin}, {rmax}] do not contain the episode reward range "
-                f"[{lo}, {hi}] (success_bonus={self.success_bonus}); set reward_min: {lo}, reward_max: {hi}")
+                f"[{lo}, {hi}] (success_bonus={self.success_bonus}, invalid_penalty={self.invalid_penalty}, "
+                f"max_decisions={self.max_decisions}); set reward_min: {lo}, reward_max: {hi}")
 
 
 @dataclass(frozen=True)

@@ -272,7 +272,7 @@ class HabitatVLNEnv(DomainEnv):
 
     def step(self, action: str, role: str | None = None) -> StepResult:
         bk = self.bk
-        act, early = start_decision(bk, action, role, self.emb.max_decisions)
+        act, early = start_decision(bk, action, role, self.emb.max_decisions, self.emb.invalid_penalty)
         if act is None:
             return early
         before, collided = bk.dist, False

@@ -117,6 +117,7 @@ def step_reward(d_before: float, d_after: float, d0: float, success_now: bool, s
     return potential(d_after, d0) - potential(d_before, d0) + (success_bonus if success_now else 0.0)
 
 
-def reward_bounds(success_bonus: float) -> tuple[float, float]:
-    """The bounds of an episode's total reward under :func:`step_reward`."""
-    return -1.0, 1.0 + success_bonus
+def reward_bounds(success_bonus: float, invalid_penalty: float = 0.0, max_decisions: int = 0) -> tuple[float, float]:
+    """The bounds of an episode's total reward under :func:`step_reward`, with at most
+    ``max_decisions`` invalid actions charged ``invalid_penalty`` each."""
+    return -1.0 - max_decisions * invalid_penalty, 1.0 + success_bonus

@@ -102,7 +102,7 @@ class EmbeddedVLNEnv(DomainEnv):
 
     def step(self, action: str, role: str | None = None) -> StepResult:
         self._require_reset()
-        act, early = start_decision(self, action, role, self.cfg.max_decisions)
+        act, early = start_decision(self, action, role, self.cfg.max_decisions, self.cfg.invalid_penalty)
         if act is None:
             return early
         before = self.dist

@@ -17,11 +17,12 @@ from domains.vln_ce.config import EmbeddedConfig
 from domains.vln_ce.metrics import is_success, step_reward
 
 
-def start_decision(state: Any, action: str, role: str | None,
-                   max_decisions: int) -> tuple[A.ParsedAction | None, StepResult | None]:
+def start_decision(state: Any, action: str, role: str | None, max_decisions: int,
+                   invalid_penalty: float = 0.0) -> tuple[A.ParsedAction | None, StepResult | None]:
     """Count the decision and parse ``action`` for ``role``: ``(action, None)`` to carry
     out, or ``(None, result)`` when the episode had ended or the action is not allowed
-    (an invalid action moves nothing; it ends the episode only at the decision cap)."""
+    (an invalid action moves nothing and earns ``-invalid_penalty``; it ends the episode
+    only at the decision cap)."""
     if state.done:
         return None, StepResult(state.obs, 0.0, True, False, {"error": "episode already ended"})
     state.decisions += 1
@@ -29,7 +30,7 @@ def start_decision(state: Any, action: str, role: str | None,
     if act is None:
         state.invalid += 1
         state.done = state.decisions >= max_decisions
-        return None, StepResult(state.obs, 0.0, state.done, False, {"error": err})
+        return None, StepResult(state.obs, -invalid_penalty, state.done, False, {"error": err})
     return act, None
 
 

@@ -17,7 +17,7 @@ import torch
 
 from swarm_runtime.domain import Domain
 from swarm_runtime.episode import Agent, Episode, ForcedTurn, Slot, Turn, make_env, play
-from swarm_runtime.train.losses import bradley_terry_loss
+from swarm_runtime.train.losses import bradley_terry_loss, pair_weights
 from swarm_runtime.train.optim import accumulate_and_step
 
 
@@ -92,14 +92,17 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
 
 
 def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, minibatch: int,
-               grad_clip: float) -> dict[str, float]:
-    """Bradley-Terry update of each selected agent's bid on its decisive pairs (ties dropped)."""
+               grad_clip: float, pair_weight: str = "uniform") -> dict[str, float]:
+    """Bradley-Terry update of each selected agent's bid on its decisive pairs (ties dropped),
+    each pair weighted by :func:`pair_weights` (``uniform``: the paper)."""
     by_policy: dict[int, list] = defaultdict(list)
     for p in pairs:
         if p.original_score == p.branch_score:
             continue
         win, lose = (p.original, p.counterfactual) if p.original_score > p.branch_score else (p.counterfactual, p.original)
-        by_policy[id(agents[p.agent].policy)].append((p.prompt, win, lose))
+        by_policy[id(agents[p.agent].policy)].append((p.prompt, win, lose, p.original_score - p.branch_score))
+    for key, batch in by_policy.items():
+        by_policy[key] = [(*b[:3], w) for b, w in zip(batch, pair_weights([b[3] for b in batch], pair_weight))]
     metrics: dict[str, float] = {"charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
                                  "charts/bid_pairs_higher_won": float(sum(
                                      p.original_score > p.branch_score for p in pairs))}
@@ -122,4 +125,5 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
 def _bradley_terry_chunk(policy, chunk) -> torch.Tensor:
     prompts = [c[0] for c in chunk]
     return bradley_terry_loss(policy.logprobs(prompts, [c[1] for c in chunk]),
-                              policy.logprobs(prompts, [c[2] for c in chunk]))
+                              policy.logprobs(prompts, [c[2] for c in chunk]),
+                              torch.tensor([c[3] for c in chunk]))

@@ -180,7 +180,8 @@ class MPTTrainer:
                                      int(a.resample_tries), self.rng)
             ctx.flops.category = "update"
             m["charts/contested_picked"] = float(len(picks))
-            m.update(bid_update(self.agents, pairs, self.optimizers["bid"], int(a.minibatch), float(a.grad_clip)))
+            m.update(bid_update(self.agents, pairs, self.optimizers["bid"], int(a.minibatch), float(a.grad_clip),
+                                str(a.bid_pair_weight)))
         m["time/update_s"] = time.time() - t1
         m["charts/lr"] = next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
         m["kind"] = kind

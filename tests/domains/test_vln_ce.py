@@ -58,7 +58,8 @@ def test_conformance_kit(domain):
 def test_task_yaml(task):
     assert task.max_decisions == 64 and task.sim == "embedded"
     assert task.train_seeds.count >= 5000 and task.eval_seeds.count == 88
-    assert (task.reward_min, task.reward_max) == M.reward_bounds(task.success_bonus)
+    assert (task.reward_min, task.reward_max) == M.reward_bounds(task.success_bonus, task.invalid_penalty,
+                                                                 task.max_decisions)
 
 
 # ---------------------------------------------------------------- action parser
@@ -137,6 +138,22 @@ def test_wrong_role_is_a_noop(task):
     assert env.metrics()["invalid_actions"] == 4 and env.metrics()["steps_taken"] == 0
     env.step("The next action is turn left 30 degree.", "Turner")
     assert env.metrics()["invalid_actions"] == 4
+
+
+def test_invalid_penalty_charges_each_invalid_action(domain, task):
+    env = make_env(task, invalid_penalty=0.05, reward_min=-1 - 64 * 0.05)
+    env.reset(3)
+    before = env.snapshot()["state"]
+    res = env.step("The next action is move forward 75 cm.", "Turner")
+    assert not res.valid and res.reward == pytest.approx(-0.05)
+    assert (env.x, env.y, env.heading) == (before["x"], before["y"], before["heading"])  # still a no-op
+    assert env.step("The next action is turn left 30 degree.", "Turner").reward == 0.0  # valid turns: free
+    assert M.reward_bounds(1.0, 0.05, 64) == (-1 - 3.2, 2.0)
+    check_domain(domain, OmegaConf.merge(task, {"invalid_penalty": 0.05, "reward_min": -4.2}))
+    with pytest.raises(VLNConfigError, match=r"set reward_min: -4.2"):
+        make_env(task, invalid_penalty=0.05)  # the default reward_min (-1) cannot hold 64 penalties
+    with pytest.raises(VLNConfigError, match="invalid_penalty=-0.1.* must be >= 0"):
+        make_env(task, invalid_penalty=-0.1)
 
 
 # ---------------------------------------------------------------- metrics (hand-computed)
