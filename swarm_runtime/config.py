@@ -84,6 +84,9 @@ class AlgoConfig:
     minibatch: int = 256  #: samples per forward/backward chunk (gradients accumulate)
     branches_per_episode: int = 4  #: contested turns branched per episode in a bid step
     resample_tries: int = 3  #: bid re-samples to get below the runner-up (DESIGN 2.4)
+    branch_samples: int = 1  #: continuations per side of a branch pair: 1 = the paper (one branch against the
+    #: original episode); k > 1 = k branches against the original and k - 1 re-rolls where the selected agent
+    #: acts again, scores averaged (~1/k of the noise, 2k - 1 branch rollouts per pick)
     bid_pair_weight: str = "uniform"  #: weight of each decisive branch pair in the Bradley-Terry loss: ``uniform``
     #: (the paper: bids follow how often the higher bid's branch scored better) or ``margin`` (|score difference|,
     #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/results.md VLN-CE)
@@ -258,7 +261,7 @@ def validate(cfg: DictConfig, registry) -> None:
     levels = list(cfg.algo.bid_levels)
     if not levels or any(not (0.0 <= float(b) < 1.0) for b in levels) or 0.0 not in [float(b) for b in levels]:
         raise ConfigError(f"algo.bid_levels {levels} must be values in [0, 1) and include 0")
-    for key in ("iterations", "envs_per_step", "action_steps", "checkpoint_every"):
+    for key in ("iterations", "envs_per_step", "action_steps", "checkpoint_every", "branch_samples"):
         node = cfg.algo if key != "checkpoint_every" else cfg
         if int(node[key]) < (0 if key == "iterations" else 1):
             raise ConfigError(f"{key} must be positive, got {node[key]}")

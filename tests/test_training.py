@@ -174,3 +174,38 @@ def test_margin_weighted_bid_pairs_follow_the_mean_score_difference(ctx):
         after[scheme] = gap()
     # BT's fixed points: sigmoid(gap) = the (weighted) share of wins for the high bid, 1/4 vs 2/3
     assert after["uniform"] < g0 and after["margin"] > after["uniform"] + 0.05
+
+
+def test_branch_samples_average_several_continuations_per_side(ctx, monkeypatch):
+    """algo.branch_samples=3: per pick, 3 branches where the runner-up acts and 2 re-rolls where
+    the selected agent acts again, all from the turn's snapshot; each side's score is its mean."""
+    import swarm_runtime.train.bid as bid_mod
+
+    agents, _ = ctx.build_swarm()
+    rng = random.Random(1)
+    with torch.no_grad():
+        eps = play(new_slots(ctx.domain, ctx.task, [0, 1]), agents, ctx.coordinator(), ctx.domain, 24, rng,
+                   record_snapshots=True)
+    picks = pick_contested(eps, 2, rng)
+    assert picks
+    seen = {}
+
+    def spy(slots, *args, **kw):
+        seen["forced"] = [(s.episode.seed, s.t, s.forced.winner) for s in slots]
+        seen["episodes"] = play(slots, *args, **kw)
+        return seen["episodes"]
+
+    monkeypatch.setattr(bid_mod, "play", spy)
+    with torch.no_grad():
+        pairs = run_branches(agents, ctx.coordinator(), ctx.domain, ctx.task, picks, 10, rng, samples=3)
+    kept = [(ep, t) for ep, t in picks if t.auction.runner_up_bid > 0]
+    assert len(seen["forced"]) == 5 * len(pairs) and len(pairs) >= 1
+    for k, pair in enumerate(pairs):
+        forced = seen["forced"][5 * k:5 * k + 5]
+        ep, turn = next((e, t) for e, t in kept if (e.seed, t.t) == forced[0][:2])
+        assert turn.winner == pair.agent
+        assert [w for *_, w in forced] == [turn.auction.runner_up] * 3 + [turn.winner] * 2
+        rewards = [e.reward for e in seen["episodes"][5 * k:5 * k + 5]]
+        assert pair.branch_score == pytest.approx(sum(rewards[:3]) / 3)
+        original = sum(t.reward for t in ep.turns[turn.t:])
+        assert pair.original_score == pytest.approx((original + rewards[3] + rewards[4]) / 3)

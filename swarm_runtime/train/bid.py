@@ -61,33 +61,54 @@ def resample_lower(agents: list[Agent], picks: list[tuple[Episode, Turn]], tries
     return found
 
 
+def _forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTurn) -> Slot:
+    env = make_env(domain, task)
+    env_snap, log = turn.snapshot
+    env.restore(env_snap)
+    return Slot(env, Episode(ep.seed), list(log), t=turn.t, forced=forced)
+
+
 def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, tries: int,
-                 rng: random.Random, presence=None) -> list[BranchPair]:
-    """Roll one counterfactual branch per pick (batched) and pair the bid responses."""
+                 rng: random.Random, presence=None, samples: int = 1) -> list[BranchPair]:
+    """Roll counterfactual branches for the picks (batched) and pair the bid responses.
+
+    ``samples`` = 1 (DESIGN 2.4): one branch per pick against the original episode's
+    score. ``samples`` = k > 1: k branches where the runner-up acts, against the original
+    score averaged with k - 1 re-rolls from the same snapshot where the selected agent
+    acts again (its action and everything after re-sampled); both scores are means of k
+    continuations, so their difference has ~1/k of the sampling variance.
+    """
     new_bids = resample_lower(agents, picks, tries)
-    slots, meta = [], []
+    slots, meta, owner = [], [], []
     for (ep, turn), nb in zip(picks, new_bids):
         if nb is None:
             continue
-        env = make_env(domain, task)
-        env_snap, log = turn.snapshot
-        env.restore(env_snap)
         sel = turn.winner
         bids, toks = list(turn.bids), list(turn.bid_tokens)
         bids[sel], toks[sel] = nb.level, nb.tokens
-        forced = ForcedTurn(bids, toks, list(turn.bid_prompts), winner=turn.auction.runner_up)
-        slot = Slot(env, Episode(ep.seed), list(log), t=turn.t, forced=forced)
-        slots.append(slot)
+        cf = ForcedTurn(bids, toks, list(turn.bid_prompts), winner=turn.auction.runner_up)
+        again = ForcedTurn(list(turn.bids), list(turn.bid_tokens), list(turn.bid_prompts), winner=sel)
+        i = len(meta)
+        for forced, side in [(cf, 1)] * samples + [(again, 0)] * (samples - 1):
+            slots.append(_forced_slot(domain, task, ep, turn, forced))
+            owner.append((i, side))
         original_score = sum(t.reward for t in ep.turns[turn.t:])
         meta.append((sel, turn.bid_prompts[sel], turn.bid_tokens[sel], nb.tokens, original_score))
     if not slots:
         return []
     branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence)
-    pairs = []
-    for (sel, prompt, orig, cf, score), br in zip(meta, branches):
+    scores: list[list[list[float]]] = [[[m[4]], []] for m in meta]  # per pick: [original side, branch side]
+    missing = set()
+    for (i, side), br in zip(owner, branches):
         if br.reward_missing:
+            missing.add(i)
+        scores[i][side].append(br.reward)
+    pairs = []
+    for i, (sel, prompt, orig, cf_tokens, _) in enumerate(meta):
+        if i in missing:
             continue
-        pairs.append(BranchPair(sel, prompt, orig, cf, score, br.reward))
+        o, b = scores[i]
+        pairs.append(BranchPair(sel, prompt, orig, cf_tokens, sum(o) / len(o), sum(b) / len(b)))
     return pairs
 
 
