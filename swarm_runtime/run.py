@@ -64,6 +64,18 @@ class RunContext:
         return agents, policies
 
 
+def check_task(domain, cfg: DictConfig) -> None:
+    """Build one env from the task config before anything is written, so a bad task value
+    (``ValueError``) or a missing optional backend (``ImportError``: ``sim=habitat``,
+    ``judge=llm``, ...) ends the command with the domain's own message, not a traceback."""
+    try:
+        domain.make_env(cfg.task)
+    except ConfigError:
+        raise
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"{cfg.domain} task {cfg.task_name}: {exc}") from exc
+
+
 def prepare_run(cfg: DictConfig, pm, registry, command: str = "run") -> RunContext:
     """Pick (or find, for ``resume=true``) the run folder, save the resolved config, set up logging."""
     if cfg.hardware.device.startswith("cuda") and not torch.cuda.is_available():
@@ -91,6 +103,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run") -> RunConte
             saved = OmegaConf.load(run_dir / "config.yaml")
             saved.resume, saved.run_dir = True, str(run_dir)
             cfg = saved
+    check_task(registry.domains[cfg.domain], cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run_dir = str(run_dir)
     name = "config.yaml" if command == "run" else f"config.{command}.yaml"

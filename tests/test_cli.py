@@ -76,12 +76,26 @@ def test_eval_command(smoke_run):
     (["domain=minecraft", "nosuch=1"], "unknown config key 'nosuch'", "algo"),
     (["domain=minecraft", "model=nosuch"], "unknown model 'nosuch'", "tiny"),
     (["domain=minecraft", "algo.coordinator=nosuch"], "unknown algo.coordinator 'nosuch'", "auction"),
+    (["domain=vln_ce", "task=r2r", "sim=gazebo"], "vln_ce task r2r: vln_ce: unknown sim 'gazebo'", "habitat"),
 ])
 def test_bad_input_exits_2_naming_valid_values(tmp_path, args, needle, valid):
     res = swarm("run", *args, cwd=tmp_path, timeout=120)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert needle in res.stderr and "valid:" in res.stderr and valid in res.stderr
     assert not (tmp_path / "runs").exists()  # nothing written for a bad config
+
+
+def test_missing_backend_exits_2_with_install_hint(tmp_path):
+    """A task value that needs an optional package (habitat-lab here) is refused before a run
+    folder exists, with the domain's message and no traceback."""
+    import importlib.util
+
+    if importlib.util.find_spec("habitat") is not None:
+        pytest.skip("habitat-lab is installed here")
+    res = swarm("run", "domain=vln_ce", "task=r2r", "sim=habitat", cwd=tmp_path, timeout=120)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "habitat-lab" in res.stderr and "pip install" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_listing_commands(tmp_path):
