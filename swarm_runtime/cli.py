@@ -50,7 +50,7 @@ def cmd_eval(args) -> int:
     from swarm_runtime.config import _set
     from swarm_runtime.evaluate import evaluate
     from swarm_runtime.outputs import format_table
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.run import RunContext, check_task
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
@@ -70,6 +70,7 @@ def cmd_eval(args) -> int:
     pm, reg = _registry()
     if cfg.domain not in reg.domains:
         raise ConfigError(f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}")
+    check_task(reg.domains[cfg.domain], cfg)
     ctx = RunContext(cfg, pm, reg, run_dir)
     from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic
 

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from swarm_runtime.config import ConfigError, parse_overrides, resolve
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
 from swarm_runtime.experiments.report import markdown_table
+from swarm_runtime.run import check_task
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -82,6 +83,7 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
         raise ConfigError(f"hardware {cfg.hardware.name!r} needs a CUDA GPU, but torch sees none; use hardware=cpu")
     if int(cfg.hardware.threads) > 0:
         torch.set_num_threads(int(cfg.hardware.threads))
+    check_task(registry.domains[cfg.domain], cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     command = "swarm experiment " + " ".join(shlex.quote(a) for a in [name, *args])
     if not (run_dir / "experiment.json").exists():
