@@ -116,14 +116,15 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
                grad_clip: float, pair_weight: str = "uniform") -> dict[str, float]:
     """Bradley-Terry update of each selected agent's bid on its decisive pairs (ties dropped),
     each pair weighted by :func:`pair_weights` (``uniform``: the paper)."""
-    by_policy: dict[int, list] = defaultdict(list)
+    decisive: dict[int, list[BranchPair]] = defaultdict(list)
     for p in pairs:
-        if p.original_score == p.branch_score:
-            continue
-        win, lose = (p.original, p.counterfactual) if p.original_score > p.branch_score else (p.counterfactual, p.original)
-        by_policy[id(agents[p.agent].policy)].append((p.prompt, win, lose, p.original_score - p.branch_score))
-    for key, batch in by_policy.items():
-        by_policy[key] = [(*b[:3], w) for b, w in zip(batch, pair_weights([b[3] for b in batch], pair_weight))]
+        if p.original_score != p.branch_score:
+            decisive[id(agents[p.agent].policy)].append(p)
+    by_policy: dict[int, list] = {}
+    for key, ps in decisive.items():
+        weights = pair_weights([p.original_score - p.branch_score for p in ps], pair_weight)
+        by_policy[key] = [(p.prompt, *((p.original, p.counterfactual) if p.original_score > p.branch_score
+                                       else (p.counterfactual, p.original)), w) for p, w in zip(ps, weights)]
     metrics: dict[str, float] = {"charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
                                  "charts/bid_pairs_higher_won": float(sum(
                                      p.original_score > p.branch_score for p in pairs))}
