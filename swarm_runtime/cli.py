@@ -81,7 +81,8 @@ def cmd_eval(args) -> int:
         agents, _ = ctx.build_swarm(ckpt / "agents")
         coordinator = ctx.coordinator()
     res, _ = evaluate(agents, coordinator, ctx.domain, ctx.task, ctx.seeds("eval"), int(cfg.eval.runs),
-                      int(cfg.seed) + 7919, cfg.eval.temperature)
+                      int(cfg.seed) + 7919, cfg.eval.temperature,
+                      common_random_numbers=bool(cfg.eval.common_random_numbers))
     table = format_table([(ckpt.name, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
     out = run_dir / f"eval-{ckpt.name}.json"
     out.write_text(json.dumps(res, indent=1, default=float))

@@ -90,6 +90,9 @@ class AlgoConfig:
     bid_pair_weight: str = "uniform"  #: weight of each decisive branch pair in the Bradley-Terry loss: ``uniform``
     #: (the paper: bids follow how often the higher bid's branch scored better) or ``margin`` (|score difference|,
     #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/results.md VLN-CE)
+    common_random_numbers: bool = False  #: key every sampling draw of an episode by (episode noise id, turn,
+    #: agent, kind) and give each counterfactual branch its original's noise id, so the two differ only through
+    #: the forced decision (variance reduction for branch pairs); False = the policies' generators (the paper)
     reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
     goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the most relevant (highest-bid) agents propose an action
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -107,6 +110,8 @@ class EvalConfig:
     runs: int = 3  #: sampled runs per held-out seed
     episodes: Optional[int] = None  #: held-out seeds used (None = all of the task's eval seeds)
     temperature: Optional[float] = None  #: sampling temperature at evaluation (None = model.temperature)
+    common_random_numbers: bool = False  #: key each held-out episode's draws by (eval seed, run, episode seed), so
+    #: the SFT and the trained swarm meet the same noise and their paired difference is tighter
 
 
 @dataclass

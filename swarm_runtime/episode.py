@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 from swarm_runtime.auction import AuctionResult
 from swarm_runtime.domain import Domain, Event
 from swarm_runtime.env import ValidatedEnv
+from swarm_runtime.policy import noise as keyed
 from swarm_runtime.policy.base import Policy
 
 
@@ -90,6 +91,9 @@ class Episode:
     unparsed_bids: int = 0
     invalid_actions: int = 0
     reward_missing: bool = False
+    #: common random numbers: every draw of this episode (bids, actions, tie-breaks) is keyed by
+    #: (noise, turn, agent, kind) instead of coming from the policies' generators; None = generators
+    noise: int | None = None
 
     @property
     def acted(self) -> list[Turn]:
@@ -150,6 +154,21 @@ def _group(pairs):
     return groups.values()
 
 
+def _sample(method, requests: list, prompts: list[str], kind: int) -> list:
+    """Call ``policy.bid``/``act`` on ``prompts``; when every request's slot has a noise id,
+    pass each row's key ``(noise, turn, agent, kind)`` (``requests`` holds ``(slot, agent, ...)``)."""
+    if requests and all(r[0].episode.noise is not None for r in requests):
+        return method(prompts, keys=[(r[0].episode.noise, r[0].t, r[1], kind) for r in requests])
+    return method(prompts)
+
+
+def _slot_rng(s: Slot, rng: random.Random) -> random.Random:
+    """The coordinator's randomness for this slot's turn: keyed under common random numbers."""
+    if s.episode.noise is None:
+        return rng
+    return random.Random(keyed.key_hash(s.episode.noise, s.t, keyed.COORDINATOR))
+
+
 def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, max_decisions: int,
          rng: random.Random, *, record_snapshots: bool = False, presence: Presence | None = None,
          on_turn: Callable | None = None) -> list[Episode]:
@@ -183,7 +202,7 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
                 else:
                     bids[id(s)][a] = 0.0
         for policy, keys in _group(requests):
-            for (s, a, _), b in zip(keys, policy.bid([k[2] for k in keys])):
+            for (s, a, _), b in zip(keys, _sample(policy.bid, keys, [k[2] for k in keys], keyed.BID)):
                 bids[id(s)][a], btoks[id(s)][a] = b.level, b.tokens
                 s.episode.unparsed_bids += int(not b.parsed)
         # 1b. proposals: the agents the coordinator names sample an action first (one batch per model)
@@ -192,10 +211,10 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
             preqs = []
             for s in live:
                 if s.forced is None:
-                    for a in coordinator.proposers(bids[id(s)], rng, s.t):
+                    for a in coordinator.proposers(bids[id(s)], _slot_rng(s, rng), s.t):
                         preqs.append(((s, a, agents[a].action_prompt(domain, obs[id(s)], s.log)), agents[a].policy))
             for policy, keys in _group(preqs):
-                for (s, a, _), r in zip(keys, policy.act([k[2] for k in keys])):
+                for (s, a, _), r in zip(keys, _sample(policy.act, keys, [k[2] for k in keys], keyed.ACTION)):
                     proposals[id(s)][a] = r
         # 2. the coordinator picks who acts
         turns: dict[int, Turn] = {}
@@ -208,9 +227,9 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
             else:
                 if wants_info:
                     info = TurnInfo(s.last_actor, {a: r.text for a, r in proposals[id(s)].items()})
-                    res = coordinator.select(bids[id(s)], rng, s.t, info=info)
+                    res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t, info=info)
                 else:
-                    res = coordinator.select(bids[id(s)], rng, s.t)
+                    res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t)
                 turns[id(s)] = Turn(s.t, bids[id(s)], btoks[id(s)], bprompts[id(s)], res)
         # 3. the winners act, one batch per model
         acts = []
@@ -226,9 +245,10 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
             if proposal is not None:  # the chosen proposal is the action (sampled on the same prompt)
                 turn.action_text, turn.action_tokens = proposal.text, proposal.tokens
                 continue
-            acts.append(((s, turn), agent.policy))
+            acts.append(((s, turn.winner, turn), agent.policy))
         for policy, keys in _group(acts):
-            for (s, turn), r in zip(keys, policy.act([k[1].action_prompt for k in keys])):
+            for (s, _, turn), r in zip(keys, _sample(policy.act, keys, [k[2].action_prompt for k in keys],
+                                                     keyed.ACTION)):
                 turn.action_text, turn.action_tokens = r.text, r.tokens
         # 4. envs step; skipped turns still count toward the cap
         for s in live:

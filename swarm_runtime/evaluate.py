@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from swarm_runtime.episode import Agent, Episode, new_slots, play
+from swarm_runtime.policy.noise import key_hash
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -68,10 +69,13 @@ def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -
 
 
 def evaluate(agents: list[Agent], coordinator, domain, task, seeds: Sequence[int], runs: int, seed: int,
-             temperature: float | None = None, presence=None) -> tuple[dict, list[Episode]]:
+             temperature: float | None = None, presence=None,
+             common_random_numbers: bool = False) -> tuple[dict, list[Episode]]:
     """Play ``runs`` sampled episodes on every seed (one batch) and summarise. The
     policies' sampling RNG and temperature are restored afterwards, so evaluation
-    never perturbs training."""
+    never perturbs training. ``common_random_numbers``: run ``r`` on held-out seed ``s``
+    draws keyed noise ``(seed, r, s)``, so two swarms evaluated with the same ``seed``
+    meet the same noise episode by episode (a tighter paired comparison)."""
     policies = {id(a.policy): a.policy for a in agents}.values()
     saved = [(p, p.rng_state(), p.temperature) for p in policies]
     try:
@@ -81,6 +85,9 @@ def evaluate(agents: list[Agent], coordinator, domain, task, seeds: Sequence[int
                 p.temperature = float(temperature)
         all_seeds = [s for _ in range(runs) for s in seeds]
         slots = new_slots(domain, task, all_seeds)
+        if common_random_numbers:
+            for i, s in enumerate(slots):
+                s.episode.noise = key_hash(seed, i // max(1, len(seeds)), s.episode.seed)
         with torch.no_grad():
             episodes = play(slots, agents, coordinator, domain, int(task.max_decisions), random.Random(seed),
                             presence=presence)

@@ -129,8 +129,8 @@ def test_sampling_logprobs_match_scoring(ctx):
     seen = []
     pick = pol._pick
 
-    def recording_pick(logits):
-        nxt = pick(logits)
+    def recording_pick(logits, u=None):
+        nxt = pick(logits, u)
         seen.append(torch.log_softmax(logits.float(), -1).gather(-1, nxt[:, None]).squeeze(-1))
         return nxt
 
@@ -209,3 +209,66 @@ def test_branch_samples_average_several_continuations_per_side(ctx, monkeypatch)
         assert pair.branch_score == pytest.approx(sum(rewards[:3]) / 3)
         original = sum(t.reward for t in ep.turns[turn.t:])
         assert pair.original_score == pytest.approx((original + rewards[3] + rewards[4]) / 3)
+
+
+def test_common_random_numbers_make_a_branch_differ_only_by_its_forced_decision(ctx):
+    """algo.common_random_numbers: a continuation forced to the decision the original made, with
+    the original's noise id, replays the original exactly; with the policies' generators it does not."""
+    from swarm_runtime.episode import ForcedTurn
+    from swarm_runtime.train.bid import _forced_slot
+
+    agents, _ = ctx.build_swarm()
+
+    def replays(noise: int | None) -> list[bool]:
+        rng = random.Random(3)
+        slots = new_slots(ctx.domain, ctx.task, [0, 1, 2])
+        for k, s in enumerate(slots):
+            s.episode.noise = None if noise is None else noise + k
+        with torch.no_grad():
+            eps = play(slots, agents, ctx.coordinator(), ctx.domain, 24, rng, record_snapshots=True)
+        picks = pick_contested(eps, 3, rng)
+        assert len(picks) >= 3
+        again = [_forced_slot(ctx.domain, ctx.task, ep, t, ForcedTurn(t.bids, t.bid_tokens, t.bid_prompts, t.winner), 0)
+                 for ep, t in picks]
+        with torch.no_grad():
+            reruns = play(again, agents, ctx.coordinator(), ctx.domain, 24, rng)
+        return [[x.action_text for x in r.turns] == [x.action_text for x in ep.turns[t.t:]]
+                and r.reward == pytest.approx(sum(x.reward for x in ep.turns[t.t:]))
+                for r, (ep, t) in zip(reruns, picks)]
+
+    assert all(replays(1000))
+    assert not all(replays(None))
+
+
+def test_mpt_bid_step_passes_noise_ids_to_its_branches(registry, tmp_path, monkeypatch):
+    """With algo.common_random_numbers=true every rollout episode gets its own noise id; with
+    branch_samples=2 the 0-th branch reuses it and the 1-st branch shares a fresh one with the re-roll."""
+    import swarm_runtime.train.bid as bid_mod
+    import swarm_runtime.train.mpt as mpt_mod
+
+    pm, reg = registry
+    cfg = resolve(["domain=minecraft", "task=iron_pickaxe", "task.max_decisions=16", "algo.envs_per_step=3",
+                   "algo.action_steps=1", "algo.bid_steps=1", "algo.branch_samples=2",
+                   "algo.common_random_numbers=true", "tensorboard=false", "progress=false"], reg)
+    trainer = mpt_mod.MPTTrainer(RunContext(cfg, pm, reg, tmp_path))
+    trainer._setup()
+    seen = {}
+
+    def spy(name, real):
+        def wrapped(slots, *args, **kw):
+            seen.setdefault(name, []).append([(s.episode.noise, s.forced and s.forced.winner) for s in slots])
+            return real(slots, *args, **kw)
+        return wrapped
+
+    monkeypatch.setattr(mpt_mod, "play", spy("rollout", play))
+    monkeypatch.setattr(bid_mod, "play", spy("branch", play))
+    m = trainer.rl_step(1)
+    assert m["kind"] == "bid"
+    rollout = [n for n, _ in seen["rollout"][0]]
+    assert all(isinstance(n, int) for n in rollout) and len(set(rollout)) == 3
+    branch = seen["branch"][0]
+    assert branch and len(branch) % 3 == 0  # per pick: 2 runner-up branches, 1 re-roll of the selected agent
+    for k in range(0, len(branch), 3):
+        (cf0, w0), (cf1, w1), (again1, w_sel) = branch[k:k + 3]
+        assert cf0 in rollout and cf1 == again1 and cf1 not in rollout
+        assert w0 == w1 != w_sel

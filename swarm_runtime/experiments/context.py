@@ -216,7 +216,8 @@ class ExperimentContext:
             seeds = self.eval_seeds()
             n_runs = int(runs if runs is not None else self.cfg.eval.runs)
             res, episodes = evaluate(agents, self.ctx.coordinator(coordinator), self.domain, self.task, seeds,
-                                     n_runs, int(self.cfg.seed) + 7919, self.cfg.eval.temperature, presence=presence)
+                                     n_runs, int(self.cfg.seed) + 7919, self.cfg.eval.temperature, presence=presence,
+                                     common_random_numbers=bool(self.cfg.eval.common_random_numbers))
             skipped = sum(t.winner is None for e in episodes for t in e.turns) / max(1, len(episodes))
             out = {"summary": res, "agents": [a.name for a in agents], "coordinator": coordinator,
                    "eval_seeds": seeds, "runs": n_runs, "skipped_per_episode": skipped}

@@ -31,10 +31,12 @@ class Policy(Protocol):
     bid_levels: Sequence[float]
 
     def bid(self, prompts: list[str]) -> list[Bid]:
-        """Sample one sealed bid per prompt."""
+        """Sample one sealed bid per prompt. With ``algo.common_random_numbers`` the episode loop
+        also passes ``keys=`` (one tuple of ints per prompt): the row's noise must then depend on
+        its key alone (:mod:`swarm_runtime.policy.noise`)."""
 
     def act(self, prompts: list[str]) -> list[Response]:
-        """Sample one action response per prompt."""
+        """Sample one action response per prompt (``keys=`` as in :meth:`bid`)."""
 
     def logprobs(self, prompts: list[str], responses: list[list[int]]) -> torch.Tensor:
         """``log pi(response | prompt)`` summed over response tokens (differentiable)."""

@@ -35,11 +35,11 @@ class SplitPolicy:
         self.bid_levels: Sequence[float] = bid_policy.bid_levels
         self.gen = _PairedGenerator(bid_policy.gen, action_policy.gen)
 
-    def bid(self, prompts: list[str]) -> list[Bid]:
-        return self.bid_policy.bid(prompts)
+    def bid(self, prompts: list[str], keys=None) -> list[Bid]:
+        return self.bid_policy.bid(prompts) if keys is None else self.bid_policy.bid(prompts, keys=keys)
 
-    def act(self, prompts: list[str]) -> list[Response]:
-        return self.action_policy.act(prompts)
+    def act(self, prompts: list[str], keys=None) -> list[Response]:
+        return self.action_policy.act(prompts) if keys is None else self.action_policy.act(prompts, keys=keys)
 
     def logprobs(self, prompts, responses) -> torch.Tensor:
         return self.action_policy.logprobs(prompts, responses)

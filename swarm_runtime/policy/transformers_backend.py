@@ -24,6 +24,7 @@ hf_logging.disable_progress_bar()  # per-shard bars on every checkpoint drown th
 
 from swarm_runtime.flops import FlopCounter
 from swarm_runtime.policy.base import Bid, Response
+from swarm_runtime.policy.noise import inverse_cdf, uniform
 from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
 
 _DIGIT_GAP = re.compile(r"(?<=\d) (?=\d)")
@@ -127,14 +128,19 @@ class TransformersPolicy:
         return ids.to(self.device), mask.to(self.device), pos.to(self.device)
 
     # ------------------------------------------------------------------ sampling
-    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, u: list[float] | None = None) -> torch.Tensor:
+        """Sample one index per row: from ``self.gen``, or by inverse CDF at the uniforms ``u``
+        (keyed noise, :mod:`swarm_runtime.policy.noise`)."""
         if self.temperature <= 0:
             return logits.argmax(-1)
         probs = F.softmax(logits.float() / self.temperature, dim=-1)
+        if u is not None:
+            return inverse_cdf(probs, u)
         return torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).to(logits.device)
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: list[list[int]], max_new: int, ban: torch.Tensor | None) -> list[list[int]]:
+    def _sample(self, prompt_ids: list[list[int]], max_new: int, ban: torch.Tensor | None,
+                keys: list[tuple[int, ...]] | None = None) -> list[list[int]]:
         ids, mask, pos = self._left_pad(prompt_ids)
         B = len(prompt_ids)
         next_pos = mask.sum(1)
@@ -142,14 +148,14 @@ class TransformersPolicy:
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         past, cur, cur_pos = None, ids, pos
         n_tok = int(mask.sum())
-        for _ in range(max_new):
+        for step in range(max_new):
             res = self.model(input_ids=cur, attention_mask=mask, position_ids=cur_pos,
                              use_cache=True, logits_to_keep=1, **{self._cache_kw: past})
             past = getattr(res, self._cache_kw)
             logits = res.logits[:, -1, :]
             if ban is not None:
                 logits[:, ban] = float("-inf")
-            nxt = self._pick(logits)
+            nxt = self._pick(logits, None if keys is None else [uniform(*k, step) for k in keys])
             for i in torch.nonzero(~finished).flatten().tolist():
                 out[i].append(int(nxt[i]))
             finished |= nxt == self.eos
@@ -163,10 +169,12 @@ class TransformersPolicy:
         self.flops.forward(self.n_params, n_tok)
         return out
 
-    def act(self, prompts: list[str]) -> list[Response]:
+    def act(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Response]:
+        """One sampled response per prompt. ``keys`` (one tuple of ints per prompt): draw each
+        token from keyed noise, so a row's sample depends on its key, not on the batch."""
         if not prompts:
             return []
-        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_action_tokens, self._action_ban)
+        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_action_tokens, self._action_ban, keys)
         return [Response(self.decode(o), o) for o in outs]
 
     @torch.no_grad()
@@ -178,7 +186,7 @@ class TransformersPolicy:
         t = self.temperature if self.temperature > 0 else 1.0
         return F.softmax(logits[:, self.bid_ids].float() / t, dim=-1)
 
-    def bid(self, prompts: list[str]) -> list[Bid]:
+    def bid(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Bid]:
         if not prompts:
             return []
         if self.bid_mode == "logits":
@@ -189,10 +197,12 @@ class TransformersPolicy:
             probs = self.bid_distribution(distinct)[[row[p] for p in prompts]]
             if self.temperature <= 0:
                 idx = probs.argmax(-1).tolist()
+            elif keys is not None:
+                idx = inverse_cdf(probs, [uniform(*k, 0) for k in keys]).tolist()
             else:
                 idx = torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).tolist()
             return [Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], level=self.bid_levels[j]) for j in idx]
-        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None)
+        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None, keys)
         bids = []
         for o in outs:
             text = self.decode(o)

@@ -17,6 +17,7 @@ import torch
 
 from swarm_runtime.domain import Domain
 from swarm_runtime.episode import Agent, Episode, ForcedTurn, Slot, Turn, make_env, play
+from swarm_runtime.policy.noise import key_hash
 from swarm_runtime.train.losses import bradley_terry_loss, pair_weights
 from swarm_runtime.train.optim import accumulate_and_step
 
@@ -61,11 +62,15 @@ def resample_lower(agents: list[Agent], picks: list[tuple[Episode, Turn]], tries
     return found
 
 
-def _forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTurn) -> Slot:
+def _forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTurn, sample: int) -> Slot:
+    """A slot restored to ``turn``'s snapshot whose first turn is ``forced``. Under common random
+    numbers continuation 0 reuses the original episode's noise (it differs from the original only
+    through the forced decision); continuation j > 0 gets its own, shared by both sides' j-th."""
     env = make_env(domain, task)
     env_snap, log = turn.snapshot
     env.restore(env_snap)
-    return Slot(env, Episode(ep.seed), list(log), t=turn.t, forced=forced)
+    noise = ep.noise if ep.noise is None or sample == 0 else key_hash(ep.noise, turn.t, sample)
+    return Slot(env, Episode(ep.seed, noise=noise), list(log), t=turn.t, forced=forced)
 
 
 def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, tries: int,
@@ -77,6 +82,10 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
     score averaged with k - 1 re-rolls from the same snapshot where the selected agent
     acts again (its action and everything after re-sampled); both scores are means of k
     continuations, so their difference has ~1/k of the sampling variance.
+
+    Episodes played with common random numbers (``Episode.noise``) pass their noise on:
+    the j-th branch and the j-th continuation of the selected agent share a noise id
+    (the 0-th is the original episode's), so each side-by-side difference is paired.
     """
     new_bids = resample_lower(agents, picks, tries)
     slots, meta, owner = [], [], []
@@ -89,8 +98,8 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         cf = ForcedTurn(bids, toks, list(turn.bid_prompts), winner=turn.auction.runner_up)
         again = ForcedTurn(list(turn.bids), list(turn.bid_tokens), list(turn.bid_prompts), winner=sel)
         i = len(meta)
-        for forced, side in [(cf, 1)] * samples + [(again, 0)] * (samples - 1):
-            slots.append(_forced_slot(domain, task, ep, turn, forced))
+        for forced, side, j in [(cf, 1, j) for j in range(samples)] + [(again, 0, j) for j in range(1, samples)]:
+            slots.append(_forced_slot(domain, task, ep, turn, forced, j))
             owner.append((i, side))
         original_score = sum(t.reward for t in ep.turns[turn.t:])
         meta.append((sel, turn.bid_prompts[sel], turn.bid_tokens[sel], nb.tokens, original_score))

@@ -145,7 +145,8 @@ class MPTTrainer:
         ctx.flops.category = "eval"
         t0 = time.time()
         res, _ = evaluate(self.agents, self.coordinator, ctx.domain, ctx.task, ctx.seeds("eval"),
-                          int(self.cfg.eval.runs), int(self.cfg.seed) + 7919, self.cfg.eval.temperature)
+                          int(self.cfg.eval.runs), int(self.cfg.seed) + 7919, self.cfg.eval.temperature,
+                          common_random_numbers=bool(self.cfg.eval.common_random_numbers))
         logger.info("held-out {}: reward {:.2f} ± {:.2f} over {} seeds x {} runs ({:.0f}s)", label,
                     res["reward_mean"], res["reward_se"], res["seeds"], res["runs"], time.time() - t0)
         return res
@@ -156,8 +157,12 @@ class MPTTrainer:
         seeds = [self.rng.choice(ctx.seeds("train")) for _ in range(int(a.envs_per_step))]
         ctx.flops.category = "rollout"
         t0 = time.time()
+        slots = new_slots(ctx.domain, ctx.task, seeds)
+        if a.common_random_numbers:
+            for s in slots:
+                s.episode.noise = self.rng.getrandbits(63)
         with torch.no_grad():
-            episodes = play(new_slots(ctx.domain, ctx.task, seeds), self.agents, self.coordinator, ctx.domain,
+            episodes = play(slots, self.agents, self.coordinator, ctx.domain,
                             int(ctx.task.max_decisions), self.rng, record_snapshots=(kind == "bid"),
                             on_turn=self._turn_observer())
         for ep in episodes:
