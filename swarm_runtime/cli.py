@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from swarm_runtime.config import GROUPS, ConfigError, presets
+from swarm_runtime.config import GROUPS, ConfigError, load_saved, presets
 
 
 def _registry():
@@ -44,8 +44,6 @@ def cmd_config(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from omegaconf import OmegaConf
-
     from swarm_runtime.checkpoint import latest_checkpoint
     from swarm_runtime.config import _set
     from swarm_runtime.evaluate import evaluate
@@ -55,7 +53,7 @@ def cmd_eval(args) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = load_saved(run_dir / "config.yaml")
     tag = None
     for item in args.overrides:
         k, _, v = item.partition("=")

@@ -206,6 +206,16 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
         raise ConfigError(f"bad value {value!r} for {key!r}: {exc}") from exc
 
 
+def load_saved(path) -> DictConfig:
+    """A run folder's ``config.yaml`` on top of this version's defaults, so a run written before a
+    key existed resumes and evaluates with that key's default (new keys default to the old behaviour)."""
+    saved = OmegaConf.load(path)
+    try:
+        return OmegaConf.merge(OmegaConf.structured(RunConfig), saved)
+    except Exception as exc:  # a key this version no longer has, or a value of the wrong type
+        raise ConfigError(f"{str(path)!r} does not fit this version's config: {exc}") from exc
+
+
 def resolve(args: list[str], registry) -> DictConfig:
     """Build the run config from CLI arguments; raises :class:`ConfigError` on bad input."""
     groups, dotted = parse_overrides(args)

@@ -18,7 +18,6 @@ the domain's ``single_prompt`` and steps the env with ``role=None``.
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 

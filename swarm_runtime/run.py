@@ -10,7 +10,7 @@ import torch
 from loguru import logger
 from omegaconf import DictConfig, OmegaConf
 
-from swarm_runtime.config import ConfigError
+from swarm_runtime.config import ConfigError, load_saved
 from swarm_runtime.checkpoint import latest_checkpoint
 from swarm_runtime.episode import Agent
 from swarm_runtime.flops import FlopCounter
@@ -100,7 +100,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run") -> RunConte
             raise ConfigError(f"resume=true but {run_dir} has no checkpoint to resume from")
         if (run_dir / "config.yaml").exists():
             # Continue the run as it was configured; the command line only picks the run.
-            saved = OmegaConf.load(run_dir / "config.yaml")
+            saved = load_saved(run_dir / "config.yaml")
             saved.resume, saved.run_dir = True, str(run_dir)
             cfg = saved
     check_task(registry.domains[cfg.domain], cfg)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from swarm_runtime.domain import REQUIRED_TASK_KEYS, Domain, Event
 from swarm_runtime.env import StepResult, ValidatedEnv

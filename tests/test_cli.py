@@ -69,6 +69,21 @@ def test_eval_command(smoke_run):
     assert bad.returncode == 2 and "valid:" in bad.stderr and "sft" in bad.stderr
 
 
+def test_eval_of_a_run_saved_before_a_key_existed(smoke_run, tmp_path):
+    """A run folder whose config.yaml predates a config key evaluates with the key's default."""
+    import shutil
+
+    run, _ = smoke_run
+    old = tmp_path / "old_run"
+    shutil.copytree(run, old)
+    text = (old / "config.yaml").read_text()
+    assert "  common_random_numbers: false\n" in text
+    (old / "config.yaml").write_text(text.replace("  common_random_numbers: false\n", ""))
+    res = swarm("eval", str(old), "checkpoint=sft", "eval.runs=1", "eval.common_random_numbers=true", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "checkpoint sft" in res.stdout
+
+
 @pytest.mark.parametrize("args, needle, valid", [
     (["domain=nosuch"], "unknown domain 'nosuch'", "minecraft"),
     (["domain=minecraft", "task=nosuch"], "unknown task 'nosuch'", "iron_pickaxe"),

@@ -3,7 +3,6 @@ import random
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from swarm_runtime.config import resolve
 from swarm_runtime.episode import new_slots, play

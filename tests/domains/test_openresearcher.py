@@ -13,7 +13,7 @@ from domains.openresearcher.browser import BROWSER_WORDS, Browser
 from domains.openresearcher.corpus import (Corpus, Document, load_corpus, load_questions, render_lines,
                                            split_front_matter, split_questions)
 from domains.openresearcher.encyclopedia import Encyclopedia, vocabulary as enc_vocabulary
-from domains.openresearcher.env import ResearchEnv, parse_action
+from domains.openresearcher.env import parse_action
 from domains.openresearcher.judge import ExactJudge, Grade, make_judge, normalize_answer, token_f1
 from domains.openresearcher.plugin import OpenResearcherDomain
 from domains.openresearcher.search import build_index, cache_key
