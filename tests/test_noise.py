@@ -1,9 +1,11 @@
-"""Common random numbers: keyed uniforms, inverse-CDF picks, and a real policy sampling by key."""
+"""Common random numbers: keyed Gumbel noise, Gumbel-max picks, and a real policy sampling by key."""
+import math
+
 import pytest
 import torch
 
 from swarm_runtime.config import resolve
-from swarm_runtime.policy.noise import inverse_cdf, key_hash, uniform
+from swarm_runtime.policy.noise import gumbel, gumbel_max, key_hash
 from swarm_runtime.run import RunContext
 
 
@@ -14,25 +16,32 @@ def ctx(registry):
     return RunContext(cfg, pm, reg, None)
 
 
-def test_uniform_is_a_function_of_its_key_alone():
-    assert uniform(7, 3, 1, 0) == uniform(7, 3, 1, 0)
-    assert len({uniform(7, 3, 1, 0), uniform(7, 3, 0, 1), uniform(3, 7, 1, 0), uniform(7, 3, 1)}) == 4
+def test_keyed_gumbels_are_a_function_of_the_key_alone():
+    assert torch.equal(gumbel((7, 3, 1, 0), 5), gumbel((7, 3, 1, 0), 5))
+    assert not torch.equal(gumbel((7, 3, 1, 0), 5), gumbel((7, 3, 0, 1), 5))
     assert key_hash(1, 2) != key_hash(2, 1)
-    draws = [uniform(42, i) for i in range(20_000)]
-    assert all(0.0 <= u < 1.0 for u in draws)
-    assert sum(draws) / len(draws) == pytest.approx(0.5, abs=0.01)
-    assert sum(u < 0.1 for u in draws) / len(draws) == pytest.approx(0.1, abs=0.01)
+    g = torch.cat([gumbel((42, i), 100) for i in range(200)])
+    assert g.mean().item() == pytest.approx(0.5772, abs=0.02)  # Euler-Mascheroni: the Gumbel mean
+    assert g.var().item() == pytest.approx(math.pi ** 2 / 6, rel=0.05)
 
 
-def test_inverse_cdf_follows_the_probabilities_and_never_picks_a_zero():
-    probs = torch.tensor([[0.2, 0.0, 0.5, 0.3, 0.0]])
-    grid = [(i + 0.5) / 1000 for i in range(1000)]
-    picks = torch.cat([inverse_cdf(probs, [u]) for u in grid]).tolist()
-    assert [picks.count(i) for i in range(5)] == [200, 0, 500, 300, 0]
-    assert inverse_cdf(probs, [1.0 - 1e-12]).item() == 3  # rounding at the top never lands on a trailing zero
-    # unnormalised rows (what a softmax in float32 may hand over) and several rows at once
-    rows = torch.tensor([[2.0, 2.0], [0.0, 5.0]])
-    assert inverse_cdf(rows, [0.49, 0.0]).tolist() == [0, 1]
+def test_gumbel_max_samples_the_softmax_and_never_a_banned_token():
+    logits = torch.tensor([[0.0, -math.inf, math.log(2.5), math.log(1.5), -math.inf]])  # p = .2, 0, .5, .3, 0
+    n = 20_000
+    picks = torch.cat([gumbel_max(logits, [(9, i)]) for i in range(n)]).tolist()
+    freq = [picks.count(i) / n for i in range(5)]
+    assert freq[1] == freq[4] == 0
+    assert freq[0] == pytest.approx(0.2, abs=0.01) and freq[2] == pytest.approx(0.5, abs=0.01)
+    # several rows at once, each with its own key: the same as one at a time
+    rows = torch.randn(4, 7)
+    keys = [(1, i) for i in range(4)]
+    assert gumbel_max(rows, keys).tolist() == [gumbel_max(rows[i:i + 1], keys[i:i + 1]).item() for i in range(4)]
+    # the coupling: a small change of the logits keeps most picks (inverse CDF would shift every boundary)
+    base = torch.randn(1, 50)
+    moved = base.clone()
+    moved[0, 0] += 0.5
+    same = sum(gumbel_max(base, [(5, i)]).item() == gumbel_max(moved, [(5, i)]).item() for i in range(2000))
+    assert same / 2000 > 0.9
 
 
 def test_keyed_sampling_depends_on_the_key_not_the_batch(ctx):

@@ -128,8 +128,8 @@ def test_sampling_logprobs_match_scoring(ctx):
     seen = []
     pick = pol._pick
 
-    def recording_pick(logits, u=None):
-        nxt = pick(logits, u)
+    def recording_pick(logits, keys=None):
+        nxt = pick(logits, keys)
         seen.append(torch.log_softmax(logits.float(), -1).gather(-1, nxt[:, None]).squeeze(-1))
         return nxt
 

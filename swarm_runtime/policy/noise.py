@@ -3,10 +3,12 @@
 With one generator per policy, a draw depends on everything sampled before it in
 the batch, so a counterfactual branch and its original episode see unrelated noise
 from the branch point on, and their score difference is mostly that noise. Keyed
-noise gives every draw its own uniform, a pure function of ``(episode noise id,
-turn, agent, kind, token position)``; tokens are picked by inverse CDF, so two
-rollouts that share a noise id make the same choice wherever their distributions
-agree, and differ only through what the forced decision changed.
+noise gives every draw its own Gumbel vector, a pure function of ``(episode noise
+id, turn, agent, kind, token position)``, and picks ``argmax(logits / T + gumbel)``
+(the Gumbel-max trick: an exact sample of ``softmax(logits / T)``). Two rollouts
+that share a noise id then make the same choice wherever their distributions are
+close, whatever the vocabulary order: the Gumbel-max structural causal model of
+Oberst & Sontag (2019) for counterfactual trajectories.
 """
 from __future__ import annotations
 
@@ -35,16 +37,15 @@ def key_hash(*parts: int) -> int:
     return h
 
 
-def uniform(*parts: int) -> float:
-    """A uniform draw in [0, 1) determined by ``parts`` alone (53 bits)."""
-    return (key_hash(*parts) >> 11) / float(1 << 53)
+def gumbel(key: tuple[int, ...], n: int) -> torch.Tensor:
+    """``n`` standard Gumbel draws (float64) determined by ``key`` alone."""
+    gen = torch.Generator().manual_seed(key_hash(*key) >> 1)
+    u = torch.rand(n, generator=gen, dtype=torch.float64).clamp_(min=1e-300)
+    return -torch.log(-torch.log(u))
 
 
-def inverse_cdf(probs: torch.Tensor, u: Sequence[float]) -> torch.Tensor:
-    """Row ``i``'s sample: the first index whose cumulative probability exceeds ``u[i]``
-    (times the row's total). Zero-probability indices are never picked."""
-    cdf = probs.detach().double().cpu().cumsum(-1)
-    target = torch.tensor(list(u), dtype=torch.float64)[:, None] * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    last_positive = probs.shape[-1] - 1 - (probs.detach().cpu() > 0).flip(-1).long().argmax(-1)
-    return torch.minimum(idx, last_positive).to(probs.device)
+def gumbel_max(logits: torch.Tensor, keys: Sequence[tuple[int, ...]]) -> torch.Tensor:
+    """Row ``i``'s sample from ``softmax(logits[i])``: ``argmax(logits[i] + gumbel(keys[i]))``.
+    ``-inf`` logits (banned tokens) are never picked."""
+    noise = torch.stack([gumbel(tuple(k), logits.shape[-1]) for k in keys]).to(logits.device)
+    return (logits.detach().double() + noise).argmax(-1)

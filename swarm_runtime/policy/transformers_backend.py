@@ -24,7 +24,7 @@ hf_logging.disable_progress_bar()  # per-shard bars on every checkpoint drown th
 
 from swarm_runtime.flops import FlopCounter
 from swarm_runtime.policy.base import Bid, Response
-from swarm_runtime.policy.noise import inverse_cdf, uniform
+from swarm_runtime.policy.noise import gumbel_max
 from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
 
 _DIGIT_GAP = re.compile(r"(?<=\d) (?=\d)")
@@ -128,14 +128,14 @@ class TransformersPolicy:
         return ids.to(self.device), mask.to(self.device), pos.to(self.device)
 
     # ------------------------------------------------------------------ sampling
-    def _pick(self, logits: torch.Tensor, u: list[float] | None = None) -> torch.Tensor:
-        """Sample one index per row: from ``self.gen``, or by inverse CDF at the uniforms ``u``
-        (keyed noise, :mod:`swarm_runtime.policy.noise`)."""
+    def _pick(self, logits: torch.Tensor, keys: list[tuple[int, ...]] | None = None) -> torch.Tensor:
+        """Sample one index per row: from ``self.gen``, or by Gumbel-max with each row's keyed
+        noise (:mod:`swarm_runtime.policy.noise`)."""
         if self.temperature <= 0:
             return logits.argmax(-1)
+        if keys is not None:
+            return gumbel_max(logits.float() / self.temperature, keys)
         probs = F.softmax(logits.float() / self.temperature, dim=-1)
-        if u is not None:
-            return inverse_cdf(probs, u)
         return torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).to(logits.device)
 
     @torch.no_grad()
@@ -155,7 +155,7 @@ class TransformersPolicy:
             logits = res.logits[:, -1, :]
             if ban is not None:
                 logits[:, ban] = float("-inf")
-            nxt = self._pick(logits, None if keys is None else [uniform(*k, step) for k in keys])
+            nxt = self._pick(logits, None if keys is None else [(*k, step) for k in keys])
             for i in torch.nonzero(~finished).flatten().tolist():
                 out[i].append(int(nxt[i]))
             finished |= nxt == self.eos
@@ -198,7 +198,7 @@ class TransformersPolicy:
             if self.temperature <= 0:
                 idx = probs.argmax(-1).tolist()
             elif keys is not None:
-                idx = inverse_cdf(probs, [uniform(*k, 0) for k in keys]).tolist()
+                idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
             else:
                 idx = torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).tolist()
             return [Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], level=self.bid_levels[j]) for j in idx]
