@@ -145,6 +145,41 @@ def test_sampling_logprobs_match_scoring(ctx):
     assert (torch.log(probs[:, 2]) >= lpb - 1e-4).all()  # restricted softmax >= full softmax probability
 
 
+def test_rl_losses_score_at_the_sampling_temperature(ctx):
+    """At model.temperature T != 1 the action sampler draws from softmax(logits / T); REINFORCE and
+    Bradley-Terry must score log pi_T (on-policy), not the temperature-1 log-probabilities."""
+    from swarm_runtime.policy.base import sampled_logprobs
+    from swarm_runtime.train.action import _reinforce_chunk
+    from swarm_runtime.train.bid import _bradley_terry_chunk
+
+    _, policies = ctx.build_swarm()
+    pol = policies["Miner"]
+    prompts = ["you are Miner . goal iron_pickaxe . log : none . action :", "you are Miner . action :"]
+    pol.temperature = 0.4
+    seen = []
+    pick = pol._pick
+
+    def recording_pick(logits, keys=None):
+        nxt = pick(logits, keys)
+        seen.append(torch.log_softmax(logits.float() / 0.4, -1).gather(-1, nxt[:, None]).squeeze(-1))
+        return nxt
+
+    pol._pick = recording_pick
+    outs = pol._sample([pol.encode_prompt(p) for p in prompts], 5, None)
+    sampled = torch.stack([sum(seen[j][i] for j in range(len(o))) for i, o in enumerate(outs)])
+    with torch.no_grad():
+        at_t = sampled_logprobs(pol, prompts, outs)
+        at_1 = pol.logprobs(prompts, outs)
+        assert torch.allclose(sampled, at_t, atol=1e-4) and not torch.allclose(at_t, at_1, atol=1e-2)
+        # the losses use the tempered scores: REINFORCE with advantage 1 is -log pi_T
+        loss = _reinforce_chunk(pol, [(p, o, 1.0) for p, o in zip(prompts, outs)])
+        assert float(loss) == pytest.approx(float(-at_t.mean()), rel=1e-4)
+        hi, lo = pol.bid_target(0.8), pol.bid_target(0.2)
+        bt = _bradley_terry_chunk(pol, [(prompts[0], hi, lo, 1.0)])
+        gap = float(pol.logprobs(prompts[:1], [hi]) - pol.logprobs(prompts[:1], [lo])) / 0.4
+        assert float(bt) == pytest.approx(float(torch.nn.functional.softplus(torch.tensor(-gap))), rel=1e-4)
+
+
 def test_margin_weighted_bid_pairs_follow_the_mean_score_difference(ctx):
     """One large win for the higher bid against three small losses: the paper's uniform
     Bradley-Terry step sides with the majority (the lower bid), ``margin`` with the mean.

@@ -39,7 +39,9 @@ class Policy(Protocol):
         """Sample one action response per prompt (``keys=`` as in :meth:`bid`)."""
 
     def logprobs(self, prompts: list[str], responses: list[list[int]]) -> torch.Tensor:
-        """``log pi(response | prompt)`` summed over response tokens (differentiable)."""
+        """``log pi(response | prompt)`` summed over response tokens (differentiable). The RL
+        losses call it with ``temperature=T`` when the policy samples at ``T`` != 1
+        (:func:`sampled_logprobs`): score ``softmax(logits / T)`` then."""
 
     def bid_target(self, level: float) -> list[int]:
         """Token ids of the response that states bid ``level`` (for SFT and counterfactuals)."""
@@ -51,3 +53,14 @@ class Policy(Protocol):
 
     def save(self, path: str) -> None:
         """Write a Hugging Face–format checkpoint (``from_pretrained`` can load it)."""
+
+
+def sampled_logprobs(policy: Policy, prompts: list[str], responses: list[list[int]]) -> torch.Tensor:
+    """``log pi_T(response | prompt)`` at the temperature ``T`` the policy samples at: the
+    on-policy log-probabilities REINFORCE and Bradley-Terry need (``softmax(logits / T)``; at
+    ``T`` = 1, the default, or greedy ``T`` = 0, plain ``logprobs``). Backends that take no
+    ``temperature`` argument are called without one at ``T`` = 1."""
+    t = float(getattr(policy, "temperature", 1.0) or 0.0)
+    if t <= 0 or t == 1.0:
+        return policy.logprobs(prompts, responses)
+    return policy.logprobs(prompts, responses, temperature=t)

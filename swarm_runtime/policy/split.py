@@ -41,8 +41,8 @@ class SplitPolicy:
     def act(self, prompts: list[str], keys=None) -> list[Response]:
         return self.action_policy.act(prompts) if keys is None else self.action_policy.act(prompts, keys=keys)
 
-    def logprobs(self, prompts, responses) -> torch.Tensor:
-        return self.action_policy.logprobs(prompts, responses)
+    def logprobs(self, prompts, responses, **kw) -> torch.Tensor:
+        return self.action_policy.logprobs(prompts, responses, **kw)
 
     def bid_target(self, level: float) -> list[int]:
         return self.bid_policy.bid_target(level)

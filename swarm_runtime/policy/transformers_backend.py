@@ -211,7 +211,8 @@ class TransformersPolicy:
         return bids
 
     # ------------------------------------------------------------------ scoring
-    def logprobs(self, prompts: list[str], responses: list[list[int]]) -> torch.Tensor:
+    def logprobs(self, prompts: list[str], responses: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
+        """Summed ``log softmax(logits / temperature)`` of each response's tokens (differentiable)."""
         seqs = [self.encode_prompt(p) + list(r) for p, r in zip(prompts, responses)]
         L = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
@@ -221,8 +222,10 @@ class TransformersPolicy:
             resp[i, len(s) - len(r):len(s)] = True
         mask = (torch.arange(L)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]).long()
         ids, mask, resp = ids.to(self.device), mask.to(self.device), resp.to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1, :]
-        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1, :].float()
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / float(temperature)
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         tokens = int(mask.sum())
         if torch.is_grad_enabled():
             self.flops.train(self.n_params, tokens)

@@ -10,6 +10,7 @@ import torch
 
 from swarm_runtime.credit import fold_skipped_rewards
 from swarm_runtime.episode import Agent, Episode
+from swarm_runtime.policy.base import sampled_logprobs
 from swarm_runtime.train.losses import per_agent_advantages, reinforce_loss
 from swarm_runtime.train.optim import accumulate_and_step
 
@@ -54,5 +55,5 @@ def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: 
 
 
 def _reinforce_chunk(policy, chunk) -> torch.Tensor:
-    logp = policy.logprobs([c[0] for c in chunk], [c[1] for c in chunk])
+    logp = sampled_logprobs(policy, [c[0] for c in chunk], [c[1] for c in chunk])
     return reinforce_loss(logp, torch.tensor([c[2] for c in chunk]))

@@ -17,6 +17,7 @@ import torch
 
 from swarm_runtime.domain import Domain
 from swarm_runtime.episode import Agent, Episode, ForcedTurn, Slot, Turn, make_env, play
+from swarm_runtime.policy.base import sampled_logprobs
 from swarm_runtime.policy.noise import key_hash
 from swarm_runtime.train.losses import bradley_terry_loss, pair_weights
 from swarm_runtime.train.optim import accumulate_and_step
@@ -155,6 +156,6 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
 
 def _bradley_terry_chunk(policy, chunk) -> torch.Tensor:
     prompts = [c[0] for c in chunk]
-    return bradley_terry_loss(policy.logprobs(prompts, [c[1] for c in chunk]),
-                              policy.logprobs(prompts, [c[2] for c in chunk]),
+    return bradley_terry_loss(sampled_logprobs(policy, prompts, [c[1] for c in chunk]),
+                              sampled_logprobs(policy, prompts, [c[2] for c in chunk]),
                               torch.tensor([c[3] for c in chunk]))
