@@ -4,7 +4,9 @@ Prints, from one run on the same models and seeds:
 - agent-decisions per second of the batched loop (all envs of a turn in one
   batch per model) and of a naive loop (one env at a time: one bid call per
   agent, one action call, one env step), and their ratio;
-- the share of the batched loop's wall time spent outside model forward passes.
+- the share of the batched loop's wall time spent outside model forward passes;
+- the batched loop's rate with common random numbers (keyed Gumbel-max sampling,
+  ``algo.common_random_numbers``) as a fraction of its rate with the generators.
 
     python benchmarks/rollout.py [--envs 32] [--decisions 60] [--domain minecraft --task iron_pickaxe]
 """
@@ -16,7 +18,6 @@ import time
 
 import torch
 from loguru import logger
-from omegaconf import OmegaConf
 
 from swarm_runtime.config import resolve
 from swarm_runtime.episode import new_slots, play
@@ -65,11 +66,14 @@ def main() -> None:
     coord, seeds = ctx.coordinator(), ctx.seeds("train")
     cap = int(ctx.task.max_decisions)
 
-    def run(batches):
+    def run(batches, keyed: bool = False):
         n, t0, f0 = 0, time.perf_counter(), timer.total
         with torch.no_grad():
             for batch in batches:
-                eps = play(new_slots(ctx.domain, ctx.task, batch), agents, coord, ctx.domain, cap, random.Random(0))
+                slots = new_slots(ctx.domain, ctx.task, batch)
+                for k, s in enumerate(slots):
+                    s.episode.noise = k + 1 if keyed else None
+                eps = play(slots, agents, coord, ctx.domain, cap, random.Random(0))
                 n += sum(len(e.turns) for e in eps)
         wall = time.perf_counter() - t0
         return n, wall, timer.total - f0
@@ -77,6 +81,7 @@ def main() -> None:
     run([seeds[:4]])  # warm-up
     nb, wb, fb = run([seeds[: args.envs]])
     nn, wn, fn = run([[s] for s in seeds[: args.naive_envs]])
+    nk, wk, _ = run([seeds[: args.envs]], keyed=True)
     rate_b, rate_n = nb / wb, nn / wn
     print(f"domain {args.domain}/{args.task}, model {cfg.model.name} "
           f"({next(iter(policies.values())).n_params / 1e6:.2f}M params x {len(policies)} agents), "
@@ -86,6 +91,8 @@ def main() -> None:
     print(f"speed-up batched / naive: {rate_b / rate_n:.1f}x (target >= 10x)")
     print(f"batched loop time outside model forward passes: {100 * (wb - fb) / wb:.1f}% (target <= 20%)")
     print(f"naive loop time outside model forward passes:   {100 * (wn - fn) / wn:.1f}%")
+    print(f"batched loop with common random numbers: {nk} decisions in {wk:.1f}s = {nk / wk:.1f} decisions/s, "
+          f"{(nk / wk) / rate_b:.2f}x the generators' rate")
 
 
 if __name__ == "__main__":
