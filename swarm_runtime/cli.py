@@ -45,7 +45,7 @@ def cmd_config(args) -> int:
 
 def cmd_eval(args) -> int:
     from swarm_runtime.checkpoint import latest_checkpoint
-    from swarm_runtime.config import _set
+    from swarm_runtime.config import override, validate
     from swarm_runtime.evaluate import evaluate
     from swarm_runtime.outputs import format_table
     from swarm_runtime.run import RunContext, check_task
@@ -60,7 +60,7 @@ def cmd_eval(args) -> int:
         if k == "checkpoint":
             tag = v
         else:
-            _set(cfg, k, v)
+            override(cfg, k, v)
     tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
     ckpt = (run_dir / "checkpoints" / tag) if tag else latest_checkpoint(run_dir)
     if ckpt is None or not (ckpt / "state.json").exists():
@@ -68,6 +68,7 @@ def cmd_eval(args) -> int:
     pm, reg = _registry()
     if cfg.domain not in reg.domains:
         raise ConfigError(f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}")
+    validate(cfg, reg)
     check_task(reg.domains[cfg.domain], cfg)
     ctx = RunContext(cfg, pm, reg, run_dir)
     from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic

@@ -247,11 +247,17 @@ def resolve(args: list[str], registry) -> DictConfig:
         for key, value in _flatten(OmegaConf.to_container(overrides)):
             _set(cfg, key, value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n..."))
     for key, value in dotted:
-        if "." not in key and key not in cfg and key in cfg.task:
-            key = f"task.{key}"  # domain switches such as sim=habitat or judge=llm
-        _set(cfg, key, value)
+        override(cfg, key, value)
     validate(cfg, registry)
     return cfg
+
+
+def override(cfg: DictConfig, key: str, value: str) -> None:
+    """Set ``key=value`` from the command line; a bare key of the task YAML (``sim=habitat``,
+    ``judge=llm``) means ``task.<key>``."""
+    if "." not in key and key not in cfg and cfg.get("task") is not None and key in cfg.task:
+        key = f"task.{key}"
+    _set(cfg, key, value)
 
 
 def _flatten(d: dict, prefix: str = ""):
@@ -288,6 +294,10 @@ def validate(cfg: DictConfig, registry) -> None:
 
     if cfg.algo.bid_pair_weight not in PAIR_WEIGHTS:
         raise ConfigError(f"unknown algo.bid_pair_weight {cfg.algo.bid_pair_weight!r}; valid: {', '.join(PAIR_WEIGHTS)}")
+    for key in ("runs", "episodes"):
+        value = cfg.eval[key]
+        if value is not None and int(value) < 1:
+            raise ConfigError(f"eval.{key} must be >= 1{' or null (= all held-out seeds)' if key == 'episodes' else ''}, got {value}")
     if int(cfg.algo.bid_steps) < 0:
         raise ConfigError(f"algo.bid_steps must be >= 0, got {cfg.algo.bid_steps}")
     for key in ("epochs", "action_epochs"):

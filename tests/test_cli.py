@@ -84,6 +84,18 @@ def test_eval_of_a_run_saved_before_a_key_existed(smoke_run, tmp_path):
     assert "checkpoint sft" in res.stdout
 
 
+def test_eval_takes_bare_task_keys_and_refuses_unknown_ones(smoke_run):
+    """``swarm eval RUN max_decisions=3`` means ``task.max_decisions=3``, as it does for ``swarm run``."""
+    run, _ = smoke_run
+    res = swarm("eval", str(run), "checkpoint=sft", "eval.runs=1", "max_decisions=3", cwd=run.parent)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((run / "eval-sft.json").read_text())["decisions_mean"] <= 3
+    bad = swarm("eval", str(run), "checkpoint=sft", "nosuch=1", cwd=run.parent)
+    assert bad.returncode == 2 and "nosuch" in bad.stderr and "Traceback" not in bad.stderr
+    bad = swarm("eval", str(run), "checkpoint=sft", "eval.runs=0", cwd=run.parent)
+    assert bad.returncode == 2 and "eval.runs" in bad.stderr and "Traceback" not in bad.stderr
+
+
 @pytest.mark.parametrize("args, needle, valid", [
     (["domain=nosuch"], "unknown domain 'nosuch'", "minecraft"),
     (["domain=minecraft", "task=nosuch"], "unknown task 'nosuch'", "iron_pickaxe"),
