@@ -92,7 +92,8 @@ class AlgoConfig:
     #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/results.md VLN-CE)
     common_random_numbers: bool = False  #: key every sampling draw of an episode by (episode noise id, turn,
     #: agent, kind) and give each counterfactual branch its original's noise id, so the two differ only through
-    #: the forced decision (variance reduction for branch pairs); False = the policies' generators (the paper)
+    #: the forced decision; False = the policies' generators (the paper). Measured: no lower branch-pair variance
+    #: on VLN-CE or Minecraft (benchmarks/branch_noise.py, docs/benchmarks.md)
     reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
     goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the most relevant (highest-bid) agents propose an action
     sft: SFTConfig = field(default_factory=SFTConfig)
