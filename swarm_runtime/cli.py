@@ -84,6 +84,7 @@ def cmd_eval(args) -> int:
                       common_random_numbers=bool(cfg.eval.common_random_numbers))
     table = format_table([(ckpt.name, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
     out = run_dir / f"eval-{ckpt.name}.json"
+    res["overrides"] = list(args.overrides)  # what produced this file (a later call with other keys overwrites it)
     out.write_text(json.dumps(res, indent=1, default=float))
     print(f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds x {res['runs']} runs\n{table}\nsaved {out}")
     return 0

@@ -89,7 +89,8 @@ def test_eval_takes_bare_task_keys_and_refuses_unknown_ones(smoke_run):
     run, _ = smoke_run
     res = swarm("eval", str(run), "checkpoint=sft", "eval.runs=1", "max_decisions=3", cwd=run.parent)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert json.loads((run / "eval-sft.json").read_text())["decisions_mean"] <= 3
+    saved = json.loads((run / "eval-sft.json").read_text())
+    assert saved["decisions_mean"] <= 3 and saved["overrides"] == ["checkpoint=sft", "eval.runs=1", "max_decisions=3"]
     bad = swarm("eval", str(run), "checkpoint=sft", "nosuch=1", cwd=run.parent)
     assert bad.returncode == 2 and "nosuch" in bad.stderr and "Traceback" not in bad.stderr
     bad = swarm("eval", str(run), "checkpoint=sft", "eval.runs=0", cwd=run.parent)
