@@ -31,10 +31,10 @@ import torch
 from loguru import logger
 
 from swarm_runtime.config import resolve
-from swarm_runtime.episode import ForcedTurn, new_slots, play
+from swarm_runtime.episode import new_slots, play
 from swarm_runtime.plugins import get_registry
 from swarm_runtime.run import RunContext
-from swarm_runtime.train.bid import _forced_slot, pick_contested, resample_lower
+from swarm_runtime.train.bid import forced_slot, forced_turns, pick_contested, resample_lower
 
 
 def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, envs: int) -> list[tuple]:
@@ -51,14 +51,11 @@ def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, env
         for i, ((ep, t), b) in enumerate(zip(picks, lower)):
             if b is None:
                 continue
-            bids, toks = list(t.bids), list(t.bid_tokens)
-            bids[t.winner], toks[t.winner] = b.level, b.tokens
-            branch = ForcedTurn(bids, toks, list(t.bid_prompts), t.auction.runner_up)
-            again = ForcedTurn(list(t.bids), list(t.bid_tokens), list(t.bid_prompts), t.winner)
+            branch, again = forced_turns(t, b)
             plan = [(branch, "crn", True), (branch, "ind", False)]
             plan += [(branch, "branch", False), (again, "again", False)] * samples
             for forced, tag, shared in plan:
-                s = _forced_slot(ctx.domain, ctx.task, ep, t, forced, 0)
+                s = forced_slot(ctx.domain, ctx.task, ep, t, forced, 0)
                 if not shared:
                     s.episode.noise = None  # the policies' generators: independent of the original
                 batch.append(s)

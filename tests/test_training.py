@@ -249,7 +249,7 @@ def test_common_random_numbers_make_a_branch_differ_only_by_its_forced_decision(
     """algo.common_random_numbers: a continuation forced to the decision the original made, with
     the original's noise id, replays the original exactly; with the policies' generators it does not."""
     from swarm_runtime.episode import ForcedTurn
-    from swarm_runtime.train.bid import _forced_slot
+    from swarm_runtime.train.bid import forced_slot
 
     agents, _ = ctx.build_swarm()
 
@@ -262,7 +262,7 @@ def test_common_random_numbers_make_a_branch_differ_only_by_its_forced_decision(
             eps = play(slots, agents, ctx.coordinator(), ctx.domain, 24, rng, record_snapshots=True)
         picks = pick_contested(eps, 3, rng)
         assert len(picks) >= 3
-        again = [_forced_slot(ctx.domain, ctx.task, ep, t, ForcedTurn(t.bids, t.bid_tokens, t.bid_prompts, t.winner), 0)
+        again = [forced_slot(ctx.domain, ctx.task, ep, t, ForcedTurn(t.bids, t.bid_tokens, t.bid_prompts, t.winner), 0)
                  for ep, t in picks]
         with torch.no_grad():
             reruns = play(again, agents, ctx.coordinator(), ctx.domain, 24, rng)

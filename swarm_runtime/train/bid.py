@@ -63,7 +63,19 @@ def resample_lower(agents: list[Agent], picks: list[tuple[Episode, Turn]], tries
     return found
 
 
-def _forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTurn, sample: int) -> Slot:
+def forced_turns(turn: Turn, lower) -> tuple[ForcedTurn, ForcedTurn]:
+    """The two first turns a pick can be replayed with: the branch (the selected agent's bid
+    replaced by its re-sampled ``lower`` bid, the runner-up acts) and the re-roll (the original
+    bids, the selected agent acts again)."""
+    sel = turn.winner
+    bids, toks = list(turn.bids), list(turn.bid_tokens)
+    bids[sel], toks[sel] = lower.level, lower.tokens
+    branch = ForcedTurn(bids, toks, list(turn.bid_prompts), winner=turn.auction.runner_up)
+    again = ForcedTurn(list(turn.bids), list(turn.bid_tokens), list(turn.bid_prompts), winner=sel)
+    return branch, again
+
+
+def forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTurn, sample: int) -> Slot:
     """A slot restored to ``turn``'s snapshot whose first turn is ``forced``. Under common random
     numbers continuation 0 reuses the original episode's noise (it differs from the original only
     through the forced decision); continuation j > 0 gets its own, shared by both sides' j-th."""
@@ -94,13 +106,10 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         if nb is None:
             continue
         sel = turn.winner
-        bids, toks = list(turn.bids), list(turn.bid_tokens)
-        bids[sel], toks[sel] = nb.level, nb.tokens
-        cf = ForcedTurn(bids, toks, list(turn.bid_prompts), winner=turn.auction.runner_up)
-        again = ForcedTurn(list(turn.bids), list(turn.bid_tokens), list(turn.bid_prompts), winner=sel)
+        cf, again = forced_turns(turn, nb)
         i = len(meta)
         for forced, side, j in [(cf, 1, j) for j in range(samples)] + [(again, 0, j) for j in range(1, samples)]:
-            slots.append(_forced_slot(domain, task, ep, turn, forced, j))
+            slots.append(forced_slot(domain, task, ep, turn, forced, j))
             owner.append((i, side))
         original_score = sum(t.reward for t in ep.turns[turn.t:])
         meta.append((sel, turn.bid_prompts[sel], turn.bid_tokens[sel], nb.tokens, original_score))
