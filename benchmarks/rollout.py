@@ -8,7 +8,7 @@ Prints, from one run on the same models and seeds:
 - the batched loop's rate with common random numbers (keyed Gumbel-max sampling,
   ``algo.common_random_numbers``) as a fraction of its rate with the generators.
 
-    python benchmarks/rollout.py [--envs 32] [--decisions 60] [--domain minecraft --task iron_pickaxe]
+    python benchmarks/rollout.py [--envs 32] [--decisions 60] [--domain minecraft --task iron_pickaxe] [--hardware h200]
 """
 from __future__ import annotations
 
@@ -35,10 +35,14 @@ class ForwardTimer:
             m.register_forward_pre_hook(self._pre)
             m.register_forward_hook(self._post)
 
-    def _pre(self, *_):
+    def _pre(self, module, *_):
+        if next(module.parameters()).is_cuda:
+            torch.cuda.synchronize()
         self._t0 = time.perf_counter()
 
-    def _post(self, *_):
+    def _post(self, module, *_):
+        if next(module.parameters()).is_cuda:
+            torch.cuda.synchronize()  # kernels run asynchronously: count them inside the forward pass
         self.total += time.perf_counter() - self._t0
 
 
@@ -50,12 +54,14 @@ def main() -> None:
     ap.add_argument("--naive-envs", type=int, default=4, help="episodes of the naive loop (it is slow)")
     ap.add_argument("--decisions", type=int, default=60, help="decision cap of the benchmark episodes")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--hardware", default="cpu", help="hardware preset (cpu, or a GPU one: h200, b200, rtx_pro_6000)")
     args = ap.parse_args()
     logger.remove()
     if args.threads:
         torch.set_num_threads(args.threads)
     pm, reg = get_registry()
-    cfg = resolve([f"domain={args.domain}", f"task={args.task}", f"task.max_decisions={args.decisions}"], reg)
+    cfg = resolve([f"domain={args.domain}", f"task={args.task}", f"task.max_decisions={args.decisions}",
+                   f"hardware={args.hardware}"], reg)
     ctx = RunContext(cfg, pm, reg, None)
     agents, policies = ctx.build_swarm()
     # A short SFT so the models emit real actions (the same models serve both loops).
@@ -83,7 +89,7 @@ def main() -> None:
     nn, wn, fn = run([[s] for s in seeds[: args.naive_envs]])
     nk, wk, _ = run([seeds[: args.envs]], keyed=True)
     rate_b, rate_n = nb / wb, nn / wn
-    print(f"domain {args.domain}/{args.task}, model {cfg.model.name} "
+    print(f"domain {args.domain}/{args.task}, model {cfg.model.name} on {cfg.hardware.device} "
           f"({next(iter(policies.values())).n_params / 1e6:.2f}M params x {len(policies)} agents), "
           f"torch threads {torch.get_num_threads()}, decision cap {cap}")
     print(f"batched loop: {args.envs} envs, {nb} decisions in {wb:.1f}s = {rate_b:.1f} decisions/s")

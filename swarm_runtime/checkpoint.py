@@ -71,11 +71,13 @@ def load_state(ckpt: Path) -> dict:
 
 
 def load_training_state(ckpt: Path, role: str) -> dict:
-    return torch.load(ckpt / "agents" / role / "training_state.pt", weights_only=False)
+    # Onto the CPU: a run trained on a GPU resumes or evaluates on a machine without one;
+    # ``Optimizer.load_state_dict`` then moves the state to each parameter's device.
+    return torch.load(ckpt / "agents" / role / "training_state.pt", weights_only=False, map_location="cpu")
 
 
 def restore_rng(ckpt: Path, run_rng: random.Random) -> None:
-    st = torch.load(ckpt / "rng.pt", weights_only=False)
+    st = torch.load(ckpt / "rng.pt", weights_only=False, map_location="cpu")
     run_rng.setstate(st["run"])
     random.setstate(st["python"])
     torch.set_rng_state(st["torch"])

@@ -27,7 +27,7 @@ def cmd_run(args) -> int:
 
     pm, reg = _registry()
     cfg = resolve(args.overrides, reg)
-    ctx = prepare_run(cfg, pm, reg)
+    ctx = prepare_run(cfg, pm, reg, args=args.overrides)
     trainer = reg.get("algorithms", cfg.algo.name)(ctx)
     trainer.train()
     return 0
@@ -48,7 +48,7 @@ def cmd_eval(args) -> int:
     from swarm_runtime.config import override, validate
     from swarm_runtime.evaluate import evaluate
     from swarm_runtime.outputs import format_table
-    from swarm_runtime.run import RunContext, check_task
+    from swarm_runtime.run import RunContext, check_hardware, check_task
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
@@ -69,6 +69,7 @@ def cmd_eval(args) -> int:
     if cfg.domain not in reg.domains:
         raise ConfigError(f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}")
     validate(cfg, reg)
+    check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     ctx = RunContext(cfg, pm, reg, run_dir)
     from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic

@@ -1,7 +1,7 @@
 """Configuration: documented dataclasses turned into OmegaConf structured configs,
 plus group resolution for ``domain=``, ``task=``, ``model=``, ``algo=``, ``hardware=``.
 
-Resolution order (later wins): dataclass defaults -> ``configs/<group>/<name>.yaml``
+Resolution order (later wins): dataclass defaults -> ``swarm_runtime/configs/<group>/<name>.yaml``
 presets -> the task YAML's ``overrides:`` block -> ``key=value`` arguments.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from swarm_runtime.domain import REQUIRED_TASK_KEYS
 
-#: Core presets live in the repository's top-level ``configs/`` folder.
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+#: Core presets: ``swarm_runtime/configs/<group>/<name>.yaml``, shipped inside the package.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 GROUPS = ("domain", "task", "model", "algo", "hardware")
 
 
@@ -255,7 +255,15 @@ def resolve(args: list[str], registry) -> DictConfig:
 
 def override(cfg: DictConfig, key: str, value: str) -> None:
     """Set ``key=value`` from the command line; a bare key of the task YAML (``sim=habitat``,
-    ``judge=llm``) means ``task.<key>``."""
+    ``judge=llm``) means ``task.<key>``; ``hardware=NAME`` loads that preset (the machine, which
+    a saved run may change when it is evaluated or resumed elsewhere)."""
+    if key == "hardware":
+        valid = presets("hardware")
+        if value not in valid:
+            raise ConfigError(f"unknown hardware {value!r}; valid: {', '.join(valid)}")
+        cfg.hardware = OmegaConf.merge(OmegaConf.structured(HardwareConfig),
+                                       OmegaConf.load(CONFIG_DIR / "hardware" / f"{value}.yaml"))
+        return
     if "." not in key and key not in cfg and cfg.get("task") is not None and key in cfg.task:
         key = f"task.{key}"
     _set(cfg, key, value)

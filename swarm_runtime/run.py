@@ -10,7 +10,7 @@ import torch
 from loguru import logger
 from omegaconf import DictConfig, OmegaConf
 
-from swarm_runtime.config import ConfigError, load_saved
+from swarm_runtime.config import ConfigError, load_saved, override
 from swarm_runtime.checkpoint import latest_checkpoint
 from swarm_runtime.episode import Agent
 from swarm_runtime.flops import FlopCounter
@@ -76,13 +76,30 @@ def check_task(domain, cfg: DictConfig) -> None:
         raise ConfigError(f"{cfg.domain} task {cfg.task_name}: {exc}") from exc
 
 
-def prepare_run(cfg: DictConfig, pm, registry, command: str = "run") -> RunContext:
-    """Pick (or find, for ``resume=true``) the run folder, save the resolved config, set up logging."""
+def check_hardware(cfg: DictConfig) -> None:
+    """Refuse a CUDA device on a machine where torch sees no GPU (a run trained on a GPU and
+    evaluated or resumed elsewhere, say), naming the way out; set the CPU threads."""
     if cfg.hardware.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"hardware {cfg.hardware.name!r} needs a CUDA GPU (device {cfg.hardware.device!r}), "
                           "but torch sees none; use hardware=cpu")
     if int(cfg.hardware.threads) > 0:
         torch.set_num_threads(int(cfg.hardware.threads))
+
+
+def _machine_overrides(args) -> list[tuple[str, str]]:
+    """The ``hardware=`` / ``hardware.*=`` arguments: the machine, which a resumed run may change."""
+    out = []
+    for a in args:
+        k, _, v = a.partition("=")
+        if k == "hardware" or k.startswith("hardware."):
+            out.append((k, v))
+    return out
+
+
+def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) -> RunContext:
+    """Pick (or find, for ``resume=true``) the run folder, save the resolved config, set up logging.
+    ``args``: the command line, whose ``hardware`` keys still apply when a run is resumed."""
+    check_hardware(cfg)
     resume_from = None
     if cfg.run_dir:
         run_dir = Path(cfg.run_dir)
@@ -102,7 +119,10 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run") -> RunConte
             # Continue the run as it was configured; the command line only picks the run.
             saved = load_saved(run_dir / "config.yaml")
             saved.resume, saved.run_dir = True, str(run_dir)
+            for k, v in _machine_overrides(args):
+                override(saved, k, v)
             cfg = saved
+            check_hardware(cfg)
     check_task(registry.domains[cfg.domain], cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run_dir = str(run_dir)

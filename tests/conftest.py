@@ -13,9 +13,9 @@ TINY_RUN = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=16", 
             "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "tensorboard=true"]
 
 
-def swarm(*args: str, cwd: Path, timeout: int = 300, **popen) -> subprocess.CompletedProcess:
-    """Run the real ``swarm`` CLI in a subprocess."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+def swarm(*args: str, cwd: Path, timeout: int = 300, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
+    """Run the real ``swarm`` CLI in a subprocess (``env``: variables to add or change)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "swarm_runtime.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, **popen)
 

@@ -97,6 +97,32 @@ def test_eval_takes_bare_task_keys_and_refuses_unknown_ones(smoke_run):
     assert bad.returncode == 2 and "eval.runs" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_a_gpu_trained_run_is_evaluated_and_resumed_on_the_cpu_by_naming_the_hardware(smoke_run, tmp_path):
+    """A run folder saved with ``hardware=h200``: on a machine whose torch sees no GPU, ``swarm eval``
+    and ``resume=true`` stop with a message naming ``hardware=cpu``, and run with it."""
+    import shutil
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here")
+    run, _ = smoke_run
+    gpu_run = tmp_path / "gpu_run"
+    shutil.copytree(run, gpu_run)
+    text = (gpu_run / "config.yaml").read_text()
+    assert "  name: cpu\n  device: cpu\n" in text
+    (gpu_run / "config.yaml").write_text(text.replace("  name: cpu\n  device: cpu\n", "  name: h200\n  device: cuda\n"))
+    for cmd in (["eval", str(gpu_run), "checkpoint=sft", "eval.runs=1"],
+                ["run", "resume=true", f"run_dir={gpu_run}"]):
+        bad = swarm(*cmd, cwd=tmp_path)
+        assert bad.returncode == 2 and "hardware 'h200' needs a CUDA GPU" in bad.stderr, bad.stderr[-2000:]
+        assert "use hardware=cpu" in bad.stderr and "Traceback" not in bad.stderr
+    res = swarm("eval", str(gpu_run), "checkpoint=sft", "eval.runs=1", "hardware=cpu", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    bad = swarm("eval", str(gpu_run), "hardware=tpu", cwd=tmp_path)
+    assert bad.returncode == 2 and "unknown hardware 'tpu'" in bad.stderr and "h200" in bad.stderr
+
+
 @pytest.mark.parametrize("args, needle, valid", [
     (["domain=nosuch"], "unknown domain 'nosuch'", "minecraft"),
     (["domain=minecraft", "task=nosuch"], "unknown task 'nosuch'", "iron_pickaxe"),

@@ -44,3 +44,11 @@ def test_weighted_bradley_terry_and_pair_weights():
     assert pair_weights([], "margin") == []
     with pytest.raises(ValueError, match="'median'; valid: uniform, margin"):
         pair_weights([1.0], "median")
+
+
+def test_losses_follow_the_device_of_the_log_probs():
+    """Advantages and pair weights are built on the CPU; the log-probs live on the model's device
+    (a GPU). The ``meta`` device stands in for it here: mixing devices would raise."""
+    logp = torch.zeros(3, device="meta")
+    assert reinforce_loss(logp, torch.tensor([1.0, -1.0, 0.5])).device.type == "meta"
+    assert bradley_terry_loss(logp, logp, torch.tensor([1.0, 2.0, 0.5])).device.type == "meta"

@@ -127,3 +127,38 @@ def test_registry_get_names_valid_values(pm):
     reg = build_registry(pm)
     with pytest.raises(KeyError, match="valid: .*auction"):
         reg.get("coordinators", "nosuch")
+
+
+def test_the_built_wheel_is_self_contained(tmp_path):
+    """``pip install swarm-runtime`` (not editable) carries the config presets and the built-in
+    domains' task files: the CLI resolves every group from the installed package alone."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(swarm_runtime.__file__).resolve().parent.parent
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(root)], check=True, timeout=300,
+                   capture_output=True)
+    (wheel,) = wheels.glob("swarm_runtime-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True,
+                   timeout=120, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = tmp_path / "elsewhere"
+    out.mkdir()
+
+    def cli(*args):
+        res = subprocess.run([sys.executable, "-m", "swarm_runtime.cli", *args], cwd=out, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res.stdout
+
+    where = subprocess.run([sys.executable, "-c", "import swarm_runtime; print(swarm_runtime.__file__)"], cwd=out,
+                           env=env, capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(site))
+    assert "minecraft" in cli("domains") and "vln_ce" in cli("domains")
+    for domain, task in (("minecraft", "iron_pickaxe"), ("vln_ce", "r2r"), ("openresearcher", "embedded")):
+        text = cli("config", f"domain={domain}", f"task={task}", "model=small", "algo=monolithic", "hardware=h200")
+        assert "device: cuda" in text and "name: small" in text and f"task_name: {task}" in text

@@ -8,14 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 from loguru import logger
 from omegaconf import OmegaConf
 
 from swarm_runtime.config import ConfigError, parse_overrides, resolve
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
 from swarm_runtime.experiments.report import markdown_table
-from swarm_runtime.run import check_task
+from swarm_runtime.run import check_hardware, check_task
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -79,10 +78,7 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     run_dir, args = _find_run_dir(name, args, registry, run_dir_arg, resume)
     cfg = resolve(args, registry)
     cfg.experiment.name, cfg.run_dir, cfg.resume = name, str(run_dir), bool(resume)
-    if cfg.hardware.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"hardware {cfg.hardware.name!r} needs a CUDA GPU, but torch sees none; use hardware=cpu")
-    if int(cfg.hardware.threads) > 0:
-        torch.set_num_threads(int(cfg.hardware.threads))
+    check_hardware(cfg)
     check_task(registry.domains[cfg.domain], cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     command = "swarm experiment " + " ".join(shlex.quote(a) for a in [name, *args])

@@ -83,7 +83,7 @@ class TransformersPolicy:
         self.eos, self.pad = self.tok.eos_token_id, self.tok.pad_token_id
         self.bos = self.tok.bos_token_id
         banned = {self.pad, self.bos, self.tok.unk_token_id} - {None, self.eos}
-        self._action_ban = torch.tensor(sorted(banned | set(self.bid_ids)), dtype=torch.long)
+        self._action_ban = torch.tensor(sorted(banned | set(self.bid_ids)), dtype=torch.long, device=device)
         self._prompt_cache: dict[str, list[int]] = {}
         # Our in-process word-level tokenizer has no decoder: join words with spaces, glue digits.
         model_type = type(getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)).__name__

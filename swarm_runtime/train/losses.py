@@ -18,8 +18,9 @@ def per_agent_advantages(credit: Sequence[float], agent_ids: Sequence[int]) -> l
 
 def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """``-mean(A_k * log pi(action tokens | h_k))``; ``logprobs`` are summed over
-    each sample's action tokens only."""
-    return -(advantages.detach() * logprobs).mean()
+    each sample's action tokens only. ``advantages`` may live on another device (the CPU) than
+    ``logprobs`` (the model's GPU)."""
+    return -(advantages.detach().to(logprobs.device) * logprobs).mean()
 
 
 def bradley_terry_loss(logp_winner: torch.Tensor, logp_loser: torch.Tensor,
@@ -28,7 +29,7 @@ def bradley_terry_loss(logp_winner: torch.Tensor, logp_loser: torch.Tensor,
     ``weights`` are given (see :func:`pair_weights`)."""
     terms = F.logsigmoid(logp_winner - logp_loser)
     if weights is not None:
-        terms = terms * weights.detach()
+        terms = terms * weights.detach().to(terms.device)
     return -terms.mean()
 
 
