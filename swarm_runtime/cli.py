@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -41,6 +43,17 @@ def cmd_config(args) -> int:
     _, reg = _registry()
     print(OmegaConf.to_yaml(resolve(args.overrides, reg)))
     return 0
+
+
+def eval_file_name(tag: str, overrides: list[str]) -> str:
+    """``eval-<tag>.json``, or with other keys ``eval-<tag>--k=v--k=v.json``, so that an evaluation
+    under other settings (a temperature, more runs) does not overwrite an earlier one."""
+    if not overrides:
+        return f"eval-{tag}.json"
+    slug = "--".join(re.sub(r"[^A-Za-z0-9._=+-]", "_", o) for o in overrides)
+    if len(slug) > 100:
+        slug = slug[:80] + "--" + hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:10]
+    return f"eval-{tag}--{slug}.json"
 
 
 def cmd_eval(args) -> int:
@@ -84,8 +97,8 @@ def cmd_eval(args) -> int:
                       int(cfg.seed) + 7919, cfg.eval.temperature,
                       common_random_numbers=bool(cfg.eval.common_random_numbers))
     table = format_table([(ckpt.name, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
-    out = run_dir / f"eval-{ckpt.name}.json"
-    res["overrides"] = list(args.overrides)  # what produced this file (a later call with other keys overwrites it)
+    out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
+    res["overrides"] = list(args.overrides)  # what produced this file
     out.write_text(json.dumps(res, indent=1, default=float))
     print(f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds x {res['runs']} runs\n{table}\nsaved {out}")
     return 0

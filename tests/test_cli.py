@@ -69,6 +69,17 @@ def test_eval_command(smoke_run):
     assert bad.returncode == 2 and "valid:" in bad.stderr and "sft" in bad.stderr
 
 
+def test_eval_under_other_settings_keeps_the_earlier_file():
+    from swarm_runtime.cli import eval_file_name
+
+    assert eval_file_name("sft", []) == "eval-sft.json"
+    assert eval_file_name("iter-000020", ["eval.temperature=0.4"]) == "eval-iter-000020--eval.temperature=0.4.json"
+    assert eval_file_name("sft", ["task.view=a b/c"]) == "eval-sft--task.view=a_b_c.json"
+    long = [f"task.k{i}={'x' * 20}" for i in range(8)]
+    name = eval_file_name("sft", long)
+    assert len(name) < 130 and name != eval_file_name("sft", long[:-1] + ["task.k7=y"])
+
+
 def test_eval_of_a_run_saved_before_a_key_existed(smoke_run, tmp_path):
     """A run folder whose config.yaml predates a config key evaluates with the key's default."""
     import shutil
@@ -89,7 +100,7 @@ def test_eval_takes_bare_task_keys_and_refuses_unknown_ones(smoke_run):
     run, _ = smoke_run
     res = swarm("eval", str(run), "checkpoint=sft", "eval.runs=1", "max_decisions=3", cwd=run.parent)
     assert res.returncode == 0, res.stderr[-2000:]
-    saved = json.loads((run / "eval-sft.json").read_text())
+    saved = json.loads((run / "eval-sft--eval.runs=1--max_decisions=3.json").read_text())
     assert saved["decisions_mean"] <= 3 and saved["overrides"] == ["checkpoint=sft", "eval.runs=1", "max_decisions=3"]
     bad = swarm("eval", str(run), "checkpoint=sft", "nosuch=1", cwd=run.parent)
     assert bad.returncode == 2 and "nosuch" in bad.stderr and "Traceback" not in bad.stderr
