@@ -12,6 +12,7 @@ amount (one primitive step); anything else is rejected (``None``).
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -82,6 +83,13 @@ def parse_action(text: str) -> ParsedAction | None:
     """
     if not isinstance(text, str):
         return None
+    return _parse_text(text)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_text(text: str) -> ParsedAction | None:
+    """:func:`parse_action` of a string, cached: every prompt's public log re-parses the last
+    ``log_window`` actions (ParsedAction is frozen, so sharing one is safe)."""
     t = text.lower().replace("_", " ")
     t = re.sub(r"(\d)\s*\.\s*(\d)", r"\1p\2", t)  # keep decimals ("0.5 m") apart from full stops
     t = re.sub(r"[^a-z0-9]+", " ", t)
