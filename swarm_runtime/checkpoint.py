@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from loguru import logger
 
+from swarm_runtime.train.optim import master_weights
+
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -32,6 +34,9 @@ def save_checkpoint(run_dir: Path, tag: str, agents_by_role: dict, optimizers: d
         d = tmp / "agents" / role
         policy.save(d)
         extra = {"policy_rng": policy.rng_state()}
+        masters = master_weights(policy.parameters())
+        if masters is not None:  # bf16/fp16 weights: their fp32 masters, for an exact resume
+            extra["master_weights"] = masters
         for kind, table in optimizers.items():  # {"action": {role: (opt, sched)}, "bid": {...}}
             if role in table:
                 opt, sched = table[role]

@@ -4,6 +4,7 @@ since nothing can be downloaded, trained by the real CLI and evaluated from its 
 import json
 
 import pytest
+import torch
 
 from conftest import TINY_RUN, swarm
 
@@ -45,6 +46,9 @@ def test_a_local_bpe_checkpoint_trains_and_evaluates(local_checkpoint, tmp_path)
     saved = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "agents" / "Logger"
     meta = json.loads((saved / "swarm_policy.json").read_text())
     assert meta["word_level_tokenizer"] is False and meta["bid_mode"] == "generate"
+    state = torch.load(saved / "training_state.pt", weights_only=False)
+    masters = [m for m in state["master_weights"] if m is not None]  # bf16 weights train via fp32 masters
+    assert masters and all(m.dtype == torch.float32 for m in masters)
     added = json.loads((saved / "tokenizer.json").read_text())["added_tokens"]
     assert any(t["content"] == "<bid_0.2>" for t in added)
     res = swarm("eval", str(run), "eval.runs=1", cwd=tmp_path)

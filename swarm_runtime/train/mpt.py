@@ -19,7 +19,7 @@ from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
 from swarm_runtime.run import RunContext
 from swarm_runtime.train.action import action_update, credit_samples
 from swarm_runtime.train.bid import bid_update, pick_contested, run_branches
-from swarm_runtime.train.optim import make_optimizer
+from swarm_runtime.train.optim import make_optimizer, restore_master_weights
 from swarm_runtime.train.sft import collect_demos, demo_accuracy, sft
 
 
@@ -80,6 +80,7 @@ class MPTTrainer:
             for role, policy in self.policies.items():
                 ts = ckpt.load_training_state(ctx.resume_from, role)
                 policy.set_rng_state(ts["policy_rng"])
+                restore_master_weights(policy.parameters(), ts.get("master_weights"))
                 for kind, (opt, sched) in ((k, self.optimizers[k][role]) for k in self.optimizers):
                     if f"optimizer_{kind}" in ts:
                         opt.load_state_dict(ts[f"optimizer_{kind}"])
