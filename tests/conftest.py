@@ -26,3 +26,26 @@ def registry():
 
     pm = make_plugin_manager()
     return pm, build_registry(pm)
+
+
+def make_local_checkpoint(out: Path) -> Path:
+    """A Hugging Face checkpoint of the kind users bring to ``model=local``, built in process (no
+    download): a byte-level BPE tokenizer with no pad token and no bid tokens, a 2-layer Qwen2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    text = ["you are Logger . goal wooden_pickaxe . inventory : none . action :", "chop tree craft planks stick",
+            "mine stone smelt iron explore", "bid : 0.2 0.4 0.6 0.8", "The next action is turn left 30 degree."]
+    bpe.train_from_iterator(text * 40, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    assert tok.pad_token is None and "<bid_0.2>" not in tok.get_vocab()
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    Qwen2ForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from conftest import TINY_RUN, swarm
+from conftest import TINY_RUN, make_local_checkpoint, swarm
 from swarm_runtime.config import resolve
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.run import RunContext
@@ -111,3 +111,15 @@ def test_cli_run_on_the_gpu_then_eval_and_resume_without_one(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed at phase rl iteration 1" in (run / "run.log").read_text()
     assert (run / "checkpoints" / "latest").read_text().strip() == "iter-000002"
+
+
+def test_a_bf16_local_checkpoint_trains_on_the_gpu(tmp_path):
+    """``model=local`` (bfloat16 weights, fp32 masters) with ``hardware=h200``: the paper's setting."""
+    ckpt = make_local_checkpoint(tmp_path / "ckpt")
+    run = tmp_path / "run"
+    res = swarm("run", *TINY_RUN, "model=local", f"model.path={ckpt}", "hardware=h200", f"run_dir={run}",
+                cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    state = torch.load(latest / "agents" / "Logger" / "training_state.pt", weights_only=False, map_location="cpu")
+    assert any(m is not None and m.dtype == torch.float32 for m in state["master_weights"])

@@ -6,30 +6,12 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_RUN, swarm
+from conftest import TINY_RUN, make_local_checkpoint, swarm
 
 
 @pytest.fixture(scope="module")
 def local_checkpoint(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    out = tmp_path_factory.mktemp("pretrained") / "ckpt"
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    text = ["you are Logger . goal wooden_pickaxe . inventory : none . action :", "chop tree craft planks stick",
-            "mine stone smelt iron explore", "bid : 0.2 0.4 0.6 0.8", "The next action is turn left 30 degree."]
-    bpe.train_from_iterator(text * 40, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
-    assert tok.pad_token is None and "<bid_0.2>" not in tok.get_vocab()
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
-    Qwen2ForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return make_local_checkpoint(tmp_path_factory.mktemp("pretrained") / "ckpt")
 
 
 def test_a_local_bpe_checkpoint_trains_and_evaluates(local_checkpoint, tmp_path):
