@@ -87,6 +87,9 @@ class AlgoConfig:
     branch_samples: int = 1  #: continuations per side of a branch pair: 1 = the paper (one branch against the
     #: original episode); k > 1 = k branches against the original and k - 1 re-rolls where the selected agent
     #: acts again, scores averaged (~1/k of the noise, 2k - 1 branch rollouts per pick)
+    branch_horizon: Optional[int] = None  #: decisions a branch pair compares from the branched turn on: None = to
+    #: the end of the episode (the paper); H = the rewards of the next H decisions on both sides (branches stop
+    #: there): a shorter, cheaper comparison whose score is not drowned by the sampling of the rest of the episode
     bid_pair_weight: str = "uniform"  #: weight of each decisive branch pair in the Bradley-Terry loss: ``uniform``
     #: (the paper: bids follow how often the higher bid's branch scored better) or ``margin`` (|score difference|,
     #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/results.md VLN-CE)
@@ -299,6 +302,8 @@ def validate(cfg: DictConfig, registry) -> None:
         bad = [v for v in value if v not in SFT_MATCHES]
         if bad or not value:
             raise ConfigError(f"{key} {bad[0] if bad else list(value)!r} is not valid; valid: {', '.join(SFT_MATCHES)}")
+    if cfg.algo.branch_horizon is not None and int(cfg.algo.branch_horizon) < 1:
+        raise ConfigError(f"algo.branch_horizon must be at least 1 (or null: to the end), got {cfg.algo.branch_horizon}")
     from swarm_runtime.train.losses import PAIR_WEIGHTS  # torch: import only when validating
 
     if cfg.algo.bid_pair_weight not in PAIR_WEIGHTS:

@@ -118,6 +118,7 @@ class Slot:
     forced: ForcedTurn | None = None
     finished: bool = False
     last_actor: int | None = None  #: index of the agent that acted last (for routing coordinators)
+    stop_at: int | None = None  #: end the slot after this many decisions of its episode (a branch's horizon)
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,8 @@ def _slot_rng(s: Slot, rng: random.Random) -> random.Random:
 def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, max_decisions: int,
          rng: random.Random, *, record_snapshots: bool = False, presence: Presence | None = None,
          on_turn: Callable | None = None) -> list[Episode]:
-    """Play every slot to the end (env done or ``max_decisions``) and return their episodes."""
+    """Play every slot to the end (env done, ``max_decisions``, or the slot's ``stop_at``) and return
+    their episodes."""
     n = len(agents)
     scorer = getattr(coordinator, "bid_scorer", None)
     wants_info = bool(getattr(coordinator, "wants_info", False))
@@ -264,7 +266,7 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
                 s.log.append(Event(s.t, None, ""))
             s.episode.turns.append(turn)
             s.t += 1
-            if s.env.done or s.t >= max_decisions:
+            if s.env.done or s.t >= max_decisions or (s.stop_at is not None and s.t >= s.stop_at):
                 s.finished = True
                 s.episode.reward = sum(t.reward for t in s.episode.turns)
                 s.episode.metrics = dict(s.env.metrics())

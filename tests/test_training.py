@@ -245,6 +245,44 @@ def test_branch_samples_average_several_continuations_per_side(ctx, monkeypatch)
         assert pair.original_score == pytest.approx((original + rewards[3] + rewards[4]) / 3)
 
 
+def test_branch_horizon_compares_the_same_window_on_both_sides(ctx, monkeypatch):
+    """algo.branch_horizon=H: branches stop H decisions after the branched turn and the original
+    scores its rewards over the same H decisions."""
+    import swarm_runtime.train.bid as bid_mod
+
+    agents, _ = ctx.build_swarm()
+    rng = random.Random(2)
+    with torch.no_grad():
+        eps = play(new_slots(ctx.domain, ctx.task, [0, 1, 2]), agents, ctx.coordinator(), ctx.domain, 24, rng,
+                   record_snapshots=True)
+    picks = [(e, t) for e, t in pick_contested(eps, 3, rng) if t.t + 3 < len(e.turns)]
+    assert picks
+    seen = {}
+
+    def spy(slots, *args, **kw):
+        seen["starts"] = [(s.episode.seed, s.t) for s in slots]
+        seen["episodes"] = play(slots, *args, **kw)
+        return seen["episodes"]
+
+    monkeypatch.setattr(bid_mod, "play", spy)
+    with torch.no_grad():
+        pairs = run_branches(agents, ctx.coordinator(), ctx.domain, ctx.task, picks, 10, rng, horizon=3)
+    assert pairs and len(seen["episodes"]) == len(pairs)
+    assert all(len(br.turns) <= 3 for br in seen["episodes"]) and any(len(br.turns) == 3 for br in seen["episodes"])
+    for pair, (seed, t0), br in zip(pairs, seen["starts"], seen["episodes"]):
+        ep = next(e for e in eps if e.seed == seed)
+        assert pair.branch_score == pytest.approx(br.reward)
+        assert pair.original_score == pytest.approx(sum(t.reward for t in ep.turns[t0:t0 + 3]))
+
+
+def test_branch_horizon_must_be_positive(registry):
+    from swarm_runtime.config import ConfigError
+
+    with pytest.raises(ConfigError, match="algo.branch_horizon must be at least 1"):
+        resolve(["domain=minecraft", "algo.branch_horizon=0"], registry[1])
+    assert resolve(["domain=minecraft", "algo.branch_horizon=8"], registry[1]).algo.branch_horizon == 8
+
+
 def test_common_random_numbers_make_a_branch_differ_only_by_its_forced_decision(ctx):
     """algo.common_random_numbers: a continuation forced to the decision the original made, with
     the original's noise id, replays the original exactly; with the policies' generators it does not."""

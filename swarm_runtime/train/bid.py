@@ -75,19 +75,23 @@ def forced_turns(turn: Turn, lower) -> tuple[ForcedTurn, ForcedTurn]:
     return branch, again
 
 
-def forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTurn, sample: int) -> Slot:
-    """A slot restored to ``turn``'s snapshot whose first turn is ``forced``. Under common random
-    numbers continuation 0 reuses the original episode's noise (it differs from the original only
-    through the forced decision); continuation j > 0 gets its own, shared by both sides' j-th."""
+def forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTurn, sample: int,
+                horizon: int | None = None) -> Slot:
+    """A slot restored to ``turn``'s snapshot whose first turn is ``forced``, ending after
+    ``horizon`` decisions (None: at the episode's end). Under common random numbers continuation 0
+    reuses the original episode's noise (it differs from the original only through the forced
+    decision); continuation j > 0 gets its own, shared by both sides' j-th."""
     env = make_env(domain, task)
     env_snap, log = turn.snapshot
     env.restore(env_snap)
     noise = ep.noise if ep.noise is None or sample == 0 else key_hash(ep.noise, turn.t, sample)
-    return Slot(env, Episode(ep.seed, noise=noise), list(log), t=turn.t, forced=forced)
+    return Slot(env, Episode(ep.seed, noise=noise), list(log), t=turn.t, forced=forced,
+                stop_at=None if horizon is None else turn.t + int(horizon))
 
 
 def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, tries: int,
-                 rng: random.Random, presence=None, samples: int = 1) -> list[BranchPair]:
+                 rng: random.Random, presence=None, samples: int = 1,
+                 horizon: int | None = None) -> list[BranchPair]:
     """Roll counterfactual branches for the picks (batched) and pair the bid responses.
 
     ``samples`` = 1 (DESIGN 2.4): one branch per pick against the original episode's
@@ -95,6 +99,10 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
     score averaged with k - 1 re-rolls from the same snapshot where the selected agent
     acts again (its action and everything after re-sampled); both scores are means of k
     continuations, so their difference has ~1/k of the sampling variance.
+
+    ``horizon`` = H: both sides score the rewards of the H decisions from the branched turn on
+    (the branches stop there; the original's score is its rewards over the same window); None: to
+    the end of the episode (DESIGN 2.4).
 
     Episodes played with common random numbers (``Episode.noise``) pass their noise on:
     the j-th branch and the j-th continuation of the selected agent share a noise id
@@ -109,9 +117,9 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         cf, again = forced_turns(turn, nb)
         i = len(meta)
         for forced, side, j in [(cf, 1, j) for j in range(samples)] + [(again, 0, j) for j in range(1, samples)]:
-            slots.append(forced_slot(domain, task, ep, turn, forced, j))
+            slots.append(forced_slot(domain, task, ep, turn, forced, j, horizon))
             owner.append((i, side))
-        original_score = sum(t.reward for t in ep.turns[turn.t:])
+        original_score = sum(t.reward for t in ep.turns[turn.t:None if horizon is None else turn.t + int(horizon)])
         meta.append((sel, turn.bid_prompts[sel], turn.bid_tokens[sel], nb.tokens, original_score))
     if not slots:
         return []

@@ -183,7 +183,8 @@ class MPTTrainer:
             picks = pick_contested(episodes, int(a.branches_per_episode), self.rng)
             with torch.no_grad():
                 pairs = run_branches(self.agents, self.coordinator, ctx.domain, ctx.task, picks,
-                                     int(a.resample_tries), self.rng, samples=int(a.branch_samples))
+                                     int(a.resample_tries), self.rng, samples=int(a.branch_samples),
+                                     horizon=None if a.branch_horizon is None else int(a.branch_horizon))
             ctx.flops.category = "update"
             m["charts/contested_picked"] = float(len(picks))
             m.update(bid_update(self.agents, pairs, self.optimizers["bid"], int(a.minibatch), float(a.grad_clip),
