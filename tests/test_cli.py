@@ -80,16 +80,20 @@ def test_eval_under_other_settings_keeps_the_earlier_file():
     assert len(name) < 130 and name != eval_file_name("sft", long[:-1] + ["task.k7=y"])
 
 
-def test_eval_of_a_run_saved_before_a_key_existed(smoke_run, tmp_path):
-    """A run folder whose config.yaml predates a config key evaluates with the key's default."""
+def _copy_with_config(run, dst, old: str, new: str):
+    """A copy of run folder ``run`` whose config.yaml has ``old`` replaced by ``new``."""
     import shutil
 
-    run, _ = smoke_run
-    old = tmp_path / "old_run"
-    shutil.copytree(run, old)
-    text = (old / "config.yaml").read_text()
-    assert "  common_random_numbers: false\n" in text
-    (old / "config.yaml").write_text(text.replace("  common_random_numbers: false\n", ""))
+    shutil.copytree(run, dst)
+    text = (dst / "config.yaml").read_text()
+    assert old in text
+    (dst / "config.yaml").write_text(text.replace(old, new))
+    return dst
+
+
+def test_eval_of_a_run_saved_before_a_key_existed(smoke_run, tmp_path):
+    """A run folder whose config.yaml predates a config key evaluates with the key's default."""
+    old = _copy_with_config(smoke_run[0], tmp_path / "old_run", "  common_random_numbers: false\n", "")
     res = swarm("eval", str(old), "checkpoint=sft", "eval.runs=1", "eval.common_random_numbers=true", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "checkpoint sft" in res.stdout
@@ -111,18 +115,12 @@ def test_eval_takes_bare_task_keys_and_refuses_unknown_ones(smoke_run):
 def test_a_gpu_trained_run_is_evaluated_and_resumed_on_the_cpu_by_naming_the_hardware(smoke_run, tmp_path):
     """A run folder saved with ``hardware=h200``: on a machine whose torch sees no GPU, ``swarm eval``
     and ``resume=true`` stop with a message naming ``hardware=cpu``, and run with it."""
-    import shutil
-
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("torch sees a GPU here")
-    run, _ = smoke_run
-    gpu_run = tmp_path / "gpu_run"
-    shutil.copytree(run, gpu_run)
-    text = (gpu_run / "config.yaml").read_text()
-    assert "  name: cpu\n  device: cpu\n" in text
-    (gpu_run / "config.yaml").write_text(text.replace("  name: cpu\n  device: cpu\n", "  name: h200\n  device: cuda\n"))
+    gpu_run = _copy_with_config(smoke_run[0], tmp_path / "gpu_run", "  name: cpu\n  device: cpu\n",
+                                "  name: h200\n  device: cuda\n")
     for cmd in (["eval", str(gpu_run), "checkpoint=sft", "eval.runs=1"],
                 ["run", "resume=true", f"run_dir={gpu_run}"]):
         bad = swarm(*cmd, cwd=tmp_path)
