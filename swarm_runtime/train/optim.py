@@ -57,7 +57,9 @@ class MasterWeightAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         for p, m in self._pairs:
-            master_weight(p)  # pick up any change made to the weights since the last step
+            if master_weight(p) is not m:  # it also picks up changes made to the weights since the last step
+                raise RuntimeError("a bf16/fp16 weight changed device or shape after its optimizer was made; "
+                                   "move the model before making its optimizers")
             m.grad = None if p.grad is None else p.grad.detach().float()
         loss = super().step(closure)
         for p, m in self._pairs:
