@@ -86,7 +86,7 @@ def check_hardware(cfg: DictConfig) -> None:
         torch.set_num_threads(int(cfg.hardware.threads))
 
 
-def _machine_overrides(args) -> list[tuple[str, str]]:
+def machine_overrides(args) -> list[tuple[str, str]]:
     """The ``hardware=`` / ``hardware.*=`` arguments: the machine, which a resumed run may change."""
     out = []
     for a in args:
@@ -119,7 +119,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
             # Continue the run as it was configured; the command line only picks the run.
             saved = load_saved(run_dir / "config.yaml")
             saved.resume, saved.run_dir = True, str(run_dir)
-            for k, v in _machine_overrides(args):
+            for k, v in machine_overrides(args):
                 override(saved, k, v)
             cfg = saved
             check_hardware(cfg)

@@ -117,7 +117,16 @@ def test_coordination_and_resume(registry, tmp_path, base):
     (out / "results.json").unlink()
     kept = (out / "cells" / "coordination-auction.json").read_text()
     pm, reg = registry
-    run_experiment("coordination", ["resume=true", f"run_dir={out}"], pm, reg)
+    import torch
+
+    machine = []
+    if not torch.cuda.is_available():  # as if started on a GPU machine: resumed here by naming hardware=cpu
+        saved = json.loads((out / "experiment.json").read_text())
+        (out / "experiment.json").write_text(json.dumps({**saved, "args": saved["args"] + ["hardware=h200"]}))
+        with pytest.raises(ConfigError, match="use hardware=cpu"):
+            run_experiment("coordination", ["resume=true", f"run_dir={out}"], pm, reg)
+        machine = ["hardware=cpu"]
+    run_experiment("coordination", ["resume=true", f"run_dir={out}", *machine], pm, reg)
     assert (out / "cells" / "coordination-agentnet.json").exists()
     assert (out / "cells" / "coordination-auction.json").read_text() == kept
     again = json.loads((out / "results.json").read_text())

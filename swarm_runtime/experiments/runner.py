@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from swarm_runtime.config import ConfigError, parse_overrides, resolve
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
 from swarm_runtime.experiments.report import markdown_table
-from swarm_runtime.run import check_hardware, check_task
+from swarm_runtime.run import check_hardware, check_task, machine_overrides
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -75,7 +75,10 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     if name not in registry.experiments:
         raise ConfigError(f"unknown experiment {name!r}; valid: {', '.join(sorted(registry.experiments))}")
     args, run_dir_arg, resume = _split_run_args(list(args))
+    given = list(args)
     run_dir, args = _find_run_dir(name, args, registry, run_dir_arg, resume)
+    if resume:  # the saved arguments, on the machine the command line names (hardware=cpu, ...)
+        args = args + [f"{k}={v}" for k, v in machine_overrides(given)]
     cfg = resolve(args, registry)
     cfg.experiment.name, cfg.run_dir, cfg.resume = name, str(run_dir), bool(resume)
     check_hardware(cfg)
