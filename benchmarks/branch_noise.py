@@ -14,7 +14,10 @@ Prints, for both kinds of pair, the standard deviation of ``d`` over the picks (
 same picks, so a lower one means less noise), the share of ties (dropped by the
 Bradley-Terry step), and the correlation of ``d`` with the estimate.
 
-    python benchmarks/branch_noise.py RUN_DIR/checkpoints/sft [--iterations 6] [--samples 3] [key=value ...]
+    python benchmarks/branch_noise.py RUN_DIR/checkpoints/sft [--iterations 6] [--samples 3] [--horizon H] [key=value ...]
+
+``--horizon H`` scores every side over the H decisions from the branched turn on
+(``algo.branch_horizon``) instead of to the end of the episode.
 
 ``key=value`` arguments are run config overrides (the run's ``domain=``/``task=``
 and task keys, e.g. ``domain=vln_ce task=r2r task.bearings=true model.temperature=0.4``).
@@ -37,7 +40,8 @@ from swarm_runtime.run import RunContext
 from swarm_runtime.train.bid import forced_slot, forced_turns, pick_contested, resample_lower
 
 
-def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, envs: int) -> list[tuple]:
+def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, envs: int,
+            horizon: int | None = None) -> list[tuple]:
     """One batch of episodes: ``(d_ind, d_crn, estimate)`` per pick that found a lower bid."""
     coord, cap = ctx.coordinator(), int(ctx.task.max_decisions)
     slots = new_slots(ctx.domain, ctx.task, [rng.choice(ctx.seeds("train")) for _ in range(envs)])
@@ -55,7 +59,7 @@ def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, env
             plan = [(branch, "crn", True), (branch, "ind", False)]
             plan += [(branch, "branch", False), (again, "again", False)] * samples
             for forced, tag, shared in plan:
-                s = forced_slot(ctx.domain, ctx.task, ep, t, forced, 0)
+                s = forced_slot(ctx.domain, ctx.task, ep, t, forced, 0, horizon)
                 if not shared:
                     s.episode.noise = None  # the policies' generators: independent of the original
                 batch.append(s)
@@ -71,7 +75,7 @@ def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, env
     rows = []
     for i, sc in scores.items():
         ep, t = picks[i]
-        original = sum(x.reward for x in ep.turns[t.t:])
+        original = sum(x.reward for x in ep.turns[t.t:None if horizon is None else t.t + horizon])
         estimate = (original + sum(sc["again"])) / (1 + len(sc["again"])) - st.mean(sc["branch"])
         rows.append((original - sc["ind"], original - sc["crn"], estimate))
     return rows
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--per-episode", type=int, default=2, help="contested turns picked per episode")
     ap.add_argument("--samples", type=int, default=3, help="K: branches and re-rolls behind the estimate")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--horizon", type=int, default=None, help="score H decisions from the branched turn (default: to the end)")
     ap.add_argument("--threads", type=int, default=1)
     args, overrides = ap.parse_known_args(argv)
     torch.set_num_threads(args.threads)
@@ -102,12 +107,13 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(args.seed)
     rows = []
     for it in range(args.iterations):
-        rows += measure(ctx, agents, rng, args.samples, args.per_episode, args.envs)
+        rows += measure(ctx, agents, rng, args.samples, args.per_episode, args.envs, args.horizon)
         print(f"batch {it + 1}/{args.iterations}: {len(rows)} picks", file=sys.stderr, flush=True)
     if len(rows) < 3:
         raise SystemExit(f"only {len(rows)} picks: raise --iterations or --envs")
     est = [r[2] for r in rows]
-    print(f"{len(rows)} picks, estimate from {args.samples} branches and {args.samples} re-rolls each")
+    print(f"{len(rows)} picks, estimate from {args.samples} branches and {args.samples} re-rolls each, "
+          f"scored {'to the end of the episode' if args.horizon is None else f'over {args.horizon} decisions'}")
     print("| pairs | sd of original - branch | ties | correlation with the estimate |")
     print("|---|---|---|---|")
     for name, col in (("own noise (default)", 0), ("common random numbers", 1)):
