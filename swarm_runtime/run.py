@@ -1,6 +1,7 @@
 """A run: its folder, its swarm of agents and the shared services (FLOPs, metrics, hooks)."""
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -96,11 +97,31 @@ def machine_overrides(args) -> list[tuple[str, str]]:
     return out
 
 
+def _extend_iterations(saved: DictConfig, args, resume_from: Path) -> bool:
+    """``algo.iterations=N`` on a resumed run's command line: train up to N updates in all (a
+    finished run continues; its learning-rate schedule stretches to the new total)."""
+    given = [v for k, _, v in (a.partition("=") for a in args) if k == "algo.iterations"]
+    if not given:
+        return False
+    try:
+        n = int(given[-1])
+    except ValueError:
+        raise ConfigError(f"bad value {given[-1]!r} for 'algo.iterations': not an integer") from None
+    done = int(json.loads((resume_from / "state.json").read_text()).get("iteration", 0))
+    if n < done:
+        raise ConfigError(f"algo.iterations={n} on resume, but the run has already made {done} updates; "
+                          f"give at least {done}")
+    changed = n != int(saved.algo.iterations)
+    saved.algo.iterations = n
+    return changed
+
+
 def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) -> RunContext:
     """Pick (or find, for ``resume=true``) the run folder, save the resolved config, set up logging.
-    ``args``: the command line, whose ``hardware`` keys still apply when a run is resumed."""
+    ``args``: the command line, whose ``hardware`` keys and ``algo.iterations`` (to train longer)
+    still apply when a run is resumed."""
     check_hardware(cfg)
-    resume_from = None
+    resume_from, extended = None, False
     if cfg.run_dir:
         run_dir = Path(cfg.run_dir)
     elif cfg.resume:
@@ -116,18 +137,20 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
         if resume_from is None:
             raise ConfigError(f"resume=true but {run_dir} has no checkpoint to resume from")
         if (run_dir / "config.yaml").exists():
-            # Continue the run as it was configured; the command line only picks the run.
+            # Continue the run as it was configured; the command line picks the run, the machine, and
+            # (algo.iterations) how many updates to train in all.
             saved = load_saved(run_dir / "config.yaml")
             saved.resume, saved.run_dir = True, str(run_dir)
             for k, v in machine_overrides(args):
                 override(saved, k, v)
+            extended = _extend_iterations(saved, args, resume_from)
             cfg = saved
             check_hardware(cfg)
     check_task(registry.domains[cfg.domain], cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run_dir = str(run_dir)
     name = "config.yaml" if command == "run" else f"config.{command}.yaml"
-    if not (cfg.resume and (run_dir / name).exists()):
+    if extended or not (cfg.resume and (run_dir / name).exists()):
         OmegaConf.save(cfg, run_dir / name)
     logger.remove()
     logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")

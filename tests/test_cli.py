@@ -112,6 +112,22 @@ def test_eval_takes_bare_task_keys_and_refuses_unknown_ones(smoke_run):
     assert bad.returncode == 2 and "eval.runs" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_resume_with_more_iterations_extends_a_finished_run(smoke_run, tmp_path):
+    """``swarm run resume=true run_dir=RUN algo.iterations=N`` trains a finished run on to N updates
+    (and saves N in its config, so a later resume continues to N); fewer than done is refused."""
+    run = _copy_with_config(smoke_run[0], tmp_path / "longer", "  iterations: 2\n", "  iterations: 2\n")
+    res = swarm("run", "resume=true", f"run_dir={run}", "algo.iterations=3", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "extending the finished run from 2 to 3 updates" in (run / "run.log").read_text()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "charts/episode_reward" in r] == [1, 2, 3]
+    assert "  iterations: 3\n" in (run / "config.yaml").read_text()
+    assert (run / "checkpoints" / "latest").read_text().strip() == "iter-000003"
+    assert "MPT" in res.stdout and json.loads((run / "eval.json").read_text())["results"]["MPT"]["seeds"] == 2
+    bad = swarm("run", "resume=true", f"run_dir={run}", "algo.iterations=1", cwd=tmp_path)
+    assert bad.returncode == 2 and "already made 3 updates" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_a_gpu_trained_run_is_evaluated_and_resumed_on_the_cpu_by_naming_the_hardware(smoke_run, tmp_path):
     """A run folder saved with ``hardware=h200``: on a machine whose torch sees no GPU, ``swarm eval``
     and ``resume=true`` stop with a message naming ``hardware=cpu``, and run with it."""

@@ -212,6 +212,9 @@ class MPTTrainer:
             self.state["phase"] = "rl"
             self._save("iter-000000")
         iterations = int(cfg.algo.iterations)
+        if self.state["phase"] == "done" and self.state["iteration"] < iterations:  # extended: train on
+            logger.info("extending the finished run from {} to {} updates", self.state["iteration"], iterations)
+            self.state["phase"] = "rl"
         bar = tqdm(total=iterations, initial=self.state["iteration"], desc="MPT", disable=not cfg.progress)
         while self.state["phase"] == "rl" and self.state["iteration"] < iterations:
             it = self.state["iteration"]
