@@ -91,6 +91,9 @@ class AlgoConfig:
     #: the end of the episode (the paper); H = the rewards of the next H decisions on both sides (branches stop
     #: there): a shorter, cheaper comparison whose score is not drowned by the sampling of the rest of the episode.
     #: Measured on VLN-CE (H = 8): a faster collapse into early stops (docs/results.md)
+    bid_pairs: str = "selected"  #: whose bid a branch pair trains: ``selected`` (the paper: the agent that won
+    #: the turn, its winning bid against a re-sampled lower one) or ``both`` (also the runner-up, its own bid
+    #: against a re-sampled one above the winner's; the same two rollouts, no extra branches)
     bid_pair_weight: str = "uniform"  #: weight of each decisive branch pair in the Bradley-Terry loss: ``uniform``
     #: (the paper: bids follow how often the higher bid's branch scored better) or ``margin`` (|score difference|,
     #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/results.md VLN-CE)
@@ -161,6 +164,9 @@ class RunConfig:
     tensorboard: bool = True  #: write TensorBoard event files
     log_level: str = "INFO"  #: loguru level on the console
 
+
+#: Whose bids a branch pair trains (``algo.bid_pairs``).
+BID_PAIRS = ("selected", "both")
 
 #: How the monolithic baseline's SFT is matched to the swarm's (``algo.sft.match``).
 SFT_MATCHES = ("compute", "data")
@@ -303,6 +309,8 @@ def validate(cfg: DictConfig, registry) -> None:
         bad = [v for v in value if v not in SFT_MATCHES]
         if bad or not value:
             raise ConfigError(f"{key} {bad[0] if bad else list(value)!r} is not valid; valid: {', '.join(SFT_MATCHES)}")
+    if cfg.algo.bid_pairs not in BID_PAIRS:
+        raise ConfigError(f"unknown algo.bid_pairs {cfg.algo.bid_pairs!r}; valid: {', '.join(BID_PAIRS)}")
     if cfg.algo.branch_horizon is not None and int(cfg.algo.branch_horizon) < 1:
         raise ConfigError(f"algo.branch_horizon must be at least 1 (or null: to the end), got {cfg.algo.branch_horizon}")
     from swarm_runtime.train.losses import PAIR_WEIGHTS  # torch: import only when validating

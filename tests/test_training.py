@@ -275,9 +275,57 @@ def test_branch_horizon_compares_the_same_window_on_both_sides(ctx, monkeypatch)
         assert pair.original_score == pytest.approx(sum(t.reward for t in ep.turns[t0:t0 + 3]))
 
 
+def test_runner_up_pairs_train_the_runner_ups_bid_on_the_same_two_outcomes(ctx, monkeypatch):
+    """algo.bid_pairs=both: each selected pair is followed by one of the runner-up's bids, its original
+    (lower) bid with the original score and a re-sampled bid above the winner's with the branch's;
+    no extra rollouts. A Bradley-Terry step then moves the runner-up's bid toward the better side."""
+    import swarm_runtime.train.bid as bid_mod
+
+    agents, policies = ctx.build_swarm()
+    rng = random.Random(4)
+    with torch.no_grad():
+        eps = play(new_slots(ctx.domain, ctx.task, [0, 1, 2]), agents, ctx.coordinator(), ctx.domain, 24, rng,
+                   record_snapshots=True)
+    picks = pick_contested(eps, 3, rng)
+    calls = []
+    real_play = bid_mod.play
+    monkeypatch.setattr(bid_mod, "play", lambda slots, *a, **k: calls.append(len(slots)) or real_play(slots, *a, **k))
+    with torch.no_grad():
+        pairs = run_branches(agents, ctx.coordinator(), ctx.domain, ctx.task, picks, 10, rng, runner_up_pairs=True)
+    selected = [p for p in pairs if not p.runner_up]
+    assert calls == [len(selected)]  # one rollout per pick, as without runner-up pairs
+    ups = [p for p in pairs if p.runner_up]
+    assert ups
+    def level(p):
+        pol = agents[p.agent].policy
+        return pol.bid_levels[pol.bid_ids.index(p.counterfactual[0])]
+
+    for i, p in enumerate(pairs):
+        if not p.runner_up:
+            continue
+        sel = pairs[i - 1]  # its selected agent's pair comes first
+        assert not sel.runner_up and (p.original_score, p.branch_score) == (sel.original_score, sel.branch_score)
+        assert any((p.agent, p.prompt, p.original) == (t.auction.runner_up, t.bid_prompts[t.auction.runner_up],
+                                                       t.bid_tokens[t.auction.runner_up])
+                   and level(p) > t.auction.winning_bid and t.bid_prompts[t.winner] == sel.prompt for _, t in picks)
+    # the branch (runner-up acting) scored better: the runner-up's higher bid becomes more likely
+    p = ups[0]
+    pol = agents[p.agent].policy
+    forced = BranchPair(p.agent, p.prompt, p.original, p.counterfactual, 0.0, 1.0, runner_up=True)
+    opts = {r: make_optimizer(q.parameters(), 1e-3, 0.0, 10) for r, q in policies.items()}
+    with torch.no_grad():
+        before = float(pol.logprobs([p.prompt], [p.counterfactual]))
+    m = bid_update(agents, [forced], opts, minibatch=16, grad_clip=1.0)
+    with torch.no_grad():
+        assert float(pol.logprobs([p.prompt], [p.counterfactual])) > before
+    assert m["charts/bid_pairs_runner_up"] == 1 and m["charts/bid_pairs_higher_won"] == 0
+
+
 def test_branch_horizon_must_be_positive(registry):
     from swarm_runtime.config import ConfigError
 
+    with pytest.raises(ConfigError, match="unknown algo.bid_pairs 'all'; valid: selected, both"):
+        resolve(["domain=minecraft", "algo.bid_pairs=all"], registry[1])
     with pytest.raises(ConfigError, match="algo.branch_horizon must be at least 1"):
         resolve(["domain=minecraft", "algo.branch_horizon=0"], registry[1])
     assert resolve(["domain=minecraft", "algo.branch_horizon=8"], registry[1]).algo.branch_horizon == 8

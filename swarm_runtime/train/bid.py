@@ -27,10 +27,11 @@ from swarm_runtime.train.optim import accumulate_and_step
 class BranchPair:
     agent: int
     prompt: str
-    original: list[int]  #: the selected agent's winning bid response
-    counterfactual: list[int]  #: its re-sampled, lower bid response
+    original: list[int]  #: the agent's bid response in the original episode
+    counterfactual: list[int]  #: its re-sampled bid that hands the turn to the branch's actor
     original_score: float
     branch_score: float
+    runner_up: bool = False  #: a pair of the runner-up's bids (``algo.bid_pairs=both``): its re-sampled bid is higher
 
 
 def pick_contested(episodes: Sequence[Episode], per_episode: int, rng: random.Random) -> list[tuple[Episode, Turn]]:
@@ -45,6 +46,17 @@ def pick_contested(episodes: Sequence[Episode], per_episode: int, rng: random.Ra
 
 def resample_lower(agents: list[Agent], picks: list[tuple[Episode, Turn]], tries: int) -> list:
     """For each pick, a re-sampled bid of the selected agent below the runner-up's, or None."""
+    return _resample(agents, picks, tries, lambda t: t.winner, lambda t, level: level < t.auction.runner_up_bid)
+
+
+def resample_higher(agents: list[Agent], picks: list[tuple[Episode, Turn]], tries: int) -> list:
+    """For each pick, a re-sampled bid of the runner-up above the selected agent's winning bid
+    (so it would have won the turn: the branch's outcome), or None."""
+    return _resample(agents, picks, tries, lambda t: t.auction.runner_up,
+                     lambda t, level: level > t.auction.winning_bid)
+
+
+def _resample(agents, picks, tries: int, who, accept) -> list:
     found: list = [None] * len(picks)
     pending = list(range(len(picks)))
     for _ in range(tries):
@@ -52,12 +64,12 @@ def resample_lower(agents: list[Agent], picks: list[tuple[Episode, Turn]], tries
             break
         groups: dict[int, list[int]] = defaultdict(list)
         for i in pending:
-            groups[id(agents[picks[i][1].winner].policy)].append(i)
+            groups[id(agents[who(picks[i][1])].policy)].append(i)
         for idx in groups.values():
-            policy = agents[picks[idx[0]][1].winner].policy
-            bids = policy.bid([picks[i][1].bid_prompts[picks[i][1].winner] for i in idx])
+            policy = agents[who(picks[idx[0]][1])].policy
+            bids = policy.bid([picks[i][1].bid_prompts[who(picks[i][1])] for i in idx])
             for i, b in zip(idx, bids):
-                if b.parsed and b.level < picks[i][1].auction.runner_up_bid:
+                if b.parsed and accept(picks[i][1], b.level):
                     found[i] = b
         pending = [i for i in pending if found[i] is None]
     return found
@@ -91,7 +103,7 @@ def forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTur
 
 def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, tries: int,
                  rng: random.Random, presence=None, samples: int = 1,
-                 horizon: int | None = None) -> list[BranchPair]:
+                 horizon: int | None = None, runner_up_pairs: bool = False) -> list[BranchPair]:
     """Roll counterfactual branches for the picks (batched) and pair the bid responses.
 
     ``samples`` = 1 (DESIGN 2.4): one branch per pick against the original episode's
@@ -104,13 +116,18 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
     (the branches stop there; the original's score is its rewards over the same window); None: to
     the end of the episode (DESIGN 2.4).
 
+    ``runner_up_pairs``: the same two outcomes also train the runner-up's bid. Its original bid
+    (lower than the winner's) goes with the original episode, a re-sampled bid above the winning
+    one with the branch, where it acts; no extra rollouts, only extra bid samples.
+
     Episodes played with common random numbers (``Episode.noise``) pass their noise on:
     the j-th branch and the j-th continuation of the selected agent share a noise id
     (the 0-th is the original episode's), so each side-by-side difference is paired.
     """
     new_bids = resample_lower(agents, picks, tries)
+    higher = resample_higher(agents, picks, tries) if runner_up_pairs else [None] * len(picks)
     slots, meta, owner = [], [], []
-    for (ep, turn), nb in zip(picks, new_bids):
+    for (ep, turn), nb, hb in zip(picks, new_bids, higher):
         if nb is None:
             continue
         sel = turn.winner
@@ -120,7 +137,9 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
             slots.append(forced_slot(domain, task, ep, turn, forced, j, horizon))
             owner.append((i, side))
         original_score = sum(t.reward for t in ep.turns[turn.t:None if horizon is None else turn.t + int(horizon)])
-        meta.append((sel, turn.bid_prompts[sel], turn.bid_tokens[sel], nb.tokens, original_score))
+        ru = turn.auction.runner_up
+        meta.append((sel, turn.bid_prompts[sel], turn.bid_tokens[sel], nb.tokens, original_score,
+                     None if hb is None else (ru, turn.bid_prompts[ru], turn.bid_tokens[ru], hb.tokens)))
     if not slots:
         return []
     branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence)
@@ -131,18 +150,21 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
             missing.add(i)
         scores[i][side].append(br.reward)
     pairs = []
-    for i, (sel, prompt, orig, cf_tokens, _) in enumerate(meta):
+    for i, (sel, prompt, orig, cf_tokens, _, ru) in enumerate(meta):
         if i in missing:
             continue
-        o, b = scores[i]
-        pairs.append(BranchPair(sel, prompt, orig, cf_tokens, sum(o) / len(o), sum(b) / len(b)))
+        o, b = sum(scores[i][0]) / len(scores[i][0]), sum(scores[i][1]) / len(scores[i][1])
+        pairs.append(BranchPair(sel, prompt, orig, cf_tokens, o, b))
+        if ru is not None:
+            pairs.append(BranchPair(*ru, o, b, runner_up=True))
     return pairs
 
 
 def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, minibatch: int,
                grad_clip: float, pair_weight: str = "uniform") -> dict[str, float]:
-    """Bradley-Terry update of each selected agent's bid on its decisive pairs (ties dropped),
-    each pair weighted by :func:`pair_weights` (``uniform``: the paper)."""
+    """Bradley-Terry update of each pair's agent's bid on its decisive pairs (ties dropped), each
+    pair weighted by :func:`pair_weights` (``uniform``: the paper). The agent is the selected one,
+    or the runner-up for ``runner_up`` pairs."""
     decisive: dict[int, list[BranchPair]] = defaultdict(list)
     for p in pairs:
         if p.original_score != p.branch_score:
@@ -152,11 +174,14 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
         weights = pair_weights([p.original_score - p.branch_score for p in ps], pair_weight)
         by_policy[key] = [(p.prompt, *((p.original, p.counterfactual) if p.original_score > p.branch_score
                                        else (p.counterfactual, p.original)), w) for p, w in zip(ps, weights)]
+    selected = [p for p in pairs if not p.runner_up]
     metrics: dict[str, float] = {"charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
                                  "charts/bid_pairs_higher_won": float(sum(
-                                     p.original_score > p.branch_score for p in pairs))}
+                                     p.original_score > p.branch_score for p in selected))}
+    if len(selected) < len(pairs):
+        metrics["charts/bid_pairs_runner_up"] = float(len(pairs) - len(selected))
     for a, agent in enumerate(agents):  # per agent: how often keeping its higher bid scored better
-        mine = [p for p in pairs if p.agent == a and p.original_score != p.branch_score]
+        mine = [p for p in selected if p.agent == a and p.original_score != p.branch_score]
         if mine:
             metrics[f"charts/bid_higher_won_{agent.name}"] = sum(
                 p.original_score > p.branch_score for p in mine) / len(mine)

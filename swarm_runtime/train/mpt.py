@@ -184,7 +184,8 @@ class MPTTrainer:
             with torch.no_grad():
                 pairs = run_branches(self.agents, self.coordinator, ctx.domain, ctx.task, picks,
                                      int(a.resample_tries), self.rng, samples=int(a.branch_samples),
-                                     horizon=None if a.branch_horizon is None else int(a.branch_horizon))
+                                     horizon=None if a.branch_horizon is None else int(a.branch_horizon),
+                                     runner_up_pairs=str(a.bid_pairs) == "both")
             ctx.flops.category = "update"
             m["charts/contested_picked"] = float(len(picks))
             m.update(bid_update(self.agents, pairs, self.optimizers["bid"], int(a.minibatch), float(a.grad_clip),
