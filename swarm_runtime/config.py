@@ -93,7 +93,8 @@ class AlgoConfig:
     #: Measured on VLN-CE (H = 8): a faster collapse into early stops (docs/results.md)
     bid_pairs: str = "selected"  #: whose bid a branch pair trains: ``selected`` (the paper: the agent that won
     #: the turn, its winning bid against a re-sampled lower one) or ``both`` (also the runner-up, its own bid
-    #: against a re-sampled one above the winner's; the same two rollouts, no extra branches)
+    #: against a re-sampled one above the winner's; the same two rollouts, no extra branches). Measured on
+    #: VLN-CE: within the noise of single runs (docs/results.md)
     bid_pair_weight: str = "uniform"  #: weight of each decisive branch pair in the Bradley-Terry loss: ``uniform``
     #: (the paper: bids follow how often the higher bid's branch scored better) or ``margin`` (|score difference|,
     #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/results.md VLN-CE)
