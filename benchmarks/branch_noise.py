@@ -37,7 +37,7 @@ from swarm_runtime.config import resolve
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.plugins import get_registry
 from swarm_runtime.run import RunContext
-from swarm_runtime.train.bid import forced_slot, forced_turns, pick_contested, resample_lower
+from swarm_runtime.train.bid import forced_slot, forced_turns, pick_contested, resample_lower, window_score
 
 
 def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, envs: int,
@@ -75,7 +75,7 @@ def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, env
     rows = []
     for i, sc in scores.items():
         ep, t = picks[i]
-        original = sum(x.reward for x in ep.turns[t.t:None if horizon is None else t.t + horizon])
+        original = window_score(ep, t.t, horizon)
         estimate = (original + sum(sc["again"])) / (1 + len(sc["again"])) - st.mean(sc["branch"])
         rows.append((original - sc["ind"], original - sc["crn"], estimate))
     return rows

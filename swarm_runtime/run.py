@@ -87,33 +87,30 @@ def check_hardware(cfg: DictConfig) -> None:
         torch.set_num_threads(int(cfg.hardware.threads))
 
 
-def machine_overrides(args) -> list[tuple[str, str]]:
-    """The ``hardware=`` / ``hardware.*=`` arguments: the machine, which a resumed run may change."""
+def machine_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """The ``hardware=`` / ``hardware.*=`` arguments (the machine, which a resumed run may change),
+    and those whose key is in ``also``."""
     out = []
     for a in args:
         k, _, v = a.partition("=")
-        if k == "hardware" or k.startswith("hardware."):
+        if k == "hardware" or k.startswith("hardware.") or k in also:
             out.append((k, v))
     return out
 
 
-def _extend_iterations(saved: DictConfig, args, resume_from: Path) -> bool:
-    """``algo.iterations=N`` on a resumed run's command line: train up to N updates in all (a
-    finished run continues; its learning-rate schedule stretches to the new total)."""
-    given = [v for k, _, v in (a.partition("=") for a in args) if k == "algo.iterations"]
-    if not given:
-        return False
-    try:
-        n = int(given[-1])
-    except ValueError:
-        raise ConfigError(f"bad value {given[-1]!r} for 'algo.iterations': not an integer") from None
+def _apply_resume_overrides(saved: DictConfig, args, resume_from: Path) -> bool:
+    """Apply a resumed run's command-line machine keys and ``algo.iterations=N`` (train up to N
+    updates in all: a finished run continues, its learning-rate schedule stretched to the new
+    total). Returns whether the iterations changed."""
+    before = int(saved.algo.iterations)
+    for k, v in machine_overrides(args, also=("algo.iterations",)):
+        override(saved, k, v)
+    n = int(saved.algo.iterations)
     done = int(json.loads((resume_from / "state.json").read_text()).get("iteration", 0))
     if n < done:
         raise ConfigError(f"algo.iterations={n} on resume, but the run has already made {done} updates; "
                           f"give at least {done}")
-    changed = n != int(saved.algo.iterations)
-    saved.algo.iterations = n
-    return changed
+    return n != before
 
 
 def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) -> RunContext:
@@ -141,9 +138,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
             # (algo.iterations) how many updates to train in all.
             saved = load_saved(run_dir / "config.yaml")
             saved.resume, saved.run_dir = True, str(run_dir)
-            for k, v in machine_overrides(args):
-                override(saved, k, v)
-            extended = _extend_iterations(saved, args, resume_from)
+            extended = _apply_resume_overrides(saved, args, resume_from)
             cfg = saved
             check_hardware(cfg)
     check_task(registry.domains[cfg.domain], cfg)

@@ -75,6 +75,11 @@ def _resample(agents, picks, tries: int, who, accept) -> list:
     return found
 
 
+def window_score(ep: Episode, t: int, horizon: int | None = None) -> float:
+    """The original episode's rewards from turn ``t`` on: to its end, or over ``horizon`` decisions."""
+    return sum(x.reward for x in ep.turns[t:None if horizon is None else t + int(horizon)])
+
+
 def forced_turns(turn: Turn, lower) -> tuple[ForcedTurn, ForcedTurn]:
     """The two first turns a pick can be replayed with: the branch (the selected agent's bid
     replaced by its re-sampled ``lower`` bid, the runner-up acts) and the re-roll (the original
@@ -125,7 +130,11 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
     (the 0-th is the original episode's), so each side-by-side difference is paired.
     """
     new_bids = resample_lower(agents, picks, tries)
-    higher = resample_higher(agents, picks, tries) if runner_up_pairs else [None] * len(picks)
+    higher = [None] * len(picks)
+    if runner_up_pairs:  # only for the picks that will be branched
+        kept = [i for i, nb in enumerate(new_bids) if nb is not None]
+        for i, hb in zip(kept, resample_higher(agents, [picks[i] for i in kept], tries)):
+            higher[i] = hb
     slots, meta, owner = [], [], []
     for (ep, turn), nb, hb in zip(picks, new_bids, higher):
         if nb is None:
@@ -136,7 +145,7 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         for forced, side, j in [(cf, 1, j) for j in range(samples)] + [(again, 0, j) for j in range(1, samples)]:
             slots.append(forced_slot(domain, task, ep, turn, forced, j, horizon))
             owner.append((i, side))
-        original_score = sum(t.reward for t in ep.turns[turn.t:None if horizon is None else turn.t + int(horizon)])
+        original_score = window_score(ep, turn.t, horizon)
         ru = turn.auction.runner_up
         meta.append((sel, turn.bid_prompts[sel], turn.bid_tokens[sel], nb.tokens, original_score,
                      None if hb is None else (ru, turn.bid_prompts[ru], turn.bid_tokens[ru], hb.tokens)))
