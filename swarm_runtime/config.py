@@ -95,6 +95,16 @@ class AlgoConfig:
     #: the turn, its winning bid against a re-sampled lower one) or ``both`` (also the runner-up, its own bid
     #: against a re-sampled one above the winner's; the same two rollouts, no extra branches). Measured on
     #: VLN-CE: within the noise of single runs (docs/results.md)
+    kl_coef: float = 0.0  #: action steps: each action's credit is charged ``kl_coef * [log pi(a|h) - log
+    #: pi_ref(a|h)]`` (reward units), pi_ref = the models as RL started (``checkpoints/sft``): the KL-penalised
+    #: reward of RLHF, which keeps a higher ``lr`` from drifting into degenerate actions. 0 = the paper
+    bid_reference: str = "none"  #: what a bid pair's log-odds are measured against: ``none`` (the paper:
+    #: ``log pi(y_w) - log pi(y_l)``, whose optimum sets the bid odds to the pairs' win odds, so pairs that split
+    #: by noise flatten the bids toward uniform) or ``sft`` (minus the same log-odds under the policies at the
+    #: start of RL, ``checkpoints/sft``: the DPO form; noise leaves those bids in place). One frozen copy of
+    #: each role's model more in memory (docs/architecture.md)
+    bid_beta: float = 1.0  #: scale of the Bradley-Terry log-odds (``-log sigmoid(beta * z)``; 1 = the paper). With
+    #: ``bid_reference=sft`` a preference of win rate p moves the bid odds by ``(p / (1 - p)) ** (1 / beta)``
     bid_pair_weight: str = "uniform"  #: weight of each decisive branch pair in the Bradley-Terry loss: ``uniform``
     #: (the paper: bids follow how often the higher bid's branch scored better) or ``margin`` (|score difference|,
     #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/results.md VLN-CE)
@@ -314,10 +324,16 @@ def validate(cfg: DictConfig, registry) -> None:
         raise ConfigError(f"unknown algo.bid_pairs {cfg.algo.bid_pairs!r}; valid: {', '.join(BID_PAIRS)}")
     if cfg.algo.branch_horizon is not None and int(cfg.algo.branch_horizon) < 1:
         raise ConfigError(f"algo.branch_horizon must be at least 1 (or null: to the end), got {cfg.algo.branch_horizon}")
-    from swarm_runtime.train.losses import PAIR_WEIGHTS  # torch: import only when validating
+    from swarm_runtime.train.losses import BID_REFERENCES, PAIR_WEIGHTS  # torch: import only when validating
 
     if cfg.algo.bid_pair_weight not in PAIR_WEIGHTS:
         raise ConfigError(f"unknown algo.bid_pair_weight {cfg.algo.bid_pair_weight!r}; valid: {', '.join(PAIR_WEIGHTS)}")
+    if cfg.algo.bid_reference not in BID_REFERENCES:
+        raise ConfigError(f"unknown algo.bid_reference {cfg.algo.bid_reference!r}; valid: {', '.join(BID_REFERENCES)}")
+    if float(cfg.algo.kl_coef) < 0:
+        raise ConfigError(f"algo.kl_coef must be >= 0, got {cfg.algo.kl_coef}")
+    if not float(cfg.algo.bid_beta) > 0:
+        raise ConfigError(f"algo.bid_beta must be > 0, got {cfg.algo.bid_beta}")
     for key in ("runs", "episodes"):
         value = cfg.eval[key]
         if value is not None and int(value) < 1:

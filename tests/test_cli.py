@@ -209,3 +209,36 @@ def test_kill_and_resume(tmp_path):
     steps = [r["step"] for r in rows if "charts/episode_reward" in r]
     assert steps == [1, 2, 3, 4, 5, 6]  # each update logged once, none lost or repeated
     assert "MPT" in res.stdout
+
+
+def test_bid_reference_is_the_sft_checkpoint_also_after_a_resume(tmp_path):
+    """algo.bid_reference=sft: the bid steps measure their log-odds against checkpoints/sft. With the
+    action steps frozen (lr 0) the first bid step's policy is that checkpoint, so it starts at a shift
+    of exactly 0; a run resumed from its middle checkpoint loads the same reference and repeats the
+    uninterrupted run's last update."""
+    run = tmp_path / "ref"
+    args = ["domain=minecraft", "task=iron_pickaxe", "task.max_decisions=24", "algo.sft.demo_episodes=4",
+            "algo.sft.epochs=2", "algo.envs_per_step=4", "algo.iterations=4", "algo.action_steps=1",
+            "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "algo.bid_reference=sft",
+            "algo.lr=0", "checkpoint_every=2", f"run_dir={run}"]
+    res = swarm("run", *args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    def rows(d):
+        return {r["step"]: r for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+                if "kind" in r}
+
+    first = rows(run)
+    assert first[2]["kind"] == "bid" and first[2]["charts/bid_pairs"] >= 1
+    shifts = [v for k, v in first[2].items() if k.startswith("charts/bid_ref_logodds_")]
+    assert shifts and all(abs(v) < 1e-6 for v in shifts)
+    assert f"reference policies: {run / 'checkpoints'}" in (run / "run.log").read_text()
+    again = _copy_with_config(run, tmp_path / "again", f"run_dir: {run}\n", f"run_dir: {tmp_path / 'again'}\n")
+    (again / "checkpoints" / "latest").write_text("iter-000002")
+    res = swarm("run", "resume=true", f"run_dir={again}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"reference policies: {again / 'checkpoints'}" in (again / "run.log").read_text()
+    second = rows(again)
+    assert sorted(second) == [1, 2, 3, 4]
+    assert {k: v for k, v in second[4].items() if not k.startswith("time/")} == \
+        {k: v for k, v in first[4].items() if not k.startswith("time/")}

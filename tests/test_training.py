@@ -210,6 +210,91 @@ def test_margin_weighted_bid_pairs_follow_the_mean_score_difference(ctx):
     assert after["uniform"] < g0 and after["margin"] > after["uniform"] + 0.05
 
 
+def test_a_bid_reference_keeps_confident_bids_under_noise_and_follows_a_consistent_preference(ctx):
+    """algo.bid_reference=sft on a real tiny model: first make its bid confident (0.8 over 0.2), freeze a
+    copy as the reference; pairs that split evenly then lower that confidence under the paper's loss
+    but leave it in place against the reference, while pairs the high bid keeps winning still raise it."""
+    import copy
+
+    agents, policies = ctx.build_swarm()
+    pol = agents[0].policy
+    prompt = "bid prompt : the wood is near"
+    high, low = pol.bid_target(0.8), pol.bid_target(0.2)
+
+    def sgd():
+        out = {}
+        for r, p in policies.items():
+            opt = torch.optim.SGD(p.parameters(), lr=0.05)
+            out[r] = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0))
+        return out
+
+    def gap():
+        with torch.no_grad():
+            return float(pol.logprobs([prompt], [high]) - pol.logprobs([prompt], [low]))
+
+    opts = sgd()
+    for _ in range(60):
+        bid_update(agents, [BranchPair(0, prompt, high, low, 1.0, 0.0)], opts, 16, 100.0)
+    confident = gap()
+    assert confident > 2.0
+    start = snapshot(pol)
+    reference = {r: copy.deepcopy(p) for r, p in policies.items()}
+    split = [BranchPair(0, prompt, high, low, 1.0, 0.0), BranchPair(0, prompt, high, low, 0.0, 1.0)]
+    after = {}
+    for name, ref, pairs in (("paper", None, split), ("reference", reference, split),
+                             ("reference, high keeps winning", reference, split[:1] * 2)):
+        with torch.no_grad():
+            for p, s0 in zip(pol.parameters(), start):
+                p.copy_(s0)
+        m = bid_update(agents, pairs, sgd(), 16, 100.0, reference=ref)
+        after[name] = gap()
+        if ref is not None:
+            assert m[f"charts/bid_ref_logodds_{agents[0].role}"] == pytest.approx(0.0, abs=1e-5)
+    assert after["paper"] < confident - 0.05
+    assert after["reference"] == pytest.approx(confident, abs=1e-4)
+    assert after["reference, high keeps winning"] > confident + 0.05
+
+
+def test_kl_coef_charges_each_action_its_drift_from_the_reference(ctx):
+    """algo.kl_coef: with equal credits REINFORCE has no signal and leaves the model alone; with the
+    KL charge each action pays kl_coef * [log pi - log pi_ref], so a step moves the model back
+    toward the reference on those actions. Against a reference equal to the model it changes nothing."""
+    import copy
+
+    agents, policies = ctx.build_swarm()
+    pol = policies["Logger"]
+    reference = {r: copy.deepcopy(p) for r, p in policies.items()}
+    demos = collect_demos(ctx.domain, ctx.task, [0], rng=random.Random(0))["Logger"]
+    sft(pol, demos, epochs=3, lr=3e-3, batch_size=16, seed=0, progress=False)  # the model drifts from the reference
+    acts = [(e.prompt, pol.action_target(e.target)) for e in demos if e.kind == "act"][:12]
+    samples = [(0, p, t, 1.0) for p, t in acts]
+
+    def drift():
+        with torch.no_grad():
+            prompts, toks = [p for p, _ in acts], [t for _, t in acts]
+            return float((pol.logprobs(prompts, toks) - reference["Logger"].logprobs(prompts, toks)).abs().mean())
+
+    def sgd():
+        out = {}
+        for r, p in policies.items():
+            opt = torch.optim.SGD(p.parameters(), lr=0.5)
+            out[r] = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0))
+        return out
+
+    start, d0 = snapshot(pol), drift()
+    assert d0 > 0.5
+    action_update(agents, samples, sgd(), 1.0, 8, 100.0)
+    assert not changed(start, pol)  # equal credits, no KL: zero advantages
+    m = action_update(agents, samples, sgd(), 1.0, 8, 100.0, reference=reference, kl_coef=1.0)
+    assert m["charts/kl_Logger"] > 0.5 and drift() < d0
+    with torch.no_grad():
+        for p, s0 in zip(pol.parameters(), start):
+            p.copy_(s0)
+    same = {r: copy.deepcopy(p) for r, p in policies.items()}
+    m = action_update(agents, samples, sgd(), 1.0, 8, 100.0, reference=same, kl_coef=1.0)
+    assert m["charts/kl_Logger"] == pytest.approx(0.0, abs=1e-5) and not changed(start, pol)
+
+
 def test_branch_samples_average_several_continuations_per_side(ctx, monkeypatch):
     """algo.branch_samples=3: per pick, 3 branches where the runner-up acts and 2 re-rolls where
     the selected agent acts again, all from the turn's snapshot; each side's score is its mean."""
@@ -321,13 +406,19 @@ def test_runner_up_pairs_train_the_runner_ups_bid_on_the_same_two_outcomes(ctx, 
     assert m["charts/bid_pairs_runner_up"] == 1 and m["charts/bid_pairs_higher_won"] == 0
 
 
-def test_branch_horizon_must_be_positive(registry):
+def test_bad_bid_pair_options_name_the_valid_ones(registry):
     from swarm_runtime.config import ConfigError
 
     with pytest.raises(ConfigError, match="unknown algo.bid_pairs 'all'; valid: selected, both"):
         resolve(["domain=minecraft", "algo.bid_pairs=all"], registry[1])
     with pytest.raises(ConfigError, match="algo.branch_horizon must be at least 1"):
         resolve(["domain=minecraft", "algo.branch_horizon=0"], registry[1])
+    with pytest.raises(ConfigError, match="unknown algo.bid_reference 'init'; valid: none, sft"):
+        resolve(["domain=minecraft", "algo.bid_reference=init"], registry[1])
+    with pytest.raises(ConfigError, match="algo.kl_coef must be >= 0, got -0.1"):
+        resolve(["domain=minecraft", "algo.kl_coef=-0.1"], registry[1])
+    with pytest.raises(ConfigError, match="algo.bid_beta must be > 0, got 0"):
+        resolve(["domain=minecraft", "algo.bid_beta=0"], registry[1])
     assert resolve(["domain=minecraft", "algo.branch_horizon=8"], registry[1]).algo.branch_horizon == 8
 
 

@@ -33,16 +33,29 @@ def credit_samples(episodes: Sequence[Episode], credit_fn: Callable, rng: random
 
 
 def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: float, minibatch: int,
-                  grad_clip: float) -> dict[str, float]:
-    """One REINFORCE update of every model that acted in ``samples``."""
+                  grad_clip: float, reference: dict | None = None, kl_coef: float = 0.0) -> dict[str, float]:
+    """One REINFORCE update of every model that acted in ``samples``.
+
+    ``kl_coef`` > 0 with ``reference`` (role -> frozen policy, ``algo.kl_coef``): each action's
+    credit is charged ``kl_coef * [log pi(a|h) - log pi_ref(a|h)]`` before the baseline, the
+    KL-penalised reward of RLHF (Ziegler et al. 2019), so a step trades the credit it chases against
+    drifting from the reference; the sample estimate of the KL is logged as ``charts/kl_<role>``."""
     if not samples:
         return {}
+    credit = [s[3] for s in samples]
+    metrics: dict[str, float] = {}
+    if kl_coef > 0 and reference is not None:
+        kl = _log_ratios(agents, samples, reference, minibatch)
+        for agent in {id(a.policy): a for a in agents}.values():
+            mine = [k for (a, *_), k in zip(samples, kl) if agents[a].policy is agent.policy]
+            if mine:
+                metrics[f"charts/kl_{agent.role}"] = sum(mine) / len(mine)
+        credit = [c - kl_coef * k for c, k in zip(credit, kl)]
     # Replicas of a role share a model; the baseline is per agent (DESIGN 2.3).
-    adv = per_agent_advantages([s[3] for s in samples], [s[0] for s in samples])
+    adv = per_agent_advantages(credit, [s[0] for s in samples])
     by_policy: dict[int, list] = defaultdict(list)
     for (a, prompt, tokens, _), A in zip(samples, adv):
         by_policy[id(agents[a].policy)].append((prompt, tokens, A / reward_scale))
-    metrics: dict[str, float] = {}
     for agent in agents:
         batch = by_policy.pop(id(agent.policy), None)
         if not batch:
@@ -52,6 +65,25 @@ def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: 
         metrics[f"losses/action_{agent.role}"] = loss
         metrics[f"charts/grad_norm_{agent.role}"] = norm
     return metrics
+
+
+@torch.no_grad()
+def _log_ratios(agents: list[Agent], samples, reference: dict, minibatch: int) -> list[float]:
+    """``log pi(a|h) - log pi_ref(a|h)`` of every sample's action under its agent's model as it is
+    now (the policy that sampled it) and under the role's reference model."""
+    out = [0.0] * len(samples)
+    by_policy: dict[int, list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        by_policy[id(agents[s[0]].policy)].append(i)
+    for idx in by_policy.values():
+        agent = agents[samples[idx[0]][0]]
+        for j in range(0, len(idx), minibatch):
+            part = idx[j:j + minibatch]
+            prompts, tokens = [samples[i][1] for i in part], [samples[i][2] for i in part]
+            ratio = sampled_logprobs(agent.policy, prompts, tokens) - sampled_logprobs(reference[agent.role], prompts, tokens)
+            for i, r in zip(part, ratio.tolist()):
+                out[i] = float(r)
+    return out
 
 
 def _reinforce_chunk(policy, chunk) -> torch.Tensor:

@@ -135,45 +135,54 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         kept = [i for i, nb in enumerate(new_bids) if nb is not None]
         for i, hb in zip(kept, resample_higher(agents, [picks[i] for i in kept], tries)):
             higher[i] = hb
-    slots, meta, owner = [], [], []
+    slots, kept, owner = [], [], []
     for (ep, turn), nb, hb in zip(picks, new_bids, higher):
         if nb is None:
             continue
-        sel = turn.winner
         cf, again = forced_turns(turn, nb)
-        i = len(meta)
         for forced, side, j in [(cf, 1, j) for j in range(samples)] + [(again, 0, j) for j in range(1, samples)]:
             slots.append(forced_slot(domain, task, ep, turn, forced, j, horizon))
-            owner.append((i, side))
-        original_score = window_score(ep, turn.t, horizon)
-        ru = turn.auction.runner_up
-        meta.append((sel, turn.bid_prompts[sel], turn.bid_tokens[sel], nb.tokens, original_score,
-                     None if hb is None else (ru, turn.bid_prompts[ru], turn.bid_tokens[ru], hb.tokens)))
+            owner.append((len(kept), side))
+        kept.append(_Pick(turn, nb.tokens, None if hb is None else hb.tokens, window_score(ep, turn.t, horizon)))
     if not slots:
         return []
     branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence)
-    scores: list[list[list[float]]] = [[[m[4]], []] for m in meta]  # per pick: [original side, branch side]
+    scores: list[list[list[float]]] = [[[k.original_score], []] for k in kept]  # per pick: [original, branch]
     missing = set()
     for (i, side), br in zip(owner, branches):
         if br.reward_missing:
             missing.add(i)
         scores[i][side].append(br.reward)
     pairs = []
-    for i, (sel, prompt, orig, cf_tokens, _, ru) in enumerate(meta):
+    for i, k in enumerate(kept):
         if i in missing:
             continue
         o, b = sum(scores[i][0]) / len(scores[i][0]), sum(scores[i][1]) / len(scores[i][1])
-        pairs.append(BranchPair(sel, prompt, orig, cf_tokens, o, b))
-        if ru is not None:
-            pairs.append(BranchPair(*ru, o, b, runner_up=True))
+        t, sel, ru = k.turn, k.turn.winner, k.turn.auction.runner_up
+        pairs.append(BranchPair(sel, t.bid_prompts[sel], t.bid_tokens[sel], k.lower, o, b))
+        if k.higher is not None:
+            pairs.append(BranchPair(ru, t.bid_prompts[ru], t.bid_tokens[ru], k.higher, o, b, runner_up=True))
     return pairs
 
 
+@dataclass
+class _Pick:
+    """A pick that will be branched: its turn, the re-sampled bid tokens (the selected agent's lower
+    one; the runner-up's higher one or None) and the original episode's score over the window."""
+    turn: Turn
+    lower: list[int]
+    higher: list[int] | None
+    original_score: float
+
+
 def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, minibatch: int,
-               grad_clip: float, pair_weight: str = "uniform") -> dict[str, float]:
+               grad_clip: float, pair_weight: str = "uniform", reference: dict | None = None,
+               beta: float = 1.0) -> dict[str, float]:
     """Bradley-Terry update of each pair's agent's bid on its decisive pairs (ties dropped), each
     pair weighted by :func:`pair_weights` (``uniform``: the paper). The agent is the selected one,
-    or the runner-up for ``runner_up`` pairs."""
+    or the runner-up for ``runner_up`` pairs. ``reference`` (role -> frozen policy,
+    ``algo.bid_reference=sft``): the log-odds are measured against that policy's (DPO form,
+    :func:`bradley_terry_loss`); ``beta`` scales them."""
     decisive: dict[int, list[BranchPair]] = defaultdict(list)
     for p in pairs:
         if p.original_score != p.branch_score:
@@ -198,15 +207,42 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
         batch = by_policy.pop(id(agent.policy), None)
         if not batch:
             continue
-        loss, norm = accumulate_and_step(agent.policy, batch, minibatch, _bradley_terry_chunk,
+        shifts: list[float] = []
+        if reference is not None:
+            batch = _with_reference(reference[agent.role], batch, minibatch)
+        loss, norm = accumulate_and_step(agent.policy, batch, minibatch,
+                                         lambda policy, chunk: _bradley_terry_chunk(policy, chunk, beta, shifts),
                                          *optimizers[agent.role], grad_clip)
+        if shifts:  # how far the bids already lean the pairs' way, beyond the reference (0 at the start)
+            metrics[f"charts/bid_ref_logodds_{agent.role}"] = sum(shifts) / len(shifts)
         metrics[f"losses/bid_{agent.role}"] = loss
         metrics[f"charts/bid_grad_norm_{agent.role}"] = norm
     return metrics
 
 
-def _bradley_terry_chunk(policy, chunk) -> torch.Tensor:
+def _pair_logprobs(policy, chunk) -> tuple[torch.Tensor, torch.Tensor]:
     prompts = [c[0] for c in chunk]
-    return bradley_terry_loss(sampled_logprobs(policy, prompts, [c[1] for c in chunk]),
-                              sampled_logprobs(policy, prompts, [c[2] for c in chunk]),
-                              torch.tensor([c[3] for c in chunk]))
+    return (sampled_logprobs(policy, prompts, [c[1] for c in chunk]),
+            sampled_logprobs(policy, prompts, [c[2] for c in chunk]))
+
+
+@torch.no_grad()
+def _with_reference(ref_policy, batch: list, minibatch: int) -> list:
+    """Each pair with the reference policy's log-probs of its two bid responses appended."""
+    out = []
+    for i in range(0, len(batch), minibatch):
+        chunk = batch[i:i + minibatch]
+        ref_w, ref_l = _pair_logprobs(ref_policy, chunk)
+        out += [(*c, float(w), float(l)) for c, w, l in zip(chunk, ref_w.tolist(), ref_l.tolist())]
+    return out
+
+
+def _bradley_terry_chunk(policy, chunk, beta: float = 1.0, shifts: list | None = None) -> torch.Tensor:
+    lw, ll = _pair_logprobs(policy, chunk)
+    weights = torch.tensor([c[3] for c in chunk])
+    if len(chunk[0]) == 4:
+        return bradley_terry_loss(lw, ll, weights, beta=beta)
+    rw, rl = torch.tensor([c[4] for c in chunk]), torch.tensor([c[5] for c in chunk])
+    if shifts is not None:
+        shifts += ((lw - ll).detach().cpu() - (rw - rl)).tolist()
+    return bradley_terry_loss(lw, ll, weights, rw, rl, beta=beta)

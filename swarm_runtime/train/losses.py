@@ -24,10 +24,25 @@ def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor) -> torch.Te
 
 
 def bradley_terry_loss(logp_winner: torch.Tensor, logp_loser: torch.Tensor,
-                       weights: torch.Tensor | None = None) -> torch.Tensor:
-    """``-mean(w * log sigmoid(log pi(y_w|h) - log pi(y_l|h)))``; ``w = 1`` (the paper) unless
-    ``weights`` are given (see :func:`pair_weights`)."""
-    terms = F.logsigmoid(logp_winner - logp_loser)
+                       weights: torch.Tensor | None = None, ref_winner: torch.Tensor | None = None,
+                       ref_loser: torch.Tensor | None = None, beta: float = 1.0) -> torch.Tensor:
+    """``-mean(w * log sigmoid(beta * z))`` with ``z = log pi(y_w|h) - log pi(y_l|h)`` (the paper:
+    ``w = 1``, ``beta = 1``, no reference) or, given a reference policy's log-probs of the same
+    responses, ``z = [log pi(y_w|h) - log pi_ref(y_w|h)] - [log pi(y_l|h) - log pi_ref(y_l|h)]``
+    (the DPO form, ``algo.bid_reference``).
+
+    Without a reference the optimum sets the bid odds to the pairs' win odds,
+    ``pi(y_w)/pi(y_l) = p/(1-p)``, so pairs that split 50/50 by noise pull every bid toward the
+    uniform distribution: the pairs that disagree with a confident policy get a gradient weight
+    ``1 - sigmoid(z)`` near 1, the ones that agree near 0. With a reference the optimum is
+    ``pi_ref``'s odds times ``(p/(1-p))^(1/beta)``: noise leaves the reference's bids in place and
+    only a consistent preference moves them."""
+    z = logp_winner - logp_loser
+    if (ref_winner is None) != (ref_loser is None):
+        raise ValueError("bradley_terry_loss needs both reference log-probs (ref_winner, ref_loser) or neither")
+    if ref_winner is not None:
+        z = z - (ref_winner.detach() - ref_loser.detach()).to(z.device)
+    terms = F.logsigmoid(float(beta) * z)
     if weights is not None:
         terms = terms * weights.detach().to(terms.device)
     return -terms.mean()
@@ -52,3 +67,8 @@ def pair_weights(margins: Sequence[float], scheme: str) -> list[float]:
 
 #: Schemes of :func:`pair_weights` (``algo.bid_pair_weight``).
 PAIR_WEIGHTS = ("uniform", "margin")
+
+#: What the Bradley-Terry log-odds are measured against (``algo.bid_reference``): ``none`` (the
+#: paper) or ``sft`` (the policies at the start of RL, ``checkpoints/sft``; DPO form).
+BID_REFERENCES = ("none", "sft")
+

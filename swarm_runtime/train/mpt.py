@@ -99,6 +99,24 @@ class MPTTrainer:
         logger.info("swarm: {} agents ({}), {:.2f}M parameters each", len(self.agents),
                     ", ".join(a.name for a in self.agents), n / 1e6)
 
+    def _reference_policies(self) -> dict:
+        """The reference of ``algo.bid_reference=sft`` and ``algo.kl_coef``: a frozen copy of each
+        role's model as RL started (``checkpoints/sft``, after a cold start or a transfer's seed
+        checkpoint), loaded once (and again after a resume)."""
+        if getattr(self, "_reference", None) is None:
+            src = self.ctx.run_dir / "checkpoints" / "sft" / "agents"
+            if not src.is_dir():
+                raise FileNotFoundError(f"the reference policies (algo.bid_reference=sft / algo.kl_coef > 0) "
+                                        f"are the RL start checkpoint {src}, which is missing")
+            with torch.random.fork_rng(devices=[]):  # building must not move the run's random streams
+                _, self._reference = self.ctx.build_swarm(src)
+            for policy in self._reference.values():
+                policy.eval()
+                for p in policy.parameters():
+                    p.requires_grad_(False)
+            logger.info("reference policies: {}", src.parent)
+        return self._reference
+
     def _save(self, tag: str) -> None:
         self.state["flops"] = self.ctx.flops.state_dict()
         ckpt.save_checkpoint(self.ctx.run_dir, tag, self.policies, self.optimizers, self.state, self.rng,
@@ -176,8 +194,10 @@ class MPTTrainer:
         if kind == "action":
             ctx.flops.category = "update"
             samples = credit_samples(episodes, self.credit, self.rng)
+            kl_coef = float(a.kl_coef)
             m.update(action_update(self.agents, samples, self.optimizers["action"], scale, int(a.minibatch),
-                                   float(a.grad_clip)))
+                                   float(a.grad_clip), self._reference_policies() if kl_coef > 0 else None,
+                                   kl_coef))
         else:
             ctx.flops.category = "branch"
             picks = pick_contested(episodes, int(a.branches_per_episode), self.rng)
@@ -189,7 +209,9 @@ class MPTTrainer:
             ctx.flops.category = "update"
             m["charts/contested_picked"] = float(len(picks))
             m.update(bid_update(self.agents, pairs, self.optimizers["bid"], int(a.minibatch), float(a.grad_clip),
-                                str(a.bid_pair_weight)))
+                                str(a.bid_pair_weight),
+                                self._reference_policies() if str(a.bid_reference) == "sft" else None,
+                                float(a.bid_beta)))
         m["time/update_s"] = time.time() - t1
         m["charts/lr"] = next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
         m["kind"] = kind
