@@ -29,6 +29,21 @@ def changed(before, policy):
     return any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
 
+def plain_sgd(policies, lr: float) -> dict:
+    """Per role, (SGD, constant schedule): a step follows the gradient itself (Adam's first step is sign-like)."""
+    out = {}
+    for r, p in policies.items():
+        opt = torch.optim.SGD(p.parameters(), lr=lr)
+        out[r] = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0))
+    return out
+
+
+def restore(policy, saved) -> None:
+    with torch.no_grad():
+        for p, s0 in zip(policy.parameters(), saved):
+            p.copy_(s0)
+
+
 def test_sft_lowers_loss_and_learns_role(ctx):
     agents, policies = ctx.build_swarm()
     demos = collect_demos(ctx.domain, ctx.task, [0, 1], rng=random.Random(0))
@@ -197,14 +212,8 @@ def test_margin_weighted_bid_pairs_follow_the_mean_score_difference(ctx):
 
     g0, after = gap(), {}
     for scheme in ("uniform", "margin"):
-        with torch.no_grad():
-            for p, s0 in zip(pol.parameters(), start):
-                p.copy_(s0)
-        opts = {}
-        for r, p in policies.items():
-            opt = torch.optim.SGD(p.parameters(), lr=0.05)
-            opts[r] = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0))
-        bid_update(agents, pairs, opts, minibatch=2, grad_clip=100.0, pair_weight=scheme)
+        restore(pol, start)
+        bid_update(agents, pairs, plain_sgd(policies, 0.05), minibatch=2, grad_clip=100.0, pair_weight=scheme)
         after[scheme] = gap()
     # BT's fixed points: sigmoid(gap) = the (weighted) share of wins for the high bid, 1/4 vs 2/3
     assert after["uniform"] < g0 and after["margin"] > after["uniform"] + 0.05
@@ -221,18 +230,11 @@ def test_a_bid_reference_keeps_confident_bids_under_noise_and_follows_a_consiste
     prompt = "bid prompt : the wood is near"
     high, low = pol.bid_target(0.8), pol.bid_target(0.2)
 
-    def sgd():
-        out = {}
-        for r, p in policies.items():
-            opt = torch.optim.SGD(p.parameters(), lr=0.05)
-            out[r] = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0))
-        return out
-
     def gap():
         with torch.no_grad():
             return float(pol.logprobs([prompt], [high]) - pol.logprobs([prompt], [low]))
 
-    opts = sgd()
+    opts = plain_sgd(policies, 0.05)
     for _ in range(60):
         bid_update(agents, [BranchPair(0, prompt, high, low, 1.0, 0.0)], opts, 16, 100.0)
     confident = gap()
@@ -243,10 +245,8 @@ def test_a_bid_reference_keeps_confident_bids_under_noise_and_follows_a_consiste
     after = {}
     for name, ref, pairs in (("paper", None, split), ("reference", reference, split),
                              ("reference, high keeps winning", reference, split[:1] * 2)):
-        with torch.no_grad():
-            for p, s0 in zip(pol.parameters(), start):
-                p.copy_(s0)
-        m = bid_update(agents, pairs, sgd(), 16, 100.0, reference=ref)
+        restore(pol, start)
+        m = bid_update(agents, pairs, plain_sgd(policies, 0.05), 16, 100.0, reference=ref)
         after[name] = gap()
         if ref is not None:
             assert m[f"charts/bid_ref_logodds_{agents[0].role}"] == pytest.approx(0.0, abs=1e-5)
@@ -274,24 +274,15 @@ def test_kl_coef_charges_each_action_its_drift_from_the_reference(ctx):
             prompts, toks = [p for p, _ in acts], [t for _, t in acts]
             return float((pol.logprobs(prompts, toks) - reference["Logger"].logprobs(prompts, toks)).abs().mean())
 
-    def sgd():
-        out = {}
-        for r, p in policies.items():
-            opt = torch.optim.SGD(p.parameters(), lr=0.5)
-            out[r] = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0))
-        return out
-
     start, d0 = snapshot(pol), drift()
     assert d0 > 0.5
-    action_update(agents, samples, sgd(), 1.0, 8, 100.0)
+    action_update(agents, samples, plain_sgd(policies, 0.5), 1.0, 8, 100.0)
     assert not changed(start, pol)  # equal credits, no KL: zero advantages
-    m = action_update(agents, samples, sgd(), 1.0, 8, 100.0, reference=reference, kl_coef=1.0)
+    m = action_update(agents, samples, plain_sgd(policies, 0.5), 1.0, 8, 100.0, reference=reference, kl_coef=1.0)
     assert m["charts/kl_Logger"] > 0.5 and drift() < d0
-    with torch.no_grad():
-        for p, s0 in zip(pol.parameters(), start):
-            p.copy_(s0)
+    restore(pol, start)
     same = {r: copy.deepcopy(p) for r, p in policies.items()}
-    m = action_update(agents, samples, sgd(), 1.0, 8, 100.0, reference=same, kl_coef=1.0)
+    m = action_update(agents, samples, plain_sgd(policies, 0.5), 1.0, 8, 100.0, reference=same, kl_coef=1.0)
     assert m["charts/kl_Logger"] == pytest.approx(0.0, abs=1e-5) and not changed(start, pol)
 
 

@@ -135,26 +135,26 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         kept = [i for i, nb in enumerate(new_bids) if nb is not None]
         for i, hb in zip(kept, resample_higher(agents, [picks[i] for i in kept], tries)):
             higher[i] = hb
-    slots, kept, owner = [], [], []
+    slots, branched, owner = [], [], []
     for (ep, turn), nb, hb in zip(picks, new_bids, higher):
         if nb is None:
             continue
         cf, again = forced_turns(turn, nb)
         for forced, side, j in [(cf, 1, j) for j in range(samples)] + [(again, 0, j) for j in range(1, samples)]:
             slots.append(forced_slot(domain, task, ep, turn, forced, j, horizon))
-            owner.append((len(kept), side))
-        kept.append(_Pick(turn, nb.tokens, None if hb is None else hb.tokens, window_score(ep, turn.t, horizon)))
+            owner.append((len(branched), side))
+        branched.append(_Pick(turn, nb.tokens, None if hb is None else hb.tokens, window_score(ep, turn.t, horizon)))
     if not slots:
         return []
     branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence)
-    scores: list[list[list[float]]] = [[[k.original_score], []] for k in kept]  # per pick: [original, branch]
+    scores: list[list[list[float]]] = [[[k.original_score], []] for k in branched]  # per pick: [original, branch]
     missing = set()
     for (i, side), br in zip(owner, branches):
         if br.reward_missing:
             missing.add(i)
         scores[i][side].append(br.reward)
     pairs = []
-    for i, k in enumerate(kept):
+    for i, k in enumerate(branched):
         if i in missing:
             continue
         o, b = sum(scores[i][0]) / len(scores[i][0]), sum(scores[i][1]) / len(scores[i][1])
@@ -238,6 +238,8 @@ def _with_reference(ref_policy, batch: list, minibatch: int) -> list:
 
 
 def _bradley_terry_chunk(policy, chunk, beta: float = 1.0, shifts: list | None = None) -> torch.Tensor:
+    """Loss of ``(prompt, y_w, y_l, weight[, ref log pi(y_w), ref log pi(y_l)])`` rows; with the
+    reference columns (:func:`_with_reference`) the DPO form, each row's log-odds shift into ``shifts``."""
     lw, ll = _pair_logprobs(policy, chunk)
     weights = torch.tensor([c[3] for c in chunk])
     if len(chunk[0]) == 4:
