@@ -56,6 +56,7 @@ class MPTTrainer:
         self.rng = random.Random(int(self.cfg.seed))
         torch.manual_seed(int(self.cfg.seed))
         self.state: dict = {"phase": "init", "iteration": 0}
+        self._reference: dict | None = None  #: frozen RL-start models (:meth:`_reference_policies`)
 
     # ------------------------------------------------------------------ setup
     def _optimizers(self, policies: dict) -> dict:
@@ -103,7 +104,7 @@ class MPTTrainer:
         """The reference of ``algo.bid_reference=sft`` and ``algo.kl_coef``: a frozen copy of each
         role's model as RL started (``checkpoints/sft``, after a cold start or a transfer's seed
         checkpoint), loaded once (and again after a resume)."""
-        if getattr(self, "_reference", None) is None:
+        if self._reference is None:
             src = self.ctx.run_dir / "checkpoints" / "sft" / "agents"
             if not src.is_dir():
                 raise FileNotFoundError(f"the reference policies (algo.bid_reference=sft / algo.kl_coef > 0) "
