@@ -64,3 +64,15 @@ def sampled_logprobs(policy: Policy, prompts: list[str], responses: list[list[in
     if t <= 0 or t == 1.0:
         return policy.logprobs(prompts, responses)
     return policy.logprobs(prompts, responses, temperature=t)
+
+
+
+@torch.no_grad()
+def logprobs_in_chunks(policy: Policy, prompts: list[str], responses: list[list[int]],
+                       minibatch: int) -> list[float]:
+    """:func:`sampled_logprobs` without gradients, ``minibatch`` rows at a time, as floats: the
+    reference and behaviour log-probs the DPO-form bid loss and the KL charge need."""
+    out: list[float] = []
+    for i in range(0, len(prompts), minibatch):
+        out += sampled_logprobs(policy, prompts[i:i + minibatch], responses[i:i + minibatch]).tolist()
+    return out

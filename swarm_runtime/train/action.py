@@ -10,7 +10,7 @@ import torch
 
 from swarm_runtime.credit import fold_skipped_rewards
 from swarm_runtime.episode import Agent, Episode
-from swarm_runtime.policy.base import sampled_logprobs
+from swarm_runtime.policy.base import logprobs_in_chunks, sampled_logprobs
 from swarm_runtime.train.losses import per_agent_advantages, reinforce_loss
 from swarm_runtime.train.optim import accumulate_and_step
 
@@ -67,7 +67,6 @@ def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: 
     return metrics
 
 
-@torch.no_grad()
 def _log_ratios(agents: list[Agent], samples, reference: dict, minibatch: int) -> list[float]:
     """``log pi(a|h) - log pi_ref(a|h)`` of every sample's action under its agent's model as it is
     now (the policy that sampled it) and under the role's reference model."""
@@ -77,12 +76,11 @@ def _log_ratios(agents: list[Agent], samples, reference: dict, minibatch: int) -
         by_policy[id(agents[s[0]].policy)].append(i)
     for idx in by_policy.values():
         agent = agents[samples[idx[0]][0]]
-        for j in range(0, len(idx), minibatch):
-            part = idx[j:j + minibatch]
-            prompts, tokens = [samples[i][1] for i in part], [samples[i][2] for i in part]
-            ratio = sampled_logprobs(agent.policy, prompts, tokens) - sampled_logprobs(reference[agent.role], prompts, tokens)
-            for i, r in zip(part, ratio.tolist()):
-                out[i] = float(r)
+        prompts, tokens = [samples[i][1] for i in idx], [samples[i][2] for i in idx]
+        now = logprobs_in_chunks(agent.policy, prompts, tokens, minibatch)
+        ref = logprobs_in_chunks(reference[agent.role], prompts, tokens, minibatch)
+        for i, a, b in zip(idx, now, ref):
+            out[i] = a - b
     return out
 
 

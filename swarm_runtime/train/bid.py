@@ -17,7 +17,7 @@ import torch
 
 from swarm_runtime.domain import Domain
 from swarm_runtime.episode import Agent, Episode, ForcedTurn, Slot, Turn, make_env, play
-from swarm_runtime.policy.base import sampled_logprobs
+from swarm_runtime.policy.base import logprobs_in_chunks, sampled_logprobs
 from swarm_runtime.policy.noise import key_hash
 from swarm_runtime.train.losses import bradley_terry_loss, pair_weights
 from swarm_runtime.train.optim import accumulate_and_step
@@ -226,15 +226,12 @@ def _pair_logprobs(policy, chunk) -> tuple[torch.Tensor, torch.Tensor]:
             sampled_logprobs(policy, prompts, [c[2] for c in chunk]))
 
 
-@torch.no_grad()
 def _with_reference(ref_policy, batch: list, minibatch: int) -> list:
     """Each pair with the reference policy's log-probs of its two bid responses appended."""
-    out = []
-    for i in range(0, len(batch), minibatch):
-        chunk = batch[i:i + minibatch]
-        ref_w, ref_l = _pair_logprobs(ref_policy, chunk)
-        out += [(*c, float(w), float(l)) for c, w, l in zip(chunk, ref_w.tolist(), ref_l.tolist())]
-    return out
+    prompts = [c[0] for c in batch]
+    ref_w = logprobs_in_chunks(ref_policy, prompts, [c[1] for c in batch], minibatch)
+    ref_l = logprobs_in_chunks(ref_policy, prompts, [c[2] for c in batch], minibatch)
+    return [(*c, w, l) for c, w, l in zip(batch, ref_w, ref_l)]
 
 
 def _bradley_terry_chunk(policy, chunk, beta: float = 1.0, shifts: list | None = None) -> torch.Tensor:
