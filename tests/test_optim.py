@@ -1,4 +1,6 @@
 """fp32 master weights for models loaded in bfloat16 (``model=local``'s default dtype)."""
+import math
+
 import torch
 
 from swarm_runtime.train.optim import MasterWeightAdamW, clip_and_step, make_optimizer
@@ -78,3 +80,27 @@ def test_masters_are_checkpointed_and_restored_in_place():
     restore_master_weights([q], saved[:1])
     assert q._swarm_master is live and torch.equal(live, saved[0])
     assert opt2.param_groups[0]["params"][0] is live
+
+
+def test_a_resumed_optimizer_keeps_the_configured_lr_and_eps_but_the_saved_moments():
+    """``load_state_dict`` alone would bring back the checkpoint's learning rate: a run resumed
+    after its config changed ``algo.lr`` would silently train at the old one."""
+    from swarm_runtime.train.optim import load_optimizer_state
+
+    p = torch.nn.Parameter(torch.ones(4))
+    opt, sched = make_optimizer([p], 3e-5, 0.0, 10, eps=1e-4)
+    _train(p, opt, sched, [torch.ones(4)] * 2)
+    saved_opt, saved_sched = opt.state_dict(), sched.state_dict()
+    q = torch.nn.Parameter(p.detach().clone())
+    opt2, sched2 = make_optimizer([q], 3e-4, 0.0, 10, eps=1e-8)
+    changed = load_optimizer_state(opt2, sched2, saved_opt, saved_sched)
+    assert changed == {"lr": (3e-5, 3e-4), "eps": (1e-4, 1e-8)}
+    def cosine(step):  # make_optimizer's schedule over 10 steps, floor 0.1
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / 10))
+
+    assert sched2.last_epoch == 2 and math.isclose(opt2.param_groups[0]["lr"], 3e-4 * cosine(2))
+    assert torch.equal(opt2.state[q]["exp_avg"], opt.state[p]["exp_avg"])  # the moments carry over
+    _train(q, opt2, sched2, [torch.ones(4)])
+    assert math.isclose(sched2.get_last_lr()[0], 3e-4 * cosine(3))
+    same_opt, same_sched = make_optimizer([torch.nn.Parameter(torch.ones(4))], 3e-5, 0.0, 10, eps=1e-4)
+    assert load_optimizer_state(same_opt, same_sched, saved_opt, saved_sched) == {}

@@ -19,7 +19,7 @@ from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
 from swarm_runtime.run import RunContext
 from swarm_runtime.train.action import action_update, credit_samples
 from swarm_runtime.train.bid import bid_update, pick_contested, run_branches
-from swarm_runtime.train.optim import make_optimizer, restore_master_weights
+from swarm_runtime.train.optim import load_optimizer_state, make_optimizer, restore_master_weights
 from swarm_runtime.train.sft import collect_demos, demo_accuracy, sft
 
 
@@ -78,14 +78,17 @@ class MPTTrainer:
             self.state = ckpt.load_state(ctx.resume_from)
             self.agents, self.policies = ctx.build_swarm(ctx.resume_from / "agents")
             self.optimizers = self._optimizers(self.policies)
+            overridden: dict = {}
             for role, policy in self.policies.items():
                 ts = ckpt.load_training_state(ctx.resume_from, role)
                 policy.set_rng_state(ts["policy_rng"])
                 restore_master_weights(policy.parameters(), ts.get("master_weights"))
                 for kind, (opt, sched) in ((k, self.optimizers[k][role]) for k in self.optimizers):
                     if f"optimizer_{kind}" in ts:
-                        opt.load_state_dict(ts[f"optimizer_{kind}"])
-                        sched.load_state_dict(ts[f"scheduler_{kind}"])
+                        changed = load_optimizer_state(opt, sched, ts[f"optimizer_{kind}"], ts[f"scheduler_{kind}"])
+                        overridden.update({(kind, name): v for name, v in changed.items()})
+            for (kind, name), (was, now) in sorted(overridden.items()):
+                logger.warning("{} steps: {} {} from the config (the checkpoint's optimizer had {})", kind, name, now, was)
             ckpt.restore_rng(ctx.resume_from, self.rng)
             ctx.flops.load_state_dict(self.state.get("flops", {}))
             logger.info("resumed at phase {} iteration {}", self.state["phase"], self.state["iteration"])

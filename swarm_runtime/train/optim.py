@@ -93,6 +93,35 @@ def make_optimizer(params, lr: float, weight_decay: float, total_steps: int, war
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+#: Optimizer settings a run's config sets; a checkpoint's copies of them are not restored.
+CONFIGURED = ("eps", "weight_decay", "betas")
+
+
+def load_optimizer_state(opt, sched, opt_state: dict, sched_state: dict) -> dict:
+    """Load a checkpoint's optimizer and scheduler state (Adam moments, step counts) but keep this
+    run's configured hyper-parameters. Torch's ``load_state_dict`` restores the saved learning rate
+    (``base_lrs``, ``initial_lr``), eps and weight decay, so a run resumed after its ``config.yaml``
+    changed ``algo.lr`` would silently train at the old rate. Returns ``{name: (saved, configured)}``
+    for each setting that differed."""
+    configured = [{k: g[k] for k in CONFIGURED} for g in opt.param_groups]
+    base = list(sched.base_lrs)
+    opt.load_state_dict(opt_state)
+    sched.load_state_dict(sched_state)
+    changed = {}
+    if list(sched.base_lrs) != base:
+        changed["lr"] = (sched.base_lrs[0], base[0])
+    for g, c in zip(opt.param_groups, configured):
+        for k, v in c.items():
+            if g[k] != v:
+                changed[k] = (g[k], v)
+                g[k] = v
+    sched.base_lrs = base
+    for g, b, f in zip(opt.param_groups, base, sched.lr_lambdas):
+        g["initial_lr"], g["lr"] = b, b * f(sched.last_epoch)
+    sched._last_lr = [g["lr"] for g in opt.param_groups]
+    return changed
+
+
 def clip_and_step(params, opt, sched, max_norm: float) -> float:
     params = [p for p in params if p.grad is not None]
     norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
