@@ -165,7 +165,7 @@ def test_rl_losses_score_at_the_sampling_temperature(ctx):
     Bradley-Terry must score log pi_T (on-policy), not the temperature-1 log-probabilities."""
     from swarm_runtime.policy.base import sampled_logprobs
     from swarm_runtime.train.action import _reinforce_chunk
-    from swarm_runtime.train.bid import _bradley_terry_chunk
+    from swarm_runtime.train.bid import _bradley_terry_chunk, _PreferenceRow
 
     _, policies = ctx.build_swarm()
     pol = policies["Miner"]
@@ -190,7 +190,7 @@ def test_rl_losses_score_at_the_sampling_temperature(ctx):
         loss = _reinforce_chunk(pol, [(p, o, 1.0) for p, o in zip(prompts, outs)])
         assert float(loss) == pytest.approx(float(-at_t.mean()), rel=1e-4)
         hi, lo = pol.bid_target(0.8), pol.bid_target(0.2)
-        bt = _bradley_terry_chunk(pol, [(prompts[0], hi, lo, 1.0)])
+        bt = _bradley_terry_chunk(pol, [_PreferenceRow(prompts[0], hi, lo, 1.0)])
         gap = float(pol.logprobs(prompts[:1], [hi]) - pol.logprobs(prompts[:1], [lo])) / 0.4
         assert float(bt) == pytest.approx(float(torch.nn.functional.softplus(torch.tensor(-gap))), rel=1e-4)
 

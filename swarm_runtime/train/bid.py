@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -190,8 +190,9 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
     by_policy: dict[int, list] = {}
     for key, ps in decisive.items():
         weights = pair_weights([p.original_score - p.branch_score for p in ps], pair_weight)
-        by_policy[key] = [(p.prompt, *((p.original, p.counterfactual) if p.original_score > p.branch_score
-                                       else (p.counterfactual, p.original)), w) for p, w in zip(ps, weights)]
+        by_policy[key] = [_PreferenceRow(p.prompt, *((p.original, p.counterfactual) if p.original_score > p.branch_score
+                                                     else (p.counterfactual, p.original)), w)
+                          for p, w in zip(ps, weights)]
     selected = [p for p in pairs if not p.runner_up]
     metrics: dict[str, float] = {"charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
                                  "charts/bid_pairs_higher_won": float(sum(
@@ -220,28 +221,43 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
     return metrics
 
 
-def _pair_logprobs(policy, chunk) -> tuple[torch.Tensor, torch.Tensor]:
-    prompts = [c[0] for c in chunk]
-    return (sampled_logprobs(policy, prompts, [c[1] for c in chunk]),
-            sampled_logprobs(policy, prompts, [c[2] for c in chunk]))
+@dataclass
+class _PreferenceRow:
+    """One decisive pair as the Bradley-Terry loss sees it: the bid prompt, the winning and losing
+    bid responses, the pair's weight, and (``algo.bid_reference=sft``) the reference's log-probs
+    of the two responses."""
+
+    prompt: str
+    winner: list[int]
+    loser: list[int]
+    weight: float
+    ref_winner: float | None = None
+    ref_loser: float | None = None
 
 
-def _with_reference(ref_policy, batch: list, minibatch: int) -> list:
-    """Each pair with the reference policy's log-probs of its two bid responses appended."""
-    prompts = [c[0] for c in batch]
-    ref_w = logprobs_in_chunks(ref_policy, prompts, [c[1] for c in batch], minibatch)
-    ref_l = logprobs_in_chunks(ref_policy, prompts, [c[2] for c in batch], minibatch)
-    return [(*c, w, l) for c, w, l in zip(batch, ref_w, ref_l)]
+def _pair_logprobs(policy, chunk: list[_PreferenceRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    prompts = [r.prompt for r in chunk]
+    return (sampled_logprobs(policy, prompts, [r.winner for r in chunk]),
+            sampled_logprobs(policy, prompts, [r.loser for r in chunk]))
 
 
-def _bradley_terry_chunk(policy, chunk, beta: float = 1.0, shifts: list | None = None) -> torch.Tensor:
-    """Loss of ``(prompt, y_w, y_l, weight[, ref log pi(y_w), ref log pi(y_l)])`` rows; with the
-    reference columns (:func:`_with_reference`) the DPO form, each row's log-odds shift into ``shifts``."""
+def _with_reference(ref_policy, batch: list[_PreferenceRow], minibatch: int) -> list[_PreferenceRow]:
+    """Each row with the reference policy's log-probs of its two bid responses filled in."""
+    prompts = [r.prompt for r in batch]
+    ref_w = logprobs_in_chunks(ref_policy, prompts, [r.winner for r in batch], minibatch)
+    ref_l = logprobs_in_chunks(ref_policy, prompts, [r.loser for r in batch], minibatch)
+    return [replace(r, ref_winner=w, ref_loser=l) for r, w, l in zip(batch, ref_w, ref_l)]
+
+
+def _bradley_terry_chunk(policy, chunk: list[_PreferenceRow], beta: float = 1.0,
+                         shifts: list | None = None) -> torch.Tensor:
+    """Loss of the rows; rows with reference log-probs (:func:`_with_reference`) take the DPO form,
+    each row's log-odds shift beyond the reference going into ``shifts``."""
     lw, ll = _pair_logprobs(policy, chunk)
-    weights = torch.tensor([c[3] for c in chunk])
-    if len(chunk[0]) == 4:
+    weights = torch.tensor([r.weight for r in chunk])
+    if chunk[0].ref_winner is None:
         return bradley_terry_loss(lw, ll, weights, beta=beta)
-    rw, rl = torch.tensor([c[4] for c in chunk]), torch.tensor([c[5] for c in chunk])
+    rw, rl = torch.tensor([r.ref_winner for r in chunk]), torch.tensor([r.ref_loser for r in chunk])
     if shifts is not None:
         shifts += ((lw - ll).detach().cpu() - (rw - rl)).tolist()
     return bradley_terry_loss(lw, ll, weights, rw, rl, beta=beta)
