@@ -1,0 +1,139 @@
+"""How much of what an action step sees is about the action: the action signal of a domain's
+reward under a checkpoint's policies.
+
+REINFORCE learns an action from ``score - baseline``. Even with a perfect state baseline,
+the score of one sampled continuation mixes two things: how much the action itself is
+worth, ``Q(s, a) - V(s)``, and how the rest of the episode happens to be sampled. This
+measures both. For contested turns of a checkpoint's rollouts (``--per-episode`` per
+episode) it restores the turn's snapshot, lets the acting agent sample two actions
+``a1, a2`` on the same prompt, and plays each on ``K = 2`` times with the current
+policies. With ``d_j = score(a1, j) - score(a2, j)``:
+
+- ``Cov(d_1, d_2)`` over the turns estimates ``Var[Q(s, a1) - Q(s, a2)] = 2 Var_a Q(s, a)``,
+  the **signal**: how much the sampled action changes the expected score;
+- ``mean((score(a, 1) - score(a, 2))^2) / 2`` estimates ``Var[score | s, a]``, the **noise**
+  of one continuation.
+
+The **signal share** ``Var_a Q / (Var_a Q + noise)`` is the fraction of a REINFORCE sample's
+variance, after a perfect state baseline, that is about the action; ``noise / signal`` is
+about how many samples one unit of gradient signal-to-noise needs. Scores run to the end
+of the episode, or over ``--horizon H`` decisions from the turn (as ``algo.branch_horizon``).
+
+    python benchmarks/action_signal.py RUN_DIR/checkpoints/sft [--envs 32] [--per-episode 2] [--horizon H] [key=value ...]
+
+``key=value`` arguments are run config overrides, as for ``swarm run``.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics as st
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from loguru import logger
+
+from swarm_runtime.config import resolve
+from swarm_runtime.domain import Event
+from swarm_runtime.episode import Episode, Slot, make_env, new_slots, play
+from swarm_runtime.plugins import get_registry
+from swarm_runtime.run import RunContext
+
+CONTINUATIONS = 2  #: K: continuations per sampled action (two are what the covariance needs)
+
+
+def measure(ctx, agents, rng: random.Random, envs: int, per_episode: int, horizon: int | None) -> list[tuple]:
+    """One batch of episodes: ``(role, [[score(a1, j)], [score(a2, j)]])`` per picked turn."""
+    coord, cap = ctx.coordinator(), int(ctx.task.max_decisions)
+    with torch.no_grad():
+        eps = play(new_slots(ctx.domain, ctx.task, [rng.choice(ctx.seeds("train")) for _ in range(envs)]),
+                   agents, coord, ctx.domain, cap, rng, record_snapshots=True)
+        picks = []
+        for ep in eps:
+            cands = [t for t in ep.acted if t.snapshot is not None]
+            picks += [(ep, t) for t in rng.sample(cands, min(per_episode, len(cands)))]
+        by_agent: dict[int, list] = defaultdict(list)
+        for i, (_, t) in enumerate(picks):
+            by_agent[t.winner].append(i)
+        actions: dict[int, list] = {}
+        for a, idx in by_agent.items():
+            prompts = [picks[i][1].action_prompt for i in idx for _ in range(2)]
+            out = agents[a].policy.act(prompts)
+            for n, i in enumerate(idx):
+                actions[i] = [out[2 * n].text, out[2 * n + 1].text]
+        slots, tags = [], []
+        for i, (ep, t) in enumerate(picks):
+            agent = agents[t.winner]
+            for side, text in enumerate(actions[i]):
+                for _ in range(CONTINUATIONS):
+                    env = make_env(ctx.domain, ctx.task)
+                    env_snap, log = t.snapshot
+                    env.restore(env_snap)
+                    res = env.step(text, agent.env_role)
+                    first = float(res.reward)
+                    log = [*log, Event(t.t, agent.log_role, text, res.valid, first)]
+                    tags.append((i, side, first))
+                    slot = Slot(env, Episode(ep.seed), log, t=t.t + 1, last_actor=t.winner,
+                                stop_at=None if horizon is None else t.t + int(horizon))
+                    if env.done or slot.t >= cap or (slot.stop_at is not None and slot.t >= slot.stop_at):
+                        slot.finished = True
+                    slots.append(slot)
+        done = play(slots, agents, coord, ctx.domain, cap, rng)
+    scores: dict[int, list] = {i: [[], []] for i in range(len(picks))}
+    for (i, side, first), e in zip(tags, done):
+        scores[i][side].append(first + sum(x.reward for x in e.turns))
+    return [(agents[picks[i][1].winner].role, s) for i, s in scores.items()]
+
+
+def signal_and_noise(rows: list[list]) -> tuple[float, float, float]:
+    """``(Var_a Q(s, a), its standard error, Var[score | s, a])`` from ``[[a1 scores], [a2 scores]]`` rows."""
+    d1 = [r[0][0] - r[1][0] for r in rows]
+    d2 = [r[0][1] - r[1][1] for r in rows]
+    m1, m2 = st.mean(d1), st.mean(d2)
+    prods = [(x - m1) * (y - m2) for x, y in zip(d1, d2)]
+    cov = sum(prods) / (len(rows) - 1)
+    noise = st.mean((s[0] - s[1]) ** 2 / 2 for r in rows for s in r)
+    return cov / 2, st.stdev(prods) / len(prods) ** 0.5 / 2, noise
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("checkpoint", help="a checkpoint folder (RUN_DIR/checkpoints/TAG)")
+    ap.add_argument("--iterations", type=int, default=2, help="batches of episodes")
+    ap.add_argument("--envs", type=int, default=32, help="episodes per batch")
+    ap.add_argument("--per-episode", type=int, default=2, help="acted turns picked per episode")
+    ap.add_argument("--horizon", type=int, default=None, help="score H decisions from the turn (default: to the end)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    args, overrides = ap.parse_known_args(argv)
+    torch.set_num_threads(args.threads)
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    pm, reg = get_registry()
+    ctx = RunContext(resolve(["progress=false", *overrides], reg), pm, reg, None)
+    agents, _ = ctx.build_swarm(Path(args.checkpoint) / "agents")
+    rng = random.Random(args.seed)
+    rows: list[tuple] = []
+    for it in range(args.iterations):
+        rows += measure(ctx, agents, rng, args.envs, args.per_episode, args.horizon)
+        print(f"batch {it + 1}/{args.iterations}: {len(rows)} turns", file=sys.stderr, flush=True)
+    scope = "to the end of the episode" if args.horizon is None else f"over {args.horizon} decisions"
+    print(f"{len(rows)} contested turns, 2 actions x {CONTINUATIONS} continuations each, scored {scope}")
+    print("| role | turns | signal Var_a Q (± SE) | noise Var[score given s, a] | signal share | noise / signal |")
+    print("|---|---|---|---|---|---|")
+    by_role: dict[str, list] = defaultdict(list)
+    for role, s in rows:
+        by_role[role].append(s)
+    for role, rs in sorted(by_role.items()):
+        if len(rs) < 3:
+            continue
+        sig, se, noise = signal_and_noise(rs)
+        share = sig / (sig + noise) if sig + noise > 0 else float("nan")
+        ratio = f"{noise / sig:.0f}" if sig > 0 else "inf (no signal measured)"
+        print(f"| {role} | {len(rs)} | {sig:.3g} ± {se:.2g} | {noise:.3g} | {share:.3f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
