@@ -97,7 +97,8 @@ class AlgoConfig:
     #: VLN-CE: within the noise of single runs (docs/results.md)
     kl_coef: float = 0.0  #: action steps: each action's credit is charged ``kl_coef * [log pi(a|h) - log
     #: pi_ref(a|h)]`` (reward units), pi_ref = the models as RL started (``checkpoints/sft``): the KL-penalised
-    #: reward of RLHF, which keeps a higher ``lr`` from drifting into degenerate actions. 0 = the paper
+    #: reward of RLHF, meant to keep a higher ``lr`` from drifting into degenerate actions (no gain measured on
+    #: VLN-CE, docs/results.md). 0 = the paper
     bid_reference: str = "none"  #: what a bid pair's log-odds are measured against: ``none`` (the paper:
     #: ``log pi(y_w) - log pi(y_l)``, whose optimum sets the bid odds to the pairs' win odds, so pairs that split
     #: by noise flatten the bids toward uniform) or ``sft`` (minus the same log-odds under the policies at the
