@@ -25,21 +25,17 @@ of the episode, or over ``--horizon H`` decisions from the turn (as ``algo.branc
 """
 from __future__ import annotations
 
-import argparse
 import random
 import statistics as st
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import torch
-from loguru import logger
 
-from swarm_runtime.config import resolve
 from swarm_runtime.domain import Event
 from swarm_runtime.episode import Episode, Slot, make_env, new_slots, play
-from swarm_runtime.plugins import get_registry
-from swarm_runtime.run import RunContext
+
+from _checkpoint import load, parser  # benchmarks/_checkpoint.py
 
 CONTINUATIONS = 2  #: K: continuations per sampled action (two are what the covariance needs)
 
@@ -99,21 +95,13 @@ def signal_and_noise(rows: list[list]) -> tuple[float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkpoint", help="a checkpoint folder (RUN_DIR/checkpoints/TAG)")
+    ap = parser(__doc__, seed=1)
     ap.add_argument("--iterations", type=int, default=2, help="batches of episodes")
     ap.add_argument("--envs", type=int, default=32, help="episodes per batch")
     ap.add_argument("--per-episode", type=int, default=2, help="acted turns picked per episode")
     ap.add_argument("--horizon", type=int, default=None, help="score H decisions from the turn (default: to the end)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1)
     args, overrides = ap.parse_known_args(argv)
-    torch.set_num_threads(args.threads)
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING")
-    pm, reg = get_registry()
-    ctx = RunContext(resolve(["progress=false", *overrides], reg), pm, reg, None)
-    agents, _ = ctx.build_swarm(Path(args.checkpoint) / "agents")
+    ctx, agents = load(args, overrides)
     rng = random.Random(args.seed)
     rows: list[tuple] = []
     for it in range(args.iterations):

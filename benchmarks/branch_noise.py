@@ -24,20 +24,16 @@ and task keys, e.g. ``domain=vln_ce task=r2r task.bearings=true model.temperatur
 """
 from __future__ import annotations
 
-import argparse
 import random
 import statistics as st
 import sys
-from pathlib import Path
 
 import torch
-from loguru import logger
 
-from swarm_runtime.config import resolve
 from swarm_runtime.episode import new_slots, play
-from swarm_runtime.plugins import get_registry
-from swarm_runtime.run import RunContext
 from swarm_runtime.train.bid import forced_slot, forced_turns, pick_contested, resample_lower, window_score
+
+from _checkpoint import load, parser  # benchmarks/_checkpoint.py
 
 
 def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, envs: int,
@@ -88,22 +84,14 @@ def _corr(a: list[float], b: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkpoint", help="a checkpoint folder (RUN_DIR/checkpoints/TAG)")
+    ap = parser(__doc__, seed=1)
     ap.add_argument("--iterations", type=int, default=6, help="batches of episodes")
     ap.add_argument("--envs", type=int, default=32, help="episodes per batch")
     ap.add_argument("--per-episode", type=int, default=2, help="contested turns picked per episode")
     ap.add_argument("--samples", type=int, default=3, help="K: branches and re-rolls behind the estimate")
-    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--horizon", type=int, default=None, help="score H decisions from the branched turn (default: to the end)")
-    ap.add_argument("--threads", type=int, default=1)
     args, overrides = ap.parse_known_args(argv)
-    torch.set_num_threads(args.threads)
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING")
-    pm, reg = get_registry()
-    ctx = RunContext(resolve(["progress=false", *overrides], reg), pm, reg, None)
-    agents, _ = ctx.build_swarm(Path(args.checkpoint) / "agents")
+    ctx, agents = load(args, overrides)
     rng = random.Random(args.seed)
     rows = []
     for it in range(args.iterations):

@@ -23,22 +23,17 @@ noise. Prints one table row per agent and baseline.
 """
 from __future__ import annotations
 
-import argparse
 import random
 import statistics as st
-import sys
 import zlib
 from collections import defaultdict
-from pathlib import Path
 
 import torch
-from loguru import logger
 
-from swarm_runtime.config import resolve
 from swarm_runtime.credit import fold_skipped_rewards
 from swarm_runtime.episode import new_slots, play
-from swarm_runtime.plugins import get_registry
-from swarm_runtime.run import RunContext
+
+from _checkpoint import load, parser  # benchmarks/_checkpoint.py
 
 DIM = 4096  #: hashed feature dimension of the text baseline
 
@@ -107,22 +102,14 @@ def text_residuals(rows: list[tuple], lam: float) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkpoint", help="a checkpoint folder (RUN_DIR/checkpoints/TAG)")
+    ap = parser(__doc__, seed=5)
     ap.add_argument("--seeds", type=int, default=32, help="training episode seeds")
     ap.add_argument("--group-size", type=int, default=4, help="rollouts per seed (G)")
     ap.add_argument("--ridge", type=float, default=1.0, help="ridge penalty of the text baseline")
-    ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
     args, overrides = ap.parse_known_args(argv)
     if args.group_size < 2:
         raise SystemExit(f"--group-size {args.group_size}: the group baseline needs at least 2 rollouts per seed")
-    torch.set_num_threads(args.threads)
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING")
-    pm, reg = get_registry()
-    ctx = RunContext(resolve(["progress=false", *overrides], reg), pm, reg, None)
-    agents, _ = ctx.build_swarm(Path(args.checkpoint) / "agents")
+    ctx, agents = load(args, overrides)
     rows = credit_rows(ctx, agents, random.Random(args.seed), args.seeds, args.group_size)
     if not rows:
         raise SystemExit("no acted turns: nothing to measure")

@@ -11,6 +11,9 @@ from conftest import ROOT, TINY_RUN, swarm
 
 
 def _load(name: str):
+    """A benchmark script as a module (its directory on the path, as when it is run)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
