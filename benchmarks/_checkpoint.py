@@ -25,6 +25,15 @@ def parser(doc: str, seed: int) -> argparse.ArgumentParser:
     return ap
 
 
+def add_batch_options(ap: argparse.ArgumentParser, iterations: int) -> None:
+    """``--iterations`` batches of ``--envs`` episodes, ``--per-episode`` turns picked from each,
+    scored over ``--horizon`` decisions (the benchmarks that replay picked turns)."""
+    ap.add_argument("--iterations", type=int, default=iterations, help="batches of episodes")
+    ap.add_argument("--envs", type=int, default=32, help="episodes per batch")
+    ap.add_argument("--per-episode", type=int, default=2, help="turns picked per episode")
+    ap.add_argument("--horizon", type=int, default=None, help="score H decisions from the picked turn (default: to the end)")
+
+
 def load(args, overrides: list[str]):
     """``(RunContext, agents)``: the config resolved from ``overrides`` (as ``swarm run`` would) and
     the checkpoint's models; warnings only on the log."""

@@ -35,7 +35,7 @@ import torch
 from swarm_runtime.domain import Event
 from swarm_runtime.episode import Episode, Slot, make_env, new_slots, play
 
-from _checkpoint import load, parser  # benchmarks/_checkpoint.py
+from _checkpoint import add_batch_options, load, parser  # benchmarks/_checkpoint.py
 
 CONTINUATIONS = 2  #: K: continuations per sampled action (two are what the covariance needs)
 
@@ -96,10 +96,7 @@ def signal_and_noise(rows: list[list]) -> tuple[float, float, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__, seed=1)
-    ap.add_argument("--iterations", type=int, default=2, help="batches of episodes")
-    ap.add_argument("--envs", type=int, default=32, help="episodes per batch")
-    ap.add_argument("--per-episode", type=int, default=2, help="acted turns picked per episode")
-    ap.add_argument("--horizon", type=int, default=None, help="score H decisions from the turn (default: to the end)")
+    add_batch_options(ap, iterations=2)
     args, overrides = ap.parse_known_args(argv)
     ctx, agents = load(args, overrides)
     rng = random.Random(args.seed)

@@ -33,7 +33,7 @@ import torch
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.train.bid import forced_slot, forced_turns, pick_contested, resample_lower, window_score
 
-from _checkpoint import load, parser  # benchmarks/_checkpoint.py
+from _checkpoint import add_batch_options, load, parser  # benchmarks/_checkpoint.py
 
 
 def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, envs: int,
@@ -85,11 +85,8 @@ def _corr(a: list[float], b: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__, seed=1)
-    ap.add_argument("--iterations", type=int, default=6, help="batches of episodes")
-    ap.add_argument("--envs", type=int, default=32, help="episodes per batch")
-    ap.add_argument("--per-episode", type=int, default=2, help="contested turns picked per episode")
+    add_batch_options(ap, iterations=6)
     ap.add_argument("--samples", type=int, default=3, help="K: branches and re-rolls behind the estimate")
-    ap.add_argument("--horizon", type=int, default=None, help="score H decisions from the branched turn (default: to the end)")
     args, overrides = ap.parse_known_args(argv)
     ctx, agents = load(args, overrides)
     rng = random.Random(args.seed)
