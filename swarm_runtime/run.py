@@ -113,12 +113,37 @@ def _apply_resume_overrides(saved: DictConfig, args, resume_from: Path) -> bool:
     return n != before
 
 
+def ignored_on_resume(saved: DictConfig, args) -> list[str]:
+    """The command line's ``key=value`` settings that differ from a resumed run's saved config and
+    that resuming does not apply (all but the machine and ``algo.iterations``; groups such as
+    ``task=`` or ``model=`` and ``run_dir=`` only pick the run), each with the saved value."""
+    out = []
+    applied = {k for k, _ in machine_overrides(args, also=("algo.iterations",))}
+    for a in args:
+        k, _, v = a.partition("=")
+        if k in applied or k in ("resume", "run_dir"):
+            continue
+        key = k if "." in k or k in saved or k not in saved.get("task", {}) else f"task.{k}"
+        was = OmegaConf.select(saved, key, default=None)
+        if isinstance(was, DictConfig):  # a group (task=, model=, algo= ...): it picks, not sets
+            continue
+        trial = saved.copy()
+        try:
+            override(trial, k, v)
+        except Exception:  # a value the run could not take anyway: the comparison is what matters
+            out.append(f"{k}={v} (the run has {was})")
+            continue
+        if OmegaConf.select(trial, key, default=None) != was:
+            out.append(f"{k}={v} (the run has {was})")
+    return out
+
+
 def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) -> RunContext:
     """Pick (or find, for ``resume=true``) the run folder, save the resolved config, set up logging.
     ``args``: the command line, whose ``hardware`` keys and ``algo.iterations`` (to train longer)
     still apply when a run is resumed."""
     check_hardware(cfg)
-    resume_from, extended = None, False
+    resume_from, extended, ignored = None, False, []
     if cfg.run_dir:
         run_dir = Path(cfg.run_dir)
     elif cfg.resume:
@@ -138,6 +163,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
             # (algo.iterations) how many updates to train in all.
             saved = load_saved(run_dir / "config.yaml")
             saved.resume, saved.run_dir = True, str(run_dir)
+            ignored = ignored_on_resume(saved, args)
             extended = _apply_resume_overrides(saved, args, resume_from)
             cfg = saved
             check_hardware(cfg)
@@ -151,4 +177,8 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
     logger.add(run_dir / "run.log", level="DEBUG")
     logger.info("run folder {}{}", run_dir, f" (resuming from {resume_from.name})" if resume_from else "")
+    if ignored:
+        logger.warning("resume=true continues the run as its config.yaml says; ignored: {}. Only hardware.* and "
+                       "algo.iterations apply on resume; edit {} to change the rest",
+                       "; ".join(ignored), run_dir / "config.yaml")
     return RunContext(cfg, pm, registry, run_dir, resume_from)
