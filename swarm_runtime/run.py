@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from loguru import logger
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from swarm_runtime.config import ConfigError, load_saved, override
 from swarm_runtime.checkpoint import latest_checkpoint
@@ -130,7 +131,7 @@ def ignored_on_resume(saved: DictConfig, args) -> list[str]:
         trial = saved.copy()
         try:
             override(trial, k, v)
-        except Exception:  # a value the run could not take anyway: the comparison is what matters
+        except (ConfigError, OmegaConfBaseException, ValueError):  # a value the run could not take anyway
             out.append(f"{k}={v} (the run has {was})")
             continue
         if OmegaConf.select(trial, key, default=None) != was:
