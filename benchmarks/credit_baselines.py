@@ -30,8 +30,8 @@ from collections import defaultdict
 
 import torch
 
-from swarm_runtime.credit import fold_skipped_rewards
 from swarm_runtime.episode import new_slots, play
+from swarm_runtime.train.action import credit_samples
 
 from _checkpoint import load, parser  # benchmarks/_checkpoint.py
 
@@ -46,13 +46,8 @@ def credit_rows(ctx, agents, rng: random.Random, n_seeds: int, group: int) -> li
         eps = play(new_slots(ctx.domain, ctx.task, [s for s in seeds for _ in range(group)]), agents,
                    ctx.coordinator(), ctx.domain, int(ctx.task.max_decisions), rng)
     credit_fn, rows = ctx.credit_fn(), []
-    for i, ep in enumerate(eps):
-        if ep.reward_missing or not ep.acted:
-            continue
-        rewards = fold_skipped_rewards([t.reward for t in ep.turns], [t.winner is not None for t in ep.turns])
-        acted = ep.acted
-        for turn, c in zip(acted, credit_fn(rewards, [t.auction.winning_bid for t in acted], rng)):
-            rows.append((i, ep.seed, turn.winner, turn.action_prompt, float(c)))
+    for i, ep in enumerate(eps):  # one episode at a time, to keep its index
+        rows += [(i, ep.seed, a, prompt, c) for a, prompt, _, c in credit_samples([ep], credit_fn, rng)]
     return rows
 
 
