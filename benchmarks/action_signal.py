@@ -32,8 +32,8 @@ from collections import defaultdict
 
 import torch
 
-from swarm_runtime.domain import Event
-from swarm_runtime.episode import Episode, Slot, make_env, new_slots, play
+from swarm_runtime.episode import ForcedTurn, new_slots, play
+from swarm_runtime.train.bid import forced_slot
 
 from _checkpoint import add_batch_options, load, parser  # benchmarks/_checkpoint.py
 
@@ -55,31 +55,20 @@ def measure(ctx, agents, rng: random.Random, envs: int, per_episode: int, horizo
             by_agent[t.winner].append(i)
         actions: dict[int, list] = {}
         for a, idx in by_agent.items():
-            prompts = [picks[i][1].action_prompt for i in idx for _ in range(2)]
-            out = agents[a].policy.act(prompts)
+            out = agents[a].policy.act([picks[i][1].action_prompt for i in idx for _ in range(2)])
             for n, i in enumerate(idx):
-                actions[i] = [out[2 * n].text, out[2 * n + 1].text]
+                actions[i] = out[2 * n:2 * n + 2]
         slots, tags = [], []
         for i, (ep, t) in enumerate(picks):
-            agent = agents[t.winner]
-            for side, text in enumerate(actions[i]):
-                for _ in range(CONTINUATIONS):
-                    env = make_env(ctx.domain, ctx.task)
-                    env_snap, log = t.snapshot
-                    env.restore(env_snap)
-                    res = env.step(text, agent.env_role)
-                    first = float(res.reward)
-                    log = [*log, Event(t.t, agent.log_role, text, res.valid, first)]
-                    tags.append((i, side, first))
-                    slot = Slot(env, Episode(ep.seed), log, t=t.t + 1, last_actor=t.winner,
-                                stop_at=None if horizon is None else t.t + int(horizon))
-                    if env.done or slot.t >= cap or (slot.stop_at is not None and slot.t >= slot.stop_at):
-                        slot.finished = True
-                    slots.append(slot)
+            for side, action in enumerate(actions[i]):
+                forced = ForcedTurn(t.bids, t.bid_tokens, t.bid_prompts, t.winner, action=action)
+                for j in range(CONTINUATIONS):
+                    slots.append(forced_slot(ctx.domain, ctx.task, ep, t, forced, j, horizon))
+                    tags.append((i, side))
         done = play(slots, agents, coord, ctx.domain, cap, rng)
     scores: dict[int, list] = {i: [[], []] for i in range(len(picks))}
-    for (i, side, first), e in zip(tags, done):
-        scores[i][side].append(first + sum(x.reward for x in e.turns))
+    for (i, side), e in zip(tags, done):
+        scores[i][side].append(sum(x.reward for x in e.turns))
     return [(agents[picks[i][1].winner].role, s) for i, s in scores.items()]
 
 

@@ -6,7 +6,11 @@ Prints, from one run on the same models and seeds:
   agent, one action call, one env step), and their ratio;
 - the share of the batched loop's wall time spent outside model forward passes;
 - the batched loop's rate with common random numbers (keyed Gumbel-max sampling,
-  ``algo.common_random_numbers``) as a fraction of its rate with the generators.
+  ``algo.common_random_numbers``) as a fraction of its rate with the generators;
+- where the domain lists action choices (Minecraft, VLN-CE), the time of one
+  batched action generation with constrained decoding (``model.constrained_actions``)
+  as a multiple of the free-text time, on the same action prompts (episode lengths
+  change with the constraint, so the loop's own rate would not compare like with like).
 
     python benchmarks/rollout.py [--envs 32] [--decisions 60] [--domain minecraft --task iron_pickaxe] [--hardware h200]
 """
@@ -72,8 +76,11 @@ def main() -> None:
     coord, seeds = ctx.coordinator(), ctx.seeds("train")
     cap = int(ctx.task.max_decisions)
 
+    prompts: dict[int, list[str]] = {}  # agent -> action prompts of its acted turns (last run)
+
     def run(batches, keyed: bool = False):
         n, t0, f0 = 0, time.perf_counter(), timer.total
+        prompts.clear()
         with torch.no_grad():
             for batch in batches:
                 slots = new_slots(ctx.domain, ctx.task, batch)
@@ -81,6 +88,9 @@ def main() -> None:
                     s.episode.noise = k + 1 if keyed else None
                 eps = play(slots, agents, coord, ctx.domain, cap, random.Random(0))
                 n += sum(len(e.turns) for e in eps)
+                for e in eps:
+                    for t in e.acted:
+                        prompts.setdefault(t.winner, []).append(t.action_prompt)
         wall = time.perf_counter() - t0
         return n, wall, timer.total - f0
 
@@ -99,6 +109,25 @@ def main() -> None:
     print(f"naive loop time outside model forward passes:   {100 * (wn - fn) / wn:.1f}%")
     print(f"batched loop with common random numbers: {nk} decisions in {wk:.1f}s = {nk / wk:.1f} decisions/s, "
           f"{(nk / wk) / rate_b:.2f}x the generators' rate")
+    choices = {role: ctx.domain.action_choices(ctx.task, role) for role in policies}
+    if any(choices.values()):
+        free = constrained = 0.0
+        with torch.no_grad():
+            for a, ps in prompts.items():
+                pol, texts = agents[a].policy, choices[agents[a].role]
+                if not texts:
+                    continue
+                for constrain in (False, True):
+                    pol.action_trie = None
+                    if constrain:
+                        pol.constrain_actions(texts)
+                    t0 = time.perf_counter()
+                    for _ in range(3):
+                        pol.act(ps[:args.envs])
+                    dt = time.perf_counter() - t0
+                    constrained, free = (constrained + dt, free) if constrain else (constrained, free + dt)
+        print(f"action generation with constrained decoding: {constrained:.2f}s against {free:.2f}s free "
+              f"on the same prompts, {constrained / free:.2f}x the free-text time")
 
 
 if __name__ == "__main__":

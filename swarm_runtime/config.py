@@ -39,6 +39,9 @@ class ModelConfig:
     bid_mode: str = "logits"  #: ``logits`` (score the bid tokens, fast) or ``generate`` (parse a generated bid)
     temperature: float = 1.0  #: sampling temperature for bids and actions (0 = greedy)
     max_action_tokens: int = 12  #: cap on a generated action
+    constrained_actions: bool = False  #: sample each role's action only among the texts its domain lists for it
+    #: (``Domain.action_choices``; guided ``choice`` decoding). Needs a domain that lists them; SFT still trains the
+    #: full next-token distribution, REINFORCE and the KL charge score actions under the same constraint.
     max_bid_tokens: int = 6  #: cap on a generated bid (``generate`` mode)
     max_prompt_tokens: int = 256  #: prompts are cut from the left beyond this
     dtype: str = "float32"  #: weights dtype when loading a checkpoint

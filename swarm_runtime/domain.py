@@ -87,6 +87,14 @@ class Domain(ABC):
         spec = task.train_seeds if split == "train" else task.eval_seeds
         return list(range(int(spec.start), int(spec.start) + int(spec.count)))
 
+    def action_choices(self, task: DictConfig, role: str | None) -> list[str] | None:
+        """Every action text ``role`` may emit, when its action space is finite; ``None`` (the
+        default) when it is open (free-text queries). ``role`` is ``None`` for the monolithic
+        model, which may emit any role's action. With ``model.constrained_actions=true`` the
+        role's model samples only among these texts. The texts must parse as valid actions of
+        ``role`` and use the domain's vocabulary (the conformance kit checks both)."""
+        return None
+
     # ---- prompts ---------------------------------------------------------------
     def render_log(self, log: Sequence[Event]) -> str:
         tail = [e.render() for e in log[-self.log_window:]] if self.log_window else []

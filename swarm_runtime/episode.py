@@ -25,7 +25,7 @@ from swarm_runtime.auction import AuctionResult
 from swarm_runtime.domain import Domain, Event
 from swarm_runtime.env import ValidatedEnv
 from swarm_runtime.policy import noise as keyed
-from swarm_runtime.policy.base import Policy
+from swarm_runtime.policy.base import Policy, Response
 
 
 @dataclass
@@ -101,12 +101,14 @@ class Episode:
 
 @dataclass
 class ForcedTurn:
-    """A first turn whose bids and winner are given (a counterfactual branch)."""
+    """A first turn whose bids and winner are given (a counterfactual branch), and optionally the
+    winner's action (``None``: the winner samples it as usual)."""
 
     bids: list[float | None]
     bid_tokens: list[list[int] | None]
     bid_prompts: list[str | None]
     winner: int
+    action: Response | None = None
 
 
 @dataclass
@@ -224,6 +226,8 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
                 f = s.forced
                 res = AuctionResult(f.winner, None, float(f.bids[f.winner] or 0.0), 0.0)
                 turns[id(s)] = Turn(s.t, list(f.bids), list(f.bid_tokens), list(f.bid_prompts), res)
+                if f.action is not None:
+                    proposals[id(s)][f.winner] = f.action
                 s.forced = None
             else:
                 if wants_info:
@@ -243,7 +247,7 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
             if record_snapshots and turn.auction.contested:
                 turn.snapshot = (s.env.snapshot(), list(s.log))
             proposal = proposals[id(s)].get(turn.winner)
-            if proposal is not None:  # the chosen proposal is the action (sampled on the same prompt)
+            if proposal is not None:  # the chosen proposal (or a forced action) is the action, on the same prompt
                 turn.action_text, turn.action_tokens = proposal.text, proposal.tokens
                 continue
             acts.append(((s, turn.winner, turn), agent.policy))

@@ -54,6 +54,28 @@ class RunContext:
         return factory(model_cfg, words, [float(b) for b in self.cfg.algo.bid_levels], seed,
                        flops=self.flops, init_path=str(init_path) if init_path else None)
 
+    def constrain_actions(self, policies: dict, roles: dict) -> None:
+        """With ``model.constrained_actions``: restrict each policy's actions to the texts the domain
+        lists for its role (``roles``: policy name -> role name, or ``None`` for the monolithic model)."""
+        if not self.cfg.model.constrained_actions:
+            return
+        listed = {name: self.domain.action_choices(self.task, role) for name, role in roles.items()}
+        if not any(listed.values()):
+            raise ConfigError(f"model.constrained_actions=true, but domain {self.cfg.domain!r} lists no action "
+                              f"choices for {', '.join(str(r) for r in roles.values())} (Domain.action_choices); "
+                              "set model.constrained_actions=false")
+        for name, choices in listed.items():
+            if not choices:
+                logger.info("model.constrained_actions: {} has no listed action choices; it samples freely", name)
+                continue
+            if not hasattr(policies[name], "constrain_actions"):
+                raise ConfigError(f"model.backend {self.cfg.model.backend!r} cannot constrain actions; "
+                                  "set model.constrained_actions=false")
+            try:
+                policies[name].constrain_actions(choices)
+            except ValueError as e:
+                raise ConfigError(f"model.constrained_actions ({name}): {e}") from e
+
     def build_swarm(self, init_dir: Path | None = None, replicas: int = 1) -> tuple[list[Agent], dict]:
         """One model per role (``replicas`` agents share it); weights from ``init_dir/<role>`` if given."""
         policies, agents = {}, []
@@ -63,6 +85,7 @@ class RunContext:
             for k in range(replicas):
                 name = role.name if replicas == 1 else f"{role.name}#{k + 1}"
                 agents.append(Agent(name, role.name, policies[role.name]))
+        self.constrain_actions(policies, {r.name: r.name for r in self.domain.roles})
         return agents, policies
 
 

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from swarm_runtime.domain import REQUIRED_TASK_KEYS, Domain, Event
 from swarm_runtime.env import StepResult, ValidatedEnv
-from swarm_runtime.policy.tokenizer import build_tokenizer, unknown_words
+from swarm_runtime.policy.tokenizer import build_tokenizer, split_words, unknown_words
 
 GARBAGE = "zzqx florp"
 
@@ -140,6 +140,40 @@ def check_expert(domain: Domain, task: str | DictConfig, seeds: range = range(3)
         assert env.total_reward > 0, f"{domain.name}: expert earned no reward on seed {seed}"
 
 
+def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = range(3)) -> None:
+    """Listed action choices (``Domain.action_choices``, for ``model.constrained_actions``): each
+    is a valid action of its role, spelled in the vocabulary, and the expert acts only among them."""
+    cfg = _task(domain, task)
+    listed = {r.name: domain.action_choices(cfg, r.name) for r in domain.roles}
+    if not any(listed.values()):
+        return
+    tok = build_tokenizer(domain.all_words(cfg), (0.0,))
+    env = ValidatedEnv(domain.make_env(cfg), domain.name)
+    env.reset(seeds[0])
+    start = env.snapshot()
+    for role, choices in listed.items():
+        for text in choices or ():
+            unk = unknown_words(tok, text)
+            assert not unk, f"{domain.name}: action choice {text!r} of {role} has words missing from vocabulary(): {unk}"
+            env.restore(start)
+            assert env.step(text, role).valid, f"{domain.name}: action choice {text!r} is not a valid action of {role}"
+    mono = domain.action_choices(cfg, None)
+    words = {role: {tuple(split_words(t)) for t in c} for role, c in listed.items() if c}
+    for seed in seeds:
+        env.reset(seed)
+        for _ in range(int(cfg.max_decisions)):
+            exp = env.expert_action()
+            if exp is None or env.done:
+                break
+            if exp.role in words:
+                assert tuple(split_words(exp.action)) in words[exp.role], (
+                    f"{domain.name}: expert action {exp.action!r} of {exp.role} is not among its action choices")
+            if mono:
+                assert tuple(split_words(exp.action)) in {tuple(split_words(t)) for t in mono}, (
+                    f"{domain.name}: expert action {exp.action!r} is not among the monolithic action choices")
+            env.step(exp.action, exp.role)
+
+
 def check_domain(domain: Domain, task: str) -> None:
     """Run every conformance check on ``domain``/``task``."""
     check_determinism(domain, task)
@@ -148,3 +182,4 @@ def check_domain(domain: Domain, task: str) -> None:
     check_invalid_is_noop(domain, task)
     check_prompts(domain, task)
     check_expert(domain, task)
+    check_action_choices(domain, task)

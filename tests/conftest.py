@@ -28,6 +28,15 @@ def registry():
     return pm, build_registry(pm)
 
 
+def run_context(registry, *args: str):
+    """A ``RunContext`` (no run folder) for ``key=value`` arguments, as ``swarm run`` resolves them."""
+    from swarm_runtime.config import resolve
+    from swarm_runtime.run import RunContext
+
+    pm, reg = registry
+    return RunContext(resolve(list(args), reg), pm, reg, None)
+
+
 def make_local_checkpoint(out: Path) -> Path:
     """A Hugging Face checkpoint of the kind users bring to ``model=local``, built in process (no
     download): a byte-level BPE tokenizer with no pad token and no bid tokens, a 2-layer Qwen2."""

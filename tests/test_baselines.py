@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from conftest import run_context
 from swarm_runtime.config import resolve
 from swarm_runtime.coordinators import (AgentNetCoordinator, GraphOfAgentsCoordinator, most_relevant, route,
                                         vote)
@@ -56,9 +57,7 @@ def test_coordinator_objects_on_hand_made_turns():
 # ---------------------------------------------------------------------- real episodes
 @pytest.fixture(scope="module")
 def ctx(registry):
-    pm, reg = registry
-    cfg = resolve(["domain=minecraft", "task=iron_pickaxe", "task.max_decisions=6"], reg)
-    return RunContext(cfg, pm, reg, None)
+    return run_context(registry, "domain=minecraft", "task=iron_pickaxe", "task.max_decisions=6")
 
 
 @pytest.mark.parametrize("name", ["graph_of_agents", "agentnet"])

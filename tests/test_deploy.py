@@ -8,21 +8,19 @@ from statistics import mean
 import pytest
 import torch
 
+from conftest import run_context
 from swarm_runtime.auction import AuctionResult
-from swarm_runtime.config import ConfigError, resolve
+from swarm_runtime.config import ConfigError
 from swarm_runtime.deploy import (SKIPPED, dropout_presence, milestone_pass_at_k, participation_by_decision,
                                   pass_at_k, plot_dropout, plot_participation, plot_population)
 from swarm_runtime.episode import Agent, Episode, Turn, new_slots, play
-from swarm_runtime.run import RunContext
 
 MAX_T = 8
 
 
 @pytest.fixture(scope="module")
 def ctx(registry):
-    pm, reg = registry
-    cfg = resolve(["domain=minecraft", "task=wooden_pickaxe", f"task.max_decisions={MAX_T}"], reg)
-    return RunContext(cfg, pm, reg, None)
+    return run_context(registry, "domain=minecraft", "task=wooden_pickaxe", f"task.max_decisions={MAX_T}")
 
 
 # ---------------------------------------------------------------------------- pass@k

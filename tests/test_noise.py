@@ -4,16 +4,13 @@ import math
 import pytest
 import torch
 
-from swarm_runtime.config import resolve
+from conftest import run_context
 from swarm_runtime.policy.noise import gumbel, gumbel_max, key_hash
-from swarm_runtime.run import RunContext
 
 
 @pytest.fixture(scope="module")
 def ctx(registry):
-    pm, reg = registry
-    cfg = resolve(["domain=minecraft", "task=iron_pickaxe"], reg)
-    return RunContext(cfg, pm, reg, None)
+    return run_context(registry, "domain=minecraft", "task=iron_pickaxe")
 
 
 def test_keyed_gumbels_are_a_function_of_the_key_alone():

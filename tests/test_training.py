@@ -4,6 +4,7 @@ import random
 import pytest
 import torch
 
+from conftest import run_context
 from swarm_runtime.config import resolve
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.run import RunContext
@@ -16,9 +17,7 @@ from swarm_runtime.train.sft import collect_demos, sft
 
 @pytest.fixture(scope="module")
 def ctx(registry):
-    pm, reg = registry
-    cfg = resolve(["domain=minecraft", "task=iron_pickaxe", "task.max_decisions=24"], reg)
-    return RunContext(cfg, pm, reg, None)
+    return run_context(registry, "domain=minecraft", "task=iron_pickaxe", "task.max_decisions=24")
 
 
 def snapshot(policy):
@@ -440,6 +439,28 @@ def test_common_random_numbers_make_a_branch_differ_only_by_its_forced_decision(
 
     assert all(replays(1000))
     assert not all(replays(None))
+
+
+def test_a_forced_turn_can_also_force_the_winners_action(ctx):
+    """ForcedTurn(action=...): the winner takes the given action at the restored turn instead of sampling."""
+    from swarm_runtime.episode import ForcedTurn
+    from swarm_runtime.policy.base import Response
+    from swarm_runtime.train.bid import forced_slot
+
+    agents, _ = ctx.build_swarm()
+    rng = random.Random(3)
+    with torch.no_grad():
+        eps = play(new_slots(ctx.domain, ctx.task, [0, 1]), agents, ctx.coordinator(), ctx.domain, 24, rng,
+                   record_snapshots=True)
+    ep, t = pick_contested(eps, 1, rng)[0]
+    action = Response("craft planks", agents[t.winner].policy.action_target("craft planks"))
+    forced = ForcedTurn(t.bids, t.bid_tokens, t.bid_prompts, t.winner, action=action)
+    with torch.no_grad():
+        (again,) = play([forced_slot(ctx.domain, ctx.task, ep, t, forced, 0, horizon=2)], agents,
+                        ctx.coordinator(), ctx.domain, 24, rng)
+    first = again.turns[0]
+    assert (first.winner, first.action_text, first.action_tokens) == (t.winner, "craft planks", action.tokens)
+    assert first.action_prompt == t.action_prompt and len(again.turns) <= 2
 
 
 def test_mpt_bid_step_passes_noise_ids_to_its_branches(registry, tmp_path, monkeypatch):

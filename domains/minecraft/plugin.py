@@ -41,6 +41,10 @@ class MinecraftDomain(Domain):
 
         return CraftWorld(spec)
 
+    def action_choices(self, task: DictConfig, role: str | None) -> list[str]:
+        """The instruction set: any role may issue any instruction (a wrong one fails in the world)."""
+        return list(INSTRUCTIONS)
+
     def vocabulary(self, task: DictConfig) -> list[str]:
         words: dict[str, None] = {}
         for phrase in (*INSTRUCTIONS, *ITEMS, *BIOME_NAMES, *FEATURES, *LEVELS, *OBS_WORDS,

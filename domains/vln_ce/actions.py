@@ -136,6 +136,23 @@ def check_action(text: str, role: str | None) -> tuple[ParsedAction | None, str 
     return act, None
 
 
+#: NaVILA's action amounts (its training data's multiples): the experts use these, and so does
+#: constrained decoding (``model.constrained_actions``).
+NAVILA_TURN_DEG = (15, 30, 45)
+NAVILA_FORWARD_CM = (25, 50, 75)
+
+
+def role_choices(role: str | None) -> list[str]:
+    """Every NaVILA action text ``role`` may emit (``None``: all three roles' texts)."""
+    if role is not None and role not in ROLE_KINDS:
+        raise ValueError(f"unknown role {role!r}; valid: {', '.join(ROLE_KINDS)}")
+    out = []
+    for kind in (ROLE_KINDS[role] if role is not None else (TURN_LEFT, TURN_RIGHT, MOVE_FORWARD, STOP)):
+        amounts = {TURN_LEFT: NAVILA_TURN_DEG, TURN_RIGHT: NAVILA_TURN_DEG, MOVE_FORWARD: NAVILA_FORWARD_CM}
+        out += [ParsedAction(kind, a).navila_text() for a in amounts.get(kind, (0,))]
+    return out
+
+
 def expert_text(kind: str, amount: int = 0) -> str:
     """NaVILA text for an expert action (``kind`` a primitive name)."""
     return ParsedAction(kind, amount).navila_text()

@@ -10,7 +10,7 @@ from swarm_runtime import hookimpl
 from swarm_runtime.domain import Domain, Event, Role
 from swarm_runtime.env import DomainEnv
 
-from domains.vln_ce.actions import ACTION_WORDS, parse_action
+from domains.vln_ce.actions import ACTION_WORDS, parse_action, role_choices
 from domains.vln_ce.config import EmbeddedConfig, HabitatConfig, sim_name
 from domains.vln_ce.instructions import INSTRUCTION_WORDS
 from domains.vln_ce.layout import OBJECT_NAMES, ROOM_TYPES
@@ -46,6 +46,11 @@ class VLNDomain(Domain):
         words = [*ACTION_WORDS, *INSTRUCTION_WORDS, *OBSERVATION_WORDS, *ROOM_TYPES, *OBJECT_NAMES,
                  "invalid", "skip", "none"]
         return list(dict.fromkeys(words))
+
+    def action_choices(self, task: DictConfig, role: str | None) -> list[str] | None:
+        """NaVILA's action texts for ``role``: the Turner's six turns (left/right 15, 30, 45
+        degree), the Mover's three moves (25, 50, 75 cm), the Stopper's stop."""
+        return role_choices(role)
 
     def render_log(self, log: Sequence[Event]) -> str:
         """Compact log: ``Turner turn left 30 degree ; Mover move forward 75 cm`` (no NaVILA prefix;

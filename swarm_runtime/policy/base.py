@@ -41,7 +41,9 @@ class Policy(Protocol):
     def logprobs(self, prompts: list[str], responses: list[list[int]]) -> torch.Tensor:
         """``log pi(response | prompt)`` summed over response tokens (differentiable). The RL
         losses call it with ``temperature=T`` when the policy samples at ``T`` != 1
-        (:func:`sampled_logprobs`): score ``softmax(logits / T)`` then."""
+        (:func:`sampled_logprobs`): score ``softmax(logits / T)`` then. A backend that supports
+        ``model.constrained_actions`` has ``constrain_actions(texts)`` and an ``action_trie``, and
+        takes ``actions=True`` to score action responses under that constraint."""
 
     def bid_target(self, level: float) -> list[int]:
         """Token ids of the response that states bid ``level`` (for SFT and counterfactuals)."""
@@ -55,24 +57,28 @@ class Policy(Protocol):
         """Write a Hugging Face–format checkpoint (``from_pretrained`` can load it)."""
 
 
-def sampled_logprobs(policy: Policy, prompts: list[str], responses: list[list[int]]) -> torch.Tensor:
+def sampled_logprobs(policy: Policy, prompts: list[str], responses: list[list[int]],
+                     actions: bool = False) -> torch.Tensor:
     """``log pi_T(response | prompt)`` at the temperature ``T`` the policy samples at: the
     on-policy log-probabilities REINFORCE and Bradley-Terry need (``softmax(logits / T)``; at
-    ``T`` = 1, the default, or greedy ``T`` = 0, plain ``logprobs``). Backends that take no
-    ``temperature`` argument are called without one at ``T`` = 1."""
+    ``T`` = 1, the default, or greedy ``T`` = 0, plain ``logprobs``). ``actions=True``: the
+    responses are action texts, scored under the policy's action constraint if it has one
+    (``model.constrained_actions``). Backends are passed only the arguments that differ from
+    their defaults (``temperature``, ``actions``)."""
     t = float(getattr(policy, "temperature", 1.0) or 0.0)
-    if t <= 0 or t == 1.0:
-        return policy.logprobs(prompts, responses)
-    return policy.logprobs(prompts, responses, temperature=t)
+    kw: dict = {} if t <= 0 or t == 1.0 else {"temperature": t}
+    if actions and getattr(policy, "action_trie", None) is not None:
+        kw["actions"] = True
+    return policy.logprobs(prompts, responses, **kw)
 
 
 
 @torch.no_grad()
 def logprobs_in_chunks(policy: Policy, prompts: list[str], responses: list[list[int]],
-                       minibatch: int) -> list[float]:
+                       minibatch: int, actions: bool = False) -> list[float]:
     """:func:`sampled_logprobs` without gradients, ``minibatch`` rows at a time, as floats: the
     reference and behaviour log-probs the DPO-form bid loss and the KL charge need."""
     out: list[float] = []
     for i in range(0, len(prompts), minibatch):
-        out += sampled_logprobs(policy, prompts[i:i + minibatch], responses[i:i + minibatch]).tolist()
+        out += sampled_logprobs(policy, prompts[i:i + minibatch], responses[i:i + minibatch], actions).tolist()
     return out

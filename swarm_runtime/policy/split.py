@@ -44,6 +44,11 @@ class SplitPolicy:
     def logprobs(self, prompts, responses, **kw) -> torch.Tensor:
         return self.action_policy.logprobs(prompts, responses, **kw)
 
+    @property
+    def action_trie(self):
+        """The action model's constraint (``model.constrained_actions``), if any."""
+        return getattr(self.action_policy, "action_trie", None)
+
     def bid_target(self, level: float) -> list[int]:
         return self.bid_policy.bid_target(level)
 

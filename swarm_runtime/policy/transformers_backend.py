@@ -24,6 +24,7 @@ hf_logging.disable_progress_bar()  # per-shard bars on every checkpoint drown th
 
 from swarm_runtime.flops import FlopCounter
 from swarm_runtime.policy.base import Bid, Response
+from swarm_runtime.policy.constrain import ActionTrie
 from swarm_runtime.policy.noise import gumbel_max
 from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
 
@@ -85,6 +86,7 @@ class TransformersPolicy:
         banned = {self.pad, self.bos, self.tok.unk_token_id} - {None, self.eos}
         self._action_ban = torch.tensor(sorted(banned | set(self.bid_ids)), dtype=torch.long, device=device)
         self._prompt_cache: dict[str, list[int]] = {}
+        self.action_trie: ActionTrie | None = None
         # Our in-process word-level tokenizer has no decoder: join words with spaces, glue digits.
         model_type = type(getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)).__name__
         self._word_level = model_type == "WordLevel"
@@ -117,6 +119,21 @@ class TransformersPolicy:
         ids = [self.tok.convert_tokens_to_ids(bid_token(level))]
         return ids if self.bid_mode == "logits" else ids + [self.eos]
 
+    def constrain_actions(self, texts: Sequence[str]) -> None:
+        """Sample actions only among ``texts`` from now on (``model.constrained_actions``;
+        :mod:`swarm_runtime.policy.constrain`). Raises ``ValueError`` naming a text the
+        tokenizer cannot spell or one longer than ``max_action_tokens``."""
+        texts = list(dict.fromkeys(str(t) for t in texts))
+        seqs = [self.action_target(t) for t in texts]
+        invalid = {self.tok.unk_token_id, self.pad, self.bos, *self.bid_ids} - {None}
+        trie = ActionTrie(texts, seqs, self.model.get_input_embeddings().weight.shape[0], self.eos, sorted(invalid))
+        if trie.longest > self.max_action_tokens:
+            longest = max(zip(seqs, texts), key=lambda st: len(st[0]))[1]
+            raise ValueError(f"action choice {longest!r} is {trie.longest} tokens long, more than "
+                             f"model.max_action_tokens={self.max_action_tokens}; raise model.max_action_tokens")
+        trie.allowed = trie.allowed.to(self.device)
+        self.action_trie = trie
+
     def _left_pad(self, seqs: list[list[int]]):
         L = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
@@ -140,7 +157,7 @@ class TransformersPolicy:
 
     @torch.no_grad()
     def _sample(self, prompt_ids: list[list[int]], max_new: int, ban: torch.Tensor | None,
-                keys: list[tuple[int, ...]] | None = None) -> list[list[int]]:
+                keys: list[tuple[int, ...]] | None = None, trie: ActionTrie | None = None) -> list[list[int]]:
         ids, mask, pos = self._left_pad(prompt_ids)
         B = len(prompt_ids)
         next_pos = mask.sum(1)
@@ -148,16 +165,21 @@ class TransformersPolicy:
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         past, cur, cur_pos = None, ids, pos
         n_tok = int(mask.sum())
+        nodes = [0] * B  # trie node of each row (constrained decoding)
         for step in range(max_new):
             res = self.model(input_ids=cur, attention_mask=mask, position_ids=cur_pos,
                              use_cache=True, logits_to_keep=1, **{self._cache_kw: past})
             past = getattr(res, self._cache_kw)
             logits = res.logits[:, -1, :]
-            if ban is not None:
+            if trie is not None:
+                logits = logits.masked_fill(~trie.allowed[nodes], float("-inf"))
+            elif ban is not None:
                 logits[:, ban] = float("-inf")
             nxt = self._pick(logits, None if keys is None else [(*k, step) for k in keys])
             for i in torch.nonzero(~finished).flatten().tolist():
                 out[i].append(int(nxt[i]))
+                if trie is not None:
+                    nodes[i] = trie.step(nodes[i], int(nxt[i]))
             finished |= nxt == self.eos
             if bool(finished.all()):
                 break
@@ -174,7 +196,8 @@ class TransformersPolicy:
         token from keyed noise, so a row's sample depends on its key, not on the batch."""
         if not prompts:
             return []
-        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_action_tokens, self._action_ban, keys)
+        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_action_tokens, self._action_ban, keys,
+                            self.action_trie)
         return [Response(self.decode(o), o) for o in outs]
 
     @torch.no_grad()
@@ -211,8 +234,13 @@ class TransformersPolicy:
         return bids
 
     # ------------------------------------------------------------------ scoring
-    def logprobs(self, prompts: list[str], responses: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
-        """Summed ``log softmax(logits / temperature)`` of each response's tokens (differentiable)."""
+    def logprobs(self, prompts: list[str], responses: list[list[int]], temperature: float = 1.0,
+                 actions: bool = False) -> torch.Tensor:
+        """Summed ``log softmax(logits / temperature)`` of each response's tokens (differentiable).
+
+        ``actions=True`` says the responses are action texts: with :meth:`constrain_actions` in
+        force each token is then scored among the tokens the constraint allowed there, the
+        distribution :meth:`act` sampled it from."""
         seqs = [self.encode_prompt(p) + list(r) for p, r in zip(prompts, responses)]
         L = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
@@ -226,12 +254,33 @@ class TransformersPolicy:
         if temperature > 0 and temperature != 1.0:
             logits = logits / float(temperature)
         logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        if actions and self.action_trie is not None:
+            logp = self._constrained(logp, logits, ids, seqs, responses)
         tokens = int(mask.sum())
         if torch.is_grad_enabled():
             self.flops.train(self.n_params, tokens)
         else:
             self.flops.forward(self.n_params, tokens)
         return (logp * resp[:, 1:]).sum(1)
+
+    def _constrained(self, logp: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor, seqs: list[list[int]],
+                     responses: list[list[int]]) -> torch.Tensor:
+        """``logp`` with each response token rescored among the tokens the action trie allowed
+        there (only the response positions are touched: a large vocabulary stays cheap)."""
+        trie = self.action_trie
+        rows, cols, nodes = [], [], []
+        for i, (s, r) in enumerate(zip(seqs, responses)):
+            start = len(s) - len(r) - 1  # logits[j] predicts token j + 1
+            nodes += trie.walk(r, decode=self.decode)
+            rows += [i] * len(r)
+            cols += range(start, start + len(r))
+        if not rows:
+            return logp
+        rows_t = torch.tensor(rows, device=logits.device)
+        cols_t = torch.tensor(cols, device=logits.device)
+        seg = logits[rows_t, cols_t].masked_fill(~trie.allowed[nodes], float("-inf"))
+        scored = torch.log_softmax(seg, dim=-1).gather(-1, ids[rows_t, cols_t + 1, None]).squeeze(-1)
+        return logp.index_put((rows_t, cols_t), scored)
 
     # ------------------------------------------------------------------ plumbing
     def parameters(self):

@@ -77,13 +77,13 @@ def _log_ratios(agents: list[Agent], samples, reference: dict, minibatch: int) -
     for idx in by_policy.values():
         agent = agents[samples[idx[0]][0]]
         prompts, tokens = [samples[i][1] for i in idx], [samples[i][2] for i in idx]
-        now = logprobs_in_chunks(agent.policy, prompts, tokens, minibatch)
-        ref = logprobs_in_chunks(reference[agent.role], prompts, tokens, minibatch)
+        now = logprobs_in_chunks(agent.policy, prompts, tokens, minibatch, actions=True)
+        ref = logprobs_in_chunks(reference[agent.role], prompts, tokens, minibatch, actions=True)
         for i, a, b in zip(idx, now, ref):
             out[i] = a - b
     return out
 
 
 def _reinforce_chunk(policy, chunk) -> torch.Tensor:
-    logp = sampled_logprobs(policy, [c[0] for c in chunk], [c[1] for c in chunk])
+    logp = sampled_logprobs(policy, [c[0] for c in chunk], [c[1] for c in chunk], actions=True)
     return reinforce_loss(logp, torch.tensor([c[2] for c in chunk]))

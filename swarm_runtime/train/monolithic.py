@@ -54,6 +54,7 @@ def build_monolithic(ctx: RunContext, init_dir: Path | None = None) -> tuple[lis
     """One model the size of one agent (the first role's seed), acting on ``single_prompt``."""
     path = Path(init_dir) / MONOLITHIC if init_dir is not None else None
     policy = ctx.make_policy(int(ctx.cfg.seed) * 100, path)
+    ctx.constrain_actions({MONOLITHIC: policy}, {MONOLITHIC: None})
     return [Agent(MONOLITHIC, MONOLITHIC, policy, prompt_kind="single")], {MONOLITHIC: policy}
 
 
