@@ -157,8 +157,8 @@ def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = 
             assert not unk, f"{domain.name}: action choice {text!r} of {role} has words missing from vocabulary(): {unk}"
             env.restore(start)
             assert env.step(text, role).valid, f"{domain.name}: action choice {text!r} is not a valid action of {role}"
-    mono = domain.action_choices(cfg, None)
     words = {role: {tuple(split_words(t)) for t in c} for role, c in listed.items() if c}
+    mono = {tuple(split_words(t)) for t in domain.action_choices(cfg, None) or ()}
     for seed in seeds:
         env.reset(seed)
         for _ in range(int(cfg.max_decisions)):
@@ -169,7 +169,7 @@ def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = 
                 assert tuple(split_words(exp.action)) in words[exp.role], (
                     f"{domain.name}: expert action {exp.action!r} of {exp.role} is not among its action choices")
             if mono:
-                assert tuple(split_words(exp.action)) in {tuple(split_words(t)) for t in mono}, (
+                assert tuple(split_words(exp.action)) in mono, (
                     f"{domain.name}: expert action {exp.action!r} is not among the monolithic action choices")
             env.step(exp.action, exp.role)
 
