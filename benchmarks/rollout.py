@@ -111,7 +111,7 @@ def main() -> None:
           f"{(nk / wk) / rate_b:.2f}x the generators' rate")
     choices = {role: ctx.domain.action_choices(ctx.task, role) for role in policies}
     if any(choices.values()):
-        free = constrained = 0.0
+        spent = {False: 0.0, True: 0.0}  # constrained? -> seconds of action generation
         with torch.no_grad():
             for a, ps in prompts.items():
                 pol, texts = agents[a].policy, choices[agents[a].role]
@@ -124,10 +124,9 @@ def main() -> None:
                     t0 = time.perf_counter()
                     for _ in range(3):
                         pol.act(ps[:args.envs])
-                    dt = time.perf_counter() - t0
-                    constrained, free = (constrained + dt, free) if constrain else (constrained, free + dt)
-        print(f"action generation with constrained decoding: {constrained:.2f}s against {free:.2f}s free "
-              f"on the same prompts, {constrained / free:.2f}x the free-text time")
+                    spent[constrain] += time.perf_counter() - t0
+        print(f"action generation with constrained decoding: {spent[True]:.2f}s against {spent[False]:.2f}s free "
+              f"on the same prompts, {spent[True] / spent[False]:.2f}x the free-text time")
 
 
 if __name__ == "__main__":
