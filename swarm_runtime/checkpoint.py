@@ -1,18 +1,38 @@
-"""Atomic checkpoints: each is written to a temporary folder, renamed into place,
-and only then does the ``latest`` pointer (itself replaced atomically) move to it.
-A crash at any point leaves the previous checkpoint intact."""
+"""Atomic checkpoints: each is written to a temporary folder, renamed into place, and only then
+does the ``latest`` pointer (itself replaced atomically) move to it. Replacing a checkpoint of
+the same tag never deletes the only complete copy: the old folder is renamed aside
+(``.old-<tag>``), the new one renamed in, ``latest`` moved, and only then is the old one deleted.
+A crash at any point leaves a complete checkpoint that :func:`latest_checkpoint` finds (and, when
+``latest`` names a folder that a crash left aside, renames back into place).
+
+Files hold no pickled objects: weights are safetensors (Hugging Face folders), ``state.json`` is
+JSON, and the optimizer/scheduler/RNG state (``training_state.pt``, ``rng.pt``) holds only tensors
+and plain Python values, loaded with ``torch.load(weights_only=True)``, which refuses anything else
+(a planted pickle payload is an error naming the file, never run). ``state.json`` is written last:
+a folder with it is complete. ``state.json`` also records ``metrics_rows``, the number of
+``metrics.jsonl`` rows the checkpoint covers, so a resumed run drops the rows written after it."""
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
 import torch
 from loguru import logger
 
+from swarm_runtime.config import ConfigError
 from swarm_runtime.train.optim import master_weights
+
+#: A checkpoint tag as ``latest`` may name it: one plain folder name inside ``checkpoints/``.
+TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+class CheckpointError(ConfigError):
+    """A run folder's checkpoint files are missing, corrupted or unsafe; the CLI prints the
+    message (naming the file and what to do) and exits with code 2."""
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -21,14 +41,19 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def metrics_rows(run_dir: Path) -> int:
+    """Complete rows (newline-terminated lines) of ``run_dir/metrics.jsonl``."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
 def save_checkpoint(run_dir: Path, tag: str, agents_by_role: dict, optimizers: dict, state: dict,
                     run_rng: random.Random, keep: int = 2) -> Path:
     """Write ``checkpoints/<tag>/`` with one Hugging Face folder per agent model
     (``agents/<role>/``), optimizer/scheduler/RNG state, and ``state.json``."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    final = root / tag
-    tmp = root / f".tmp-{tag}"
+    final, tmp, aside = root / tag, root / f".tmp-{tag}", root / f".old-{tag}"
     shutil.rmtree(tmp, ignore_errors=True)
     for role, policy in agents_by_role.items():
         d = tmp / "agents" / role
@@ -42,16 +67,23 @@ def save_checkpoint(run_dir: Path, tag: str, agents_by_role: dict, optimizers: d
                 opt, sched = table[role]
                 extra[f"optimizer_{kind}"], extra[f"scheduler_{kind}"] = opt.state_dict(), sched.state_dict()
         torch.save(extra, d / "training_state.pt")
-    torch.save({"run": run_rng.getstate(), "python": random.getstate(), "torch": torch.get_rng_state()},
-               tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps(state, indent=1, default=float))
+    save_rng(tmp / "rng.pt", run_rng)
+    state = {**state, "metrics_rows": metrics_rows(run_dir)}
+    (tmp / "state.json").write_text(json.dumps(state, indent=1, default=float))  # last: the folder is complete
     if final.exists():
-        shutil.rmtree(final)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)  # keep the old copy until the new one is in place and named
     os.replace(tmp, final)
     _write_atomic(root / "latest", tag)
+    shutil.rmtree(aside, ignore_errors=True)
     _prune(root, keep, protect={tag, "sft"})
     logger.debug("checkpoint {} written", final)
     return final
+
+
+def save_rng(path: Path, run_rng: random.Random) -> None:
+    """The run's, Python's and torch's random streams (plain values and a tensor)."""
+    torch.save({"run": run_rng.getstate(), "python": random.getstate(), "torch": torch.get_rng_state()}, path)
 
 
 def _prune(root: Path, keep: int, protect: set[str]) -> None:
@@ -61,28 +93,103 @@ def _prune(root: Path, keep: int, protect: set[str]) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
+def complete(path: Path) -> bool:
+    """Whether ``path`` is a complete checkpoint folder (``state.json`` is written last)."""
+    return (path / "state.json").is_file()
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` has a ``checkpoints/latest`` pointer (without reading or repairing it)."""
+    return (Path(run_dir) / "checkpoints" / "latest").is_file()
+
+
+def complete_tags(run_dir: Path) -> list[str]:
+    root = Path(run_dir) / "checkpoints"
+    return sorted(p.name for p in root.glob("*") if not p.name.startswith(".") and complete(p)) if root.is_dir() else []
+
+
+def latest_checkpoint(run_dir: Path, repair: bool = True) -> Path | None:
+    """The checkpoint ``checkpoints/latest`` names, or None when there is no pointer. A pointer
+    that names a folder a crash left aside (``.tmp-<tag>``: the new copy, written completely;
+    or ``.old-<tag>``: the previous one) is repaired by renaming that folder into place (with
+    ``repair``); anything else wrong is a :class:`CheckpointError` saying what to do."""
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / "latest"
     if not pointer.exists():
         return None
-    path = pointer.parent / pointer.read_text().strip()
-    if not (path / "state.json").exists():
-        raise FileNotFoundError(f"checkpoint pointer {pointer} names {path}, which is incomplete or missing")
-    return path
+    try:
+        tag = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{pointer} cannot be read ({exc}); {_what_to_do(run_dir)}") from exc
+    if not TAG_RE.fullmatch(tag) or tag in (".", ".."):
+        raise CheckpointError(f"{pointer} holds {tag[:60]!r}, not a checkpoint folder name inside {root}; "
+                              f"{_what_to_do(run_dir)}")
+    path = root / tag
+    if complete(path):
+        return path
+    for spare in (root / f".tmp-{tag}", root / f".old-{tag}"):
+        if complete(spare) and not path.exists():
+            if not repair:
+                return spare
+            os.replace(spare, path)
+            logger.warning("checkpoints/latest named {}, which a crash left at {}; renamed it back into place",
+                           tag, spare.name)
+            return path
+    raise CheckpointError(f"{pointer} names {tag!r}, but {path} is incomplete or missing; {_what_to_do(run_dir)}")
+
+
+def _what_to_do(run_dir: Path) -> str:
+    tags = complete_tags(run_dir)
+    if not tags:
+        return "the run has no complete checkpoint: start it again with overwrite=true"
+    return (f"complete checkpoints: {', '.join(tags)}; write one of these names into "
+            f"{Path(run_dir) / 'checkpoints' / 'latest'} to continue from it")
 
 
 def load_state(ckpt: Path) -> dict:
-    return json.loads((ckpt / "state.json").read_text())
+    path = Path(ckpt) / "state.json"
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path} is missing: {ckpt} is not a complete checkpoint") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); the checkpoint is corrupted") from exc
+    if not isinstance(state, dict) or not isinstance(state.get("phase"), str) or not isinstance(state.get("iteration", 0), int):
+        raise CheckpointError(f"{path} is not a checkpoint state (needs a 'phase' string and an 'iteration' integer)")
+    return state
+
+
+def load_tensors(path: Path) -> dict:
+    """A ``.pt`` state file holding only tensors and plain values (``weights_only=True``): a
+    pickled object of any other kind (a planted payload) is refused, never run."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete")
+    try:
+        # Onto the CPU: a run trained on a GPU resumes or evaluates on a machine without one;
+        # ``Optimizer.load_state_dict`` then moves the state to each parameter's device.
+        out = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # UnpicklingError (unsafe object), RuntimeError/EOFError (truncated, garbage)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+            raise CheckpointError(f"{path} holds pickled objects other than tensors and plain values; refusing "
+                                  "to load it (it could run code). Use a checkpoint written by swarm") from exc
+        raise CheckpointError(f"{path} is corrupted or truncated ({type(exc).__name__}: {first[:160]})") from exc
+    if not isinstance(out, dict):
+        raise CheckpointError(f"{path} does not hold a dict of training state")
+    return out
 
 
 def load_training_state(ckpt: Path, role: str) -> dict:
-    # Onto the CPU: a run trained on a GPU resumes or evaluates on a machine without one;
-    # ``Optimizer.load_state_dict`` then moves the state to each parameter's device.
-    return torch.load(ckpt / "agents" / role / "training_state.pt", weights_only=False, map_location="cpu")
+    return load_tensors(Path(ckpt) / "agents" / role / "training_state.pt")
 
 
 def restore_rng(ckpt: Path, run_rng: random.Random) -> None:
-    st = torch.load(ckpt / "rng.pt", weights_only=False, map_location="cpu")
-    run_rng.setstate(st["run"])
-    random.setstate(st["python"])
-    torch.set_rng_state(st["torch"])
+    path = Path(ckpt) / "rng.pt"
+    st = load_tensors(path)
+    try:
+        run_rng.setstate(st["run"])
+        random.setstate(st["python"])
+        torch.set_rng_state(st["torch"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path} does not hold the run's random state ({type(exc).__name__}: {exc})") from exc

@@ -23,15 +23,43 @@ def _registry():
     return get_registry()
 
 
+def _resume_picks(overrides: list[str]) -> list[str]:
+    """``resume=true run_dir=DIR`` without ``domain=``/``task=``: the saved run's, so its task keys
+    (``task.*``) are checked against its own domain, not the default one."""
+    kv = dict(o.partition("=")[::2] for o in overrides if "=" in o)
+    if str(kv.get("resume", "")).lower() not in ("true", "1", "yes") or not kv.get("run_dir"):
+        return overrides
+    saved = Path(kv["run_dir"]) / "config.yaml"
+    if not saved.is_file() or ("domain" in kv and "task" in kv):
+        return overrides
+    import yaml
+
+    try:
+        data = yaml.safe_load(saved.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return overrides
+    if not isinstance(data, dict):
+        return overrides
+    extra = [f"{k}={data[s]}" for k, s in (("domain", "domain"), ("task", "task_name"))
+             if k not in kv and isinstance(data.get(s), str)]
+    return extra + overrides
+
+
 def cmd_run(args) -> int:
+    from swarm_runtime.validation import precheck
+
+    precheck(args.overrides)  # before the plugins (torch) load: a bad value fails fast
     from swarm_runtime.config import resolve
     from swarm_runtime.run import prepare_run
 
     pm, reg = _registry()
-    cfg = resolve(args.overrides, reg)
+    cfg = resolve(_resume_picks(args.overrides), reg)
     ctx = prepare_run(cfg, pm, reg, args=args.overrides)
-    trainer = reg.get("algorithms", cfg.algo.name)(ctx)
-    trainer.train()
+    try:
+        trainer = reg.get("algorithms", ctx.cfg.algo.name)(ctx)
+        trainer.train()
+    finally:
+        ctx.lock.release()
     return 0
 
 
@@ -39,17 +67,24 @@ def cmd_config(args) -> int:
     from omegaconf import OmegaConf
 
     from swarm_runtime.config import resolve
+    from swarm_runtime.secrets import redacted
+    from swarm_runtime.validation import precheck
 
+    precheck(args.overrides)
     _, reg = _registry()
-    print(OmegaConf.to_yaml(resolve(args.overrides, reg)))
+    print(OmegaConf.to_yaml(redacted(resolve(args.overrides, reg))))
     return 0
 
 
 def eval_file_name(tag: str, overrides: list[str]) -> str:
     """``eval-<tag>.json``, or with other keys ``eval-<tag>--k=v--k=v.json``, so that an evaluation
-    under other settings (a temperature, more runs) does not overwrite an earlier one."""
+    under other settings (a temperature, more runs) does not overwrite an earlier one. Secret
+    values (``*api_key=``, ``*token=``) are redacted: they never reach a file name."""
+    from swarm_runtime.secrets import redact_args
+
     if not overrides:
         return f"eval-{tag}.json"
+    overrides = redact_args(overrides)
     slug = "--".join(re.sub(r"[^A-Za-z0-9._=+-]", "_", o) for o in overrides)
     if len(slug) > 100:
         slug = slug[:80] + "--" + hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:10]
@@ -63,10 +98,28 @@ def cmd_eval(args) -> int:
     from swarm_runtime.outputs import format_table
     from swarm_runtime.run import RunContext, check_hardware, check_task
 
+    from swarm_runtime.runlock import RunLock
+    from swarm_runtime.secrets import redact_args
+    from swarm_runtime.validation import precheck
+
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
-    cfg = load_saved(run_dir / "config.yaml")
+    precheck([o for o in args.overrides if not o.startswith("checkpoint=")])
+    with RunLock(run_dir, "eval"):  # not while a run writes (and prunes) the checkpoints
+        return _eval_locked(args, run_dir)
+
+
+def _eval_locked(args, run_dir: Path) -> int:
+    from swarm_runtime.checkpoint import CheckpointError, latest_checkpoint
+    from swarm_runtime.config import override, validate
+    from swarm_runtime.evaluate import evaluate
+    from swarm_runtime.outputs import format_table, write_json
+    from swarm_runtime.run import RunContext, check_hardware, check_task
+    from swarm_runtime.secrets import redact_args
+
+    pm, reg = _registry()
+    cfg = load_saved(run_dir / "config.yaml", reg)
     tag = None
     for item in args.overrides:
         k, _, v = item.partition("=")
@@ -74,11 +127,14 @@ def cmd_eval(args) -> int:
             tag = v
         else:
             override(cfg, k, v)
-    tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
+    from swarm_runtime.checkpoint import TAG_RE, complete_tags
+
+    tags = complete_tags(run_dir)
+    if tag is not None and (not TAG_RE.fullmatch(tag) or tag not in tags):
+        raise CheckpointError(f"checkpoint {tag!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}")
     ckpt = (run_dir / "checkpoints" / tag) if tag else latest_checkpoint(run_dir)
-    if ckpt is None or not (ckpt / "state.json").exists():
-        raise ConfigError(f"checkpoint {tag or 'latest'!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}")
-    pm, reg = _registry()
+    if ckpt is None:
+        raise CheckpointError(f"{run_dir} has no checkpoint yet (no checkpoints/latest); valid: {', '.join(tags) or '(none)'}")
     if cfg.domain not in reg.domains:
         raise ConfigError(f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}")
     validate(cfg, reg)
@@ -98,14 +154,17 @@ def cmd_eval(args) -> int:
                       common_random_numbers=bool(cfg.eval.common_random_numbers))
     table = format_table([(ckpt.name, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
     out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
-    res["overrides"] = list(args.overrides)  # what produced this file
-    out.write_text(json.dumps(res, indent=1, default=float))
+    res["overrides"] = redact_args(args.overrides)  # what produced this file
+    write_json(out, res)
     print(f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds x {res['runs']} runs\n{table}\nsaved {out}")
     return 0
 
 
 def cmd_experiment(args) -> int:
     from swarm_runtime.experiments.runner import run_experiment
+    from swarm_runtime.validation import precheck
+
+    precheck([o for o in args.overrides if not o.startswith("experiment.")])
 
     pm, reg = _registry()
     if args.list or not args.name:
@@ -144,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
               f"algo={'|'.join(presets('algo'))}, hardware={'|'.join(presets('hardware'))}. "
               "Any config key can be set with dotted key=value (see `swarm config`).")
     p = argparse.ArgumentParser(prog="swarm", description="Train and deploy swarms of LLM agents (MPT).", epilog=epilog)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="SFT cold start + MPT training + held-out evaluation", epilog=epilog)
     r.add_argument("overrides", nargs="*", help="domain=NAME task=NAME model=NAME algo=NAME hardware=NAME key=value ...")
@@ -166,25 +226,66 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _debug(argv: list[str]) -> bool:
+    return "--debug" in argv or any(a.replace(" ", "").lower() in ("log_level=debug", "log_level=trace") for a in argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. Every error ends with one line on stderr and exit code 2 (130 when
+    interrupted); the traceback only with ``--debug`` or ``log_level=DEBUG``."""
     from loguru import logger
 
-    from swarm_runtime.plugins import PluginError
+    from swarm_runtime.secrets import install_log_scrubber, note_args, scrub
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = _debug(argv)
+    argv = [a for a in argv if a != "--debug"]
+    note_args(argv)
+    install_log_scrubber()
     logger.remove()
     logger.add(sys.stderr, level="INFO", format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as exc:
-        print(f"swarm: error: {exc}", file=sys.stderr)
-        return 2
-    except PluginError as exc:
-        print(f"swarm: plugin error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("swarm: interrupted; continue with resume=true", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `swarm domains | head`: the reader is gone; say nothing more
+        try:
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 0
+    except Exception as exc:
+        if debug:
+            raise
+        print(scrub(_one_line(exc)), file=sys.stderr)
+        try:  # the traceback goes to the run's log (when one is open), never to the console
+            logger.remove()
+            logger.opt(exception=exc).debug("swarm: {}", type(exc).__name__)
+        except Exception:
+            pass
+        return 2
+
+
+def _one_line(exc: Exception) -> str:
+    from omegaconf.errors import OmegaConfBaseException
+
+    from swarm_runtime.plugins import PluginError
+
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ConfigError):
+        return f"swarm: error: {text}"
+    if isinstance(exc, PluginError):
+        return f"swarm: plugin error: {text}"
+    if isinstance(exc, OmegaConfBaseException):
+        return f"swarm: error: bad config: {str(exc).splitlines()[0]}"
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        return f"swarm: error: {exc.strerror or text}{where}"
+    return f"swarm: error: {type(exc).__name__}: {text[:300]} (run again with --debug for the traceback)"
 
 
 if __name__ == "__main__":

@@ -172,6 +172,7 @@ class RunConfig:
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: Optional[str] = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint
+    overwrite: bool = False  #: a fresh run into a run_dir that already holds a run deletes that run first (else an error)
     checkpoint_every: int = 5  #: RL updates between checkpoints
     keep_checkpoints: int = 2  #: older checkpoints are pruned
     skip_sft_eval: bool = False  #: do not evaluate the SFT checkpoint
@@ -232,14 +233,60 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
         raise ConfigError(f"bad value {value!r} for {key!r}: {exc}") from exc
 
 
-def load_saved(path) -> DictConfig:
-    """A run folder's ``config.yaml`` on top of this version's defaults, so a run written before a
-    key existed resumes and evaluates with that key's default (new keys default to the old behaviour)."""
-    saved = OmegaConf.load(path)
+#: Keys that pick or operate a run folder rather than configure the run: a saved config may lack them.
+FOLDER_KEYS = ("run_dir", "resume", "overwrite")
+
+
+def _leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    out = []
+    for k in node.keys():
+        child = node._get_node(k)
+        if isinstance(child, DictConfig) and not child._is_none():
+            out += _leaf_keys(child, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def load_saved(path, registry=None) -> DictConfig:
+    """A run folder's ``config.yaml``, checked against this version's keys: a key it lacks (a
+    truncated file, or a run written before the key existed) is an error naming the keys, never a
+    silent default, so an evaluation or a resume runs exactly as the run was configured. With
+    ``registry``, the task section is checked against the domain's task YAML too."""
+    from swarm_runtime.secrets import unredact
+
+    path = Path(path)
     try:
-        return OmegaConf.merge(OmegaConf.structured(RunConfig), saved)
+        saved = OmegaConf.load(path)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{str(path)!r} is missing; give the folder `swarm run` printed") from exc
+    except Exception as exc:  # YAML syntax, unreadable bytes
+        raise ConfigError(f"{str(path)!r} is not a readable config ({str(exc).splitlines()[0][:160]})") from exc
+    if not isinstance(saved, DictConfig):
+        raise ConfigError(f"{str(path)!r} is not a run config (a YAML mapping)")
+    defaults = OmegaConf.structured(RunConfig)
+    missing = [k for k in _leaf_keys(defaults) if k not in FOLDER_KEYS and OmegaConf.select(saved, k, default="\0missing") == "\0missing"]
+    task = saved.get("task") if "task" in saved else None
+    if isinstance(task, DictConfig):
+        missing += [f"task.{k}" for k in REQUIRED_TASK_KEYS if k not in task]
+        domains = getattr(registry, "domains", {}) if registry is not None else {}
+        domain = domains.get(saved.get("domain")) if isinstance(saved.get("domain"), str) else None
+        if domain is not None and saved.get("task_name") in domain.task_names():
+            ref = domain.task_config(saved.task_name)
+            ref.pop("overrides", None)
+            missing += [f"task.{k}" for k in _leaf_keys(ref) if f"task.{k}" not in missing
+                        and OmegaConf.select(task, k, default="\0missing") == "\0missing"]
+    elif "task" not in missing:
+        missing.append("task")
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ConfigError(f"{str(path)!r} lacks {shown}: it is truncated, or was written by a version without "
+                          "these keys; restore the file (add each key with the value the run used)")
+    try:
+        merged = OmegaConf.merge(defaults, saved)
     except Exception as exc:  # a key this version no longer has, or a value of the wrong type
-        raise ConfigError(f"{str(path)!r} does not fit this version's config: {exc}") from exc
+        raise ConfigError(f"{str(path)!r} does not fit this version's config: {str(exc).splitlines()[0]}") from exc
+    return unredact(merged)
 
 
 def resolve(args: list[str], registry) -> DictConfig:
@@ -303,48 +350,8 @@ def _flatten(d: dict, prefix: str = ""):
 
 
 def validate(cfg: DictConfig, registry) -> None:
-    """Check values that only make sense from a fixed set; name the valid ones."""
-    checks = [("algo.coordinator", cfg.algo.coordinator, registry.coordinators),
-              ("algo.credit", cfg.algo.credit, registry.credit_schemes),
-              ("algo.name", cfg.algo.name, registry.algorithms),
-              ("model.backend", cfg.model.backend, registry.policy_backends)]
-    for key, value, table in checks:
-        if value not in table:
-            raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(sorted(table)) or '(none)'}")
-    if cfg.model.bid_mode not in ("logits", "generate"):
-        raise ConfigError(f"unknown model.bid_mode {cfg.model.bid_mode!r}; valid: generate, logits")
-    levels = list(cfg.algo.bid_levels)
-    if not levels or any(not (0.0 <= float(b) < 1.0) for b in levels) or 0.0 not in [float(b) for b in levels]:
-        raise ConfigError(f"algo.bid_levels {levels} must be values in [0, 1) and include 0")
-    for key in ("iterations", "envs_per_step", "action_steps", "checkpoint_every", "branch_samples"):
-        node = cfg.algo if key != "checkpoint_every" else cfg
-        if int(node[key]) < (0 if key == "iterations" else 1):
-            raise ConfigError(f"{key} must be positive, got {node[key]}")
-    for key, value in (("algo.sft.match", [cfg.algo.sft.match]), ("experiment.monolithic_sft", cfg.experiment.monolithic_sft)):
-        bad = [v for v in value if v not in SFT_MATCHES]
-        if bad or not value:
-            raise ConfigError(f"{key} {bad[0] if bad else list(value)!r} is not valid; valid: {', '.join(SFT_MATCHES)}")
-    if cfg.algo.bid_pairs not in BID_PAIRS:
-        raise ConfigError(f"unknown algo.bid_pairs {cfg.algo.bid_pairs!r}; valid: {', '.join(BID_PAIRS)}")
-    if cfg.algo.branch_horizon is not None and int(cfg.algo.branch_horizon) < 1:
-        raise ConfigError(f"algo.branch_horizon must be at least 1 (or null: to the end), got {cfg.algo.branch_horizon}")
-    from swarm_runtime.train.losses import BID_REFERENCES, PAIR_WEIGHTS  # torch: import only when validating
+    """Check every key's type and range and the cross-key rules (:mod:`swarm_runtime.validation`,
+    where new keys register theirs); raises :class:`ConfigError` naming the key, value and valid ones."""
+    from swarm_runtime.validation import validate as _validate
 
-    if cfg.algo.bid_pair_weight not in PAIR_WEIGHTS:
-        raise ConfigError(f"unknown algo.bid_pair_weight {cfg.algo.bid_pair_weight!r}; valid: {', '.join(PAIR_WEIGHTS)}")
-    if cfg.algo.bid_reference not in BID_REFERENCES:
-        raise ConfigError(f"unknown algo.bid_reference {cfg.algo.bid_reference!r}; valid: {', '.join(BID_REFERENCES)}")
-    if float(cfg.algo.kl_coef) < 0:
-        raise ConfigError(f"algo.kl_coef must be >= 0, got {cfg.algo.kl_coef}")
-    if not float(cfg.algo.bid_beta) > 0:
-        raise ConfigError(f"algo.bid_beta must be > 0, got {cfg.algo.bid_beta}")
-    for key in ("runs", "episodes"):
-        value = cfg.eval[key]
-        if value is not None and int(value) < 1:
-            raise ConfigError(f"eval.{key} must be >= 1{' or null (= all held-out seeds)' if key == 'episodes' else ''}, got {value}")
-    if int(cfg.algo.bid_steps) < 0:
-        raise ConfigError(f"algo.bid_steps must be >= 0, got {cfg.algo.bid_steps}")
-    for key in ("epochs", "action_epochs"):
-        value = cfg.algo.sft[key]
-        if value is not None and int(value) < 1:
-            raise ConfigError(f"algo.sft.{key} must be >= 1{' or null (= algo.sft.epochs)' if key == 'action_epochs' else ''}, got {value}")
+    _validate(cfg, registry)

@@ -148,6 +148,16 @@ def new_slots(domain: Domain, task, seeds: Sequence[int]) -> list[Slot]:
     return slots
 
 
+def checked_bid(level, parsed: bool, levels) -> tuple[float, bool]:
+    """A backend's bid as the auction takes it: a configured level, else (NaN, 5.0, -0.5, a
+    string...) 0.0 and counted as unparsed, never a crash or a credit from an impossible bid."""
+    if levels is None:
+        return level, parsed
+    ok = (isinstance(level, (int, float)) and not isinstance(level, bool)
+          and any(level == float(b) for b in levels))
+    return (level, parsed) if ok else (0.0, False)
+
+
 def _group(pairs):
     """Group (key, policy) pairs by policy object identity, keeping order."""
     groups: dict[int, tuple[Policy, list]] = {}
@@ -205,9 +215,11 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
                 else:
                     bids[id(s)][a] = 0.0
         for policy, keys in _group(requests):
+            levels = getattr(policy, "bid_levels", None)
             for (s, a, _), b in zip(keys, _sample(policy.bid, keys, [k[2] for k in keys], keyed.BID)):
-                bids[id(s)][a], btoks[id(s)][a] = b.level, b.tokens
-                s.episode.unparsed_bids += int(not b.parsed)
+                level, parsed = checked_bid(b.level, b.parsed, levels)
+                bids[id(s)][a], btoks[id(s)][a] = level, b.tokens
+                s.episode.unparsed_bids += int(not parsed)
         # 1b. proposals: the agents the coordinator names sample an action first (one batch per model)
         proposals: dict[int, dict] = {id(s): {} for s in live}
         if uses_proposals:

@@ -2,21 +2,50 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from loguru import logger
 
 
+def write_json(path: Path, data) -> None:
+    """Write ``data`` as JSON atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def parse_rows(path: Path, text: str) -> list[dict]:
+    """The JSON rows of a ``metrics.jsonl`` text; a corrupted line is an error naming the file
+    and the line (a cut last line, from a kill in the middle of a write, is skipped)."""
+    from swarm_runtime.config import ConfigError
+
+    lines = text.split("\n")
+    rows = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            rows.append(json.loads(ln))
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:  # no newline after it: a row cut by a kill
+                continue
+            raise ConfigError(f"{path} line {i + 1} is not a JSON row ({exc.msg}); delete that line") from exc
+    return rows
+
+
 class MetricsWriter:
-    """Appends one JSON line per update and mirrors scalars to TensorBoard."""
+    """Appends one JSON line per update and mirrors scalars to TensorBoard. Each row carries its
+    ``step``; on resume the run folder is first cut back to the rows its checkpoint covers
+    (:func:`swarm_runtime.run.truncate_metrics`), so every row is written exactly once."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, truncate_after: int | None = None):
         self.path = run_dir / "metrics.jsonl"
         if truncate_after is not None and self.path.exists():
             # On resume, drop lines written after the checkpoint we continue from.
-            keep = [ln for ln in self.path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", -1) <= truncate_after]
-            self.path.write_text("".join(k + "\n" for k in keep))
+            keep = [r for r in parse_rows(self.path, self.path.read_text()) if r.get("step", -1) <= truncate_after]
+            self.path.write_text("".join(json.dumps(r, default=float) + "\n" for r in keep))
         self.tb = None
         if tensorboard:
             try:
@@ -45,7 +74,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return parse_rows(path, path.read_text())
 
 
 def plot_training(run_dir: Path, agent_names: list[str]) -> list[Path]:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -12,8 +14,10 @@ from loguru import logger
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from swarm_runtime.config import ConfigError, load_saved, override
-from swarm_runtime.checkpoint import latest_checkpoint
+from swarm_runtime.config import ConfigError, load_saved, override, validate
+from swarm_runtime.checkpoint import has_checkpoint, latest_checkpoint, load_state
+from swarm_runtime.runlock import RunLock
+from swarm_runtime.secrets import save_config
 from swarm_runtime.episode import Agent
 from swarm_runtime.flops import FlopCounter
 
@@ -26,6 +30,7 @@ class RunContext:
     run_dir: Path
     resume_from: Path | None = None
     flops: FlopCounter = field(default_factory=FlopCounter)
+    lock: object = None  #: the run folder's :class:`~swarm_runtime.runlock.RunLock` (``prepare_run``)
 
     @property
     def domain(self):
@@ -130,7 +135,7 @@ def _apply_resume_overrides(saved: DictConfig, args, resume_from: Path) -> bool:
     for k, v in machine_overrides(args, also=("algo.iterations",)):
         override(saved, k, v)
     n = int(saved.algo.iterations)
-    done = int(json.loads((resume_from / "state.json").read_text()).get("iteration", 0))
+    done = int(load_state(resume_from).get("iteration", 0)) if resume_from is not None else 0
     if n < done:
         raise ConfigError(f"algo.iterations={n} on resume, but the run has already made {done} updates; "
                           f"give at least {done}")
@@ -162,47 +167,131 @@ def ignored_on_resume(saved: DictConfig, args) -> list[str]:
     return out
 
 
+#: Files and folders of a run that ``overwrite=true`` deletes (nothing else in the folder is touched).
+RUN_FILES = ("config.yaml", "config.*.yaml", "metrics.jsonl", "run.log", "eval.json", "eval.md", "eval-*.json",
+             "*.png", "tb", "checkpoints")
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` already holds a run (its config or checkpoints)."""
+    return (run_dir / "config.yaml").exists() or (run_dir / "checkpoints").exists()
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """A folder the run can be written to: not a file, not under a file, writable."""
+    for p in [run_dir, *run_dir.parents]:
+        if p.exists():
+            if not p.is_dir():
+                where = "is a file" if p == run_dir else f"is under {str(p)!r}, which is a file"
+                raise ConfigError(f"run_dir {str(run_dir)!r} {where}; give a folder")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise ConfigError(f"run_dir {str(run_dir)!r}: {str(p)!r} is not writable; give another run_dir")
+            return
+
+
+def clear_run(run_dir: Path) -> None:
+    """``overwrite=true``: delete the previous run's files (:data:`RUN_FILES`) before a fresh start."""
+    for pattern in RUN_FILES:
+        for p in run_dir.glob(pattern):
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    logger.warning("overwrite=true: deleted the previous run in {}", run_dir)
+
+
+def truncate_metrics(run_dir: Path, state: dict) -> None:
+    """On resume: keep the ``metrics.jsonl`` rows the checkpoint covers (``metrics_rows``; older
+    checkpoints: rows up to its iteration), so no row is written twice. A cut last line (a kill
+    in the middle of a write) is dropped; a corrupted line the checkpoint covers is an error."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    lines = path.read_text().split("\n")
+    complete, keep = lines[:-1], []  # the part after the last newline is a cut row (or empty)
+    limit = state.get("metrics_rows")
+    for i, ln in enumerate(complete if limit is None else complete[:int(limit)]):
+        try:
+            row = json.loads(ln)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path} line {i + 1} is not a JSON row ({exc.msg}); delete that line "
+                              "(and the ones after it) to resume") from exc
+        if limit is None and row.get("step", -1) > int(state.get("iteration", 0)):
+            continue
+        keep.append(ln)
+    if limit is not None and len(complete) < int(limit):
+        logger.warning("{} has {} rows, fewer than the {} its checkpoint covers", path, len(complete), limit)
+    path.write_text("".join(k + "\n" for k in keep))
+
+
+def _find_resumable(cfg: DictConfig) -> Path:
+    pattern = f"{cfg.domain}-{cfg.task_name}-*"
+    found = sorted((p for p in Path("runs").glob(pattern) if has_checkpoint(p)), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise ConfigError(f"resume=true but no run folder runs/{pattern} has a checkpoint; give run_dir=...")
+    return found[-1]
+
+
 def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) -> RunContext:
-    """Pick (or find, for ``resume=true``) the run folder, save the resolved config, set up logging.
-    ``args``: the command line, whose ``hardware`` keys and ``algo.iterations`` (to train longer)
-    still apply when a run is resumed."""
+    """Pick (or find, for ``resume=true``) the run folder, lock it, save the resolved config, set
+    up logging. ``args``: the command line, whose ``hardware`` keys and ``algo.iterations`` (to
+    train longer) still apply when a run is resumed. The lock (``ctx.lock``) is held until the
+    process ends or :meth:`RunLock.release`."""
     check_hardware(cfg)
-    resume_from, extended, ignored = None, False, []
+    resume_from, extended, ignored, restarted = None, False, [], False
     if cfg.run_dir:
         run_dir = Path(cfg.run_dir)
     elif cfg.resume:
-        pattern = f"{cfg.domain}-{cfg.task_name}-*"
-        found = sorted((p for p in Path("runs").glob(pattern) if latest_checkpoint(p)), key=lambda p: p.stat().st_mtime)
-        if not found:
-            raise ConfigError(f"resume=true but no run folder runs/{pattern} has a checkpoint; give run_dir=...")
-        run_dir = found[-1]
+        run_dir = _find_resumable(cfg)
     else:
         run_dir = Path("runs") / f"{cfg.domain}-{cfg.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if cfg.resume:
-        resume_from = latest_checkpoint(run_dir)
-        if resume_from is None:
-            raise ConfigError(f"resume=true but {run_dir} has no checkpoint to resume from")
-        if (run_dir / "config.yaml").exists():
-            # Continue the run as it was configured; the command line picks the run, the machine, and
-            # (algo.iterations) how many updates to train in all.
-            saved = load_saved(run_dir / "config.yaml")
-            saved.resume, saved.run_dir = True, str(run_dir)
-            ignored = ignored_on_resume(saved, args)
-            extended = _apply_resume_overrides(saved, args, resume_from)
-            cfg = saved
-            check_hardware(cfg)
-    check_task(registry.domains[cfg.domain], cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.run_dir = str(run_dir)
-    name = "config.yaml" if command == "run" else f"config.{command}.yaml"
-    if extended or not (cfg.resume and (run_dir / name).exists()):
-        OmegaConf.save(cfg, run_dir / name)
+    check_run_dir(run_dir)
+    if cfg.resume and not run_dir.is_dir():
+        raise ConfigError(f"resume=true but run_dir {str(run_dir)!r} does not exist")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"run_dir {str(run_dir)!r} cannot be created: {exc.strerror}") from exc
+    lock = RunLock(run_dir, command).acquire()
+    try:
+        if cfg.resume:
+            resume_from = latest_checkpoint(run_dir)
+            if resume_from is None and not (run_dir / "config.yaml").exists():
+                raise ConfigError(f"resume=true but {run_dir} has no checkpoint to resume from")
+            if resume_from is None:  # killed before its first checkpoint: start again, as configured
+                restarted = True
+            if (run_dir / "config.yaml").exists():
+                # Continue the run as it was configured; the command line picks the run, the machine, and
+                # (algo.iterations) how many updates to train in all.
+                saved = load_saved(run_dir / "config.yaml", registry)
+                saved.resume, saved.run_dir = True, str(run_dir)
+                ignored = ignored_on_resume(saved, args)
+                extended = _apply_resume_overrides(saved, args, resume_from)
+                validate(saved, registry)
+                cfg = saved
+                check_hardware(cfg)
+        elif holds_run(run_dir):
+            if not cfg.get("overwrite"):
+                raise ConfigError(f"run_dir {str(run_dir)!r} already holds a run; continue it with resume=true, "
+                                  "give another run_dir, or replace it with overwrite=true")
+            clear_run(run_dir)
+        check_task(registry.domains[cfg.domain], cfg)
+        if resume_from is not None:
+            truncate_metrics(run_dir, load_state(resume_from))
+        elif (run_dir / "metrics.jsonl").exists():
+            (run_dir / "metrics.jsonl").unlink()  # a fresh start: no row of an earlier attempt survives
+        cfg.run_dir = str(run_dir)
+        name = "config.yaml" if command == "run" else f"config.{command}.yaml"
+        if extended or not (cfg.resume and (run_dir / name).exists()):
+            save_config(cfg, run_dir / name)
+    except BaseException:
+        lock.release()
+        raise
     logger.remove()
     logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
     logger.add(run_dir / "run.log", level="DEBUG")
     logger.info("run folder {}{}", run_dir, f" (resuming from {resume_from.name})" if resume_from else "")
+    if restarted:
+        logger.warning("resume=true: {} has no checkpoint yet (killed before the first one); starting it again", run_dir)
     if ignored:
         logger.warning("resume=true continues the run as its config.yaml says; ignored: {}. Only hardware.* and "
                        "algo.iterations apply on resume; edit {} to change the rest",
                        "; ".join(ignored), run_dir / "config.yaml")
-    return RunContext(cfg, pm, registry, run_dir, resume_from)
+    return RunContext(cfg, pm, registry, run_dir, resume_from, lock=lock)

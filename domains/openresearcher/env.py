@@ -13,7 +13,8 @@ text                                        role      browser call
 ``answer <words>``                          any role  ends the episode; judged
 ==========================================  ========  =====================================
 
-A role calling another role's tool, or unparsable text, is a no-op with
+A role calling another role's tool, unparsable text, or a tool call that fails
+(the browser's error is shown in the next observation) is a no-op with
 ``valid=False``. Every step (valid or not) counts toward ``max_decisions``;
 reaching it ends the episode unanswered (reward 0). Reward: 1 for a correct
 answer, else 0; a missing LLM grade gives reward 0 with
@@ -179,7 +180,8 @@ class ResearchEnv(DomainEnv):
             self.counts["tool_errors"] += 1
             self.error = res.text
         info = {} if res.ok else {"tool_error": res.text}
-        return self._end_if_capped(StepResult(self.observation(), reward, False, True, info))
+        # a failed tool call (no such link, nothing found, a page out of range) did nothing: not a valid action
+        return self._end_if_capped(StepResult(self.observation(), reward, False, bool(res.ok), info))
 
     def _call(self, act: Action):
         b = self.browser

@@ -33,16 +33,27 @@ _BID_RE = re.compile(r"<bid_([0-9.]+)>|(\d*\.\d+|\d+)")
 
 
 def parse_bid(text: str, levels: Sequence[float]) -> tuple[float, bool]:
-    """Last bid in ``text`` (a ``<bid_x>`` token or a number in [0, 1)), snapped to the
-    nearest level; ``(0.0, False)`` when there is none."""
+    """The bid ``text`` ends with: a ``<bid_x>`` token or a number spelled as a level is (``0.4``,
+    ``.4``, ``0.40``; any number whose value is exactly a level, written with digits and one
+    point), ``(level, True)``; anything else (``-0.5``, ``5.0.3``, ``0,5``, ``nan``, ``5.0``, a
+    value between levels) is ``(0.0, False)``, counted as an unparsed bid."""
     found = _BID_RE.findall(text)
-    for tok, num in reversed(found):
-        try:
-            v = float(tok or num)
-        except ValueError:
-            continue
-        if 0.0 <= v < 1.0:
-            return min(levels, key=lambda lvl: abs(lvl - v)), True
+    if not found:
+        return 0.0, False
+    match = list(_BID_RE.finditer(text))[-1]
+    tok, num = found[-1]
+    raw = tok or num
+    start, end = match.span()
+    before, after = text[:start], text[end:]
+    if num and ((before[-1:] in ("-", "+", ".", ",") or before[-1:].isalnum())
+                or (after[:1] in (".", ",") and after[1:2].isdigit()) or after[:1].isalnum()):
+        return 0.0, False  # part of a longer token: -0.5, 5.0.3, 0,5, 1e-3, v0.4
+    if not re.fullmatch(r"\d*\.?\d+|\d+\.", raw):
+        return 0.0, False
+    v = float(raw)
+    for lvl in levels:
+        if v == float(lvl):
+            return lvl, True
     return 0.0, False
 
 

@@ -1,0 +1,345 @@
+"""Validation of every config key in one place, before anything is written or loaded.
+
+Two parts, both open to extension (other sections register theirs the same way):
+
+- :data:`RULES`: one :class:`Rule` per key (its type, range or choices, and what is valid, for the
+  message). ``register_rules(Rule(...), ...)`` adds or replaces rules of new keys.
+- :data:`CHECKS`: cross-key checks, ``fn(cfg, registry)`` raising :class:`ConfigError` (``registry``
+  is None when checking the command line before the plugins load; a check that needs it returns).
+  ``register_check(fn)`` adds one.
+
+:func:`validate` runs them all on a resolved (or a loaded run's) config; :func:`precheck` runs the
+rules of the keys given on the command line on their own, before the plugins (torch, transformers)
+are imported, so a bad value fails in a fraction of a second. Each error names the key, the bad
+value and what is valid.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from swarm_runtime.config import ConfigError
+
+#: Loguru levels (``log_level``).
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+#: Weight dtypes (``model.dtype``).
+DTYPES = ("float32", "float16", "bfloat16")
+#: Torch devices the runtime places models on (``model.device``, ``hardware.device``).
+DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?|mps")
+#: A bound on run lengths: beyond it a value is a typo, not a plan.
+MAX_COUNT = 10_000_000
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A key's valid values: ``ok(value)`` is True for a valid (non-null) value; ``valid`` says
+    what is valid in words; ``nullable``: null is valid too (with ``null_means``); ``lazy``: the
+    rule imports something heavy (torch), so :func:`precheck` leaves it to :func:`validate`."""
+
+    key: str
+    ok: Callable[[Any], bool]
+    valid: str | Callable[[], str]
+    nullable: bool = False
+    null_means: str = ""
+    lazy: bool = False
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def ints(lo: int, hi: int = MAX_COUNT) -> tuple[Callable, str]:
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi,
+            f"an integer in [{lo}, {hi}]")
+
+
+def floats(lo: float = -math.inf, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False) -> tuple[Callable, str]:
+    def ok(v):
+        if not _num(v) or not math.isfinite(v):
+            return False
+        return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    lo_s = "" if lo == -math.inf else f"{'>' if lo_open else '>='} {lo:g}"
+    hi_s = "" if hi == math.inf else f"{'<' if hi_open else '<='} {hi:g}"
+    return ok, "a finite number " + " and ".join(s for s in (lo_s, hi_s) if s)
+
+
+def choices(*values) -> tuple[Callable, str]:
+    return (lambda v: v in values), "one of " + ", ".join(str(v) for v in values)
+
+
+def lists(item: tuple[Callable, str], nonempty: bool = True) -> tuple[Callable, str]:
+    ok, what = item
+    return ((lambda v: isinstance(v, (list, ListConfig)) and (len(v) > 0 or not nonempty) and all(ok(x) for x in v)),
+            f"a {'non-empty ' if nonempty else ''}list, each item {what}")
+
+
+BOOL = ((lambda v: isinstance(v, bool)), "true or false")
+STR = ((lambda v: isinstance(v, str) and v != ""), "a non-empty string")
+DEVICE = ((lambda v: isinstance(v, str) and DEVICE_RE.fullmatch(v) is not None), "cpu, cuda, cuda:N or mps")
+
+
+def _rule(key, spec, **kw) -> Rule:
+    ok, valid = spec
+    return Rule(key, ok, valid, **kw)
+
+
+def _losses(name: str):
+    def get():
+        from swarm_runtime.train import losses  # torch: only in the full validation
+        return getattr(losses, name)
+    return get
+
+
+def _lazy_rule(key, get) -> Rule:
+    return Rule(key, lambda v: v in get(), lambda: "one of " + ", ".join(get()), lazy=True)
+
+
+RULES: dict[str, Rule] = {r.key: r for r in [
+    # model
+    _rule("model.backend", STR), _rule("model.name", STR),
+    _rule("model.path", STR, nullable=True, null_means="build the tiny model from this config"),
+    _rule("model.hidden_size", ints(1, 1 << 16)), _rule("model.intermediate_size", ints(1, 1 << 18)),
+    _rule("model.num_layers", ints(1, 1024)), _rule("model.num_heads", ints(1, 1024)),
+    _rule("model.num_kv_heads", ints(1, 1024)), _rule("model.max_positions", ints(2, 1 << 22)),
+    _rule("model.bid_mode", choices("logits", "generate")),
+    _rule("model.temperature", floats(0.0, 100.0)),
+    _rule("model.max_action_tokens", ints(1, 1 << 16)), _rule("model.max_bid_tokens", ints(1, 1 << 16)),
+    _rule("model.max_prompt_tokens", ints(1, 1 << 22)),
+    _rule("model.constrained_actions", BOOL),
+    _rule("model.dtype", choices(*DTYPES)), _rule("model.device", DEVICE),
+    # algo
+    _rule("algo.name", STR), _rule("algo.coordinator", STR), _rule("algo.credit", STR),
+    _rule("algo.bid_levels", lists(floats(0.0, 1.0, hi_open=True))),
+    _rule("algo.iterations", ints(0)), _rule("algo.envs_per_step", ints(1, 1_000_000)),
+    _rule("algo.action_steps", ints(1, 1_000_000)), _rule("algo.bid_steps", ints(0, 1_000_000)),
+    _rule("algo.lr", floats(0.0, 10.0, lo_open=True)),
+    _rule("algo.bid_lr", floats(0.0, 10.0, lo_open=True), nullable=True, null_means="algo.lr"),
+    _rule("algo.weight_decay", floats(0.0, 10.0)), _rule("algo.adam_eps", floats(0.0, 1.0, lo_open=True)),
+    _rule("algo.grad_clip", floats(0.0, lo_open=True)), _rule("algo.warmup_steps", ints(0)),
+    _rule("algo.min_lr_ratio", floats(0.0, 1.0)), _rule("algo.minibatch", ints(1)),
+    _rule("algo.branches_per_episode", ints(1, 1_000_000)), _rule("algo.resample_tries", ints(1, 1000)),
+    _rule("algo.branch_samples", ints(1, 1000)),
+    _rule("algo.branch_horizon", ints(1), nullable=True, null_means="to the end of the episode"),
+    _rule("algo.bid_pairs", choices("selected", "both")),
+    _rule("algo.kl_coef", floats(0.0)), _rule("algo.bid_beta", floats(0.0, lo_open=True)),
+    _lazy_rule("algo.bid_reference", _losses("BID_REFERENCES")),
+    _lazy_rule("algo.bid_pair_weight", _losses("PAIR_WEIGHTS")),
+    _rule("algo.common_random_numbers", BOOL),
+    _rule("algo.reward_scale", floats(0.0, lo_open=True), nullable=True, null_means="task.reward_max"),
+    _rule("algo.goa_responders", ints(1, 1000)),
+    _rule("algo.sft.demo_episodes", ints(1, 1_000_000)), _rule("algo.sft.epochs", ints(1, 100_000)),
+    _rule("algo.sft.action_epochs", ints(1, 100_000), nullable=True, null_means="algo.sft.epochs"),
+    _rule("algo.sft.lr", floats(0.0, 10.0, lo_open=True)), _rule("algo.sft.batch_size", ints(1)),
+    _rule("algo.sft.owner_bids", lists(floats(0.0, 1.0, hi_open=True))),
+    _rule("algo.sft.other_bids", lists(floats(0.0, 1.0, hi_open=True))),
+    _rule("algo.sft.match", choices("compute", "data")),
+    # hardware, eval
+    _rule("hardware.name", STR), _rule("hardware.device", DEVICE), _rule("hardware.threads", ints(0, 4096)),
+    _rule("eval.runs", ints(1, 100_000)),
+    _rule("eval.episodes", ints(1), nullable=True, null_means="all held-out seeds"),
+    _rule("eval.temperature", floats(0.0, 100.0), nullable=True, null_means="model.temperature"),
+    _rule("eval.common_random_numbers", BOOL),
+    # experiment
+    _rule("experiment.name", STR, nullable=True), _rule("experiment.base", STR, nullable=True),
+    _rule("experiment.iterations", ints(0)), _rule("experiment.eval_episodes", ints(1), nullable=True),
+    _rule("experiment.sft_eval", BOOL), _rule("experiment.budget_factor", floats(1.0, 1000.0)),
+    _rule("experiment.coordinators", lists(STR)), _rule("experiment.replicas", lists(ints(1, 1000))),
+    _rule("experiment.pass_k", ints(1, 10_000)), _rule("experiment.milestones", lists(STR), nullable=True),
+    _rule("experiment.dropout_p", lists(floats(0.0, 1.0, hi_open=True))),
+    _rule("experiment.dropout_replicas", lists(ints(1, 1000))),
+    _rule("experiment.dropout_per", choices("turn", "episode")),
+    _rule("experiment.monolithic_sft", lists(choices("compute", "data"))),
+    _rule("experiment.transfer_tasks", lists(STR, nonempty=False)), _rule("experiment.transfer_iterations", ints(1)),
+    # top level
+    _rule("domain", STR), _rule("task_name", STR), _rule("seed", ints(0, 2**63 - 1)),
+    _rule("run_dir", STR, nullable=True, null_means="runs/<domain>-<task>-<time>"),
+    _rule("resume", BOOL), _rule("overwrite", BOOL), _rule("checkpoint_every", ints(1)),
+    _rule("keep_checkpoints", ints(0, 1_000_000)), _rule("skip_sft_eval", BOOL), _rule("progress", BOOL),
+    _rule("tensorboard", BOOL), _rule("log_level", choices(*LOG_LEVELS)),
+    # the task keys the core reads (domains check their own in make_env)
+    _rule("task.max_decisions", ints(1, 1_000_000)), _rule("task.reward_max", floats(0.0, lo_open=True)),
+]}
+
+#: Cross-key checks ``fn(cfg, registry)``; see :func:`register_check`.
+CHECKS: list[Callable[[DictConfig, Any], None]] = []
+
+
+def register_rules(*rules: Rule) -> None:
+    """Add (or replace) the rules of keys, e.g. a new config section's."""
+    for r in rules:
+        RULES[r.key] = r
+
+
+def register_check(fn: Callable[[DictConfig, Any], None]) -> Callable:
+    """Add a cross-key check ``fn(cfg, registry)`` (usable as a decorator)."""
+    CHECKS.append(fn)
+    return fn
+
+
+def _fmt(v) -> str:
+    if isinstance(v, (DictConfig, ListConfig)):
+        v = OmegaConf.to_container(v)
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def _value(cfg: DictConfig, key: str):
+    """``key``'s value (``KeyError`` when absent), interpolations resolved (an error naming the key)."""
+    node, *_ = [cfg]
+    parts = key.split(".")
+    for p in parts[:-1]:
+        if not isinstance(node, DictConfig) or p not in node:
+            raise KeyError(key)
+        node = node[p]
+    if not isinstance(node, DictConfig) or parts[-1] not in node:
+        raise KeyError(key)
+    if OmegaConf.is_missing(node, parts[-1]):
+        raise ConfigError(f"{key} must be set (it has no default here)")
+    try:
+        return node[parts[-1]]
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
+
+
+def _valid(rule: Rule) -> str:
+    return rule.valid() if callable(rule.valid) else rule.valid
+
+
+def check_rule(rule: Rule, value) -> None:
+    if value is None:
+        if rule.nullable:
+            return
+        raise ConfigError(f"{rule.key}=null is not valid: must be {_valid(rule)}")
+    if isinstance(value, ListConfig):
+        value = list(value)
+    if not rule.ok(value):
+        valid = _valid(rule)
+        null = f" (or null: {rule.null_means})" if rule.nullable and rule.null_means else (" or null" if rule.nullable else "")
+        raise ConfigError(f"{rule.key}={_fmt(value)} is not valid: must be {valid}{null}")
+
+
+def _resolve_all(cfg: DictConfig, prefix: str = "") -> None:
+    """Resolve every interpolation, so an unresolvable one is an error naming its key."""
+    for k in list(cfg.keys()):
+        key = f"{prefix}{k}"
+        if OmegaConf.is_missing(cfg, k):
+            continue
+        try:
+            v = cfg[k]
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
+        if isinstance(v, DictConfig):
+            _resolve_all(v, key + ".")
+        elif isinstance(v, ListConfig):
+            try:
+                OmegaConf.to_container(v, resolve=True)
+            except OmegaConfBaseException as exc:
+                raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
+
+
+def validate(cfg: DictConfig, registry) -> None:
+    """Every rule on ``cfg``'s keys, then every cross-key check; the first error is raised."""
+    _resolve_all(cfg)
+    for rule in RULES.values():
+        try:
+            value = _value(cfg, rule.key)
+        except KeyError:
+            continue  # a key this config does not have (a section another version adds)
+        check_rule(rule, value)
+    for check in CHECKS:
+        check(cfg, registry)
+
+
+def precheck(args) -> None:
+    """Check the values of the core keys given as ``key=value`` on the command line, each on its
+    own (cross-key checks and task keys wait for :func:`validate`), without loading plugins."""
+    from swarm_runtime.config import GROUPS, RunConfig, override
+
+    cfg = OmegaConf.structured(RunConfig)
+    for a in args or ():
+        k, eq, v = str(a).partition("=")
+        if not eq or k in GROUPS or k in ("checkpoint",) or k.startswith("task.") or "${" in v:
+            continue
+        if "." not in k and k not in cfg:
+            continue  # a bare task key (sim=habitat): the domain's
+        override(cfg, k, v)
+        rule = RULES.get(k)
+        if rule is not None and not rule.lazy:
+            check_rule(rule, _value(cfg, k))
+
+
+# ---------------------------------------------------------------- cross-key checks
+def _choice_in(key: str, value, table, what: str = "") -> None:
+    if value not in table:
+        raise ConfigError(f"{key}={_fmt(value)} is not valid: must be one of {', '.join(sorted(table)) or '(none)'}{what}")
+
+
+@register_check
+def registered_names(cfg: DictConfig, registry) -> None:
+    """Names a plugin registers: coordinator, credit scheme, algorithm, policy backend."""
+    if registry is None:
+        return
+    _choice_in("algo.coordinator", cfg.algo.coordinator, registry.coordinators)
+    _choice_in("algo.credit", cfg.algo.credit, registry.credit_schemes)
+    _choice_in("algo.name", cfg.algo.name, registry.algorithms)
+    _choice_in("model.backend", cfg.model.backend, registry.policy_backends)
+    for c in cfg.experiment.coordinators:
+        _choice_in("experiment.coordinators", c, registry.coordinators)
+
+
+@register_check
+def bid_levels(cfg: DictConfig, registry) -> None:
+    """Bid levels include 0 (the pass) and are distinct; SFT's demo bids are among them."""
+    levels = [float(b) for b in cfg.algo.bid_levels]
+    if 0.0 not in levels:
+        raise ConfigError(f"algo.bid_levels={_fmt(cfg.algo.bid_levels)} is not valid: must include 0 (the pass)")
+    if len(set(levels)) != len(levels):
+        raise ConfigError(f"algo.bid_levels={_fmt(cfg.algo.bid_levels)} is not valid: levels must be distinct")
+    for key in ("owner_bids", "other_bids"):
+        bad = [b for b in cfg.algo.sft[key] if float(b) not in levels]
+        if bad:
+            raise ConfigError(f"algo.sft.{key}={_fmt(cfg.algo.sft[key])} is not valid: SFT bid targets must be among "
+                              f"algo.bid_levels {_fmt(cfg.algo.bid_levels)} ({', '.join(map(str, bad))} are not); "
+                              f"set algo.sft.{key} to levels of algo.bid_levels")
+
+
+@register_check
+def model_shape(cfg: DictConfig, registry) -> None:
+    """The tiny model's shape (``model.path`` unset): heads divide the width, KV heads divide the
+    heads, and a prompt plus its longest response fits ``max_positions``."""
+    m = cfg.model
+    if m.get("path") is not None:
+        return
+    if int(m.hidden_size) % int(m.num_heads):
+        raise ConfigError(f"model.num_heads={m.num_heads} is not valid: must divide model.hidden_size={m.hidden_size}")
+    if int(m.num_heads) % int(m.num_kv_heads):
+        raise ConfigError(f"model.num_kv_heads={m.num_kv_heads} is not valid: must divide model.num_heads={m.num_heads}")
+    longest = int(m.max_prompt_tokens) + max(int(m.max_action_tokens), int(m.max_bid_tokens))
+    if longest > int(m.max_positions):
+        raise ConfigError(f"model.max_positions={m.max_positions} is not valid: must be at least model.max_prompt_tokens "
+                          f"+ the longest response (max(model.max_action_tokens, model.max_bid_tokens)) = {longest}")
+
+
+@register_check
+def eval_split(cfg: DictConfig, registry) -> None:
+    """``eval.episodes`` within the task's held-out split (not silently clamped)."""
+    task = cfg.get("task")
+    if cfg.eval.episodes is None or task is None or "eval_seeds" not in task:
+        return
+    count = int(task.eval_seeds.count)
+    if int(cfg.eval.episodes) > count:
+        raise ConfigError(f"eval.episodes={cfg.eval.episodes} is not valid: task {cfg.task_name!r} has {count} held-out "
+                          f"seeds (task.eval_seeds.count); give at most {count} or null (all)")
+
+
+@register_check
+def experiment_lists(cfg: DictConfig, registry) -> None:
+    if registry is None or cfg.domain not in registry.domains:
+        return
+    tasks = registry.domains[cfg.domain].task_names()
+    for t in cfg.experiment.transfer_tasks:
+        _choice_in("experiment.transfer_tasks", t, tasks, f" (tasks of {cfg.domain})")
