@@ -138,6 +138,14 @@ def latest_checkpoint(run_dir: Path, repair: bool = True) -> Path | None:
     raise CheckpointError(f"{pointer} names {tag!r}, but {path} is incomplete or missing; {_what_to_do(run_dir)}")
 
 
+def clean_spares(run_dir: Path) -> None:
+    """Delete what a crash left beside the checkpoints (``.tmp-*``, ``.old-*``, ``.latest.tmp``)
+    once ``latest`` names a complete checkpoint (call it with the run folder locked)."""
+    root = Path(run_dir) / "checkpoints"
+    for p in list(root.glob(".tmp-*")) + list(root.glob(".old-*")) + list(root.glob(".latest.tmp")):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
 def _what_to_do(run_dir: Path) -> str:
     tags = complete_tags(run_dir)
     if not tags:

@@ -48,7 +48,7 @@ def _resume_picks(overrides: list[str]) -> list[str]:
 def cmd_run(args) -> int:
     from swarm_runtime.validation import precheck
 
-    precheck(args.overrides)  # before the plugins (torch) load: a bad value fails fast
+    precheck(_resume_picks(args.overrides))  # before the plugins (torch) load: a bad value fails fast
     from swarm_runtime.config import resolve
     from swarm_runtime.run import prepare_run
 
@@ -105,7 +105,7 @@ def cmd_eval(args) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
-    precheck([o for o in args.overrides if not o.startswith("checkpoint=")])
+    precheck([o for o in args.overrides if not o.startswith("checkpoint=")], resolve_with_domains=False)
     with RunLock(run_dir, "eval"):  # not while a run writes (and prunes) the checkpoints
         return _eval_locked(args, run_dir)
 
@@ -164,7 +164,8 @@ def cmd_experiment(args) -> int:
     from swarm_runtime.experiments.runner import run_experiment
     from swarm_runtime.validation import precheck
 
-    precheck([o for o in args.overrides if not o.startswith("experiment.")])
+    precheck([o for o in args.overrides if "=" in o and o.partition("=")[0] not in ("run_dir", "resume")],
+             resolve_with_domains=False)
 
     pm, reg = _registry()
     if args.list or not args.name:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from swarm_runtime.config import ConfigError, load_saved, override, validate
-from swarm_runtime.checkpoint import has_checkpoint, latest_checkpoint, load_state
+from swarm_runtime.checkpoint import clean_spares, has_checkpoint, latest_checkpoint, load_state
 from swarm_runtime.runlock import RunLock
 from swarm_runtime.secrets import save_config
 from swarm_runtime.episode import Agent
@@ -243,6 +243,8 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     else:
         run_dir = Path("runs") / f"{cfg.domain}-{cfg.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_run_dir(run_dir)
+    if not cfg.resume:
+        check_task(registry.domains[cfg.domain], cfg)  # before anything is created
     if cfg.resume and not run_dir.is_dir():
         raise ConfigError(f"resume=true but run_dir {str(run_dir)!r} does not exist")
     try:
@@ -272,8 +274,10 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
                 raise ConfigError(f"run_dir {str(run_dir)!r} already holds a run; continue it with resume=true, "
                                   "give another run_dir, or replace it with overwrite=true")
             clear_run(run_dir)
-        check_task(registry.domains[cfg.domain], cfg)
+        if cfg.resume:
+            check_task(registry.domains[cfg.domain], cfg)
         if resume_from is not None:
+            clean_spares(run_dir)
             truncate_metrics(run_dir, load_state(resume_from))
         elif (run_dir / "metrics.jsonl").exists():
             (run_dir / "metrics.jsonl").unlink()  # a fresh start: no row of an earlier attempt survives

@@ -99,6 +99,11 @@ def _lazy_rule(key, get) -> Rule:
     return Rule(key, lambda v: v in get(), lambda: "one of " + ", ".join(get()), lazy=True)
 
 
+def _lazy_ok(registry) -> bool:
+    """Whether the lazy rules (which import torch) run: not in a :func:`precheck`."""
+    return not getattr(registry, "light", False)
+
+
 RULES: dict[str, Rule] = {r.key: r for r in [
     # model
     _rule("model.backend", STR), _rule("model.name", STR),
@@ -117,8 +122,8 @@ RULES: dict[str, Rule] = {r.key: r for r in [
     _rule("algo.bid_levels", lists(floats(0.0, 1.0, hi_open=True))),
     _rule("algo.iterations", ints(0)), _rule("algo.envs_per_step", ints(1, 1_000_000)),
     _rule("algo.action_steps", ints(1, 1_000_000)), _rule("algo.bid_steps", ints(0, 1_000_000)),
-    _rule("algo.lr", floats(0.0, 10.0, lo_open=True)),
-    _rule("algo.bid_lr", floats(0.0, 10.0, lo_open=True), nullable=True, null_means="algo.lr"),
+    _rule("algo.lr", floats(0.0, 10.0)),  # 0 freezes the action steps (a control)
+    _rule("algo.bid_lr", floats(0.0, 10.0), nullable=True, null_means="algo.lr"),
     _rule("algo.weight_decay", floats(0.0, 10.0)), _rule("algo.adam_eps", floats(0.0, 1.0, lo_open=True)),
     _rule("algo.grad_clip", floats(0.0, lo_open=True)), _rule("algo.warmup_steps", ints(0)),
     _rule("algo.min_lr_ratio", floats(0.0, 1.0)), _rule("algo.minibatch", ints(1)),
@@ -134,7 +139,7 @@ RULES: dict[str, Rule] = {r.key: r for r in [
     _rule("algo.goa_responders", ints(1, 1000)),
     _rule("algo.sft.demo_episodes", ints(1, 1_000_000)), _rule("algo.sft.epochs", ints(1, 100_000)),
     _rule("algo.sft.action_epochs", ints(1, 100_000), nullable=True, null_means="algo.sft.epochs"),
-    _rule("algo.sft.lr", floats(0.0, 10.0, lo_open=True)), _rule("algo.sft.batch_size", ints(1)),
+    _rule("algo.sft.lr", floats(0.0, 10.0)), _rule("algo.sft.batch_size", ints(1)),
     _rule("algo.sft.owner_bids", lists(floats(0.0, 1.0, hi_open=True))),
     _rule("algo.sft.other_bids", lists(floats(0.0, 1.0, hi_open=True))),
     _rule("algo.sft.match", choices("compute", "data")),
@@ -249,14 +254,37 @@ def validate(cfg: DictConfig, registry) -> None:
             value = _value(cfg, rule.key)
         except KeyError:
             continue  # a key this config does not have (a section another version adds)
+        if rule.lazy and not _lazy_ok(registry):
+            continue
         check_rule(rule, value)
     for check in CHECKS:
         check(cfg, registry)
 
 
-def precheck(args) -> None:
-    """Check the values of the core keys given as ``key=value`` on the command line, each on its
-    own (cross-key checks and task keys wait for :func:`validate`), without loading plugins."""
+def light_registry():
+    """A registry of the plugins' domains only: the registration hooks that import torch and
+    transformers (policy backends, algorithms) are not called. For :func:`precheck`."""
+    from swarm_runtime.plugins import Registry, make_plugin_manager
+
+    reg = Registry()
+    make_plugin_manager().hook.swarm_register_domains(register=lambda d: reg.domains.setdefault(d.name, d))
+    reg.light = True
+    return reg
+
+
+def precheck(args, resolve_with_domains: bool = True) -> None:
+    """Check a command line before the heavy plugins load: first the core keys given as
+    ``key=value``, each on its own; then (``resolve_with_domains``) the whole config resolved
+    with the domains only (task keys and cross-key checks), so a bad value fails in about a
+    second instead of after importing torch and transformers."""
+    _precheck_keys(args)
+    if resolve_with_domains:
+        from swarm_runtime.config import resolve
+
+        resolve(list(args), light_registry())
+
+
+def _precheck_keys(args) -> None:
     from swarm_runtime.config import GROUPS, RunConfig, override
 
     cfg = OmegaConf.structured(RunConfig)
@@ -275,13 +303,13 @@ def precheck(args) -> None:
 # ---------------------------------------------------------------- cross-key checks
 def _choice_in(key: str, value, table, what: str = "") -> None:
     if value not in table:
-        raise ConfigError(f"{key}={_fmt(value)} is not valid: must be one of {', '.join(sorted(table)) or '(none)'}{what}")
+        raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(sorted(table)) or '(none)'}{what}")
 
 
 @register_check
 def registered_names(cfg: DictConfig, registry) -> None:
     """Names a plugin registers: coordinator, credit scheme, algorithm, policy backend."""
-    if registry is None:
+    if registry is None or getattr(registry, "light", False):
         return
     _choice_in("algo.coordinator", cfg.algo.coordinator, registry.coordinators)
     _choice_in("algo.credit", cfg.algo.credit, registry.credit_schemes)

@@ -91,12 +91,14 @@ def _copy_with_config(run, dst, old: str, new: str):
     return dst
 
 
-def test_eval_of_a_run_saved_before_a_key_existed(smoke_run, tmp_path):
-    """A run folder whose config.yaml predates a config key evaluates with the key's default."""
+def test_eval_of_a_run_whose_config_lacks_keys_names_them(smoke_run, tmp_path):
+    """A run folder whose config.yaml lacks keys (truncated, or older than a key) is not silently
+    completed with defaults: eval and resume stop (exit 2) naming the missing keys."""
     old = _copy_with_config(smoke_run[0], tmp_path / "old_run", "  common_random_numbers: false\n", "")
-    res = swarm("eval", str(old), "checkpoint=sft", "eval.runs=1", "eval.common_random_numbers=true", cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "checkpoint sft" in res.stdout
+    res = swarm("eval", str(old), "checkpoint=sft", "eval.runs=1", cwd=tmp_path)
+    assert res.returncode == 2 and "algo.common_random_numbers" in res.stderr and "Traceback" not in res.stderr
+    res = swarm("run", "resume=true", f"run_dir={old}", cwd=tmp_path)
+    assert res.returncode == 2 and "eval.common_random_numbers" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_eval_takes_bare_task_keys_and_refuses_unknown_ones(smoke_run):
