@@ -93,7 +93,10 @@ def _copy(run: Path, dst: Path) -> Path:
 def _one_line_error(res, *needles):
     err = res.stderr.strip()
     assert res.returncode == 2, (res.returncode, err[-2000:])
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "Traceback" not in err, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("swarm:")]
+    assert len(errors) == 1 and err.splitlines()[-1] == errors[0], err  # log lines, then one error line
+    err = errors[0]
     for n in needles:
         assert n in err, (n, err)
     return err
@@ -117,7 +120,7 @@ def test_planted_pickles_do_not_run_on_resume_or_eval(sweep, tmp_path):
     agent = run / "checkpoints" / "sft" / "agents" / "Miner"
     (agent / "model.safetensors").unlink()
     _plant(agent / "pytorch_model.bin", marker)
-    cases.append((["eval", str(run), "checkpoint=sft"], "Miner"))
+    cases.append((["eval", str(run), "checkpoint=sft"], "sft/agents"))
     for args, needle in cases:
         res = swarm(*args, cwd=tmp_path)
         assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-2000:]

@@ -84,10 +84,14 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     check_hardware(cfg)
     check_task(registry.domains[cfg.domain], cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = "swarm experiment " + " ".join(shlex.quote(a) for a in [name, *args])
+    from swarm_runtime.runlock import RunLock
+    from swarm_runtime.secrets import redact_args, save_config
+
+    lock = RunLock(run_dir, "experiment").acquire()  # held until the process ends
+    command = "swarm experiment " + " ".join(shlex.quote(a) for a in [name, *redact_args(args)])
     if not (run_dir / "experiment.json").exists():
-        _atomic_json(run_dir / "experiment.json", {"experiment": name, "args": args, "command": command})
-        OmegaConf.save(cfg, run_dir / "config.yaml")
+        _atomic_json(run_dir / "experiment.json", {"experiment": name, "args": redact_args(args), "command": command})
+        save_config(cfg, run_dir / "config.yaml")
     logger.remove()
     logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
     logger.add(run_dir / "run.log", level="DEBUG")
@@ -98,6 +102,7 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     if x.bar is not None:
         x.bar.close()
     write_results(x, report, command, time.time() - t0)
+    lock.release()
     return run_dir
 
 
