@@ -251,3 +251,21 @@ def test_listing_commands_survive_a_closed_pipe(tmp_path):
         res = subprocess.run(f"{sys.executable} -m swarm_runtime.cli {cmd} | head -1", shell=True, cwd=tmp_path,
                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
+
+
+def test_a_failed_research_tool_call_is_not_a_valid_action(registry, tmp_path):
+    """OpenResearcher: a tool call the browser refuses (a link that is not on the page) is counted
+    as invalid, with the browser's error in the next observation."""
+    from omegaconf import OmegaConf
+
+    _, reg = registry
+    domain = reg.domains["openresearcher"]
+    task = domain.task_config("embedded")
+    task.pop("overrides", None)
+    task.search.cache_dir = str(tmp_path)
+    env = domain.make_env(task)
+    env.reset(0)
+    assert env.step("search kelda", "Searcher").valid
+    bad = env.step("open 999", "Opener")
+    assert not bad.valid and "tool_error" in bad.info and bad.info["tool_error"] in bad.observation
+    assert OmegaConf.is_config(task)
