@@ -362,12 +362,3 @@ def eval_split(cfg: DictConfig, registry) -> None:
     if int(cfg.eval.episodes) > count:
         raise ConfigError(f"eval.episodes={cfg.eval.episodes} is not valid: task {cfg.task_name!r} has {count} held-out "
                           f"seeds (task.eval_seeds.count); give at most {count} or null (all)")
-
-
-@register_check
-def experiment_lists(cfg: DictConfig, registry) -> None:
-    if registry is None or cfg.domain not in registry.domains:
-        return
-    tasks = registry.domains[cfg.domain].task_names()
-    for t in cfg.experiment.transfer_tasks:
-        _choice_in("experiment.transfer_tasks", t, tasks, f" (tasks of {cfg.domain})")

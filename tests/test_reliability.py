@@ -207,6 +207,22 @@ def test_secrets_given_on_the_command_line_are_written_nowhere(tmp_path):
     assert res.returncode == 0 and secret not in res.stdout + res.stderr and "<redacted>" in res.stdout
     res = swarm("run", *args, "algo.nosuch=1", cwd=tmp_path)
     assert res.returncode == 2 and secret not in res.stderr
+    run = tmp_path / "run"
+    tiny = ["task.max_decisions=3", "algo.iterations=1", "algo.envs_per_step=1", "eval.episodes=1", "eval.runs=1",
+            "algo.sft.demo_episodes=1", "algo.sft.epochs=1", "algo.sft.action_epochs=1", "model.hidden_size=32",
+            "model.intermediate_size=64", "model.num_layers=1", "progress=false", "tensorboard=false",
+            f"task.search.cache_dir={tmp_path / 'bm25'}", "hardware.threads=1"]
+    res = swarm("run", *args, *tiny, f"run_dir={run}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res2 = swarm("eval", str(run), "checkpoint=sft", f"task.llm_judge.api_key={secret}", cwd=tmp_path)
+    assert res2.returncode == 0, res2.stderr[-2000:]
+    for out in (res, res2):
+        assert secret not in out.stdout + out.stderr
+    for p in tmp_path.rglob("*"):
+        assert secret not in str(p)
+        if p.is_file():
+            assert secret.encode() not in p.read_bytes(), p
+    assert list(run.glob("eval-sft--*redacted*.json"))
     from swarm_runtime.cli import eval_file_name
 
     name = eval_file_name("iter-000002", [f"task.llm_judge.api_key={secret}", "eval.runs=2"])
