@@ -285,3 +285,22 @@ def test_a_failed_research_tool_call_is_not_a_valid_action(registry, tmp_path):
     bad = env.step("open 999", "Opener")
     assert not bad.valid and "tool_error" in bad.info and bad.info["tool_error"] in bad.observation
     assert OmegaConf.is_config(task)
+
+
+def test_overwrite_deletes_only_the_previous_runs_files(tmp_path):
+    from swarm_runtime.run import check_run_dir, clear_run, holds_run
+    from swarm_runtime.config import ConfigError
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "sft").mkdir(parents=True)
+    (run / "tb").mkdir()
+    for name in ("config.yaml", "metrics.jsonl", "run.log", "eval.json", "eval-sft--eval.runs=2.json", "turn_share.png",
+                 "notes.txt"):
+        (run / name).write_text("x")
+    assert holds_run(run)
+    clear_run(run)
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"] and not holds_run(run)
+    (tmp_path / "file").write_text("x")
+    for bad, needle in [(tmp_path / "file", "is a file"), (tmp_path / "file" / "sub", "is under")]:
+        with pytest.raises(ConfigError, match=needle):
+            check_run_dir(bad)
