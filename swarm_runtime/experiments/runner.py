@@ -87,22 +87,24 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     from swarm_runtime.runlock import RunLock
     from swarm_runtime.secrets import redact_args, save_config
 
-    lock = RunLock(run_dir, "experiment").acquire()  # held until the process ends
-    command = "swarm experiment " + " ".join(shlex.quote(a) for a in [name, *redact_args(args)])
-    if not (run_dir / "experiment.json").exists():
-        _atomic_json(run_dir / "experiment.json", {"experiment": name, "args": redact_args(args), "command": command})
-        save_config(cfg, run_dir / "config.yaml")
-    logger.remove()
-    logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
-    logger.add(run_dir / "run.log", level="DEBUG")
-    logger.info("experiment {} in {}{}", name, run_dir, " (resuming)" if resume else "")
-    x = ExperimentContext(name, cfg, pm, registry, run_dir, args)
-    t0 = time.time()
-    report: Report = registry.experiments[name](x)
-    if x.bar is not None:
-        x.bar.close()
-    write_results(x, report, command, time.time() - t0)
-    lock.release()
+    lock = RunLock(run_dir, "experiment").acquire()
+    try:
+        command = "swarm experiment " + " ".join(shlex.quote(a) for a in [name, *redact_args(args)])
+        if not (run_dir / "experiment.json").exists():
+            _atomic_json(run_dir / "experiment.json", {"experiment": name, "args": redact_args(args), "command": command})
+            save_config(cfg, run_dir / "config.yaml")
+        logger.remove()
+        logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+        logger.add(run_dir / "run.log", level="DEBUG")
+        logger.info("experiment {} in {}{}", name, run_dir, " (resuming)" if resume else "")
+        x = ExperimentContext(name, cfg, pm, registry, run_dir, args)
+        t0 = time.time()
+        report: Report = registry.experiments[name](x)
+        if x.bar is not None:
+            x.bar.close()
+        write_results(x, report, command, time.time() - t0)
+    finally:
+        lock.release()
     return run_dir
 
 
