@@ -462,11 +462,15 @@ def test_roles_own_their_tools(domain, task):
         obs = env.observation()
         r = env.step(text, role)
         assert not r.valid and r.reward == 0 and r.observation == obs
+    failed = 0
+    for text, role in [("search kelda", "Searcher"), ("open 0", "Opener"), ("find is", "Finder"),
+                       ("search kelda", None)]:  # a monolithic model may call every tool
+        r = env.step(text, role)
+        # its own tool is called; a call the browser refuses (no such link) is not a valid action either
+        assert r.valid == ("tool_error" not in r.info)
+        failed += not r.valid
     assert env.step("search kelda", "Searcher").valid
-    assert env.step("open 0", "Opener").valid
-    assert env.step("find is", "Finder").valid
-    assert env.step("search kelda", None).valid  # a monolithic model may call every tool
-    assert env.metrics()["invalid_actions"] == 4
+    assert env.metrics()["invalid_actions"] == 4 and env.metrics()["tool_errors"] == failed
 
 
 def test_answer_rewards_and_ends(domain, task):
