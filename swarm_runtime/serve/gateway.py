@@ -191,13 +191,17 @@ def make_app(setup: GatewaySetup):
                 for t in pending:
                     t.cancel()
                 logger.info("shutdown: {} episodes finished, {} interrupted", len(done), len(pending))
+            interrupted = 0
             for ep in state["episodes"].values():
                 if ep.status == "running":
                     finish(ep, "interrupted", "the gateway shut down")
+                    interrupted += 1
             for t in state["background"]:
                 t.cancel()
             pop.stop_all()
             await client.aclose()
+            logger.info("swarm serve stopped: {} episodes done, {} interrupted; transcripts in {}",
+                        metrics.episodes.get("done", 0), interrupted, transcripts)
 
     app = FastAPI(title="swarm serve", lifespan=lifespan)
 

@@ -21,6 +21,64 @@ from loguru import logger
 
 STATUSES = ("starting", "up", "down", "draining", "removed")
 
+#: Modules a worker needs, imported once in the fork server: a new or restarted worker is forked from
+#: it and only loads its model (about a second), instead of importing torch and transformers afresh.
+PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "fastapi", "uvicorn",
+           "swarm_runtime.policy.transformers_backend", "swarm_runtime.serve.worker"]
+_MP = None
+
+
+def _mp():
+    global _MP
+    if _MP is None:
+        import multiprocessing
+
+        _MP = multiprocessing.get_context("forkserver")
+        _MP.set_forkserver_preload(PRELOAD)
+    return _MP
+
+
+def _child(argv: list[str], log: str | None, threads: int) -> None:
+    """A worker process forked from the fork server: its output to ``log``, then the worker's main."""
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.stdout = os.fdopen(1, "w", buffering=1)
+        sys.stderr = os.fdopen(2, "w", buffering=1)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    from swarm_runtime.serve.worker import main
+
+    raise SystemExit(main(argv))
+
+
+class WorkerProcess:
+    """A forked worker with the part of ``subprocess.Popen``'s interface the population uses."""
+
+    def __init__(self, argv: list[str], log: Path | None, threads: int):
+        self.p = _mp().Process(target=_child, args=(argv, str(log) if log else None, threads), daemon=True)
+        self.p.start()
+        self.pid = self.p.pid
+
+    @property
+    def returncode(self):
+        return self.p.exitcode
+
+    def poll(self):
+        return self.p.exitcode
+
+    def terminate(self):
+        self.p.terminate()
+
+    def kill(self):
+        self.p.kill()
+
+    def wait(self, timeout: float | None = None):
+        self.p.join(timeout)
+        if self.p.exitcode is None:
+            raise subprocess.TimeoutExpired("worker", timeout)
+        return self.p.exitcode
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -39,7 +97,7 @@ class AgentHandle:
     model_id: str | None = None  #: the id ``/v1/models`` gives (the ``model`` of every request)
     status: str = "starting"
     checkpoint: str | None = None  #: the role folder a worker the gateway owns was started on
-    proc: subprocess.Popen | None = None
+    proc: "WorkerProcess | None" = None
     worker_args: list = field(default_factory=list)
     misses: int = 0  #: bid deadlines missed in a row
     restarts: int = 0
@@ -101,16 +159,14 @@ class Population:
 
     def _start(self, a: AgentHandle) -> None:
         port = a.url.rsplit(":", 1)[1]
-        cmd = [sys.executable, "-m", "swarm_runtime.serve.worker", "--model", a.checkpoint, "--name", a.name,
-               "--port", port, "--max-prompt-tokens", str(self.opts.max_prompt_tokens), "--device", self.opts.device,
+        argv = ["--model", a.checkpoint, "--name", a.name, "--port", port, "--max-prompt-tokens", str(self.opts.max_prompt_tokens), "--device", self.opts.device,
                "--threads", str(self.opts.worker_threads), "--seed", str(a.index), "--parent-pid", str(os.getpid()),
                *a.worker_args]
-        out = subprocess.DEVNULL
+        log = None
         if self.opts.log_dir is not None:
             self.opts.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.opts.log_dir / f"{a.name.replace('#', '-')}.log", "ab")
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.opts.worker_threads)}
-        a.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            log = self.opts.log_dir / f"{a.name.replace('#', '-')}.log"
+        a.proc = WorkerProcess(argv, log, self.opts.worker_threads)
         a.status, a.since, a.misses = "starting", time.time(), 0
         logger.info("agent {} ({}): worker pid {} on {}", a.name, a.role, a.proc.pid, a.url)
 
