@@ -104,6 +104,18 @@ class Gateway:
                 pass
 
 
+def scrape(url) -> dict:
+    """``/metrics`` samples without labels, as floats."""
+    import httpx
+
+    out = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            k, v = line.split()
+            out[k] = float(v)
+    return out
+
+
 def turn_stats(bodies):
     lat = [r["latency_ms"] for b in bodies for r in b["turns"]]
     over = [r["latency_ms"] - r["compute_ms"] for b in bodies for r in b["turns"]]
@@ -222,14 +234,20 @@ def main() -> None:
               f"{a.concurrency} ({out['served']['decisions_per_s'] / out['in_process']['decisions_per_s']:.2f}x "
               f"in process)", flush=True)
         # 3. overhead, one episode at a time
+        m0 = scrape(gw.url)
         _, _, ob, _ = asyncio.run(served_grid(gw.url, seeds[: a.overhead_episodes], 1, eval_seed, 1))
+        m1 = scrape(gw.url)
+        cpu_turn = (m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"]) / max(
+            1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"]) * 1000
         lat1, over1 = turn_stats(ob)
         comp1 = [r["compute_ms"] for b in ob for r in b["turns"]]
         out["overhead"] = {"turns": len(over1), "overhead_ms_p50": pct(over1, 50), "overhead_ms_p99": pct(over1, 99),
-                           "turn_latency_ms_p50": pct(lat1, 50), "compute_ms_p50": pct(comp1, 50)}
+                           "turn_latency_ms_p50": pct(lat1, 50), "compute_ms_p50": pct(comp1, 50),
+                           "gateway_cpu_ms_per_turn": cpu_turn}
         print(f"gateway overhead per turn beyond model compute (one episode at a time, {len(over1)} turns): "
               f"p50 {pct(over1, 50):.1f} ms, p99 {pct(over1, 99):.1f} ms (turn latency p50 {pct(lat1, 50):.1f} ms, "
-              f"model compute p50 {pct(comp1, 50):.1f} ms)", flush=True)
+              f"model compute p50 {pct(comp1, 50):.1f} ms); gateway CPU {cpu_turn:.1f} ms per turn "
+              f"(env steps included)", flush=True)
         # 4. fault run
         runs = max(1, -(-a.fault_episodes // len(seeds)))
         fb, kills, fwall = asyncio.run(fault_run(gw, seeds, runs, eval_seed, a.fault_episodes, a.chaos_interval,

@@ -69,6 +69,11 @@ class Metrics:
                 samples = [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(BUCKETS, h.counts)]
                 samples += [f'{name}_bucket{{le="+Inf"}} {h.n}', f"{name}_sum {h.sum:.6f}", f"{name}_count {h.n}"]
                 metric(name, "histogram", help_, samples)
+            import resource
+
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            metric("process_cpu_seconds_total", "counter", "CPU time of the gateway process (user + system).",
+                   [f"process_cpu_seconds_total {ru.ru_utime + ru.ru_stime:.6f}"])
             metric("swarm_agents_up", "gauge", "Agents answering now.", [f"swarm_agents_up {agents_up}"])
             metric("swarm_agents", "gauge", "Agents in the population (not removed).", [f"swarm_agents {agents_total}"])
             metric("swarm_episodes_running", "gauge", "Episodes in progress.", [f"swarm_episodes_running {running}"])

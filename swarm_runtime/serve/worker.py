@@ -173,7 +173,7 @@ def make_app(policy, opts: WorkerOptions):
                                             "max_model_len": int(policy.max_prompt_tokens)}]}
 
     @app.post("/v1/completions")
-    def completions(req: CompletionRequest):  # a plain def: FastAPI runs it in its thread pool
+    async def completions(req: CompletionRequest):  # one model, one request at a time: run inline, no thread hop
         if req.model not in (None, model_id):
             raise HTTPException(404, f"model {req.model!r} is not served here; valid: {model_id}")
         try:
