@@ -13,8 +13,9 @@ source run is never written to), it prints:
   reward against the fault-free served run on the same noise, missed bids, failovers, p50 / p99 turn
   latency;
 - dropout through the service: 3 agents (replicas 1) and 12 agents (replicas 4) with a third of the
-  workers killed (``serve.restart_workers=false``), next to the in-process evaluation of the same
-  swarms with per-episode dropout p = 1/3 (``deploy.dropout_presence``).
+  workers killed for good (``serve.restart_workers=false``), next to the in-process evaluation of the
+  same swarm with the same agents absent (a fixed presence mask: the served episodes should be the same
+  ones), with everyone present, and with per-episode dropout p = 1/3 (``deploy.dropout_presence``).
 
     python benchmarks/serve.py --run RUN_DIR [--checkpoint sft] [--episodes 8] [--concurrency 8]
         [--fault-episodes 16] [--chaos-interval 3] [--skip-population] [--out results.json]
@@ -227,10 +228,12 @@ def main() -> None:
         lat, _ = turn_stats(bodies)
         out["served"] = {"reward": (sres["reward_mean"], sres["reward_se"]), "identical_episodes": same,
                          "wall_s": swall, "decisions_per_s": sum(len(e.turns) for e in seps) / swall,
-                         "concurrency": a.concurrency, "turn_latency_ms_p50": pct(lat, 50),
+                         "concurrency": a.concurrency, "missed_bids": sum(b["missed_bids"] for b in bodies),
+                         "failovers": sum(b["failovers"] for b in bodies), "turn_latency_ms_p50": pct(lat, 50),
                          "turn_latency_ms_p99": pct(lat, 99)}
         print(f"served: reward {sres['reward_mean']:.2f} ± {sres['reward_se']:.2f}, {same}/{len(seeds)} episodes "
-              f"identical to in process; {out['served']['decisions_per_s']:.1f} decisions/s at concurrency "
+              f"identical to in process ({out['served']['missed_bids']} missed bids, {out['served']['failovers']} "
+              f"failovers); {out['served']['decisions_per_s']:.1f} decisions/s at concurrency "
               f"{a.concurrency} ({out['served']['decisions_per_s'] / out['in_process']['decisions_per_s']:.2f}x "
               f"in process)", flush=True)
         # 3. overhead, one episode at a time
@@ -277,32 +280,47 @@ def main() -> None:
     finally:
         gw.stop()
 
-    # 5. dropout through the service: 3 vs 12 agents, a third of the workers killed
+    # 5. dropout through the service: 3 vs 12 agents, a third of the workers killed for good
     if not a.skip_population:
         out["population"] = {}
         for k in (1, 4):
             n = 3 * k
             ag, _ = ctx.build_swarm(run / "checkpoints" / a.checkpoint / "agents", replicas=k)
-            pres = dropout_presence(1 / 3, n, per="episode")
-            r_in, _ = evaluate(ag, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, eval_seed, cfg.eval.temperature,
-                               presence=pres, common_random_numbers=True)
+            victims = sorted(random.Random(n).sample(range(n), n // 3))
+            mask = [i not in victims for i in range(n)]
+            r_all, _ = evaluate(ag, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, eval_seed,
+                                cfg.eval.temperature, common_random_numbers=True)
+            r_abs, e_abs = evaluate(ag, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, eval_seed,
+                                    cfg.eval.temperature, presence=lambda _s, _t, _n: mask,
+                                    common_random_numbers=True)
+            r_drop, _ = evaluate(ag, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, eval_seed,
+                                 cfg.eval.temperature, presence=dropout_presence(1 / 3, n, per="episode"),
+                                 common_random_numbers=True)
             g = Gateway(run, a.checkpoint, [f"serve.replicas={k}", "serve.restart_workers=false",
                                             "serve.probe_interval_ms=200"], tmp / f"gateway-{n}.log").wait()
             try:
-                victims = random.Random(n).sample(g.agents(), n // 3)
-                for v in victims:
-                    os.kill(v["pid"], signal.SIGKILL)
+                agents_now = g.agents()
+                for i in victims:
+                    os.kill(agents_now[i]["pid"], signal.SIGKILL)
                 time.sleep(1.0)
-                r_sv, _, b_sv, _ = asyncio.run(served_grid(g.url, seeds, 1, eval_seed, a.concurrency))
+                r_sv, e_sv, b_sv, _ = asyncio.run(served_grid(g.url, seeds, 1, eval_seed, a.concurrency))
             finally:
                 g.stop()
-            out["population"][n] = {"killed": [v["name"] for v in victims],
-                                    "served": (r_sv["reward_mean"], r_sv["reward_se"]),
-                                    "in_process_dropout": (r_in["reward_mean"], r_in["reward_se"]),
+            same = sum([(t.winner, t.action_text, t.reward) for t in x.turns] ==
+                       [(t.winner, t.action_text, t.reward) for t in y.turns] for x, y in zip(e_abs, e_sv))
+            out["population"][n] = {"killed": [agents_now[i]["name"] for i in victims],
+                                    "served_killed": (r_sv["reward_mean"], r_sv["reward_se"]),
+                                    "in_process_same_absent": (r_abs["reward_mean"], r_abs["reward_se"]),
+                                    "identical_episodes": same,
+                                    "in_process_all_present": (r_all["reward_mean"], r_all["reward_se"]),
+                                    "in_process_dropout_episode_p1/3": (r_drop["reward_mean"], r_drop["reward_se"]),
                                     "missed_bids": sum(b["missed_bids"] for b in b_sv)}
-            print(f"{n} agents, {n // 3} workers killed: served reward {r_sv['reward_mean']:.2f} ± "
-                  f"{r_sv['reward_se']:.2f}; in process with per-episode dropout p = 1/3: {r_in['reward_mean']:.2f} ± "
-                  f"{r_in['reward_se']:.2f}", flush=True)
+            print(f"{n} agents, {n // 3} workers killed ({', '.join(out['population'][n]['killed'])}): served reward "
+                  f"{r_sv['reward_mean']:.2f} ± {r_sv['reward_se']:.2f}; in process with the same agents absent "
+                  f"{r_abs['reward_mean']:.2f} ± {r_abs['reward_se']:.2f} ({same}/{len(seeds)} episodes identical); "
+                  f"in process, all present {r_all['reward_mean']:.2f} ± {r_all['reward_se']:.2f}, per-episode "
+                  f"dropout p = 1/3 (swarm experiment dropout's draw) {r_drop['reward_mean']:.2f} ± "
+                  f"{r_drop['reward_se']:.2f}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1, default=float))
     shutil.rmtree(tmp, ignore_errors=True)

@@ -263,3 +263,37 @@ def test_auth_on_non_loopback_bind_and_no_agents_left(served, tmp_path, monkeypa
     finally:
         _stop(gateway)
     assert "s3cret-key" not in log.read_text()
+
+
+def test_seed_carries_the_keyed_draw():
+    """The request seed continues the in-process key's hash chain: same Gumbel noise, token by token."""
+    from swarm_runtime.policy.noise import gumbel, key_hash
+    from swarm_runtime.serve.protocol import key_from_seed, seed_for, unsplitmix64
+    from swarm_runtime.policy.noise import _splitmix64
+
+    rng = random.Random(0)
+    for _ in range(200):
+        x = rng.getrandbits(64)
+        assert unsplitmix64(_splitmix64(x)) == x
+    for parts in [(0, 0, 0, 0), (2**64 - 1, 119, 11, 1), (12345678901234567890, 3, 2, 0)]:
+        seed = seed_for(*parts)
+        assert -(2**63) <= seed < 2**63  # vLLM's range
+        key = key_from_seed(seed)
+        for step in (0, 1, 7):
+            assert key_hash(*key, step) == key_hash(*parts, step)
+        assert gumbel((*key, 3), 5).tolist() == gumbel((*parts, 3), 5).tolist()
+
+
+def test_serve_config_errors_name_the_valid_values(registry):
+    from swarm_runtime.config import ConfigError, resolve, validate_serve
+
+    roles = ["Logger", "Miner", "Smith"]
+    for args, words in ((["serve.replicas=-1"], ">= 0"), (["serve.agents=[Wizard=http://x]"], "Logger, Miner, Smith"),
+                        (["serve.agents=[Smith=ftp://x]"], "http(s)"), (["serve.url=localhost:8000"], "http(s) URL"),
+                        (["serve.bid_deadline_ms=0"], "at least 1")):
+        cfg = resolve(RUN_ARGS + args, registry[1])
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            validate_serve(cfg, roles)
+    cfg = resolve(RUN_ARGS, registry[1])
+    cfg.serve.replicas = {"Smith": 6, "Logger": 0}
+    validate_serve(cfg, roles)

@@ -74,6 +74,12 @@ class ServedEpisode:
             self.episode = Episode(self.seed, noise=self.noise)
 
 
+def choice(texts: list[str]) -> dict:
+    """A constrained choice in both of vLLM's spellings: ``guided_choice`` (before 0.12, and our worker)
+    and ``structured_outputs.choice`` (0.10.2 on; 0.12 dropped the old field and ignores it silently)."""
+    return {"guided_choice": list(texts), "structured_outputs": {"choice": list(texts)}}
+
+
 def new_id() -> str:
     return f"ep-{uuid.uuid4().hex[:16]}"
 
@@ -87,9 +93,18 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     async def _post(self, a: AgentHandle, body: dict, timeout: float) -> tuple[str, float]:
+        import httpx
+
         a.inflight += 1
         try:
-            r = await self.client.post(f"{a.url}/v1/completions", json={"model": a.model_id, **body}, timeout=timeout)
+            for attempt in (0, 1):  # a keep-alive connection the worker closed meanwhile: once more, on a new one
+                try:
+                    r = await self.client.post(f"{a.url}/v1/completions", json={"model": a.model_id, **body},
+                                               timeout=timeout)
+                    break
+                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                    if attempt:  # keyed draws make the retry's answer the same as the first one's
+                        raise
             r.raise_for_status()
             ms = float(r.headers.get("x-swarm-compute-ms", 0.0))
             return r.json()["choices"][0]["text"], ms / 1000
@@ -102,7 +117,7 @@ class Engine:
     async def _bid(self, ep: ServedEpisode, a: AgentHandle, prompt: str):
         body = {"prompt": prompt, "temperature": self._temperature(ep), "seed": seed_for(ep.noise, ep.t, a.index, keyed.BID)}
         if self.opts.bid_mode == "logits":
-            body.update(max_tokens=1, guided_choice=self.bid_texts)
+            body.update(max_tokens=1, **choice(self.bid_texts))
         else:
             body.update(max_tokens=self.opts.max_bid_tokens, swarm_kind="bid")
         text, compute = await self._post(a, body, self.opts.bid_deadline_s)
@@ -115,7 +130,7 @@ class Engine:
         if self.opts.constrained_actions:
             choices = self.domain.action_choices(ep.task, a.role)
             if choices:
-                body["guided_choice"] = list(choices)
+                body.update(choice(list(choices)))
         return await self._post(a, body, self.opts.action_timeout_s)
 
     # ------------------------------------------------------------------ one turn
