@@ -3,7 +3,8 @@
     GET  /health                      status, agents up, episodes running
     GET  /metrics                     Prometheus text
     GET  /v1/swarm/agents             the population
-    POST /v1/swarm/agents             {role, checkpoint | url, name?}: an agent joins (no restart)
+    POST /v1/swarm/agents             {role, checkpoint? | url?, name?}: an agent joins (no restart);
+                                      neither checkpoint nor url: the checkpoint being served
     DELETE /v1/swarm/agents/{name}    drain an agent: it finishes what it was asked, then leaves
     POST /v1/episodes                 {task?, seed?, noise?, temperature?, stream?}: a whole server-side
                                       episode (JSON, or JSON lines per turn with stream=true);
@@ -253,17 +254,21 @@ def make_app(setup: GatewaySetup):
     async def add_agent(req: AgentRequest):
         if req.role not in roles:
             raise HTTPException(422, f"unknown role {req.role!r}; valid: {', '.join(roles)}")
-        if (req.checkpoint is None) == (req.url is None):
-            raise HTTPException(422, "give exactly one of checkpoint (a tag of the run or a role folder) and url")
+        if req.checkpoint is not None and req.url is not None:
+            raise HTTPException(422, "give checkpoint (a tag of the run, or a role folder) or url, not both; "
+                                     "neither: the checkpoint being served")
         if req.name is not None and any(a.name == req.name for a in pop.agents):
             raise HTTPException(409, f"an agent named {req.name!r} exists already")
         if req.url is not None:
             a = pop.add_url(req.role, req.url, req.name)
             await pop.probe(state["client"], a)
             return a.public()
-        path = Path(req.checkpoint)
+        tag = req.checkpoint or setup.checkpoint.name
+        if tag == "latest":
+            tag = (setup.run_dir / "checkpoints" / "latest").read_text().strip()
+        path = Path(tag)
         if not (path / "config.json").exists():
-            path = setup.run_dir / "checkpoints" / req.checkpoint / "agents" / req.role
+            path = setup.run_dir / "checkpoints" / tag / "agents" / req.role
         if not (path / "config.json").exists():
             tags = sorted(p.name for p in (setup.run_dir / "checkpoints").glob("*") if (p / "agents").is_dir())
             raise HTTPException(422, f"checkpoint {req.checkpoint!r} is neither a tag of the run with a {req.role} "
