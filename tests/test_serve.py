@@ -201,7 +201,7 @@ def test_added_worker_gets_turns_and_failing_winner_hands_over(served):
     u = served.url
     added = httpx.post(f"{u}/v1/swarm/agents", json={"role": "Smith", "url": served.faulty_url, "name": "Smith-faulty"})
     assert added.status_code == 201 and added.json()["status"] == "up" and added.json()["index"] == 3
-    body = httpx.post(f"{u}/v1/episodes", json={"seed": 100000}, timeout=120).json()
+    body = httpx.post(f"{u}/v1/episodes", json={"seed": 100000, "noise": "7"}, timeout=120).json()
     assert body["status"] == "done" and body["decisions"] == 12
     acted = [r for r in body["turns"] if r["agent"] == "Smith-faulty"]
     assert len(acted) == 2 and all(r["bid"] == 0.8 for r in acted)
@@ -212,7 +212,7 @@ def test_added_worker_gets_turns_and_failing_winner_hands_over(served):
     gone = httpx.delete(f"{u}/v1/swarm/agents/Smith-faulty", timeout=60)
     assert gone.status_code == 200 and gone.json()["status"] == "removed"
     assert httpx.delete(f"{u}/v1/swarm/agents/Smith-faulty").status_code == 404
-    after = httpx.post(f"{u}/v1/episodes", json={"seed": 100001}, timeout=120).json()
+    after = httpx.post(f"{u}/v1/episodes", json={"seed": 100001, "noise": "7"}, timeout=120).json()
     assert after["status"] == "done" and not any("Smith-faulty" in r["bids"] for r in after["turns"])
 
 
@@ -220,7 +220,7 @@ def test_worker_killed_mid_episode_does_not_fail_it(served):
     u = served.url
     victim = next(a for a in served.agents() if a["name"] == "Logger")
     lines = []
-    with httpx.stream("POST", f"{u}/v1/episodes", json={"seed": 100001, "stream": True}, timeout=120) as r:
+    with httpx.stream("POST", f"{u}/v1/episodes", json={"seed": 100001, "noise": "8", "stream": True}, timeout=120) as r:
         for line in r.iter_lines():
             lines.append(json.loads(line))
             if len(lines) == 3:
