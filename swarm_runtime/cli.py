@@ -1,7 +1,8 @@
 """The ``swarm`` command line.
 
     swarm run domain=minecraft task=iron_pickaxe [key=value ...]
-    swarm eval RUN_DIR [checkpoint=TAG] [eval.runs=3 ...]
+    swarm eval RUN_DIR [checkpoint=TAG] [eval.runs=3 ...] [serve.url=http://HOST:PORT]
+    swarm serve RUN_DIR [checkpoint=TAG] [serve.replicas=K] [serve.port=P ...]
     swarm experiment NAME [key=value ...] | swarm experiment --list
     swarm domains | swarm plugins | swarm config [key=value ...]
 """
@@ -92,6 +93,8 @@ def eval_file_name(tag: str, overrides: list[str]) -> str:
 
 
 def cmd_eval(args) -> int:
+    if any(o.startswith("serve.url=") for o in args.overrides):
+        return cmd_eval_served(args)
     from swarm_runtime.checkpoint import latest_checkpoint
     from swarm_runtime.config import override, validate
     from swarm_runtime.evaluate import evaluate
@@ -166,6 +169,115 @@ def _eval_locked(args, run_dir: Path) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- swarm serve (issue 20)
+def _serve_run(run_dir: Path, overrides: list[str]):
+    """A run folder's config with ``overrides`` (``checkpoint=TAG`` and ``serve.replicas.ROLE=N``
+    included), its registry and the checkpoint folder; raises ConfigError naming bad values."""
+    from swarm_runtime.checkpoint import latest_checkpoint
+    from swarm_runtime.config import override, validate, validate_serve
+    from swarm_runtime.run import check_hardware, check_task
+
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
+    cfg = load_saved(run_dir / "config.yaml")
+    pm, reg = _registry()
+    if cfg.domain not in reg.domains:
+        raise ConfigError(f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}")
+    roles = [r.name for r in reg.domains[cfg.domain].roles]
+    tag, per_role = None, {}
+    for item in overrides:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise ConfigError(f"argument {item!r} is not key=value (e.g. serve.replicas=2, checkpoint=final)")
+        if k == "checkpoint":
+            tag = v
+        elif k.startswith("serve.replicas."):
+            role = k.removeprefix("serve.replicas.")
+            if role not in roles:
+                raise ConfigError(f"{k}: no role {role!r}; valid: {', '.join(roles)}")
+            try:
+                per_role[role] = int(v)
+            except ValueError:
+                raise ConfigError(f"{k}={v!r} is not a whole number") from None
+        else:
+            override(cfg, k, v)
+    if per_role:
+        base = cfg.serve.replicas if isinstance(cfg.serve.replicas, int) else 1
+        cfg.serve.replicas = {r: per_role.get(r, base) for r in roles}
+    validate(cfg, reg)
+    validate_serve(cfg, roles)
+    check_hardware(cfg)
+    check_task(reg.domains[cfg.domain], cfg)
+    tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
+    ckpt = (run_dir / "checkpoints" / tag) if tag else latest_checkpoint(run_dir)
+    if ckpt is None or not (ckpt / "state.json").exists():
+        raise ConfigError(f"checkpoint {tag or 'latest'!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}")
+    return cfg, pm, reg, ckpt
+
+
+def cmd_serve(args) -> int:
+    import os
+
+    from swarm_runtime.serve import require_serve_extra
+    from swarm_runtime.serve.gateway import GatewaySetup, check_bind, serve
+    from swarm_runtime.train.monolithic import MONOLITHIC
+
+    require_serve_extra()
+    run_dir = Path(args.run_dir)
+    cfg, pm, reg, ckpt = _serve_run(run_dir, args.overrides)
+    if (ckpt / "agents" / MONOLITHIC).exists():
+        raise ConfigError(f"{run_dir} is an algo=monolithic run (one model, no auction); swarm serve serves swarms")
+    api_key = os.environ.get("SWARM_API_KEY") or None
+    check_bind(str(cfg.serve.host), api_key)
+    serve(GatewaySetup(run_dir, ckpt, cfg, reg, pm, api_key))
+    return 0
+
+
+def cmd_eval_served(args) -> int:
+    """``swarm eval RUN serve.url=URL``: the held-out table of the swarm a running service serves."""
+    import asyncio
+
+    from swarm_runtime.outputs import format_table
+    from swarm_runtime.run import RunContext
+    from swarm_runtime.serve import require_serve_extra
+    from swarm_runtime.serve.client import ServeError, SwarmClient, evaluate_served
+
+    require_serve_extra()
+    run_dir = Path(args.run_dir)
+    cfg, pm, reg, _ = _serve_run(run_dir, [o for o in args.overrides if not o.startswith("checkpoint=")])
+    url = str(cfg.serve.url)
+    ctx = RunContext(cfg, pm, reg, run_dir)
+
+    async def go():
+        async with SwarmClient(url) as c:
+            health = await c.health()
+        if (health.get("domain"), health.get("task")) != (cfg.domain, cfg.task_name):
+            raise ConfigError(f"the service at {url} serves {health.get('domain')}/{health.get('task')}, "
+                              f"this run is {cfg.domain}/{cfg.task_name}")
+        res, _, _ = await evaluate_served(url, ctx.seeds("eval"), int(cfg.eval.runs), int(cfg.seed) + 7919,
+                                          cfg.eval.temperature, None, int(cfg.serve.concurrency))
+        return health, res
+
+    try:
+        health, res = asyncio.run(go())
+    except ServeError as exc:
+        raise ConfigError(str(exc)) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot reach the service at {url}: {exc}") from exc
+    except Exception as exc:  # httpx transport errors
+        if type(exc).__module__.startswith("httpx"):
+            raise ConfigError(f"cannot reach the service at {url}: {type(exc).__name__}: {exc}") from exc
+        raise
+    tag = f"served-{health['checkpoint']}"
+    table = format_table([(tag, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
+    out = run_dir / eval_file_name(tag, [o for o in args.overrides if not o.startswith(("checkpoint=", "serve.url="))])
+    res["overrides"], res["served_by"] = list(args.overrides), url
+    out.write_text(json.dumps(res, indent=1, default=float))
+    print(f"{cfg.domain}/{cfg.task_name}, served checkpoint {health['checkpoint']} at {url}, {res['seeds']} held-out "
+          f"seeds x {res['runs']} runs\n{table}\nsaved {out}")
+    return 0
+
+
 def cmd_experiment(args) -> int:
     from swarm_runtime.experiments.runner import run_experiment
     from swarm_runtime.validation import precheck
@@ -222,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir", help="a run folder written by `swarm run`")
     e.add_argument("overrides", nargs="*", help="checkpoint=TAG (default latest), eval.runs=N, eval.episodes=N ...")
     e.set_defaults(func=cmd_eval)
+    sv = sub.add_parser("serve", help="serve a trained swarm: agent workers + a gateway running the auction")
+    sv.add_argument("run_dir", help="a run folder written by `swarm run`")
+    sv.add_argument("overrides", nargs="*", help="checkpoint=TAG (default latest), serve.replicas=K or "
+                    "serve.replicas.ROLE=K, serve.port=P, serve.host=ADDR (needs SWARM_API_KEY), serve.* (docs/deploy.md)")
+    sv.set_defaults(func=cmd_serve)
     x = sub.add_parser("experiment", help="run one of the paper's experiments (see --list)", epilog=epilog)
     x.add_argument("name", nargs="?", help="experiment name (swarm experiment --list)")
     x.add_argument("overrides", nargs="*", help="same config as `swarm run` (domain=, task=, key=value), plus "

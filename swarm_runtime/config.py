@@ -160,6 +160,62 @@ class ExperimentConfig:
 
 
 @dataclass
+class ServeConfig:
+    """Settings of ``swarm serve RUN_DIR`` (the gateway) and of ``swarm eval RUN serve.url=...`` (docs/deploy.md)."""
+
+    host: str = "127.0.0.1"  #: gateway address; anything but loopback needs the SWARM_API_KEY environment variable
+    port: int = 8000  #: gateway port
+    replicas: Any = 1  #: workers per role: one number for every role, or per role (``serve.replicas.Smith=6``); 0 = none
+    agents: list = field(default_factory=list)  #: external agents the gateway admits at start, ``ROLE=URL`` (an
+    #: OpenAI-compatible completions server of that role's checkpoint, e.g. ``Smith=http://gpu1:8000`` from ``vllm serve``)
+    bid_deadline_ms: int = 2000  #: an agent whose bid is not in by then does not bid this turn
+    action_timeout_ms: int = 10000  #: a winner whose action is not in by then has failed: the turn goes to the runner-up
+    drop_after_misses: int = 3  #: bid deadlines missed in a row before an agent is dropped (probed, re-admitted when it answers)
+    probe_interval_ms: int = 500  #: how often dropped and starting agents are probed, and dead workers restarted
+    restart_workers: bool = True  #: restart a worker process the gateway started when it dies
+    agent_wait_s: float = 10.0  #: with no agent up, how long a turn waits for one before the episode fails
+    worker_threads: int = 1  #: torch CPU threads of each worker process
+    startup_timeout_s: float = 300.0  #: the workers must all answer within this at start
+    episode_idle_s: float = 300.0  #: a client-side episode with no turn for this long expires
+    max_episodes: int = 64  #: episodes running at once; more are refused with 429
+    max_body_bytes: int = 1048576  #: request bodies over this get 413
+    shutdown_grace_s: float = 30.0  #: on SIGTERM/SIGINT, running episodes get this long to finish (the rest are reported)
+    url: Optional[str] = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
+    concurrency: int = 8  #: ``swarm eval`` through a service: episodes in flight at once
+
+
+def validate_serve(cfg: DictConfig, roles: list[str]) -> None:
+    """Check ``cfg.serve`` against the run's roles; raise :class:`ConfigError` naming the bad value."""
+    s = cfg.serve
+    rep = s.replicas
+    table = dict(rep) if isinstance(rep, (dict, DictConfig)) else None
+    if table is not None:
+        bad = [r for r in table if r not in roles]
+        if bad:
+            raise ConfigError(f"serve.replicas.{bad[0]}: no role {bad[0]!r}; valid: {', '.join(roles)}")
+        values = list(table.values())
+    else:
+        values = [rep]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"serve.replicas {v!r} must be a whole number >= 0 (or serve.replicas.ROLE=N)")
+    for spec in s.agents or []:
+        role, sep, url = str(spec).partition("=")
+        if not sep or role not in roles or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"serve.agents entry {spec!r} is not ROLE=URL with ROLE one of {', '.join(roles)} "
+                              "and an http(s) URL")
+    for key in ("port", "bid_deadline_ms", "action_timeout_ms", "drop_after_misses", "probe_interval_ms",
+                "worker_threads", "max_episodes", "max_body_bytes", "concurrency"):
+        if int(s[key]) < (0 if key == "port" else 1) or (key == "port" and int(s[key]) > 65535):
+            raise ConfigError(f"serve.{key}={s[key]} is out of range ({'0-65535' if key == 'port' else 'at least 1'})")
+    for key in ("agent_wait_s", "startup_timeout_s", "episode_idle_s", "shutdown_grace_s"):
+        if float(s[key]) < 0:
+            raise ConfigError(f"serve.{key}={s[key]} must be >= 0")
+    if s.url is not None and not str(s.url).startswith(("http://", "https://")):
+        raise ConfigError(f"serve.url={s.url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000)")
+
+
+@dataclass
 class RunConfig:
     domain: str = "minecraft"  #: domain plugin (``swarm domains`` lists them)
     task_name: str = "iron_pickaxe"  #: task of the domain (set with ``task=``)
@@ -169,6 +225,7 @@ class RunConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)  #: ``swarm serve`` / ``swarm eval serve.url=...``
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: Optional[str] = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint

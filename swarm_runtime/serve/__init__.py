@@ -1,0 +1,26 @@
+"""``swarm serve``: a trained swarm as a dropout-tolerant service (issue 20, DESIGN 6.2).
+
+- :mod:`~swarm_runtime.serve.worker`: one agent = one process speaking the subset of vLLM's
+  OpenAI-compatible completions API the gateway needs (``/v1/models``, ``/v1/completions`` with
+  ``guided_choice``, ``logprobs``, ``seed``), so ``vllm serve <checkpoint>`` is a drop-in worker.
+- :mod:`~swarm_runtime.serve.population`: the live population (who is up, joining, draining),
+  the worker processes the gateway owns, health probes and restarts.
+- :mod:`~swarm_runtime.serve.engine`: one turn of a served episode: sealed bids from whoever
+  answers within the deadline, the core's coordinator, the winner's action with failover.
+- :mod:`~swarm_runtime.serve.gateway`: the HTTP service (episodes, turns, agents, health, metrics).
+- :mod:`~swarm_runtime.serve.client`: an async client, and ``swarm eval RUN serve.url=...``.
+
+Needs the ``serve`` extra (fastapi, uvicorn, httpx); imports stay lazy so the core does not.
+"""
+from __future__ import annotations
+
+
+def require_serve_extra() -> None:
+    """Raise a clear error naming the missing package when the ``serve`` extra is not installed."""
+    import importlib.util
+
+    from swarm_runtime.config import ConfigError
+
+    missing = [m for m in ("fastapi", "uvicorn", "httpx") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"swarm serve needs {', '.join(missing)}: pip install 'swarm-runtime[serve]'")

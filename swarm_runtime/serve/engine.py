@@ -1,0 +1,266 @@
+"""One served episode, turn by turn: the core's episode loop (:func:`swarm_runtime.episode.play`) with
+agents behind HTTP.
+
+Each turn every agent that is up gets its bid prompt (the domain's), concurrently; those that answer
+within ``bid_deadline`` bid, the others are absent (``None``, as a dropped-out agent in process).
+The run's coordinator picks the winner with the same keyed randomness as in process; the winner's
+action prompt goes to its worker; if that fails, its bid is withdrawn and the coordinator picks
+again (the runner-up). The records are the core's :class:`~swarm_runtime.episode.Episode` /
+:class:`~swarm_runtime.episode.Turn`, so credit and summaries are computed by the same functions.
+An episode fails only when no agent is up for ``agent_wait`` seconds (:class:`NoAgentsLeft`).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from loguru import logger
+
+from swarm_runtime.auction import AuctionResult
+from swarm_runtime.credit import fold_skipped_rewards
+from swarm_runtime.domain import Event
+from swarm_runtime.episode import Episode, Turn
+from swarm_runtime.policy import noise as keyed
+from swarm_runtime.policy.tokenizer import bid_token
+from swarm_runtime.policy.transformers_backend import parse_bid
+from swarm_runtime.serve.population import AgentHandle, Population
+from swarm_runtime.serve.protocol import seed_for
+
+
+class NoAgentsLeft(RuntimeError):
+    """Every agent of the population is down, draining or removed."""
+
+
+@dataclass
+class EngineOptions:
+    bid_levels: list
+    bid_mode: str = "logits"
+    temperature: float = 1.0
+    max_action_tokens: int = 12
+    max_bid_tokens: int = 6
+    constrained_actions: bool = False
+    bid_deadline_s: float = 2.0
+    action_timeout_s: float = 10.0
+    agent_wait_s: float = 10.0
+
+
+@dataclass
+class ServedEpisode:
+    """A running (or finished) episode: the core's record plus what the service needs."""
+
+    id: str
+    seed: int
+    noise: int
+    task_name: str
+    task: Any
+    max_decisions: int
+    env: Any = None  #: the domain's env (server-side episodes); None: the client owns the world
+    episode: Episode = None
+    log: list = field(default_factory=list)
+    t: int = 0
+    status: str = "running"  #: running | done | failed | expired | interrupted
+    error: str | None = None
+    records: list = field(default_factory=list)
+    temperature: float | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self):
+        if self.episode is None:
+            self.episode = Episode(self.seed, noise=self.noise)
+
+
+def choice(texts: list[str]) -> dict:
+    """A constrained choice in both of vLLM's spellings: ``guided_choice`` (before 0.12, and our worker)
+    and ``structured_outputs.choice`` (0.10.2 on; 0.12 dropped the old field and ignores it silently)."""
+    return {"guided_choice": list(texts), "structured_outputs": {"choice": list(texts)}}
+
+
+def new_id() -> str:
+    return f"ep-{uuid.uuid4().hex[:16]}"
+
+
+class Engine:
+    def __init__(self, domain, coordinator, population: Population, client, opts: EngineOptions, metrics,
+                 credit_fn: Callable):
+        self.domain, self.coordinator, self.pop, self.client = domain, coordinator, population, client
+        self.opts, self.metrics, self.credit_fn = opts, metrics, credit_fn
+        self.bid_texts = [bid_token(b) for b in opts.bid_levels]
+
+    # ------------------------------------------------------------------ requests
+    async def _post(self, a: AgentHandle, body: dict, timeout: float) -> tuple[str, float]:
+        import httpx
+
+        a.inflight += 1
+        try:
+            for attempt in (0, 1):  # a keep-alive connection the worker closed meanwhile: once more, on a new one
+                try:
+                    r = await self.client.post(f"{a.url}/v1/completions", json={"model": a.model_id, **body},
+                                               timeout=timeout)
+                    break
+                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                    if attempt:  # keyed draws make the retry's answer the same as the first one's
+                        raise
+            r.raise_for_status()
+            ms = float(r.headers.get("x-swarm-compute-ms", 0.0))
+            return r.json()["choices"][0]["text"], ms / 1000
+        finally:
+            a.inflight -= 1
+
+    def _temperature(self, ep: ServedEpisode) -> float:
+        return float(self.opts.temperature if ep.temperature is None else ep.temperature)
+
+    async def _bid(self, ep: ServedEpisode, a: AgentHandle, prompt: str):
+        body = {"prompt": prompt, "temperature": self._temperature(ep), "seed": seed_for(ep.noise, ep.t, a.index, keyed.BID)}
+        if self.opts.bid_mode == "logits":
+            body.update(max_tokens=1, **choice(self.bid_texts))
+        else:
+            body.update(max_tokens=self.opts.max_bid_tokens, swarm_kind="bid")
+        text, compute = await self._post(a, body, self.opts.bid_deadline_s)
+        level, parsed = parse_bid(text, self.opts.bid_levels)
+        return level, parsed, compute
+
+    async def _act(self, ep: ServedEpisode, a: AgentHandle, prompt: str) -> tuple[str, float]:
+        body = {"prompt": prompt, "temperature": self._temperature(ep), "max_tokens": self.opts.max_action_tokens,
+                "seed": seed_for(ep.noise, ep.t, a.index, keyed.ACTION)}
+        if self.opts.constrained_actions:
+            choices = self.domain.action_choices(ep.task, a.role)
+            if choices:
+                body.update(choice(list(choices)))
+        return await self._post(a, body, self.opts.action_timeout_s)
+
+    # ------------------------------------------------------------------ one turn
+    async def _bidders(self) -> list[AgentHandle]:
+        end = time.monotonic() + self.opts.agent_wait_s
+        while True:
+            up = self.pop.bidders()
+            if up:
+                return up
+            if time.monotonic() >= end:
+                states = ", ".join(f"{a.name} {a.status}" for a in self.pop.agents) or "none registered"
+                raise NoAgentsLeft(f"no agent left to bid: every agent has been down for "
+                                   f"{self.opts.agent_wait_s:g}s ({states})")
+            await asyncio.sleep(0.05)
+
+    async def decide(self, ep: ServedEpisode, observation: str) -> tuple[Turn, dict]:
+        """Bids, auction and the winner's action for ``ep``'s turn ``ep.t`` (the log is not touched)."""
+        up = await self._bidders()
+        t0 = time.perf_counter()
+        n = len(self.pop.agents)
+        bids: list = [None] * n
+        prompts: list = [None] * n
+        for a in up:
+            prompts[a.index] = self.domain.bid_prompt(a.role, observation, ep.log)
+        tasks = {asyncio.ensure_future(self._bid(ep, a, prompts[a.index])): a for a in up}
+        done, pending = await asyncio.wait(tasks, timeout=self.opts.bid_deadline_s)
+        for task in pending:
+            task.cancel()
+        missed, bid_compute = [], 0.0
+        for task, a in tasks.items():
+            if task in done and task.exception() is None:
+                level, parsed, compute = task.result()
+                bids[a.index] = level
+                ep.episode.unparsed_bids += int(not parsed)
+                bid_compute = max(bid_compute, compute)
+                a.misses = 0
+                continue
+            missed.append(a.name)
+            with self.metrics.lock:
+                self.metrics.missed_bids[a.name] += 1
+            if task in pending:
+                self.pop.note_miss(a)
+            else:
+                with self.metrics.lock:
+                    self.metrics.failures[(a.name, "bid")] += 1
+                self.pop.mark_down(a, f"bid request failed: {type(task.exception()).__name__}: {task.exception()}")
+        rng = random.Random(keyed.key_hash(ep.noise, ep.t, keyed.COORDINATOR))
+        live = list(bids)
+        res: AuctionResult = self.coordinator.select(live, rng, ep.t)
+        failed, action, act_compute, action_prompt = [], "", 0.0, None
+        while res.winner is not None:
+            a = self.pop.agents[res.winner]
+            action_prompt = self.domain.action_prompt(a.role, observation, ep.log)
+            try:
+                action, act_compute = await self._act(ep, a, action_prompt)
+                break
+            except Exception as exc:  # the winner failed mid-action: the turn goes to the next bidder
+                failed.append(a.name)
+                with self.metrics.lock:
+                    self.metrics.failures[(a.name, "action")] += 1
+                    self.metrics.failovers += 1
+                self.pop.mark_down(a, f"action request failed: {type(exc).__name__}: {exc}")
+                logger.warning("episode {} turn {}: {} failed to act ({}); next bidder", ep.id, ep.t, a.name,
+                               type(exc).__name__)
+                live[res.winner] = None
+                res = self.coordinator.select(live, rng, ep.t)
+                action_prompt = None
+        latency = time.perf_counter() - t0
+        turn = Turn(ep.t, bids, [None] * n, prompts, res, action_prompt=action_prompt, action_text=action)
+        winner = self.pop.agents[res.winner] if res.winner is not None else None
+        record = {"t": ep.t, "bids": {self.pop.agents[i].name: b for i, b in enumerate(bids) if b is not None},
+                  "missed": missed, "failed": failed, "agent": winner.name if winner else None,
+                  "role": winner.role if winner else None, "bid": res.winning_bid if winner else None,
+                  "action": action if winner else None, "latency_ms": round(latency * 1000, 3),
+                  "compute_ms": round((bid_compute + act_compute) * 1000, 3)}
+        with self.metrics.lock:
+            self.metrics.turns += 1
+            self.metrics.skipped_turns += int(winner is None)
+            self.metrics.turn_latency.observe(latency)
+            self.metrics.overhead.observe(max(0.0, latency - bid_compute - act_compute))
+        return turn, record
+
+    # ------------------------------------------------------------------ bookkeeping
+    def record(self, ep: ServedEpisode, turn: Turn, rec: dict) -> None:
+        ep.episode.turns.append(turn)
+        ep.records.append(rec)
+        ep.t += 1
+        ep.last_used = time.monotonic()
+
+    async def play(self, ep: ServedEpisode, on_turn: Callable | None = None) -> ServedEpisode:
+        """Play a server-side episode to the end (env done or ``max_decisions``)."""
+        env = ep.env
+        while True:
+            turn, rec = await self.decide(ep, env.observation())
+            if turn.winner is not None:
+                a = self.pop.agents[turn.winner]
+                res = env.step(turn.action_text, a.role)
+                turn.reward, turn.valid = float(res.reward), res.valid
+                ep.episode.invalid_actions += int(not res.valid)
+                ep.episode.reward_missing |= bool(res.info.get("reward_missing", False))
+                ep.log.append(Event(ep.t, a.role, turn.action_text, res.valid, turn.reward))
+            else:
+                ep.log.append(Event(ep.t, None, ""))
+            rec.update(reward=turn.reward, valid=turn.valid)
+            self.record(ep, turn, rec)
+            if on_turn is not None:
+                await on_turn(rec)
+            if env.done or ep.t >= ep.max_decisions:
+                ep.episode.reward = sum(t.reward for t in ep.episode.turns)
+                ep.episode.metrics = dict(env.metrics())
+                ep.status = "done"
+                return ep
+
+    def summary(self, ep: ServedEpisode) -> dict:
+        """The episode's outcome: return, metrics, each agent's credit (the run's credit scheme over
+        the acted turns, as the trainer computes it), missed bids and failovers."""
+        e = ep.episode
+        acted = e.acted
+        rewards = fold_skipped_rewards([t.reward for t in e.turns], [t.winner is not None for t in e.turns])
+        credit: dict[str, float] = {}
+        if acted:
+            for turn, c in zip(acted, self.credit_fn(rewards, [t.auction.winning_bid for t in acted],
+                                                     random.Random(ep.noise))):
+                name = self.pop.agents[turn.winner].name
+                credit[name] = credit.get(name, 0.0) + float(c)
+        if ep.status == "running" and ep.env is None:
+            e.reward = sum(t.reward for t in e.turns)
+        return {"id": ep.id, "status": ep.status, "error": ep.error, "task": ep.task_name, "seed": ep.seed,
+                "noise": str(ep.noise), "reward": e.reward, "metrics": e.metrics, "decisions": len(e.turns),
+                "credit": credit, "missed_bids": sum(len(r["missed"]) for r in ep.records),
+                "failovers": sum(len(r["failed"]) for r in ep.records), "unparsed_bids": e.unparsed_bids,
+                "invalid_actions": e.invalid_actions, "reward_missing": e.reward_missing,
+                "agents": [a.name for a in self.pop.agents]}

@@ -1,0 +1,73 @@
+"""The wire protocol between the gateway and its agent workers: the subset of vLLM's
+OpenAI-compatible ``/v1/completions`` the swarm needs, and how a keyed sampling draw travels
+in its ``seed`` field.
+
+Keyed noise (:mod:`swarm_runtime.policy.noise`) draws row ``(noise, turn, agent, kind)``'s token at
+position ``step`` from ``gumbel(key_hash(noise, turn, agent, kind, step))``. ``key_hash`` is a chain
+(``h <- splitmix64(h ^ part)``), so the gateway sends the 64-bit prefix hash
+``key_hash(noise, turn, agent, kind)`` as the request's ``seed`` (as a signed 64-bit integer, the
+range vLLM accepts), and the worker turns it back into a one-part key :func:`key_from_seed` whose
+chain continues exactly where the prefix ended. A served draw is then the in-process draw, token
+for token. An external server (``vllm serve``) uses the seed its own way: reproducible, not equal.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from swarm_runtime.policy.noise import key_hash
+
+_MASK = (1 << 64) - 1
+_C1, _C2, _GOLD = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
+_H0 = key_hash()  # the chain's start value
+
+
+def _unxorshift(y: int, s: int) -> int:
+    x = y
+    for _ in range(64 // s + 1):
+        x = y ^ (x >> s)
+    return x & _MASK
+
+
+def unsplitmix64(z: int) -> int:
+    """The inverse of :func:`swarm_runtime.policy.noise._splitmix64` (a bijection of 64-bit ints)."""
+    z = _unxorshift(z & _MASK, 31)
+    z = (z * pow(_C2, -1, 1 << 64)) & _MASK
+    z = _unxorshift(z, 27)
+    z = (z * pow(_C1, -1, 1 << 64)) & _MASK
+    z = _unxorshift(z, 30)
+    return (z - _GOLD) & _MASK
+
+
+def seed_for(*parts: int) -> int:
+    """The request ``seed`` of the keyed draw ``parts`` (e.g. ``(noise, turn, agent, kind)``):
+    their prefix hash as a signed 64-bit integer."""
+    h = key_hash(*parts)
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def key_from_seed(seed: int) -> tuple[int]:
+    """A one-part key ``(x,)`` with ``key_hash(x, *rest) == key_hash(*parts, *rest)`` for the
+    ``parts`` :func:`seed_for` was given: what the worker hands the policy as ``keys=[(x,)]``."""
+    h = int(seed) & _MASK
+    return ((_H0 ^ unsplitmix64(h)) & _MASK,)
+
+
+def completion_models():
+    """Pydantic models of the request (imported lazily: pydantic comes with the ``serve`` extra)."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class CompletionRequest(BaseModel):
+        """vLLM's ``/v1/completions`` request, the fields a swarm uses (others are accepted and ignored,
+        as vLLM does)."""
+
+        model_config = ConfigDict(extra="allow")
+        model: Optional[str] = None
+        prompt: Union[str, list[str]]
+        max_tokens: int = Field(16, ge=1, le=4096)
+        temperature: float = Field(1.0, ge=0.0, le=100.0)
+        seed: Optional[int] = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
+        logprobs: Optional[int] = Field(None, ge=0, le=64)
+        guided_choice: Optional[list[str]] = Field(None, min_length=1, max_length=4096)
+        n: int = Field(1, ge=1, le=1)
+
+    return CompletionRequest

@@ -1,0 +1,333 @@
+"""An agent worker: one role's checkpoint behind the vLLM OpenAI-compatible completions subset.
+
+    python -m swarm_runtime.serve.worker --model RUN/checkpoints/final/agents/Smith --port 8101
+
+Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (``prompt``, ``max_tokens``,
+``temperature``, ``seed``, ``logprobs``, ``guided_choice`` or its newer name ``structured_outputs.choice``).
+A request whose ``guided_choice`` is the
+model's bid-level texts is a bid (``model.bid_mode=logits``: one forward pass, sampled over the bid
+levels, with their log-probs when ``logprobs`` is set); ``"swarm_kind": "bid"`` asks for a generated
+bid (``generate`` mode). Any other request is an action: sampled among ``guided_choice`` when given
+(constrained decoding over their token prefix tree), else free text (never a bid token). With a
+``seed`` the draw is the keyed draw of :mod:`swarm_runtime.serve.protocol`, identical to the one
+``swarm eval`` makes in process. Requests that arrive while the model is busy are batched (one forward
+pass or generation per kind of request), as the in-process loop batches a turn's rows; a keyed row's
+draw does not depend on its batch.
+
+Fault injection, for tests and the chaos benchmark only: ``--fault-act-error-after N`` answers every
+action after the first N with HTTP 500 (0: every action); ``--fault-bid LEVEL`` bids LEVEL without the model; ``--fault-delay-ms MS`` stalls
+every answer.
+"""
+
+import argparse
+import json
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Bid levels of a checkpoint that does not say (an external Hugging Face model).
+DEFAULT_BID_LEVELS = (0.0, 0.2, 0.4, 0.6, 0.8)
+
+
+@dataclass
+class WorkerOptions:
+    """What ``python -m swarm_runtime.serve.worker`` takes."""
+
+    model: str  #: a role's checkpoint folder (``RUN/checkpoints/TAG/agents/ROLE``)
+    name: str = ""  #: the agent's name (``/v1/models`` lists the model as this id; default: the folder name)
+    host: str = "127.0.0.1"
+    port: int = 8100
+    max_prompt_tokens: int = 256  #: prompts are cut from the left beyond this (the run's model.max_prompt_tokens)
+    device: str = "cpu"
+    threads: int = 1  #: torch CPU threads
+    seed: int = 0  #: the sampling generator of requests without a ``seed``
+    parent_pid: int = 0  #: exit when this process is gone (a worker the gateway started)
+    fault_act_error_after: int = -1  #: -1 = never
+    fault_bid: float | None = None
+    fault_delay_ms: int = 0
+
+
+def load_policy(opts: WorkerOptions):
+    """The role's :class:`~swarm_runtime.policy.transformers_backend.TransformersPolicy`, with the bid
+    levels and bid mode its checkpoint was trained with."""
+    import torch
+
+    from swarm_runtime.policy.transformers_backend import TransformersPolicy, load_pretrained
+
+    path = Path(opts.model)
+    meta = json.loads((path / "swarm_policy.json").read_text()) if (path / "swarm_policy.json").exists() else {}
+    levels = [float(b) for b in meta.get("bid_levels", DEFAULT_BID_LEVELS)]
+    model, tok = load_pretrained(path, levels)
+    torch.manual_seed(opts.seed)
+    policy = TransformersPolicy(model, tok, levels, bid_mode=meta.get("bid_mode", "logits"),
+                                max_prompt_tokens=opts.max_prompt_tokens, seed=opts.seed, device=opts.device)
+    return policy.eval()
+
+
+class Completer:
+    """Turns completion requests into the policy's ``bid`` / ``act`` calls (one at a time)."""
+
+    def __init__(self, policy, model_id: str, opts: WorkerOptions):
+        from swarm_runtime.policy.tokenizer import bid_token
+
+        self.policy, self.model_id, self.opts = policy, model_id, opts
+        self.bid_texts = [bid_token(b) for b in policy.bid_levels]
+        self.lock = threading.Lock()
+        self._tries: dict[tuple, object] = {}
+        self.actions_answered = 0
+
+    def _trie(self, choices: list[str]):
+        key = tuple(sorted(set(choices)))
+        if key not in self._tries:
+            saved = self.policy.action_trie
+            self.policy.constrain_actions(list(key))  # ValueError names a text the tokenizer cannot spell
+            self._tries[key], self.policy.action_trie = self.policy.action_trie, saved
+        return self._tries[key]
+
+    def plan(self, req) -> "Job":
+        """Check one request (faults included) and say how it may be batched with others."""
+        from swarm_runtime.serve.protocol import key_from_seed
+
+        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+        extra = req.model_extra or {}
+        choices = req.guided_choice or choice_field(extra.get("structured_outputs"))
+        is_bid = extra.get("swarm_kind") == "bid" or (choices is not None and set(choices) == set(self.bid_texts))
+        if not is_bid and self.opts.fault_act_error_after >= 0:
+            if self.actions_answered >= self.opts.fault_act_error_after:
+                raise FaultInjected("action failed (--fault-act-error-after)")
+            self.actions_answered += 1
+        trie = None if is_bid or not choices else self._trie(choices)
+        keys = None if req.seed is None else [key_from_seed(req.seed)] * len(prompts)
+        group = (is_bid, id(trie), float(req.temperature), int(req.max_tokens), keys is None,
+                 req.logprobs is not None)
+        return Job(req, prompts, keys, is_bid, trie, group)
+
+    def run(self, jobs: list["Job"]) -> tuple[list[dict], float]:
+        """One batched forward (bids) or generation (actions) over ``jobs`` of one group: each job's
+        response body, and the batch's model compute time in ms. A row's keyed draw depends on its key
+        alone, so batching does not change what a request gets."""
+        import torch
+
+        p, j0 = self.policy, jobs[0]
+        prompts = [x for j in jobs for x in j.prompts]
+        keys = None if j0.keys is None else [k for j in jobs for k in j.keys]
+        if self.opts.fault_delay_ms:
+            time.sleep(self.opts.fault_delay_ms / 1000)
+        t0 = time.perf_counter()
+        with self.lock, torch.no_grad():
+            p.temperature = float(j0.req.temperature)
+            logprobs = [None] * len(prompts)
+            if j0.is_bid:
+                if self.opts.fault_bid is not None:
+                    from swarm_runtime.policy.transformers_backend import parse_bid
+
+                    level, _ = parse_bid(str(self.opts.fault_bid), p.bid_levels)
+                    texts = [self.bid_texts[p.bid_levels.index(level)]] * len(prompts)
+                    outs = [[0]] * len(prompts)
+                else:
+                    if p.bid_mode == "generate":
+                        p.max_bid_tokens = int(j0.req.max_tokens)
+                    bids = p.bid(prompts, keys=keys) if keys else p.bid(prompts)
+                    texts, outs = [b.text for b in bids], [b.tokens for b in bids]
+                    if j0.req.logprobs is not None and p.bid_mode == "logits":
+                        probs = p.bid_distribution(prompts).clamp_min(1e-45).log().tolist()
+                        logprobs = [{"tokens": [t], "token_logprobs": [row[self.bid_texts.index(t)]],
+                                     "top_logprobs": [dict(zip(self.bid_texts, row))], "text_offset": [0]}
+                                    for t, row in zip(texts, probs)]
+            else:
+                saved = (p.action_trie, p.max_action_tokens)
+                p.action_trie = j0.trie
+                p.max_action_tokens = max(int(j0.req.max_tokens), j0.trie.longest if j0.trie is not None else 1)
+                try:
+                    res = p.act(prompts, keys=keys) if keys else p.act(prompts)
+                finally:
+                    p.action_trie, p.max_action_tokens = saved
+                texts, outs = [r.text for r in res], [r.tokens for r in res]
+        compute_ms = (time.perf_counter() - t0) * 1000
+        bodies, i = [], 0
+        for j in jobs:
+            rows = range(i, i + len(j.prompts))
+            i += len(j.prompts)
+            choices = [{"index": n, "text": texts[r], "logprobs": logprobs[r], "stop_reason": None,
+                        "finish_reason": "stop" if j.is_bid or (outs[r] and outs[r][-1] == p.eos) else "length"}
+                       for n, r in enumerate(rows)]
+            n_prompt = sum(len(p.encode_prompt(x)) for x in j.prompts)
+            n_out = sum(len(outs[r]) for r in rows)
+            bodies.append({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                           "model": self.model_id, "choices": choices,
+                           "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
+                                     "total_tokens": n_prompt + n_out}})
+        return bodies, compute_ms
+
+
+@dataclass
+class Job:
+    """One request, checked, waiting for its batch."""
+
+    req: object
+    prompts: list
+    keys: list | None
+    is_bid: bool
+    trie: object
+    group: tuple
+    future: object = None
+
+
+class Batcher:
+    """Requests that arrive while the model is busy are answered together: each round takes every
+    queued request, and runs one batch per group (bids; actions of one choice set; same temperature,
+    length and keying). One request alone is a batch of one."""
+
+    def __init__(self, completer: Completer, max_rows: int = 64):
+        self.completer, self.max_rows = completer, max_rows
+        self.queue: list[Job] = []
+        self.wake = None
+        self.task = None
+
+    async def submit(self, job: Job):
+        import asyncio
+
+        if self.task is None:
+            self.wake = asyncio.Event()
+            self.task = asyncio.ensure_future(self._loop())
+        job.future = asyncio.get_running_loop().create_future()
+        self.queue.append(job)
+        self.wake.set()
+        return await job.future
+
+    async def _loop(self):
+        import asyncio
+
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            await asyncio.sleep(0)  # let the requests already read join this round
+            batch, self.queue = self.queue, []
+            groups: dict[tuple, list[Job]] = {}
+            for j in batch:
+                groups.setdefault(j.group, []).append(j)
+            for jobs in groups.values():
+                for k in range(0, len(jobs), self.max_rows):
+                    chunk = jobs[k:k + self.max_rows]
+                    try:
+                        bodies, ms = self.completer.run(chunk)
+                    except Exception as exc:  # answer every request of the batch with the error
+                        for j in chunk:
+                            if not j.future.done():
+                                j.future.set_exception(exc)
+                        continue
+                    for j, body in zip(chunk, bodies):
+                        if not j.future.done():
+                            j.future.set_result((body, ms))
+                    await asyncio.sleep(0)
+
+
+def choice_field(structured) -> list[str] | None:
+    """``structured_outputs.choice`` (vLLM >= 0.10.2's name of ``guided_choice``), validated."""
+    if structured is None:
+        return None
+    if not isinstance(structured, dict) or not isinstance(structured.get("choice"), list) or not all(
+            isinstance(c, str) for c in structured["choice"]) or not structured["choice"]:
+        raise ValueError("structured_outputs must be {\"choice\": [texts]} here (the only structured output served)")
+    return structured["choice"]
+
+
+class FaultInjected(RuntimeError):
+    """An injected failure (``--fault-act-error-after``)."""
+
+
+def make_app(policy, opts: WorkerOptions):
+    """The worker's FastAPI app."""
+    from fastapi import FastAPI, HTTPException
+    from fastapi.responses import JSONResponse
+
+    from swarm_runtime.serve.protocol import completion_models
+
+    CompletionRequest = completion_models()
+    model_id = opts.name or Path(opts.model).name
+    completer = Completer(policy, model_id, opts)
+    batcher = Batcher(completer)
+    app = FastAPI(title=f"swarm agent {model_id}")
+    started = int(time.time())
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok", "model": model_id, "pid": os.getpid()}
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
+                                            "owned_by": "swarm-runtime", "root": str(opts.model),
+                                            "max_model_len": int(policy.max_prompt_tokens)}]}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):  # the model runs inline, batched across waiting requests
+        if req.model not in (None, model_id):
+            raise HTTPException(404, f"model {req.model!r} is not served here; valid: {model_id}")
+        try:
+            body, ms = await batcher.submit(completer.plan(req))
+        except FaultInjected as exc:
+            raise HTTPException(500, str(exc)) from exc
+        except ValueError as exc:  # a guided_choice text the tokenizer cannot spell
+            raise HTTPException(400, str(exc)) from exc
+        return JSONResponse(body, headers={"x-swarm-compute-ms": f"{ms:.3f}"})
+
+    return app
+
+
+def _watch_parent(pid: int) -> None:
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            os._exit(0)
+
+
+def parse_args(argv=None) -> WorkerOptions:
+    ap = argparse.ArgumentParser(prog="python -m swarm_runtime.serve.worker", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="a role's checkpoint folder")
+    ap.add_argument("--name", default="")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8100)
+    ap.add_argument("--max-prompt-tokens", type=int, default=256)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parent-pid", type=int, default=0)
+    ap.add_argument("--fault-act-error-after", type=int, default=-1)
+    ap.add_argument("--fault-bid", type=float, default=None)
+    ap.add_argument("--fault-delay-ms", type=int, default=0)
+    a = ap.parse_args(argv)
+    return WorkerOptions(**{k: v for k, v in vars(a).items()})
+
+
+def main(argv=None) -> int:
+    import sys
+
+    opts = parse_args(argv)
+    if opts.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"worker: error: --host {opts.host!r}: a worker binds to loopback only; put the gateway in front",
+              file=sys.stderr)
+        return 2
+    if not (Path(opts.model) / "config.json").exists():
+        print(f"worker: error: --model {opts.model!r} is not a Hugging Face checkpoint folder (no config.json)",
+              file=sys.stderr)
+        return 2
+    import torch
+    import uvicorn
+
+    torch.set_num_threads(max(1, opts.threads))
+    if opts.parent_pid:
+        threading.Thread(target=_watch_parent, args=(opts.parent_pid,), daemon=True).start()
+    app = make_app(load_policy(opts), opts)
+    # keep-alive well beyond the gateway's pauses between turns, so it rarely meets a connection closing under it
+    uvicorn.run(app, host=opts.host, port=opts.port, log_level="warning", access_log=False, timeout_keep_alive=300)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

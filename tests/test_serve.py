@@ -1,0 +1,299 @@
+"""``swarm serve`` with real processes: a gateway and its agent workers on 127.0.0.1 (issue 20).
+
+One tiny checkpoint is built in process (no training: the service's job is to serve whatever was
+trained), one gateway with three workers is shared by the module, and a fourth worker with injected
+faults is started by the tests themselves. Every process started here is stopped by pid.
+"""
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from conftest import ROOT, swarm  # noqa: E402
+
+RUN_ARGS = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=12", "eval.episodes=2", "eval.runs=1",
+            "hardware.threads=1", "progress=false"]
+
+
+def _free_port() -> int:
+    from swarm_runtime.serve.population import free_port
+
+    return free_port()
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def _start(args: list[str], log: Path, **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=_env(**env), stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def _stop(proc: subprocess.Popen, sig=signal.SIGTERM, wait: float = 30) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_health(url: str, procs, timeout: float, headers=None, logs=()) -> dict:
+    end = time.time() + timeout
+    while time.time() < end:
+        for p, log in zip(procs, logs):
+            if p.poll() is not None:
+                raise AssertionError(f"process exited with {p.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            r = httpx.get(f"{url}/health", headers=headers, timeout=2)
+            if r.status_code == 200 and r.json().get("status") in ("ok", "no_agents", "degraded"):
+                return r.json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} not healthy after {timeout}s:\n" + "\n".join(l.read_text()[-2000:] for l in logs))
+
+
+def build_run(registry, out: Path) -> Path:
+    """A run folder with a ``final`` checkpoint of three freshly initialised role models."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.checkpoint import save_checkpoint
+    from swarm_runtime.config import resolve
+    from swarm_runtime.run import RunContext
+
+    pm, reg = registry
+    cfg = resolve(RUN_ARGS + [f"run_dir={out}"], reg)
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out / "config.yaml")
+    _, policies = RunContext(cfg, pm, reg, out).build_swarm()
+    save_checkpoint(out, "final", policies, {}, {"iteration": 0}, random.Random(0))
+    return out
+
+
+class Served:
+    def __init__(self, run, url, gateway, faulty_url, faulty):
+        self.run, self.url, self.gateway, self.faulty_url, self.faulty = run, url, gateway, faulty_url, faulty
+
+    def agents(self) -> list[dict]:
+        return httpx.get(f"{self.url}/v1/swarm/agents", timeout=10).json()["agents"]
+
+
+@pytest.fixture(scope="module")
+def served(registry, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    run = build_run(registry, tmp / "run")
+    port, wport = _free_port(), _free_port()
+    glog, wlog = tmp / "gateway.log", tmp / "faulty.log"
+    gateway = _start(["swarm_runtime.cli", "serve", str(run), f"serve.port={port}", "serve.probe_interval_ms=200",
+                      "serve.agent_wait_s=3"], glog)
+    # a Smith that always bids 0.8 and fails every action after its first two: joins the swarm later by URL
+    faulty = _start(["swarm_runtime.serve.worker", "--model", str(run / "checkpoints/final/agents/Smith"),
+                     "--name", "Smith-faulty", "--port", str(wport), "--fault-bid", "0.8",
+                     "--fault-act-error-after", "2"], wlog)
+    pids: list[int] = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_health(url, [gateway], 240, logs=[glog])
+        _wait_health(f"http://127.0.0.1:{wport}", [faulty], 240, logs=[wlog])
+        s = Served(run, url, gateway, f"http://127.0.0.1:{wport}", faulty)
+        pids = [a["pid"] for a in s.agents() if a["pid"]]
+        yield s
+        pids += [a["pid"] for a in s.agents() if a["pid"]]
+    finally:
+        _stop(gateway)
+        _stop(faulty)
+        for pid in pids:  # the gateway stops its workers; make sure
+            _kill_pid(pid)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal
+    assert gateway.returncode in (0, -signal.SIGTERM), glog.read_text()[-3000:]
+    assert "swarm serve stopped" in glog.read_text()
+
+
+def test_served_episode_equals_in_process(served, registry, capsys):
+    """Keyed sampling: the served swarm plays the in-process `swarm eval` episodes exactly, turn by turn."""
+    import torch
+
+    from swarm_runtime.cli import main
+    from swarm_runtime.config import load_saved
+    from swarm_runtime.evaluate import evaluate
+    from swarm_runtime.run import RunContext
+    from swarm_runtime.serve.client import evaluate_served
+
+    pm, reg = registry
+    cfg = load_saved(served.run / "config.yaml")
+    ctx = RunContext(cfg, pm, reg, served.run)
+    agents, _ = ctx.build_swarm(served.run / "checkpoints/final/agents")
+    seeds = ctx.seeds("eval")
+    torch.set_num_threads(1)
+    res, eps = evaluate(agents, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, int(cfg.seed) + 7919,
+                        cfg.eval.temperature, common_random_numbers=True)
+    sres, seps, bodies = asyncio.run(evaluate_served(served.url, seeds, 1, int(cfg.seed) + 7919, None, None))
+    assert [b["status"] for b in bodies] == ["done"] * len(seeds)
+    for a, b in zip(eps, seps):
+        assert [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in a.turns] == \
+               [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in b.turns]
+        assert a.metrics == b.metrics
+    assert sres["reward_mean"] == res["reward_mean"] and sres["turn_share"] == res["turn_share"]
+    # the CLI branch: the same table through the service
+    assert main(["eval", str(served.run), f"serve.url={served.url}"]) == 0
+    out = capsys.readouterr().out
+    assert "served checkpoint final" in out
+    saved = json.loads(next(served.run.glob("eval-served-final*.json")).read_text())
+    assert saved["reward_mean"] == res["reward_mean"] and saved["served_by"] == served.url
+
+
+def test_client_side_episode_and_bad_requests(served):
+    u = served.url
+    ep = httpx.post(f"{u}/v1/episodes", json={"env": "client", "seed": 5}).json()
+    assert ep["status"] == "running" and ep["agents"] == ["Logger", "Miner", "Smith"]
+    moves = [httpx.post(f"{u}/v1/episodes/{ep['id']}/turns", timeout=30,
+                        json={"observation": "goal wooden_pickaxe . inventory : none", "reward": r}).json()
+             for r in (0.0, 1.0, 2.0)]
+    assert [m["t"] for m in moves] == [0, 1, 2]
+    assert all(set(m) >= {"agent", "role", "bid", "action"} for m in moves)
+    assert all(m["role"] in (None, "Logger", "Miner", "Smith") for m in moves)
+    end = httpx.post(f"{u}/v1/episodes/{ep['id']}/turns", json={"observation": "x", "reward": 4.0, "done": True}).json()
+    assert end["status"] == "done" and end["reward"] == 7.0 and end["decisions"] == 3
+    again = httpx.post(f"{u}/v1/episodes/{ep['id']}/turns", json={"observation": "x"})
+    assert again.status_code == 409 and "done" in again.json()["detail"]
+    # malformed JSON, a wrong field, an unknown episode, an oversized body, an unknown role or task
+    bad = httpx.post(f"{u}/v1/episodes", content=b'{"seed": 1', headers={"content-type": "application/json"})
+    assert bad.status_code == 422 and "JSON" in json.dumps(bad.json())
+    assert httpx.post(f"{u}/v1/episodes", json={"sede": 1}).status_code == 422
+    missing = httpx.post(f"{u}/v1/episodes/ep-nope/turns", json={"observation": "x"})
+    assert missing.status_code == 404 and "ep-nope" in missing.json()["detail"]
+    big = httpx.post(f"{u}/v1/episodes/{ep['id']}/turns", json={"observation": "a" * 1_100_000})
+    assert big.status_code == 413 and "limit" in big.json()["detail"]
+    role = httpx.post(f"{u}/v1/swarm/agents", json={"role": "Wizard", "checkpoint": "final"})
+    assert role.status_code == 422 and "Logger, Miner, Smith" in role.json()["detail"]
+    task = httpx.post(f"{u}/v1/episodes", json={"task": "nope"})
+    assert task.status_code == 422 and "wooden_pickaxe" in task.json()["detail"]
+    metrics = httpx.get(f"{u}/metrics").text
+    for name in ("swarm_turns_total", "swarm_bids_missed_total", "swarm_agent_failures_total",
+                 'swarm_turn_latency_seconds_bucket{le="+Inf"}', "swarm_agents_up 3"):
+        assert name in metrics
+
+
+def test_added_worker_gets_turns_and_failing_winner_hands_over(served):
+    """An agent joins by URL while the swarm runs; it wins turns (it bids 0.8), and once its actions
+    fail the turn goes to the runner-up in the same turn; the episode completes. Then it is drained."""
+    u = served.url
+    added = httpx.post(f"{u}/v1/swarm/agents", json={"role": "Smith", "url": served.faulty_url, "name": "Smith-faulty"})
+    assert added.status_code == 201 and added.json()["status"] == "up" and added.json()["index"] == 3
+    body = httpx.post(f"{u}/v1/episodes", json={"seed": 100000, "noise": "7"}, timeout=120).json()
+    assert body["status"] == "done" and body["decisions"] == 12
+    acted = [r for r in body["turns"] if r["agent"] == "Smith-faulty"]
+    assert len(acted) == 2 and all(r["bid"] == 0.8 for r in acted)
+    handed = [r for r in body["turns"] if "Smith-faulty" in r["failed"]]
+    assert handed and all(r["agent"] not in (None, "Smith-faulty") for r in handed)
+    assert body["failovers"] == len(handed)
+    assert 'swarm_failovers_total' in httpx.get(f"{u}/metrics").text
+    gone = httpx.delete(f"{u}/v1/swarm/agents/Smith-faulty", timeout=60)
+    assert gone.status_code == 200 and gone.json()["status"] == "removed"
+    assert httpx.delete(f"{u}/v1/swarm/agents/Smith-faulty").status_code == 404
+    after = httpx.post(f"{u}/v1/episodes", json={"seed": 100001, "noise": "7"}, timeout=120).json()
+    assert after["status"] == "done" and not any("Smith-faulty" in r["bids"] for r in after["turns"])
+
+
+def test_worker_killed_mid_episode_does_not_fail_it(served):
+    u = served.url
+    victim = next(a for a in served.agents() if a["name"] == "Logger")
+    lines = []
+    with httpx.stream("POST", f"{u}/v1/episodes", json={"seed": 100001, "noise": "8", "stream": True}, timeout=120) as r:
+        for line in r.iter_lines():
+            lines.append(json.loads(line))
+            if len(lines) == 3:
+                os.kill(victim["pid"], signal.SIGKILL)
+    final = lines[-1]
+    assert final["final"] and final["status"] == "done" and final["decisions"] == 12
+    turns = lines[:-1]
+    assert [t["t"] for t in turns] == list(range(12))
+    after = turns[4:]
+    assert any("Logger" in t["missed"] for t in turns[3:]) or all("Logger" not in t["bids"] for t in after)
+    assert all(t["agent"] != "Logger" for t in after[:3])
+
+
+def test_auth_on_non_loopback_bind_and_no_agents_left(served, tmp_path, monkeypatch, capsys):
+    from swarm_runtime.cli import main
+
+    run = served.run  # the same run folder, its own gateway (with no worker)
+    monkeypatch.delenv("SWARM_API_KEY", raising=False)
+    assert main(["serve", str(run), "serve.host=0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "SWARM_API_KEY" in err and len(err.strip().splitlines()) == 1
+    assert main(["serve", str(run), "serve.replicas.Wizard=2"]) == 2
+    assert "Logger, Miner, Smith" in capsys.readouterr().err
+    port, dead = _free_port(), _free_port()
+    log = tmp_path / "gateway.log"
+    gateway = _start(["swarm_runtime.cli", "serve", str(run), "serve.host=0.0.0.0", f"serve.port={port}",
+                      "serve.replicas=0", f"serve.agents=[Logger=http://127.0.0.1:{dead}]", "serve.agent_wait_s=1"],
+                     log, SWARM_API_KEY="s3cret-key")
+    try:
+        url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer s3cret-key"}
+        health = _wait_health(url, [gateway], 120, headers=auth, logs=[log])
+        assert health["status"] == "no_agents"
+        assert httpx.get(f"{url}/health").status_code == 401
+        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        t0 = time.time()
+        r = httpx.post(f"{url}/v1/episodes", json={"seed": 3}, headers=auth, timeout=60)
+        assert r.status_code == 503 and r.json()["status"] == "failed"
+        assert "no agent left" in r.json()["error"] and "Logger" in r.json()["error"]
+        assert time.time() - t0 < 30
+    finally:
+        _stop(gateway)
+    assert "s3cret-key" not in log.read_text()
+
+
+def test_seed_carries_the_keyed_draw():
+    """The request seed continues the in-process key's hash chain: same Gumbel noise, token by token."""
+    from swarm_runtime.policy.noise import gumbel, key_hash
+    from swarm_runtime.serve.protocol import key_from_seed, seed_for, unsplitmix64
+    from swarm_runtime.policy.noise import _splitmix64
+
+    rng = random.Random(0)
+    for _ in range(200):
+        x = rng.getrandbits(64)
+        assert unsplitmix64(_splitmix64(x)) == x
+    for parts in [(0, 0, 0, 0), (2**64 - 1, 119, 11, 1), (12345678901234567890, 3, 2, 0)]:
+        seed = seed_for(*parts)
+        assert -(2**63) <= seed < 2**63  # vLLM's range
+        key = key_from_seed(seed)
+        for step in (0, 1, 7):
+            assert key_hash(*key, step) == key_hash(*parts, step)
+        assert gumbel((*key, 3), 5).tolist() == gumbel((*parts, 3), 5).tolist()
+
+
+def test_serve_config_errors_name_the_valid_values(registry):
+    from swarm_runtime.config import ConfigError, resolve, validate_serve
+
+    roles = ["Logger", "Miner", "Smith"]
+    for args, words in ((["serve.replicas=-1"], ">= 0"), (["serve.agents=[Wizard=http://x]"], "Logger, Miner, Smith"),
+                        (["serve.agents=[Smith=ftp://x]"], "http(s)"), (["serve.url=localhost:8000"], "http(s) URL"),
+                        (["serve.bid_deadline_ms=0"], "at least 1")):
+        cfg = resolve(RUN_ARGS + args, registry[1])
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            validate_serve(cfg, roles)
+    cfg = resolve(RUN_ARGS, registry[1])
+    cfg.serve.replicas = {"Smith": 6, "Logger": 0}
+    validate_serve(cfg, roles)
