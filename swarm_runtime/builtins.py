@@ -45,6 +45,9 @@ def swarm_register_algorithms(register):
 
     register("mpt", MPTTrainer)
     register("monolithic", MonolithicTrainer)
+    from swarm_runtime.rlcr.trainer import RLCRTrainer  # collective-reward RL (docs/rlcr.md)
+
+    register("rlcr", RLCRTrainer)
 
 
 @hookimpl
