@@ -427,13 +427,6 @@ def validate_rlcr(cfg: DictConfig, registry=None) -> None:
     except (ValueError, ImportError) as exc:
         raise ConfigError(f"algo=rlcr: {cfg.domain} task {cfg.task_name}: {exc}") from exc
     if not has_progress(env):
-        able = []
-        for name, d in sorted(registry.domains.items()):
-            try:
-                if has_progress(d.concurrent_env(d.task_config(d.task_names()[0]))):
-                    able.append(name)
-            except Exception:  # a domain that cannot build its first task here is simply not listed
-                pass
         raise ConfigError(f"algo=rlcr needs an anytime return, but domain {cfg.domain!r} has no DomainEnv.progress() "
-                          f"(its concurrent env is {type(env).__name__}); domains that have one: "
-                          f"{', '.join(able) or '(none)'} (docs/rlcr.md)")
+                          f"(its concurrent env is {type(env).__name__}); docs/rlcr.md lists the domains that have one and "
+                          "how a domain opts in")
