@@ -56,3 +56,6 @@ def swarm_register_experiments(register):
 
     for name, experiment in BUILTIN_EXPERIMENTS.items():
         register(name, experiment)
+    from swarm_runtime.rlcr.experiments import rlcr_teams  # docs/rlcr.md
+
+    register("rlcr_teams", rlcr_teams)

@@ -185,6 +185,8 @@ class RLCRConfig:
     max_turns_per_agent: int = 120  #: actions an agent may take in one rollout (then it idles)
     window: int = 3  #: inbox / channel / archive-search messages shown in a prompt
     solo_eval: bool = True  #: also evaluate a solo agent (team of 1) with the same policy and T_max
+    teams: list = field(default_factory=lambda: [1, 2, 3, 4, 6])  #: ``swarm experiment rlcr_teams``: flat team sizes
+    #: trained and compared (6 stands for the seed's "5-8" bucket)
     eval_runs: Optional[int] = 1  #: sampled runs per held-out seed under algo=rlcr (None = eval.runs); 1 keeps the
     #: default run (collective and solo, after SFT and after RL, on all 32 held-out seeds) within its time budget
 
@@ -405,6 +407,8 @@ def validate_rlcr(cfg: DictConfig, registry=None) -> None:
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
             raise ConfigError(f"rlcr.{key} must be {rng}, got {v}")
+    if not r.teams or any(not (1 <= int(k) <= 9) for k in r.teams):
+        raise ConfigError(f"rlcr.teams must be team sizes in [1, 9], got {list(r.teams)}")
     if not float(r.seconds_per_token) > 0:
         raise ConfigError(f"rlcr.seconds_per_token must be > 0, got {r.seconds_per_token}")
     t = r.t_max

@@ -76,6 +76,24 @@ def demo_examples(ctx: RunContext, policy, seeds: list[int]) -> tuple[list[Examp
     return examples, stats
 
 
+def evaluate_collective(ctx: RunContext, policy, opts: LoopOptions, seeds, runs: int, seed: int) -> tuple[dict, list]:
+    """Every seed, ``runs`` runs, one batch, summarised (:func:`~.signs.summarize_rollouts`); the policy's
+    sampling state and temperature are restored afterwards (evaluation never perturbs training)."""
+    saved = (policy.rng_state(), policy.temperature)
+    ctx.flops.category = "eval"
+    try:
+        policy.gen.manual_seed(int(seed))
+        if ctx.cfg.eval.temperature is not None:
+            policy.temperature = float(ctx.cfg.eval.temperature)
+        with torch.no_grad():
+            rollouts = play_concurrent(ctx.domain, ctx.task, [s for _ in range(runs) for s in seeds],
+                                       policy_decider(policy), opts)
+    finally:
+        policy.set_rng_state(saved[0])
+        policy.temperature = saved[1]
+    return summarize_rollouts(rollouts, runs), rollouts
+
+
 class RLCRTrainer:
     """Collective-reward RL, registered as ``algo.name=rlcr`` (preset ``algo=rlcr``)."""
 
@@ -148,20 +166,8 @@ class RLCRTrainer:
             return play_concurrent(self.ctx.domain, self.ctx.task, seeds, policy_decider(self.policy), opts, groups)
 
     def evaluate(self, opts: LoopOptions, seed_offset: int = 0) -> tuple[dict, list]:
-        """Every held-out seed, ``eval.runs`` runs, one batch; the policy's sampling state and temperature
-        are restored afterwards (evaluation never perturbs training)."""
-        ctx, p = self.ctx, self.policy
-        saved = (p.rng_state(), p.temperature)
-        try:
-            p.gen.manual_seed(int(self.cfg.seed) + 7919 + seed_offset)
-            if self.cfg.eval.temperature is not None:
-                p.temperature = float(self.cfg.eval.temperature)
-            runs = self.eval_runs
-            rollouts = self.play([s for _ in range(runs) for s in ctx.seeds("eval")], opts)
-        finally:
-            p.set_rng_state(saved[0])
-            p.temperature = saved[1]
-        return summarize_rollouts(rollouts, runs), rollouts
+        return evaluate_collective(self.ctx, self.policy, opts, self.ctx.seeds("eval"), self.eval_runs,
+                                   int(self.cfg.seed) + 7919 + seed_offset)
 
     @property
     def eval_runs(self) -> int:
