@@ -165,7 +165,7 @@ class TMaxConfig:
 
     start: float = 600.0  #: simulated seconds of the limit at the first update (> 0)
     end: float = 1500.0  #: limit from update ``steps`` on (>= start); held-out evaluation uses it
-    steps: int = 12  #: updates over which the limit grows linearly from ``start`` to ``end`` (>= 1)
+    steps: int = 10  #: updates over which the limit grows linearly from ``start`` to ``end`` (>= 1)
 
 
 @dataclass

@@ -196,9 +196,11 @@ class _Slot:
             name, _ = self.org.hire(agent, cmd.body)
             turn.ok = name is not None
             c["hires" if turn.ok else "refused_hires"] += 1
+            c["messages"] += int(turn.ok)
             if name is not None:
                 self.rollout.team_peak = max(self.rollout.team_peak, self.org.peak)
                 return [name]
+            return []
         elif k == "fire":
             turn.ok, _ = self.org.fire(agent, cmd.target)
             c["fires" if turn.ok else "bad_fires"] += 1
