@@ -316,6 +316,12 @@ def test_bad_rlcr_values_name_the_valid_range(registry, arg, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
+def test_rlcr_is_registered_like_any_plugin_algorithm(registry):
+    _, reg = registry
+    assert "rlcr" in reg.algorithms and "rlcr_teams" in reg.experiments
+    assert "algorithm:rlcr" in reg.provenance["builtins"]
+
+
 def test_a_domain_without_progress_is_a_config_error_naming_it(registry):
     _, reg = registry
     with pytest.raises(ConfigError) as e:
@@ -331,7 +337,7 @@ def test_cli_rlcr_run_trains_evaluates_and_plots(tmp_path):
                 "rlcr.t_max.steps=2", "algo.sft.demo_episodes=3", "algo.sft.epochs=1", "eval.episodes=2",
                 "progress=false", f"run_dir={out}", cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "RLCR: flat team of 3" in res.stdout and "RLCR: solo" in res.stdout
+    assert "RLCR: flat team of 3" in res.stdout and "RLCR: solo" in res.stdout and "RLCR - SFT" in res.stdout
     ev = json.loads((out / "eval.json").read_text())
     assert set(ev["results"]) == {"SFT: flat team of 3", "SFT: solo", "RLCR: flat team of 3", "RLCR: solo"}
     assert (out / "signs_of_life.png").stat().st_size > 0 and (out / "performance_latency.png").exists()

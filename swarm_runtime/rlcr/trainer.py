@@ -283,6 +283,9 @@ class RLCRTrainer:
         if "solo" in final:
             d, se, n = paired_difference(final["collective"], final["solo"])
             results["collective_minus_solo"] = {"mean": d, "se": se, "seeds": n}
+        if self.state.get("sft_eval"):
+            d, se, n = paired_difference(final["collective"], self.state["sft_eval"]["collective"])
+            results["rlcr_minus_sft"] = {"mean": d, "se": se, "seeds": n}
         (ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
         (ctx.run_dir / "eval.md").write_text(table + "\n")
         plots = [p for p in (plot_signs(ctx.run_dir, read_metrics(ctx.run_dir)),
@@ -298,6 +301,10 @@ class RLCRTrainer:
             c = results["collective_minus_solo"]
             print(f"{self.label} {team} - solo (same policy, same T_max): {c['mean']:+.2f} ± {c['se']:.2f} return, "
                   f"paired over the {c['seeds']} held-out seeds")
+        if "rlcr_minus_sft" in results:
+            c = results["rlcr_minus_sft"]
+            print(f"{self.label} - SFT, {team}: {c['mean']:+.2f} ± {c['se']:.2f} return, paired over the {c['seeds']} "
+                  "held-out seeds")
         print(f"Run folder: {ctx.run_dir} (eval.json, metrics.jsonl, tb/, {', '.join(p.name for p in plots)}, "
               f"checkpoints/)")
         return results
