@@ -30,7 +30,7 @@ def cmd_run(args) -> int:
     pm, reg = _registry()
     cfg = resolve(args.overrides, reg)
     ctx = prepare_run(cfg, pm, reg, args=args.overrides)
-    trainer = reg.get("algorithms", cfg.algo.name)(ctx)
+    trainer = reg.get("algorithms", ctx.cfg.algo.name)(ctx)  # ctx.cfg: a resumed run's saved config
     trainer.train()
     return 0
 
@@ -85,6 +85,14 @@ def cmd_eval(args) -> int:
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     ctx = RunContext(cfg, pm, reg, run_dir)
+    if cfg.algo.name == "rlcr":  # one shared policy acting as a collective (docs/rlcr.md)
+        from swarm_runtime.rlcr.trainer import evaluate_checkpoint
+
+        res, table = evaluate_checkpoint(ctx, ckpt)
+        out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
+        out.write_text(json.dumps({**res, "overrides": list(args.overrides)}, indent=1, default=float))
+        print(f"{cfg.domain}/{cfg.task_name} (algo=rlcr), checkpoint {ckpt.name}, return at T_max\n{table}\nsaved {out}")
+        return 0
     from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic
 
     if (ckpt / "agents" / MONOLITHIC).exists():  # an `algo=monolithic` run: one model, acting every turn

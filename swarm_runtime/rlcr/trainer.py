@@ -94,6 +94,22 @@ def evaluate_collective(ctx: RunContext, policy, opts: LoopOptions, seeds, runs:
     return summarize_rollouts(rollouts, runs), rollouts
 
 
+def evaluate_checkpoint(ctx: RunContext, ckpt_dir) -> tuple[dict, str]:
+    """``swarm eval`` of an ``algo=rlcr`` run: the checkpoint's shared policy as the configured collective
+    and (``rlcr.solo_eval``) solo, at the final ``T_max``, on the held-out seeds. Returns the results and
+    the markdown table."""
+    cfg = ctx.cfg
+    policy = make_shared_policy(ctx, ckpt_dir / "agents" / SHARED)
+    runs = int(cfg.eval.runs if cfg.rlcr.eval_runs is None else cfg.rlcr.eval_runs)
+    conds = {"collective": loop_options(cfg, float(cfg.rlcr.t_max.end))}
+    if cfg.rlcr.solo_eval:
+        conds["solo"] = loop_options(cfg, float(cfg.rlcr.t_max.end), agents=1, org="flat")
+    res = {name: evaluate_collective(ctx, policy, opts, ctx.seeds("eval"), runs, int(cfg.seed) + 7919 + i)[0]
+           for i, (name, opts) in enumerate(conds.items())}
+    rows = [(f"{ckpt_dir.name}: {team_label(conds[n]) if n == 'collective' else 'solo'}", r) for n, r in res.items()]
+    return res, format_table(rows, EVAL_METRICS)
+
+
 class RLCRTrainer:
     """Collective-reward RL, registered as ``algo.name=rlcr`` (preset ``algo=rlcr``)."""
 
