@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--agents", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--demo-episodes", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--ticks", type=float, nargs="+", default=[0.0, 10.0], help="rlcr.tick values to measure")
     args = ap.parse_args()
     logger.remove()
     if args.threads:
@@ -71,21 +72,25 @@ def main() -> None:
         rates["turn"] = n / dt
         print(f"turn-based loop: {args.actors} envs x 1 model acting every turn, {n} actions in {dt:.1f}s = "
               f"{rates['turn']:.1f} actions/s (batch per model call: up to {args.actors})")
+        for tick in args.ticks:
+            for k in args.agents:
+                envs = max(1, args.actors // k)
+                opts = loop_options(cfg, float("inf"), agents=k)
+                opts = type(opts)(**{**opts.__dict__, "max_turns_per_agent": args.decisions, "tick": tick})
+                dec = CountingDecider(policy)
+                policy.gen.manual_seed(0)
+                t0 = time.perf_counter()
+                rs = play_concurrent(ctx.domain, cfg.task, seeds[:envs], dec, opts)
+                dt = time.perf_counter() - t0
+                n = sum(len(r.turns) for r in rs)
+                rates[(k, tick)] = n / dt
+                print(f"concurrent loop, {k} agents, tick {tick:g}s: {envs} rollouts x {k} agents, {n} actions in "
+                      f"{dt:.1f}s = {rates[(k, tick)]:.1f} actions/s (mean batch per model call {dec.rows / dec.calls:.1f} "
+                      f"over {dec.calls} calls; mean simulated minutes {sum(r.duration for r in rs) / len(rs) / 60:.1f})")
+    for tick in args.ticks:
         for k in args.agents:
-            envs = max(1, args.actors // k)
-            opts = loop_options(cfg, float("inf"), agents=k)
-            opts = type(opts)(**{**opts.__dict__, "max_turns_per_agent": args.decisions})
-            dec = CountingDecider(policy)
-            policy.gen.manual_seed(0)
-            t0 = time.perf_counter()
-            rs = play_concurrent(ctx.domain, cfg.task, seeds[:envs], dec, opts)
-            dt = time.perf_counter() - t0
-            n = sum(len(r.turns) for r in rs)
-            rates[k] = n / dt
-            print(f"concurrent loop, {k} agents: {envs} rollouts x {k} agents, {n} actions in {dt:.1f}s = "
-                  f"{rates[k]:.1f} actions/s (mean batch per model call {dec.rows / dec.calls:.1f} over {dec.calls} calls)")
-    for k in args.agents:
-        print(f"per action, turn-based / concurrent with {k} agents: {rates['turn'] / rates[k]:.2f}x (target <= 1.5x)")
+            print(f"per action, turn-based / concurrent with {k} agents, tick {tick:g}s: "
+                  f"{rates['turn'] / rates[(k, tick)]:.2f}x (target <= 1.5x)")
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"model {policy.n_params / 1e6:.2f}M params, torch threads {torch.get_num_threads()}, commit {rev}")
 

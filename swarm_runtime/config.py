@@ -184,6 +184,8 @@ class RLCRConfig:
     normalize_std: bool = False  #: divide each advantage by its group's return std
     max_turns_per_agent: int = 120  #: actions an agent may take in one rollout (then it idles)
     window: int = 3  #: inbox / channel / archive-search messages shown in a prompt
+    tick: float = 0.0  #: > 0: agents decide only at multiples of this many simulated seconds (an agent done
+    #: between ticks waits), so more of them go to the model together; 0 = exact event times
     solo_eval: bool = True  #: also evaluate a solo agent (team of 1) with the same policy and T_max
     teams: list = field(default_factory=lambda: [1, 2, 3, 4, 6])  #: ``swarm experiment rlcr_teams``: flat team sizes
     #: trained and compared (6 stands for the seed's "5-8" bucket)
@@ -386,7 +388,7 @@ def validate(cfg: DictConfig, registry) -> None:
 
 #: Range checks of ``rlcr.*``: key -> (lowest, highest) allowed (None = no bound).
 RLCR_RANGES = {"agents": (1, 9), "eval_runs": (1, None), "max_hires": (0, 8), "expert_team": (1, 9), "group_size": (2, None),
-               "instances": (1, None), "max_turns_per_agent": (1, None), "window": (0, None),
+               "instances": (1, None), "max_turns_per_agent": (1, None), "window": (0, None), "tick": (0.0, None),
                "latency_penalty": (0.0, None)}
 
 

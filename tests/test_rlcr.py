@@ -118,6 +118,14 @@ def test_time_accounting_and_the_env_sees_actions_in_time_order():
     assert r.curve[-1] == (72.0, 10.0) and r.progress_at(30.0) == 3.0
 
 
+def test_tick_makes_agents_decide_together_at_its_multiples():
+    decide = scripted({}, {"alpha": 1, "bravo": 3})
+    (r,) = play_concurrent(TickDomain(), TICK_TASK, [0], decide,
+                           LoopOptions(t_max=1000, seconds_per_token=2.0, agents=2, tick=10.0))
+    # alpha's 12 s and bravo's 16 s actions both end before 20: both decide at 0, 20, 40, ...
+    assert [t.t for t in r.turns][:6] == [0.0, 0.0, 20.0, 20.0, 40.0, 40.0]
+
+
 def test_t_max_stops_the_rollout_with_the_progress_at_that_moment():
     decide = scripted({}, {"alpha": 1, "bravo": 3})
     (r,) = play_concurrent(TickDomain(), TICK_TASK, [0], decide, LoopOptions(t_max=30, seconds_per_token=2.0, agents=2))

@@ -39,6 +39,8 @@ class LoopOptions:
     max_turns_per_agent: int = 120  #: an agent that used its turns idles
     token_budget: int | None = None  #: stop deciding once a rollout generated this many tokens
     window: int = 3  #: messages of each kind shown in a prompt
+    tick: float = 0.0  #: > 0: an agent whose action ends between ticks decides at the next multiple of ``tick``
+    #: seconds (it waits idle meanwhile), so more agents decide together (larger model batches); 0 = exact times
 
 
 @dataclass
@@ -110,6 +112,11 @@ class Request:
 Decide = Callable[[list[Request]], list[tuple[str, list[int]]]]
 
 
+def next_decision(t: float, tick: float) -> float:
+    """When an agent whose action ends at ``t`` decides next: ``t``, or the next multiple of ``tick``."""
+    return t if tick <= 0 else math.ceil(t / tick - 1e-9) * tick
+
+
 def render_prompt(agent: str, brief: str, observation: str, now: float, t_max: float,
                   busy: dict[str, str], inbox, channel, found) -> str:
     """The prompt after which ``agent`` emits its next action (env action or command)."""
@@ -166,7 +173,7 @@ class _Slot:
         self.pending[agent] = (turn, cmd)
         self.turns_by[agent] += 1
         self.tokens += len(tokens)
-        self.queue.push(self.now + seconds, agent)
+        self.queue.push(next_decision(self.now + seconds, self.opts.tick), agent)
 
     def complete(self, agent: str) -> list[str]:
         """Apply ``agent``'s action in flight; returns the agents it hired (they decide now too)."""

@@ -49,7 +49,7 @@ def loop_options(cfg, t_max: float, agents: int | None = None, org: str | None =
     return LoopOptions(t_max=float(t_max), seconds_per_token=float(r.seconds_per_token), org=org or str(r.org),
                        agents=int(agents if agents is not None else r.agents), max_hires=int(r.max_hires),
                        max_turns_per_agent=int(r.max_turns_per_agent), token_budget=token_budget,
-                       window=int(r.window))
+                       window=int(r.window), tick=float(r.tick))
 
 
 def team_label(opts: LoopOptions) -> str:
