@@ -4,8 +4,9 @@ team sizes ``rlcr.teams`` (default 1, 2, 3, 4 and 6 for the "5-8" bucket), and i
 For each team size k: one ``algo=rlcr`` training of a flat team of k (``trainings/rlcr-team<k>/``), then
 on the held-out seeds, with that training's final policy:
 - the communicating collective of k at ``T_max`` (the training's own held-out evaluation);
-- a solo agent with the same output-token budget, working sequentially without a time limit (its
-  budget is the collective's mean tokens per rollout): the return it reaches and how long it takes;
+- a solo agent with the same output-token budget, working sequentially without a time limit or a cap
+  on its turns (its budget is the collective's mean tokens per rollout): the return it reaches and how
+  long it takes;
 - best-of-k: k independent solo attempts at ``T_max``, the best one selected (by its return, an oracle
   selector: an upper bound on any real selector).
 The seed's claims are checked from these numbers and reported whatever they show: larger teams do more
@@ -15,6 +16,7 @@ collective reaches comparable scores sooner than the solo agent with its token b
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from swarm_runtime import checkpoint as ckpt
@@ -38,7 +40,7 @@ def rlcr_teams(x):
     from swarm_runtime.experiments import Report
 
     teams = [int(k) for k in x.cfg.rlcr.teams]
-    x.plan(2 * len(teams))
+    x.plan(3 * len(teams))
     seeds = x.eval_seeds()
     runs = int(x.cfg.rlcr.eval_runs or x.cfg.eval.runs)
     t_max = float(x.cfg.rlcr.t_max.end)
@@ -52,9 +54,6 @@ def rlcr_teams(x):
             ctx = x.ctx
             policy = make_shared_policy(ctx, _final(run_dir) / "agents" / SHARED)
             coll = ckpt.load_state(_final(run_dir))["final_eval"]["collective"]
-            budget = max(1, int(round(coll["tokens_mean"])))
-            solo_budget, _ = evaluate_collective(ctx, policy, loop_options(x.cfg, math.inf, agents=1, token_budget=budget),
-                                                 seeds, runs, int(x.cfg.seed) + 31)
             _, attempts = evaluate_collective(ctx, policy, loop_options(x.cfg, t_max, agents=1), seeds, runs * k,
                                               int(x.cfg.seed) + 37)
             best: dict[int, list[float]] = {}
@@ -65,9 +64,19 @@ def rlcr_teams(x):
                 groups = [max(vals[j * k:(j + 1) * k]) for j in range(runs)]
                 per_seed.append(sum(groups) / len(groups))
             bm, bse = mean_se(per_seed)
-            return {"budget_tokens": budget, "solo_budget": solo_budget, "best_of_k": {"reward_mean": bm, "reward_se": bse}}
+            return {"best_of_k": {"reward_mean": bm, "reward_se": bse}}
 
-        base = x.cell(f"baselines-team{k}", baselines)
+        def solo_same_tokens(k=k, run_dir=run_dir) -> dict:
+            """The solo agent with the collective's mean tokens per rollout, no time limit and no cap on
+            its turns (the token budget is its only limit)."""
+            policy = make_shared_policy(x.ctx, _final(run_dir) / "agents" / SHARED)
+            coll = ckpt.load_state(_final(run_dir))["final_eval"]["collective"]
+            budget = max(1, int(round(coll["tokens_mean"])))
+            opts = replace(loop_options(x.cfg, math.inf, agents=1, token_budget=budget), max_turns_per_agent=10 ** 9)
+            res, _ = evaluate_collective(x.ctx, policy, opts, seeds, runs, int(x.cfg.seed) + 31)
+            return {"budget_tokens": budget, "solo_budget": res}
+
+        base = {**x.cell(f"baselines-team{k}", baselines), **x.cell(f"solo-tokens-team{k}", solo_same_tokens)}
         final = ckpt.load_state(_final(run_dir))["final_eval"]
         coll, sb = final["collective"], base["solo_budget"]
         metrics = [r for r in read_metrics(run_dir) if "signs/useful_work" in r]
