@@ -45,6 +45,9 @@ def swarm_register_algorithms(register):
 
     register("mpt", MPTTrainer)
     register("monolithic", MonolithicTrainer)
+    from swarm_runtime.rlcr.trainer import RLCRTrainer  # collective-reward RL (docs/rlcr.md)
+
+    register("rlcr", RLCRTrainer)
 
 
 @hookimpl
@@ -53,3 +56,6 @@ def swarm_register_experiments(register):
 
     for name, experiment in BUILTIN_EXPERIMENTS.items():
         register(name, experiment)
+    from swarm_runtime.rlcr.experiments import rlcr_teams  # docs/rlcr.md
+
+    register("rlcr_teams", rlcr_teams)

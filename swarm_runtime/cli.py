@@ -144,6 +144,14 @@ def _eval_locked(args, run_dir: Path) -> int:
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     ctx = RunContext(cfg, pm, reg, run_dir)
+    if cfg.algo.name == "rlcr":  # one shared policy acting as a collective (docs/rlcr.md)
+        from swarm_runtime.rlcr.trainer import evaluate_checkpoint
+
+        res, table = evaluate_checkpoint(ctx, ckpt)
+        out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
+        out.write_text(json.dumps({**res, "overrides": list(args.overrides)}, indent=1, default=float))
+        print(f"{cfg.domain}/{cfg.task_name} (algo=rlcr), checkpoint {ckpt.name}, return at T_max\n{table}\nsaved {out}")
+        return 0
     from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic
 
     if (ckpt / "agents" / MONOLITHIC).exists():  # an `algo=monolithic` run: one model, acting every turn

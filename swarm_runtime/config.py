@@ -213,6 +213,37 @@ def validate_serve(cfg: DictConfig, roles: list[str]) -> None:
             raise ConfigError(f"serve.{key}={s[key]} must be >= 0")
     if s.url is not None and not str(s.url).startswith(("http://", "https://")):
         raise ConfigError(f"serve.url={s.url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000)")
+class TMaxConfig:
+    """``rlcr.t_max``: the wall-clock limit's schedule (seed: 2 h at the start, > 5 h by step 200)."""
+
+    start: float = 600.0  #: simulated seconds of the limit at the first update (> 0)
+    end: float = 1500.0  #: limit from update ``steps`` on (>= start); held-out evaluation uses it
+    steps: int = 10  #: updates over which the limit grows linearly from ``start`` to ``end`` (>= 1)
+
+
+@dataclass
+class RLCRConfig:
+    """Settings of ``algo=rlcr`` (collective-reward RL, docs/rlcr.md); ignored by the other algorithms."""
+
+    org: str = "flat"  #: ``flat`` (``agents`` peers) or ``ceo`` (a CEO who hires and fires specialists)
+    agents: int = 3  #: flat team size (1..9)
+    max_hires: int = 8  #: most specialists a CEO employs at once (0..8); more hires are refused in-episode
+    expert_team: int = 3  #: team size of the scripted collective whose rollouts are the SFT demos (ceo: CEO + hires)
+    seconds_per_token: float = 2.0  #: simulated seconds per generated token (every action also costs the env's own time)
+    t_max: TMaxConfig = field(default_factory=TMaxConfig)
+    latency_penalty: float = 0.0  #: beta of ``R = R_task - beta * mean_pass_rate(q) * T / T_max`` (0 = time limit only)
+    group_size: int = 4  #: G rollouts per task instance (same seed): the group baseline (>= 2)
+    instances: int = 4  #: task instances (train seeds) per update
+    normalize_std: bool = False  #: divide each advantage by its group's return std
+    max_turns_per_agent: int = 120  #: actions an agent may take in one rollout (then it idles)
+    window: int = 3  #: inbox / channel / archive-search messages shown in a prompt
+    tick: float = 0.0  #: > 0: agents decide only at multiples of this many simulated seconds (an agent done
+    #: between ticks waits), so more of them go to the model together; 0 = exact event times
+    solo_eval: bool = True  #: also evaluate a solo agent (team of 1) with the same policy and T_max
+    teams: list = field(default_factory=lambda: [1, 2, 3, 4, 6])  #: ``swarm experiment rlcr_teams``: flat team sizes
+    #: trained and compared (6 stands for the seed's "5-8" bucket)
+    eval_runs: Optional[int] = 1  #: sampled runs per held-out seed under algo=rlcr (None = eval.runs); 1 keeps the
+    #: default run (collective and solo, after SFT and after RL, on all 32 held-out seeds) within its time budget
 
 
 @dataclass
@@ -226,6 +257,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)  #: ``swarm serve`` / ``swarm eval serve.url=...``
+    rlcr: RLCRConfig = field(default_factory=RLCRConfig)  #: ``algo=rlcr`` settings
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: Optional[str] = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint
@@ -412,3 +444,56 @@ def validate(cfg: DictConfig, registry) -> None:
     from swarm_runtime.validation import validate as _validate
 
     _validate(cfg, registry)
+    validate_rlcr(cfg, registry)
+
+
+#: Range checks of ``rlcr.*``: key -> (lowest, highest) allowed (None = no bound).
+RLCR_RANGES = {"agents": (1, 9), "eval_runs": (1, None), "max_hires": (0, 8), "expert_team": (1, 9), "group_size": (2, None),
+               "instances": (1, None), "max_turns_per_agent": (1, None), "window": (0, None), "tick": (0.0, None),
+               "latency_penalty": (0.0, None)}
+
+
+def validate_rlcr(cfg: DictConfig, registry=None) -> None:
+    """Check ``rlcr.*`` (each error names the key, the bad value and the valid range); under
+    ``algo.name=rlcr`` also that the domain's concurrent env has an anytime return (``progress()``)."""
+    r = cfg.get("rlcr")
+    if r is None:
+        return
+    from swarm_runtime.rlcr.org import ORGS  # plain Python, no torch
+
+    if r.org not in ORGS:
+        raise ConfigError(f"unknown rlcr.org {r.org!r}; valid: {', '.join(ORGS)}")
+    for key, (lo, hi) in RLCR_RANGES.items():
+        v = r[key]
+        if v is None:
+            continue
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise ConfigError(f"rlcr.{key} must be {rng}, got {v}")
+    if not r.teams or any(not (1 <= int(k) <= 9) for k in r.teams):
+        raise ConfigError(f"rlcr.teams must be team sizes in [1, 9], got {list(r.teams)}")
+    if not float(r.seconds_per_token) > 0:
+        raise ConfigError(f"rlcr.seconds_per_token must be > 0, got {r.seconds_per_token}")
+    t = r.t_max
+    if not float(t.start) > 0:
+        raise ConfigError(f"rlcr.t_max.start must be > 0 simulated seconds, got {t.start}")
+    if float(t.end) < float(t.start):
+        raise ConfigError(f"rlcr.t_max.end must be >= rlcr.t_max.start ({t.start}), got {t.end}")
+    if int(t.steps) < 1:
+        raise ConfigError(f"rlcr.t_max.steps must be >= 1, got {t.steps}")
+    if cfg.algo.name != "rlcr" or registry is None or cfg.domain not in registry.domains:
+        return
+    if cfg.model.constrained_actions:
+        raise ConfigError("algo=rlcr: model.constrained_actions=true would forbid the messages (free text); "
+                          "set model.constrained_actions=false")
+    from swarm_runtime.env import has_progress
+
+    domain = registry.domains[cfg.domain]
+    try:
+        env = domain.concurrent_env(cfg.task)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"algo=rlcr: {cfg.domain} task {cfg.task_name}: {exc}") from exc
+    if not has_progress(env):
+        raise ConfigError(f"algo=rlcr needs an anytime return, but domain {cfg.domain!r} has no DomainEnv.progress() "
+                          f"(its concurrent env is {type(env).__name__}); docs/rlcr.md lists the domains that have one and "
+                          "how a domain opts in")

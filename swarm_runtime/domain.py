@@ -77,6 +77,13 @@ class Domain(ABC):
     def make_env(self, task: DictConfig) -> DomainEnv:
         """A fresh env for ``task`` (the merged task config)."""
 
+    def concurrent_env(self, task: DictConfig) -> DomainEnv:
+        """The env of a concurrent episode (``algo=rlcr``: agents act at once on one shared world,
+        against a simulated clock). Default: :meth:`make_env`. A domain whose turn-based env cannot
+        take concurrent actions returns its parallel form here; either must implement
+        ``DomainEnv.progress()`` (docs/rlcr.md)."""
+        return self.make_env(task)
+
     @abstractmethod
     def vocabulary(self, task: DictConfig) -> list[str]:
         """Every word the prompts and actions of ``task`` use. The core builds the

@@ -82,6 +82,29 @@ class DomainEnv(ABC):
         """Episode-level metrics so far (e.g. ``success``, ``spl``); reported at episode end."""
         return {}
 
+    # ---- concurrent episodes (``algo=rlcr``, docs/rlcr.md); optional ---------------------
+    def progress(self) -> float:
+        """Anytime return: the episode's return so far, valid at any moment (milestones paid, tests
+        passed ...). A domain opts into ``algo=rlcr`` by overriding it; a rollout stopped at
+        ``T_max`` scores this value. The default raises (no anytime return)."""
+        raise NotImplementedError(f"{type(self).__name__} has no progress() (anytime return)")
+
+    def action_seconds(self, action: str, role: str | None = None) -> float:
+        """Simulated seconds the env itself needs for ``action`` (walking, mining, a test run), added
+        to the generation time ``tokens * rlcr.seconds_per_token`` under ``algo=rlcr``; default 0."""
+        return 0.0
+
+    def concurrent_expert(self, agent: str, busy: dict[str, str]) -> str | None:
+        """The scripted expert of a concurrent episode: what ``agent`` does now while the other
+        agents carry out ``busy`` (agent -> action text in flight); ``None`` = fall back to
+        :meth:`expert_action`. Used for the RLCR cold start (SFT)."""
+        return None
+
+
+def has_progress(env: DomainEnv) -> bool:
+    """Whether ``env`` (unwrapped) implements :meth:`DomainEnv.progress`."""
+    return type(env).progress is not DomainEnv.progress
+
 
 class EnvContractError(RuntimeError):
     """A domain env broke the :class:`DomainEnv` contract."""

@@ -41,6 +41,16 @@ class MinecraftDomain(Domain):
 
         return CraftWorld(spec)
 
+    def concurrent_env(self, task: DictConfig) -> DomainEnv:
+        """``algo=rlcr``: the parallel form (shared area and storage, timed instructions,
+        anytime return = milestone reward so far; :mod:`domains.minecraft.parallel`)."""
+        spec = TaskSpec.from_config(task)
+        if spec.sim != "embedded":
+            raise ValueError(f"minecraft task: algo=rlcr runs the embedded world only (sim=embedded), got sim {spec.sim!r}")
+        from domains.minecraft.parallel import SharedCraftWorld
+
+        return SharedCraftWorld(spec)
+
     def action_choices(self, task: DictConfig, role: str | None) -> list[str]:
         """The instruction set: any role may issue any instruction (a wrong one fails in the world)."""
         return list(INSTRUCTIONS)
