@@ -25,6 +25,21 @@ class ConfigError(ValueError):
     """A bad config value; the CLI prints it and exits with code 2."""
 
 
+#: Default LoRA target modules: every projection of a Qwen/Llama-style block (attention and MLP).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoRAConfig:
+    """One PEFT LoRA adapter per role on a shared base (``model.adapter=lora``; DESIGN 6.1)."""
+
+    rank: int = 8  #: LoRA rank r (> 0)
+    alpha: float = 16.0  #: LoRA scaling numerator (the update is scaled by alpha / rank)
+    dropout: float = 0.0  #: dropout on the LoRA input (0: sampling and scoring see the same function)
+    target_modules: list = field(default_factory=lambda: list(LORA_TARGETS))  #: names of the base's linear
+    #: layers that get an adapter (each must exist in the model; the default suits Qwen2/3 and Llama blocks)
+
+
 @dataclass
 class ModelConfig:
     backend: str = "transformers"  #: policy backend (see ``swarm plugins``)
@@ -46,6 +61,13 @@ class ModelConfig:
     max_prompt_tokens: int = 256  #: prompts are cut from the left beyond this
     dtype: str = "float32"  #: weights dtype when loading a checkpoint
     device: str = "cpu"  #: torch device
+    adapter: str = "none"  #: ``none``: one full model per role (the default); ``lora``: one shared base in memory
+    #: and one PEFT LoRA adapter per role, each trained alone with its own optimizer (``model.lora.*``). With
+    #: ``model=local`` the hardware profile's ``local_adapter`` is the default
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  #: the adapters of ``model.adapter=lora``
+    arch: Optional[dict] = None  #: Hugging Face config values (hidden_size, num_hidden_layers, vocab_size, ...)
+    #: the memory plan uses when no checkpoint is on disk yet (recipes); None = ``model.path``'s config.json or
+    #: the built model's fields
 
 
 @dataclass
@@ -126,6 +148,16 @@ class HardwareConfig:
     name: str = "cpu"  #: preset name
     device: str = "cpu"  #: torch device
     threads: int = 0  #: torch CPU threads (0 = all cores)
+    memory_gb: Optional[float] = None  #: device memory the memory plan must fit (None = not checked: the CPU)
+    dtype: Optional[str] = None  #: weights dtype of a loaded checkpoint (None = ``model.dtype``)
+    attention: Optional[str] = None  #: attention implementation of a loaded checkpoint (``sdpa``,
+    #: ``flash_attention_2`` where flash-attn is installed, ``eager``; None = transformers' default)
+    tf32: bool = False  #: allow TF32 matmuls on CUDA (Ampere and later)
+    gradient_checkpointing: bool = False  #: recompute activations in the backward pass (less memory, ~1/3 more
+    #: compute in updates); applied to loaded checkpoints
+    micro_batch: Optional[int] = None  #: rows per forward/backward chunk in updates (caps ``algo.minibatch``;
+    #: None = ``algo.minibatch``)
+    local_adapter: str = "none"  #: ``model.adapter`` default for ``model=local`` on this machine
 
 
 @dataclass
@@ -274,6 +306,8 @@ def resolve(args: list[str], registry) -> DictConfig:
             _set(cfg, key, value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n..."))
     for key, value in dotted:
         override(cfg, key, value)
+    if cfg.model.name == "local" and not any(k == "model.adapter" for k, _ in dotted):
+        cfg.model.adapter = cfg.hardware.local_adapter  # the machine's default for real checkpoints
     validate(cfg, registry)
     return cfg
 
@@ -344,7 +378,50 @@ def validate(cfg: DictConfig, registry) -> None:
             raise ConfigError(f"eval.{key} must be >= 1{' or null (= all held-out seeds)' if key == 'episodes' else ''}, got {value}")
     if int(cfg.algo.bid_steps) < 0:
         raise ConfigError(f"algo.bid_steps must be >= 0, got {cfg.algo.bid_steps}")
+    validate_adapter(cfg)
     for key in ("epochs", "action_epochs"):
         value = cfg.algo.sft[key]
         if value is not None and int(value) < 1:
             raise ConfigError(f"algo.sft.{key} must be >= 1{' or null (= algo.sft.epochs)' if key == 'action_epochs' else ''}, got {value}")
+
+
+#: ``model.adapter`` values.
+ADAPTERS = ("none", "lora")
+#: Weight dtypes a checkpoint can be loaded in.
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def validate_adapter(cfg: DictConfig) -> None:
+    """Check ``model.adapter``, ``model.lora.*`` and the hardware fields the memory plan and the
+    adapters use (issue 19). A ``target_modules`` name the model lacks is refused when the base is
+    built (:func:`swarm_runtime.policy.adapters.check_targets`), before any training."""
+    m, hw = cfg.model, cfg.hardware
+    if m.adapter not in ADAPTERS:
+        raise ConfigError(f"unknown model.adapter {m.adapter!r}; valid: {', '.join(ADAPTERS)}")
+    if hw.local_adapter not in ADAPTERS:
+        raise ConfigError(f"unknown hardware.local_adapter {hw.local_adapter!r}; valid: {', '.join(ADAPTERS)}")
+    if m.adapter == "none":
+        default = OmegaConf.structured(LoRAConfig)
+        changed = [f"model.lora.{k}={m.lora[k]}" for k in default if m.lora[k] != default[k]]
+        if changed:
+            raise ConfigError(f"{changed[0]} has no effect with model.adapter=none (full copies); set model.adapter=lora "
+                              f"or drop the model.lora.* options")
+    elif m.backend != "transformers":
+        raise ConfigError(f"model.adapter={m.adapter} needs model.backend=transformers (PEFT), got {m.backend!r}")
+    if int(m.lora.rank) <= 0:
+        raise ConfigError(f"model.lora.rank must be > 0, got {m.lora.rank}")
+    if not float(m.lora.alpha) > 0:
+        raise ConfigError(f"model.lora.alpha must be > 0, got {m.lora.alpha}")
+    if not 0.0 <= float(m.lora.dropout) < 1.0:
+        raise ConfigError(f"model.lora.dropout must be in [0, 1), got {m.lora.dropout}")
+    targets = m.lora.target_modules
+    if not targets or not all(isinstance(t, str) and t for t in targets):
+        raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names (e.g. {LORA_TARGETS}), "
+                          f"got {targets}")
+    if hw.micro_batch is not None and int(hw.micro_batch) < 1:
+        raise ConfigError(f"hardware.micro_batch must be >= 1 or null, got {hw.micro_batch}")
+    if hw.memory_gb is not None and not float(hw.memory_gb) > 0:
+        raise ConfigError(f"hardware.memory_gb must be > 0 or null, got {hw.memory_gb}")
+    for key, value in (("hardware.dtype", hw.dtype), ("model.dtype", m.dtype)):
+        if value is not None and value not in DTYPES:
+            raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(DTYPES)}")
