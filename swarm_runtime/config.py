@@ -61,7 +61,7 @@ class ModelConfig:
     max_prompt_tokens: int = 256  #: prompts are cut from the left beyond this
     dtype: str = "float32"  #: weights dtype when loading a checkpoint
     device: str = "cpu"  #: torch device
-    adapter: str = "none"  #: ``none``: one full model per role (the default); ``lora``: one shared base in memory
+    adapter: Optional[str] = "none"  #: ``none`` (or null): one full model per role (the default); ``lora``: one shared base in memory
     #: and one PEFT LoRA adapter per role, each trained alone with its own optimizer (``model.lora.*``). With
     #: ``model=local`` the hardware profile's ``local_adapter`` is the default
     lora: LoRAConfig = field(default_factory=LoRAConfig)  #: the adapters of ``model.adapter=lora``
@@ -157,7 +157,7 @@ class HardwareConfig:
     #: compute in updates); applied to loaded checkpoints
     micro_batch: Optional[int] = None  #: rows per forward/backward chunk in updates (caps ``algo.minibatch``;
     #: None = ``algo.minibatch``)
-    local_adapter: str = "none"  #: ``model.adapter`` default for ``model=local`` on this machine
+    local_adapter: Optional[str] = "none"  #: ``model.adapter`` default for ``model=local`` on this machine
 
 
 @dataclass
@@ -396,18 +396,19 @@ def validate_adapter(cfg: DictConfig) -> None:
     adapters use (issue 19). A ``target_modules`` name the model lacks is refused when the base is
     built (:func:`swarm_runtime.policy.adapters.check_targets`), before any training."""
     m, hw = cfg.model, cfg.hardware
-    if m.adapter not in ADAPTERS:
+    adapter = m.adapter or "none"  # the command line's ``none`` arrives as null
+    if adapter not in ADAPTERS:
         raise ConfigError(f"unknown model.adapter {m.adapter!r}; valid: {', '.join(ADAPTERS)}")
-    if hw.local_adapter not in ADAPTERS:
+    if (hw.local_adapter or "none") not in ADAPTERS:
         raise ConfigError(f"unknown hardware.local_adapter {hw.local_adapter!r}; valid: {', '.join(ADAPTERS)}")
-    if m.adapter == "none":
+    if adapter == "none":
         default = OmegaConf.structured(LoRAConfig)
         changed = [f"model.lora.{k}={m.lora[k]}" for k in default if m.lora[k] != default[k]]
         if changed:
             raise ConfigError(f"{changed[0]} has no effect with model.adapter=none (full copies); set model.adapter=lora "
                               f"or drop the model.lora.* options")
     elif m.backend != "transformers":
-        raise ConfigError(f"model.adapter={m.adapter} needs model.backend=transformers (PEFT), got {m.backend!r}")
+        raise ConfigError(f"model.adapter={adapter} needs model.backend=transformers (PEFT), got {m.backend!r}")
     if int(m.lora.rank) <= 0:
         raise ConfigError(f"model.lora.rank must be > 0, got {m.lora.rank}")
     if not float(m.lora.alpha) > 0:

@@ -50,6 +50,7 @@ class Arch:
     num_kv_heads: int
     head_dim: int
     tie_word_embeddings: bool = True
+    qkv_bias: bool = False  #: biases on q/k/v (Qwen2 has them; Qwen3 and Llama do not)
 
     @classmethod
     def from_hf(cls, d: dict) -> "Arch":
@@ -57,7 +58,8 @@ class Arch:
         hidden = int(d["hidden_size"])
         return cls(int(d["vocab_size"]), hidden, int(d.get("intermediate_size", 4 * hidden)),
                    int(d["num_hidden_layers"]), heads, int(d.get("num_key_value_heads") or heads),
-                   int(d.get("head_dim") or hidden // heads), bool(d.get("tie_word_embeddings", False)))
+                   int(d.get("head_dim") or hidden // heads), bool(d.get("tie_word_embeddings", False)),
+                   bool(d.get("attention_bias", d.get("model_type") == "qwen2")))
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each projection of one block."""
@@ -67,7 +69,10 @@ class Arch:
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
     def n_params(self) -> int:
-        block = sum(a * b for a, b in self.linear_shapes().values()) + 2 * self.hidden_size
+        shapes = self.linear_shapes()
+        block = sum(a * b for a, b in shapes.values()) + 2 * self.hidden_size
+        if self.qkv_bias:
+            block += sum(shapes[k][1] for k in ("q_proj", "k_proj", "v_proj"))
         emb = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * block + emb + self.hidden_size
 
@@ -116,7 +121,7 @@ def arch_of(cfg: DictConfig, vocab: int | None = None) -> tuple[Arch, str]:
                           "give model.path=<a Hugging Face folder> or model.arch={hidden_size: ..., ...}")
     heads = int(m.num_heads)
     return Arch(int(vocab or 1024), int(m.hidden_size), int(m.intermediate_size), int(m.num_layers), heads,
-                int(m.num_kv_heads), int(m.hidden_size) // heads, True), "model.* (built from the config)"
+                int(m.num_kv_heads), int(m.hidden_size) // heads, True, True), "model.* (built from the config)"
 
 
 def make_plan(cfg: DictConfig, n_roles: int, n_agents: int, vocab: int | None = None) -> MemoryPlan:

@@ -50,6 +50,10 @@ class RunContext:
     def make_policy(self, seed: int, init_path: str | Path | None = None):
         factory = self.registry.get("policy_backends", self.cfg.model.backend)
         model_cfg = OmegaConf.merge(self.cfg.model, {"device": self.cfg.hardware.device})
+        hw = self.cfg.hardware
+        if hw.get("dtype") or hw.get("attention"):  # a GPU profile: its dtype and attention for loaded checkpoints
+            model_cfg = OmegaConf.merge(OmegaConf.to_container(model_cfg),
+                                        {"dtype": hw.get("dtype") or model_cfg.dtype, "attention": hw.get("attention")})
         words = self.domain.all_words(self.task)
         return factory(model_cfg, words, [float(b) for b in self.cfg.algo.bid_levels], seed,
                        flops=self.flops, init_path=str(init_path) if init_path else None)
@@ -79,6 +83,9 @@ class RunContext:
     def build_swarm(self, init_dir: Path | None = None, replicas: int = 1) -> tuple[list[Agent], dict]:
         """One model per role (``replicas`` agents share it); weights from ``init_dir/<role>`` if given."""
         policies, agents = {}, []
+        hw = self.cfg.hardware
+        if str(hw.device).startswith("cuda") and hw.get("tf32") and torch.cuda.is_available():
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         seeds = [int(self.cfg.seed) * 100 + i for i in range(len(self.domain.roles))]
         lora = self.cfg.model.get("adapter", "none") == "lora"
         if lora or self.cfg.hardware.get("memory_gb") is not None:  # the memory plan, before anything loads

@@ -363,7 +363,8 @@ def make_transformers_policy(model_cfg, words: list[str], bid_levels: Sequence[f
     """Factory registered as the ``transformers`` backend."""
     path = init_path or model_cfg.get("path")
     if path:
-        model, tok = load_pretrained(path, bid_levels, str(model_cfg.get("dtype", "float32")))
+        model, tok = load_pretrained(path, bid_levels, str(model_cfg.get("dtype", "float32")),
+                                     attention=model_cfg.get("attention"))
     else:
         tok = build_tokenizer(words, bid_levels)
         model = build_tiny_model(len(tok), model_cfg, seed)
