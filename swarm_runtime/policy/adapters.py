@@ -397,7 +397,9 @@ def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: S
     else:
         tok = build_tokenizer(words, bid_levels)
         model = build_tiny_model(len(tok), model_cfg, int(seeds[0]))
-    if source is not None and hardware_cfg.get("gradient_checkpointing"):
+        if hardware_cfg.get("dtype"):  # a GPU profile: the built base in its dtype (bf16)
+            model = model.to(getattr(torch, str(hardware_cfg.dtype)))
+    if hardware_cfg.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     check_targets(model, list(model_cfg.lora.target_modules))
