@@ -4,6 +4,8 @@ from a config (random weights, a synthetic 30k-word vocabulary; no download).
 ``memory``: peak resident memory of a fresh process per setting (``ru_maxrss``):
 
 - ``base``: the base model alone, scoring one batch of bid prompts and generating actions;
+- ``lora 1``: the base with one adapter, the same rollout and one training step of the adapter (one
+  agent: what the activations of a training step cost any single model);
 - ``full N``: N full copies (one per agent), the same rollout batch, then one training step per agent
   (its own AdamW: weights + gradients + two moments), or rollout only (``--no-train``);
 - ``lora N``: one base with N distinct LoRA adapters (one per agent: the worst case, replicas would
@@ -141,7 +143,7 @@ def run_child(argv: list[str]) -> dict:
 
 def memory(args) -> None:
     common = ["--threads", str(args.threads), "--rank", str(args.rank), "--envs", str(args.envs)]
-    settings = [("base", 1, False), ("full", 1, True), ("full", 3, True)]
+    settings = [("base", 1, False), ("lora", 1, True), ("full", 1, True), ("full", 3, True)]
     settings += [("full", n, False) for n in args.agents]
     settings += [("lora", n, True) for n in args.agents]
     res = {}
@@ -157,7 +159,9 @@ def memory(args) -> None:
     lora = res[("lora", hi, True)]
     print(f"\nbase: {lora['base_params'] / 1e6:.1f}M parameters; one adapter (rank {args.rank}): "
           f"{lora['adapter_params'] / 1e6:.2f}M ({lora['adapter_params'] / lora['base_params']:.2%} of the base)")
-    print(f"{hi} adapter agents (trained one step each) / the base alone: {lora['peak_rss'] / base:.3f}x (target <= 1.15)")
+    one = res[("lora", 1, True)]["peak_rss"]
+    print(f"{hi} adapter agents (rollout + one step each) / the base alone (rollout only): {lora['peak_rss'] / base:.3f}x; "
+          f"/ one adapter agent doing the same rollout and step: {lora['peak_rss'] / one:.3f}x (target <= 1.15)")
     print(f"per extra agent: full copy {full_per_agent / MiB:.0f} MiB, adapter {lora_per_agent / MiB:.1f} MiB = "
           f"{lora_per_agent / full_per_agent:.2%} of a full copy (target < 5%)")
     for n in args.agents:

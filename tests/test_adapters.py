@@ -245,3 +245,27 @@ def test_an_adapter_checkpoint_on_another_base_is_refused(lora_run, tmp_path, ca
     rc, line = _main(capsys, "eval", str(run), f"model.path={local}")
     assert rc == 2 and "another base" in line, line
     assert (run / "eval.json").exists() or (run / "config.yaml").exists()  # nothing written is lost
+
+
+def test_the_gpu_script_exits_cleanly_without_cuda():
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: test_gpu_adapters_script runs the script")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py")], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "no CUDA device" in res.stdout and "skipped" in res.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_adapters_script():
+    import subprocess
+    import sys
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py"), "--agents", "3", "--envs", "4",
+                          "--prompt", "128"], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "peak CUDA memory" in res.stdout and "memory plan's estimate" in res.stdout
