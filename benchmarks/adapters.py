@@ -19,7 +19,7 @@ action generation (one row per env), for N agents with distinct adapters: one mi
 (``MixedBatch``) against one call per agent, best of ``--repeats``; target >= 2x at 12 agents.
 
     python benchmarks/adapters.py memory [--agents 3 12] [--threads 1]
-    python benchmarks/adapters.py batching [--agents 3 12] [--envs 4] [--threads 1]
+    python benchmarks/adapters.py batching [--agents 3 12] [--envs 4] [--threads 1] [--size 100m|tiny]
 """
 from __future__ import annotations
 
@@ -35,6 +35,15 @@ MiB = 1024 * 1024
 #: ~100M parameters: 30k vocabulary x 768 (tied) + 12 blocks of ~6.3M.
 ARCH = dict(hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12, num_kv_heads=4, max_positions=512)
 WORDS = 30_000
+#: ``--size tiny``: the CPU default model (model=tiny) with a domain-sized vocabulary.
+TINY = dict(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, max_positions=512)
+TINY_WORDS = 300
+
+
+def use_size(size: str) -> None:
+    global ARCH, WORDS
+    if size == "tiny":
+        ARCH, WORDS = TINY, TINY_WORDS
 
 
 def peak_rss() -> int:
@@ -175,6 +184,8 @@ def batching(args) -> None:
     from swarm_runtime.policy.adapters import MixedBatch
 
     torch.set_num_threads(args.threads)
+    print(f"model: {ARCH}, {WORDS} words; LoRA rank {args.rank}; {args.envs} envs; torch threads {args.threads}; "
+          f"best of {args.repeats}")
     for n in args.agents:
         policies, _ = build("lora", n, args.rank)
         bid_rows = [p for p in policies for _ in range(args.envs)]
@@ -218,6 +229,7 @@ def main() -> None:
     ap.add_argument("--envs", type=int, default=4, help="envs per turn (bid rows per agent; action rows)")
     ap.add_argument("--rank", type=int, default=8, help="LoRA rank (model.lora.rank default)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--size", choices=["100m", "tiny"], default="100m", help="the ~100M model, or model=tiny")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--mode", choices=["base", "full", "lora"], help=argparse.SUPPRESS)
     ap.add_argument("--child", type=int, default=1, help=argparse.SUPPRESS)
@@ -226,6 +238,7 @@ def main() -> None:
     from loguru import logger
 
     logger.remove()
+    use_size(args.size)
     if args.what == "_child":
         print(json.dumps(measure_memory(args)))
     elif args.what == "memory":

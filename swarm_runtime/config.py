@@ -387,6 +387,8 @@ def validate(cfg: DictConfig, registry) -> None:
 
 #: ``model.adapter`` values.
 ADAPTERS = ("none", "lora")
+#: Attention implementations of a loaded checkpoint (``hardware.attention``).
+ATTENTION = ("sdpa", "flash_attention_2", "eager")
 #: Weight dtypes a checkpoint can be loaded in.
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -423,6 +425,14 @@ def validate_adapter(cfg: DictConfig) -> None:
         raise ConfigError(f"hardware.micro_batch must be >= 1 or null, got {hw.micro_batch}")
     if hw.memory_gb is not None and not float(hw.memory_gb) > 0:
         raise ConfigError(f"hardware.memory_gb must be > 0 or null, got {hw.memory_gb}")
+    if hw.attention is not None and hw.attention not in ATTENTION:
+        raise ConfigError(f"unknown hardware.attention {hw.attention!r}; valid: {', '.join(ATTENTION)} (or null)")
+    if hw.attention == "flash_attention_2":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("hardware.attention=flash_attention_2 needs the flash-attn package (pip install flash-attn "
+                              "--no-build-isolation); or set hardware.attention=sdpa")
     for key, value in (("hardware.dtype", hw.dtype), ("model.dtype", m.dtype)):
         if value is not None and value not in DTYPES:
             raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(DTYPES)}")

@@ -82,7 +82,7 @@ def test_save_and_load_round_trip_through_peft_and_build_swarm(registry, tmp_pat
         torch.testing.assert_close(p.logprobs([PROMPTS[r]], [resp]), want[r], atol=1e-6, rtol=1e-6)
 
 
-def test_mixed_adapter_batch_matches_per_agent_calls(registry):
+def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
     from swarm_runtime.policy.adapters import MixedBatch
 
     _, _, policies = _swarm(registry)
@@ -100,6 +100,12 @@ def test_mixed_adapter_batch_matches_per_agent_calls(registry):
         per_probs = torch.cat([p.bid_distribution([q]) for p, q in zip(rows, prompts)])
     torch.testing.assert_close(mixed, per, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(probs, per_probs, atol=1e-6, rtol=1e-5)
+    import swarm_runtime.policy.adapters as adapters  # our stacked routing against PEFT's own adapter_names=
+
+    monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")
+    with torch.no_grad(), lead.routed([p.adapter for p in rows]):
+        torch.testing.assert_close(lead.logprobs(prompts, resp), mixed, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(adapters, "MIXED_IMPL", "stacked")
     assert not torch.allclose(per[1], per[2])  # the rows really went through different adapters
     for p in rows:
         p.temperature = 0.0
@@ -183,6 +189,7 @@ def _main(capsys, *argv) -> tuple[int, str]:
     (("model.adapter=lora", "model.lora.target_modules=[q_proj,qkv_proj]"), "'qkv_proj', which the base model lacks"),
     (("hardware=h200",), "use hardware=cpu"),
     (("recipe=configs/nope.yaml",), "recipes here"),
+    (("hardware.attention=flash",), "valid: sdpa, flash_attention_2, eager"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(capsys, tmp_path, args, needle):
     if args == ("hardware=h200",) and torch.cuda.is_available():
