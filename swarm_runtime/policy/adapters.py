@@ -281,13 +281,13 @@ class StackedLoRA:
         return cls(layers, index)
 
     def __enter__(self):
+        idx = self.index
         for m, A, B, scale in self.layers:
-            a, b, s = A[self.index], B[self.index], scale[self.index]
-
-            def forward(x, *args, _m=m, _a=a, _b=b, _s=s, **kwargs):
+            def forward(x, *args, _m=m, _A=A, _B=B, _s=scale, **kwargs):
                 out = _m.base_layer(x, *args, **kwargs)
-                h = torch.bmm(x.to(_a.dtype), _a.transpose(1, 2))
-                d = torch.bmm(h, _b.transpose(1, 2)) * _s[:, None, None]
+                # gathered here, layer by layer: the per-row stacks live only during this layer's call
+                h = torch.bmm(x.to(_A.dtype), _A[idx].transpose(1, 2))
+                d = torch.bmm(h, _B[idx].transpose(1, 2)) * _s[idx][:, None, None]
                 return out + d.to(out.dtype)
             m.forward = forward
         return self
