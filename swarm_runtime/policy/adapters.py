@@ -48,6 +48,10 @@ ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_atten
 
 
 def _peft():
+    import warnings
+
+    # PEFT asks transformers 5 for a deprecated attribute on every wrap; nothing for the user to act on.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     try:
         import peft
     except ImportError as exc:  # pragma: no cover - peft is a core dependency
