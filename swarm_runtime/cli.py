@@ -4,7 +4,9 @@
     swarm eval RUN_DIR [checkpoint=TAG] [eval.runs=3 ...] [serve.url=http://HOST:PORT]
     swarm serve RUN_DIR [checkpoint=TAG] [serve.replicas=K] [serve.port=P ...]
     swarm experiment NAME [key=value ...] | swarm experiment --list
-    swarm domains | swarm plugins | swarm config [key=value ...]
+    swarm domains | swarm plugins | swarm config [key=value ...] [--plan]
+    swarm export RUN_DIR [checkpoint=TAG] [merged=true]
+    recipe=configs/NAME.yaml (any of run, config, experiment): a recipe's settings, the command line winning
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ def _resume_picks(overrides: list[str]) -> list[str]:
 def cmd_run(args) -> int:
     from swarm_runtime.validation import precheck
 
+    args.overrides = expand_recipe(args.overrides)
     precheck(_resume_picks(args.overrides))  # before the plugins (torch) load: a bad value fails fast
     from swarm_runtime.config import resolve
     from swarm_runtime.run import prepare_run
@@ -71,9 +74,97 @@ def cmd_config(args) -> int:
     from swarm_runtime.secrets import redacted
     from swarm_runtime.validation import precheck
 
+    args.overrides = expand_recipe(args.overrides)
     precheck(args.overrides)
     _, reg = _registry()
-    print(OmegaConf.to_yaml(redacted(resolve(args.overrides, reg))))
+    cfg = resolve(args.overrides, reg)
+    if getattr(args, "plan", False):
+        return print_plan(cfg, reg)
+    print(OmegaConf.to_yaml(redacted(cfg)))
+    return 0
+
+
+# ---------------------------------------------------------------- issue 19: recipes, memory plan, export
+def expand_recipe(overrides: list[str]) -> list[str]:
+    """``recipe=PATH`` -> the recipe's ``key: value`` lines as ``key=value`` arguments, placed before
+    the rest of the command line (which wins). A recipe is a flat YAML mapping of config groups
+    (``domain``, ``task``, ``model``, ``algo``, ``hardware``) and dotted keys (``configs/*.yaml``)."""
+    import yaml
+
+    out, recipes = [], [o for o in overrides if o.startswith("recipe=")]
+    if len(recipes) > 1:
+        raise ConfigError(f"give one recipe=, got {len(recipes)}")
+    for item in recipes:
+        path = Path(item.partition("=")[2])
+        if not path.is_file():
+            found = sorted(p.name for p in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
+            raise ConfigError(f"recipe {str(path)!r} is not a file; recipes here: {', '.join(found) or '(none in ./configs)'}")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"recipe {str(path)!r} must be a mapping of key: value")
+        for k, v in data.items():
+            if isinstance(v, (dict, list)):
+                v = yaml.safe_dump(v, default_flow_style=True).strip()
+            out.append(f"{k}={'null' if v is None else v}")
+    return out + [o for o in overrides if not o.startswith("recipe=")]
+
+
+def print_plan(cfg, reg) -> int:
+    """``swarm config ... --plan``: the memory plan alone; exit 2 when it does not fit."""
+    from swarm_runtime.memory_plan import make_plan
+
+    domain = reg.domains[cfg.domain]
+    roles = len(domain.roles)
+    vocab = None
+    if cfg.model.get("arch") is None and cfg.model.get("path") is None:  # the built model: its vocabulary
+        vocab = len(domain.all_words(cfg.task)) + 16
+    plan = make_plan(cfg, roles, roles, vocab)
+    print(plan.format())
+    if not plan.fits:
+        raise ConfigError(f"does not fit: ~{plan.total / 2 ** 30:.1f} GiB needed, {plan.budget / 2 ** 30:.1f} GiB on "
+                          f"hardware {cfg.hardware.name!r}; try {'; or '.join(plan.fixes)}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    """``swarm export RUN [checkpoint=TAG] [merged=true] [out=DIR]``: one Hugging Face folder per role."""
+    import shutil
+
+    from swarm_runtime.checkpoint import latest_checkpoint
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
+    cfg = load_saved(run_dir / "config.yaml")
+    opts = {"checkpoint": None, "merged": "true", "out": None}
+    for item in args.overrides:
+        k, _, v = item.partition("=")
+        if k not in opts:
+            raise ConfigError(f"unknown export option {k!r}; valid: {', '.join(opts)}")
+        opts[k] = v
+    if opts["merged"] not in ("true", "false"):
+        raise ConfigError(f"merged={opts['merged']!r} is not valid; valid: true, false")
+    tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
+    ckpt = run_dir / "checkpoints" / opts["checkpoint"] if opts["checkpoint"] else latest_checkpoint(run_dir)
+    if ckpt is None or not (ckpt / "state.json").exists():
+        raise ConfigError(f"checkpoint {opts['checkpoint'] or 'latest'!r} not found in {run_dir}; valid: "
+                          f"{', '.join(tags) or '(none)'}")
+    out = Path(opts["out"]) if opts["out"] else run_dir / "export" / ckpt.name
+    roles = sorted(p.name for p in (ckpt / "agents").iterdir() if p.is_dir())
+    if cfg.model.get("adapter", "none") == "lora":
+        from swarm_runtime.policy.adapters import export_adapters
+
+        written = export_adapters(ckpt / "agents", out, roles, [float(b) for b in cfg.algo.bid_levels],
+                                  merged=opts["merged"] == "true")
+    else:  # full copies are Hugging Face folders already
+        written = []
+        for role in roles:
+            dst = out / role
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(ckpt / "agents" / role, dst, ignore=shutil.ignore_patterns("training_state.pt"))
+            written.append(dst)
+    kind = "merged Hugging Face folders" if opts["merged"] == "true" or cfg.model.adapter != "lora" else "PEFT adapters"
+    print(f"exported {ckpt.name} of {run_dir} ({kind}):\n" + "\n".join(f"  {p}" for p in written))
     return 0
 
 
@@ -95,14 +186,7 @@ def eval_file_name(tag: str, overrides: list[str]) -> str:
 def cmd_eval(args) -> int:
     if any(o.startswith("serve.url=") for o in args.overrides):
         return cmd_eval_served(args)
-    from swarm_runtime.checkpoint import latest_checkpoint
-    from swarm_runtime.config import override, validate
-    from swarm_runtime.evaluate import evaluate
-    from swarm_runtime.outputs import format_table
-    from swarm_runtime.run import RunContext, check_hardware, check_task
-
     from swarm_runtime.runlock import RunLock
-    from swarm_runtime.secrets import redact_args
     from swarm_runtime.validation import precheck
 
     run_dir = Path(args.run_dir)
@@ -290,6 +374,7 @@ def cmd_experiment(args) -> int:
     from swarm_runtime.experiments.runner import run_experiment
     from swarm_runtime.validation import precheck
 
+    args.overrides = expand_recipe(args.overrides)
     precheck([o for o in args.overrides if "=" in o and o.partition("=")[0] not in ("run_dir", "resume")],
              resolve_with_domains=False)
 
@@ -337,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     c = sub.add_parser("config", help="print the resolved config without running")
     c.add_argument("overrides", nargs="*")
+    c.add_argument("--plan", action="store_true", help="print the memory plan (weights, adapters, optimizer "
+                   "states, activations, KV cache) against hardware.memory_gb instead")
     c.set_defaults(func=cmd_config)
     e = sub.add_parser("eval", help="evaluate a run's checkpoint on the held-out seeds")
     e.add_argument("run_dir", help="a run folder written by `swarm run`")
@@ -353,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "experiment.* keys; resume=true run_dir=DIR continues a killed experiment")
     x.add_argument("--list", action="store_true", help="list the registered experiments")
     x.set_defaults(func=cmd_experiment)
+    ex = sub.add_parser("export", help="write one Hugging Face folder per role of a run's checkpoint")
+    ex.add_argument("run_dir", help="a run folder written by `swarm run`")
+    ex.add_argument("overrides", nargs="*", help="checkpoint=TAG (default latest), merged=true|false (adapter runs: "
+                    "the base with each adapter folded in, or the PEFT adapters), out=DIR (default RUN/export/TAG)")
+    ex.set_defaults(func=cmd_export)
     sub.add_parser("domains", help="list domains, their roles and tasks").set_defaults(func=cmd_domains)
     sub.add_parser("plugins", help="list loaded plugins and what each registered").set_defaults(func=cmd_plugins)
     return p

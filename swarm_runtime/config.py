@@ -25,6 +25,21 @@ class ConfigError(ValueError):
     """A bad config value; the CLI prints it and exits with code 2."""
 
 
+#: Default LoRA target modules: every projection of a Qwen/Llama-style block (attention and MLP).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoRAConfig:
+    """One PEFT LoRA adapter per role on a shared base (``model.adapter=lora``; DESIGN 6.1)."""
+
+    rank: int = 8  #: LoRA rank r (> 0)
+    alpha: float = 16.0  #: LoRA scaling numerator (the update is scaled by alpha / rank)
+    dropout: float = 0.0  #: dropout on the LoRA input (0: sampling and scoring see the same function)
+    target_modules: list = field(default_factory=lambda: list(LORA_TARGETS))  #: names of the base's linear
+    #: layers that get an adapter (each must exist in the model; the default suits Qwen2/3 and Llama blocks)
+
+
 @dataclass
 class ModelConfig:
     backend: str = "transformers"  #: policy backend (see ``swarm plugins``)
@@ -46,6 +61,13 @@ class ModelConfig:
     max_prompt_tokens: int = 256  #: prompts are cut from the left beyond this
     dtype: str = "float32"  #: weights dtype when loading a checkpoint
     device: str = "cpu"  #: torch device
+    adapter: Optional[str] = "none"  #: ``none`` (or null): one full model per role (the default); ``lora``: one shared base in memory
+    #: and one PEFT LoRA adapter per role, each trained alone with its own optimizer (``model.lora.*``). With
+    #: ``model=local`` the hardware profile's ``local_adapter`` is the default
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  #: the adapters of ``model.adapter=lora``
+    arch: Optional[dict] = None  #: Hugging Face config values (hidden_size, num_hidden_layers, vocab_size, ...)
+    #: the memory plan uses when no checkpoint is on disk yet (recipes); None = ``model.path``'s config.json or
+    #: the built model's fields
 
 
 @dataclass
@@ -126,6 +148,16 @@ class HardwareConfig:
     name: str = "cpu"  #: preset name
     device: str = "cpu"  #: torch device
     threads: int = 0  #: torch CPU threads (0 = all cores)
+    memory_gb: Optional[float] = None  #: device memory the memory plan must fit (None = not checked: the CPU)
+    dtype: Optional[str] = None  #: weights dtype of a loaded checkpoint (None = ``model.dtype``)
+    attention: Optional[str] = None  #: attention implementation of a loaded checkpoint (``sdpa``,
+    #: ``flash_attention_2`` where flash-attn is installed, ``eager``; None = transformers' default)
+    tf32: bool = False  #: allow TF32 matmuls on CUDA (Ampere and later)
+    gradient_checkpointing: bool = False  #: recompute activations in the backward pass (less memory, ~1/3 more
+    #: compute in updates); applied to loaded checkpoints
+    micro_batch: Optional[int] = None  #: rows per forward/backward chunk in updates (caps ``algo.minibatch``;
+    #: None = ``algo.minibatch``)
+    local_adapter: Optional[str] = "none"  #: ``model.adapter`` default for ``model=local`` on this machine
 
 
 @dataclass
@@ -213,6 +245,9 @@ def validate_serve(cfg: DictConfig, roles: list[str]) -> None:
             raise ConfigError(f"serve.{key}={s[key]} must be >= 0")
     if s.url is not None and not str(s.url).startswith(("http://", "https://")):
         raise ConfigError(f"serve.url={s.url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000)")
+
+
+@dataclass
 class TMaxConfig:
     """``rlcr.t_max``: the wall-clock limit's schedule (seed: 2 h at the start, > 5 h by step 200)."""
 
@@ -410,6 +445,8 @@ def resolve(args: list[str], registry) -> DictConfig:
             _set(cfg, key, value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n..."))
     for key, value in dotted:
         override(cfg, key, value)
+    if cfg.model.name == "local" and not any(k == "model.adapter" for k, _ in dotted):
+        cfg.model.adapter = cfg.hardware.local_adapter  # the machine's default for real checkpoints
     validate(cfg, registry)
     return cfg
 
@@ -444,6 +481,7 @@ def validate(cfg: DictConfig, registry) -> None:
     from swarm_runtime.validation import validate as _validate
 
     _validate(cfg, registry)
+    validate_adapter(cfg)
     validate_rlcr(cfg, registry)
 
 
@@ -497,3 +535,56 @@ def validate_rlcr(cfg: DictConfig, registry=None) -> None:
         raise ConfigError(f"algo=rlcr needs an anytime return, but domain {cfg.domain!r} has no DomainEnv.progress() "
                           f"(its concurrent env is {type(env).__name__}); docs/rlcr.md lists the domains that have one and "
                           "how a domain opts in")
+
+
+#: ``model.adapter`` values.
+ADAPTERS = ("none", "lora")
+#: Attention implementations of a loaded checkpoint (``hardware.attention``).
+ATTENTION = ("sdpa", "flash_attention_2", "eager")
+#: Weight dtypes a checkpoint can be loaded in.
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def validate_adapter(cfg: DictConfig) -> None:
+    """Check ``model.adapter``, ``model.lora.*`` and the hardware fields the memory plan and the
+    adapters use (issue 19). A ``target_modules`` name the model lacks is refused when the base is
+    built (:func:`swarm_runtime.policy.adapters.check_targets`), before any training."""
+    m, hw = cfg.model, cfg.hardware
+    adapter = m.adapter or "none"  # the command line's ``none`` arrives as null
+    if adapter not in ADAPTERS:
+        raise ConfigError(f"unknown model.adapter {m.adapter!r}; valid: {', '.join(ADAPTERS)}")
+    if (hw.local_adapter or "none") not in ADAPTERS:
+        raise ConfigError(f"unknown hardware.local_adapter {hw.local_adapter!r}; valid: {', '.join(ADAPTERS)}")
+    if adapter == "none":
+        default = OmegaConf.structured(LoRAConfig)
+        changed = [f"model.lora.{k}={m.lora[k]}" for k in default if m.lora[k] != default[k]]
+        if changed:
+            raise ConfigError(f"{changed[0]} has no effect with model.adapter=none (full copies); set model.adapter=lora "
+                              f"or drop the model.lora.* options")
+    elif m.backend != "transformers":
+        raise ConfigError(f"model.adapter={adapter} needs model.backend=transformers (PEFT), got {m.backend!r}")
+    if int(m.lora.rank) <= 0:
+        raise ConfigError(f"model.lora.rank must be > 0, got {m.lora.rank}")
+    if not float(m.lora.alpha) > 0:
+        raise ConfigError(f"model.lora.alpha must be > 0, got {m.lora.alpha}")
+    if not 0.0 <= float(m.lora.dropout) < 1.0:
+        raise ConfigError(f"model.lora.dropout must be in [0, 1), got {m.lora.dropout}")
+    targets = m.lora.target_modules
+    if not targets or not all(isinstance(t, str) and t for t in targets):
+        raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names (e.g. {LORA_TARGETS}), "
+                          f"got {targets}")
+    if hw.micro_batch is not None and int(hw.micro_batch) < 1:
+        raise ConfigError(f"hardware.micro_batch must be >= 1 or null, got {hw.micro_batch}")
+    if hw.memory_gb is not None and not float(hw.memory_gb) > 0:
+        raise ConfigError(f"hardware.memory_gb must be > 0 or null, got {hw.memory_gb}")
+    if hw.attention is not None and hw.attention not in ATTENTION:
+        raise ConfigError(f"unknown hardware.attention {hw.attention!r}; valid: {', '.join(ATTENTION)} (or null)")
+    if hw.attention == "flash_attention_2":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("hardware.attention=flash_attention_2 needs the flash-attn package (pip install flash-attn "
+                              "--no-build-isolation); or set hardware.attention=sdpa")
+    for key, value in (("hardware.dtype", hw.dtype), ("model.dtype", m.dtype)):
+        if value is not None and value not in DTYPES:
+            raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(DTYPES)}")

@@ -159,11 +159,25 @@ def checked_bid(level, parsed: bool, levels) -> tuple[float, bool]:
 
 
 def _group(pairs):
-    """Group (key, policy) pairs by policy object identity, keeping order."""
-    groups: dict[int, tuple[Policy, list]] = {}
+    """Group (key, policy) pairs by policy object identity, keeping order. Policies sharing one base
+    (``model.adapter=lora``: ``policy.shared_base``) form one group, served by one mixed-adapter batch."""
+    groups: dict[int, tuple[list, list]] = {}
     for key, policy in pairs:
-        groups.setdefault(id(policy), (policy, []))[1].append(key)
-    return groups.values()
+        shared = getattr(policy, "shared_base", None)
+        g = groups.setdefault(id(policy) if shared is None else id(shared), ([], []))
+        g[0].append(key)
+        g[1].append(policy)
+    return [(_batch(policies), keys) for keys, policies in groups.values()]
+
+
+def _batch(policies: list):
+    """The policy serving a group's rows: the one policy, or a mixed batch over several adapters."""
+    first = policies[0]
+    if all(p is first for p in policies):
+        return first
+    from swarm_runtime.policy.adapters import MixedBatch
+
+    return MixedBatch(policies)
 
 
 def _sample(method, requests: list, prompts: list[str], kind: int) -> list:

@@ -55,6 +55,10 @@ class RunContext:
     def make_policy(self, seed: int, init_path: str | Path | None = None):
         factory = self.registry.get("policy_backends", self.cfg.model.backend)
         model_cfg = OmegaConf.merge(self.cfg.model, {"device": self.cfg.hardware.device})
+        hw = self.cfg.hardware
+        if hw.get("dtype") or hw.get("attention"):  # a GPU profile: its dtype and attention for loaded checkpoints
+            model_cfg = OmegaConf.merge(OmegaConf.to_container(model_cfg),
+                                        {"dtype": hw.get("dtype") or model_cfg.dtype, "attention": hw.get("attention")})
         words = self.domain.all_words(self.task)
         return factory(model_cfg, words, [float(b) for b in self.cfg.algo.bid_levels], seed,
                        flops=self.flops, init_path=str(init_path) if init_path else None)
@@ -84,9 +88,28 @@ class RunContext:
     def build_swarm(self, init_dir: Path | None = None, replicas: int = 1) -> tuple[list[Agent], dict]:
         """One model per role (``replicas`` agents share it); weights from ``init_dir/<role>`` if given."""
         policies, agents = {}, []
+        hw = self.cfg.hardware
+        if str(hw.device).startswith("cuda") and hw.get("tf32") and torch.cuda.is_available():
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        seeds = [int(self.cfg.seed) * 100 + i for i in range(len(self.domain.roles))]
+        lora = self.cfg.model.get("adapter", "none") == "lora"
+        if lora or self.cfg.hardware.get("memory_gb") is not None:  # the memory plan, before anything loads
+            from swarm_runtime.memory_plan import check_plan
+
+            check_plan(self.cfg, len(self.domain.roles) * replicas, vocab=len(self.domain.all_words(self.task)) + 16,
+                       n_roles=len(self.domain.roles))
+        if lora:  # one base, one PEFT adapter per role (DESIGN 6.1)
+            from swarm_runtime.policy.adapters import build_adapter_swarm
+
+            words = self.domain.all_words(self.task)
+            model_cfg = OmegaConf.merge(self.cfg.model, {"device": self.cfg.hardware.device})
+            policies = build_adapter_swarm(model_cfg, self.cfg.hardware, words,
+                                           [float(b) for b in self.cfg.algo.bid_levels],
+                                           [r.name for r in self.domain.roles], seeds, self.flops, init_dir)
         for i, role in enumerate(self.domain.roles):
             path = init_dir / role.name if init_dir is not None else None
-            policies[role.name] = self.make_policy(int(self.cfg.seed) * 100 + i, path)
+            if role.name not in policies:
+                policies[role.name] = self.make_policy(seeds[i], path)
             for k in range(replicas):
                 name = role.name if replicas == 1 else f"{role.name}#{k + 1}"
                 agents.append(Agent(name, role.name, policies[role.name]))

@@ -1,5 +1,5 @@
-"""Secrets in configs (API keys, tokens): a key whose last name part is ``api_key``, ``token`` or
-``secret`` (``task.llm_judge.api_key``, ``serve.hf_token`` ...) holds a secret. Give such a value
+"""Secrets in configs (API keys, tokens): a key whose last name part is ``api_key``, ``secret``,
+``password`` or ``token`` (alone or as ``hf_token``, ``api_token``, ``access_token`` ...) (``task.llm_judge.api_key``, ``serve.hf_token`` ...) holds a secret. Give such a value
 through its environment variable (``OPENAI_API_KEY`` for the LLM judge): a value given on the
 command line is used by this process but written nowhere: config.yaml, ``swarm config``, logs,
 error messages and eval file names show :data:`REDACTED` instead (and a saved ``<redacted>``
@@ -12,7 +12,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 #: What a secret value is replaced by wherever it would be written or shown.
 REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"(^|_)(api_key|apikey|token|secret|password)$", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"(^|_)(api_key|apikey|secret|password)$|^((hf|api|auth|access|bearer)_)?token$",
+                          re.IGNORECASE)  # ``token`` alone or with a credential prefix: not ``seconds_per_token``
 #: Secret values seen in this process (command-line arguments), scrubbed from every log line.
 _SEEN: set[str] = set()
 

@@ -76,6 +76,8 @@ def seed_checkpoint(run_dir: Path, agents_dir: Path, seed: int) -> Path:
         shutil.copytree(role_dir, dst, ignore=shutil.ignore_patterns("training_state.pt"))
         gen = torch.Generator().manual_seed(int(seed))
         torch.save({"policy_rng": gen.get_state()}, dst / "training_state.pt")
+    if (Path(agents_dir).parent / "base").is_dir():  # model.adapter=lora: the trained base the adapters point to
+        shutil.copytree(Path(agents_dir).parent / "base", tmp / "base")
     torch.save({"run": random.Random(int(seed)).getstate(), "python": random.getstate(),
                 "torch": torch.get_rng_state()}, tmp / "rng.pt")
     import json

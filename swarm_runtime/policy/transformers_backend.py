@@ -89,6 +89,7 @@ class TransformersPolicy:
         self.flops = flops or FlopCounter()
         self.gen = torch.Generator().manual_seed(int(seed))
         self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_frozen = 0  #: parameters scored in the forward pass that receive no gradient (a shared adapter base)
         self.bid_ids = [self.tok.convert_tokens_to_ids(bid_token(b)) for b in self.bid_levels]
         if any(i is None or i == self.tok.unk_token_id for i in self.bid_ids):
             raise ValueError("tokenizer lacks the bid-level tokens; build it with build_tokenizer()")
@@ -166,9 +167,14 @@ class TransformersPolicy:
         probs = F.softmax(logits.float() / self.temperature, dim=-1)
         return torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).to(logits.device)
 
+    def _forward(self, **kw):
+        """The model's forward pass (an adapter policy routes it to its adapters here)."""
+        return self.model(**kw)
+
     @torch.no_grad()
     def _sample(self, prompt_ids: list[list[int]], max_new: int, ban: torch.Tensor | None,
-                keys: list[tuple[int, ...]] | None = None, trie: ActionTrie | None = None) -> list[list[int]]:
+                keys: list[tuple[int, ...]] | None = None, trie: ActionTrie | None = None,
+                pick=None) -> list[list[int]]:
         ids, mask, pos = self._left_pad(prompt_ids)
         B = len(prompt_ids)
         next_pos = mask.sum(1)
@@ -178,15 +184,15 @@ class TransformersPolicy:
         n_tok = int(mask.sum())
         nodes = [0] * B  # trie node of each row (constrained decoding)
         for step in range(max_new):
-            res = self.model(input_ids=cur, attention_mask=mask, position_ids=cur_pos,
-                             use_cache=True, logits_to_keep=1, **{self._cache_kw: past})
+            res = self._forward(input_ids=cur, attention_mask=mask, position_ids=cur_pos,
+                                use_cache=True, logits_to_keep=1, **{self._cache_kw: past})
             past = getattr(res, self._cache_kw)
             logits = res.logits[:, -1, :]
             if trie is not None:
                 logits = logits.masked_fill(~trie.allowed[nodes], float("-inf"))
             elif ban is not None:
                 logits[:, ban] = float("-inf")
-            nxt = self._pick(logits, None if keys is None else [(*k, step) for k in keys])
+            nxt = (pick or self._pick)(logits, None if keys is None else [(*k, step) for k in keys])
             for i in torch.nonzero(~finished).flatten().tolist():
                 out[i].append(int(nxt[i]))
                 if trie is not None:
@@ -215,7 +221,7 @@ class TransformersPolicy:
     def bid_distribution(self, prompts: list[str]) -> torch.Tensor:
         """Probabilities over the bid levels (``logits`` mode), one row per prompt."""
         ids, mask, pos = self._left_pad([self.encode_prompt(p) for p in prompts])
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1).logits[:, -1, :]
+        logits = self._forward(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1).logits[:, -1, :]
         self.flops.forward(self.n_params, int(mask.sum()))
         t = self.temperature if self.temperature > 0 else 1.0
         return F.softmax(logits[:, self.bid_ids].float() / t, dim=-1)
@@ -261,7 +267,7 @@ class TransformersPolicy:
             resp[i, len(s) - len(r):len(s)] = True
         mask = (torch.arange(L)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]).long()
         ids, mask, resp = ids.to(self.device), mask.to(self.device), resp.to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1, :].float()
+        logits = self._forward(input_ids=ids, attention_mask=mask).logits[:, :-1, :].float()
         if temperature > 0 and temperature != 1.0:
             logits = logits / float(temperature)
         logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -269,7 +275,7 @@ class TransformersPolicy:
             logp = self._constrained(logp, logits, ids, seqs, responses)
         tokens = int(mask.sum())
         if torch.is_grad_enabled():
-            self.flops.train(self.n_params, tokens)
+            self.flops.train(self.n_params, tokens, frozen=self.n_frozen)
         else:
             self.flops.forward(self.n_params, tokens)
         return (logp * resp[:, 1:]).sum(1)
@@ -320,9 +326,13 @@ class TransformersPolicy:
         self.gen.set_state(state)
 
 
-def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = "float32"):
+def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = "float32",
+                    attention: str | None = None, seeded_resize: bool = False):
     """Load a local Hugging Face checkpoint (model + tokenizer) by path, adding the
-    bid-level tokens (and a pad token) when the tokenizer lacks them."""
+    bid-level tokens (and a pad token) when the tokenizer lacks them. ``attention``: the
+    attention implementation (``hardware.attention``; None = transformers' default).
+    ``seeded_resize``: draw the added embedding rows from a fixed seed, so a frozen base
+    shared by adapters is the same base every time it is loaded."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
@@ -339,7 +349,8 @@ def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = 
         tok = PreTrainedTokenizerFast.from_pretrained(path)
     else:
         tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    kw = {"attn_implementation": attention} if attention else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kw)
     wanted = [bid_token(b) for b in bid_levels]
     missing = [t for t in wanted if t not in tok.get_vocab()]
     if missing:
@@ -347,7 +358,12 @@ def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = 
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if len(tok) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tok))
+        if seeded_resize:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                model.resize_token_embeddings(len(tok))
+        else:
+            model.resize_token_embeddings(len(tok))
         logger.info("resized embeddings of {} to {} tokens for the bid levels", path, len(tok))
     tok.padding_side = "left"
     return model, tok
@@ -358,7 +374,8 @@ def make_transformers_policy(model_cfg, words: list[str], bid_levels: Sequence[f
     """Factory registered as the ``transformers`` backend."""
     path = init_path or model_cfg.get("path")
     if path:
-        model, tok = load_pretrained(path, bid_levels, str(model_cfg.get("dtype", "float32")))
+        model, tok = load_pretrained(path, bid_levels, str(model_cfg.get("dtype", "float32")),
+                                     attention=model_cfg.get("attention"))
     else:
         tok = build_tokenizer(words, bid_levels)
         model = build_tiny_model(len(tok), model_cfg, seed)

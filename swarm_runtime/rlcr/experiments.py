@@ -22,7 +22,7 @@ from pathlib import Path
 from swarm_runtime import checkpoint as ckpt
 from swarm_runtime.evaluate import mean_se
 from swarm_runtime.outputs import read_metrics
-from swarm_runtime.rlcr.signs import _plt, plot_latency, summarize_rollouts, team_bucket
+from swarm_runtime.rlcr.signs import _plt, plot_latency, team_bucket
 from swarm_runtime.rlcr.trainer import SHARED, evaluate_collective, loop_options, make_shared_policy
 
 
@@ -53,7 +53,6 @@ def rlcr_teams(x):
         def baselines(k=k, run_dir=run_dir, tr=tr) -> dict:
             ctx = x.ctx
             policy = make_shared_policy(ctx, _final(run_dir) / "agents" / SHARED)
-            coll = ckpt.load_state(_final(run_dir))["final_eval"]["collective"]
             _, attempts = evaluate_collective(ctx, policy, loop_options(x.cfg, t_max, agents=1), seeds, runs * k,
                                               int(x.cfg.seed) + 37)
             best: dict[int, list[float]] = {}
@@ -70,7 +69,6 @@ def rlcr_teams(x):
             """The solo agent with the collective's mean tokens per rollout, no time limit and no cap on
             its turns (the token budget is its only limit)."""
             policy = make_shared_policy(x.ctx, _final(run_dir) / "agents" / SHARED)
-            coll = ckpt.load_state(_final(run_dir))["final_eval"]["collective"]
             budget = max(1, int(round(coll["tokens_mean"])))
             opts = replace(loop_options(x.cfg, math.inf, agents=1, token_budget=budget), max_turns_per_agent=10 ** 9)
             res, _ = evaluate_collective(x.ctx, policy, opts, seeds, runs, int(x.cfg.seed) + 31)
@@ -89,7 +87,7 @@ def rlcr_teams(x):
             "solo at T_max": ((final.get("solo") or coll)["reward_mean"], (final.get("solo") or coll)["reward_se"]),
             "solo, same tokens": (sb["reward_mean"], sb["reward_se"]),
             "its minutes ": (sb["minutes_mean"], sb["minutes_se"]),
-            f"best-of-k at T_max": (base["best_of_k"]["reward_mean"], base["best_of_k"]["reward_se"]),
+            "best-of-k at T_max": (base["best_of_k"]["reward_mean"], base["best_of_k"]["reward_se"]),
             "msg tokens / min, first → last update": f"{comm[0]:.2f} → {comm[-1]:.2f}" if comm else "n/a",
         })
         curves[f"team {k} at T_max"] = [tuple(p) for p in coll["curve"]]

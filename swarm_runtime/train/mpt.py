@@ -16,6 +16,7 @@ from swarm_runtime import checkpoint as ckpt
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.evaluate import evaluate, paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
+from swarm_runtime.policy.adapters import sft_shared_base
 from swarm_runtime.run import RunContext
 from swarm_runtime.train.action import action_update, credit_samples
 from swarm_runtime.train.bid import bid_update, pick_contested, run_branches
@@ -126,6 +127,11 @@ class MPTTrainer:
         ckpt.save_checkpoint(self.ctx.run_dir, tag, self.policies, self.optimizers, self.state, self.rng,
                              keep=int(self.cfg.keep_checkpoints))
 
+    def _minibatch(self) -> int:
+        """Rows per forward/backward chunk: ``algo.minibatch``, capped by ``hardware.micro_batch``."""
+        mb = self.cfg.hardware.get("micro_batch")
+        return int(self.cfg.algo.minibatch) if mb is None else min(int(self.cfg.algo.minibatch), int(mb))
+
     def _hook(self, name: str, **kw) -> None:
         getattr(self.ctx.pm.hook, name)(**kw)
 
@@ -148,6 +154,14 @@ class MPTTrainer:
         demos = collect_demos(ctx.domain, ctx.task, demo_seeds, list(s.owner_bids), list(s.other_bids),
                               rng=random.Random(int(self.cfg.seed)))
         t0 = time.time()
+        base_m = sft_shared_base(  # model.adapter=lora on a config-built base: the base learns every role's demos first
+            self.policies, demos, lambda policy, examples: sft(
+                policy, examples, int(s.epochs), float(s.lr), int(s.batch_size), int(self.cfg.seed) + 997,
+                desc="SFT base", progress=bool(self.cfg.progress), action_epochs=s.action_epochs), int(self.cfg.seed))
+        if base_m is not None:
+            logger.info("SFT shared base: {} examples (all roles), loss {:.3f} -> {:.3f}", base_m["examples"],
+                        base_m["first_loss"], base_m["loss"])
+            self.writer.log(0, {f"sft/{k}_base": v for k, v in base_m.items()})
         for i, (role, policy) in enumerate(self.policies.items()):
             m = sft(policy, demos[role], int(s.epochs), float(s.lr), int(s.batch_size), int(self.cfg.seed) + i,
                     desc=f"SFT {role}", progress=bool(self.cfg.progress), action_epochs=s.action_epochs)
@@ -199,7 +213,7 @@ class MPTTrainer:
             ctx.flops.category = "update"
             samples = credit_samples(episodes, self.credit, self.rng)
             kl_coef = float(a.kl_coef)
-            m.update(action_update(self.agents, samples, self.optimizers["action"], scale, int(a.minibatch),
+            m.update(action_update(self.agents, samples, self.optimizers["action"], scale, self._minibatch(),
                                    float(a.grad_clip), self._reference_policies() if kl_coef > 0 else None,
                                    kl_coef))
         else:
@@ -212,7 +226,7 @@ class MPTTrainer:
                                      runner_up_pairs=str(a.bid_pairs) == "both")
             ctx.flops.category = "update"
             m["charts/contested_picked"] = float(len(picks))
-            m.update(bid_update(self.agents, pairs, self.optimizers["bid"], int(a.minibatch), float(a.grad_clip),
+            m.update(bid_update(self.agents, pairs, self.optimizers["bid"], self._minibatch(), float(a.grad_clip),
                                 str(a.bid_pair_weight),
                                 self._reference_policies() if str(a.bid_reference) == "sft" else None,
                                 float(a.bid_beta)))

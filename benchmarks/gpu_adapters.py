@@ -1,0 +1,127 @@
+"""GPU check of model.adapter=lora (issue 19), for a session with one CUDA GPU (fits in ~10 minutes on
+an H200; no download): a Qwen2-style model of ~0.5B parameters built from a config (random weights,
+bf16), then for 3 and 12 adapter agents (one adapter each) on one base:
+
+1. one SFT step of every agent's adapter (:func:`swarm_runtime.train.sft.sft`, one step each);
+2. one MPT update: a rollout turn over ``--envs`` envs (every agent's bid prompt in one mixed-adapter
+   batch, then the winners' actions generated in one mixed batch) and one REINFORCE step per agent
+   (:func:`swarm_runtime.train.action.action_update`);
+
+printing the peak CUDA memory (``torch.cuda.max_memory_allocated``), tokens/s of each phase, and the
+memory plan's estimate for the same settings (:mod:`swarm_runtime.memory_plan`) beside it.
+
+    python benchmarks/gpu_adapters.py [--agents 3 12] [--envs 16] [--prompt 512] [--profile h200]
+
+Without CUDA it prints why and exits 0 (CI has no GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+#: Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads), a 150k-word vocabulary.
+ARCH = dict(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2, max_positions=4096)
+WORDS = 150_000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=int, nargs="+", default=[3, 12])
+    ap.add_argument("--envs", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=512, help="prompt length in tokens")
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--profile", default="h200", help="hardware profile whose dtype/micro-batch/memory apply")
+    args = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu_adapters.py: no CUDA device (torch.cuda.is_available() is False); skipped")
+        return 0
+    from loguru import logger
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.config import LORA_TARGETS, resolve
+    from swarm_runtime.episode import Agent
+    from swarm_runtime.memory_plan import make_plan
+    from swarm_runtime.plugins import get_registry
+    from swarm_runtime.policy.adapters import MixedBatch, build_adapter_swarm
+    from swarm_runtime.train.action import action_update
+    from swarm_runtime.train.optim import make_optimizer
+    from swarm_runtime.train.sft import Example, sft
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    _, reg = get_registry()
+    words = [f"w{i}" for i in range(WORDS)]
+    rng = random.Random(0)
+
+    def prompt() -> str:
+        return " ".join(f"w{rng.randrange(WORDS)}" for _ in range(args.prompt - 2))
+
+    print(f"device: {torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+    for n in args.agents:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        cfg = resolve([f"hardware={args.profile}", "model.adapter=lora", f"model.lora.rank={args.rank}",
+                       f"model.lora.alpha={2 * args.rank}", f"model.max_prompt_tokens={args.prompt}",
+                       "model.max_action_tokens=8", f"algo.envs_per_step={args.envs}", "algo.branches_per_episode=1",
+                       *[f"model.{k}={v}" for k, v in ARCH.items()]], reg)
+        hw = cfg.hardware
+        model_cfg = OmegaConf.merge(cfg.model, {"device": "cuda"})
+        roles = [f"agent{i}" for i in range(n)]
+        t0 = time.perf_counter()
+        policies = build_adapter_swarm(model_cfg, hw, words, [0.0, 0.2, 0.4, 0.6, 0.8], roles, list(range(n)))
+        build_s = time.perf_counter() - t0
+        shared = next(iter(policies.values())).shared_base
+        vocab = shared.model.get_base_model().config.vocab_size
+        plan = make_plan(cfg, n, n, vocab)
+        mb = int(hw.micro_batch or cfg.algo.minibatch)
+        # 1. one SFT step per adapter
+        torch.cuda.synchronize()
+        t0, tokens = time.perf_counter(), 0
+        for i, (role, p) in enumerate(policies.items()):
+            ex = [Example("act", prompt(), "w1 w2 w3") for _ in range(mb)]
+            sft(p, ex, 1, 1e-4, mb, i, progress=False, max_steps=1)
+            tokens += sum(len(p.encode_prompt(e.prompt)) + 4 for e in ex)
+        torch.cuda.synchronize()
+        sft_s = time.perf_counter() - t0
+        sft_tps = tokens / sft_s
+        # 2. one MPT update: a rollout turn (mixed batches) + a REINFORCE step per agent
+        agents = [Agent(r, r, p) for r, p in policies.items()]
+        rows = [p for p in policies.values() for _ in range(args.envs)]
+        bid_prompts = [prompt() for _ in rows]
+        act_rows = [rows[k * n % len(rows)] for k in range(args.envs)]
+        act_prompts = [prompt() for _ in range(args.envs)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            MixedBatch(rows).bid(bid_prompts)
+            acts = MixedBatch(act_rows).act(act_prompts)
+        torch.cuda.synchronize()
+        roll_s = time.perf_counter() - t0
+        roll_tokens = (len(rows) + args.envs) * args.prompt + sum(len(a.tokens) for a in acts)
+        idx = {id(p): i for i, p in enumerate(policies.values())}
+        samples = [(idx[id(p)], q, a.tokens, float(k % 3)) for k, (p, q, a) in enumerate(zip(act_rows, act_prompts, acts))]
+        opts = {r: make_optimizer(p.parameters(), 1e-5, 0.0, 10) for r, p in policies.items()}
+        t0 = time.perf_counter()
+        action_update(agents, samples, opts, reward_scale=1.0, minibatch=mb, grad_clip=1.0)
+        torch.cuda.synchronize()
+        upd_s = time.perf_counter() - t0
+        upd_tokens = sum(len(policies[agents[s[0]].role].encode_prompt(s[1])) + len(s[2]) for s in samples)
+        peak = torch.cuda.max_memory_allocated()
+        print(f"\n{n} adapter agents on one {shared.n_base / 1e9:.2f}B base ({hw.dtype}, rank {args.rank}, "
+              f"micro-batch {mb}, {args.envs} envs, {args.prompt}-token prompts); built in {build_s:.1f}s")
+        print(f"  SFT step of every adapter: {sft_s:.2f}s, {sft_tps:,.0f} tokens/s")
+        print(f"  rollout turn (mixed bid batch of {len(rows)} rows + actions): {roll_s:.2f}s, "
+              f"{roll_tokens / roll_s:,.0f} tokens/s")
+        print(f"  REINFORCE step per agent: {upd_s:.2f}s, {upd_tokens / upd_s:,.0f} tokens/s")
+        print(f"  peak CUDA memory {peak / 2**30:.2f} GiB; the memory plan's estimate {plan.total / 2**30:.2f} GiB")
+        print("  " + plan.format().replace("\n", "\n  "))
+        del policies, agents, opts, shared
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The memory plan: what a run will hold on its device, estimated before anything loads (issue 19).
+
+Rows (bytes; ``N`` base parameters, ``A`` adapter parameters of one role, ``R`` roles, ``b`` bytes per
+weight of the dtype):
+
+- **weights**: full copies ``R N b``; adapters one base ``N b``.
+- **adapters**: ``R A 4`` (PEFT keeps LoRA weights in fp32).
+- **gradients**: one role is updated at a time and its gradients are freed after its step:
+  ``N b`` (full copy) or ``A 4``.
+- **optimizer states**: every role has two AdamW (action and bid steps, two moments each):
+  ``R N 16`` (+ ``R N 4`` fp32 masters for bf16/fp16 weights) or ``R A 16``.
+- **reference models** (``algo.bid_reference=sft`` or ``algo.kl_coef`` > 0): a frozen copy of the
+  weights (and adapters) as RL started.
+- **activations** of one update chunk: ``m`` rows (``algo.minibatch`` capped by
+  ``hardware.micro_batch``) of ``S`` tokens (``model.max_prompt_tokens + max_action_tokens``), per layer
+  ``b (10 h + 4 i)`` per token (block inputs, norms, q/k/v/o, MLP gate/up/product; sdpa or flash
+  attention keep no ``S x S`` matrix), or ``b h`` per layer plus one layer's worth with
+  ``hardware.gradient_checkpointing``; plus the fp32 logits, their log-softmax and its gradient
+  (``12 V`` per token).
+- **KV cache** of the largest rollout batch: a bid turn of every agent in every env of a branch step,
+  ``E B G`` rows (``algo.envs_per_step``, ``algo.branches_per_episode``, agents) of ``S`` tokens,
+  ``2 L k d b`` per token (``k`` key/value heads of width ``d``).
+- **runtime**: 2 GiB (CUDA context, kernels) + 10% of the rest for allocator fragmentation.
+
+An estimate, not a measurement: ``benchmarks/gpu_adapters.py`` prints it beside the measured peak.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from swarm_runtime.config import ConfigError
+
+GiB = 1024 ** 3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass
+class Arch:
+    """The shape of a decoder-only transformer (Qwen2/3, Llama): what the plan needs."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool = True
+    qkv_bias: bool = False  #: biases on q/k/v (Qwen2 has them; Qwen3 and Llama do not)
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "Arch":
+        heads = int(d.get("num_attention_heads", 1))
+        hidden = int(d["hidden_size"])
+        return cls(int(d["vocab_size"]), hidden, int(d.get("intermediate_size", 4 * hidden)),
+                   int(d["num_hidden_layers"]), heads, int(d.get("num_key_value_heads") or heads),
+                   int(d.get("head_dim") or hidden // heads), bool(d.get("tie_word_embeddings", False)),
+                   bool(d.get("attention_bias", d.get("model_type") == "qwen2")))
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each projection of one block."""
+        h, i, q, kv = self.hidden_size, self.intermediate_size, self.num_heads * self.head_dim, \
+            self.num_kv_heads * self.head_dim
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def n_params(self) -> int:
+        shapes = self.linear_shapes()
+        block = sum(a * b for a, b in shapes.values()) + 2 * self.hidden_size
+        if self.qkv_bias:
+            block += sum(shapes[k][1] for k in ("q_proj", "k_proj", "v_proj"))
+        emb = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * block + emb + self.hidden_size
+
+    def n_lora(self, rank: int, targets) -> int:
+        shapes = self.linear_shapes()
+        return self.num_layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
+
+
+@dataclass
+class MemoryPlan:
+    rows: list[tuple[str, float, str]] = field(default_factory=list)  #: (what, bytes, how)
+    budget: float | None = None  #: device bytes (hardware.memory_gb), None = unchecked
+    device: str = "cpu"
+    fixes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(b for _, b, _ in self.rows)
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or self.total <= self.budget
+
+    def format(self) -> str:
+        lines = [f"memory plan ({self.device}):"]
+        for what, b, how in self.rows:
+            lines.append(f"  {what:<18} {b / GiB:9.2f} GiB  {how}")
+        budget = "unchecked" if self.budget is None else f"{self.budget / GiB:.1f} GiB on the device"
+        lines.append(f"  {'total':<18} {self.total / GiB:9.2f} GiB  ({budget})")
+        return "\n".join(lines)
+
+
+def arch_of(cfg: DictConfig, vocab: int | None = None) -> tuple[Arch, str]:
+    """The architecture and where it came from: ``model.arch``, ``model.path``'s config.json, or the
+    fields of the model built from the config (``vocab``: its tokenizer's size, if known)."""
+    m = cfg.model
+    if m.get("arch"):
+        return Arch.from_hf(OmegaConf.to_container(m.arch)), "model.arch"
+    path = None if OmegaConf.is_missing(m, "path") else m.get("path")
+    if path and (Path(path) / "config.json").exists():
+        d = json.loads((Path(path) / "config.json").read_text())
+        d = d.get("text_config", d)
+        return Arch.from_hf(d), f"{path}/config.json"
+    if path or OmegaConf.is_missing(m, "path"):
+        raise ConfigError(f"the memory plan needs the model's shape: model.path={path or '???'} has no config.json; "
+                          "give model.path=<a Hugging Face folder> or model.arch={hidden_size: ..., ...}")
+    heads = int(m.num_heads)
+    return Arch(int(vocab or 1024), int(m.hidden_size), int(m.intermediate_size), int(m.num_layers), heads,
+                int(m.num_kv_heads), int(m.hidden_size) // heads, True, True), "model.* (built from the config)"
+
+
+def make_plan(cfg: DictConfig, n_roles: int, n_agents: int, vocab: int | None = None) -> MemoryPlan:
+    """The plan of a run with ``n_roles`` models (roles) and ``n_agents`` agents (replicas included)."""
+    arch, source = arch_of(cfg, vocab)
+    m, hw, a = cfg.model, cfg.hardware, cfg.algo
+    loaded = source != "model.* (built from the config)"
+    dtype = str(hw.get("dtype") or m.get("dtype") or "float32") if loaded else "float32"
+    b = DTYPE_BYTES[dtype]
+    N = arch.n_params()
+    lora = str(m.get("adapter", "none")) == "lora"
+    A = arch.n_lora(int(m.lora.rank), list(m.lora.target_modules)) if lora else 0
+    R = int(n_roles)
+    rows = []
+    if lora:
+        rows.append(("weights", N * b, f"one base of {N / 1e9:.3g}B parameters in {dtype} ({source})"))
+        rows.append(("adapters", R * A * 4, f"{R} x {A / 1e6:.3g}M LoRA parameters (rank {int(m.lora.rank)}), fp32"))
+        rows.append(("gradients", A * 4, "one adapter's at a time"))
+        rows.append(("optimizer states", R * A * 16, f"{R} roles x 2 AdamW x 2 moments, fp32"))
+    else:
+        rows.append(("weights", R * N * b, f"{R} full copies of {N / 1e9:.3g}B parameters in {dtype} ({source})"))
+        rows.append(("gradients", N * b, "one role's at a time"))
+        master = 4 if b < 4 else 0
+        rows.append(("optimizer states", R * N * (16 + master),
+                     f"{R} roles x 2 AdamW x 2 moments fp32" + (" + fp32 masters" if master else "")))
+    if str(a.get("bid_reference", "none")) == "sft" or float(a.get("kl_coef", 0.0)) > 0:
+        rows.append(("reference models", (N * b + R * A * 4) if lora else R * N * b, "frozen RL-start copy"))
+    S = int(m.max_prompt_tokens) + int(m.max_action_tokens)
+    mb = int(a.minibatch) if hw.get("micro_batch") is None else min(int(a.minibatch), int(hw.micro_batch))
+    mb = max(1, mb)
+    per_layer = b * (10 * arch.hidden_size + 4 * arch.intermediate_size)
+    if hw.get("gradient_checkpointing"):
+        layers = arch.num_layers * b * arch.hidden_size + per_layer
+        how = "gradient checkpointing"
+    else:
+        layers = arch.num_layers * per_layer
+        how = f"{arch.num_layers} layers"
+    rows.append(("activations", mb * S * (layers + 12 * arch.vocab_size),
+                 f"update chunk of {mb} rows x {S} tokens, {how}, fp32 logits"))
+    kv_rows = int(a.envs_per_step) * max(1, int(a.get("branches_per_episode", 1))) * int(n_agents)
+    kv = kv_rows * S * 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * b
+    rows.append(("KV cache", kv, f"{kv_rows} rollout rows (envs x branches x {n_agents} agents) x {S} tokens"))
+    device = str(hw.get("device", "cpu"))
+    if device.startswith("cuda"):
+        rest = sum(r[1] for r in rows)
+        rows.append(("runtime", 2 * GiB + 0.1 * rest, "CUDA context + 10% allocator fragmentation"))
+    budget = None if hw.get("memory_gb") is None else float(hw.memory_gb) * 1e9
+    plan = MemoryPlan(rows, budget, f"{hw.get('name', device)}, {n_agents} agents")
+    if not lora:
+        plan.fixes.append("model.adapter=lora (one shared base, one small adapter per role)")
+    big = max(rows, key=lambda r: r[1])[0]
+    if big == "KV cache":
+        plan.fixes.append(f"a smaller algo.envs_per_step (now {int(a.envs_per_step)}) or algo.branches_per_episode")
+    if big == "activations":
+        plan.fixes.append("hardware.gradient_checkpointing=true or a smaller hardware.micro_batch")
+    plan.fixes.append("a smaller model")
+    return plan
+
+
+def check_plan(cfg: DictConfig, n_agents: int, vocab: int | None = None, n_roles: int | None = None) -> MemoryPlan:
+    """Log the plan; raise :class:`ConfigError` naming the fixes when it exceeds ``hardware.memory_gb``."""
+    from loguru import logger
+
+    roles = n_roles if n_roles is not None else n_agents
+    plan = make_plan(cfg, roles, n_agents, vocab)
+    (logger.info if plan.budget is not None else logger.debug)(plan.format())
+    if not plan.fits:
+        raise ConfigError(f"the run needs ~{plan.total / GiB:.1f} GiB but hardware {cfg.hardware.name!r} has "
+                          f"{plan.budget / GiB:.1f} GiB ({plan.budget / 1e9:.0f} GB); try {'; or '.join(plan.fixes)}. "
+                          f"`swarm config ... --plan` prints the plan")
+    return plan

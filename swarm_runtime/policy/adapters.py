@@ -1,0 +1,561 @@
+"""One shared base model with a PEFT LoRA adapter per role (``model.adapter=lora``; DESIGN 6.1).
+
+The whole swarm holds one base in memory (a PEFT ``PeftModel`` with one named adapter per role;
+replicas of a role share its adapter). Each role's :class:`AdapterPolicy` is a
+:class:`TransformersPolicy` whose forward pass runs the base with that role's adapter, whose
+``parameters()`` are that adapter's LoRA weights only (so each role's optimizers step its adapter
+and nothing else), and whose ``save`` writes the adapter in PEFT format beside a pointer to the base.
+
+One forward pass per turn: the episode loop hands the bid (or action) rows of every role sharing a
+base to :class:`MixedBatch`, which runs them in one batch with PEFT's mixed-adapter forward
+(``adapter_names=``, one name per row); each row is then sampled with its own policy's generator
+(or its keyed noise), as a per-role call would.
+
+Where the base comes from: ``model.path`` (any local Hugging Face causal LM, frozen); or, with no
+path (the CPU default), the tiny model built from the config, which the cold start first fine-tunes
+on the union of all roles' demonstrations (the monolithic SFT model) before it is frozen and each
+role's adapter is fine-tuned on the role's own demonstrations (:func:`sft_shared_base`). Such a
+trained base is written once per checkpoint under ``checkpoints/<tag>/base/``; a ``model.path`` base
+is only pointed to (path + fingerprint).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from loguru import logger
+
+from swarm_runtime.config import ConfigError
+from swarm_runtime.flops import FlopCounter
+from swarm_runtime.policy.base import Bid, Response
+from swarm_runtime.policy.noise import gumbel_max
+from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
+from swarm_runtime.policy.transformers_backend import (TransformersPolicy, build_tiny_model, load_pretrained,
+                                                       parse_bid)
+
+#: File beside each adapter naming its base.
+POINTER = "swarm_base.json"
+#: Where a trained (config-built) base is written, relative to an adapter folder ``checkpoints/<tag>/agents/<role>``.
+TRAINED_BASE = "../../base"
+#: The architecture fields of a config-built base that must match the configured model.
+ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "vocab_size")
+
+
+def _peft():
+    import warnings
+
+    # PEFT asks transformers 5 for a deprecated attribute on every wrap; nothing for the user to act on.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    try:
+        import peft
+    except ImportError as exc:  # pragma: no cover - peft is a core dependency
+        raise ConfigError("model.adapter=lora needs the `peft` package: pip install peft") from exc
+    return peft
+
+
+def adapter_name(role: str) -> str:
+    """PEFT adapter names may not contain dots (module paths)."""
+    return role.replace(".", "_")
+
+
+def linear_names(model) -> list[str]:
+    """Leaf names of the model's linear layers (what ``model.lora.target_modules`` may name)."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return sorted(names - {"lm_head"})
+
+
+def check_targets(model, targets: Sequence[str]) -> None:
+    """Refuse a ``model.lora.target_modules`` name the base lacks, naming the valid ones."""
+    valid = linear_names(model)
+    bad = [t for t in targets if t not in valid]
+    if bad:
+        raise ConfigError(f"model.lora.target_modules names {bad[0]!r}, which the base model lacks; "
+                          f"valid: {', '.join(valid)}")
+
+
+def fingerprint(folder: str | Path) -> str:
+    """A hash of a Hugging Face folder's ``config.json`` and of each weight file's name, size, first
+    and last MiB: cheap on a 16 GB checkpoint, and it tells two bases apart."""
+    folder = Path(folder)
+    h = hashlib.sha256((folder / "config.json").read_bytes())
+    for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 2 << 20:
+                fh.seek(size - (1 << 20))
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()
+
+
+def arch_of(config) -> dict:
+    return {k: getattr(config, k, None) for k in ARCH_KEYS}
+
+
+def _clean_base_state(model) -> dict:
+    """The base's own weights out of a PEFT-wrapped model (LoRA weights dropped, ``base_layer``
+    names restored), tied embeddings once."""
+    base = model.get_base_model()
+    out = {}
+    for k, v in base.state_dict().items():
+        if "lora_" in k:
+            continue
+        out[k.replace(".base_layer.", ".")] = v.detach().contiguous().cpu()
+    if getattr(base.config, "tie_word_embeddings", False):
+        out.pop("lm_head.weight", None)
+    return out
+
+
+class SharedBase:
+    """The one base of a swarm: a ``PeftModel`` with one adapter per role, its tokenizer, and where
+    the base came from (``source``: a ``model.path`` folder, or None for a base built from the
+    config and trained by the cold start)."""
+
+    def __init__(self, model, tok, source: str | None, source_fingerprint: str | None = None):
+        self.model, self.tok, self.source = model, tok, source
+        self.source_fingerprint = source_fingerprint
+        self._active: str | None = None
+        base_params = [p for n, p in model.named_parameters() if "lora_" not in n]
+        self.n_base = sum(p.numel() for p in base_params)
+        self._base_params = base_params
+        self._saved: dict[str, str] = {}  #: base folder written -> its fingerprint
+
+    @property
+    def trains_base(self) -> bool:
+        """A config-built base: the cold start fine-tunes it (the monolithic SFT model) first."""
+        return self.source is None
+
+    def activate(self, name: str) -> None:
+        if self._active != name:
+            self.model.set_adapter(name)
+            self._active = name
+
+    def adapter_params(self, name: str) -> list[torch.nn.Parameter]:
+        return [p for n, p in self.model.named_parameters()
+                if "lora_" in n and (f".{name}." in n or n.endswith(f".{name}"))]
+
+    @contextmanager
+    def training_base(self, policy_kw: dict):
+        """A policy over the base alone (adapters disabled, base weights trainable) for the
+        cold start's SFT of the base; the base is frozen again afterwards."""
+        for p in self._base_params:
+            p.requires_grad_(True)
+        view = BasePolicy(self, **policy_kw)
+        try:
+            yield view
+        finally:
+            for p in self._base_params:
+                p.requires_grad_(False)
+                p.grad = None
+            self._active = None
+            self.model.eval()
+
+    def save_base(self, folder: Path) -> str:
+        """Write the (trained) base as a Hugging Face folder once; its fingerprint."""
+        folder = Path(folder)
+        key = str(folder.resolve())
+        if key in self._saved and (folder / "config.json").exists():
+            return self._saved[key]
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        base = self.model.get_base_model()
+        base.config.save_pretrained(folder)
+        save_file(_clean_base_state(self.model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+        self.tok.save_pretrained(folder)
+        model_type = type(getattr(getattr(self.tok, "backend_tokenizer", None), "model", None)).__name__
+        (folder / "swarm_policy.json").write_text(json.dumps({"word_level_tokenizer": model_type == "WordLevel"}))
+        self._saved[key] = fingerprint(folder)
+        return self._saved[key]
+
+    def pointer(self, adapter_dir: Path) -> dict:
+        """What an adapter folder records about its base."""
+        if self.source is not None:
+            return {"base": str(Path(self.source).resolve()), "fingerprint": self.source_fingerprint,
+                    "arch": arch_of(self.model.get_base_model().config), "trained_base": False}
+        fp = self.save_base(adapter_dir / TRAINED_BASE)
+        return {"base": TRAINED_BASE, "fingerprint": fp, "arch": arch_of(self.model.get_base_model().config),
+                "trained_base": True}
+
+
+class AdapterPolicy(TransformersPolicy):
+    """One role's model: the shared base with the role's adapter (module docstring)."""
+
+    def __init__(self, shared: SharedBase, adapter: str, **kw):
+        super().__init__(shared.model, shared.tok, **kw)
+        self.shared_base, self.adapter = shared, adapter
+        self.route: list[str] | None = None  #: per-row adapter names of a mixed batch in progress
+        self._params = shared.adapter_params(adapter)
+        self.n_frozen = shared.n_base
+        self.n_params = shared.n_base + sum(p.numel() for p in self._params)
+        base = shared.model.get_base_model()
+        import inspect
+
+        self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+    def _forward(self, **kw):
+        if self.route is not None:
+            if MIXED_IMPL == "stacked" and not self.model.training:
+                stacked = StackedLoRA.build(self.model, self.route)
+                if stacked is not None:
+                    with stacked:
+                        return self.model(**kw)
+            return self.model(**kw, adapter_names=self.route)
+        self.shared_base.activate(self.adapter)
+        return self.model(**kw)
+
+    @contextmanager
+    def routed(self, names: list[str]):
+        self.route = names
+        try:
+            yield self
+        finally:
+            self.route = None
+
+    def parameters(self):
+        return iter(self._params)
+
+    def save(self, path: str | Path) -> None:
+        """``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT format: ``PeftModel.from_pretrained``
+        and vLLM's ``--lora-modules`` load it), ``swarm_base.json`` (the base: path, fingerprint,
+        architecture) and ``swarm_policy.json``."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        pointer = self.shared_base.pointer(path)
+        state = get_peft_model_state_dict(self.model, adapter_name=self.adapter)
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(path / "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+        config = self.model.peft_config[self.adapter]
+        was = config.base_model_name_or_path
+        config.base_model_name_or_path = pointer["base"]
+        config.save_pretrained(str(path))
+        config.base_model_name_or_path = was
+        (path / POINTER).write_text(json.dumps(pointer, indent=1))
+        (path / "swarm_policy.json").write_text(json.dumps(
+            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode, "word_level_tokenizer": self._word_level,
+             "adapter": self.adapter}, indent=1))
+
+
+#: How a mixed-adapter batch routes rows: ``stacked`` (:class:`StackedLoRA`) or ``peft`` (PEFT's
+#: ``adapter_names=``, which loops over the adapters of every layer in Python; the reference it is tested against).
+MIXED_IMPL = "stacked"
+
+
+class StackedLoRA:
+    """Mixed-adapter LoRA forward by gathered batched matmuls: in every LoRA linear layer, row ``b``
+    adds ``scale_b * x_b A_b^T B_b^T`` with ``A_b, B_b`` its adapter's weights gathered into one
+    ``[rows, r, in]`` / ``[rows, out, r]`` stack, so the cost is two ``bmm`` per layer whatever the
+    number of adapters (PEFT's ``adapter_names`` path runs a slice, two linears and a scatter per
+    adapter per layer). Eval mode only (no dropout); used as a context manager around one forward."""
+
+    def __init__(self, layers: list, index: torch.Tensor):
+        self.layers, self.index = layers, index
+
+    @classmethod
+    def build(cls, model, names: list[str]) -> "StackedLoRA | None":
+        """None when some layer lacks an adapter, ranks differ, or an adapter is merged: PEFT's path then."""
+        from peft.tuners.lora import Linear as LoraLinear
+
+        unique = list(dict.fromkeys(names))
+        layers = []
+        for m in model.modules():
+            if not isinstance(m, LoraLinear):
+                continue
+            if getattr(m, "merged", False) or any(n not in m.lora_A for n in unique):
+                return None
+            A = [m.lora_A[n].weight for n in unique]
+            B = [m.lora_B[n].weight for n in unique]
+            if len({a.shape for a in A}) != 1:
+                return None
+            scale = torch.tensor([float(m.scaling[n]) for n in unique], dtype=A[0].dtype, device=A[0].device)
+            layers.append((m, torch.stack(A), torch.stack(B), scale))
+        if not layers:
+            return None
+        index = torch.tensor([unique.index(n) for n in names], device=layers[0][1].device)
+        return cls(layers, index)
+
+    def __enter__(self):
+        idx = self.index
+        for m, A, B, scale in self.layers:
+            def forward(x, *args, _m=m, _A=A, _B=B, _s=scale, **kwargs):
+                out = _m.base_layer(x, *args, **kwargs)
+                # gathered here, layer by layer: the per-row stacks live only during this layer's call
+                h = torch.bmm(x.to(_A.dtype), _A[idx].transpose(1, 2))
+                d = torch.bmm(h, _B[idx].transpose(1, 2)) * _s[idx][:, None, None]
+                return out + d.to(out.dtype)
+            m.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        for m, *_ in self.layers:
+            del m.forward
+        return False
+
+
+class BasePolicy(AdapterPolicy):
+    """The shared base with its adapters disabled, its weights the parameters (:meth:`SharedBase.training_base`)."""
+
+    def __init__(self, shared: SharedBase, **kw):
+        super().__init__(shared, adapter="", **kw)
+        self._params = list(shared._base_params)
+        self.n_frozen = 0
+        self.n_params = shared.n_base
+
+    def _forward(self, **kw):
+        with self.model.disable_adapter():
+            return self.model(**kw)
+
+
+class MixedBatch:
+    """Rows of several adapter policies on one base, run as one batch (``adapter_names=``): the
+    ``bid``/``act`` of the episode loop for a group of rows that span several roles."""
+
+    def __init__(self, rows: list[AdapterPolicy]):
+        self.rows, self.lead = rows, rows[0]
+        self.names = [p.adapter for p in rows]
+
+    def _pick_rows(self, probs_fn):
+        """A sampler for :meth:`TransformersPolicy._sample`: each row drawn from its own policy's generator."""
+        lead = self.lead
+
+        def pick(logits, keys=None):
+            if lead.temperature <= 0 or keys is not None:
+                return lead._pick(logits, keys)
+            probs = F.softmax(logits.float() / lead.temperature, dim=-1)
+            return self._draw(probs)
+        return pick
+
+    def _draw(self, probs: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(len(self.rows), dtype=torch.long)
+        groups: dict[int, tuple[AdapterPolicy, list[int]]] = {}
+        for i, p in enumerate(self.rows):
+            groups.setdefault(id(p), (p, []))[1].append(i)
+        for p, idx in groups.values():
+            out[idx] = torch.multinomial(probs[idx].cpu(), 1, generator=p.gen).squeeze(1)
+        return out.to(probs.device)
+
+    def _per_policy(self, method: str, prompts, keys):
+        """Fallback: one call per policy (constrained actions: each role has its own choice trie)."""
+        out: list = [None] * len(prompts)
+        groups: dict[int, tuple[AdapterPolicy, list[int]]] = {}
+        for i, p in enumerate(self.rows):
+            groups.setdefault(id(p), (p, []))[1].append(i)
+        for p, idx in groups.values():
+            res = getattr(p, method)([prompts[i] for i in idx], **({} if keys is None else {"keys": [keys[i] for i in idx]}))
+            for i, r in zip(idx, res):
+                out[i] = r
+        return out
+
+    def act(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Response]:
+        if not prompts:
+            return []
+        lead = self.lead
+        if any(p.action_trie is not None for p in self.rows):
+            return self._per_policy("act", prompts, keys)
+        lead.eval()
+        with lead.routed(self.names):
+            outs = lead._sample([lead.encode_prompt(p) for p in prompts], lead.max_action_tokens, lead._action_ban,
+                                keys, None, pick=self._pick_rows(None))
+        return [Response(lead.decode(o), o) for o in outs]
+
+    def bid(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Bid]:
+        if not prompts:
+            return []
+        lead = self.lead
+        lead.eval()
+        if lead.bid_mode == "logits":
+            distinct = list(dict.fromkeys(zip(self.names, prompts)))
+            row = {k: i for i, k in enumerate(distinct)}
+            with lead.routed([n for n, _ in distinct]):
+                probs = lead.bid_distribution([p for _, p in distinct])
+            probs = probs[[row[k] for k in zip(self.names, prompts)]]
+            if lead.temperature <= 0:
+                idx = probs.argmax(-1).tolist()
+            elif keys is not None:
+                idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
+            else:
+                idx = self._draw(probs).tolist()
+            return [Bid(bid_token(lead.bid_levels[j]), [lead.bid_ids[j]], level=lead.bid_levels[j]) for j in idx]
+        with lead.routed(self.names):
+            outs = lead._sample([lead.encode_prompt(p) for p in prompts], lead.max_bid_tokens, None, keys,
+                                pick=self._pick_rows(None))
+        bids = []
+        for o in outs:
+            text = lead.decode(o)
+            level, ok = parse_bid(text, lead.bid_levels)
+            bids.append(Bid(text, o, level=level, parsed=ok))
+        return bids
+
+
+def lora_config(opts):
+    peft = _peft()
+    return peft.LoraConfig(r=int(opts.rank), lora_alpha=float(opts.alpha), lora_dropout=float(opts.dropout),
+                           target_modules=list(opts.target_modules), bias="none", task_type="CAUSAL_LM")
+
+
+def read_pointer(adapter_dir: Path) -> dict:
+    f = Path(adapter_dir) / POINTER
+    if not f.exists():
+        raise ConfigError(f"{str(adapter_dir)!r} is not an adapter checkpoint (no {POINTER}); a run trained with "
+                          "model.adapter=none holds full models: evaluate it with model.adapter=none")
+    return json.loads(f.read_text())
+
+
+def resolve_base(model_cfg, init_dir: Path | None, roles: Sequence[str]) -> tuple[str | None, Path | None, str | None]:
+    """Which base to load: ``(source, folder, fingerprint)``. ``source`` is ``model.path`` (or None
+    for a config-built base); ``folder`` the Hugging Face folder to load (None = build from the
+    config). An adapter checkpoint whose base differs from the configured one is refused here,
+    before anything loads."""
+    path = model_cfg.get("path")
+    if init_dir is None:
+        if path:
+            return str(path), Path(path), fingerprint(path) if (Path(path) / "config.json").exists() else None
+        return None, None, None
+    first = Path(init_dir) / roles[0]
+    ptr = read_pointer(first)
+    folder = (first / ptr["base"]).resolve() if not Path(ptr["base"]).is_absolute() else Path(ptr["base"])
+    if path:
+        if ptr.get("trained_base") or not (Path(path) / "config.json").exists() or fingerprint(path) != ptr["fingerprint"]:
+            raise ConfigError(f"the adapters in {str(init_dir)!r} were trained on the base {ptr['base']!r} (fingerprint "
+                              f"{ptr['fingerprint'][:12]}), but model.path={path!r} is another base; give "
+                              f"model.path={ptr['base']!r} or the run's own config")
+        return str(path), Path(path), ptr["fingerprint"]
+    if not (folder / "config.json").exists():
+        raise ConfigError(f"the base of the adapters in {str(init_dir)!r} ({str(folder)!r}) is missing")
+    if fingerprint(folder) != ptr["fingerprint"]:
+        raise ConfigError(f"the base {str(folder)!r} does not match the fingerprint its adapters recorded "
+                          f"({ptr['fingerprint'][:12]}): it changed after the adapters were trained")
+    if ptr.get("trained_base"):
+        want = {"hidden_size": int(model_cfg.hidden_size), "intermediate_size": int(model_cfg.intermediate_size),
+                "num_hidden_layers": int(model_cfg.num_layers), "num_attention_heads": int(model_cfg.num_heads),
+                "num_key_value_heads": int(model_cfg.num_kv_heads)}
+        bad = {k: (ptr["arch"].get(k), v) for k, v in want.items() if ptr["arch"].get(k) != v}
+        if bad:
+            k, (had, now) = next(iter(bad.items()))
+            raise ConfigError(f"the adapters in {str(init_dir)!r} were trained on a base with {k}={had}, but the "
+                              f"configured model has {now}; use the run's own model settings")
+        return None, folder, ptr["fingerprint"]
+    return ptr["base"], folder, ptr["fingerprint"]
+
+
+def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: Sequence[float], roles: Sequence[str],
+                        seeds: Sequence[int], flops: FlopCounter | None = None,
+                        init_dir: Path | None = None) -> dict[str, AdapterPolicy]:
+    """One base + one LoRA adapter per role: ``{role: AdapterPolicy}``. ``init_dir``: a checkpoint's
+    ``agents/`` folder (each ``<role>/`` a PEFT adapter with its base pointer)."""
+    peft = _peft()
+    source, folder, fp = resolve_base(model_cfg, init_dir, roles)
+    dtype = str(hardware_cfg.get("dtype") or model_cfg.get("dtype", "float32"))
+    if folder is not None:
+        model, tok = load_pretrained(folder, bid_levels, dtype if source is not None else "float32",
+                                     attention=hardware_cfg.get("attention"), seeded_resize=True)
+    else:
+        tok = build_tokenizer(words, bid_levels)
+        model = build_tiny_model(len(tok), model_cfg, int(seeds[0]))
+        if hardware_cfg.get("dtype"):  # a GPU profile: the built base in its dtype (bf16)
+            model = model.to(getattr(torch, str(hardware_cfg.dtype)))
+    if hardware_cfg.get("gradient_checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    check_targets(model, list(model_cfg.lora.target_modules))
+    names = [adapter_name(r) for r in roles]
+    with torch.random.fork_rng(devices=[]):
+        for i, (role, name) in enumerate(zip(roles, names)):
+            torch.manual_seed(int(seeds[i]))
+            src = Path(init_dir) / role if init_dir is not None else None
+            if i == 0:
+                if src is not None:
+                    model = peft.PeftModel.from_pretrained(model, str(src), adapter_name=name, is_trainable=True)
+                else:
+                    model = peft.get_peft_model(model, lora_config(model_cfg.lora), adapter_name=name)
+            elif src is not None:
+                model.load_adapter(str(src), adapter_name=name, is_trainable=True)
+            else:
+                model.add_adapter(name, lora_config(model_cfg.lora))
+    for n, p in model.named_parameters():  # the base is frozen; adapters train (one at a time)
+        p.requires_grad_("lora_" in n)
+    model.eval()
+    shared = SharedBase(model, tok, source, fp)
+    device = str(model_cfg.get("device", "cpu"))
+    kw = policy_kwargs(model_cfg, bid_levels, flops, device)
+    policies = {role: AdapterPolicy(shared, name, seed=int(seed), **kw) for role, name, seed in zip(roles, names, seeds)}
+    one = next(iter(policies.values()))
+    logger.info("model.adapter=lora: one base of {:.2f}M parameters{}, {} adapters of {:.3f}M parameters each "
+                "(rank {}, {})", shared.n_base / 1e6, f" from {source}" if source else "", len(roles),
+                (one.n_params - shared.n_base) / 1e6, int(model_cfg.lora.rank), ", ".join(model_cfg.lora.target_modules))
+    return policies
+
+
+def policy_kwargs(model_cfg, bid_levels, flops, device) -> dict:
+    return dict(bid_levels=bid_levels, bid_mode=str(model_cfg.bid_mode), temperature=float(model_cfg.temperature),
+                max_action_tokens=int(model_cfg.max_action_tokens), max_bid_tokens=int(model_cfg.max_bid_tokens),
+                max_prompt_tokens=int(model_cfg.max_prompt_tokens), flops=flops, device=device)
+
+
+def sft_shared_base(policies: dict, demos: dict, run_sft, seed: int) -> dict | None:
+    """The cold start's first step with a config-built base: fine-tune the base itself (adapters off)
+    on the union of every role's demonstrations, then freeze it; ``run_sft(policy, examples)`` runs
+    :func:`swarm_runtime.train.sft.sft`. None when the base is a loaded checkpoint (kept frozen)."""
+    first = next(iter(policies.values()))
+    shared = getattr(first, "shared_base", None)
+    if shared is None or not shared.trains_base:
+        return None
+    union = [e for role in policies for e in demos.get(role, [])]
+    kw = policy_kwargs_of(first)
+    with shared.training_base(kw) as base:
+        base.gen = torch.Generator().manual_seed(int(seed))
+        m = run_sft(base, union)
+    return m
+
+
+def policy_kwargs_of(p: TransformersPolicy) -> dict:
+    return dict(bid_levels=p.bid_levels, bid_mode=p.bid_mode, temperature=p.temperature,
+                max_action_tokens=p.max_action_tokens, max_bid_tokens=p.max_bid_tokens,
+                max_prompt_tokens=p.max_prompt_tokens, flops=p.flops, device=p.device)
+
+
+def export_adapters(agents_dir: Path, out_dir: Path, roles: Sequence[str], bid_levels: Sequence[float],
+                    merged: bool) -> list[Path]:
+    """``swarm export``: per role, a merged Hugging Face folder (the base with the role's adapter
+    folded in; ``merged``) or the PEFT adapter folder with its base copied beside it."""
+    import shutil
+
+    peft = _peft()
+    out = []
+    for role in roles:
+        src = Path(agents_dir) / role
+        ptr = read_pointer(src)
+        folder = (src / ptr["base"]).resolve() if not Path(ptr["base"]).is_absolute() else Path(ptr["base"])
+        if fingerprint(folder) != ptr["fingerprint"]:
+            raise ConfigError(f"the base {str(folder)!r} of {role} does not match the fingerprint its adapter recorded")
+        dst = Path(out_dir) / role
+        if dst.exists():
+            shutil.rmtree(dst)
+        if merged:
+            model, tok = load_pretrained(folder, bid_levels, "float32", seeded_resize=True)
+            model = peft.PeftModel.from_pretrained(model, str(src)).merge_and_unload()
+            model.save_pretrained(dst)
+            tok.save_pretrained(dst)
+            meta = json.loads((src / "swarm_policy.json").read_text())
+            meta.pop("adapter", None)
+            (dst / "swarm_policy.json").write_text(json.dumps(meta, indent=1))
+        else:
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("training_state.pt"))
+            if ptr.get("trained_base"):
+                base_dst = Path(out_dir) / "base"
+                if not base_dst.exists():
+                    shutil.copytree(folder, base_dst)
+                ptr["base"] = "../base"
+                (dst / POINTER).write_text(json.dumps(ptr, indent=1))
+        out.append(dst)
+    return out

@@ -1,0 +1,278 @@
+"""model.adapter=lora (issue 19): one shared base, one PEFT LoRA adapter per role; isolation of each
+role's training, PEFT round trips, the mixed-adapter batch against per-agent calls, the memory plan,
+recipes, FLOPs with a frozen base, export, and every bad input."""
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY_RUN, make_local_checkpoint, run_context, swarm
+
+LORA = ("domain=minecraft", "task=wooden_pickaxe", "model.adapter=lora")
+PROMPTS = {"Logger": "you are Logger . craft wooden_pickaxe . bid :", "Miner": "you are Miner . inventory : none . action :",
+           "Smith": "you are Smith . craft stick . action :"}
+
+
+def _swarm(registry, *extra):
+    ctx = run_context(registry, *LORA, *extra)
+    agents, policies = ctx.build_swarm()
+    torch.manual_seed(1)
+    with torch.no_grad():  # LoRA B starts at 0: make each role's adapter (and so its outputs) its own
+        for p in policies.values():
+            for w in p.parameters():
+                w.add_(torch.randn_like(w) * 0.05)
+    return ctx, agents, policies
+
+
+def _snapshot(model) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_a_step_on_one_role_leaves_the_other_adapters_and_the_base_bit_identical(registry):
+    from swarm_runtime.train.action import action_update
+    from swarm_runtime.train.bid import BranchPair, bid_update  # noqa: F401  (the same accumulate_and_step)
+    from swarm_runtime.train.optim import make_optimizer
+
+    ctx, agents, policies = _swarm(registry)
+    shared = policies["Miner"].shared_base
+    assert all(p.shared_base is shared for p in policies.values())  # one base in memory
+    optimizers = {r: make_optimizer(p.parameters(), 1e-2, 0.0, 10) for r, p in policies.items()}
+    ids = {r: {id(w) for g in opt.param_groups for w in g["params"]} for r, (opt, _) in optimizers.items()}
+    assert not (ids["Logger"] & ids["Miner"]) and not (ids["Miner"] & ids["Smith"])  # each role its own optimizer
+    base_ids = {id(w) for w in shared._base_params}
+    assert not any(i & base_ids for i in ids.values())  # ... over its adapter only
+    before = _snapshot(shared.model)
+    miner = next(i for i, a in enumerate(agents) if a.role == "Miner")
+    act = policies["Miner"].action_target("mine stone")
+    samples = [(miner, PROMPTS["Miner"], act, 1.0), (miner, PROMPTS["Smith"], act, 0.0)]
+    m = action_update(agents, samples, optimizers, reward_scale=1.0, minibatch=8, grad_clip=1.0)
+    assert m["charts/grad_norm_Miner"] > 0
+    after = _snapshot(shared.model)
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed and all(".lora_" in n and ".Miner." in n for n in changed)
+    assert all(torch.equal(before[n], after[n]) for n in before if ".Miner." not in n)  # base + other adapters
+
+
+def test_save_and_load_round_trip_through_peft_and_build_swarm(registry, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from swarm_runtime.policy.transformers_backend import TransformersPolicy
+
+    ctx, _, policies = _swarm(registry)
+    resp = policies["Miner"].action_target("mine stone")
+    want = {r: p.logprobs([PROMPTS[r]], [resp]) for r, p in policies.items()}
+    assert not torch.allclose(want["Miner"], want["Smith"])
+    for r, p in policies.items():
+        p.save(tmp_path / "agents" / r)
+    d = tmp_path / "agents" / "Miner"
+    assert (d / "adapter_config.json").exists() and (d / "adapter_model.safetensors").exists()
+    ptr = json.loads((d / "swarm_base.json").read_text())
+    assert ptr["trained_base"] and (tmp_path / "base" / "config.json").exists()
+    # PEFT's own loader on the saved base
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    peft_model = PeftModel.from_pretrained(base, d).eval()
+    plain = TransformersPolicy(peft_model, policies["Miner"].tok, policies["Miner"].bid_levels)
+    torch.testing.assert_close(plain.logprobs([PROMPTS["Miner"]], [resp]), want["Miner"], atol=1e-5, rtol=1e-5)
+    # and the swarm's (resume, eval, experiments all go through build_swarm(init_dir))
+    _, again = ctx.build_swarm(tmp_path / "agents")
+    for r, p in again.items():
+        torch.testing.assert_close(p.logprobs([PROMPTS[r]], [resp]), want[r], atol=1e-6, rtol=1e-6)
+
+
+def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
+    from swarm_runtime.policy.adapters import MixedBatch
+
+    _, _, policies = _swarm(registry)
+    roles = ["Logger", "Miner", "Smith", "Miner", "Logger", "Smith"]
+    rows = [policies[r] for r in roles]
+    prompts = [PROMPTS[r] if i < 3 else PROMPTS[roles[(i + 1) % 3]] for i, r in enumerate(roles)]
+    resp = [rows[0].action_target(t) for t in ("chop tree", "mine stone", "craft stick", "craft planks",
+                                               "mine stone", "chop tree")]
+    lead = rows[0]
+    with torch.no_grad():
+        with lead.routed([p.adapter for p in rows]):
+            mixed = lead.logprobs(prompts, resp)
+            probs = lead.bid_distribution(prompts)
+        per = torch.cat([p.logprobs([q], [r]) for p, q, r in zip(rows, prompts, resp)])
+        per_probs = torch.cat([p.bid_distribution([q]) for p, q in zip(rows, prompts)])
+    torch.testing.assert_close(mixed, per, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(probs, per_probs, atol=1e-6, rtol=1e-5)
+    import swarm_runtime.policy.adapters as adapters  # our stacked routing against PEFT's own adapter_names=
+
+    monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")
+    with torch.no_grad(), lead.routed([p.adapter for p in rows]):
+        torch.testing.assert_close(lead.logprobs(prompts, resp), mixed, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(adapters, "MIXED_IMPL", "stacked")
+    assert not torch.allclose(per[1], per[2])  # the rows really went through different adapters
+    for p in rows:
+        p.temperature = 0.0
+    greedy_mixed = MixedBatch(rows).act(prompts)
+    greedy_per = [p.act([q])[0] for p, q in zip(rows, prompts)]
+    assert [r.tokens for r in greedy_mixed] == [r.tokens for r in greedy_per]
+
+
+def test_the_episode_loop_makes_one_bid_call_per_turn_for_all_roles(registry, monkeypatch):
+    from swarm_runtime.episode import new_slots, play
+    from swarm_runtime.policy.transformers_backend import TransformersPolicy
+
+    ctx, agents, policies = _swarm(registry)
+    calls = []
+    real = TransformersPolicy.bid_distribution
+
+    def counted(self, prompts):
+        calls.append((len(prompts), tuple(self.route or [self.adapter])))
+        return real(self, prompts)
+    monkeypatch.setattr(TransformersPolicy, "bid_distribution", counted)
+    slots = new_slots(ctx.domain, ctx.task, [0, 1])
+    play(slots, agents, ctx.coordinator(), ctx.domain, 3, random.Random(0))
+    assert len(calls) == 3  # one batched bid forward per turn, not one per role
+    assert all(set(route) == {"Logger", "Miner", "Smith"} for _, route in calls)
+
+
+def test_flops_count_the_frozen_base_honestly(registry):
+    from swarm_runtime.flops import FlopCounter, train_flops
+
+    assert train_flops(10, 3) == 6.0 * 10 * 3
+    assert train_flops(110, 3, frozen=100) == (4.0 * 100 + 6.0 * 10) * 3
+    _, _, policies = _swarm(registry)
+    p = policies["Smith"]
+    shared = p.shared_base
+    n_adapter = sum(w.numel() for w in p.parameters())
+    assert p.n_frozen == shared.n_base and p.n_params == shared.n_base + n_adapter
+    assert shared.n_base == sum(w.numel() for n, w in shared.model.named_parameters() if "lora_" not in n)
+    p.flops = FlopCounter(category="update")
+    resp = p.action_target("craft stick")
+    tokens = len(p.encode_prompt(PROMPTS["Smith"])) + len(resp)
+    p.logprobs([PROMPTS["Smith"]], [resp]).sum().backward()
+    assert p.flops.by_category["update"] == (4.0 * shared.n_base + 6.0 * n_adapter) * tokens
+    # the plan's parameter counts are the model's
+    from swarm_runtime.memory_plan import Arch
+
+    cfg = shared.model.get_base_model().config
+    arch = Arch.from_hf(cfg.to_dict())
+    assert arch.n_params() == shared.n_base
+    assert arch.n_lora(8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]) == n_adapter
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_recipe_fits_its_gpu_by_the_memory_plan(registry, recipe):
+    from swarm_runtime.cli import expand_recipe
+    from swarm_runtime.config import resolve
+    from swarm_runtime.memory_plan import make_plan
+
+    pm, reg = registry
+    cfg = resolve(expand_recipe([f"recipe={ROOT / 'configs' / recipe}"]), reg)
+    assert cfg.model.adapter == "lora" and cfg.hardware.name in ("h200", "b200", "rtx_pro_6000")
+    plan = make_plan(cfg, 3, 3)
+    assert plan.fits and plan.budget == float(cfg.hardware.memory_gb) * 1e9
+    assert 4e9 < make_plan(cfg, 3, 3).rows[0][1] / 2 < 9e9  # a 4B-8B base in bf16, held once
+    full = cfg.copy()
+    full.model.adapter = "none"
+    assert not make_plan(full, 3, 3).fits  # three full 4-8B copies with optimizer states do not fit
+
+
+def _main(capsys, *argv) -> tuple[int, str]:
+    from swarm_runtime.cli import main
+
+    rc = main(list(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    return rc, err[-1] if err else ""
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("model.lora.rank=4",), "model.adapter=none"),
+    (("model.adapter=lora", "model.lora.rank=0"), "rank must be > 0"),
+    (("model.adapter=qlora",), "valid: none, lora"),
+    (("model.adapter=lora", "model.lora.target_modules=[q_proj,qkv_proj]"), "'qkv_proj', which the base model lacks"),
+    (("hardware=h200",), "use hardware=cpu"),
+    (("recipe=configs/nope.yaml",), "recipes here"),
+    (("hardware.attention=flash",), "valid: sdpa, flash_attention_2, eager"),
+])
+def test_bad_input_is_one_clear_line_and_exit_2(capsys, tmp_path, args, needle):
+    if args == ("hardware=h200",) and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    rc, line = _main(capsys, "run", *LORA[:2], *args, f"run_dir={tmp_path / 'r'}", "progress=false")
+    assert rc == 2 and needle in line and line.startswith("swarm: error:"), line
+
+
+def test_a_plan_that_does_not_fit_names_the_fix(capsys):
+    arch = ("model.arch={hidden_size: 4096, intermediate_size: 12288, num_hidden_layers: 36, num_attention_heads: 32,"
+            " num_key_value_heads: 8, head_dim: 128, vocab_size: 151936}")
+    rc, line = _main(capsys, "config", "model=local", "hardware=rtx_pro_6000", "model.adapter=none", arch, "--plan")
+    assert rc == 2 and "model.adapter=lora" in line and "rtx_pro_6000" in line and "GiB" in line
+    rc, line = _main(capsys, "config", "model=local", "hardware=rtx_pro_6000", arch, "--plan")  # adapters: the profile's
+    assert rc == 2 and "algo.envs_per_step (now 32)" in line  # default; the rollout's KV cache is what is left
+    rc, _ = _main(capsys, "config", "model=local", "hardware=rtx_pro_6000", arch, "algo.envs_per_step=8", "--plan")
+    assert rc == 0
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lora")
+    res = swarm("run", *TINY_RUN, "model.adapter=lora", "skip_sft_eval=true", "tensorboard=false", "eval.episodes=1",
+                "algo.sft.demo_episodes=1", f"run_dir={d / 'run'}", cwd=d)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return d, d / "run"
+
+
+def test_cli_run_eval_resume_and_export_with_adapters(lora_run):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    d, run = lora_run
+    ckpt = run / "checkpoints" / "iter-000002"
+    for role in ("Logger", "Miner", "Smith"):
+        assert (ckpt / "agents" / role / "adapter_model.safetensors").exists()
+        assert not (ckpt / "agents" / role / "model.safetensors").exists()  # no full copy per role
+    base = AutoModelForCausalLM.from_pretrained(ckpt / "base")
+    PeftModel.from_pretrained(base, ckpt / "agents" / "Smith")  # PEFT loads the checkpoint as written
+    res = swarm("eval", str(run), "eval.episodes=1", cwd=d)
+    assert res.returncode == 0 and "iter-000002" in res.stdout, res.stderr[-2000:]
+    res = swarm("run", *TINY_RUN, "model.adapter=lora", f"run_dir={run}", "resume=true", "algo.iterations=3", cwd=d)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((run / "checkpoints" / "iter-000003" / "state.json").read_text())["iteration"] == 3
+    res = swarm("export", str(run), "checkpoint=iter-000003", "merged=true", cwd=d)
+    assert res.returncode == 0, res.stderr[-2000:]
+    merged = AutoModelForCausalLM.from_pretrained(run / "export" / "iter-000003" / "Miner")
+    src = run / "checkpoints" / "iter-000003"
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(src / "base"), src / "agents" / "Miner")
+    ids = torch.tensor([[2, 5, 7, 9, 11]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, peft_model.eval()(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_an_adapter_checkpoint_on_another_base_is_refused(lora_run, tmp_path, capsys):
+    _, run = lora_run
+    rc, line = _main(capsys, "eval", str(run), "model.hidden_size=64")
+    assert rc == 2 and "hidden_size=128" in line and "64" in line, line
+    local = make_local_checkpoint(tmp_path / "other")
+    rc, line = _main(capsys, "eval", str(run), f"model.path={local}")
+    assert rc == 2 and "another base" in line, line
+    assert (run / "eval.json").exists() or (run / "config.yaml").exists()  # nothing written is lost
+
+
+def test_the_gpu_script_exits_cleanly_without_cuda():
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: test_gpu_adapters_script runs the script")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py")], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "no CUDA device" in res.stdout and "skipped" in res.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_adapters_script():
+    import subprocess
+    import sys
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py"), "--agents", "3", "--envs", "4",
+                          "--prompt", "128"], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "peak CUDA memory" in res.stdout and "memory plan's estimate" in res.stdout
