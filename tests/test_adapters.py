@@ -3,7 +3,6 @@ role's training, PEFT round trips, the mixed-adapter batch against per-agent cal
 recipes, FLOPs with a frozen base, export, and every bad input."""
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch

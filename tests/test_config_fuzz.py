@@ -5,7 +5,6 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 
 from conftest import ROOT
 

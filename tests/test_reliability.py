@@ -3,11 +3,9 @@ checkpoint file operation resumes to the uninterrupted run; planted pickles neve
 is locked; corrupted files are named; secrets given on the command line are written nowhere."""
 import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest

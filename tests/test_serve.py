@@ -20,7 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from conftest import ROOT, swarm  # noqa: E402
+from conftest import ROOT  # noqa: E402
 
 RUN_ARGS = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=12", "eval.episodes=2", "eval.runs=1",
             "hardware.threads=1", "progress=false"]
