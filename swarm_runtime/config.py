@@ -133,6 +133,7 @@ class EvalConfig:
     runs: int = 3  #: sampled runs per held-out seed
     episodes: Optional[int] = None  #: held-out seeds used (None = all of the task's eval seeds)
     temperature: Optional[float] = None  #: sampling temperature at evaluation (None = model.temperature)
+    split: str = "eval"  #: episode seeds held-out evaluations use: ``eval`` (reported numbers) or ``dev`` (tuning; disjoint from train and eval)
     common_random_numbers: bool = False  #: key each held-out episode's draws by (eval seed, run, episode seed), so
     #: the SFT and the trained swarm meet the same noise and their paired difference is tighter
 
@@ -142,7 +143,8 @@ class ExperimentConfig:
     """Settings of ``swarm experiment NAME`` (docs/experiments.md); ignored by ``swarm run``."""
 
     name: Optional[str] = None  #: the experiment (set by ``swarm experiment NAME``)
-    base: Optional[str] = None  #: a ``swarm run`` folder whose final checkpoint is the trained MPT swarm (its ``sft`` checkpoint the initial one); None = train one
+    base: Any = None  #: a ``swarm run`` folder whose final checkpoint is the trained MPT swarm (its ``sft`` checkpoint the initial one), or a list of them, one per training seed (experiment.train_seeds); None = train one
+    train_seeds: Optional[list] = field(default_factory=lambda: [0, 1, 2])  #: training seeds: every arm is trained and evaluated once per seed (run seed = training seed, in ``seed-<s>/``); tables show the mean over seeds ± SE over seeds, plus paired differences; null = the run's ``seed`` alone, in the folder itself
     iterations: int = 10  #: RL updates of each training inside an experiment (overrides algo.iterations there)
     eval_episodes: Optional[int] = 16  #: held-out seeds per evaluated condition (eval.episodes wins when set; None = all)
     sft_eval: bool = False  #: also evaluate each training's SFT checkpoint (one more held-out evaluation per training)
@@ -182,6 +184,9 @@ class RunConfig:
 
 #: Whose bids a branch pair trains (``algo.bid_pairs``).
 BID_PAIRS = ("selected", "both")
+
+#: Splits a held-out evaluation may use (``eval.split``): ``eval`` for reported numbers, ``dev`` for tuning.
+EVAL_SPLITS = ("eval", "dev")
 
 #: How the monolithic baseline's SFT is matched to the swarm's (``algo.sft.match``).
 SFT_MATCHES = ("compute", "data")
@@ -338,6 +343,13 @@ def validate(cfg: DictConfig, registry) -> None:
         raise ConfigError(f"algo.kl_coef must be >= 0, got {cfg.algo.kl_coef}")
     if not float(cfg.algo.bid_beta) > 0:
         raise ConfigError(f"algo.bid_beta must be > 0, got {cfg.algo.bid_beta}")
+    if cfg.eval.split not in EVAL_SPLITS:
+        raise ConfigError(f"unknown eval.split {cfg.eval.split!r}; valid: {', '.join(EVAL_SPLITS)}")
+    seeds = cfg.experiment.train_seeds
+    if seeds is not None and (not len(seeds) or len(set(int(s) for s in seeds)) != len(seeds)
+                              or any(int(s) < 0 for s in seeds)):
+        raise ConfigError(f"experiment.train_seeds {list(seeds)} must be distinct non-negative integers "
+                          "(or null: the run's seed alone)")
     for key in ("runs", "episodes"):
         value = cfg.eval[key]
         if value is not None and int(value) < 1:
