@@ -144,7 +144,7 @@ Presence = Callable[[int, int, int], Sequence[bool]]  # (seed, turn, n_agents) -
 
 def make_env(domain: Domain, task) -> ValidatedEnv:
     bounds = (float(task.get("reward_min", 0.0)), float(task.reward_max))
-    return ValidatedEnv(domain.make_env(task), domain.name, bounds)
+    return ValidatedEnv(domain.make_env(task), domain.name, bounds, task=task.get("name"))
 
 
 def new_slots(domain: Domain, task, seeds: Sequence[int]) -> list[Slot]:
