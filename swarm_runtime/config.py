@@ -345,6 +345,10 @@ def validate(cfg: DictConfig, registry) -> None:
         raise ConfigError(f"algo.bid_beta must be > 0, got {cfg.algo.bid_beta}")
     if cfg.eval.split not in EVAL_SPLITS:
         raise ConfigError(f"unknown eval.split {cfg.eval.split!r}; valid: {', '.join(EVAL_SPLITS)}")
+    if cfg.get("task") is not None and cfg.task.get(f"{cfg.eval.split}_seeds") is None:
+        raise ConfigError(f"eval.split={cfg.eval.split}, but task {cfg.task_name!r} of {cfg.domain!r} defines no "
+                          f"{cfg.eval.split}_seeds; valid here: "
+                          f"{', '.join(s for s in EVAL_SPLITS if cfg.task.get(f'{s}_seeds') is not None)}")
     seeds = cfg.experiment.train_seeds
     if seeds is not None and (not len(seeds) or len(set(int(s) for s in seeds)) != len(seeds)
                               or any(int(s) < 0 for s in seeds)):

@@ -243,3 +243,25 @@ def test_runtime_contract_errors_name_seed_step_and_action():
     env.step("stack", "Builder")
     env.restore(snap)
     assert env.t == 0
+
+
+# ------------------------------------------------------------------ dev split of the built-in tasks
+def test_builtin_tasks_have_a_disjoint_dev_split_and_eval_split_selects_it(registry):
+    from conftest import run_context
+    from swarm_runtime.config import ConfigError, resolve
+
+    mc = registry[1].domains["minecraft"]
+    task = mc.task_config("iron_pickaxe")
+    assert mc.episode_seeds(task, "dev") == list(range(50000, 50032))
+    assert mc.episode_seeds(task, "eval") == list(range(100000, 100032))  # unchanged
+    assert mc.episode_seeds(task, "train") == list(range(1000))  # unchanged
+    check_splits(mc, "iron_pickaxe")
+    check_splits(registry[1].domains["vln_ce"], "r2r")
+    with pytest.raises(ValueError, match="unknown split 'test'; valid: train, dev, eval"):
+        mc.episode_seeds(task, "test")
+    ctx = run_context(registry, "domain=minecraft", "task=iron_pickaxe", "eval.split=dev", "eval.episodes=4")
+    assert ctx.seeds("eval") == [50000, 50001, 50002, 50003] and ctx.seeds("train")[:2] == [0, 1]
+    assert run_context(registry, "domain=minecraft", "eval.episodes=2").seeds("eval") == [100000, 100001]
+    with pytest.raises(ConfigError, match="eval.split=dev, but task 'embedded' of 'openresearcher' defines no "
+                                          "dev_seeds; valid here: eval"):
+        resolve(["domain=openresearcher", "task=embedded", "eval.split=dev"], registry[1])

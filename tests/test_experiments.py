@@ -2,6 +2,7 @@
 trains the tiny MPT swarm the other experiments reuse through experiment.base), every other
 experiment in process, resuming, and bad input."""
 import json
+import re
 
 import pytest
 from conftest import swarm
@@ -274,7 +275,13 @@ def test_base_must_give_one_swarm_per_training_seed(registry, tmp_path, base):
 @pytest.mark.parametrize("arg,match", [("experiment.train_seeds=[0,0]", "distinct non-negative"),
                                        ("experiment.train_seeds=[-1]", "distinct non-negative"),
                                        ("eval.split=test", "unknown eval.split 'test'; valid: eval, dev")])
-def test_bad_train_seeds_and_split_exit_2(tmp_path, arg, match):
-    res = swarm("experiment", "coordination", arg, f"run_dir={tmp_path / 'x'}", cwd=tmp_path)
-    assert res.returncode == 2 and match in res.stderr and "Traceback" not in res.stderr
+def test_bad_train_seeds_and_split_are_refused(registry, tmp_path, arg, match):
+    pm, reg = registry
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        run_experiment("coordination", [arg, f"run_dir={tmp_path / 'x'}"], pm, reg)
     assert not (tmp_path / "x").exists()
+
+
+def test_bad_train_seeds_exit_2_on_the_cli(tmp_path):
+    res = swarm("experiment", "coordination", "experiment.train_seeds=[0,0]", f"run_dir={tmp_path / 'x'}", cwd=tmp_path)
+    assert res.returncode == 2 and "distinct non-negative" in res.stderr and "Traceback" not in res.stderr
