@@ -117,7 +117,7 @@ class AlgoConfig:
     #: the forced decision; False = the policies' generators (the paper). Measured: no lower branch-pair variance
     #: on VLN-CE or Minecraft (benchmarks/branch_noise.py, docs/benchmarks.md)
     reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
-    goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the most relevant (highest-bid) agents propose an action
+    goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the agents most confident in their own proposal respond (their proposals are peer-scored)
     sft: SFTConfig = field(default_factory=SFTConfig)
 
 
