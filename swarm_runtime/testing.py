@@ -272,72 +272,71 @@ def check_snapshots(domain: Domain, task: str | DictConfig, trajectories=TRAJECT
     cap = int(max_steps or cfg.max_decisions)
     checked = 0
     for m, (seed, mix) in enumerate(trajectories):
-        if True:
-            w = Where(domain.name, name, int(seed))
-            pool = _valid_pool(domain, cfg, int(seed))
-            env, twin = domain.make_env(cfg), domain.make_env(cfg)
-            obs = env.reset(int(seed))
-            twin.reset(int(seed))
-            shared = shared_objects(env, twin)
-            bookkeeping = tuple(getattr(env, "bookkeeping", ()) or ())
-            if obs != env.observation():
-                w.fail("reset() returned an observation that observation() does not show: "
-                       f"{_short(obs)} vs {_short(env.observation())}")
-            rng = random.Random(1000 * m + int(seed))
-            total, done = 0.0, False
-            for t in range(cap):
-                if done:
-                    break
-                action, role = _choose(env, rng, roles, pool, mix)
-                w.step, w.action, w.role = t, action, role
-                snap = env.snapshot()
-                frozen_snap = freeze(snap, shared)
-                before, obs0 = state_of(env, shared), env.observation()
-                res = env.step(action, role)
-                if not isinstance(res, StepResult):
-                    w.fail(f"step() returned {type(res).__name__}, not StepResult")
-                if not isinstance(res.reward, (int, float)) or not math.isfinite(float(res.reward)):
-                    w.fail(f"step() returned a non-finite reward {res.reward!r}")
-                if res.observation != env.observation():
-                    w.fail("step() returned an observation that observation() then does not show: "
-                           f"{_short(res.observation)} vs {_short(env.observation())}")
-                if not res.valid and not res.done:  # (an invalid action may end the episode at a decision cap)
-                    if float(res.reward) > 0:
-                        w.fail(f"an invalid action earned reward {res.reward} (it must be a no-op: 0, or a penalty)")
-                    d = first_difference(state_of(env, shared, bookkeeping) if bookkeeping else state_of(env, shared),
-                                         _drop(before, bookkeeping))
-                    if d:
-                        w.fail(f"an invalid action changed the state (it must be a no-op; counters may be listed in "
-                               f"the env's `bookkeeping`): {d} (after vs before)")
-                total += float(res.reward)
-                if not lo - 1e-6 <= total <= hi + 1e-6:
-                    w.fail(f"the episode reward {total:g} left the task's bounds [reward_min {lo:g}, reward_max {hi:g}] "
-                           f"(this step's reward {float(res.reward):g})")
-                after = state_of(env, shared)
-                d = first_difference(freeze(snap, shared), frozen_snap)
+        w = Where(domain.name, name, int(seed))
+        pool = _valid_pool(domain, cfg, int(seed))
+        env, twin = domain.make_env(cfg), domain.make_env(cfg)
+        obs = env.reset(int(seed))
+        twin.reset(int(seed))
+        shared = shared_objects(env, twin)
+        bookkeeping = tuple(getattr(env, "bookkeeping", ()) or ())
+        if obs != env.observation():
+            w.fail("reset() returned an observation that observation() does not show: "
+                   f"{_short(obs)} vs {_short(env.observation())}")
+        rng = random.Random(1000 * m + int(seed))
+        total, done = 0.0, False
+        for t in range(cap):
+            if done:
+                break
+            action, role = _choose(env, rng, roles, pool, mix)
+            w.step, w.action, w.role = t, action, role
+            snap = env.snapshot()
+            frozen_snap = freeze(snap, shared)
+            before, obs0 = state_of(env, shared), env.observation()
+            res = env.step(action, role)
+            if not isinstance(res, StepResult):
+                w.fail(f"step() returned {type(res).__name__}, not StepResult")
+            if not isinstance(res.reward, (int, float)) or not math.isfinite(float(res.reward)):
+                w.fail(f"step() returned a non-finite reward {res.reward!r}")
+            if res.observation != env.observation():
+                w.fail("step() returned an observation that observation() then does not show: "
+                       f"{_short(res.observation)} vs {_short(env.observation())}")
+            if not res.valid and not res.done:  # (an invalid action may end the episode at a decision cap)
+                if float(res.reward) > 0:
+                    w.fail(f"an invalid action earned reward {res.reward} (it must be a no-op: 0, or a penalty)")
+                d = first_difference(state_of(env, shared, bookkeeping) if bookkeeping else state_of(env, shared),
+                                     _drop(before, bookkeeping))
                 if d:
-                    w.fail(f"stepping changed the snapshot taken before it (it shares live state with the env): {d} "
-                           "(after vs at snapshot time)")
-                env.restore(snap)
-                d = first_difference(state_of(env, shared), before)
-                if d:
-                    w.fail("restore() did not bring back the state of snapshot time (state kept outside the snapshot, "
-                           f"or a restore that forgets part of it): {d} (after restore vs at snapshot time)")
-                if env.observation() != obs0:
-                    w.fail(f"observation after restore differs: {_short(env.observation())} vs {_short(obs0)}")
-                res2 = env.step(action, role)
-                one = (res.observation, round(float(res.reward), 9), bool(res.done), bool(res.valid))
-                two = (res2.observation, round(float(res2.reward), 9), bool(res2.done), bool(res2.valid))
-                if one != two:
-                    w.fail(f"the same action from the restored snapshot gave another result: {_short(two)} vs {_short(one)}")
-                d = first_difference(state_of(env, shared), after)
-                if d:
-                    w.fail(f"the same action from the restored snapshot left another state: {d} (replayed vs first)")
-                d = first_difference(freeze(snap, shared), frozen_snap)
-                if d:
-                    w.fail(f"restoring and stepping changed the snapshot (it must stay reusable): {d}")
-                done = bool(res.done)
-                checked += 1
+                    w.fail(f"an invalid action changed the state (it must be a no-op; counters may be listed in "
+                           f"the env's `bookkeeping`): {d} (after vs before)")
+            total += float(res.reward)
+            if not lo - 1e-6 <= total <= hi + 1e-6:
+                w.fail(f"the episode reward {total:g} left the task's bounds [reward_min {lo:g}, reward_max {hi:g}] "
+                       f"(this step's reward {float(res.reward):g})")
+            after = state_of(env, shared)
+            d = first_difference(freeze(snap, shared), frozen_snap)
+            if d:
+                w.fail(f"stepping changed the snapshot taken before it (it shares live state with the env): {d} "
+                       "(after vs at snapshot time)")
+            env.restore(snap)
+            d = first_difference(state_of(env, shared), before)
+            if d:
+                w.fail("restore() did not bring back the state of snapshot time (state kept outside the snapshot, "
+                       f"or a restore that forgets part of it): {d} (after restore vs at snapshot time)")
+            if env.observation() != obs0:
+                w.fail(f"observation after restore differs: {_short(env.observation())} vs {_short(obs0)}")
+            res2 = env.step(action, role)
+            one = (res.observation, round(float(res.reward), 9), bool(res.done), bool(res.valid))
+            two = (res2.observation, round(float(res2.reward), 9), bool(res2.done), bool(res2.valid))
+            if one != two:
+                w.fail(f"the same action from the restored snapshot gave another result: {_short(two)} vs {_short(one)}")
+            d = first_difference(state_of(env, shared), after)
+            if d:
+                w.fail(f"the same action from the restored snapshot left another state: {d} (replayed vs first)")
+            d = first_difference(freeze(snap, shared), frozen_snap)
+            if d:
+                w.fail(f"restoring and stepping changed the snapshot (it must stay reusable): {d}")
+            done = bool(res.done)
+            checked += 1
     return checked
 
 
