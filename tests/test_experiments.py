@@ -254,6 +254,11 @@ def test_coordination_over_training_seeds_with_paired_differences(registry, tmp_
     assert "training seeds [0, 1]" in md and "Paired differences against auction" in md
     assert "Per training seed: held-out reward" in md and "seed-0/coordination.png" in md
     assert res["commit"] and res["eval_split"] == "eval"
+    # every row of the markdown table has as many cells as its header (per-seed texts joined without "|")
+    lines = md.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("| label |"))
+    table = lines[start:lines.index("", start)]
+    assert len({ln.count("|") for ln in table}) == 1, table
 
 
 def test_one_training_seed_pairs_over_heldout_seeds(registry, tmp_path, base):

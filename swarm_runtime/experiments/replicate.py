@@ -33,7 +33,7 @@ def _pair(v) -> bool:
 def across_seeds(values: Sequence) -> tuple[float, float] | float | str | None:
     """One cell over training seeds: ``(mean, se)`` pairs -> mean of means ± SE over seeds (one
     seed: its own SE); numbers -> their mean; anything else -> the value if all seeds agree, else
-    the values joined by `` | ``."""
+    the values joined by ``; `` (per seed, in order)."""
     vals = [v for v in values if v is not None]
     if not vals:
         return None
@@ -47,7 +47,7 @@ def across_seeds(values: Sequence) -> tuple[float, float] | float | str | None:
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
         return sum(float(v) for v in vals) / len(vals)
     texts = [str(v) for v in vals]
-    return texts[0] if len(set(texts)) == 1 else " | ".join(texts)
+    return texts[0] if len(set(texts)) == 1 else "; ".join(texts)  # no "|": it would split a table cell
 
 
 def paired_over_seeds(arm: Sequence[float], ref: Sequence[float]) -> tuple[float, float, int]:
