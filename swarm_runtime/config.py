@@ -139,7 +139,7 @@ class AlgoConfig:
     #: the forced decision; False = the policies' generators (the paper). Measured: no lower branch-pair variance
     #: on VLN-CE or Minecraft (benchmarks/branch_noise.py, docs/benchmarks.md)
     reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
-    goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the most relevant (highest-bid) agents propose an action
+    goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the agents most confident in their own proposal respond (their proposals are peer-scored)
     sft: SFTConfig = field(default_factory=SFTConfig)
 
 
@@ -165,6 +165,7 @@ class EvalConfig:
     runs: int = 3  #: sampled runs per held-out seed
     episodes: Optional[int] = None  #: held-out seeds used (None = all of the task's eval seeds)
     temperature: Optional[float] = None  #: sampling temperature at evaluation (None = model.temperature)
+    split: str = "eval"  #: episode seeds held-out evaluations use: ``eval`` (reported numbers) or ``dev`` (tuning; disjoint from train and eval)
     common_random_numbers: bool = False  #: key each held-out episode's draws by (eval seed, run, episode seed), so
     #: the SFT and the trained swarm meet the same noise and their paired difference is tighter
 
@@ -174,7 +175,8 @@ class ExperimentConfig:
     """Settings of ``swarm experiment NAME`` (docs/experiments.md); ignored by ``swarm run``."""
 
     name: Optional[str] = None  #: the experiment (set by ``swarm experiment NAME``)
-    base: Optional[str] = None  #: a ``swarm run`` folder whose final checkpoint is the trained MPT swarm (its ``sft`` checkpoint the initial one); None = train one
+    base: Any = None  #: a ``swarm run`` folder whose final checkpoint is the trained MPT swarm (its ``sft`` checkpoint the initial one), or a list of them, one per training seed (experiment.train_seeds); None = train one
+    train_seeds: Optional[list] = field(default_factory=lambda: [0, 1, 2])  #: training seeds: every arm is trained and evaluated once per seed (run seed = training seed, in ``seed-<s>/``); tables show the mean over seeds ± SE over seeds, plus paired differences; null = the run's ``seed`` alone, in the folder itself
     iterations: int = 10  #: RL updates of each training inside an experiment (overrides algo.iterations there)
     eval_episodes: Optional[int] = 16  #: held-out seeds per evaluated condition (eval.episodes wins when set; None = all)
     sft_eval: bool = False  #: also evaluate each training's SFT checkpoint (one more held-out evaluation per training)
@@ -307,6 +309,9 @@ class RunConfig:
 
 #: Whose bids a branch pair trains (``algo.bid_pairs``).
 BID_PAIRS = ("selected", "both")
+
+#: Splits a held-out evaluation may use (``eval.split``): ``eval`` for reported numbers, ``dev`` for tuning.
+EVAL_SPLITS = ("eval", "dev")
 
 #: How the monolithic baseline's SFT is matched to the swarm's (``algo.sft.match``).
 SFT_MATCHES = ("compute", "data")
@@ -483,6 +488,7 @@ def validate(cfg: DictConfig, registry) -> None:
     _validate(cfg, registry)
     validate_adapter(cfg)
     validate_rlcr(cfg, registry)
+    validate_splits(cfg)
 
 
 #: Range checks of ``rlcr.*``: key -> (lowest, highest) allowed (None = no bound).
@@ -588,3 +594,18 @@ def validate_adapter(cfg: DictConfig) -> None:
     for key, value in (("hardware.dtype", hw.dtype), ("model.dtype", m.dtype)):
         if value is not None and value not in DTYPES:
             raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(DTYPES)}")
+
+
+def validate_splits(cfg: DictConfig) -> None:
+    """``eval.split`` (the task must define that split's seeds) and ``experiment.train_seeds``."""
+    if cfg.eval.split not in EVAL_SPLITS:
+        raise ConfigError(f"unknown eval.split {cfg.eval.split!r}; valid: {', '.join(EVAL_SPLITS)}")
+    if cfg.get("task") is not None and cfg.task.get(f"{cfg.eval.split}_seeds") is None:
+        raise ConfigError(f"eval.split={cfg.eval.split}, but task {cfg.task_name!r} of {cfg.domain!r} defines no "
+                          f"{cfg.eval.split}_seeds; valid here: "
+                          f"{', '.join(s for s in EVAL_SPLITS if cfg.task.get(f'{s}_seeds') is not None)}")
+    seeds = cfg.experiment.train_seeds
+    if seeds is not None and (not len(seeds) or len(set(int(s) for s in seeds)) != len(seeds)
+                              or any(int(s) < 0 for s in seeds)):
+        raise ConfigError(f"experiment.train_seeds {list(seeds)} must be distinct non-negative integers "
+                          "(or null: the run's seed alone)")

@@ -17,6 +17,10 @@ from swarm_runtime.env import DomainEnv
 #: Words the core's default prompt templates use (added to every tokenizer).
 CORE_WORDS = ("you", "are", "log", "none", "bid", "action", "skip", "invalid", ";", ":", ".")
 
+#: Episode-seed splits a task defines (``<split>_seeds`` in its YAML): train (SFT demos and RL),
+#: dev (tuning), eval (reported numbers). ``dev_seeds`` is optional for third-party tasks.
+SPLITS = ("train", "dev", "eval")
+
 #: Task-config keys the core reads; every task YAML must define them.
 REQUIRED_TASK_KEYS = ("max_decisions", "reward_max", "train_seeds", "eval_seeds")
 
@@ -90,8 +94,15 @@ class Domain(ABC):
         default tiny models' tokenizer from it, in process, with no download."""
 
     def episode_seeds(self, task: DictConfig, split: str) -> list[int]:
-        """Seeds of the ``train`` or ``eval`` split (disjoint by construction)."""
-        spec = task.train_seeds if split == "train" else task.eval_seeds
+        """Seeds of the ``train``, ``dev`` or ``eval`` split: the task YAML's ``train_seeds``,
+        ``dev_seeds`` and ``eval_seeds`` (``{start, count}`` each; the conformance kit checks that
+        they are disjoint). ``dev`` is for tuning, ``eval`` for reported numbers only."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+        spec = task.get(f"{split}_seeds")
+        if spec is None:
+            raise ValueError(f"task {task.get('name', '?')!r} of domain {self.name!r} defines no {split}_seeds "
+                             "({start: N, count: M} in its YAML)")
         return list(range(int(spec.start), int(spec.start) + int(spec.count)))
 
     def action_choices(self, task: DictConfig, role: str | None) -> list[str] | None:

@@ -59,6 +59,14 @@ class DomainEnv(ABC):
     def observation(self) -> str:
         """The current text observation (same as the last reset/step returned)."""
 
+    #: Attributes an *invalid* action may still change (turn counters, a last-error text): the
+    #: conformance kit leaves them out when it checks that an invalid action is a no-op. Optional.
+    bookkeeping: tuple[str, ...] = ()
+
+    # Optional: ``state_digest(self) -> Any``, the full episode state as plain data. When defined,
+    # the conformance kit compares it (instead of a deep comparison of ``vars(env)``) before a
+    # snapshot and after the restore.
+
     def snapshot(self) -> Any:
         """An exact, independent copy of the world state (default: deep copy of ``__dict__``)."""
         return copy.deepcopy(self.__dict__)
@@ -112,45 +120,59 @@ class EnvContractError(RuntimeError):
 
 class ValidatedEnv:
     """Wraps a :class:`DomainEnv` and checks the contract on every call, with
-    messages that name the domain and the bad value."""
+    messages that name the domain (and task), the seed, the step and the action."""
 
-    def __init__(self, env: DomainEnv, name: str, reward_bounds: tuple[float, float] | None = None):
-        self.env, self.name, self.reward_bounds = env, name, reward_bounds
+    def __init__(self, env: DomainEnv, name: str, reward_bounds: tuple[float, float] | None = None,
+                 task: str | None = None):
+        self.env, self.name, self.reward_bounds, self.task = env, name, reward_bounds, task
         self.done = False
         self.total_reward = 0.0
+        self.seed: int | None = None
+        self.t = 0  #: steps since reset (restore brings back the snapshot's)
+
+    def _where(self, action: str | None = None, role: str | None = None) -> str:
+        at = self.name + (f"/{self.task}" if self.task else "")
+        if self.seed is not None:
+            at += f", seed {self.seed}, step {self.t}"
+        if action is not None:
+            at += f", action {action!r} by {role or 'the monolithic model'}"
+        return at
 
     def reset(self, seed: int) -> str:
+        self.seed, self.t = int(seed), 0
         obs = self.env.reset(int(seed))
         if not isinstance(obs, str):
-            raise EnvContractError(f"{self.name}: reset() must return str, got {type(obs).__name__}")
+            raise EnvContractError(f"{self._where()}: reset() must return str, got {type(obs).__name__}")
         self.done, self.total_reward = False, 0.0
         return obs
 
     def step(self, action: str, role: str | None = None) -> StepResult:
         if self.done:
-            raise EnvContractError(f"{self.name}: step() called after the episode ended")
+            raise EnvContractError(f"{self._where(action, role)}: step() called after the episode ended")
         res = self.env.step(action, role)
         if not isinstance(res, StepResult):
-            raise EnvContractError(f"{self.name}: step() must return StepResult, got {type(res).__name__}")
+            raise EnvContractError(f"{self._where(action, role)}: step() must return StepResult, got {type(res).__name__}")
         if not isinstance(res.reward, (int, float)) or not math.isfinite(res.reward):
-            raise EnvContractError(f"{self.name}: step() returned a non-finite reward {res.reward!r}")
+            raise EnvContractError(f"{self._where(action, role)}: step() returned a non-finite reward {res.reward!r}")
         self.total_reward += float(res.reward)
         if self.reward_bounds is not None:
             lo, hi = self.reward_bounds
             if not (lo - 1e-6 <= self.total_reward <= hi + 1e-6):
                 raise EnvContractError(
-                    f"{self.name}: episode reward {self.total_reward} left its bounds [{lo}, {hi}]")
+                    f"{self._where(action, role)}: episode reward {self.total_reward} left its bounds [{lo}, {hi}] "
+                    f"(this step's reward {float(res.reward)})")
         self.done = bool(res.done)
+        self.t += 1
         return res
 
     def observation(self) -> str:
         return self.env.observation()
 
     def snapshot(self) -> Any:
-        return (self.env.snapshot(), self.done, self.total_reward)
+        return (self.env.snapshot(), self.done, self.total_reward, self.t)
 
     def restore(self, snapshot: Any) -> None:
-        inner, self.done, self.total_reward = snapshot
+        inner, self.done, self.total_reward, self.t = snapshot
         self.env.restore(inner)
 
     def expert_action(self) -> ExpertStep | None:

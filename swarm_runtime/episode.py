@@ -10,8 +10,11 @@ Optional coordinator capabilities (all off by default; see docs/plugins.md 3.2):
 ``uses_proposals`` (the agents ``coordinator.proposers(bids, rng, turn)`` names
 each sample an action first, and the chosen agent's proposal is the turn's
 action), ``wants_info`` (``select`` also receives ``info=TurnInfo(last_actor,
-proposals)``) and ``bid_scorer(agent, last_actor)`` (the index of the agent
-whose model scores ``agent``'s bid prompt; by default the agent's own).
+proposals, scores)``), ``judge_pairs(proposers, last_actor)`` (pairs ``(j, p)``:
+agent ``j``'s action model scores proposal ``p`` on ``p``'s action prompt, mean
+per-token log-probability without gradients, passed as ``info.scores``) and
+``bid_scorer(agent, last_actor)`` (the index of the agent whose model scores
+``agent``'s bid prompt; by default the agent's own).
 An :class:`Agent` with ``prompt_kind="single"`` (one monolithic model) acts on
 the domain's ``single_prompt`` and steps the env with ``role=None``.
 """
@@ -20,6 +23,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+import torch
 
 from swarm_runtime.auction import AuctionResult
 from swarm_runtime.domain import Domain, Event
@@ -129,6 +134,9 @@ class TurnInfo:
 
     last_actor: int | None  #: index of the agent that acted last in this episode (None before anyone acted)
     proposals: dict[int, str]  #: agent index -> its proposed action text (``uses_proposals`` coordinators)
+    #: (judge index, proposer index) -> judge's action model's mean per-token log-prob of the proposal
+    #: on the proposer's action prompt (coordinators with ``judge_pairs``)
+    scores: dict = field(default_factory=dict)
 
 
 Presence = Callable[[int, int, int], Sequence[bool]]  # (seed, turn, n_agents) -> mask
@@ -136,7 +144,7 @@ Presence = Callable[[int, int, int], Sequence[bool]]  # (seed, turn, n_agents) -
 
 def make_env(domain: Domain, task) -> ValidatedEnv:
     bounds = (float(task.get("reward_min", 0.0)), float(task.reward_max))
-    return ValidatedEnv(domain.make_env(task), domain.name, bounds)
+    return ValidatedEnv(domain.make_env(task), domain.name, bounds, task=task.get("name"))
 
 
 def new_slots(domain: Domain, task, seeds: Sequence[int]) -> list[Slot]:
@@ -204,6 +212,7 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
     scorer = getattr(coordinator, "bid_scorer", None)
     wants_info = bool(getattr(coordinator, "wants_info", False))
     uses_proposals = bool(getattr(coordinator, "uses_proposals", False))
+    judge_pairs = getattr(coordinator, "judge_pairs", None)
     while True:
         live = [s for s in slots if not s.finished]
         if not live:
@@ -245,6 +254,21 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
             for policy, keys in _group(preqs):
                 for (s, a, _), r in zip(keys, _sample(policy.act, keys, [k[2] for k in keys], keyed.ACTION)):
                     proposals[id(s)][a] = r
+        # 1c. proposal scores: the pairs the coordinator names, one batch per judging model
+        scores: dict[int, dict] = {id(s): {} for s in live}
+        if uses_proposals and judge_pairs is not None:
+            sreqs = []
+            for s in live:
+                props = proposals[id(s)]
+                prompts = {p: agents[p].action_prompt(domain, obs[id(s)], s.log) for p in props}
+                for j, p in judge_pairs(sorted(props), s.last_actor):
+                    tokens = agents[j].policy.action_target(props[p].text)
+                    sreqs.append(((s, j, p, prompts[p], tokens), agents[j].policy))
+            for policy, keys in _group(sreqs):
+                with torch.no_grad():
+                    lp = policy.logprobs([k[3] for k in keys], [k[4] for k in keys])
+                for (s, j, p, _, tokens), v in zip(keys, lp.tolist()):
+                    scores[id(s)][(j, p)] = float(v) / max(1, len(tokens))
         # 2. the coordinator picks who acts
         turns: dict[int, Turn] = {}
         for s in live:
@@ -257,7 +281,7 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
                 s.forced = None
             else:
                 if wants_info:
-                    info = TurnInfo(s.last_actor, {a: r.text for a, r in proposals[id(s)].items()})
+                    info = TurnInfo(s.last_actor, {a: r.text for a, r in proposals[id(s)].items()}, scores[id(s)])
                     res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t, info=info)
                 else:
                     res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t)

@@ -71,7 +71,8 @@ def make_plugin_manager(extra_plugins: list[tuple[Any, str]] | None = None) -> p
         try:
             pm.register(ep.load(), name=ep.name)
         except Exception as exc:  # a broken plugin must say who it is
-            raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+            raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {exc}; skip it with "
+                              f"SWARM_DISABLE_PLUGINS={ep.name} (comma-separated names)") from exc
     for obj, name in extra_plugins or []:
         if wanted(name):
             pm.register(obj, name=name)

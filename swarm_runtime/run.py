@@ -41,7 +41,12 @@ class RunContext:
         return self.cfg.task
 
     def seeds(self, split: str) -> list[int]:
-        seeds = self.domain.episode_seeds(self.task, split)
+        """Episode seeds of ``split``; ``eval`` (held-out evaluation) reads ``eval.split`` (``eval`` for
+        reported numbers, ``dev`` for tuning) and keeps its first ``eval.episodes``."""
+        if split == "eval":
+            seeds = self.domain.episode_seeds(self.task, str(self.cfg.eval.get("split", "eval")))
+        else:
+            seeds = self.domain.episode_seeds(self.task, split)
         if split == "eval" and self.cfg.eval.episodes:
             seeds = seeds[: int(self.cfg.eval.episodes)]
         return seeds

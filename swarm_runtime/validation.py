@@ -150,7 +150,9 @@ RULES: dict[str, Rule] = {r.key: r for r in [
     _rule("eval.temperature", floats(0.0, 100.0), nullable=True, null_means="model.temperature"),
     _rule("eval.common_random_numbers", BOOL),
     # experiment
-    _rule("experiment.name", STR, nullable=True), _rule("experiment.base", STR, nullable=True),
+    _rule("experiment.name", STR, nullable=True), Rule("experiment.base", lambda v: STR[0](v) or lists(STR)[0](v), "a run folder, or a list of them (one per experiment.train_seeds)", nullable=True, null_means="train one"),
+    _rule("experiment.train_seeds", lists(ints(0, 2**63 - 1)), nullable=True, null_means="the run's seed alone"),
+    _rule("eval.split", choices("eval", "dev")),
     _rule("experiment.iterations", ints(0)), _rule("experiment.eval_episodes", ints(1), nullable=True),
     _rule("experiment.sft_eval", BOOL), _rule("experiment.budget_factor", floats(1.0, 1000.0)),
     _rule("experiment.coordinators", lists(STR)), _rule("experiment.replicas", lists(ints(1, 1000))),

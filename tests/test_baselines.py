@@ -8,8 +8,8 @@ import torch
 
 from conftest import run_context
 from swarm_runtime.config import resolve
-from swarm_runtime.coordinators import (AgentNetCoordinator, GraphOfAgentsCoordinator, most_relevant, route,
-                                        vote)
+from swarm_runtime.coordinators import (AgentNetCoordinator, GraphOfAgentsCoordinator, agentnet_choice,
+                                        goa_choice, most_relevant)
 from swarm_runtime.episode import SINGLE_ACTOR, TurnInfo, new_slots, play
 from swarm_runtime.policy.split import SplitPolicy
 from swarm_runtime.run import RunContext
@@ -18,40 +18,52 @@ from swarm_runtime.train.sft import collect_demos
 
 
 # ---------------------------------------------------------------------- pure choice rules
-def test_most_relevant_takes_the_highest_bids_and_skips_absent():
-    assert most_relevant([0.2, None, 0.8, 0.4], 2, random.Random(0)) == [2, 3]
-    assert most_relevant([0.2, None, 0.8, 0.4], 9, random.Random(0)) == [2, 3, 0]
+def test_most_relevant_takes_the_most_confident():
+    assert most_relevant({0: -2.0, 2: -0.5, 3: -1.0}, 2, random.Random(0)) == [2, 3]
+    assert most_relevant({0: -2.0, 2: -0.5, 3: -1.0}, 9, random.Random(0)) == [2, 3, 0]
     # ties at the top: both orders occur over seeds
-    firsts = {most_relevant([0.6, 0.6, 0.0], 1, random.Random(s))[0] for s in range(20)}
+    firsts = {most_relevant({0: -1.0, 1: -1.0, 2: -3.0}, 1, random.Random(s))[0] for s in range(20)}
     assert firsts == {0, 1}
 
 
-def test_vote_majority_then_relevance():
-    bids = [0.2, 0.4, 0.8]
-    # two agents agree (case/space-insensitive): majority wins over the most relevant agent
-    assert vote(bids, {0: "chop tree", 1: "Chop  tree", 2: "craft planks"}, random.Random(0)) in (0, 1)
-    assert vote(bids, {0: "chop tree", 1: "chop tree", 2: "craft planks"}, random.Random(0)) == 1  # higher bid of the pair
-    # all different: the most relevant proposer
-    assert vote(bids, {0: "a", 1: "b", 2: "c"}, random.Random(0)) == 2
-    assert vote(bids, {}, random.Random(0)) is None
+def test_goa_peer_review_picks_what_the_other_responders_rate_best():
+    # self-confidence: 0 > 1 > 2; responders (k=2) are 0 and 1
+    sc = {(0, 0): -0.1, (1, 1): -0.2, (2, 2): -0.3,
+          (0, 1): -0.5, (1, 0): -2.0,  # agent 0 rates 1's proposal higher than 1 rates 0's
+          (0, 2): -0.1, (2, 0): -0.1, (1, 2): -0.1, (2, 1): -0.1}
+    assert goa_choice(sc, [0, 1, 2], 2, random.Random(0)) == 1  # not the most confident one
+    # three responders: mean of the other two
+    assert goa_choice(sc, [0, 1, 2], 3, random.Random(0)) == 2  # (-0.1 -0.1)/2 beats 1's and 0's
+    assert goa_choice(sc, [0, 1, 2], 1, random.Random(0)) == 0  # one responder: the most confident
+    tie = {(0, 0): -0.1, (1, 1): -0.2, (0, 1): -1.0, (1, 0): -1.0}
+    assert goa_choice(tie, [0, 1], 2, random.Random(0)) == 0  # peer tie -> more relevant
+    assert goa_choice({}, [], 2, random.Random(0)) is None
 
 
-def test_route_never_skips_and_breaks_ties_randomly():
-    assert route([0.0, 0.0, None], random.Random(0)) in (0, 1)  # all-zero: still someone acts
-    assert route([None, None], random.Random(0)) is None
-    assert {route([0.4, 0.4, 0.2], random.Random(s)) for s in range(20)} == {0, 1}
+def test_agentnet_router_routes_to_its_best_rated_proposal():
+    sc = {(1, 0): -3.0, (1, 1): -1.0, (1, 2): -0.5, (0, 0): -0.1, (2, 2): -9.0}
+    assert agentnet_choice(sc, [0, 1, 2], 1, random.Random(0)) == 2  # router 1 hands over to 2
+    # no router yet (or absent): the most self-confident acts
+    assert agentnet_choice(sc, [0, 1, 2], None, random.Random(0)) == 0
+    assert agentnet_choice({(0, 0): -0.1, (2, 2): -9.0}, [0, 2], 1, random.Random(0)) == 0
+    ties = {agentnet_choice({(0, 0): -1.0, (0, 1): -1.0}, [0, 1], 0, random.Random(s)) for s in range(20)}
+    assert ties == {0, 1}
+    assert agentnet_choice({}, [], 0, random.Random(0)) is None
 
 
-def test_coordinator_objects_on_hand_made_turns():
-    goa = GraphOfAgentsCoordinator()
-    assert goa.uses_bids and goa.uses_proposals and goa.wants_info
-    assert goa.proposers([0.0, 0.8, 0.4], random.Random(0), 0) == [1, 2]
-    res = goa.select([0.0, 0.8, 0.4], random.Random(0), 0, info=TurnInfo(None, {1: "mine stone", 2: "craft stick"}))
-    assert (res.winner, res.winning_bid, res.runner_up, res.contested) == (1, 0.8, None, False)
+def test_coordinator_objects_read_no_bids():
+    goa, net = GraphOfAgentsCoordinator(), AgentNetCoordinator()
+    for c in (goa, net):
+        assert not c.uses_bids and c.uses_proposals and c.wants_info
+        assert c.proposers([0.0, None, 0.0], random.Random(0), 0) == [0, 2]
+    assert goa.judge_pairs([0, 2], None) == [(0, 0), (0, 2), (2, 0), (2, 2)]
+    assert net.judge_pairs([0, 2], None) == [(0, 0), (2, 2)]
+    assert net.judge_pairs([0, 2], 2) == [(2, 0), (2, 2)]
+    assert net.judge_pairs([0, 2], 1) == [(0, 0), (2, 2)]  # the router dropped out
+    sc = {(0, 0): -0.1, (2, 2): -0.2, (0, 2): -0.3, (2, 0): -0.4}
+    res = goa.select([0.0, None, 0.0], random.Random(0), 0, info=TurnInfo(None, {0: "a", 2: "b"}, sc))
+    assert (res.winner, res.winning_bid, res.contested) == (2, 0.0, False)
     assert goa.select([None, None], random.Random(0), 0, info=TurnInfo(None, {})).winner is None
-    net = AgentNetCoordinator()
-    assert net.bid_scorer(2, None) == 2 and net.bid_scorer(2, 0) == 0  # the last actor routes
-    assert net.select([0.2, 0.6, None], random.Random(0), 3, info=TurnInfo(0, {})).winner == 1
 
 
 # ---------------------------------------------------------------------- real episodes
@@ -61,8 +73,10 @@ def ctx(registry):
 
 
 @pytest.mark.parametrize("name", ["graph_of_agents", "agentnet"])
-def test_baseline_coordinators_play_real_episodes(ctx, name):
-    agents, _ = ctx.build_swarm()
+def test_baseline_coordinators_play_real_episodes_without_bids(ctx, name):
+    agents, policies = ctx.build_swarm()
+    for p in policies.values():  # any bid request fails the test: the baselines read no MPT signal
+        p.bid = lambda *a, **k: (_ for _ in ()).throw(AssertionError("a baseline sampled a bid"))
     coord = ctx.coordinator(name)
     calls = []
     orig = coord.select
@@ -74,18 +88,31 @@ def test_baseline_coordinators_play_real_episodes(ctx, name):
     coord.select = spy
     with torch.no_grad():
         eps = play(new_slots(ctx.domain, ctx.task, [0, 1]), agents, coord, ctx.domain, 6, random.Random(0))
+    turns = [t for tt in zip(*[e.turns for e in eps]) for t in tt]
     assert all(len(e.turns) == 6 for e in eps) or any(e.metrics.get("success") for e in eps)
-    assert all(t.winner is not None for e in eps for t in e.turns)  # neither baseline skips
-    assert all(t.action_tokens for e in eps for t in e.turns)
+    assert all(t.winner is not None for t in turns)  # neither baseline skips
+    assert all(t.action_tokens and t.bid_prompts == [None] * 3 for t in turns)
+    # every turn: all three proposed, the executed action is the winner's proposal
+    assert all(len(info.proposals) == 3 for _, info in calls)
+    assert all(info.proposals[t.winner] == t.action_text for (_, info), t in zip(calls, turns))
+    # the scores are real per-token log-probs of the action models, and the pick follows the rule
+    for (_, info), t in zip(calls, turns):
+        assert info.scores and all(v < 0 for v in info.scores.values())
     if name == "graph_of_agents":
-        # every turn had two proposals; the executed action is the winner's proposal
-        assert all(len(info.proposals) == 2 for _, info in calls)
-        assert all(t.winner in info.proposals and info.proposals[t.winner] == t.action_text
-                   for (_, info), t in zip(calls, [t for tt in zip(*[e.turns for e in eps]) for t in tt]))
+        assert all(len(info.scores) == 9 for _, info in calls)
+        a, p = agents[0], 1
+        _, info = calls[0]
+        obs0 = new_slots(ctx.domain, ctx.task, [0])[0].env.observation()
+        prompt = agents[p].action_prompt(ctx.domain, obs0, [])
+        tok = a.policy.action_target(info.proposals[p])
+        with torch.no_grad():
+            ref = a.policy.logprobs([prompt], [tok]).item() / len(tok)
+        assert info.scores[(0, p)] == pytest.approx(ref, rel=1e-5)
     else:
-        # after the first turn, the router is the previous actor of that episode
         lasts = [info.last_actor for _, info in calls]
         assert lasts[:2] == [None, None] and all(a is not None for a in lasts[2:])
+        assert all(len(info.scores) == 3 for _, info in calls)
+        assert all({j for j, _ in info.scores} == {info.last_actor} for _, info in calls[2:])
 
 
 def test_split_policy_routes_bids_and_actions(ctx):

@@ -2,6 +2,7 @@
 trains the tiny MPT swarm the other experiments reuse through experiment.base), every other
 experiment in process, resuming, and bad input."""
 import json
+import re
 
 import pytest
 from conftest import swarm
@@ -12,7 +13,7 @@ from swarm_runtime.experiments.runner import run_experiment
 SMOKE = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=12", "algo.sft.demo_episodes=2",
          "algo.sft.epochs=1", "algo.envs_per_step=2", "experiment.iterations=2", "algo.action_steps=1",
          "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "tensorboard=false",
-         "hardware.threads=1"]
+         "hardware.threads=1", "experiment.train_seeds=null"]
 
 
 @pytest.fixture(scope="module")
@@ -177,8 +178,9 @@ def test_credit_ablation(registry, tmp_path, base):
     assert [r["label"] for r in res["rows"]] == ["MPT (bucket brigade)", "random-bid credit", "round-robin"]
     from omegaconf import OmegaConf
 
-    rr = OmegaConf.load(out / "trainings" / "round_robin" / "config.yaml")
-    assert rr.algo.coordinator == "round_robin" and rr.algo.bid_steps == 0
+    rr = OmegaConf.load(out / "trainings" / "round_robin_rtg" / "config.yaml")
+    # round-robin is trained as a round-robin MARL baseline: REINFORCE on reward-to-go, not myopic credit
+    assert rr.algo.coordinator == "round_robin" and rr.algo.bid_steps == 0 and rr.algo.credit == "reward_to_go"
     assert OmegaConf.load(out / "trainings" / "random_bids" / "config.yaml").algo.credit == "random_bids"
     assert (out / "trainings" / "random_bids" / "metrics.jsonl").exists()
     assert (out / "credit_reward_vs_flops.png").exists()
@@ -224,3 +226,67 @@ def test_third_party_experiment_of_the_docs(tmp_path, base):
     assert "experiment:greedy" in reg.provenance["greedy_plugin"]
     out, res = run((pm, reg), "greedy", tmp_path, *base)
     assert res["rows"][0]["label"] == "greedy" and (out / "cells" / "greedy.json").exists()
+
+
+# ---------------------------------------------------------------------- replication over training seeds
+def test_coordination_over_training_seeds_with_paired_differences(registry, tmp_path):
+    out, res = run(registry, "coordination", tmp_path, "experiment.train_seeds=[0,1]",
+                   "experiment.coordinators=[auction,round_robin]")
+    assert res["train_seeds"] == [0, 1]
+    for s in (0, 1):  # every arm trained and evaluated per training seed, in its own folder
+        saved = json.loads((out / f"seed-{s}" / "cells" / "train-mpt.json").read_text())
+        assert saved["run_dir"].endswith(f"seed-{s}/trainings/mpt")
+        from omegaconf import OmegaConf
+
+        assert OmegaConf.load(out / f"seed-{s}" / "trainings" / "mpt" / "config.yaml").seed == s
+    per = {s: {r["label"]: r["held-out reward"] for r in res["per_seed"][str(s)]["rows"]} for s in ("0", "1")}
+    auction = [per[s]["auction"][0] for s in ("0", "1")]
+    rr = [per[s]["round_robin"][0] for s in ("0", "1")]
+    row = {r["label"]: r for r in res["rows"]}
+    # mean over training seeds, SE over training seeds (sd / sqrt(2) = |a - b| / 2)
+    assert row["auction"]["held-out reward"][0] == pytest.approx(sum(auction) / 2)
+    assert row["auction"]["held-out reward"][1] == pytest.approx(abs(auction[0] - auction[1]) / 2)
+    assert row["auction"]["training seeds"] == 2
+    d = [r - a for r, a in zip(rr, auction)]
+    p = res["paired"]["round_robin"]
+    assert p["mean"] == pytest.approx(sum(d) / 2) and p["se"] == pytest.approx(abs(d[0] - d[1]) / 2) and p["n"] == 2
+    md = (out / "results.md").read_text()
+    assert "training seeds [0, 1]" in md and "Paired differences against auction" in md
+    assert "Per training seed: held-out reward" in md and "seed-0/coordination.png" in md
+    assert res["commit"] and res["eval_split"] == "eval"
+    # every row of the markdown table has as many cells as its header (per-seed texts joined without "|")
+    lines = md.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("| label |"))
+    table = lines[start:lines.index("", start)]
+    assert len({ln.count("|") for ln in table}) == 1, table
+
+
+def test_one_training_seed_pairs_over_heldout_seeds(registry, tmp_path, base):
+    _, res = run(registry, "coordination", tmp_path, "experiment.train_seeds=[0]", *base,
+                 "experiment.coordinators=[auction,round_robin]")
+    p = res["paired"]["round_robin"]
+    assert p["n"] == 2 and "held-out seeds" in p["how"]  # eval.episodes=2 shared held-out seeds
+    sr = res["per_seed"]["0"]["seed_rewards"]
+    assert p["mean"] == pytest.approx(sum(sr["round_robin"][k] - sr["auction"][k] for k in sr["auction"]) / 2)
+
+
+def test_base_must_give_one_swarm_per_training_seed(registry, tmp_path, base):
+    with pytest.raises(ConfigError, match=r"1 run folder\(s\) but experiment.train_seeds has 3 seed\(s\)"):
+        run(registry, "coordination", tmp_path / "a", "experiment.train_seeds=[0,1,2]", *base)
+    with pytest.raises(ConfigError, match="was trained with seed 0, but it stands for training seed 1"):
+        run(registry, "coordination", tmp_path / "b", "experiment.train_seeds=[1]", *base)
+
+
+@pytest.mark.parametrize("arg,match", [("experiment.train_seeds=[0,0]", "distinct non-negative"),
+                                       ("experiment.train_seeds=[-1]", "distinct non-negative"),
+                                       ("eval.split=test", "unknown eval.split 'test'; valid: eval, dev")])
+def test_bad_train_seeds_and_split_are_refused(registry, tmp_path, arg, match):
+    pm, reg = registry
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        run_experiment("coordination", [arg, f"run_dir={tmp_path / 'x'}"], pm, reg)
+    assert not (tmp_path / "x").exists()
+
+
+def test_bad_train_seeds_exit_2_on_the_cli(tmp_path):
+    res = swarm("experiment", "coordination", "experiment.train_seeds=[0,0]", f"run_dir={tmp_path / 'x'}", cwd=tmp_path)
+    assert res.returncode == 2 and "distinct non-negative" in res.stderr and "Traceback" not in res.stderr

@@ -93,6 +93,9 @@ def _fuel(inventory: Mapping[str, int], inputs: Mapping[str, int]) -> str | None
 class CraftWorld(DomainEnv):
     """One seeded text Minecraft world. All state is plain data (snapshot = deep copy)."""
 
+    #: counters an invalid instruction still advances (the conformance kit allows them to change)
+    bookkeeping = ("steps",)
+
     def __init__(self, spec: TaskSpec):
         self.spec = spec
         self.rng = random.Random(0)

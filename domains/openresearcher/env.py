@@ -112,6 +112,9 @@ class ResearchEnv(DomainEnv):
     """One question per episode. ``world`` (corpus, index, questions, judge) is shared
     and never copied by snapshots; the browser stack and episode fields are."""
 
+    #: counters an invalid action still advances (the conformance kit allows them to change)
+    bookkeeping = ("decisions", "counts")
+
     def __init__(self, world, max_decisions: int, browser_cfg: dict | None = None, evidence_credit: float = 0.0):
         if not 0.0 <= float(evidence_credit) < 1.0:
             raise ValueError(f"evidence_credit {evidence_credit!r} must be in [0, 1): the share of the answer's "

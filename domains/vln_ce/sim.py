@@ -36,6 +36,9 @@ _STATE = ("x", "y", "heading", "decisions", "steps", "stopped", "done", "path", 
 class EmbeddedVLNEnv(DomainEnv):
     """One R2R-style episode in a procedurally generated house (CPU only, no downloads)."""
 
+    #: counters an invalid action still advances (the conformance kit allows them to change)
+    bookkeeping = ("decisions", "invalid")
+
     def __init__(self, cfg: EmbeddedConfig):
         self.cfg = cfg
         self.ep: Episode | None = None

@@ -43,8 +43,9 @@ def _matched_report(x: ExperimentContext, title: str, runs: dict[str, dict], plo
     notes = notes + [f"Equal-FLOPs reading: rollout reward averaged over the updates in the last quarter of "
                      f"FLOPs up to {equal:.3g} (the smallest final training FLOPs of the runs); the held-out "
                      "column is each run's final checkpoint."]
+    seed_rewards = {k: (s["final_eval"] or {}).get("seed_rewards", {}) for k, s in runs.items()}
     return Report(title, rows, plots=[path], notes=notes,
-                  data={"trainings": dict(runs), "equal_flops": equal})
+                  data={"trainings": dict(runs), "equal_flops": equal, "seed_rewards": seed_rewards})
 
 
 def heldout(x: ExperimentContext) -> Report:
@@ -69,10 +70,16 @@ def credit_ablation(x: ExperimentContext) -> Report:
     x.plan(3)
     mpt = x.swarm_summary()
     rnd = x.train("random_bids", ["algo=mpt", "algo.credit=random_bids"], budget=mpt["flops"])
-    rr = x.train("round_robin", ["algo=mpt", "algo.coordinator=round_robin", "algo.bid_steps=0"], budget=mpt["flops"])
+    # round-robin: trained as an independent-learner round-robin MARL baseline would be: each agent's
+    # REINFORCE on the team's undiscounted reward-to-go from its turn (algo.credit=reward_to_go; the
+    # per-agent mean credit is the baseline), not bucket brigade at bid 0, which would leave each actor
+    # only its immediate reward (a myopic learner the paper does not describe)
+    rr = x.train("round_robin_rtg", ["algo=mpt", "algo.coordinator=round_robin", "algo.bid_steps=0",
+                                     "algo.credit=reward_to_go"], budget=mpt["flops"])
     notes = ["random credit: bucket brigade with random levels in place of the winning bids; auction and bid "
-             "learning unchanged. round-robin: agents act in turn, no bids, no bid steps. Both stop at the MPT "
-             "run's training FLOPs."]
+             "learning unchanged. round-robin: agents act in turn, no bids, no bid steps; each agent's REINFORCE "
+             "on the team's reward-to-go from its turn (independent learners on the shared return). Both stop at "
+             "the MPT run's training FLOPs."]
     return _matched_report(x, "Credit ablation", {"MPT (bucket brigade)": mpt, "random-bid credit": rnd,
                                                    "round-robin": rr}, "credit_reward_vs_flops.png", notes)
 

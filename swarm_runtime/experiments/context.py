@@ -89,7 +89,7 @@ class ExperimentContext:
         return self.cfg.eval.episodes or self.xcfg.eval_episodes
 
     def eval_seeds(self) -> list[int]:
-        seeds = self.domain.episode_seeds(self.task, "eval")
+        seeds = self.domain.episode_seeds(self.task, str(self.cfg.eval.split))
         n = self.eval_episodes()
         return seeds[: int(n)] if n else seeds
 

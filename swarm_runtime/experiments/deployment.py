@@ -43,9 +43,11 @@ def coordination(x: ExperimentContext) -> Report:
                      x.run_dir / "coordination.png", f"Coordination over the same trained policies: {x.cfg.domain}/"
                      f"{x.cfg.task_name}")
     return Report("Coordination: the same trained action policies under different coordinators", rows,
-                  plots=[plot], data={"swarm": str(run), "cells": cells},
-                  notes=["Every coordinator drives the same final MPT checkpoint; what each baseline simplifies is "
-                         "in docs/experiments.md."])
+                  plots=[plot], data={"swarm": str(run), "cells": cells,
+                                      "seed_rewards": {n: c["summary"].get("seed_rewards", {}) for n, c in cells.items()}},
+                  notes=["Every coordinator drives the same final MPT checkpoint; Graph-of-Agents and AgentNet read no "
+                         "bid (they route on the action policies' own log-probabilities of their proposals); what "
+                         "each baseline simplifies is in docs/experiments.md."])
 
 
 def bid_action_ablation(x: ExperimentContext) -> Report:

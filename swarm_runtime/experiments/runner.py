@@ -12,6 +12,7 @@ from loguru import logger
 
 from swarm_runtime.config import ConfigError, parse_overrides, resolve
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
+from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
 from swarm_runtime.run import check_hardware, check_task, machine_overrides
 
@@ -98,13 +99,63 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
         logger.info("experiment {} in {}{}", name, run_dir, " (resuming)" if resume else "")
         x = ExperimentContext(name, cfg, pm, registry, run_dir, args)
         t0 = time.time()
-        report: Report = registry.experiments[name](x)
-        if x.bar is not None:
-            x.bar.close()
+        seeds = train_seeds(cfg)
+        if seeds is None:
+            report: Report = registry.experiments[name](x)
+            if x.bar is not None:
+                x.bar.close()
+        else:
+            report = _replicated(x, seeds)
         write_results(x, report, command, time.time() - t0)
     finally:
         lock.release()
     return run_dir
+
+
+def train_seeds(cfg) -> list[int] | None:
+    """``experiment.train_seeds`` as ints, or ``None`` (the run's seed alone, the folder itself)."""
+    seeds = cfg.experiment.train_seeds
+    return None if seeds is None else [int(s) for s in seeds]
+
+
+def bases_per_seed(base, seeds: list[int]) -> list[str | None]:
+    """``experiment.base`` spread over the training seeds: none, one folder per seed (a list of the
+    same length), or a single folder when there is one seed; anything else is refused."""
+    if base is None or base == "":
+        return [None] * len(seeds)
+    bases = [str(b) for b in base] if not isinstance(base, str) and hasattr(base, "__len__") else [str(base)]
+    if len(bases) != len(seeds):
+        raise ConfigError(f"experiment.base gives {len(bases)} run folder(s) but experiment.train_seeds has "
+                          f"{len(seeds)} seed(s) {seeds}: give one trained swarm per training seed "
+                          f"(base=[DIR_seed{seeds[0]},...], in the order of train_seeds) or experiment.train_seeds=[S] "
+                          "with the seed that base was trained with")
+    return bases
+
+
+def _replicated(x: ExperimentContext, seeds: list[int]) -> Report:
+    """Run the experiment once per training seed (run seed = training seed) in ``seed-<s>/`` and combine."""
+    bases = bases_per_seed(x.cfg.experiment.base, seeds)
+    for s, b in zip(seeds, bases):  # a base trained with another seed would mislabel the table: refuse early
+        if b is not None and (Path(b) / "config.yaml").exists():
+            trained = int(OmegaConf.load(Path(b) / "config.yaml").get("seed", 0))
+            if trained != s:
+                raise ConfigError(f"experiment.base {b!r} was trained with seed {trained}, but it stands for "
+                                  f"training seed {s} in experiment.train_seeds={seeds}; reorder the lists")
+    reports: dict[int, Report] = {}
+    for s, b in zip(seeds, bases):
+        args = x.args + [f"seed={s}"] + ([f"experiment.base={b}"] if b is not None else [])
+        cfg = resolve(args, x.registry)
+        sub = x.run_dir / f"seed-{s}"
+        cfg.experiment.name, cfg.run_dir, cfg.resume = x.name, str(sub), bool(x.cfg.resume)
+        sub.mkdir(parents=True, exist_ok=True)
+        logger.info("experiment {}: training seed {} ({} of {}) in {}", x.name, s, len(reports) + 1, len(seeds), sub)
+        xs = ExperimentContext(x.name, cfg, x.pm, x.registry, sub, args)
+        reports[s] = x.registry.experiments[x.name](xs)
+        if xs.bar is not None:
+            xs.bar.close()
+        x.cells_done += xs.cells_done
+        x._memo.update({f"seed-{s}/{k}": v for k, v in xs._memo.items()})
+    return combine(reports, x.run_dir)
 
 
 def write_results(x: ExperimentContext, report: Report, command: str, wall_s: float) -> None:
@@ -113,9 +164,13 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
     seeds = x.eval_seeds()
     runs = int(report.data.get("runs_per_seed", x.cfg.eval.runs))
     table = markdown_table(report.rows)
-    head = (f"# {report.title}\n\n{x.cfg.domain}/{x.cfg.task_name}; held-out: {len(seeds)} seeds x {runs} runs "
-            f"(mean ± standard error over seeds), seeds {seeds[0]}..{seeds[-1]}; run seed {x.cfg.seed}.\n\n"
-            f"Command: `{command}`\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
+    tseeds = report.data.get("train_seeds")
+    who = f"training seeds {tseeds}" if tseeds else f"run seed {x.cfg.seed}"
+    over = "mean over training seeds ± SE over training seeds; per seed: " if tseeds and len(tseeds) > 1 else ""
+    head = (f"# {report.title}\n\n{x.cfg.domain}/{x.cfg.task_name}; held-out ({x.cfg.eval.split} split): {len(seeds)} "
+            f"seeds x {runs} runs ({over}mean ± standard error over held-out seeds), seeds {seeds[0]}..{seeds[-1]}; "
+            f"{who}.\n\n"
+            f"Command: `{command}` (commit {_commit()})\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
             f"was computed (this invocation: {wall_s:.0f} s{'; cells finished by an earlier invocation were loaded' if resumed else ''}).\n")
     parts = [head, table]
     for title, text in report.tables.items():
@@ -123,15 +178,36 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
     if report.notes:
         parts.append("\n" + "\n".join(f"- {n}" for n in report.notes))
     for p in report.plots:
-        parts.append(f"\n![{p.stem}]({p.name})")
+        parts.append(f"\n![{p.stem}]({_rel(p, x.run_dir)})")
     (x.run_dir / "results.md").write_text("\n".join(parts) + "\n")
     _atomic_json(x.run_dir / "results.json", {
         "experiment": x.name, "domain": x.cfg.domain, "task": x.cfg.task_name, "seed": int(x.cfg.seed),
-        "eval_seeds": seeds, "runs": runs, "command": command, "wall_s": wall_s, "cells_wall_s": cells_wall, "rows": report.rows,
-        "tables": report.tables, "plots": [p.name for p in report.plots], "notes": report.notes, **report.data})
+        "eval_seeds": seeds, "runs": runs, "command": command, "commit": _commit(), "wall_s": wall_s, "cells_wall_s": cells_wall, "rows": report.rows,
+        "tables": report.tables, "plots": [_rel(p, x.run_dir) for p in report.plots], "eval_split": str(x.cfg.eval.split), "notes": report.notes, **report.data})
     print(f"\n{report.title}: {x.cfg.domain}/{x.cfg.task_name}, {len(seeds)} held-out seeds x {runs} runs "
-          f"(mean ± standard error over seeds)\n{table}")
+          f"({over}mean ± standard error over held-out seeds), {who}\n{table}")
     for title, text in report.tables.items():
         print(f"\n{title}\n{text}")
     print(f"\nExperiment folder: {x.run_dir} (results.md, results.json, "
-          f"{', '.join(p.name for p in report.plots) or 'no plots'}, cells/, trainings/)")
+          f"{', '.join(_rel(p, x.run_dir) for p in report.plots) or 'no plots'}, "
+          f"{'seed-<s>/' if tseeds else 'cells/, trainings/'})")
+
+
+def _commit() -> str:
+    """``git rev-parse --short HEAD`` of the code that ran (``unknown`` outside a git checkout)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _rel(path: Path, root: Path) -> str:
+    """``path`` relative to the experiment folder (plots of a training seed live in ``seed-<s>/``)."""
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return Path(path).name

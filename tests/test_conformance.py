@@ -1,0 +1,267 @@
+"""The conformance kit catches each failure class it promises (docs/plugins.md), on deliberately
+broken tiny domains, with a message naming the seed, the step and the action; a correct tiny
+domain passes; run-time contract errors (``EnvContractError``) name the same."""
+from __future__ import annotations
+
+import copy
+import random
+import re
+
+import pytest
+from omegaconf import OmegaConf
+
+from swarm_runtime.domain import Domain, Role
+from swarm_runtime.env import DomainEnv, EnvContractError, ExpertStep, StepResult, ValidatedEnv
+from swarm_runtime.testing import (ConformanceError, check_domain, check_fresh_task_config, check_max_decisions,
+                                   check_snapshots, check_splits)
+
+TASK = {"max_decisions": 30, "reward_max": 6, "reward_min": 0, "train_seeds": {"start": 0, "count": 100},
+        "dev_seeds": {"start": 500, "count": 8}, "eval_seeds": {"start": 1000, "count": 8}}
+
+
+class StackEnv(DomainEnv):
+    """Builder stacks ``target`` blocks (reward 1 each); Digger may ``dig`` (finds 0-2 loose
+    blocks, seeded) or ``rest``. ``knock`` by Builder takes a block off (allowed, no reward).
+    A role's own action is *valid* even when it cannot succeed now (``stack`` with nothing loose):
+    valid means well-formed and the role's, as for listed action choices."""
+
+    bookkeeping = ("turns",)
+
+    def __init__(self, target: int):
+        self.target = target
+
+    def reset(self, seed: int) -> str:
+        self.rng = random.Random(seed)
+        self.loose, self.stack, self.paid, self.turns = 1, [], 0, 0
+        self.done = False
+        return self.observation()
+
+    def observation(self) -> str:
+        return f"loose {self.loose} stack {len(self.stack)} of {self.target}"
+
+    def step(self, action: str, role: str | None = None) -> StepResult:
+        self.turns += 1
+        a = action.strip()
+        if role == "Digger" and a == "dig":
+            self.loose += self.rng.randrange(3)
+            return StepResult(self.observation())
+        if role == "Digger" and a == "rest":
+            return StepResult(self.observation())
+        if role == "Builder" and a in ("stack", "knock") and not (self.loose if a == "stack" else self.stack):
+            return StepResult(self.observation())  # well-formed, nothing to do now
+        if role == "Builder" and a == "stack":
+            self.loose -= 1
+            self.stack.append(len(self.stack))
+            reward = 0.0
+            if len(self.stack) > self.paid:  # pay each height once
+                self.paid, reward = len(self.stack), 1.0
+            self.done = len(self.stack) >= self.target
+            return StepResult(self.observation(), reward, self.done)
+        if role == "Builder" and a == "knock":
+            self.stack.pop()
+            self.loose += 1
+            return StepResult(self.observation())
+        return StepResult(self.observation(), valid=False)
+
+    def expert_action(self) -> ExpertStep | None:
+        if self.done:
+            return None
+        return ExpertStep("Builder", "stack") if self.loose > 0 else ExpertStep("Digger", "dig")
+
+
+class StackDomain(Domain):
+    name = "stack"
+    roles = (Role("Builder", "stacks blocks"), Role("Digger", "digs loose blocks"))
+    env_cls = StackEnv
+    task = TASK
+
+    def task_names(self):
+        return ["tower"]
+
+    def task_config(self, task):
+        if task != "tower":
+            raise KeyError(task)
+        return OmegaConf.create(self.task)
+
+    def make_env(self, task):
+        return self.env_cls(int(task.reward_max))
+
+    def vocabulary(self, task):
+        return "loose stack of dig rest knock 0 1 2 3 4 5 6 7 8 9".split()
+
+    def action_choices(self, task, role):
+        return {"Builder": ["stack", "knock"], "Digger": ["dig", "rest"]}.get(role)
+
+
+def domain_with(env_cls=StackEnv, **task) -> StackDomain:
+    d = StackDomain()
+    d.env_cls = env_cls
+    d.task = {**TASK, **task}
+    return d
+
+
+def located(msg: str) -> bool:
+    """The message names domain/task, seed, step and action."""
+    return bool(re.search(r"stack/tower, seed \d+, step \d+, action '[^']*' by \w+: ", msg))
+
+
+def test_a_correct_domain_passes_every_check():
+    check_domain(domain_with(), "tower")
+    assert check_snapshots(domain_with(), "tower") > 20
+
+
+# ------------------------------------------------------------------ broken domains
+class ForgetfulRestore(StackEnv):
+    """Snapshot is complete, but restore() forgets the stack."""
+
+    def snapshot(self):
+        return copy.deepcopy(vars(self))
+
+    def restore(self, snap):
+        keep = self.stack
+        self.__dict__.update(copy.deepcopy(snap))
+        self.stack = keep
+
+
+class SharedSnapshot(StackEnv):
+    """Snapshot copies the dict shallowly: the stack list is shared with the live env."""
+
+    def snapshot(self):
+        return dict(vars(self))
+
+    def restore(self, snap):
+        self.__dict__.update(snap)
+
+
+class OutsideSnapshot(StackEnv):
+    """The payout high-water mark is left out of the snapshot (a hand-written field list)."""
+
+    def snapshot(self):
+        return {k: copy.deepcopy(v) for k, v in vars(self).items() if k != "paid"}
+
+    def restore(self, snap):
+        self.__dict__.update(copy.deepcopy(snap))
+
+
+class GlobalState(StackEnv):
+    """State kept outside the env object (a module-level counter): replays differ."""
+
+    calls = [0]
+
+    def step(self, action, role=None):
+        GlobalState.calls[0] += 1
+        res = super().step(action, role)
+        if res.valid and role == "Digger":
+            self.loose += GlobalState.calls[0] % 2
+            res.observation = self.observation()
+        return res
+
+
+class InvalidChangesState(StackEnv):
+    """A garbage action still knocks the top block off."""
+
+    def step(self, action, role=None):
+        res = super().step(action, role)
+        if not res.valid and self.stack:
+            self.stack.pop()
+            res.observation = self.observation()
+        return res
+
+
+class NegativeReward(StackEnv):
+    """``knock`` (a listed, valid action) is charged -1, below reward_min 0."""
+
+    def step(self, action, role=None):
+        res = super().step(action, role)
+        if res.valid and action.strip() == "knock":
+            res.reward = -1.0
+        return res
+
+
+class StaleObservation(StackEnv):
+    """step() returns the observation from before the action."""
+
+    def step(self, action, role=None):
+        before = self.observation()
+        res = super().step(action, role)
+        res.observation = before
+        return res
+
+
+@pytest.mark.parametrize("env_cls,what", [
+    (ForgetfulRestore, r"restore\(\) did not bring back the state of snapshot time .*\.stack"),
+    (SharedSnapshot, r"stepping changed the snapshot taken before it \(it shares live state"),
+    (OutsideSnapshot, r"restore\(\) did not bring back the state .*\.paid|the same action from the restored snapshot"),
+    (GlobalState, r"the same action from the restored snapshot gave another result|two episodes from the same seed"),
+    (InvalidChangesState, r"an invalid action changed the state .*\.stack"),
+    (NegativeReward, r"the episode reward -1 left the task's bounds \[reward_min 0, reward_max 6\]"),
+    (StaleObservation, r"step\(\) returned an observation that observation\(\) then does not show"),
+])
+def test_each_broken_snapshot_contract_is_caught_with_seed_step_and_action(env_cls, what):
+    with pytest.raises(ConformanceError) as err:
+        check_domain(domain_with(env_cls), "tower")
+    msg = str(err.value)
+    assert re.search(what, msg), msg
+    assert located(msg), msg
+
+
+def test_overlapping_splits_are_caught():
+    with pytest.raises(ConformanceError, match=r"stack/tower: dev and eval seeds overlap \(4 shared"):
+        check_splits(domain_with(dev_seeds={"start": 1004, "count": 8}), "tower")
+    with pytest.raises(ConformanceError, match="train and eval seeds overlap"):
+        check_splits(domain_with(eval_seeds={"start": 90, "count": 20}), "tower")
+    check_splits(domain_with(), "tower")
+
+
+def test_a_cached_task_config_is_caught():
+    class Cached(StackDomain):
+        cfg = OmegaConf.create(TASK)
+
+        def task_config(self, task):
+            return self.cfg
+
+    with pytest.raises(ConformanceError, match="task_config\\(\\) returned the same object twice"):
+        check_fresh_task_config(Cached(), "tower")
+
+
+def test_max_decisions_that_cut_the_expert_off_are_caught():
+    with pytest.raises(ConformanceError) as err:
+        check_max_decisions(domain_with(max_decisions=4), "tower")
+    assert "max_decisions=4 cut the expert off" in str(err.value) and located(str(err.value))
+
+
+def test_runtime_contract_errors_name_seed_step_and_action():
+    env = ValidatedEnv(NegativeReward(6), "stack", (0.0, 6.0), task="tower")
+    env.reset(3)
+    for a in ("stack", "knock", "stack"):  # +1, -1, 0 (height 1 was paid)
+        env.step(a, "Builder")
+    with pytest.raises(EnvContractError, match=r"^stack/tower, seed 3, step 3, action 'knock' by Builder: episode "
+                                               r"reward -1.0 left its bounds \[0.0, 6.0\]"):
+        env.step("knock", "Builder")
+    env.reset(3)
+    snap = env.snapshot()
+    env.step("stack", "Builder")
+    env.restore(snap)
+    assert env.t == 0
+
+
+# ------------------------------------------------------------------ dev split of the built-in tasks
+def test_builtin_tasks_have_a_disjoint_dev_split_and_eval_split_selects_it(registry):
+    from conftest import run_context
+    from swarm_runtime.config import ConfigError, resolve
+
+    mc = registry[1].domains["minecraft"]
+    task = mc.task_config("iron_pickaxe")
+    assert mc.episode_seeds(task, "dev") == list(range(50000, 50032))
+    assert mc.episode_seeds(task, "eval") == list(range(100000, 100032))  # unchanged
+    assert mc.episode_seeds(task, "train") == list(range(1000))  # unchanged
+    check_splits(mc, "iron_pickaxe")
+    check_splits(registry[1].domains["vln_ce"], "r2r")
+    with pytest.raises(ValueError, match="unknown split 'test'; valid: train, dev, eval"):
+        mc.episode_seeds(task, "test")
+    ctx = run_context(registry, "domain=minecraft", "task=iron_pickaxe", "eval.split=dev", "eval.episodes=4")
+    assert ctx.seeds("eval") == [50000, 50001, 50002, 50003] and ctx.seeds("train")[:2] == [0, 1]
+    assert run_context(registry, "domain=minecraft", "eval.episodes=2").seeds("eval") == [100000, 100001]
+    with pytest.raises(ConfigError, match="eval.split=dev, but task 'embedded' of 'openresearcher' defines no "
+                                          "dev_seeds; valid here: eval"):
+        resolve(["domain=openresearcher", "task=embedded", "eval.split=dev"], registry[1])
