@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from loguru import logger
+from omegaconf import OmegaConf
 
 from swarm_runtime.config import ConfigError, parse_overrides, resolve
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
