@@ -278,8 +278,8 @@ def test_base_must_give_one_swarm_per_training_seed(registry, tmp_path, base):
 
 
 @pytest.mark.parametrize("arg,match", [("experiment.train_seeds=[0,0]", "distinct non-negative"),
-                                       ("experiment.train_seeds=[-1]", "distinct non-negative"),
-                                       ("eval.split=test", "unknown eval.split 'test'; valid: eval, dev")])
+                                       ("experiment.train_seeds=[-1]", "experiment.train_seeds=[-1] is not valid: must be a non-empty list, each item an integer in [0,"),
+                                       ("eval.split=test", "eval.split='test' is not valid: must be one of eval, dev")])
 def test_bad_train_seeds_and_split_are_refused(registry, tmp_path, arg, match):
     pm, reg = registry
     with pytest.raises(ConfigError, match=re.escape(match)):
