@@ -18,6 +18,7 @@ import os
 import random
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -33,6 +34,20 @@ TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 class CheckpointError(ConfigError):
     """A run folder's checkpoint files are missing, corrupted or unsafe; the CLI prints the
     message (naming the file and what to do) and exits with code 2."""
+
+
+@contextmanager
+def loading_models(agents_dir: Path):
+    """Around loading a checkpoint's models (``swarm eval``, a resume): a truncated or foreign
+    weights file, or a refused pickle, becomes a :class:`CheckpointError` naming the folder."""
+    try:
+        yield
+    except (ConfigError, ImportError):
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CheckpointError(f"the models in {agents_dir} cannot be loaded ({type(exc).__name__}: {first}); "
+                              "resume or evaluate another checkpoint (checkpoint=TAG)") from exc
 
 
 def _write_atomic(path: Path, text: str) -> None:

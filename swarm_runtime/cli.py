@@ -198,7 +198,7 @@ def cmd_eval(args) -> int:
 
 
 def _eval_locked(args, run_dir: Path) -> int:
-    from swarm_runtime.checkpoint import CheckpointError, latest_checkpoint
+    from swarm_runtime.checkpoint import CheckpointError, latest_checkpoint, loading_models
     from swarm_runtime.config import override, validate
     from swarm_runtime.evaluate import evaluate
     from swarm_runtime.outputs import format_table, write_json
@@ -242,13 +242,8 @@ def _eval_locked(args, run_dir: Path) -> int:
         agents, _ = build_monolithic(ctx, ckpt / "agents")
         coordinator = ctx.coordinator("round_robin")
     else:
-        try:
+        with loading_models(ckpt / "agents"):
             agents, _ = ctx.build_swarm(ckpt / "agents")
-        except (ConfigError, ImportError):
-            raise
-        except Exception as exc:  # a truncated or foreign weights file, a refused pickle
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise CheckpointError(f"the models in {ckpt / 'agents'} cannot be loaded ({type(exc).__name__}: {first})") from exc
         coordinator = ctx.coordinator()
     res, _ = evaluate(agents, coordinator, ctx.domain, ctx.task, ctx.seeds("eval"), int(cfg.eval.runs),
                       int(cfg.seed) + 7919, cfg.eval.temperature,

@@ -77,7 +77,8 @@ class MPTTrainer:
         ctx = self.ctx
         if ctx.resume_from is not None:
             self.state = ckpt.load_state(ctx.resume_from)
-            self.agents, self.policies = ctx.build_swarm(ctx.resume_from / "agents")
+            with ckpt.loading_models(ctx.resume_from / "agents"):
+                self.agents, self.policies = ctx.build_swarm(ctx.resume_from / "agents")
             self.optimizers = self._optimizers(self.policies)
             overridden: dict = {}
             for role, policy in self.policies.items():
