@@ -285,6 +285,9 @@ class RLCRConfig:
 
 @dataclass
 class RunConfig:
+    config_version: int = 2  #: version of the config's key set (``CONFIG_VERSION``), written first in config.yaml so that
+    #: loading a run folder tells a file of an earlier version (its newer keys take the values that reproduce that
+    #: version's behaviour, :data:`ADDED_KEYS`) from a truncated one (an error naming the missing keys)
     domain: str = "minecraft"  #: domain plugin (``swarm domains`` lists them)
     task_name: str = "iron_pickaxe"  #: task of the domain (set with ``task=``)
     task: Any = None  #: the task's YAML (domain-specific keys included)
@@ -363,7 +366,37 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
 
 
 #: Keys that pick or operate a run folder rather than configure the run: a saved config may lack them.
-FOLDER_KEYS = ("run_dir", "resume", "overwrite")
+FOLDER_KEYS = ("run_dir", "resume", "overwrite", "config_version")
+
+#: The current version of the config's key set (``RunConfig.config_version``).
+CONFIG_VERSION = 2
+#: Keys each version added (a key ending in ``.`` stands for its whole section), with the value that reproduces
+#: the earlier versions' behaviour where it is not the default: a run folder written by an earlier version lacks
+#: them and gets these values; a file of this version that lacks a key is truncated (an error).
+ADDED_KEYS: dict[int, dict[str, Any]] = {
+    2: {"experiment.train_seeds": None,  # earlier experiments trained on the run's seed alone
+        "eval.split": "eval", "model.adapter": "none", "model.arch": None, "model.lora.": None,
+        "hardware.attention": None, "hardware.dtype": None, "hardware.gradient_checkpointing": False,
+        "hardware.local_adapter": "none", "hardware.memory_gb": None, "hardware.micro_batch": None,
+        "hardware.tf32": False, "rlcr.": None, "serve.": None,
+        "task.dev_seeds.": None},  # an earlier run has no dev split (eval.split=dev is refused for it)
+}
+
+
+def _legacy_values(saved: DictConfig, missing: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """Split ``missing`` into the keys a file of its ``config_version`` may lack (with their legacy values,
+    None = the default) and the rest (which only a truncated file lacks)."""
+    version = saved.get("config_version", 1)
+    allowed = {k: v for ver, keys in ADDED_KEYS.items() if isinstance(version, int) and ver > version
+               for k, v in keys.items()}
+    legacy, rest = {}, []
+    for key in missing:
+        hit = next((a for a in allowed if key == a or (a.endswith(".") and key.startswith(a))), None)
+        if hit is None:
+            rest.append(key)
+        elif allowed[hit] is not None or key == hit:
+            legacy[key] = allowed[hit]
+    return rest, legacy
 
 
 def _leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
@@ -407,14 +440,25 @@ def load_saved(path, registry=None) -> DictConfig:
                         and OmegaConf.select(task, k, default="\0missing") == "\0missing"]
     elif "task" not in missing:
         missing.append("task")
+    missing, legacy = _legacy_values(saved, missing)
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise ConfigError(f"{str(path)!r} lacks {shown}: it is truncated, or was written by a version without "
                           "these keys; restore the file (add each key with the value the run used)")
     try:
         merged = OmegaConf.merge(defaults, saved)
+        for key, value in legacy.items():  # an earlier version's run: its behaviour, not this version's default
+            if value is not None or OmegaConf.select(defaults, key) is not None:
+                OmegaConf.update(merged, key, value, merge=False)
+        merged.config_version = CONFIG_VERSION
     except Exception as exc:  # a key this version no longer has, or a value of the wrong type
         raise ConfigError(f"{str(path)!r} does not fit this version's config: {str(exc).splitlines()[0]}") from exc
+    if legacy:
+        from loguru import logger
+
+        logger.info("{} was written by config version {}: {} keys added since take the values of that version's "
+                    "behaviour ({})", path, saved.get("config_version", 1), len(legacy), ", ".join(sorted(legacy)[:6])
+                    + (" ..." if len(legacy) > 6 else ""))
     return unredact(merged)
 
 

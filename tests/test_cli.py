@@ -101,6 +101,49 @@ def test_eval_of_a_run_whose_config_lacks_keys_names_them(smoke_run, tmp_path):
     assert res.returncode == 2 and "eval.common_random_numbers" in res.stderr and "Traceback" not in res.stderr
 
 
+def _older_version(text: str) -> str:
+    """config.yaml ``text`` as config version 1 wrote it: no ``config_version`` and none of the keys version 2 added."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.config import ADDED_KEYS
+
+    cfg = OmegaConf.to_container(OmegaConf.create(text))
+    cfg.pop("config_version")
+    for key in ADDED_KEYS[2]:
+        *parents, last = key.rstrip(".").split(".")
+        node = cfg
+        for p in parents:
+            node = node[p]
+        node.pop(last)
+    return OmegaConf.to_yaml(OmegaConf.create(cfg))
+
+
+def test_a_run_folder_of_an_earlier_config_version_evaluates_with_that_versions_behaviour(smoke_run, tmp_path):
+    """A config.yaml written before version 2's keys existed loads with the values that reproduce the
+    old behaviour (one training seed in experiments, full copies); the same file claiming version 2
+    is truncated and refused, naming the keys."""
+    import shutil
+
+    from swarm_runtime.config import ConfigError, load_saved
+
+    old = tmp_path / "v1_run"
+    shutil.copytree(smoke_run[0], old)
+    text = _older_version((old / "config.yaml").read_text())
+    from omegaconf import OmegaConf
+
+    older = OmegaConf.create(text)
+    assert "train_seeds" not in older.experiment and "serve" not in older and "dev_seeds" not in older.task
+    (old / "config.yaml").write_text(text)
+    cfg = load_saved(old / "config.yaml")
+    assert cfg.experiment.train_seeds is None and cfg.model.adapter == "none" and cfg.config_version == 2
+    assert cfg.serve.port == 8000 and cfg.eval.split == "eval"
+    res = swarm("eval", str(old), "checkpoint=sft", "eval.runs=1", "eval.episodes=1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (old / "config.yaml").write_text("config_version: 2\n" + text)
+    with pytest.raises(ConfigError, match="lacks model.adapter, model.lora.rank"):
+        load_saved(old / "config.yaml")
+
+
 def test_eval_takes_bare_task_keys_and_refuses_unknown_ones(smoke_run):
     """``swarm eval RUN max_decisions=3`` means ``task.max_decisions=3``, as it does for ``swarm run``."""
     run, _ = smoke_run
