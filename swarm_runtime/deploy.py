@@ -186,12 +186,9 @@ def _pyplot():
 
 def _save(plt, fig, path) -> Path:
     """Lay out, write ``fig`` to the PNG ``path`` (creating its folder) and close it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from swarm_runtime.outputs import save_figure
+
+    return save_figure(fig, path)
 
 
 def plot_participation(series: Mapping[str, Mapping[str, Sequence[float]]], path, title: str) -> Path:

@@ -77,13 +77,30 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return parse_rows(path, path.read_text())
 
 
-def plot_training(run_dir: Path, agent_names: list[str]) -> list[Path]:
-    """reward_vs_flops.png (rollout reward against cumulative training FLOPs) and
-    turn_share.png (each agent's share of turns over training)."""
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path) -> Path:
+    """Lay out ``fig``, write it to the PNG ``path`` (creating its folder) and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def plot_training(run_dir: Path, agent_names: list[str]) -> list[Path]:
+    """reward_vs_flops.png (rollout reward against cumulative training FLOPs) and
+    turn_share.png (each agent's share of turns over training)."""
+    plt = pyplot()
 
     rows = [r for r in read_metrics(run_dir) if "charts/episode_reward" in r]
     if not rows:
@@ -98,10 +115,7 @@ def plot_training(run_dir: Path, agent_names: list[str]) -> list[Path]:
     ax.set_ylabel("episode reward (train rollouts; squares: held-out)")
     ax.set_title(run_dir.name)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out.append(run_dir / "reward_vs_flops.png")
-    fig.savefig(out[-1], dpi=110)
-    plt.close(fig)
+    out.append(save_figure(fig, run_dir / "reward_vs_flops.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     steps = [r["step"] for r in rows]
     shares = [[r.get(f"charts/turn_share_{a}", 0.0) for r in rows] for a in agent_names]
@@ -110,10 +124,7 @@ def plot_training(run_dir: Path, agent_names: list[str]) -> list[Path]:
     ax.set_ylabel("share of turns")
     ax.set_ylim(0, 1)
     ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    out.append(run_dir / "turn_share.png")
-    fig.savefig(out[-1], dpi=110)
-    plt.close(fig)
+    out.append(save_figure(fig, run_dir / "turn_share.png"))
     return out
 
 

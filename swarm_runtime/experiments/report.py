@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from swarm_runtime.outputs import save_figure
+
 
 def fmt(value) -> str:
     """``(mean, se)`` -> ``mean ± se``; floats to 3 significant digits; FLOPs in e-notation."""
@@ -46,12 +48,9 @@ def reward_at(curve: Sequence[Sequence[float]], flops: float, window: float = 0.
 
 
 def _plt():
-    import matplotlib
+    from swarm_runtime.outputs import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def plot_curves(curves: dict[str, Sequence[Sequence[float]]], path: Path, title: str,
@@ -74,10 +73,7 @@ def plot_curves(curves: dict[str, Sequence[Sequence[float]]], path: Path, title:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_bars(labels: Sequence[str], values: Sequence[tuple[float, float]], path: Path, title: str,
@@ -92,7 +88,4 @@ def plot_bars(labels: Sequence[str], values: Sequence[tuple[float, float]], path
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from swarm_runtime import checkpoint as ckpt
+from swarm_runtime.outputs import save_figure
 from swarm_runtime.evaluate import mean_se
 from swarm_runtime.outputs import read_metrics
 from swarm_runtime.rlcr.signs import _plt, plot_latency, team_bucket
@@ -138,7 +139,4 @@ def _plot_signs(path: Path, teams, rel, signs) -> Path:
         a.set_xlabel("RL update")
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from swarm_runtime.outputs import save_figure
 from swarm_runtime.evaluate import mean_se
 
 
@@ -74,12 +75,9 @@ def summarize_rollouts(rollouts, runs: int) -> dict:
 
 
 def _plt():
-    import matplotlib
+    from swarm_runtime.outputs import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def plot_signs(run_dir: Path, rows: Sequence[dict]) -> Path | None:
@@ -120,11 +118,7 @@ def plot_signs(run_dir: Path, rows: Sequence[dict]) -> Path | None:
     for a in axes.flat:
         a.grid(alpha=0.3)
     fig.suptitle(f"signs of life: {run_dir.name}")
-    fig.tight_layout()
-    path = run_dir / "signs_of_life.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, run_dir / "signs_of_life.png")
 
 
 def plot_latency(path: Path, curves: dict[str, Sequence[Sequence[float]]], title: str) -> Path:
@@ -140,7 +134,4 @@ def plot_latency(path: Path, curves: dict[str, Sequence[Sequence[float]]], title
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
