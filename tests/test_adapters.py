@@ -275,3 +275,19 @@ def test_gpu_adapters_script():
                           "--prompt", "128"], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "peak CUDA memory" in res.stdout and "memory plan's estimate" in res.stdout
+
+
+def test_mixed_adapter_batch_generates_bids_as_per_agent_calls(registry):
+    """``model.bid_mode=generate``: a mixed batch's sampled bid texts are parsed like each policy's own
+    (greedy, so both ways generate the same tokens); every bid is a configured level or unparsed 0."""
+    from swarm_runtime.policy.adapters import MixedBatch
+
+    _, _, policies = _swarm(registry, "model.bid_mode=generate", "model.temperature=0")
+    roles = ["Logger", "Miner", "Smith", "Smith"]
+    rows = [policies[r] for r in roles]
+    prompts = [PROMPTS[r] for r in roles]
+    mixed = MixedBatch(rows).bid(prompts)
+    per = [p.bid([q])[0] for p, q in zip(rows, prompts)]
+    assert [(b.text, b.level, b.parsed) for b in mixed] == [(b.text, b.level, b.parsed) for b in per]
+    levels = set(rows[0].bid_levels)
+    assert all(b.level in levels and (b.parsed or b.level == 0.0) for b in mixed)

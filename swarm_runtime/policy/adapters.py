@@ -35,8 +35,7 @@ from swarm_runtime.flops import FlopCounter
 from swarm_runtime.policy.base import Bid, Response
 from swarm_runtime.policy.noise import gumbel_max
 from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
-from swarm_runtime.policy.transformers_backend import (TransformersPolicy, build_tiny_model, load_pretrained,
-                                                       parse_bid)
+from swarm_runtime.policy.transformers_backend import TransformersPolicy, build_tiny_model, load_pretrained
 
 #: File beside each adapter naming its base.
 POINTER = "swarm_base.json"
@@ -389,12 +388,7 @@ class MixedBatch:
         with lead.routed(self.names):
             outs = lead._sample([lead.encode_prompt(p) for p in prompts], lead.max_bid_tokens, None, keys,
                                 pick=self._pick_rows(None))
-        bids = []
-        for o in outs:
-            text = lead.decode(o)
-            level, ok = parse_bid(text, lead.bid_levels)
-            bids.append(Bid(text, o, level=level, parsed=ok))
-        return bids
+        return lead.parse_bids(outs)
 
 
 def lora_config(opts):

@@ -243,6 +243,10 @@ class TransformersPolicy:
                 idx = torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).tolist()
             return [Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], level=self.bid_levels[j]) for j in idx]
         outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None, keys)
+        return self.parse_bids(outs)
+
+    def parse_bids(self, outs: list[list[int]]) -> list[Bid]:
+        """Generated bid responses (``generate`` mode) as bids: each parsed strictly (:func:`parse_bid`)."""
         bids = []
         for o in outs:
             text = self.decode(o)
