@@ -62,6 +62,9 @@ def cmd_run(args) -> int:
     try:
         trainer = reg.get("algorithms", ctx.cfg.algo.name)(ctx)
         trainer.train()
+        from swarm_runtime.provenance import stamp
+
+        stamp(ctx.run_dir / "eval.json")  # library versions and commit beside the figures (issue 18)
     finally:
         ctx.lock.release()
     return 0
@@ -202,6 +205,7 @@ def _eval_locked(args, run_dir: Path) -> int:
     from swarm_runtime.config import override, validate
     from swarm_runtime.evaluate import evaluate
     from swarm_runtime.outputs import format_table, write_json
+    from swarm_runtime.provenance import versions, versions_line
     from swarm_runtime.run import RunContext, check_hardware, check_task
     from swarm_runtime.secrets import redact_args
 
@@ -233,8 +237,10 @@ def _eval_locked(args, run_dir: Path) -> int:
 
         res, table = evaluate_checkpoint(ctx, ckpt)
         out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
-        out.write_text(json.dumps({**res, "overrides": list(args.overrides)}, indent=1, default=float))
-        print(f"{cfg.domain}/{cfg.task_name} (algo=rlcr), checkpoint {ckpt.name}, return at T_max\n{table}\nsaved {out}")
+        out.write_text(json.dumps({**res, "overrides": list(args.overrides), "versions": versions()}, indent=1,
+                                  default=float))
+        print(f"{cfg.domain}/{cfg.task_name} (algo=rlcr), checkpoint {ckpt.name}, return at T_max\n{table}\n"
+              f"{versions_line()}\nsaved {out}")
         return 0
     from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic
 
@@ -251,8 +257,10 @@ def _eval_locked(args, run_dir: Path) -> int:
     table = format_table([(ckpt.name, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
     out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
     res["overrides"] = redact_args(args.overrides)  # what produced this file
+    res["eval_split"], res["versions"] = str(cfg.eval.split), versions()
     write_json(out, res)
-    print(f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds x {res['runs']} runs\n{table}\nsaved {out}")
+    print(f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds ({cfg.eval.split} split) "
+          f"x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}")
     return 0
 
 
@@ -325,6 +333,7 @@ def cmd_eval_served(args) -> int:
     import asyncio
 
     from swarm_runtime.outputs import format_table
+    from swarm_runtime.provenance import versions, versions_line
     from swarm_runtime.run import RunContext
     from swarm_runtime.serve import require_serve_extra
     from swarm_runtime.serve.client import ServeError, SwarmClient, evaluate_served
@@ -358,10 +367,10 @@ def cmd_eval_served(args) -> int:
     tag = f"served-{health['checkpoint']}"
     table = format_table([(tag, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
     out = run_dir / eval_file_name(tag, [o for o in args.overrides if not o.startswith(("checkpoint=", "serve.url="))])
-    res["overrides"], res["served_by"] = list(args.overrides), url
+    res["overrides"], res["served_by"], res["versions"] = list(args.overrides), url, versions()
     out.write_text(json.dumps(res, indent=1, default=float))
     print(f"{cfg.domain}/{cfg.task_name}, served checkpoint {health['checkpoint']} at {url}, {res['seeds']} held-out "
-          f"seeds x {res['runs']} runs\n{table}\nsaved {out}")
+          f"seeds x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}")
     return 0
 
 

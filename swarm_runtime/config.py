@@ -285,7 +285,7 @@ class RLCRConfig:
 
 @dataclass
 class RunConfig:
-    config_version: int = 2  #: version of the config's key set (``CONFIG_VERSION``), written first in config.yaml so that
+    config_version: int = 3  #: version of the config's key set (``CONFIG_VERSION``), written first in config.yaml so that
     #: loading a run folder tells a file of an earlier version (its newer keys take the values that reproduce that
     #: version's behaviour, :data:`ADDED_KEYS`) from a truncated one (an error naming the missing keys)
     domain: str = "minecraft"  #: domain plugin (``swarm domains`` lists them)
@@ -369,7 +369,7 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
 FOLDER_KEYS = ("run_dir", "resume", "overwrite", "config_version")
 
 #: The current version of the config's key set (``RunConfig.config_version``).
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3
 #: Keys each version added (a key ending in ``.`` stands for its whole section), with the value that reproduces
 #: the earlier versions' behaviour where it is not the default: a run folder written by an earlier version lacks
 #: them and gets these values; a file of this version that lacks a key is truncated (an error).
@@ -380,6 +380,7 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
         "hardware.local_adapter": "none", "hardware.memory_gb": None, "hardware.micro_batch": None,
         "hardware.tf32": False, "rlcr.": None, "serve.": None,
         "task.dev_seeds.": None},  # an earlier run has no dev split (eval.split=dev is refused for it)
+    3: {"task.dev_seeds.": None},  # openresearcher's dev split (issue 18): an earlier openresearcher run has none
 }
 
 

@@ -377,8 +377,12 @@ def check_invalid_is_noop(domain: Domain, task: str | DictConfig, seed: int = 0)
 
 
 def check_splits(domain: Domain, task: str | DictConfig) -> None:
-    """train, dev (when the task defines one) and eval seeds are disjoint."""
+    """train, dev (when the task defines one) and eval seeds are disjoint; and, when the domain
+    defines ``instances(task, seeds)`` (what each seed picks: a question, a layout; hashables, one
+    per seed), so are the instances the splits' seeds pick (distinct seeds may pick one instance,
+    e.g. a question pool indexed by ``seed % len``)."""
     cfg = _task(domain, task)
+    name = _task_name(task)
     got = {}
     for split in SPLITS:
         try:
@@ -390,9 +394,26 @@ def check_splits(domain: Domain, task: str | DictConfig) -> None:
         for b in list(got)[i + 1:]:
             both = got[a] & got[b]
             if both:
-                Where(domain.name, _task_name(task)).fail(
+                Where(domain.name, name).fail(
                     f"{a} and {b} seeds overlap ({len(both)} shared, e.g. {sorted(both)[:5]}); tuning on dev or "
                     "training on held-out worlds would leak into the reported numbers")
+    instances = getattr(domain, "instances", None)
+    if not callable(instances):
+        return
+    picked: dict[str, dict[Any, int]] = {}
+    for split, seeds in got.items():
+        picked[split] = {}
+        order = sorted(seeds)
+        for seed, inst in zip(order, instances(cfg, order)):
+            picked[split].setdefault(inst, seed)
+    for i, a in enumerate(picked):
+        for b in list(picked)[i + 1:]:
+            both = picked[a].keys() & picked[b].keys()
+            if both:
+                inst = sorted(both, key=repr)[0]
+                Where(domain.name, name, picked[b][inst]).fail(
+                    f"{a} and {b} seeds pick the same instances ({len(both)} shared, e.g. {_short(inst)} by {a} seed "
+                    f"{picked[a][inst]} and {b} seed {picked[b][inst]}); the seeds are disjoint but what they pick is not")
 
 
 def check_fresh_task_config(domain: Domain, task: str | DictConfig) -> None:
@@ -476,35 +497,52 @@ def check_expert(domain: Domain, task: str | DictConfig, seeds: range = range(3)
 
 def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = range(3)) -> None:
     """Listed action choices (``Domain.action_choices``, for ``model.constrained_actions``): each
-    is a valid action of its role, spelled in the vocabulary, and the expert acts only among them."""
+    is a non-empty text, spelled in the vocabulary and a valid action of its role (well-formed and
+    the role's, from the first seed's start), and the expert acts only among its role's choices
+    (and the monolithic model's, ``action_choices(task, None)``), else a constrained model could
+    never take the expert's action. Failures name domain, task, seed, step, action and role."""
     cfg = _task(domain, task)
+    name = _task_name(task)
     listed = {r.name: domain.action_choices(cfg, r.name) for r in domain.roles}
     if not any(listed.values()):
         return
     tok = build_tokenizer(domain.all_words(cfg), (0.0,))
-    env = ValidatedEnv(domain.make_env(cfg), domain.name)
-    env.reset(seeds[0])
+    env = ValidatedEnv(domain.make_env(cfg), domain.name, task=name)
+    first = int(seeds[0])
+    env.reset(first)
     start = env.snapshot()
     for role, choices in listed.items():
         for text in choices or ():
+            w = Where(domain.name, name, first, 0, text if isinstance(text, str) else repr(text), role)
+            if not isinstance(text, str) or not text.strip():
+                w.fail(f"action_choices() listed {text!r} for {role}; choices must be non-empty strings")
             unk = unknown_words(tok, text)
-            assert not unk, f"{domain.name}: action choice {text!r} of {role} has words missing from vocabulary(): {unk}"
+            if unk:
+                w.fail(f"the listed action choice has words missing from vocabulary(): {sorted(set(unk))[:10]} "
+                       "(a constrained model could not spell it)")
             env.restore(start)
-            assert env.step(text, role).valid, f"{domain.name}: action choice {text!r} is not a valid action of {role}"
+            res = env.step(text, role)
+            if not res.valid:
+                w.fail(f"the listed action choice is not a valid action of {role} at the start of the episode "
+                       "(valid means well-formed and the role's, even when it cannot succeed now); step() returned "
+                       f"valid=False, observation {_short(res.observation)}")
     words = {role: {tuple(split_words(t)) for t in c} for role, c in listed.items() if c}
-    mono = {tuple(split_words(t)) for t in domain.action_choices(cfg, None) or ()}
+    mono_list = list(domain.action_choices(cfg, None) or ())
+    mono = {tuple(split_words(t)) for t in mono_list}
     for seed in seeds:
-        env.reset(seed)
-        for _ in range(int(cfg.max_decisions)):
+        env.reset(int(seed))
+        for t in range(int(cfg.max_decisions)):
             exp = env.expert_action()
             if exp is None or env.done:
                 break
-            if exp.role in words:
-                assert tuple(split_words(exp.action)) in words[exp.role], (
-                    f"{domain.name}: expert action {exp.action!r} of {exp.role} is not among its action choices")
-            if mono:
-                assert tuple(split_words(exp.action)) in mono, (
-                    f"{domain.name}: expert action {exp.action!r} is not among the monolithic action choices")
+            w = Where(domain.name, name, int(seed), t, exp.action, exp.role)
+            if exp.role in words and tuple(split_words(exp.action)) not in words[exp.role]:
+                w.fail(f"the expert's action is not among {exp.role}'s {len(words[exp.role])} listed action choices "
+                       f"(e.g. {_short(sorted(listed[exp.role])[:4])}): with model.constrained_actions=true its "
+                       "model could never take it")
+            if mono and tuple(split_words(exp.action)) not in mono:
+                w.fail(f"the expert's action is not among the monolithic model's {len(mono)} listed action choices "
+                       f"(action_choices(task, None), e.g. {_short(sorted(mono_list)[:4])})")
             env.step(exp.action, exp.role)
 
 

@@ -124,7 +124,7 @@ def test_a_run_folder_of_an_earlier_config_version_evaluates_with_that_versions_
     is truncated and refused, naming the keys."""
     import shutil
 
-    from swarm_runtime.config import ConfigError, load_saved
+    from swarm_runtime.config import CONFIG_VERSION, ConfigError, load_saved
 
     old = tmp_path / "v1_run"
     shutil.copytree(smoke_run[0], old)
@@ -135,7 +135,7 @@ def test_a_run_folder_of_an_earlier_config_version_evaluates_with_that_versions_
     assert "train_seeds" not in older.experiment and "serve" not in older and "dev_seeds" not in older.task
     (old / "config.yaml").write_text(text)
     cfg = load_saved(old / "config.yaml")
-    assert cfg.experiment.train_seeds is None and cfg.model.adapter == "none" and cfg.config_version == 2
+    assert cfg.experiment.train_seeds is None and cfg.model.adapter == "none" and cfg.config_version == CONFIG_VERSION
     assert cfg.serve.port == 8000 and cfg.eval.split == "eval"
     res = swarm("eval", str(old), "checkpoint=sft", "eval.runs=1", "eval.episodes=1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from swarm_runtime.domain import Domain, Role
 from swarm_runtime.env import DomainEnv, EnvContractError, ExpertStep, StepResult, ValidatedEnv
-from swarm_runtime.testing import (ConformanceError, check_domain, check_fresh_task_config, check_max_decisions,
-                                   check_snapshots, check_splits)
+from swarm_runtime.testing import (ConformanceError, check_action_choices, check_domain, check_fresh_task_config,
+                                   check_max_decisions, check_snapshots, check_splits)
 
 TASK = {"max_decisions": 30, "reward_max": 6, "reward_min": 0, "train_seeds": {"start": 0, "count": 100},
         "dev_seeds": {"start": 500, "count": 8}, "eval_seeds": {"start": 1000, "count": 8}}
@@ -213,6 +213,63 @@ def test_overlapping_splits_are_caught():
     check_splits(domain_with(), "tower")
 
 
+class SeedModuloDomain(StackDomain):
+    """Distinct seeds, shared instances: seed ``s`` builds tower ``s % 100``, so the dev seeds
+    500-507 pick the same towers as train seeds 0-7."""
+
+    def instances(self, task, seeds):
+        return [f"tower {s % 100}" for s in seeds]
+
+
+def test_splits_that_pick_the_same_instances_are_caught():
+    with pytest.raises(ConformanceError, match=r"^stack/tower, seed 500: train and dev seeds pick the same instances "
+                                               r"\(8 shared, e\.g\. 'tower 0' by train seed 0 and dev seed 500\)"):
+        check_splits(SeedModuloDomain(), "tower")
+    d = SeedModuloDomain()
+    d.task = {**TASK, "dev_seeds": {"start": 250, "count": 8}, "eval_seeds": {"start": 1, "count": 0}}
+    d.instances = lambda task, seeds: [f"tower {s}" for s in seeds]
+    check_splits(d, "tower")
+
+
+class ChoicesDomain(StackDomain):
+    """``action_choices`` broken three ways (``broken``): the expert's ``stack`` is not listed, a
+    listed choice is not a valid action of its role, a listed choice is not in the vocabulary."""
+
+    broken = "missing"
+
+    def action_choices(self, task, role):
+        choices = {"Builder": ["stack", "knock"], "Digger": ["dig", "rest"]}
+        if self.broken == "missing":
+            choices["Builder"] = ["knock"]
+        elif self.broken == "invalid":
+            choices["Digger"] = ["dig", "rest", "knock"]  # knock is the Builder's
+        elif self.broken == "unspelled":
+            choices["Digger"] = ["dig", "rest", "nap"]
+        return choices.get(role)
+
+
+@pytest.mark.parametrize("broken,where,what", [
+    ("missing", r"stack/tower, seed 0, step 0, action 'stack' by Builder: ",
+     r"the expert's action is not among Builder's 1 listed action choices \(e\.g\. \['knock'\]\): with "
+     r"model\.constrained_actions=true its model could never take it"),
+    ("invalid", r"stack/tower, seed 0, step 0, action 'knock' by Digger: ",
+     r"the listed action choice is not a valid action of Digger at the start of the episode .*valid=False, "
+     r"observation 'loose 1 stack 0 of 6'"),
+    ("unspelled", r"stack/tower, seed 0, step 0, action 'nap' by Digger: ",
+     r"the listed action choice has words missing from vocabulary\(\): \['nap'\]"),
+], ids=["expert-not-listed", "invalid-choice", "unspelled-choice"])
+def test_broken_action_choices_are_caught_with_seed_step_and_action(broken, where, what):
+    d = ChoicesDomain()
+    d.broken = broken
+    with pytest.raises(ConformanceError) as err:
+        check_action_choices(d, "tower")
+    msg = str(err.value)
+    assert re.match(where + what, msg), msg
+    assert located(msg), msg
+    with pytest.raises(ConformanceError, match=re.escape(msg)):
+        check_domain(d, "tower")  # the whole kit reports the same failure
+
+
 def test_a_cached_task_config_is_caught():
     class Cached(StackDomain):
         cfg = OmegaConf.create(TASK)
@@ -262,6 +319,9 @@ def test_builtin_tasks_have_a_disjoint_dev_split_and_eval_split_selects_it(regis
     ctx = run_context(registry, "domain=minecraft", "task=iron_pickaxe", "eval.split=dev", "eval.episodes=4")
     assert ctx.seeds("eval") == [50000, 50001, 50002, 50003] and ctx.seeds("train")[:2] == [0, 1]
     assert run_context(registry, "domain=minecraft", "eval.episodes=2").seeds("eval") == [100000, 100001]
-    with pytest.raises(ConfigError, match="eval.split=dev, but task 'embedded' of 'openresearcher' defines no "
+    orr = registry[1].domains["openresearcher"]
+    assert orr.episode_seeds(orr.task_config("embedded"), "dev") == list(range(2_000_000, 2_000_050))
+    check_splits(orr, "embedded")  # seeds and the questions they pick
+    with pytest.raises(ConfigError, match="eval.split=dev, but task 'local' of 'openresearcher' defines no "
                                           "dev_seeds; valid here: eval"):
-        resolve(["domain=openresearcher", "task=embedded", "eval.split=dev"], registry[1])
+        resolve(["domain=openresearcher", "task=local", "eval.split=dev"], registry[1])

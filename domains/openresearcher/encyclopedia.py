@@ -79,6 +79,25 @@ TEMPLATES = [
     ("parent_born", "where was the parent of {x} born ?", "person", ("parent", "born_place")),
     ("parent_job", "what is the job of the parent of {x} ?", "person", ("parent", "job")),
 ]
+#: Templates of the ``dev`` split only (tuning): the same relations, find keywords and 2-3 hop chains as
+#: :data:`TEMPLATES`, recombined into questions no train or eval question asks, over the same corpus. Every
+#: (template, entity) pair of :data:`TEMPLATES` is already a train or eval question, so a dev split with the
+#: same templates would have to take questions from train (and change the default run); these leave the train
+#: and eval questions, the corpus and its index as they are. Dev is therefore a *transfer* split (new
+#: phrasings of known hops): use it to rank settings, not as an estimate of the eval score.
+DEV_TEMPLATES = [
+    ("parent_year", "when was the parent of {x} born ?", "person", ("parent", "born_year")),
+    ("parent_realm", "in which realm was the parent of {x} born ?", "person", ("parent", "born_place", "realm")),
+    ("parent_mayor", "who is the mayor of the birthplace of the parent of {x} ?", "person",
+     ("parent", "born_place", "mayor")),
+    ("founder_parent", "who is the parent of the founder of {x} ?", "group", ("founder", "parent")),
+    ("base_realm", "in which realm is {x} based ?", "group", ("base", "realm")),
+    ("base_mayor", "who is the mayor of the place where {x} is based ?", "group", ("base", "mayor")),
+    ("event_job", "what is the job of the founder of the group that organised the {x} ?", "event",
+     ("group", "founder", "job")),
+    ("event_year", "when was the founder of the group that organised the {x} born ?", "event",
+     ("group", "founder", "born_year")),
+]
 #: relation -> find keyword
 KEYWORDS = {"born_place": "born", "born_year": "born", "job": "works", "parent": "child", "realm": "realm",
             "mayor": "mayor", "founder": "founded", "base": "based", "group": "organised"}
@@ -109,7 +128,7 @@ def _url(title: str) -> str:
 class Encyclopedia:
     """A generated world: entities, their documents (a :class:`Corpus`) and questions."""
 
-    def __init__(self, seed: int = 0, sizes: dict | None = None, eval_questions: int = 50):
+    def __init__(self, seed: int = 0, sizes: dict | None = None, eval_questions: int = 50, dev_questions: int = 0):
         sizes = {**DEFAULT_SIZES, **(dict(sizes) if sizes else {})}
         limits = _max_sizes()
         bad = [k for k in sizes if k not in limits]
@@ -132,6 +151,18 @@ class Encyclopedia:
         random.Random(seed + 1).shuffle(questions)  # mixed templates in seed order; the first ones are held out
         self.eval_questions = questions[:eval_questions]
         self.train_questions = questions[eval_questions:]
+        self.dev_questions = self._dev(dev_questions)
+
+    def _dev(self, count: int) -> list[Question]:
+        """``count`` questions of :data:`DEV_TEMPLATES` (mixed templates, seeded), drawn after and apart
+        from the train / eval questions: they change neither."""
+        if not count:
+            return []
+        pool = self._questions(DEV_TEMPLATES, prefix="dev/")
+        if not 1 <= count <= len(pool):
+            raise ValueError(f"dev_seeds count {count} must be in [1, {len(pool)}] (the dev questions this corpus has)")
+        random.Random(self.seed + 2).shuffle(pool)
+        return pool[:count]
 
     # ---- world ----------------------------------------------------------------
     def _build(self, rng: random.Random) -> None:
@@ -215,15 +246,15 @@ class Encyclopedia:
             cur = str(ent.facts[rel])
         return cur, hops
 
-    def _questions(self) -> list[Question]:
+    def _questions(self, templates=TEMPLATES, prefix: str = "") -> list[Question]:
         out = []
-        for tid, text, kind, rels in TEMPLATES:
+        for tid, text, kind, rels in templates:
             for title in sorted(t for t, e in self.entities.items() if e.kind == kind):
                 res = self._follow(title, rels)
                 if res is None:
                     continue
                 answer, hops = res
-                out.append(Question(f"{tid}:{title.replace(' ', '_')}", text.format(x=title), answer, tuple(hops)))
+                out.append(Question(f"{prefix}{tid}:{title.replace(' ', '_')}", text.format(x=title), answer, tuple(hops)))
         return out
 
 

@@ -43,6 +43,12 @@ class OpenResearcherDomain(Domain):
         return ResearchEnv(get_world(task), int(task.max_decisions), {**browser, "topn": int(topn)},
                            evidence_credit=credit)
 
+    def instances(self, task: DictConfig, seeds) -> list[str]:
+        """The question each seed picks (its text): the conformance kit checks that no question is
+        in two of the train / dev / eval splits, not just that their seeds differ."""
+        world = get_world(task)
+        return [world.question_for(int(s)).question for s in seeds]
+
     def vocabulary(self, task: DictConfig) -> list[str]:
         words = list(ENV_WORDS) + list(BROWSER_WORDS)
         if task.get("source", "embedded") == "embedded":

@@ -19,6 +19,7 @@ from swarm_runtime.config import ConfigError, resolve
 from swarm_runtime.evaluate import evaluate
 from swarm_runtime.experiments.training import budget_cap, final_checkpoint, make_trainer, seed_checkpoint
 from swarm_runtime.outputs import read_metrics
+from swarm_runtime.provenance import stamp
 from swarm_runtime.run import RunContext
 
 
@@ -159,6 +160,7 @@ class ExperimentContext:
                         f", FLOPs budget {budget:.3g}" if budget is not None else "",
                         f", resuming from {resume_from.name}" if resume_from else "")
             make_trainer(self.registry.get("algorithms", cfg.algo.name), ctx, budget).train()
+            stamp(sub / "eval.json")  # library versions and commit (issue 18)
             return self.training_summary(sub)
 
         return self.cell(f"train-{key}", run)

@@ -15,6 +15,7 @@ from swarm_runtime.config import ConfigError, parse_overrides, resolve
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
+from swarm_runtime.provenance import versions, versions_line
 from swarm_runtime.run import check_hardware, check_task, machine_overrides
 
 _RUN_KEYS = ("run_dir", "resume")
@@ -171,7 +172,7 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
     head = (f"# {report.title}\n\n{x.cfg.domain}/{x.cfg.task_name}; held-out ({x.cfg.eval.split} split): {len(seeds)} "
             f"seeds x {runs} runs ({over}mean ± standard error over held-out seeds), seeds {seeds[0]}..{seeds[-1]}; "
             f"{who}.\n\n"
-            f"Command: `{command}` (commit {_commit()})\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
+            f"Command: `{command}` (commit {_commit()})\n\n{versions_line()}.\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
             f"was computed (this invocation: {wall_s:.0f} s{'; cells finished by an earlier invocation were loaded' if resumed else ''}).\n")
     parts = [head, table]
     for title, text in report.tables.items():
@@ -184,26 +185,21 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
     _atomic_json(x.run_dir / "results.json", {
         "experiment": x.name, "domain": x.cfg.domain, "task": x.cfg.task_name, "seed": int(x.cfg.seed),
         "eval_seeds": seeds, "runs": runs, "command": command, "commit": _commit(), "wall_s": wall_s, "cells_wall_s": cells_wall, "rows": report.rows,
-        "tables": report.tables, "plots": [_rel(p, x.run_dir) for p in report.plots], "eval_split": str(x.cfg.eval.split), "notes": report.notes, **report.data})
+        "tables": report.tables, "plots": [_rel(p, x.run_dir) for p in report.plots], "eval_split": str(x.cfg.eval.split), "notes": report.notes, "versions": versions(), **report.data})
     print(f"\n{report.title}: {x.cfg.domain}/{x.cfg.task_name}, {len(seeds)} held-out seeds x {runs} runs "
           f"({over}mean ± standard error over held-out seeds), {who}\n{table}")
     for title, text in report.tables.items():
         print(f"\n{title}\n{text}")
+    print(f"\n{versions_line()}")
     print(f"\nExperiment folder: {x.run_dir} (results.md, results.json, "
           f"{', '.join(_rel(p, x.run_dir) for p in report.plots) or 'no plots'}, "
           f"{'seed-<s>/' if tseeds else 'cells/, trainings/'})")
 
 
 def _commit() -> str:
-    """``git rev-parse --short HEAD`` of the code that ran (``unknown`` outside a git checkout)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    """``git rev-parse --short HEAD`` of the code that ran (``+dirty`` with uncommitted changes to tracked
+    files; ``unknown`` outside a git checkout of this package)."""
+    return versions()["commit"] or "unknown"
 
 
 def _rel(path: Path, root: Path) -> str:

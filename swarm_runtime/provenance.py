@@ -1,0 +1,83 @@
+"""What produced a results file: library versions and the code's commit.
+
+Every ``eval.json`` (``swarm run``, ``swarm eval``) and experiment ``results.json`` carries
+:func:`versions` under ``"versions"``, so a figure that does not reproduce can be traced to a
+library release (an unpinned transformers release once changed a documented figure) or to the
+code that ran; the printed footers show :func:`versions_line`.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+#: Distributions whose versions a result depends on (the package's own comes first).
+LIBRARIES = ("torch", "transformers", "peft")
+PACKAGE = "swarm-runtime"
+NOT_INSTALLED = "not installed"
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return NOT_INSTALLED
+
+
+def code_commit(where: Path | None = None) -> str | None:
+    """``git rev-parse --short HEAD`` of the checkout this package runs from, with ``+dirty`` when
+    tracked files differ from it; ``None`` outside a checkout (an installed wheel), when git is
+    missing, or when the package merely sits inside some other repository."""
+    pkg = Path(where or Path(__file__).resolve().parent)
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=pkg, capture_output=True, text=True,
+                             timeout=10)
+        if top.returncode or Path(top.stdout.strip()).resolve() != pkg.parent.resolve():
+            return None
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=pkg, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        if not head:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=pkg,
+                               capture_output=True, text=True, timeout=20).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str | None]:
+    """``python``, ``torch``, ``transformers``, ``peft`` (``"not installed"`` when absent), the
+    package's own version and ``commit`` (:func:`code_commit`; ``None`` outside a checkout)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    out.update({name: _dist_version(name) for name in LIBRARIES})
+    from swarm_runtime import __version__
+
+    out[PACKAGE] = __version__
+    out["commit"] = code_commit()
+    return out
+
+
+def versions_line(v: dict | None = None) -> str:
+    """One short line: ``versions: python 3.12.3, torch 2.13.0, ... swarm-runtime 0.1.0 (commit 853edf0)``."""
+    v = versions() if v is None else v
+    libs = ", ".join(f"{k} {v[k]}" for k in ("python", *LIBRARIES, PACKAGE) if k in v)
+    return f"versions: {libs}" + (f" (commit {v['commit']})" if v.get("commit") else "")
+
+
+def stamp(path: Path) -> bool:
+    """Add ``"versions"`` to the JSON object in ``path`` (a trainer's ``eval.json``) when it has none;
+    written atomically. ``False`` when there is no such file."""
+    from swarm_runtime.outputs import write_json
+
+    path = Path(path)
+    if not path.is_file():
+        return False
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "versions" not in data:
+        data["versions"] = versions()
+        write_json(path, data)
+    return True
