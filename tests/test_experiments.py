@@ -58,6 +58,15 @@ def test_heldout_cli_writes_table_json_plot_and_matches_flops(heldout):
 
     assert main(["eval", str(d / "trainings" / "monolithic"), "eval.runs=1"]) == 0
     assert list((d / "trainings" / "monolithic").glob("eval-iter-*.json"))
+    # library versions and commit beside every figure (issue 18): results.json, results.md, the footer,
+    # each training's eval.json and a `swarm eval` file
+    from swarm_runtime.provenance import versions, versions_line
+
+    assert out["versions"] == versions() and out["versions"]["torch"] != "not installed"
+    assert versions_line() in res.stdout and versions_line() in (d / "results.md").read_text()
+    assert json.loads((d / "trainings" / "mpt" / "eval.json").read_text())["versions"] == versions()
+    ev = next((d / "trainings" / "monolithic").glob("eval-iter-*.json"))
+    assert json.loads(ev.read_text())["versions"] == versions()
 
 
 def test_heldout_matches_monolithic_sft_in_compute_and_in_data(registry, base, tmp_path):

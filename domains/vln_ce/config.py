@@ -103,6 +103,13 @@ class EmbeddedConfig:
                 f"max_decisions={self.max_decisions}); set reward_min: {lo}, reward_max: {hi}")
 
 
+def _seed_range(spec: Any) -> tuple[int, int] | None:
+    """``(start, count)`` of a ``{start, count}`` seed spec (None when absent)."""
+    if not spec:
+        return None
+    return int(_get(spec, "start", 0)), int(_get(spec, "count", 0))
+
+
 @dataclass(frozen=True)
 class HabitatConfig:
     """Settings of the habitat-lab adapter (``habitat:`` block of the task YAML)."""
@@ -113,6 +120,10 @@ class HabitatConfig:
     dataset_type: str = "R2RVLN-v1"
     train_split: str = "train"
     eval_split: str = "val_unseen"
+    #: split behind the dev (tuning) seeds: R2R-CE's val_seen (new paths in the training scenes), so that dev
+    #: shares no episode, path or scene with eval (val_unseen) and no episode or path with train
+    dev_split: str = "val_seen"
+    dev_seeds: tuple[int, int] | None = None  #: (start, count) of the task's ``dev_seeds`` (None: no dev split)
     restore: str = "state"  #: ``state`` (set_agent_state + measure copy) or ``replay`` (reset + replay)
     rgb: bool = True  #: pass RGB frames to vision-language policies
     max_instruction_words: int = 0  #: 0 = keep the full instruction (real tokenizers)
@@ -135,6 +146,8 @@ class HabitatConfig:
             dataset_type=str(_get(h, "dataset_type", d.dataset_type)),
             train_split=str(_get(h, "train_split", d.train_split)),
             eval_split=str(_get(h, "eval_split", d.eval_split)),
+            dev_split=str(_get(h, "dev_split", d.dev_split)),
+            dev_seeds=_seed_range(_get(task, "dev_seeds", None)),
             restore=restore,
             rgb=bool(_get(h, "rgb", d.rgb)),
             max_instruction_words=_num(h, "max_instruction_words", 0, 0, int),

@@ -135,12 +135,24 @@ def restore_measure_state(measures: dict[str, Any], state: dict[str, dict[str, A
             vars(measures[name]).update(copy.deepcopy(attrs))
 
 
-def episode_index(seed: int, unseen_seed_start: int, count: int) -> tuple[str, int]:
-    """Map a seed to (``train`` | ``eval``, episode index) like the embedded splits:
-    seeds from ``unseen_seed_start`` on index the eval split (val_unseen)."""
+def which_split(seed: int, unseen_seed_start: int, dev_seeds: tuple[int, int] | None = None) -> str:
+    """``dev`` for the task's dev seeds, ``eval`` from ``unseen_seed_start`` on, else ``train``."""
+    if dev_seeds is not None and dev_seeds[0] <= seed < dev_seeds[0] + dev_seeds[1]:
+        return "dev"
+    return "eval" if seed >= unseen_seed_start else "train"
+
+
+def episode_index(seed: int, unseen_seed_start: int, count: int,
+                  dev_seeds: tuple[int, int] | None = None) -> tuple[str, int]:
+    """Map a seed to (``train`` | ``dev`` | ``eval``, episode index) like the embedded splits:
+    dev seeds index the dev split (val_seen) from its first episode, other seeds from
+    ``unseen_seed_start`` on the eval split (val_unseen), the rest the train split."""
     if count <= 0:
         raise ValueError("vln_ce: the habitat dataset split has no episodes")
-    if seed >= unseen_seed_start:
+    which = which_split(seed, unseen_seed_start, dev_seeds)
+    if which == "dev":
+        return "dev", (seed - dev_seeds[0]) % count
+    if which == "eval":
         return "eval", (seed - unseen_seed_start) % count
     return "train", seed % count
 
@@ -187,6 +199,7 @@ class HabitatVLNEnv(DomainEnv):
                  env_factory: Callable[[str], Any] | None = None,
                  follower_factory: Callable[[Any], Any] | None = None):
         self.cfg, self.emb = cfg, emb
+        self._check_splits = env_factory is None  # real habitat: the dev split's files are checked when first used
         if env_factory is None:
             require_habitat()
             check_data(cfg, (cfg.train_split, cfg.eval_split))
@@ -215,8 +228,10 @@ class HabitatVLNEnv(DomainEnv):
         return habitat.Env(config=hcfg)
 
     def _env_for(self, which: str) -> Any:
-        split = self.cfg.train_split if which == "train" else self.cfg.eval_split
+        split = {"train": self.cfg.train_split, "dev": self.cfg.dev_split}.get(which, self.cfg.eval_split)
         if split not in self._envs:
+            if self._check_splits:
+                check_data(self.cfg, (split,))
             self._envs[split] = self._factory(split)
         self._split = split
         return self._envs[split]
@@ -225,9 +240,12 @@ class HabitatVLNEnv(DomainEnv):
     def env(self) -> Any:
         return self._envs[self._split]
 
+    def _which(self, seed: int) -> str:
+        return which_split(seed, self.emb.unseen_seed_start, self.cfg.dev_seeds)
+
     def _reset_to(self, seed: int) -> dict:
-        env = self._env_for("eval" if seed >= self.emb.unseen_seed_start else "train")
-        _, idx = episode_index(seed, self.emb.unseen_seed_start, len(env.episodes))
+        env = self._env_for(self._which(seed))
+        _, idx = episode_index(seed, self.emb.unseen_seed_start, len(env.episodes), self.cfg.dev_seeds)
         env.episode_iterator = iter([env.episodes[idx]])
         obs = env.reset()
         self._follower = None
@@ -342,7 +360,7 @@ class HabitatVLNEnv(DomainEnv):
             if math.dist(got, want) > 1e-3:
                 logger.warning("vln_ce: replay restore ended at {} instead of {}", got, want)
         else:
-            env = self._env_for("eval" if bk.seed >= self.emb.unseen_seed_start else "train")
+            env = self._env_for(self._which(bk.seed))
             if _current_id(env) != snapshot["episode_id"]:
                 self._reset_to(bk.seed)
             self.env.sim.set_agent_state(copy.deepcopy(snapshot["position"]), copy.deepcopy(snapshot["rotation"]))

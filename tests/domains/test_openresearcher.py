@@ -18,7 +18,7 @@ from domains.openresearcher.judge import ExactJudge, Grade, make_judge, normaliz
 from domains.openresearcher.plugin import OpenResearcherDomain
 from domains.openresearcher.search import build_index, cache_key
 from swarm_runtime.policy.tokenizer import build_tokenizer, split_words, unknown_words
-from swarm_runtime.testing import check_domain
+from swarm_runtime.testing import check_domain, check_splits
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -557,6 +557,77 @@ def test_seeds_pick_train_and_held_out_questions(domain, task, enc):
     assert held == enc.eval_questions
     train = {env.world.question_for(s).qid for s in domain.episode_seeds(task, "train")}
     assert len(train) == len(enc.train_questions) and not train & {q.qid for q in held}
+
+
+def test_dev_split_is_disjoint_and_leaves_train_eval_and_corpus_unchanged(domain, task, enc):
+    """The dev questions (tuning) come from templates no train or eval question uses, over the
+    same corpus: the train and eval questions and the documents are those of a world without
+    them (so the default run and its documented figures do not change)."""
+    from domains.openresearcher.encyclopedia import DEV_TEMPLATES, TEMPLATES
+
+    with_dev = Encyclopedia(seed=0, dev_questions=50)
+    assert with_dev.train_questions == enc.train_questions and with_dev.eval_questions == enc.eval_questions
+    assert [(d.docid, d.text) for d in with_dev.corpus.docs] == [(d.docid, d.text) for d in enc.corpus.docs]
+    assert enc.dev_questions == [] and len(with_dev.dev_questions) == 50
+    texts = {q.question for q in enc.train_questions + enc.eval_questions}
+    assert not texts & {q.question for q in with_dev.dev_questions}
+    assert not {t[1] for t in TEMPLATES} & {t[1] for t in DEV_TEMPLATES}
+    assert len({q.qid.split(":")[0] for q in with_dev.dev_questions}) >= 6  # a mix of the dev templates
+    env = domain.make_env(task)
+    dev_seeds = domain.episode_seeds(task, "dev")
+    assert dev_seeds == list(range(2_000_000, 2_000_050))
+    assert [env.world.question_for(s) for s in dev_seeds] == with_dev.dev_questions
+    for seed in dev_seeds:  # the expert solves each (its hops exist in the corpus), as on eval
+        env.reset(seed)
+        total = 0.0
+        while not env.done:
+            e = env.expert_action()
+            r = env.step(e.action, e.role)
+            assert r.valid, (e, r.observation)
+            total += r.reward
+        assert total == 1.0 and env.decisions <= 12, env.question
+    with pytest.raises(ValueError, match=r"dev_seeds count 6000 must be in \[1, 5013\]"):
+        Encyclopedia(seed=0, dev_questions=6000)
+
+
+def test_local_dev_split_comes_out_of_the_training_questions(domain, tmp_path):
+    rows = [{"docid": str(i), "url": f"https://x.org/{i}", "text": f"The capital of land{i} is city{i}."} for i in range(40)]
+    qs = [{"qid": f"q{i}", "question": f"What is the capital of land{i}?", "answer": f"city{i}"} for i in range(40)]
+    cfg = domain.task_config("local")
+    cfg.corpus_path = str(_write_jsonl(tmp_path / "c.jsonl", rows))
+    cfg.questions_path = str(_write_jsonl(tmp_path / "q.jsonl", qs))
+    cfg.search.cache_dir = str(tmp_path / "cache")
+    cfg.eval_questions = 10
+    plain = domain.make_env(cfg).world
+    cfg.dev_seeds = {"start": 2_000_000, "count": 5}
+    world = domain.make_env(cfg).world
+    assert world.eval == plain.eval and len(world.dev) == 5 and len(world.train) == 25
+    assert {q.qid for q in world.train} | {q.qid for q in world.dev} == {q.qid for q in plain.train}
+    check_splits(domain, cfg)  # seeds, and the questions they pick
+    assert world.question_for(2_000_003) == world.dev[3]
+
+
+def test_eval_on_the_dev_split_through_the_cli(tmp_path):
+    """`swarm eval RUN eval.split=dev` plays the dev questions; eval.json and the eval file record the
+    library versions, and the footer prints them."""
+    from conftest import swarm
+
+    run = tmp_path / "run"
+    res = swarm("run", "domain=openresearcher", "task=embedded", "task.max_decisions=6", "algo.sft.demo_episodes=2",
+                "algo.sft.epochs=1", "algo.sft.action_epochs=1", "algo.envs_per_step=2", "algo.iterations=1",
+                "eval.episodes=2", "eval.runs=1", "progress=false", f"run_dir={run}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ev = json.loads((run / "eval.json").read_text())
+    assert sorted(ev["results"]["MPT"]["seed_rewards"]) == ["1000000", "1000001"]
+    from swarm_runtime.provenance import versions_line
+
+    assert ev["versions"]["transformers"] and versions_line(ev["versions"]).startswith("versions: python ")
+    res = swarm("eval", str(run), "eval.split=dev", "eval.episodes=3", "eval.runs=1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "3 held-out seeds (dev split) x 1 runs" in res.stdout
+    out = json.loads(next(run.glob("eval-*eval.split=dev*.json")).read_text())
+    assert sorted(out["seed_rewards"]) == ["2000000", "2000001", "2000002"] and out["eval_split"] == "dev"
+    assert out["versions"] == ev["versions"] and versions_line(ev["versions"]) in res.stdout
 
 
 def test_snapshot_restore_is_exact_and_cheap(domain, task):

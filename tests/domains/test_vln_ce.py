@@ -461,6 +461,41 @@ def test_habitat_expert_and_episode_index():
         expert_step("jump")
     assert episode_index(5, 100, 3) == ("train", 2)
     assert episode_index(104, 100, 3) == ("eval", 1)
+    assert episode_index(110, 100, 3, dev_seeds=(108, 8)) == ("dev", 2)  # dev seeds first, above unseen_seed_start
+    assert episode_index(107, 100, 3, dev_seeds=(108, 8)) == ("eval", 1)
+
+
+def test_habitat_dev_seeds_play_the_val_seen_split(domain, task, tmp_path):
+    """The task's dev seeds (1000088-1000175) play R2R-CE's val_seen from its first episode, never an
+    episode of val_unseen (eval) or train; a missing val_seen file is named when dev is first used."""
+    cfg = HabitatConfig.from_task(task)
+    assert (cfg.dev_split, cfg.eval_split, cfg.train_split) == ("val_seen", "val_unseen", "train")
+    dev, ev = domain.episode_seeds(task, "dev"), domain.episode_seeds(task, "eval")
+    assert cfg.dev_seeds == (dev[0], len(dev))
+    assert {episode_index(s, 1_000_000, 1000, cfg.dev_seeds)[0] for s in dev} == {"dev"}
+    assert [episode_index(s, 1_000_000, 1000, cfg.dev_seeds)[1] for s in dev] == list(range(88))
+    assert {episode_index(s, 1_000_000, 1000, cfg.dev_seeds) for s in ev} == {("eval", i) for i in range(88)}
+    envs = {}
+
+    def factory(split):
+        envs[split] = FakeHabitatEnv(split)
+        return envs[split]
+
+    env = HabitatVLNEnv(HabitatConfig(dev_seeds=(108, 8)), EmbeddedConfig(unseen_seed_start=100),
+                        env_factory=factory, follower_factory=lambda e: (lambda goal: "move_forward"))
+    env.reset(109)
+    assert env.env.current_episode.episode_id == "val_seen-1" and set(envs) == {"val_seen"}
+    env.step("move forward 50 cm", "Mover")
+    snap = env.snapshot()
+    env.reset(101)
+    assert env.env.current_episode.episode_id == "val_unseen-1"
+    env.restore(snap)  # back to the dev episode
+    assert env.env.current_episode.episode_id == "val_seen-1" and env.bk.seed == 109
+    missing = HabitatVLNEnv(HabitatConfig(data_path=str(tmp_path / "{split}.json.gz"), scenes_dir=str(tmp_path),
+                                          dev_seeds=(108, 8)), EmbeddedConfig(unseen_seed_start=100), env_factory=factory)
+    missing._check_splits = True  # as with real habitat (no fake factory)
+    with pytest.raises(HabitatUnavailable, match=r"val_seen\.json\.gz"):
+        missing.reset(108)
 
 
 class FakeMeasure:
