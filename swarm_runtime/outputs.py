@@ -38,7 +38,10 @@ def parse_rows(path: Path, text: str) -> list[dict]:
 class MetricsWriter:
     """Appends one JSON line per update and mirrors scalars to TensorBoard. Each row carries its
     ``step``; on resume the run folder is first cut back to the rows its checkpoint covers
-    (:func:`swarm_runtime.run.truncate_metrics`), so every row is written exactly once."""
+    (:func:`swarm_runtime.run.truncate_metrics`), so every row is written exactly once. TensorBoard
+    events cannot be cut in place: on resume the new event file starts with ``purge_step`` (the
+    step after ``truncate_after``), so TensorBoard hides the earlier files' events from that step
+    on and shows each step once, as the resumed run wrote it."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, truncate_after: int | None = None):
         self.path = run_dir / "metrics.jsonl"
@@ -51,7 +54,8 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tb"))
+                purge = None if truncate_after is None else int(truncate_after) + 1
+                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
             except Exception as exc:  # tensorboard missing: keep going, say so once
                 logger.warning("TensorBoard disabled: {}", exc)
 
