@@ -607,6 +607,34 @@ def test_local_dev_split_comes_out_of_the_training_questions(domain, tmp_path):
     assert world.question_for(2_000_003) == world.dev[3]
 
 
+@pytest.mark.parametrize("domain_task,key", [("openresearcher/embedded", "dev_seeds"),
+                                              ("vln_ce/r2r", "habitat.dev_split")])
+def test_a_run_folder_from_before_the_dev_split_still_loads(tmp_path, registry, domain_task, key):
+    """config version 2 had no openresearcher dev_seeds (nor vln_ce habitat.dev_split): such a
+    folder loads without them (no dev split: eval.split=dev is refused); a version-3 file lacking
+    them is truncated."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.config import CONFIG_VERSION, ConfigError, load_saved, resolve
+
+    reg = registry[1]
+    name, task = domain_task.split("/")
+    cfg = OmegaConf.to_container(resolve([f"domain={name}", f"task={task}"], reg))
+    node = cfg["task"]
+    *parents, last = key.split(".")
+    for p in parents:
+        node = node[p]
+    node.pop(last)
+    cfg["config_version"] = 2
+    OmegaConf.save(OmegaConf.create(cfg), tmp_path / "config.yaml")
+    loaded = load_saved(tmp_path / "config.yaml", reg)
+    assert OmegaConf.select(loaded.task, key) is None and loaded.config_version == CONFIG_VERSION
+    cfg["config_version"] = CONFIG_VERSION
+    OmegaConf.save(OmegaConf.create(cfg), tmp_path / "config.yaml")
+    with pytest.raises(ConfigError, match=f"lacks task.{key}"):
+        load_saved(tmp_path / "config.yaml", reg)
+
+
 def test_eval_on_the_dev_split_through_the_cli(tmp_path):
     """`swarm eval RUN eval.split=dev` plays the dev questions; eval.json and the eval file record the
     library versions, and the footer prints them."""
