@@ -413,7 +413,8 @@ def check_splits(domain: Domain, task: str | DictConfig) -> None:
                 inst = sorted(both, key=repr)[0]
                 Where(domain.name, name, picked[b][inst]).fail(
                     f"{a} and {b} seeds pick the same instances ({len(both)} shared, e.g. {_short(inst)} by {a} seed "
-                    f"{picked[a][inst]} and {b} seed {picked[b][inst]}); the seeds are disjoint but what they pick is not")
+                    f"{picked[a][inst]} and {b} seed {picked[b][inst]}); the seeds are disjoint but what they "
+                    "pick is not")
 
 
 def check_fresh_task_config(domain: Domain, task: str | DictConfig) -> None:

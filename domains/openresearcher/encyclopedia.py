@@ -254,7 +254,8 @@ class Encyclopedia:
                 if res is None:
                     continue
                 answer, hops = res
-                out.append(Question(f"{prefix}{tid}:{title.replace(' ', '_')}", text.format(x=title), answer, tuple(hops)))
+                qid = f"{prefix}{tid}:{title.replace(' ', '_')}"
+                out.append(Question(qid, text.format(x=title), answer, tuple(hops)))
         return out
 
 
