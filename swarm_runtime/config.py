@@ -380,7 +380,8 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
         "hardware.local_adapter": "none", "hardware.memory_gb": None, "hardware.micro_batch": None,
         "hardware.tf32": False, "rlcr.": None, "serve.": None,
         "task.dev_seeds.": None},  # an earlier run has no dev split (eval.split=dev is refused for it)
-    3: {"task.dev_seeds.": None,  # openresearcher's dev split (issue 18): an earlier openresearcher run has none
+    3: {"task.dev_seeds.": None, "task.dev_seeds": None,  # openresearcher's dev split (issue 18): an earlier
+        # openresearcher run has none (task=embedded: a {start, count} section; task=local: null, opt-in)
         "task.habitat.dev_split": None},  # vln_ce sim=habitat: the split behind dev seeds (default val_seen)
 }
 

@@ -608,6 +608,7 @@ def test_local_dev_split_comes_out_of_the_training_questions(domain, tmp_path):
 
 
 @pytest.mark.parametrize("domain_task,key", [("openresearcher/embedded", "dev_seeds"),
+                                              ("openresearcher/local", "dev_seeds"),
                                               ("vln_ce/r2r", "habitat.dev_split")])
 def test_a_run_folder_from_before_the_dev_split_still_loads(tmp_path, registry, domain_task, key):
     """config version 2 had no openresearcher dev_seeds (nor vln_ce habitat.dev_split): such a
