@@ -642,8 +642,8 @@ def test_eval_on_the_dev_split_through_the_cli(tmp_path):
     from conftest import swarm
 
     run = tmp_path / "run"
-    res = swarm("run", "domain=openresearcher", "task=embedded", "task.max_decisions=6", "algo.sft.demo_episodes=2",
-                "algo.sft.epochs=1", "algo.sft.action_epochs=1", "algo.envs_per_step=2", "algo.iterations=1",
+    res = swarm("run", "domain=openresearcher", "task=embedded", "task.max_decisions=4", "algo.sft.demo_episodes=2",
+                "algo.sft.epochs=1", "algo.sft.action_epochs=1", "algo.envs_per_step=2", "algo.iterations=0",
                 "eval.episodes=2", "eval.runs=1", "progress=false", f"run_dir={run}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     ev = json.loads((run / "eval.json").read_text())
