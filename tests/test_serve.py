@@ -360,35 +360,68 @@ def test_logprob_pieces_with_a_byte_level_tokenizer(tmp_path):
     assert body["usage"]["completion_tokens"] == n_tokens
 
 
-def test_auth_on_non_loopback_bind_and_no_agents_left(served, tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def bare(served, tmp_path_factory):
+    """A second gateway on the same run with no worker (one dead agent URL), bound to 0.0.0.0 with an
+    API key, and client-side episodes that expire after 1 s without a turn: (url, auth headers)."""
+    port, dead = _free_port(), _free_port()
+    log = tmp_path_factory.mktemp("bare") / "gateway.log"
+    gateway = _start(["swarm_runtime.cli", "serve", str(served.run), "serve.host=0.0.0.0", f"serve.port={port}",
+                      "serve.replicas=0", f"serve.agents=[Logger=http://127.0.0.1:{dead}]", "serve.agent_wait_s=1",
+                      "serve.episode_idle_s=1"], log, SWARM_API_KEY="s3cret-key")
+    try:
+        url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer s3cret-key"}
+        health = _wait_health(url, [gateway], 120, headers=auth, logs=[log])
+        assert health["status"] == "no_agents"
+        yield url, auth
+    finally:
+        _stop(gateway)
+    assert "s3cret-key" not in log.read_text()
+
+
+def test_auth_on_non_loopback_bind_and_no_agents_left(served, bare, monkeypatch, capsys):
     from swarm_runtime.cli import main
 
-    run = served.run  # the same run folder, its own gateway (with no worker)
+    run = served.run
     monkeypatch.delenv("SWARM_API_KEY", raising=False)
     assert main(["serve", str(run), "serve.host=0.0.0.0"]) == 2
     err = capsys.readouterr().err
     assert "SWARM_API_KEY" in err and len(err.strip().splitlines()) == 1
     assert main(["serve", str(run), "serve.replicas.Wizard=2"]) == 2
     assert "Logger, Miner, Smith" in capsys.readouterr().err
-    port, dead = _free_port(), _free_port()
-    log = tmp_path / "gateway.log"
-    gateway = _start(["swarm_runtime.cli", "serve", str(run), "serve.host=0.0.0.0", f"serve.port={port}",
-                      "serve.replicas=0", f"serve.agents=[Logger=http://127.0.0.1:{dead}]", "serve.agent_wait_s=1"],
-                     log, SWARM_API_KEY="s3cret-key")
-    try:
-        url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer s3cret-key"}
-        health = _wait_health(url, [gateway], 120, headers=auth, logs=[log])
-        assert health["status"] == "no_agents"
-        assert httpx.get(f"{url}/health").status_code == 401
-        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        t0 = time.time()
-        r = httpx.post(f"{url}/v1/episodes", json={"seed": 3}, headers=auth, timeout=60)
-        assert r.status_code == 503 and r.json()["status"] == "failed"
-        assert "no agent left" in r.json()["error"] and "Logger" in r.json()["error"]
-        assert time.time() - t0 < 30
-    finally:
-        _stop(gateway)
-    assert "s3cret-key" not in log.read_text()
+    url, auth = bare
+    assert httpx.get(f"{url}/health").status_code == 401
+    assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    t0 = time.time()
+    r = httpx.post(f"{url}/v1/episodes", json={"seed": 3}, headers=auth, timeout=60)
+    assert r.status_code == 503 and r.json()["status"] == "failed"
+    assert "no agent left" in r.json()["error"] and "Logger" in r.json()["error"]
+    assert time.time() - t0 < 30
+
+
+def test_idle_client_episode_expires(served, bare):
+    """A client-side episode with no turn for serve.episode_idle_s expires: its next turn gets 410
+    naming the episode and why; its state, transcript and /metrics say expired."""
+    url, auth = bare
+    ep = httpx.post(f"{url}/v1/episodes", json={"env": "client", "seed": 2}, headers=auth).json()
+    eid = ep["id"]
+    assert httpx.get(f"{url}/v1/episodes/{eid}", headers=auth).json()["status"] == "running"
+    end, state = time.time() + 20, None
+    while time.time() < end:  # the gateway sweeps every second
+        state = httpx.get(f"{url}/v1/episodes/{eid}", headers=auth).json()
+        if state["status"] != "running":
+            break
+        time.sleep(0.2)
+    assert state["status"] == "expired" and "serve.episode_idle_s" in state["error"]
+    r = httpx.post(f"{url}/v1/episodes/{eid}/turns", json={"observation": "x", "reward": 1.0}, headers=auth)
+    assert r.status_code == 410, r.text
+    assert eid in r.json()["detail"] and "expired" in r.json()["detail"]
+    assert "no turn for more than serve.episode_idle_s=1" in r.json()["detail"]
+    lines = [json.loads(x) for x in (served.run / "serve/episodes.jsonl").read_text().splitlines()]
+    assert [x["status"] for x in lines if x["id"] == eid] == ["expired"]
+    assert 'swarm_episodes_total{status="expired"} 1' in httpx.get(f"{url}/metrics", headers=auth).text
+    missing = httpx.post(f"{url}/v1/episodes/ep-gone/turns", json={"observation": "x"}, headers=auth)
+    assert missing.status_code == 404 and "ep-gone" in missing.json()["detail"]
 
 
 def test_seed_carries_the_keyed_draw():

@@ -156,8 +156,9 @@ def make_app(setup: GatewaySetup):
             await asyncio.sleep(1.0)
             now = time.monotonic()
             for eid, ep in list(state["episodes"].items()):
-                if ep.status == "running" and ep.env is None and now - ep.last_used > float(s.episode_idle_s):
-                    finish(ep, "expired", f"idle for more than serve.episode_idle_s={s.episode_idle_s}s")
+                if (ep.status == "running" and ep.env is None and not ep.lock.locked()  # a turn in progress is not idle
+                        and now - ep.last_used > float(s.episode_idle_s)):
+                    finish(ep, "expired", f"no turn for more than serve.episode_idle_s={s.episode_idle_s}s")
                 if ep.status != "running" and now - ep.last_used > max(60.0, float(s.episode_idle_s)):
                     state["episodes"].pop(eid, None)
 
@@ -375,7 +376,7 @@ def make_app(setup: GatewaySetup):
     def get_episode(eid: str) -> ServedEpisode:
         ep = state["episodes"].get(eid)
         if ep is None:
-            raise HTTPException(404, f"unknown episode {eid!r} (finished episodes are kept "
+            raise HTTPException(404, f"unknown episode {eid!r} (finished or expired episodes are kept "
                                      f"{max(60.0, float(s.episode_idle_s)):g}s)")
         return ep
 
@@ -389,10 +390,11 @@ def make_app(setup: GatewaySetup):
         ep = get_episode(eid)
         if ep.env is not None:
             raise HTTPException(409, f"episode {eid} is a server-side episode; its turns are played by the gateway")
-        if ep.status != "running":
-            raise HTTPException(409, f"episode {eid} is {ep.status}" + (f": {ep.error}" if ep.error else ""))
         engine = state["engine"]
         async with ep.lock:
+            if ep.status != "running":  # 410 Gone: expired for want of turns; 409: finished otherwise
+                raise HTTPException(410 if ep.status == "expired" else 409,
+                                    f"episode {eid} is {ep.status}" + (f": {ep.error}" if ep.error else ""))
             ep.last_used = time.monotonic()
             if ep.episode.turns:  # the reward and validity of the previous action, reported by the client's world
                 last = ep.episode.turns[-1]
