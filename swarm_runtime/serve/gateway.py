@@ -105,7 +105,7 @@ def make_app(setup: GatewaySetup):
 
     from swarm_runtime.episode import make_env
     from swarm_runtime.run import RunContext
-    from swarm_runtime.serve.engine import Engine, EngineOptions, NoAgentsLeft, ServedEpisode, new_id
+    from swarm_runtime.serve.engine import AgentClients, Engine, EngineOptions, NoAgentsLeft, ServedEpisode, new_id
     from swarm_runtime.serve.metrics import Metrics
     from swarm_runtime.serve.population import Population, PopulationOptions
     from swarm_runtime.policy.noise import key_hash
@@ -166,7 +166,8 @@ def make_app(setup: GatewaySetup):
     async def lifespan(app):
         client = httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200))
         state["client"] = client
-        state["engine"] = Engine(domain, ctx.coordinator(), pop, client, opts, metrics, ctx.credit_fn())
+        state["agent_clients"] = AgentClients()
+        state["engine"] = Engine(domain, ctx.coordinator(), pop, state["agent_clients"], opts, metrics, ctx.credit_fn())
         for role in roles:
             for _ in range(replicas(role)):
                 pop.spawn(role, setup.checkpoint / "agents" / role)
@@ -202,6 +203,7 @@ def make_app(setup: GatewaySetup):
                 t.cancel()
             pop.stop_all()
             await client.aclose()
+            await state["agent_clients"].aclose()
             logger.info("swarm serve stopped: {} episodes done, {} interrupted; transcripts in {}",
                         metrics.episodes.get("done", 0), interrupted, transcripts)
 
@@ -283,6 +285,8 @@ def make_app(setup: GatewaySetup):
         if a is None:
             raise HTTPException(404, f"no agent {name!r}; agents: {', '.join(x.name for x in pop.agents if x.status != 'removed')}")
         await pop.drain(a)
+        if not any(x.url == a.url and x.status != "removed" for x in pop.agents):
+            await state["agent_clients"].forget(a.url)
         return a.public()
 
     def new_episode(req: EpisodeRequest) -> ServedEpisode:

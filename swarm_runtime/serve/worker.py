@@ -194,6 +194,7 @@ class Batcher:
         self.queue: list[Job] = []
         self.wake = None
         self.task = None
+        self.stats = {"requests": 0, "batches": 0, "rows": 0}  #: answered so far (``GET /health``)
 
     async def submit(self, job: Job):
         import asyncio
@@ -227,6 +228,9 @@ class Batcher:
                             if not j.future.done():
                                 j.future.set_exception(exc)
                         continue
+                    self.stats["requests"] += len(chunk)
+                    self.stats["batches"] += 1
+                    self.stats["rows"] += sum(len(j.prompts) for j in chunk)
                     for j, body in zip(chunk, bodies):
                         if not j.future.done():
                             j.future.set_result((body, ms))
@@ -263,7 +267,7 @@ def make_app(policy, opts: WorkerOptions):
 
     @app.get("/health")
     def health():
-        return {"status": "ok", "model": model_id, "pid": os.getpid()}
+        return {"status": "ok", "model": model_id, "pid": os.getpid(), "batching": dict(batcher.stats)}
 
     @app.get("/v1/models")
     def models():
