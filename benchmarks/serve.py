@@ -224,9 +224,9 @@ def main() -> None:
                  tmp / "gateway.log").wait()
     try:
         # 2. served, fault-free: equality and throughput
-        b0 = batching(gw)
+        b0, m0 = batching(gw), scrape(gw.url)
         sres, seps, bodies, swall = asyncio.run(served_grid(gw.url, seeds, 1, eval_seed, a.concurrency))
-        b1 = batching(gw)
+        b1, m1 = batching(gw), scrape(gw.url)
         same = sum([(t.winner, t.bids, t.action_text, t.reward) for t in x.turns] ==
                    [(t.winner, t.bids, t.action_text, t.reward) for t in y.turns] for x, y in zip(eps, seps))
         lat, _ = turn_stats(bodies)
@@ -236,14 +236,17 @@ def main() -> None:
                          "failovers": sum(b["failovers"] for b in bodies), "turn_latency_ms_p50": pct(lat, 50),
                          "turn_latency_ms_p99": pct(lat, 99),
                          "worker_requests": b1["requests"] - b0["requests"],
-                         "worker_batches": b1["batches"] - b0["batches"]}
+                         "worker_batches": b1["batches"] - b0["batches"],
+                         "gateway_cpu_ms_per_turn": (m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"])
+                         / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"]) * 1000}
         print(f"served: reward {sres['reward_mean']:.2f} ± {sres['reward_se']:.2f}, {same}/{len(seeds)} episodes "
               f"identical to in process ({out['served']['missed_bids']} missed bids, {out['served']['failovers']} "
               f"failovers); {out['served']['decisions_per_s']:.1f} decisions/s at concurrency "
               f"{a.concurrency} ({out['served']['decisions_per_s'] / out['in_process']['decisions_per_s']:.2f}x "
               f"in process); workers answered {out['served']['worker_requests']} requests in "
               f"{out['served']['worker_batches']} batches "
-              f"({out['served']['worker_requests'] / max(1, out['served']['worker_batches']):.2f} per batch)", flush=True)
+              f"({out['served']['worker_requests'] / max(1, out['served']['worker_batches']):.2f} per batch); "
+              f"gateway CPU {out['served']['gateway_cpu_ms_per_turn']:.1f} ms per turn", flush=True)
         if a.throughput_only:
             return finish(a, out, tmp)
         # 3. overhead, one episode at a time
