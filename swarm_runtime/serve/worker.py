@@ -2,8 +2,11 @@
 
     python -m swarm_runtime.serve.worker --model RUN/checkpoints/final/agents/Smith --port 8101
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (``prompt``, ``max_tokens``,
-``temperature``, ``seed``, ``logprobs``, ``guided_choice`` or its newer name ``structured_outputs.choice``).
+Endpoints: ``GET /health`` (with the batching counts), ``GET /v1/models``, ``POST /v1/completions``
+(``prompt``, ``max_tokens``, ``temperature``, ``seed``, ``n``, ``logprobs``, ``guided_choice`` or its
+newer name ``structured_outputs.choice``). ``logprobs=k`` on generated text returns each token's
+log-probability and the top ``k`` in the OpenAI shape (:mod:`swarm_runtime.serve.logprobs`); ``n``
+samples per prompt are keyed ``protocol.sample_keys(seed, n)`` (at most ``protocol.MAX_N``).
 A request whose ``guided_choice`` is the
 model's bid-level texts is a bid (``model.bid_mode=logits``: one forward pass, sampled over the bid
 levels, with their log-probs when ``logprobs`` is set); ``"swarm_kind": "bid"`` asks for a generated
