@@ -358,6 +358,17 @@ def test_logprob_pieces_with_a_byte_level_tokenizer(tmp_path):
         assert all(t <= 0 for t in lp["token_logprobs"]) and all(tok in top for tok, top in zip(lp["tokens"], lp["top_logprobs"]))
         n_tokens += len(lp["tokens"])
     assert body["usage"]["completion_tokens"] == n_tokens
+    # a generated bid (model.bid_mode=generate) is the policy's own keyed bid, with its token log-probs
+    from swarm_runtime.serve.protocol import key_from_seed
+
+    policy = completer.policy
+    policy.bid_mode, policy.max_bid_tokens = "generate", 4
+    req = completion_models()(prompt="you are Logger . bid :", max_tokens=4, seed=7, logprobs=1, swarm_kind="bid")
+    (body,), _ = completer.run([completer.plan(req)])
+    want = policy.bid(["you are Logger . bid :"], keys=[key_from_seed(7)])[0]
+    choice = body["choices"][0]
+    assert choice["text"] == want.text and len(choice["logprobs"]["tokens"]) == len(want.tokens)
+    assert "".join(choice["logprobs"]["tokens"]) == want.text
 
 
 @pytest.fixture(scope="module")
