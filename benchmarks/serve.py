@@ -238,6 +238,8 @@ def main() -> None:
                          "worker_requests": b1["requests"] - b0["requests"],
                          "worker_batches": b1["batches"] - b0["batches"],
                          "gateway_cpu_ms_per_turn": (m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"])
+                         / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"]) * 1000,
+                         "workers_cpu_ms_per_turn": (b1["cpu_s"] - b0["cpu_s"])
                          / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"]) * 1000}
         print(f"served: reward {sres['reward_mean']:.2f} ± {sres['reward_se']:.2f}, {same}/{len(seeds)} episodes "
               f"identical to in process ({out['served']['missed_bids']} missed bids, {out['served']['failovers']} "
@@ -246,7 +248,8 @@ def main() -> None:
               f"in process); workers answered {out['served']['worker_requests']} requests in "
               f"{out['served']['worker_batches']} batches "
               f"({out['served']['worker_requests'] / max(1, out['served']['worker_batches']):.2f} per batch); "
-              f"gateway CPU {out['served']['gateway_cpu_ms_per_turn']:.1f} ms per turn", flush=True)
+              f"gateway CPU {out['served']['gateway_cpu_ms_per_turn']:.1f} ms per turn, workers' CPU "
+              f"{out['served']['workers_cpu_ms_per_turn']:.1f} ms per turn", flush=True)
         if a.throughput_only:
             return finish(a, out, tmp)
         # 3. overhead, one episode at a time
@@ -341,12 +344,16 @@ def batching(gw: Gateway) -> dict:
     """Requests and batches answered so far, summed over the gateway's workers (their ``/health``)."""
     import httpx
 
-    tot = {"requests": 0, "batches": 0}
+    tot = {"requests": 0, "batches": 0, "cpu_s": 0.0}
     for ag in gw.agents():
         if ag["url"] and ag["pid"]:
             b = httpx.get(f"{ag['url']}/health", timeout=10).json().get("batching", {})
-            for k in tot:
+            for k in ("requests", "batches"):
                 tot[k] += int(b.get(k, 0))
+            stat = Path(f"/proc/{ag['pid']}/stat")
+            if stat.exists():  # Linux: the worker process's CPU time
+                f = stat.read_text().rsplit(")", 1)[1].split()
+                tot["cpu_s"] += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
     return tot
 
 
