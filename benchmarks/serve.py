@@ -183,6 +183,8 @@ def main() -> None:
     ap.add_argument("--chaos-interval", type=float, default=3.0)
     ap.add_argument("--overhead-episodes", type=int, default=2)
     ap.add_argument("--skip-population", action="store_true")
+    ap.add_argument("--throughput-only", action="store_true",
+                    help="in process and the fault-free served grid only (no overhead, fault or population phase)")
     ap.add_argument("--max-seconds", type=float, default=1800, help="bound on each served phase")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -222,7 +224,9 @@ def main() -> None:
                  tmp / "gateway.log").wait()
     try:
         # 2. served, fault-free: equality and throughput
+        b0, m0 = batching(gw), scrape(gw.url)
         sres, seps, bodies, swall = asyncio.run(served_grid(gw.url, seeds, 1, eval_seed, a.concurrency))
+        b1, m1 = batching(gw), scrape(gw.url)
         same = sum([(t.winner, t.bids, t.action_text, t.reward) for t in x.turns] ==
                    [(t.winner, t.bids, t.action_text, t.reward) for t in y.turns] for x, y in zip(eps, seps))
         lat, _ = turn_stats(bodies)
@@ -230,12 +234,24 @@ def main() -> None:
                          "wall_s": swall, "decisions_per_s": sum(len(e.turns) for e in seps) / swall,
                          "concurrency": a.concurrency, "missed_bids": sum(b["missed_bids"] for b in bodies),
                          "failovers": sum(b["failovers"] for b in bodies), "turn_latency_ms_p50": pct(lat, 50),
-                         "turn_latency_ms_p99": pct(lat, 99)}
+                         "turn_latency_ms_p99": pct(lat, 99),
+                         "worker_requests": b1["requests"] - b0["requests"],
+                         "worker_batches": b1["batches"] - b0["batches"],
+                         "gateway_cpu_ms_per_turn": (m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"])
+                         / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"]) * 1000,
+                         "workers_cpu_ms_per_turn": (b1["cpu_s"] - b0["cpu_s"])
+                         / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"]) * 1000}
         print(f"served: reward {sres['reward_mean']:.2f} ± {sres['reward_se']:.2f}, {same}/{len(seeds)} episodes "
               f"identical to in process ({out['served']['missed_bids']} missed bids, {out['served']['failovers']} "
               f"failovers); {out['served']['decisions_per_s']:.1f} decisions/s at concurrency "
               f"{a.concurrency} ({out['served']['decisions_per_s'] / out['in_process']['decisions_per_s']:.2f}x "
-              f"in process)", flush=True)
+              f"in process); workers answered {out['served']['worker_requests']} requests in "
+              f"{out['served']['worker_batches']} batches "
+              f"({out['served']['worker_requests'] / max(1, out['served']['worker_batches']):.2f} per batch); "
+              f"gateway CPU {out['served']['gateway_cpu_ms_per_turn']:.1f} ms per turn, workers' CPU "
+              f"{out['served']['workers_cpu_ms_per_turn']:.1f} ms per turn", flush=True)
+        if a.throughput_only:
+            return finish(a, out, tmp)
         # 3. overhead, one episode at a time
         m0 = scrape(gw.url)
         _, _, ob, _ = asyncio.run(served_grid(gw.url, seeds[: a.overhead_episodes], 1, eval_seed, 1))
@@ -321,6 +337,27 @@ def main() -> None:
                   f"in process, all present {r_all['reward_mean']:.2f} ± {r_all['reward_se']:.2f}, per-episode "
                   f"dropout p = 1/3 (swarm experiment dropout's draw) {r_drop['reward_mean']:.2f} ± "
                   f"{r_drop['reward_se']:.2f}", flush=True)
+    finish(a, out, tmp)
+
+
+def batching(gw: Gateway) -> dict:
+    """Requests and batches answered so far, summed over the gateway's workers (their ``/health``)."""
+    import httpx
+
+    tot = {"requests": 0, "batches": 0, "cpu_s": 0.0}
+    for ag in gw.agents():
+        if ag["url"] and ag["pid"]:
+            b = httpx.get(f"{ag['url']}/health", timeout=10).json().get("batching", {})
+            for k in ("requests", "batches"):
+                tot[k] += int(b.get(k, 0))
+            stat = Path(f"/proc/{ag['pid']}/stat")
+            if stat.exists():  # Linux: the worker process's CPU time
+                f = stat.read_text().rsplit(")", 1)[1].split()
+                tot["cpu_s"] += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return tot
+
+
+def finish(a, out: dict, tmp: Path) -> None:
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1, default=float))
     shutil.rmtree(tmp, ignore_errors=True)

@@ -234,35 +234,205 @@ def test_worker_killed_mid_episode_does_not_fail_it(served):
     assert all(t["agent"] != "Logger" for t in after[:3])
 
 
-def test_auth_on_non_loopback_bind_and_no_agents_left(served, tmp_path, monkeypatch, capsys):
+PROMPT = "goal wooden_pickaxe . inventory : none"
+
+
+def _token_scores(policy, prompt: str, resp: list[int], temperature: float, allowed=None):
+    """In process, teacher-forced: log softmax(logits / T) at each of ``resp``'s positions, with the
+    worker's mask (``allowed``: one bool row per position; else the ban on bid and special tokens)."""
+    import torch
+
+    ids = policy.encode_prompt(prompt) + resp
+    with torch.no_grad():
+        logits = policy.model(input_ids=torch.tensor([ids])).logits[0, len(ids) - len(resp) - 1:-1].float()
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    else:
+        logits[:, policy._action_ban] = float("-inf")
+    return torch.log_softmax(logits / temperature, dim=-1)
+
+
+def test_worker_logprobs_are_the_models_token_scores(served, registry):
+    """`logprobs=k` on generated text: each token's log-probability and the top k, in the OpenAI
+    completions shape, equal an in-process teacher-forced scoring of the same tokens (free text, and
+    guided choices scored as training scores them)."""
+    import torch
+
+    from swarm_runtime.config import load_saved
+    from swarm_runtime.run import RunContext
+    from swarm_runtime.serve.worker import WorkerOptions, load_policy
+
+    torch.set_num_threads(1)
+    url = next(a["url"] for a in served.agents() if a["name"] == "Miner")
+    policy = load_policy(WorkerOptions(model=str(served.run / "checkpoints/final/agents/Miner")))
+    ctx = RunContext(load_saved(served.run / "config.yaml"), *registry, served.run)
+    choices = list(ctx.domain.action_choices(ctx.task, "Miner"))
+    free = httpx.post(f"{url}/v1/completions", timeout=60, json={
+        "prompt": PROMPT, "max_tokens": 6, "temperature": 0.7, "seed": 11, "logprobs": 3}).json()["choices"][0]
+    guided = httpx.post(f"{url}/v1/completions", timeout=60, json={
+        "prompt": PROMPT, "max_tokens": 12, "temperature": 1.3, "seed": 12, "logprobs": 2,
+        "guided_choice": choices}).json()["choices"][0]
+    assert guided["text"] in choices and guided["finish_reason"] == "stop"
+    policy.constrain_actions(choices)
+    for ch, T, k in ((free, 0.7, 3), (guided, 1.3, 2)):
+        lp = ch["logprobs"]
+        resp = policy.action_target(ch["text"])[:len(lp["tokens"])]  # the eos too, when it stopped
+        assert len(resp) == len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"])
+        assert "".join(lp["tokens"]) == ch["text"]
+        assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(resp))]
+        allowed = None if ch is free else policy.action_trie.allowed[policy.action_trie.walk(resp)]
+        scores = _token_scores(policy, PROMPT, resp, T, allowed)
+        want = scores.gather(-1, torch.tensor(resp)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(lp["token_logprobs"]), want, atol=1e-4), (lp["token_logprobs"], want)
+        for row, top, tok in zip(scores, lp["top_logprobs"], lp["tokens"]):
+            finite = row[torch.isfinite(row)]
+            best = finite.topk(min(k, len(finite))).values
+            assert torch.allclose(torch.tensor(sorted(top.values(), reverse=True)[:len(best)]), best, atol=1e-4)
+            assert tok in top and len(top) <= k + 1 and all(v > float("-inf") for v in top.values())
+    # the score the training losses give the guided action is the sum of its token log-probs
+    with torch.no_grad():
+        total = policy.logprobs([PROMPT], [resp], temperature=1.3, actions=True)
+    assert abs(float(total) - sum(guided["logprobs"]["token_logprobs"])) < 1e-4
+    # a bid (logits mode) still carries every level's log-probability
+    bid = httpx.post(f"{url}/v1/completions", timeout=60, json={
+        "prompt": PROMPT, "max_tokens": 1, "seed": 3, "logprobs": 1,
+        "guided_choice": policy.tok.convert_ids_to_tokens(policy.bid_ids)}).json()["choices"][0]
+    assert len(bid["logprobs"]["top_logprobs"][0]) == len(policy.bid_ids)
+
+
+def test_worker_n_samples_keyed_and_bounded(served):
+    """`n` samples per prompt, each its own choice index; with a seed, sample i is the keyed draw
+    `sample_keys(seed, n)[i]` in process: the same whatever n, and the first of n is the n=1 draw."""
+    import torch
+
+    from swarm_runtime.serve.protocol import MAX_N, key_from_seed, sample_keys
+    from swarm_runtime.serve.worker import WorkerOptions, load_policy
+
+    torch.set_num_threads(1)
+    url = next(a["url"] for a in served.agents() if a["name"] == "Miner")
+
+    def ask(**kw):
+        r = httpx.post(f"{url}/v1/completions", timeout=60,
+                       json={"prompt": [PROMPT, "goal stick"], "max_tokens": 5, "temperature": 1.0, **kw})
+        assert r.status_code == 200, r.text
+        return [c["text"] for c in r.json()["choices"]], r.json()
+
+    three, body = ask(n=3, seed=42)
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert ask(n=3, seed=42)[0] == three  # reproducible
+    five = ask(n=5, seed=42)[0]
+    assert five[:3] == three[:3] and five[5:8] == three[3:]  # sample i does not depend on n
+    assert ask(n=1, seed=42)[0] == [three[0], three[3]]
+    assert len(set(three[:3])) > 1  # independent samples
+    policy = load_policy(WorkerOptions(model=str(Path(served.run) / "checkpoints/final/agents/Miner")))
+    policy.temperature, policy.max_action_tokens = 1.0, 5
+    assert [r.text for r in policy.act([PROMPT] * 3, keys=sample_keys(42, 3))] == three[:3]
+    assert sample_keys(42, 2)[0] == key_from_seed(42)
+    assert len(ask(n=2)[0]) == 4  # unkeyed: drawn from the worker's generator
+    too_many = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "n": MAX_N + 1})
+    assert too_many.status_code == 400 and f"n={MAX_N + 1}" in too_many.json()["detail"]
+    assert str(MAX_N) in too_many.json()["detail"].split("limit")[1]
+
+
+def test_logprob_pieces_with_a_byte_level_tokenizer(tmp_path):
+    """With a byte-level BPE checkpoint (tokens that split characters), the pieces still concatenate
+    to the text and the offsets follow them; n rows per prompt, one logprobs object each."""
+    import torch
+
+    from conftest import make_local_checkpoint
+    from swarm_runtime.serve.protocol import completion_models
+    from swarm_runtime.serve.worker import Completer, WorkerOptions, load_policy
+
+    torch.set_num_threads(1)
+    opts = WorkerOptions(model=str(make_local_checkpoint(tmp_path / "bpe")))
+    completer = Completer(load_policy(opts), "bpe", opts)
+    req = completion_models()(prompt="you are Logger . goal wooden_pickaxe . action :", max_tokens=8, seed=5,
+                              logprobs=2, n=3)
+    (body,), _ = completer.run([completer.plan(req)])
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    n_tokens = 0
+    for c in body["choices"]:
+        lp = c["logprobs"]
+        assert "".join(lp["tokens"]) == c["text"] and len(lp["token_logprobs"]) == len(lp["tokens"])
+        assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+        assert all(t <= 0 for t in lp["token_logprobs"]) and all(tok in top for tok, top in zip(lp["tokens"], lp["top_logprobs"]))
+        n_tokens += len(lp["tokens"])
+    assert body["usage"]["completion_tokens"] == n_tokens
+    # a generated bid (model.bid_mode=generate) is the policy's own keyed bid, with its token log-probs
+    from swarm_runtime.serve.protocol import key_from_seed
+
+    policy = completer.policy
+    policy.bid_mode, policy.max_bid_tokens = "generate", 4
+    req = completion_models()(prompt="you are Logger . bid :", max_tokens=4, seed=7, logprobs=1, swarm_kind="bid")
+    (body,), _ = completer.run([completer.plan(req)])
+    want = policy.bid(["you are Logger . bid :"], keys=[key_from_seed(7)])[0]
+    choice = body["choices"][0]
+    assert choice["text"] == want.text and len(choice["logprobs"]["tokens"]) == len(want.tokens)
+    assert "".join(choice["logprobs"]["tokens"]) == want.text
+
+
+@pytest.fixture(scope="module")
+def bare(served, tmp_path_factory):
+    """A second gateway on the same run with no worker (one dead agent URL), bound to 0.0.0.0 with an
+    API key, and client-side episodes that expire after 1 s without a turn: (url, auth headers)."""
+    port, dead = _free_port(), _free_port()
+    log = tmp_path_factory.mktemp("bare") / "gateway.log"
+    gateway = _start(["swarm_runtime.cli", "serve", str(served.run), "serve.host=0.0.0.0", f"serve.port={port}",
+                      "serve.replicas=0", f"serve.agents=[Logger=http://127.0.0.1:{dead}]", "serve.agent_wait_s=1",
+                      "serve.episode_idle_s=1"], log, SWARM_API_KEY="s3cret-key")
+    try:
+        url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer s3cret-key"}
+        health = _wait_health(url, [gateway], 120, headers=auth, logs=[log])
+        assert health["status"] == "no_agents"
+        yield url, auth
+    finally:
+        _stop(gateway)
+    assert "s3cret-key" not in log.read_text()
+
+
+def test_auth_on_non_loopback_bind_and_no_agents_left(served, bare, monkeypatch, capsys):
     from swarm_runtime.cli import main
 
-    run = served.run  # the same run folder, its own gateway (with no worker)
+    run = served.run
     monkeypatch.delenv("SWARM_API_KEY", raising=False)
     assert main(["serve", str(run), "serve.host=0.0.0.0"]) == 2
     err = capsys.readouterr().err
     assert "SWARM_API_KEY" in err and len(err.strip().splitlines()) == 1
     assert main(["serve", str(run), "serve.replicas.Wizard=2"]) == 2
     assert "Logger, Miner, Smith" in capsys.readouterr().err
-    port, dead = _free_port(), _free_port()
-    log = tmp_path / "gateway.log"
-    gateway = _start(["swarm_runtime.cli", "serve", str(run), "serve.host=0.0.0.0", f"serve.port={port}",
-                      "serve.replicas=0", f"serve.agents=[Logger=http://127.0.0.1:{dead}]", "serve.agent_wait_s=1"],
-                     log, SWARM_API_KEY="s3cret-key")
-    try:
-        url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer s3cret-key"}
-        health = _wait_health(url, [gateway], 120, headers=auth, logs=[log])
-        assert health["status"] == "no_agents"
-        assert httpx.get(f"{url}/health").status_code == 401
-        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        t0 = time.time()
-        r = httpx.post(f"{url}/v1/episodes", json={"seed": 3}, headers=auth, timeout=60)
-        assert r.status_code == 503 and r.json()["status"] == "failed"
-        assert "no agent left" in r.json()["error"] and "Logger" in r.json()["error"]
-        assert time.time() - t0 < 30
-    finally:
-        _stop(gateway)
-    assert "s3cret-key" not in log.read_text()
+    url, auth = bare
+    assert httpx.get(f"{url}/health").status_code == 401
+    assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    t0 = time.time()
+    r = httpx.post(f"{url}/v1/episodes", json={"seed": 3}, headers=auth, timeout=60)
+    assert r.status_code == 503 and r.json()["status"] == "failed"
+    assert "no agent left" in r.json()["error"] and "Logger" in r.json()["error"]
+    assert time.time() - t0 < 30
+
+
+def test_idle_client_episode_expires(served, bare):
+    """A client-side episode with no turn for serve.episode_idle_s expires: its next turn gets 410
+    naming the episode and why; its state, transcript and /metrics say expired."""
+    url, auth = bare
+    ep = httpx.post(f"{url}/v1/episodes", json={"env": "client", "seed": 2}, headers=auth).json()
+    eid = ep["id"]
+    assert httpx.get(f"{url}/v1/episodes/{eid}", headers=auth).json()["status"] == "running"
+    end, state = time.time() + 20, None
+    while time.time() < end:  # the gateway sweeps every second
+        state = httpx.get(f"{url}/v1/episodes/{eid}", headers=auth).json()
+        if state["status"] != "running":
+            break
+        time.sleep(0.2)
+    assert state["status"] == "expired" and "serve.episode_idle_s" in state["error"]
+    r = httpx.post(f"{url}/v1/episodes/{eid}/turns", json={"observation": "x", "reward": 1.0}, headers=auth)
+    assert r.status_code == 410, r.text
+    assert eid in r.json()["detail"] and "expired" in r.json()["detail"]
+    assert "no turn for more than serve.episode_idle_s=1" in r.json()["detail"]
+    lines = [json.loads(x) for x in (served.run / "serve/episodes.jsonl").read_text().splitlines()]
+    assert [x["status"] for x in lines if x["id"] == eid] == ["expired"]
+    assert 'swarm_episodes_total{status="expired"} 1' in httpx.get(f"{url}/metrics", headers=auth).text
+    missing = httpx.post(f"{url}/v1/episodes/ep-gone/turns", json={"observation": "x"}, headers=auth)
+    assert missing.status_code == 404 and "ep-gone" in missing.json()["detail"]
 
 
 def test_seed_carries_the_keyed_draw():

@@ -105,7 +105,7 @@ def make_app(setup: GatewaySetup):
 
     from swarm_runtime.episode import make_env
     from swarm_runtime.run import RunContext
-    from swarm_runtime.serve.engine import Engine, EngineOptions, NoAgentsLeft, ServedEpisode, new_id
+    from swarm_runtime.serve.engine import AgentClients, Engine, EngineOptions, NoAgentsLeft, ServedEpisode, new_id
     from swarm_runtime.serve.metrics import Metrics
     from swarm_runtime.serve.population import Population, PopulationOptions
     from swarm_runtime.policy.noise import key_hash
@@ -156,8 +156,9 @@ def make_app(setup: GatewaySetup):
             await asyncio.sleep(1.0)
             now = time.monotonic()
             for eid, ep in list(state["episodes"].items()):
-                if ep.status == "running" and ep.env is None and now - ep.last_used > float(s.episode_idle_s):
-                    finish(ep, "expired", f"idle for more than serve.episode_idle_s={s.episode_idle_s}s")
+                if (ep.status == "running" and ep.env is None and not ep.lock.locked()  # a turn in progress is not idle
+                        and now - ep.last_used > float(s.episode_idle_s)):
+                    finish(ep, "expired", f"no turn for more than serve.episode_idle_s={s.episode_idle_s}s")
                 if ep.status != "running" and now - ep.last_used > max(60.0, float(s.episode_idle_s)):
                     state["episodes"].pop(eid, None)
 
@@ -165,7 +166,8 @@ def make_app(setup: GatewaySetup):
     async def lifespan(app):
         client = httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200))
         state["client"] = client
-        state["engine"] = Engine(domain, ctx.coordinator(), pop, client, opts, metrics, ctx.credit_fn())
+        state["agent_clients"] = AgentClients()
+        state["engine"] = Engine(domain, ctx.coordinator(), pop, state["agent_clients"], opts, metrics, ctx.credit_fn())
         for role in roles:
             for _ in range(replicas(role)):
                 pop.spawn(role, setup.checkpoint / "agents" / role)
@@ -201,6 +203,7 @@ def make_app(setup: GatewaySetup):
                 t.cancel()
             pop.stop_all()
             await client.aclose()
+            await state["agent_clients"].aclose()
             logger.info("swarm serve stopped: {} episodes done, {} interrupted; transcripts in {}",
                         metrics.episodes.get("done", 0), interrupted, transcripts)
 
@@ -282,6 +285,8 @@ def make_app(setup: GatewaySetup):
         if a is None:
             raise HTTPException(404, f"no agent {name!r}; agents: {', '.join(x.name for x in pop.agents if x.status != 'removed')}")
         await pop.drain(a)
+        if not any(x.url == a.url and x.status != "removed" for x in pop.agents):
+            await state["agent_clients"].forget(a.url)
         return a.public()
 
     def new_episode(req: EpisodeRequest) -> ServedEpisode:
@@ -375,7 +380,7 @@ def make_app(setup: GatewaySetup):
     def get_episode(eid: str) -> ServedEpisode:
         ep = state["episodes"].get(eid)
         if ep is None:
-            raise HTTPException(404, f"unknown episode {eid!r} (finished episodes are kept "
+            raise HTTPException(404, f"unknown episode {eid!r} (finished or expired episodes are kept "
                                      f"{max(60.0, float(s.episode_idle_s)):g}s)")
         return ep
 
@@ -389,10 +394,11 @@ def make_app(setup: GatewaySetup):
         ep = get_episode(eid)
         if ep.env is not None:
             raise HTTPException(409, f"episode {eid} is a server-side episode; its turns are played by the gateway")
-        if ep.status != "running":
-            raise HTTPException(409, f"episode {eid} is {ep.status}" + (f": {ep.error}" if ep.error else ""))
         engine = state["engine"]
         async with ep.lock:
+            if ep.status != "running":  # 410 Gone: expired for want of turns; 409: finished otherwise
+                raise HTTPException(410 if ep.status == "expired" else 409,
+                                    f"episode {eid} is {ep.status}" + (f": {ep.error}" if ep.error else ""))
             ep.last_used = time.monotonic()
             if ep.episode.turns:  # the reward and validity of the previous action, reported by the client's world
                 last = ep.episode.turns[-1]

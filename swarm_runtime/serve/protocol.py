@@ -52,6 +52,18 @@ def key_from_seed(seed: int) -> tuple[int]:
     return ((_H0 ^ unsplitmix64(h)) & _MASK,)
 
 
+#: the most samples (``n``) one request may ask per prompt
+MAX_N = 16
+
+
+def sample_keys(seed: int, n: int) -> list[tuple[int, ...]]:
+    """The keys of a keyed request's ``n`` samples: sample 0 draws the seed's own key (so ``n=1`` and
+    the first of ``n`` are the same draw), sample ``i`` the key extended by ``i``. Each depends on
+    ``(seed, i)`` alone, so sample ``i`` is reproducible whatever ``n`` and the batch."""
+    key = key_from_seed(seed)
+    return [key] + [(*key, i) for i in range(1, int(n))]
+
+
 def completion_models():
     """Pydantic models of the request (imported lazily: pydantic comes with the ``serve`` extra)."""
     from pydantic import BaseModel, ConfigDict, Field
@@ -68,6 +80,6 @@ def completion_models():
         seed: Optional[int] = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
         logprobs: Optional[int] = Field(None, ge=0, le=64)
         guided_choice: Optional[list[str]] = Field(None, min_length=1, max_length=4096)
-        n: int = Field(1, ge=1, le=1)
+        n: int = Field(1, ge=1)  # at most MAX_N: more is refused with 400 naming the limit
 
     return CompletionRequest

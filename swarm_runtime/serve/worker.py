@@ -2,8 +2,11 @@
 
     python -m swarm_runtime.serve.worker --model RUN/checkpoints/final/agents/Smith --port 8101
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` (``prompt``, ``max_tokens``,
-``temperature``, ``seed``, ``logprobs``, ``guided_choice`` or its newer name ``structured_outputs.choice``).
+Endpoints: ``GET /health`` (with the batching counts), ``GET /v1/models``, ``POST /v1/completions``
+(``prompt``, ``max_tokens``, ``temperature``, ``seed``, ``n``, ``logprobs``, ``guided_choice`` or its
+newer name ``structured_outputs.choice``). ``logprobs=k`` on generated text returns each token's
+log-probability and the top ``k`` in the OpenAI shape (:mod:`swarm_runtime.serve.logprobs`); ``n``
+samples per prompt are keyed ``protocol.sample_keys(seed, n)`` (at most ``protocol.MAX_N``).
 A request whose ``guided_choice`` is the
 model's bid-level texts is a bid (``model.bid_mode=logits``: one forward pass, sampled over the bid
 levels, with their log-probs when ``logprobs`` is set); ``"swarm_kind": "bid"`` asks for a generated
@@ -27,6 +30,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from swarm_runtime.serve.logprobs import StepRecorder
 
 #: Bid levels of a checkpoint that does not say (an external Hugging Face model).
 DEFAULT_BID_LEVELS = (0.0, 0.2, 0.4, 0.6, 0.8)
@@ -89,8 +94,11 @@ class Completer:
 
     def plan(self, req) -> "Job":
         """Check one request (faults included) and say how it may be batched with others."""
-        from swarm_runtime.serve.protocol import key_from_seed
+        from swarm_runtime.serve.protocol import MAX_N, sample_keys
 
+        if int(req.n) > MAX_N:
+            raise ValueError(f"n={req.n} is more than this worker's limit of {MAX_N} samples per prompt")
+        n = int(req.n)
         prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
         extra = req.model_extra or {}
         choices = req.guided_choice or choice_field(extra.get("structured_outputs"))
@@ -100,10 +108,10 @@ class Completer:
                 raise FaultInjected("action failed (--fault-act-error-after)")
             self.actions_answered += 1
         trie = None if is_bid or not choices else self._trie(choices)
-        keys = None if req.seed is None else [key_from_seed(req.seed)] * len(prompts)
+        keys = None if req.seed is None else sample_keys(req.seed, n) * len(prompts)
         group = (is_bid, id(trie), float(req.temperature), int(req.max_tokens), keys is None,
-                 req.logprobs is not None)
-        return Job(req, prompts, keys, is_bid, trie, group)
+                 -1 if req.logprobs is None else int(req.logprobs))
+        return Job(req, [x for x in prompts for _ in range(n)], keys, is_bid, trie, group, n_prompts=len(prompts))
 
     def run(self, jobs: list["Job"]) -> tuple[list[dict], float]:
         """One batched forward (bids) or generation (actions) over ``jobs`` of one group: each job's
@@ -119,33 +127,35 @@ class Completer:
         t0 = time.perf_counter()
         with self.lock, torch.no_grad():
             p.temperature = float(j0.req.temperature)
+            want = j0.req.logprobs  # None, or k: the top-k alternatives per token
             logprobs = [None] * len(prompts)
-            if j0.is_bid:
-                if self.opts.fault_bid is not None:
-                    from swarm_runtime.policy.transformers_backend import parse_bid
+            if j0.is_bid and self.opts.fault_bid is not None:
+                from swarm_runtime.policy.transformers_backend import parse_bid
 
-                    level, _ = parse_bid(str(self.opts.fault_bid), p.bid_levels)
-                    texts = [self.bid_texts[p.bid_levels.index(level)]] * len(prompts)
-                    outs = [[0]] * len(prompts)
+                level, _ = parse_bid(str(self.opts.fault_bid), p.bid_levels)
+                texts = [self.bid_texts[p.bid_levels.index(level)]] * len(prompts)
+                outs = [[0]] * len(prompts)
+            elif j0.is_bid and p.bid_mode == "logits":
+                bids = p.bid(prompts, keys=keys) if keys else p.bid(prompts)
+                texts, outs = [b.text for b in bids], [b.tokens for b in bids]
+                if want is not None:
+                    probs = p.bid_distribution(prompts).clamp_min(1e-45).log().tolist()
+                    logprobs = [{"tokens": [t], "token_logprobs": [row[self.bid_texts.index(t)]],
+                                 "top_logprobs": [dict(zip(self.bid_texts, row))], "text_offset": [0]}
+                                for t, row in zip(texts, probs)]
+            else:  # generated text: a bid in generate mode, or an action
+                ids = [p.encode_prompt(x) for x in prompts]
+                rec = StepRecorder(p, want) if want is not None else None
+                if j0.is_bid:
+                    outs = p._sample(ids, int(j0.req.max_tokens), None, keys, pick=rec)
+                    texts = [b.text for b in p.parse_bids(outs)]
                 else:
-                    if p.bid_mode == "generate":
-                        p.max_bid_tokens = int(j0.req.max_tokens)
-                    bids = p.bid(prompts, keys=keys) if keys else p.bid(prompts)
-                    texts, outs = [b.text for b in bids], [b.tokens for b in bids]
-                    if j0.req.logprobs is not None and p.bid_mode == "logits":
-                        probs = p.bid_distribution(prompts).clamp_min(1e-45).log().tolist()
-                        logprobs = [{"tokens": [t], "token_logprobs": [row[self.bid_texts.index(t)]],
-                                     "top_logprobs": [dict(zip(self.bid_texts, row))], "text_offset": [0]}
-                                    for t, row in zip(texts, probs)]
-            else:
-                saved = (p.action_trie, p.max_action_tokens)
-                p.action_trie = j0.trie
-                p.max_action_tokens = max(int(j0.req.max_tokens), j0.trie.longest if j0.trie is not None else 1)
-                try:
-                    res = p.act(prompts, keys=keys) if keys else p.act(prompts)
-                finally:
-                    p.action_trie, p.max_action_tokens = saved
-                texts, outs = [r.text for r in res], [r.tokens for r in res]
+                    trie = j0.trie
+                    longest = max(int(j0.req.max_tokens), trie.longest if trie is not None else 1)
+                    outs = p._sample(ids, longest, p._action_ban, keys, trie, pick=rec)
+                    texts = [p.decode(o) for o in outs]
+                if rec is not None:
+                    logprobs = [rec.row(r, o, t, p.decode) for r, (o, t) in enumerate(zip(outs, texts))]
         compute_ms = (time.perf_counter() - t0) * 1000
         bodies, i = [], 0
         for j in jobs:
@@ -154,7 +164,7 @@ class Completer:
             choices = [{"index": n, "text": texts[r], "logprobs": logprobs[r], "stop_reason": None,
                         "finish_reason": "stop" if j.is_bid or (outs[r] and outs[r][-1] == p.eos) else "length"}
                        for n, r in enumerate(rows)]
-            n_prompt = sum(len(p.encode_prompt(x)) for x in j.prompts)
+            n_prompt = sum(len(p.encode_prompt(x)) for x in j.prompts[::len(j.prompts) // j.n_prompts])
             n_out = sum(len(outs[r]) for r in rows)
             bodies.append({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                            "model": self.model_id, "choices": choices,
@@ -173,6 +183,7 @@ class Job:
     is_bid: bool
     trie: object
     group: tuple
+    n_prompts: int = 1  #: prompts of the request (``prompts`` holds ``n`` rows per prompt, prompt-major)
     future: object = None
 
 
@@ -186,6 +197,7 @@ class Batcher:
         self.queue: list[Job] = []
         self.wake = None
         self.task = None
+        self.stats = {"requests": 0, "batches": 0, "rows": 0}  #: answered so far (``GET /health``)
 
     async def submit(self, job: Job):
         import asyncio
@@ -219,6 +231,9 @@ class Batcher:
                             if not j.future.done():
                                 j.future.set_exception(exc)
                         continue
+                    self.stats["requests"] += len(chunk)
+                    self.stats["batches"] += 1
+                    self.stats["rows"] += sum(len(j.prompts) for j in chunk)
                     for j, body in zip(chunk, bodies):
                         if not j.future.done():
                             j.future.set_result((body, ms))
@@ -255,7 +270,7 @@ def make_app(policy, opts: WorkerOptions):
 
     @app.get("/health")
     def health():
-        return {"status": "ok", "model": model_id, "pid": os.getpid()}
+        return {"status": "ok", "model": model_id, "pid": os.getpid(), "batching": dict(batcher.stats)}
 
     @app.get("/v1/models")
     def models():
