@@ -258,7 +258,8 @@ def test_concurrent_loop_with_a_real_policy_is_batched_and_deterministic(tiny_po
     for _ in range(2):
         tiny_policy.gen.manual_seed(11)
         rs = play_concurrent(TickDomain(), TICK_TASK, [0, 0, 1], policy_decider(tiny_policy),
-                             LoopOptions(t_max=120, seconds_per_token=1.0, agents=3), on_round=sizes.append)
+                             LoopOptions(t_max=120, seconds_per_token=1.0, agents=3),
+                             on_round=lambda n, reqs: sizes.append(len(reqs)))
         runs.append([[(t.agent, t.t, t.text) for t in r.turns] for r in rs])
     assert runs[0] == runs[1]
     assert sizes[0] == 9  # 3 rollouts x 3 agents free at t = 0 go to the model in one batch

@@ -17,7 +17,8 @@ from swarm_runtime.evaluate import paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, read_metrics
 from swarm_runtime.rlcr.clock import t_max_at
 from swarm_runtime.rlcr.learn import collective_returns, flat_samples, group_advantages, reinforce_step
-from swarm_runtime.rlcr.loop import PROMPT_WORDS, LoopOptions, expert_decider, play_concurrent, policy_decider
+from swarm_runtime.rlcr.loop import (PROMPT_WORDS, LoopOptions, expert_decider, play_concurrent, policy_decider,
+                                     turn_report)
 from swarm_runtime.rlcr.org import NAMES, CEO
 from swarm_runtime.rlcr.signs import (plot_latency, plot_signs, rollout_metrics, summarize_rollouts, team_bucket,
                                       useful_work_relative)
@@ -154,6 +155,18 @@ class RLCRTrainer:
     def _hook(self, name: str, **kw) -> None:
         getattr(self.ctx.pm.hook, name)(**kw)
 
+    def _round_observer(self):
+        """Forward each round of a training rollout to ``swarm_on_turn`` (:func:`~.loop.turn_report`: one
+        entry per decision), only when some plugin listens, as ``MPTTrainer`` does for its turns."""
+        hook = self.ctx.pm.hook.swarm_on_turn
+        if not hook.get_hookimpls():
+            return None
+
+        def on_round(n: int, requests) -> None:
+            bids, winners = turn_report(requests)
+            hook(turn=n, bids=bids, winners=winners)
+        return on_round
+
     def t_max(self, step: int) -> float:
         t = self.cfg.rlcr.t_max
         return t_max_at(step, float(t.start), float(t.end), int(t.steps))
@@ -178,8 +191,10 @@ class RLCRTrainer:
         self._save("sft")
 
     def play(self, seeds, opts: LoopOptions, groups=None):
+        """The rollouts of one update (observers see each round through ``swarm_on_turn``)."""
         with torch.no_grad():
-            return play_concurrent(self.ctx.domain, self.ctx.task, seeds, policy_decider(self.policy), opts, groups)
+            return play_concurrent(self.ctx.domain, self.ctx.task, seeds, policy_decider(self.policy), opts, groups,
+                                   on_round=self._round_observer())
 
     def evaluate(self, opts: LoopOptions, seed_offset: int = 0) -> tuple[dict, list]:
         return evaluate_collective(self.ctx, self.policy, opts, self.ctx.seeds("eval"), self.eval_runs,
