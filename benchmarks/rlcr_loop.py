@@ -60,6 +60,21 @@ class CountingDecider:
         return out
 
 
+def repeat_share(rollouts) -> float:
+    """How often an agent's action is the same text as its previous one: how often the obvious guess
+    of a speculative batch (decide a later agent now, assuming each teammate repeats itself, and
+    redo it if not) would hold."""
+    same = total = 0
+    for r in rollouts:
+        last: dict[str, str] = {}
+        for t in r.turns:
+            if t.agent in last:
+                same += t.text == last[t.agent]
+                total += 1
+            last[t.agent] = t.text
+    return same / max(1, total)
+
+
 def depth_bound(rollouts) -> int:
     """The fewest model calls exact event times allow: the most distinct decision times of a rollout."""
     return max(len({t.t for t in r.turns}) for r in rollouts)
@@ -96,14 +111,17 @@ def main() -> None:
     runs += [(0.0, k, args.rollouts) for k in args.agents if args.rollouts]
 
     def turn_based():
-        calls = {"n": 0, "rows": 0, "tokens": 0}
+        calls = {"n": 0, "rows": 0, "tokens": 0, "s": 0.0}
         act = policy.act
 
         def counted_act(prompts, *a, **kw):
             calls["n"] += 1
             calls["rows"] += len(prompts)
+            t = time.perf_counter()
+            out = act(prompts, *a, **kw)
+            calls["s"] += time.perf_counter() - t
             calls["tokens"] += sum(len(policy.encode_prompt(p)) for p in prompts)
-            return act(prompts, *a, **kw)
+            return out
 
         policy.act = counted_act
         policy.gen.manual_seed(0)
@@ -115,7 +133,9 @@ def main() -> None:
         n = sum(len(e.turns) for e in eps)
         return dt, (f"turn-based loop: {args.actors} envs x 1 model acting every turn, {n} actions in {{dt:.1f}}s = "
                     f"{{rate:.1f}} actions/s (mean batch per model call {calls['rows'] / calls['n']:.1f} over "
-                    f"{calls['n']} calls; mean prompt {calls['tokens'] / calls['rows']:.1f} tokens)"), n
+                    f"{calls['n']} calls; {100 * calls['s'] / dt:.0f}% of the time in model calls, "
+                    f"{1000 * calls['s'] / calls['n']:.1f} ms per call; mean prompt "
+                    f"{calls['tokens'] / calls['rows']:.1f} tokens)"), n
 
     def concurrent(tick, k, envs):
         opts = loop_options(cfg, float("inf"), agents=k)
@@ -126,10 +146,12 @@ def main() -> None:
         rs = play_concurrent(ctx.domain, cfg.task, seeds[:envs], dec, opts)
         dt = time.perf_counter() - t0
         n = sum(len(r.turns) for r in rs)
-        bound = f", depth bound {depth_bound(rs)} calls" if tick == 0 else ""
+        bound = (f", depth bound {depth_bound(rs)} calls; an agent repeats its previous action in "
+                 f"{100 * repeat_share(rs):.0f}% of its turns") if tick == 0 else ""
         return dt, (f"concurrent loop, {k} agents, tick {tick:g}s: {envs} rollouts x {k} agents, {n} actions in "
                     f"{{dt:.1f}}s = {{rate:.1f}} actions/s (mean batch per model call {dec.rows / dec.calls:.1f} over "
-                    f"{dec.calls} calls{bound}; {100 * dec.model_s / dt:.0f}% of the time in model calls; mean prompt "
+                    f"{dec.calls} calls{bound}; {100 * dec.model_s / dt:.0f}% of the time in model calls, "
+                    f"{1000 * dec.model_s / dec.calls:.1f} ms per call; mean prompt "
                     f"{dec.prompt_tokens / dec.rows:.1f} tokens; mean simulated minutes "
                     f"{sum(r.duration for r in rs) / len(rs) / 60:.1f})"), n
 
