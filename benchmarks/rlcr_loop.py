@@ -46,16 +46,16 @@ from swarm_runtime.train.sft import sft
 class CountingDecider:
     """The shared policy's decider, counting calls, rows, prompt tokens and the time inside the model."""
 
-    def __init__(self, policy):
-        self.policy, self.inner = policy, policy_decider(policy)
+    def __init__(self, policy, clock=time.perf_counter):
+        self.policy, self.inner, self.clock = policy, policy_decider(policy), clock
         self.calls, self.rows, self.prompt_tokens, self.model_s = 0, 0, 0, 0.0
 
     def __call__(self, requests):
         self.calls += 1
         self.rows += len(requests)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         out = self.inner(requests)
-        self.model_s += time.perf_counter() - t0
+        self.model_s += self.clock() - t0
         self.prompt_tokens += sum(len(self.policy.encode_prompt(r.prompt)) for r in requests)  # cached: no cost
         return out
 
@@ -88,6 +88,9 @@ def main() -> None:
     ap.add_argument("--demo-episodes", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--ticks", type=float, nargs="+", default=[0.0, 10.0], help="rlcr.tick values to measure")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="cpu: this process's CPU seconds (time.process_time; robust to other jobs on a shared "
+                         "machine, and the same as wall time on an idle one with --threads 1); wall: elapsed seconds")
     ap.add_argument("--repeats", type=int, default=1,
                     help="time each loop this many times (interleaved) and keep its fastest run: on a shared, "
                          "loaded machine the fastest is the least disturbed")
@@ -109,6 +112,7 @@ def main() -> None:
     coordinator = reg.get("coordinators", "round_robin")(cfg)
     runs = [(tick, k, max(1, args.actors // k)) for tick in args.ticks for k in args.agents]
     runs += [(0.0, k, args.rollouts) for k in args.agents if args.rollouts]
+    clock, unit = (time.process_time, "CPU s") if args.clock == "cpu" else (time.perf_counter, "s")
 
     def turn_based():
         calls = {"n": 0, "rows": 0, "tokens": 0, "s": 0.0}
@@ -117,22 +121,22 @@ def main() -> None:
         def counted_act(prompts, *a, **kw):
             calls["n"] += 1
             calls["rows"] += len(prompts)
-            t = time.perf_counter()
+            t = clock()
             out = act(prompts, *a, **kw)
-            calls["s"] += time.perf_counter() - t
+            calls["s"] += clock() - t
             calls["tokens"] += sum(len(policy.encode_prompt(p)) for p in prompts)
             return out
 
         policy.act = counted_act
         policy.gen.manual_seed(0)
-        t0 = time.perf_counter()
+        t0 = clock()
         eps = play(new_slots(ctx.domain, cfg.task, seeds[:args.actors]), [agent], coordinator, ctx.domain,
                    args.decisions, random.Random(0))
-        dt = time.perf_counter() - t0
+        dt = clock() - t0
         del policy.act
         n = sum(len(e.turns) for e in eps)
-        return dt, (f"turn-based loop: {args.actors} envs x 1 model acting every turn, {n} actions in {{dt:.1f}}s = "
-                    f"{{rate:.1f}} actions/s (mean batch per model call {calls['rows'] / calls['n']:.1f} over "
+        return dt, (f"turn-based loop: {args.actors} envs x 1 model acting every turn, {n} actions in {{dt:.1f}} {unit} = "
+                    f"{{rate:.1f}} actions/{unit} (mean batch per model call {calls['rows'] / calls['n']:.1f} over "
                     f"{calls['n']} calls; {100 * calls['s'] / dt:.0f}% of the time in model calls, "
                     f"{1000 * calls['s'] / calls['n']:.1f} ms per call; mean prompt "
                     f"{calls['tokens'] / calls['rows']:.1f} tokens)"), n
@@ -140,16 +144,16 @@ def main() -> None:
     def concurrent(tick, k, envs):
         opts = loop_options(cfg, float("inf"), agents=k)
         opts = type(opts)(**{**opts.__dict__, "max_turns_per_agent": args.decisions, "tick": tick})
-        dec = CountingDecider(policy)
+        dec = CountingDecider(policy, clock)
         policy.gen.manual_seed(0)
-        t0 = time.perf_counter()
+        t0 = clock()
         rs = play_concurrent(ctx.domain, cfg.task, seeds[:envs], dec, opts)
-        dt = time.perf_counter() - t0
+        dt = clock() - t0
         n = sum(len(r.turns) for r in rs)
         bound = (f", depth bound {depth_bound(rs)} calls; an agent repeats its previous action in "
                  f"{100 * repeat_share(rs):.0f}% of its turns") if tick == 0 else ""
         return dt, (f"concurrent loop, {k} agents, tick {tick:g}s: {envs} rollouts x {k} agents, {n} actions in "
-                    f"{{dt:.1f}}s = {{rate:.1f}} actions/s (mean batch per model call {dec.rows / dec.calls:.1f} over "
+                    f"{{dt:.1f}} {unit} = {{rate:.1f}} actions/{unit} (mean batch per model call {dec.rows / dec.calls:.1f} over "
                     f"{dec.calls} calls{bound}; {100 * dec.model_s / dt:.0f}% of the time in model calls, "
                     f"{1000 * dec.model_s / dec.calls:.1f} ms per call; mean prompt "
                     f"{dec.prompt_tokens / dec.rows:.1f} tokens; mean simulated minutes "
@@ -166,8 +170,9 @@ def main() -> None:
     for key, (dt, line, n) in best.items():
         rates[key] = n / dt
         print(line.format(dt=dt, rate=rates[key]))
-    if args.repeats > 1:
-        print(f"(each loop timed {args.repeats} times, interleaved; the fastest run of each is shown)")
+    print(f"(times are {'this process' + chr(39) + 's CPU seconds' if args.clock == 'cpu' else 'wall-clock seconds'}"
+          + (f"; each loop timed {args.repeats} times, interleaved, the fastest run of each shown)" if args.repeats > 1
+             else ")"))
     for tick, k, envs in runs[:len(args.ticks) * len(args.agents)]:
         print(f"per action, turn-based / concurrent with {k} agents, tick {tick:g}s: "
               f"{rates['turn'] / rates[(tick, k, envs)]:.2f}x (target <= 1.5x)")
