@@ -221,7 +221,8 @@ def test_flat_advantage_on_every_token_of_every_agent():
     assert adv == [-20.0, 0.0, 20.0]
     assert [(s[0][:2], s[2]) for s in samples] == [("p0", -20.0)] * 3 + [("p2", 20.0)] * 3  # zero-advantage rollout left out
     # latency penalty: mean pass rate 0.3, T/T_max = 0.5, 1, 1 (capped)
-    assert collective_returns(rollouts, 10.0, 100.0) == pytest.approx([10 - 1.5, 30 - 3.0, 50 - 3.0])
+    # beta is relative to reward_max: 0.1 x 100 = 10 return units at pass rate 1 and T = T_max
+    assert collective_returns(rollouts, 0.1, 100.0) == pytest.approx([10 - 1.5, 30 - 3.0, 50 - 3.0])
 
 
 @pytest.fixture(scope="module")
