@@ -328,7 +328,7 @@ def test_bad_rlcr_values_name_the_valid_range(registry, arg, words):
 
 def test_rlcr_is_registered_like_any_plugin_algorithm(registry):
     _, reg = registry
-    assert "rlcr" in reg.algorithms and "rlcr_teams" in reg.experiments
+    assert "rlcr" in reg.algorithms and {"rlcr_teams", "rlcr_org"} <= set(reg.experiments)
     assert "algorithm:rlcr" in reg.provenance["builtins"]
 
 
