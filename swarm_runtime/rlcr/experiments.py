@@ -184,7 +184,7 @@ def rlcr_org(x):
              f"{x.xcfg.iterations} RLCR updates; held-out at T_max = {float(x.cfg.rlcr.t_max.end) / 60:.0f} simulated "
              f"minutes on {len(seeds)} seeds x {runs} runs; paired = mean ± SE over the seeds of the per-seed "
              "difference against the flat team (the return is the progress at T_max, without the penalty).",
-             f"The latency penalty trains on R = progress - {beta:g} * mean_pass_rate * T / T_max; evaluation "
+             f"The latency penalty trains on R = progress - {beta:g} * reward_max * mean_pass_rate * T / T_max; evaluation "
              "reports the progress itself, so the arms are comparable."]
     plots = [plot_latency(x.run_dir / "rlcr_org_latency.png", curves, "held-out anytime return vs simulated time")]
     return Report("RLCR organisation: flat team vs CEO with hires vs latency penalty", rows=rows, plots=plots,
