@@ -56,6 +56,7 @@ def swarm_register_experiments(register):
 
     for name, experiment in BUILTIN_EXPERIMENTS.items():
         register(name, experiment)
-    from swarm_runtime.rlcr.experiments import rlcr_teams  # docs/rlcr.md
+    from swarm_runtime.rlcr.experiments import rlcr_org, rlcr_teams  # docs/rlcr.md
 
     register("rlcr_teams", rlcr_teams)
+    register("rlcr_org", rlcr_org)

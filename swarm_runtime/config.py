@@ -268,7 +268,7 @@ class RLCRConfig:
     expert_team: int = 3  #: team size of the scripted collective whose rollouts are the SFT demos (ceo: CEO + hires)
     seconds_per_token: float = 2.0  #: simulated seconds per generated token (every action also costs the env's own time)
     t_max: TMaxConfig = field(default_factory=TMaxConfig)
-    latency_penalty: float = 0.0  #: beta of ``R = R_task - beta * mean_pass_rate(q) * T / T_max`` (0 = time limit only)
+    latency_penalty: float = 0.0  #: beta of ``R = R_task - beta * reward_max * mean_pass_rate(q) * T / T_max`` (0 = time limit only)
     group_size: int = 4  #: G rollouts per task instance (same seed): the group baseline (>= 2)
     instances: int = 4  #: task instances (train seeds) per update
     normalize_std: bool = False  #: divide each advantage by its group's return std

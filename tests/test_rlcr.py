@@ -221,7 +221,8 @@ def test_flat_advantage_on_every_token_of_every_agent():
     assert adv == [-20.0, 0.0, 20.0]
     assert [(s[0][:2], s[2]) for s in samples] == [("p0", -20.0)] * 3 + [("p2", 20.0)] * 3  # zero-advantage rollout left out
     # latency penalty: mean pass rate 0.3, T/T_max = 0.5, 1, 1 (capped)
-    assert collective_returns(rollouts, 10.0, 100.0) == pytest.approx([10 - 1.5, 30 - 3.0, 50 - 3.0])
+    # beta is relative to reward_max: 0.1 x 100 = 10 return units at pass rate 1 and T = T_max
+    assert collective_returns(rollouts, 0.1, 100.0) == pytest.approx([10 - 1.5, 30 - 3.0, 50 - 3.0])
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +259,8 @@ def test_concurrent_loop_with_a_real_policy_is_batched_and_deterministic(tiny_po
     for _ in range(2):
         tiny_policy.gen.manual_seed(11)
         rs = play_concurrent(TickDomain(), TICK_TASK, [0, 0, 1], policy_decider(tiny_policy),
-                             LoopOptions(t_max=120, seconds_per_token=1.0, agents=3), on_round=sizes.append)
+                             LoopOptions(t_max=120, seconds_per_token=1.0, agents=3),
+                             on_round=lambda n, reqs: sizes.append(len(reqs)))
         runs.append([[(t.agent, t.t, t.text) for t in r.turns] for r in rs])
     assert runs[0] == runs[1]
     assert sizes[0] == 9  # 3 rollouts x 3 agents free at t = 0 go to the model in one batch
@@ -326,7 +328,7 @@ def test_bad_rlcr_values_name_the_valid_range(registry, arg, words):
 
 def test_rlcr_is_registered_like_any_plugin_algorithm(registry):
     _, reg = registry
-    assert "rlcr" in reg.algorithms and "rlcr_teams" in reg.experiments
+    assert "rlcr" in reg.algorithms and {"rlcr_teams", "rlcr_org"} <= set(reg.experiments)
     assert "algorithm:rlcr" in reg.provenance["builtins"]
 
 

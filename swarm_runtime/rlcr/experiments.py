@@ -140,3 +140,52 @@ def _plot_signs(path: Path, teams, rel, signs) -> Path:
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+#: ``swarm experiment rlcr_org``: arm label -> overrides of its RLCR training (``{beta}``: the penalty used).
+ORG_ARMS = {
+    "flat team of 3": ["rlcr.org=flat", "rlcr.agents=3", "rlcr.latency_penalty=0"],
+    "CEO + up to 2 hires": ["rlcr.org=ceo", "rlcr.max_hires=2", "rlcr.expert_team=3", "rlcr.latency_penalty=0"],
+    "flat team of 3, latency penalty": ["rlcr.org=flat", "rlcr.agents=3", "rlcr.latency_penalty={beta}"],
+}
+
+
+def rlcr_org(x):
+    """RLCR: the CEO organisation and the latency penalty against a flat team of 3 (same budget each)."""
+    from swarm_runtime.evaluate import paired_difference
+    from swarm_runtime.experiments import Report
+
+    beta = float(x.cfg.rlcr.latency_penalty) or 0.5
+    x.plan(len(ORG_ARMS))
+    rows, curves, finals = [], {}, {}
+    for i, (label, extra) in enumerate(ORG_ARMS.items()):
+        tr = x.train(f"rlcr-org{i}", ["algo=rlcr", *(e.format(beta=beta) for e in extra)])
+        run_dir = Path(tr["run_dir"])
+        final = ckpt.load_state(_final(run_dir))["final_eval"]["collective"]
+        finals[label] = final
+        metrics = [r for r in read_metrics(run_dir) if "charts/return" in r]
+        last = metrics[-1] if metrics else {}
+        d = paired_difference(final, finals["flat team of 3"]) if i else (float("nan"), float("nan"), 0)
+        rows.append({
+            "label": label.replace("latency penalty", f"latency penalty beta={beta:g}"),
+            "collective at T_max": (final["reward_mean"], final["reward_se"]),
+            "minus flat, paired": (d[0], d[1]) if i else "—",
+            "success": (final["success_mean"], final["success_se"]),
+            "its minutes": (final["minutes_mean"], final["minutes_se"]),
+            "message tokens": (final["message_tokens_mean"], final["message_tokens_se"]),
+            "training, last update: team peak / hires / refused hires": (
+                f"{last.get('charts/team_peak', float('nan')):.2f} / {last.get('charts/hires', float('nan')):.2f} / "
+                f"{last.get('charts/refused_hires', float('nan')):.2f}"),
+        })
+        curves[label] = [tuple(p) for p in final["curve"]]
+    seeds = x.eval_seeds()
+    runs = int(x.cfg.rlcr.eval_runs or x.cfg.eval.runs)
+    notes = [f"Each arm: its own SFT (scripted collective of 3: flat peers, or a CEO who hires 2) and "
+             f"{x.xcfg.iterations} RLCR updates; held-out at T_max = {float(x.cfg.rlcr.t_max.end) / 60:.0f} simulated "
+             f"minutes on {len(seeds)} seeds x {runs} runs; paired = mean ± SE over the seeds of the per-seed "
+             "difference against the flat team (the return is the progress at T_max, without the penalty).",
+             f"The latency penalty trains on R = progress - {beta:g} * reward_max * mean_pass_rate * T / T_max; evaluation "
+             "reports the progress itself, so the arms are comparable."]
+    plots = [plot_latency(x.run_dir / "rlcr_org_latency.png", curves, "held-out anytime return vs simulated time")]
+    return Report("RLCR organisation: flat team vs CEO with hires vs latency penalty", rows=rows, plots=plots,
+                  notes=notes, data={"beta": beta})

@@ -42,10 +42,12 @@ def group_pass_rates(progress: Sequence[float], groups: Sequence[int], reward_ma
 
 
 def collective_returns(rollouts, beta: float, reward_max: float) -> list[float]:
-    """Each rollout's learning return: its anytime return, minus ``beta * mean_pass_rate(q) * T / T_max``
-    when ``rlcr.latency_penalty = beta > 0`` (T = the rollout's simulated duration)."""
+    """Each rollout's learning return: its anytime return, minus ``beta * reward_max * mean_pass_rate(q)
+    * T / T_max`` when ``rlcr.latency_penalty = beta > 0`` (T = the rollout's simulated duration). The seed's
+    ``R_task`` is a pass rate in [0, 1]; ours is in the task's reward units, so the penalty is scaled by
+    ``reward_max`` and ``beta`` means what it means there (0.5: up to half the task's reward)."""
     rates = group_pass_rates([r.progress for r in rollouts], [r.group for r in rollouts], reward_max)
-    return [latency_penalized(r.progress, beta, p, r.duration, r.t_max) for r, p in zip(rollouts, rates)]
+    return [latency_penalized(r.progress, beta * reward_max, p, r.duration, r.t_max) for r, p in zip(rollouts, rates)]
 
 
 def flat_samples(rollouts, advantages: Sequence[float]) -> list[tuple[str, list[int], float]]:

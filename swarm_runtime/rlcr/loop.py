@@ -260,11 +260,32 @@ def _advance(s: _Slot) -> list[str]:
     return [a for a in deciders if s.can_decide(a)]
 
 
+def turn_report(requests: Sequence[Request]) -> tuple[list[list[float | None]], list[int]]:
+    """One round of the concurrent loop in the terms of the ``swarm_on_turn`` observer hook
+    (``bids``, ``winners``): one entry per decision of the round (an agent of a rollout that decided
+    now, in batch order). ``bids``: over that rollout's current team (``Organisation.members``, in
+    order), ``0.0`` for every agent of the rollout deciding in this round (RLCR reads no bids, like a
+    coordinator with ``uses_bids=False``), ``None`` for the others (busy); ``winners``: the deciding
+    agent's index in that team. So an observer counting winners counts every RLCR action once."""
+    deciding: dict[int, set[str]] = {}
+    for r in requests:
+        deciding.setdefault(id(r.slot), set()).add(r.agent)
+    bids, winners = [], []
+    for r in requests:
+        team = r.slot.org.members
+        bids.append([0.0 if a in deciding[id(r.slot)] else None for a in team])
+        winners.append(team.index(r.agent))
+    return bids, winners
+
+
 def play_concurrent(domain, task, seeds: Sequence[int], decide: Decide, opts: LoopOptions,
-                    groups: Sequence[int] | None = None, on_round: Callable[[int], None] | None = None) -> list[Rollout]:
+                    groups: Sequence[int] | None = None,
+                    on_round: Callable[[int, list[Request]], None] | None = None) -> list[Rollout]:
     """Run one rollout per seed at once (``groups[i]``: rollout i's group) and return them in order.
-    ``decide(requests)`` returns one ``(text, tokens)`` per request, in order (one model batch)."""
+    ``decide(requests)`` returns one ``(text, tokens)`` per request, in order (one model batch).
+    ``on_round(round, requests)`` is called after each round's actions have started (round = 0, 1, ...)."""
     slots = [_Slot(domain, task, s, (groups[i] if groups is not None else i), opts) for i, s in enumerate(seeds)]
+    rounds = 0
     while True:
         requests: list[Request] = []
         for s in slots:
@@ -279,7 +300,8 @@ def play_concurrent(domain, task, seeds: Sequence[int], decide: Decide, opts: Lo
         for r, (text, tokens) in zip(requests, outs):
             r.slot.start(r.agent, r.prompt, text, tokens)
         if on_round is not None:
-            on_round(len(requests))
+            on_round(rounds, requests)
+        rounds += 1
     return [s.rollout for s in slots]
 
 

@@ -4,25 +4,25 @@ and of a solo agent with the same policy and ``T_max`` (docs/rlcr.md)."""
 from __future__ import annotations
 
 import json
-import random
 import time
 
 import torch
 from loguru import logger
 from omegaconf import OmegaConf
-from tqdm.auto import tqdm
 
 from swarm_runtime import checkpoint as ckpt
 from swarm_runtime.evaluate import paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, read_metrics
 from swarm_runtime.rlcr.clock import t_max_at
 from swarm_runtime.rlcr.learn import collective_returns, flat_samples, group_advantages, reinforce_step
-from swarm_runtime.rlcr.loop import PROMPT_WORDS, LoopOptions, expert_decider, play_concurrent, policy_decider
+from swarm_runtime.rlcr.loop import (PROMPT_WORDS, LoopOptions, expert_decider, play_concurrent, policy_decider,
+                                     turn_report)
 from swarm_runtime.rlcr.org import NAMES, CEO
 from swarm_runtime.rlcr.signs import (plot_latency, plot_signs, rollout_metrics, summarize_rollouts, team_bucket,
                                       useful_work_relative)
 from swarm_runtime.run import RunContext
 from swarm_runtime.train.optim import load_optimizer_state, make_optimizer
+from swarm_runtime.train.phases import PhasedTrainer
 from swarm_runtime.train.sft import Example, sft
 
 #: Name (and checkpoint folder) of the one policy every agent of the collective runs.
@@ -110,22 +110,19 @@ def evaluate_checkpoint(ctx: RunContext, ckpt_dir) -> tuple[dict, str]:
     return res, format_table(rows, EVAL_METRICS)
 
 
-class RLCRTrainer:
-    """Collective-reward RL, registered as ``algo.name=rlcr`` (preset ``algo=rlcr``)."""
+class RLCRTrainer(PhasedTrainer):
+    """Collective-reward RL, registered as ``algo.name=rlcr`` (preset ``algo=rlcr``); the phases (SFT,
+    held-out evaluation, updates, checkpoints, resume) are :class:`~swarm_runtime.train.phases.PhasedTrainer`'s."""
 
     label = "RLCR"
-
-    def __init__(self, ctx: RunContext):
-        self.ctx, self.cfg = ctx, ctx.cfg
-        self.rng = random.Random(int(self.cfg.seed))
-        torch.manual_seed(int(self.cfg.seed))
-        self.state: dict = {"phase": "init", "iteration": 0}
+    rl_name = "RLCR"
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
         ctx, a = self.ctx, self.cfg.algo
         init = ctx.resume_from / "agents" / SHARED if ctx.resume_from is not None else None
         self.policy = make_shared_policy(ctx, init)
+        self.policies = {SHARED: self.policy}  #: what checkpoints hold
         opt = make_optimizer(self.policy.parameters(), float(a.lr), float(a.weight_decay), int(a.iterations) + 1,
                              int(a.warmup_steps), float(a.min_lr_ratio), float(a.adam_eps))
         self.optimizers = {"action": {SHARED: opt}}
@@ -146,13 +143,17 @@ class RLCRTrainer:
                     f"{r.agents} agents" if r.org == "flat" else f"up to {r.max_hires} hires", float(r.t_max.start),
                     float(r.t_max.end), int(r.t_max.steps), int(r.instances), int(r.group_size))
 
-    def _save(self, tag: str) -> None:
-        self.state["flops"] = self.ctx.flops.state_dict()
-        ckpt.save_checkpoint(self.ctx.run_dir, tag, {SHARED: self.policy}, self.optimizers, self.state, self.rng,
-                             keep=int(self.cfg.keep_checkpoints))
+    def _round_observer(self):
+        """Forward each round of a training rollout to ``swarm_on_turn`` (:func:`~.loop.turn_report`: one
+        entry per decision), only when some plugin listens, as ``MPTTrainer`` does for its turns."""
+        hook = self.ctx.pm.hook.swarm_on_turn
+        if not hook.get_hookimpls():
+            return None
 
-    def _hook(self, name: str, **kw) -> None:
-        getattr(self.ctx.pm.hook, name)(**kw)
+        def on_round(n: int, requests) -> None:
+            bids, winners = turn_report(requests)
+            hook(turn=n, bids=bids, winners=winners)
+        return on_round
 
     def t_max(self, step: int) -> float:
         t = self.cfg.rlcr.t_max
@@ -178,8 +179,10 @@ class RLCRTrainer:
         self._save("sft")
 
     def play(self, seeds, opts: LoopOptions, groups=None):
+        """The rollouts of one update (observers see each round through ``swarm_on_turn``)."""
         with torch.no_grad():
-            return play_concurrent(self.ctx.domain, self.ctx.task, seeds, policy_decider(self.policy), opts, groups)
+            return play_concurrent(self.ctx.domain, self.ctx.task, seeds, policy_decider(self.policy), opts, groups,
+                                   on_round=self._round_observer())
 
     def evaluate(self, opts: LoopOptions, seed_offset: int = 0) -> tuple[dict, list]:
         return evaluate_collective(self.ctx, self.policy, opts, self.ctx.seeds("eval"), self.eval_runs,
@@ -247,40 +250,10 @@ class RLCRTrainer:
         m["flops/total"] = ctx.flops.training_total
         return m
 
-    # ------------------------------------------------------------------ main
-    def train(self) -> dict:
-        self._setup()
-        cfg = self.cfg
-        self._hook("swarm_on_run_start", config=cfg, run_dir=str(self.ctx.run_dir))
-        if self.state["phase"] == "init":
-            self.cold_start()
-        if self.state["phase"] == "sft_done":
-            if not cfg.skip_sft_eval:
-                self.state["sft_eval"] = self.held_out("after SFT")
-            self.state["phase"] = "rl"
-            self._save("iter-000000")
-        iterations = int(cfg.algo.iterations)
-        if self.state["phase"] == "done" and self.state["iteration"] < iterations:
-            self.state["phase"] = "rl"
-        bar = tqdm(total=iterations, initial=self.state["iteration"], desc="RLCR", disable=not cfg.progress)
-        while self.state["phase"] == "rl" and self.state["iteration"] < iterations:
-            it = self.state["iteration"]
-            m = self.rl_step(it)
-            self.state["iteration"] = it + 1
-            self.writer.log(it + 1, m)
-            self._hook("swarm_on_train_step", step=it + 1, kind="action", metrics=m)
-            bar.update(1)
-            bar.set_postfix(ret=f"{m['charts/return']:.1f}", t_max=f"{m['charts/t_max'] / 60:.0f}m")
-            logger.debug("update {}: return {:.2f}, T_max {:.0f}s", it + 1, m["charts/return"], m["charts/t_max"])
-            if (it + 1) % int(cfg.checkpoint_every) == 0 or it + 1 == iterations:
-                self._save(f"iter-{it + 1:06d}")
-        bar.close()
-        if self.state["phase"] == "rl":
-            self.state["final_eval"] = self.held_out("after RLCR")
-            self.state["phase"] = "done"
-            self._save(f"iter-{iterations:06d}")
-        return self.finish()
+    def postfix(self, m: dict) -> dict:
+        return {"ret": f"{m['charts/return']:.1f}", "t_max": f"{m['charts/t_max'] / 60:.0f}m"}
 
+    # ------------------------------------------------------------------ results
     def finish(self) -> dict:
         ctx, cfg = self.ctx, self.cfg
         team = team_label(loop_options(cfg, 0.0))

@@ -10,7 +10,6 @@ from collections import Counter
 
 import torch
 from loguru import logger
-from tqdm.auto import tqdm
 
 from swarm_runtime import checkpoint as ckpt
 from swarm_runtime.episode import new_slots, play
@@ -21,6 +20,7 @@ from swarm_runtime.run import RunContext
 from swarm_runtime.train.action import action_update, credit_samples
 from swarm_runtime.train.bid import bid_update, pick_contested, run_branches
 from swarm_runtime.train.optim import load_optimizer_state, make_optimizer, restore_master_weights
+from swarm_runtime.train.phases import PhasedTrainer
 from swarm_runtime.train.sft import collect_demos, demo_accuracy, sft
 
 
@@ -47,16 +47,14 @@ def rollout_metrics(episodes, agents) -> dict[str, float]:
     return m
 
 
-class MPTTrainer:
-    """The MPT algorithm, registered as ``algo.name=mpt``."""
+class MPTTrainer(PhasedTrainer):
+    """The MPT algorithm, registered as ``algo.name=mpt`` (phases: :class:`~.phases.PhasedTrainer`)."""
 
     label = "MPT"  #: row name of the trained checkpoint in the held-out table
+    rl_name = "MPT"
 
     def __init__(self, ctx: RunContext):
-        self.ctx, self.cfg = ctx, ctx.cfg
-        self.rng = random.Random(int(self.cfg.seed))
-        torch.manual_seed(int(self.cfg.seed))
-        self.state: dict = {"phase": "init", "iteration": 0}
+        super().__init__(ctx)
         self._reference: dict | None = None  #: frozen RL-start models (:meth:`_reference_policies`)
 
     # ------------------------------------------------------------------ setup
@@ -123,18 +121,10 @@ class MPTTrainer:
             logger.info("reference policies: {}", src.parent)
         return self._reference
 
-    def _save(self, tag: str) -> None:
-        self.state["flops"] = self.ctx.flops.state_dict()
-        ckpt.save_checkpoint(self.ctx.run_dir, tag, self.policies, self.optimizers, self.state, self.rng,
-                             keep=int(self.cfg.keep_checkpoints))
-
     def _minibatch(self) -> int:
         """Rows per forward/backward chunk: ``algo.minibatch``, capped by ``hardware.micro_batch``."""
         mb = self.cfg.hardware.get("micro_batch")
         return int(self.cfg.algo.minibatch) if mb is None else min(int(self.cfg.algo.minibatch), int(mb))
-
-    def _hook(self, name: str, **kw) -> None:
-        getattr(self.ctx.pm.hook, name)(**kw)
 
     def _turn_observer(self):
         """Forward each batched turn to ``swarm_on_turn`` (only when some plugin listens)."""
@@ -239,45 +229,12 @@ class MPTTrainer:
         return m
 
     # ------------------------------------------------------------------ main
-    def train(self) -> dict:
-        self._setup()
-        cfg = self.cfg
-        self._hook("swarm_on_run_start", config=cfg, run_dir=str(self.ctx.run_dir))
-        if self.state["phase"] == "init":
-            self.cold_start()
-        if self.state["phase"] == "sft_done":
-            if not cfg.skip_sft_eval:
-                self.state["sft_eval"] = self.held_out("after SFT")
-                self.writer.log(0, {"eval/reward_mean": self.state["sft_eval"]["reward_mean"],
-                                    "eval/reward_se": self.state["sft_eval"]["reward_se"],
-                                    "flops/total": self.ctx.flops.training_total})
-            self.state["phase"] = "rl"
-            self._save("iter-000000")
-        iterations = int(cfg.algo.iterations)
-        if self.state["phase"] == "done" and self.state["iteration"] < iterations:  # extended: train on
-            logger.info("extending the finished run from {} to {} updates", self.state["iteration"], iterations)
-            self.state["phase"] = "rl"
-        bar = tqdm(total=iterations, initial=self.state["iteration"], desc="MPT", disable=not cfg.progress)
-        while self.state["phase"] == "rl" and self.state["iteration"] < iterations:
-            it = self.state["iteration"]
-            m = self.rl_step(it)
-            self.state["iteration"] = it + 1
-            self.writer.log(it + 1, m)
-            self._hook("swarm_on_train_step", step=it + 1, kind=m["kind"], metrics=m)
-            bar.update(1)
-            bar.set_postfix(reward=f"{m['charts/episode_reward']:.1f}", kind=m["kind"])
-            logger.debug("update {} ({}): reward {:.2f}", it + 1, m["kind"], m["charts/episode_reward"])
-            if (it + 1) % int(cfg.checkpoint_every) == 0 or it + 1 == iterations:
-                self._save(f"iter-{it + 1:06d}")
-        bar.close()
-        if self.state["phase"] == "rl":
-            self.state["final_eval"] = self.held_out("after MPT")
-            self.state["phase"] = "done"
-            self.writer.log(iterations, {"eval/reward_mean": self.state["final_eval"]["reward_mean"],
-                                         "eval/reward_se": self.state["final_eval"]["reward_se"],
-                                         "flops/total": self.ctx.flops.training_total})
-            self._save(f"iter-{iterations:06d}")
-        return self.finish()
+    def log_eval(self, step: int, res: dict) -> None:
+        self.writer.log(step, {"eval/reward_mean": res["reward_mean"], "eval/reward_se": res["reward_se"],
+                               "flops/total": self.ctx.flops.training_total})
+
+    def postfix(self, m: dict) -> dict:
+        return {"reward": f"{m['charts/episode_reward']:.1f}", "kind": m["kind"]}
 
     def finish(self) -> dict:
         ctx = self.ctx

@@ -1,0 +1,83 @@
+"""The phase skeleton every trainer shares (``algo=mpt``, ``algo=monolithic``, ``algo=rlcr``): SFT cold
+start -> held-out evaluation after SFT -> RL updates with checkpoints -> held-out evaluation after RL ->
+results. ``state["phase"]`` (``init``, ``sft_done``, ``rl``, ``done``) is saved with every checkpoint, so
+a killed run resumes at the phase it was in, and a finished one trains on when ``algo.iterations`` grows.
+
+A trainer subclasses :class:`PhasedTrainer` and provides ``_setup()``, ``cold_start()``,
+``held_out(label)``, ``rl_step(it) -> metrics`` (with ``metrics["kind"]``), ``finish()``, a
+``policies`` dict (name -> policy, what checkpoints hold) and ``optimizers``; optionally
+:meth:`log_eval` and :meth:`postfix`.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+from loguru import logger
+from tqdm.auto import tqdm
+
+from swarm_runtime import checkpoint as ckpt
+from swarm_runtime.run import RunContext
+
+
+class PhasedTrainer:
+    label = ""  #: row name of the trained checkpoint in the held-out table
+    rl_name = "RL"  #: the RL phase's name in logs ("after MPT") and on the progress bar
+
+    def __init__(self, ctx: RunContext):
+        self.ctx, self.cfg = ctx, ctx.cfg
+        self.rng = random.Random(int(self.cfg.seed))
+        torch.manual_seed(int(self.cfg.seed))
+        self.state: dict = {"phase": "init", "iteration": 0}
+
+    def _hook(self, name: str, **kw) -> None:
+        getattr(self.ctx.pm.hook, name)(**kw)
+
+    def _save(self, tag: str) -> None:
+        self.state["flops"] = self.ctx.flops.state_dict()
+        ckpt.save_checkpoint(self.ctx.run_dir, tag, self.policies, self.optimizers, self.state, self.rng,
+                             keep=int(self.cfg.keep_checkpoints))
+
+    def log_eval(self, step: int, res: dict) -> None:
+        """Write a held-out evaluation's headline numbers to the metrics (default: nothing)."""
+
+    def postfix(self, m: dict) -> dict:
+        """What the progress bar shows after an update."""
+        return {}
+
+    def train(self) -> dict:
+        self._setup()
+        cfg = self.cfg
+        self._hook("swarm_on_run_start", config=cfg, run_dir=str(self.ctx.run_dir))
+        if self.state["phase"] == "init":
+            self.cold_start()
+        if self.state["phase"] == "sft_done":
+            if not cfg.skip_sft_eval:
+                self.state["sft_eval"] = self.held_out("after SFT")
+                self.log_eval(0, self.state["sft_eval"])
+            self.state["phase"] = "rl"
+            self._save("iter-000000")
+        iterations = int(cfg.algo.iterations)
+        if self.state["phase"] == "done" and self.state["iteration"] < iterations:  # extended: train on
+            logger.info("extending the finished run from {} to {} updates", self.state["iteration"], iterations)
+            self.state["phase"] = "rl"
+        bar = tqdm(total=iterations, initial=self.state["iteration"], desc=self.rl_name, disable=not cfg.progress)
+        while self.state["phase"] == "rl" and self.state["iteration"] < iterations:
+            it = self.state["iteration"]
+            m = self.rl_step(it)
+            self.state["iteration"] = it + 1
+            self.writer.log(it + 1, m)
+            self._hook("swarm_on_train_step", step=it + 1, kind=m["kind"], metrics=m)
+            bar.update(1)
+            shown = self.postfix(m)
+            bar.set_postfix(**shown)
+            logger.debug("update {} ({}): {}", it + 1, m["kind"], shown)
+            if (it + 1) % int(cfg.checkpoint_every) == 0 or it + 1 == iterations:
+                self._save(f"iter-{it + 1:06d}")
+        bar.close()
+        if self.state["phase"] == "rl":
+            self.state["final_eval"] = self.held_out(f"after {self.rl_name}")
+            self.state["phase"] = "done"
+            self.log_eval(iterations, self.state["final_eval"])
+            self._save(f"iter-{iterations:06d}")
+        return self.finish()

@@ -1,0 +1,28 @@
+"""``swarm experiment rlcr_org``: the flat team, the CEO organisation and the latency penalty, each its
+own RLCR training, run end to end by the real CLI at a tiny budget."""
+from __future__ import annotations
+
+import json
+
+from omegaconf import OmegaConf
+
+from tests.conftest import ROOT, swarm
+
+
+def test_rlcr_org_trains_three_arms_and_tabulates_them(tmp_path):
+    out = tmp_path / "org"
+    res = swarm("experiment", "rlcr_org", "domain=minecraft", "task=wooden_pickaxe", "algo=rlcr",
+                "experiment.iterations=1", "experiment.train_seeds=[0]", "rlcr.instances=1", "rlcr.group_size=2",
+                "rlcr.t_max.start=120", "rlcr.t_max.end=240", "rlcr.t_max.steps=1", "algo.sft.demo_episodes=3",
+                "algo.sft.epochs=1", "experiment.eval_episodes=2", "hardware.threads=1", "progress=false",
+                f"run_dir={out}", cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    table = (out / "results.md").read_text()
+    for label in ("| flat team of 3 |", "| CEO + up to 2 hires |", "| flat team of 3, latency penalty beta=0.5 |"):
+        assert label in table
+    assert "minus flat, paired" in table and (out / "seed-0" / "rlcr_org_latency.png").exists()
+    arms = [OmegaConf.load(out / "seed-0" / "trainings" / f"rlcr-org{i}" / "config.yaml").rlcr for i in range(3)]
+    assert [(a.org, a.latency_penalty) for a in arms] == [("flat", 0.0), ("ceo", 0.0), ("flat", 0.5)]
+    assert arms[1].max_hires == 2
+    rows = [json.loads(x) for x in (out / "seed-0" / "trainings" / "rlcr-org1" / "metrics.jsonl").read_text().splitlines()]
+    assert any("charts/team_peak" in r and r["charts/team_peak"] >= 1 for r in rows)
