@@ -123,6 +123,8 @@ def combine(reports: dict[int, Report], run_dir: Path) -> Report:
     notes = [se_note] + list(dict.fromkeys(n for rep in reports.values() for n in rep.notes))
     data = {"train_seeds": seeds, "paired": paired, "main_column": col,
             "per_seed": {str(s): {"rows": rep.rows, **rep.data} for s, rep in reports.items()}}
+    if "runs_per_seed" in first.data:  # an experiment whose evaluation is not eval.runs runs per held-out seed
+        data["runs_per_seed"] = first.data["runs_per_seed"]
     return Report(first.title, rows, tables=tables, plots=plots, data=data, notes=notes)
 
 

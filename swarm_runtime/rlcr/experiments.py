@@ -188,4 +188,4 @@ def rlcr_org(x):
              "reports the progress itself, so the arms are comparable."]
     plots = [plot_latency(x.run_dir / "rlcr_org_latency.png", curves, "held-out anytime return vs simulated time")]
     return Report("RLCR organisation: flat team vs CEO with hires vs latency penalty", rows=rows, plots=plots,
-                  notes=notes, data={"beta": beta})
+                  notes=notes, data={"beta": beta, "runs_per_seed": runs})
