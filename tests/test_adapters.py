@@ -3,6 +3,7 @@ role's training, PEFT round trips, the mixed-adapter batch against per-agent cal
 recipes, FLOPs with a frozen base, export, and every bad input."""
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -82,35 +83,53 @@ def test_save_and_load_round_trip_through_peft_and_build_swarm(registry, tmp_pat
 
 
 def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
-    from swarm_runtime.policy.adapters import MixedBatch
+    import swarm_runtime.policy.adapters as adapters
+    from swarm_runtime.policy.adapters import GroupedLoRA, MixedBatch
 
     _, _, policies = _swarm(registry)
-    roles = ["Logger", "Miner", "Smith", "Miner", "Logger", "Smith"]
+    roles = ["Logger", "Miner", "Smith", "Miner", "Logger", "Smith"]  # interleaved, as the episode loop sends them
     rows = [policies[r] for r in roles]
     prompts = [PROMPTS[r] if i < 3 else PROMPTS[roles[(i + 1) % 3]] for i, r in enumerate(roles)]
     resp = [rows[0].action_target(t) for t in ("chop tree", "mine stone", "craft stick", "craft planks",
                                                "mine stone", "chop tree")]
-    lead = rows[0]
+    lead, batch = rows[0], MixedBatch(rows)
+    order = batch.order
+    assert [roles[i] for i in order] == ["Logger", "Logger", "Miner", "Miner", "Smith", "Smith"]
+    grouped = [rows[i].adapter for i in order]
+    entered = []
+    real_enter = GroupedLoRA.__enter__
+    monkeypatch.setattr(GroupedLoRA, "__enter__", lambda self: entered.append(len(self.spans)) or real_enter(self))
     with torch.no_grad():
+        with lead.routed(grouped):
+            mixed = lead.logprobs([prompts[i] for i in order], [resp[i] for i in order])
+            probs = lead.bid_distribution([prompts[i] for i in order])
+        assert entered == [3]  # the grouped path served it: one routing, three adapters' row spans
+        per = torch.cat([rows[i].logprobs([prompts[i]], [resp[i]]) for i in order])
+        per_probs = torch.cat([rows[i].bid_distribution([prompts[i]]) for i in order])
+        torch.testing.assert_close(mixed, per, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(probs, per_probs, atol=1e-6, rtol=1e-5)
+        monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")  # against PEFT's own adapter_names= (any row order)
+        with lead.routed(grouped):
+            torch.testing.assert_close(lead.logprobs([prompts[i] for i in order], [resp[i] for i in order]), mixed,
+                                       atol=1e-5, rtol=1e-5)
         with lead.routed([p.adapter for p in rows]):
-            mixed = lead.logprobs(prompts, resp)
-            probs = lead.bid_distribution(prompts)
-        per = torch.cat([p.logprobs([q], [r]) for p, q, r in zip(rows, prompts, resp)])
-        per_probs = torch.cat([p.bid_distribution([q]) for p, q in zip(rows, prompts)])
-    torch.testing.assert_close(mixed, per, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(probs, per_probs, atol=1e-6, rtol=1e-5)
-    import swarm_runtime.policy.adapters as adapters  # our stacked routing against PEFT's own adapter_names=
-
-    monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")
-    with torch.no_grad(), lead.routed([p.adapter for p in rows]):
-        torch.testing.assert_close(lead.logprobs(prompts, resp), mixed, atol=1e-5, rtol=1e-5)
-    monkeypatch.setattr(adapters, "MIXED_IMPL", "stacked")
-    assert not torch.allclose(per[1], per[2])  # the rows really went through different adapters
+            torch.testing.assert_close(lead.bid_distribution(prompts), per_probs[torch.tensor(order).argsort()],
+                                       atol=1e-6, rtol=1e-5)
+        monkeypatch.setattr(adapters, "MIXED_IMPL", "grouped")
+    assert not torch.allclose(per[2], per[4])  # the rows really went through different adapters
+    assert lead._grouped is None and all(type(m).forward is m.forward.__func__ for m in lead.shared_base.lora_layers)
     for p in rows:
         p.temperature = 0.0
-    greedy_mixed = MixedBatch(rows).act(prompts)
+    entered.clear()
+    greedy_mixed = batch.act(prompts)  # one routed call for all decode steps, results in the callers' order
+    assert entered == [3]
     greedy_per = [p.act([q])[0] for p, q in zip(rows, prompts)]
     assert [r.tokens for r in greedy_mixed] == [r.tokens for r in greedy_per]
+    for p in rows:
+        p.temperature = 1.0
+    keys = [(7, 0, i, 1) for i in range(len(rows))]  # keyed noise: a row's draw depends on its key, not on the batch
+    assert [r.tokens for r in batch.act(prompts, keys=keys)] == [p.act([q], keys=[k])[0].tokens
+                                                                 for p, q, k in zip(rows, prompts, keys)]
 
 
 def test_the_episode_loop_makes_one_bid_call_per_turn_for_all_roles(registry, monkeypatch):
@@ -173,6 +192,28 @@ def test_every_recipe_fits_its_gpu_by_the_memory_plan(registry, recipe):
     assert not make_plan(full, 3, 3).fits  # three full 4-8B copies with optimizer states do not fit
 
 
+def test_recipes_ship_in_the_package_and_load_by_name_from_anywhere(tmp_path, monkeypatch):
+    import fnmatch
+    from importlib.resources import files
+
+    from swarm_runtime.cli import expand_recipe, recipe_names
+
+    shipped = sorted(f.name for f in files("swarm_runtime").joinpath("recipes").iterdir() if f.name.endswith(".yaml"))
+    assert shipped and shipped == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))  # one source of truth
+    assert (ROOT / "configs").resolve() == (ROOT / "swarm_runtime" / "recipes").resolve()
+    globs = json.loads(re.search(r"^swarm_runtime = (\[.*?\])", (ROOT / "pyproject.toml").read_text(), re.M).group(1))
+    assert all(any(fnmatch.fnmatch(f"recipes/{n}", g) for g in globs) for n in shipped)  # package data: in the wheel
+    by_path = expand_recipe([f"recipe={ROOT / 'configs' / shipped[0]}", "algo.lr=1e-6"])
+    monkeypatch.chdir(tmp_path)  # no configs/ here: found in the installed package
+    name = shipped[0][:-5]
+    assert name in recipe_names()
+    for given in (name, f"{name}.yaml", f"configs/{name}.yaml"):
+        assert expand_recipe([f"recipe={given}", "algo.lr=1e-6"]) == by_path
+    own = tmp_path / "mine.yaml"
+    own.write_text("domain: vln_ce\nalgo.lr: 0.5\n")
+    assert expand_recipe([f"recipe={own}"]) == ["domain=vln_ce", "algo.lr=0.5"]
+
+
 def _main(capsys, *argv) -> tuple[int, str]:
     from swarm_runtime.cli import main
 
@@ -187,7 +228,9 @@ def _main(capsys, *argv) -> tuple[int, str]:
     (("model.adapter=qlora",), "valid: none, lora"),
     (("model.adapter=lora", "model.lora.target_modules=[q_proj,qkv_proj]"), "'qkv_proj', which the base model lacks"),
     (("hardware=h200",), "use hardware=cpu"),
-    (("recipe=configs/nope.yaml",), "recipes here"),
+    (("recipe=configs/nope.yaml",), "shipped recipes: minecraft-qwen3-4b-rtx_pro_6000, "),
+    (("model.adapter=lora", "algo=monolithic"), "valid: model.adapter=lora with algo=mpt, or algo=monolithic with "
+                                                "model.adapter=none"),
     (("hardware.attention=flash",), "valid: sdpa, flash_attention_2, eager"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(capsys, tmp_path, args, needle):
