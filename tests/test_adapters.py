@@ -334,3 +334,24 @@ def test_mixed_adapter_batch_generates_bids_as_per_agent_calls(registry):
     assert [(b.text, b.level, b.parsed) for b in mixed] == [(b.text, b.level, b.parsed) for b in per]
     levels = set(rows[0].bid_levels)
     assert all(b.level in levels and (b.parsed or b.level == 0.0) for b in mixed)
+
+
+def test_grouped_mixed_batch_on_a_bf16_base_adds_like_the_training_path(registry, monkeypatch):
+    """fp32 adapters on a bf16 base: the grouped batch adds each LoRA term in fp32 and rounds once,
+    as PEFT's single-adapter forward (the one training scores with) does."""
+    import swarm_runtime.policy.adapters as adapters
+    from swarm_runtime.policy.adapters import MixedBatch
+
+    _, _, policies = _swarm(registry, "hardware.dtype=bfloat16")
+    lead = policies["Logger"]
+    assert lead.shared_base.lora_layers[0].base_layer.weight.dtype == torch.bfloat16
+    assert lead.shared_base.lora_layers[0].lora_A["Logger"].weight.dtype == torch.float32  # PEFT's fp32 adapters
+    rows = [policies[r] for r in ("Logger", "Miner", "Smith", "Miner")]
+    prompts = [PROMPTS[r] for r in ("Logger", "Miner", "Smith", "Smith")]
+    order = MixedBatch(rows).order
+    with torch.no_grad():
+        with lead.routed([rows[i].adapter for i in order]):
+            grouped = lead.bid_distribution([prompts[i] for i in order])
+        monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")  # PEFT's own single-adapter forward, row by row
+        single = torch.cat([rows[i].bid_distribution([prompts[i]]) for i in order])
+    assert torch.equal(grouped, single)

@@ -315,7 +315,10 @@ class GroupedLoRA:
                 for s, e, A, B, scale in _parts:
                     xs = x[s:e] if x.dtype == A.dtype else x[s:e].to(A.dtype)
                     d = F.linear(F.linear(xs, A), B) * scale
-                    out[s:e] += d if d.dtype == out.dtype else d.to(out.dtype)
+                    if d.dtype == out.dtype:
+                        out[s:e] += d
+                    else:  # fp32 adapters on a bf16 base: add in fp32, round once (as PEFT does)
+                        out[s:e] = out[s:e] + d
                 return out
             m.forward = forward
         return self
