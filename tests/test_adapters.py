@@ -305,6 +305,13 @@ def test_the_gpu_script_exits_cleanly_without_cuda():
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py")], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0 and "no CUDA device" in res.stdout and "skipped" in res.stdout
+    # its steps (SFT of every adapter, a mixed-batch rollout turn, a REINFORCE step per agent) on the CPU, tiny shape
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py"), "--cpu-tiny", "--agents", "3",
+                          "--envs", "2", "--prompt", "16"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout
+    assert "3 adapter agents" in out and "mixed bid batch of 6 rows" in out and "REINFORCE step per agent" in out
+    assert "peak RSS of the process" in out and "the memory plan's estimate" in out
 
 
 @pytest.mark.gpu
