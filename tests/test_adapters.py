@@ -117,6 +117,15 @@ def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
                                        atol=1e-6, rtol=1e-5)
         monkeypatch.setattr(adapters, "MIXED_IMPL", "grouped")
     assert not torch.allclose(per[2], per[4])  # the rows really went through different adapters
+    with lead.routed(grouped):  # with a gradient: the same scores, and each adapter gets its rows' gradient
+        scored = lead.logprobs([prompts[i] for i in order], [resp[i] for i in order])
+    torch.testing.assert_close(scored.detach(), mixed, atol=1e-5, rtol=1e-5)
+    scored.sum().backward()
+    assert entered[-1] == 3 and all(w.grad is not None and bool(w.grad.abs().sum() > 0)
+                                    for p in set(rows) for w in p.parameters())
+    for p in set(rows):
+        for w in p.parameters():
+            w.grad = None
     assert lead._grouped is None and all(type(m).forward is m.forward.__func__ for m in lead.shared_base.lora_layers)
     for p in rows:
         p.temperature = 0.0

@@ -7,9 +7,10 @@ replicas of a role share its adapter). Each role's :class:`AdapterPolicy` is a
 and nothing else), and whose ``save`` writes the adapter in PEFT format beside a pointer to the base.
 
 One forward pass per turn: the episode loop hands the bid (or action) rows of every role sharing a
-base to :class:`MixedBatch`, which runs them in one batch with PEFT's mixed-adapter forward
-(``adapter_names=``, one name per row); each row is then sampled with its own policy's generator
-(or its keyed noise), as a per-role call would.
+base to :class:`MixedBatch`, which groups them by adapter and runs them in one batch through
+:class:`GroupedLoRA` (the base once over all rows, each adapter's LoRA on its own contiguous rows; PEFT's
+``adapter_names=`` mixed batch is the reference it is tested against); each row is then sampled with
+its own policy's generator (or its keyed noise), as a per-role call would.
 
 Where the base comes from: ``model.path`` (any local Hugging Face causal LM, frozen); or, with no
 path (the CPU default), the tiny model built from the config, which the cold start first fine-tunes
@@ -207,8 +208,8 @@ class AdapterPolicy(TransformersPolicy):
             return self.model(**kw)
         if self.route is not None:
             return self.model(**kw, adapter_names=self.route)
-        if MIXED_IMPL == "grouped" and not self.model.training:
-            # one adapter for every row: the same products without PEFT's set_adapter (a walk over all modules)
+        if MIXED_IMPL == "grouped" and not self.model.training and not torch.is_grad_enabled():
+            # sampling and scoring without a gradient, one adapter for every row: the same products without PEFT's set_adapter (a walk over all modules)
             alone = GroupedLoRA.build(self.shared_base.lora_layers, [(self.adapter, 0, None)])
             if alone is not None:
                 with alone:
@@ -312,6 +313,12 @@ class GroupedLoRA:
         for m, parts in self.layers:
             def forward(x, *args, _m=m, _parts=parts, **kwargs):
                 out = _m.base_layer(x, *args, **kwargs)
+                if torch.is_grad_enabled():  # scored for a gradient: out of place, so autograd sees it
+                    parts = []
+                    for s, e, A, B, scale in _parts:
+                        r = out[s:e] + F.linear(F.linear(x[s:e].to(A.dtype), A), B) * scale
+                        parts.append(r.to(out.dtype))
+                    return parts[0] if len(parts) == 1 else torch.cat(parts)
                 for s, e, A, B, scale in _parts:
                     xs = x[s:e] if x.dtype == A.dtype else x[s:e].to(A.dtype)
                     d = F.linear(F.linear(xs, A), B) * scale
