@@ -133,6 +133,13 @@ def measure_memory(args) -> dict:
     phases = {"start": status_mib()}
     policies, mixed = build(args.mode, args.child, args.rank, args.adapters)
     phases["built"] = status_mib()
+    steps = args.steps if args.steps is not None else len(policies)
+    optimizers: dict[int, list] = {}
+    if args.train and args.mode != "base":  # made before the rollout, as the trainer makes them
+        for p in policies[:steps]:
+            if id(p) not in optimizers:
+                optimizers[id(p)] = [make_optimizer(p.parameters(), 1e-4, 0.0, 10, eager_state=args.eager_state)
+                                     for _ in range(args.optimizers)]
     n_rows = args.rollout_agents or len(policies)  # agents whose bid prompts the rollout scores
     bid_prompts = prompts(args.envs * n_rows, 1)
     act_prompts = prompts(args.envs, 2)
@@ -153,13 +160,9 @@ def measure_memory(args) -> dict:
                     p.act(mine)
     phases["rollout"] = status_mib()
     rss_rollout = peak_rss()
-    steps = args.steps if args.steps is not None else len(policies)
-    optimizers: dict[int, list] = {}
-    if args.train and args.mode != "base":
+    if optimizers:
         for k in range(steps):
             p = policies[k % len(policies)]
-            if id(p) not in optimizers:
-                optimizers[id(p)] = [make_optimizer(p.parameters(), 1e-4, 0.0, 10) for _ in range(args.optimizers)]
             opt, sched = optimizers[id(p)][k % args.optimizers]
             p.train()
             resp = [p.action_target("w1 w2 w3")] * args.envs
@@ -214,15 +217,20 @@ def memory_settings(hi: int, roles: int, full: bool) -> list[tuple]:
 def memory(args) -> None:
     hi, roles = max(args.agents), min(args.agents)
     common = ["--threads", str(args.threads), "--rank", str(args.rank), "--envs", str(args.envs),
-              "--optimizers", str(args.optimizers), "--size", args.size]
+              "--optimizers", str(args.optimizers), "--size", args.size] + (["--eager-state"] if args.eager_state else [])
     print(f"model: {ARCH}, {WORDS} words; LoRA rank {args.rank}; {args.envs} envs (bid rows per agent, action rows); "
-          f"{args.optimizers} AdamW per trained policy; torch threads {args.threads}; one fresh process per setting")
+          f"{args.optimizers} AdamW per trained policy (moments allocated {'when made' if args.eager_state else 'at the first step'}); torch threads {args.threads}; one fresh process per setting")
     res = {}
-    for label, mode, n, k, rollout, steps in memory_settings(hi, roles, not args.no_full):
-        argv = ["_child", "--mode", mode, "--child", str(n), "--rollout-agents", str(rollout), "--steps", str(steps),
-                *common] + (["--adapters", str(k)] if k else []) + (["--train"] if steps else [])
-        r = run_child(argv)
-        res[label] = r
+    settings = memory_settings(hi, roles, not args.no_full)
+    argvs = [["_child", "--mode", mode, "--child", str(n), "--rollout-agents", str(rollout), "--steps", str(steps),
+              *common] + (["--adapters", str(k)] if k else []) + (["--train"] if steps else [])
+             for _, mode, n, k, rollout, steps in settings]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # separate processes: peaks do not mix
+        results = pool.map(run_child, argvs)
+        for (label, *_), r in zip(settings, results):
+            res[label] = r
         ph = r["phases"]
         print(f"{label:<72} peak {r['peak_rss'] / MiB:6.0f} MiB (rollout {r['peak_rss_rollout'] / MiB:6.0f}; RSS built "
               f"{ph['built'].get('VmRSS', 0):5.0f}, after rollout {ph['rollout'].get('VmRSS', 0):5.0f}"
@@ -326,6 +334,9 @@ def main() -> None:
     ap.add_argument("--optimizers", type=int, default=1, choices=[1, 2],
                     help="AdamW per trained policy in `memory` (2: the trainer's action + bid optimizers)")
     ap.add_argument("--no-full", action="store_true", help="`memory` without the full-copy settings")
+    ap.add_argument("--jobs", type=int, default=1, help="`memory`: settings measured at once (each its own process)")
+    ap.add_argument("--eager-state", action="store_true",
+                    help="`memory`: AdamW moments allocated when the optimizers are made (make_optimizer(eager_state=True))")
     ap.add_argument("--mode", choices=["base", "full", "lora"], help=argparse.SUPPRESS)
     ap.add_argument("--adapters", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rollout-agents", type=int, default=None, help=argparse.SUPPRESS)

@@ -371,3 +371,24 @@ def test_grouped_mixed_batch_on_a_bf16_base_adds_like_the_training_path(registry
         monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")  # PEFT's own single-adapter forward, row by row
         single = torch.cat([rows[i].bid_distribution([prompts[i]]) for i in order])
     assert torch.equal(grouped, single)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_adam_state_steps_exactly_as_the_lazy_one(dtype):
+    from swarm_runtime.train.optim import clip_and_step, make_optimizer
+
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(dtype)
+    b = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(dtype)
+    b.load_state_dict(a.state_dict())
+    lazy, eager = make_optimizer(a.parameters(), 1e-2, 0.01, 5), make_optimizer(b.parameters(), 1e-2, 0.01, 5, eager_state=True)
+    assert not lazy[0].state and len(eager[0].state) == 4  # eager: moments before any step
+    for step in range(3):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step)).to(dtype)
+        for m, (opt, sched) in ((a, lazy), (b, eager)):
+            m(x).float().square().mean().backward()
+            clip_and_step(list(m.parameters()), opt, sched, 1.0)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    sa, sb = lazy[0].state_dict()["state"], eager[0].state_dict()["state"]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k][n], sb[k][n]) and sa[k][n].dtype == sb[k][n].dtype
+                                          for k in sa for n in sa[k])
