@@ -219,7 +219,9 @@ def memory(args) -> None:
     common = ["--threads", str(args.threads), "--rank", str(args.rank), "--envs", str(args.envs),
               "--optimizers", str(args.optimizers), "--size", args.size] + (["--eager-state"] if args.eager_state else [])
     print(f"model: {ARCH}, {WORDS} words; LoRA rank {args.rank}; {args.envs} envs (bid rows per agent, action rows); "
-          f"{args.optimizers} AdamW per trained policy (moments allocated {'when made' if args.eager_state else 'at the first step'}); torch threads {args.threads}; one fresh process per setting")
+          f"{args.optimizers} AdamW per trained policy (moments allocated "
+          f"{'when made' if args.eager_state else 'at the first step'}); torch threads {args.threads}; "
+          "one fresh process per setting")
     res = {}
     settings = memory_settings(hi, roles, not args.no_full)
     argvs = [["_child", "--mode", mode, "--child", str(n), "--rollout-agents", str(rollout), "--steps", str(steps),

@@ -209,7 +209,8 @@ class AdapterPolicy(TransformersPolicy):
         if self.route is not None:
             return self.model(**kw, adapter_names=self.route)
         if MIXED_IMPL == "grouped" and not self.model.training and not torch.is_grad_enabled():
-            # sampling and scoring without a gradient, one adapter for every row: the same products without PEFT's set_adapter (a walk over all modules)
+            # sampling and scoring without a gradient, one adapter for every row: the same products,
+            # without PEFT's set_adapter (a walk over all modules on every switch of adapter)
             alone = GroupedLoRA.build(self.shared_base.lora_layers, [(self.adapter, 0, None)])
             if alone is not None:
                 with alone:
@@ -222,7 +223,9 @@ class AdapterPolicy(TransformersPolicy):
         """Route the rows of the forward passes inside to the adapters ``names`` (one per row); the
         routing is built once here and serves every decode step of the call."""
         self.route = list(names)
-        grouped = GroupedLoRA.build(self.shared_base.lora_layers, spans_of(self.route)) if MIXED_IMPL == "grouped" and not self.model.training else None
+        grouped = None
+        if MIXED_IMPL == "grouped" and not self.model.training:
+            grouped = GroupedLoRA.build(self.shared_base.lora_layers, spans_of(self.route))
         try:
             if grouped is None:
                 yield self
