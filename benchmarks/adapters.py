@@ -233,13 +233,13 @@ def memory(args) -> None:
         results = pool.map(run_child, argvs)
         for (label, *_), r in zip(settings, results):
             res[label] = r
-        ph = r["phases"]
-        print(f"{label:<72} peak {r['peak_rss'] / MiB:6.0f} MiB (rollout {r['peak_rss_rollout'] / MiB:6.0f}; RSS built "
-              f"{ph['built'].get('VmRSS', 0):5.0f}, after rollout {ph['rollout'].get('VmRSS', 0):5.0f}"
-              + (f", after step 1 {ph['step 1'].get('VmRSS', 0):5.0f}, after all {ph['trained'].get('VmRSS', 0):5.0f}"
-                 if "trained" in ph else "") + f"); {r['rollout_rows']} bid rows, {r['steps']} steps, "
-              f"trained tensors {r['trained_bytes'] / MiB:.1f} MiB + AdamW state {r['optimizer_bytes'] / MiB:.1f} MiB",
-              flush=True)
+            ph = r["phases"]
+            print(f"{label:<72} peak {r['peak_rss'] / MiB:6.0f} MiB (rollout {r['peak_rss_rollout'] / MiB:6.0f}; RSS built "
+                  f"{ph['built'].get('VmRSS', 0):5.0f}, after rollout {ph['rollout'].get('VmRSS', 0):5.0f}"
+                  + (f", after step 1 {ph['step 1'].get('VmRSS', 0):5.0f}, after all {ph['trained'].get('VmRSS', 0):5.0f}"
+                     if "trained" in ph else "") + f"); {r['rollout_rows']} bid rows, {r['steps']} steps, "
+                  f"trained tensors {r['trained_bytes'] / MiB:.1f} MiB + AdamW state {r['optimizer_bytes'] / MiB:.1f} MiB",
+                  flush=True)
     labels = [x[0] for x in memory_settings(hi, roles, not args.no_full)]
     base, one, worst, pop, few = (res[labels[i]] for i in range(5))
     print(f"\nbase: {worst['base_params'] / 1e6:.1f}M parameters; one adapter (rank {args.rank}): "
