@@ -6,7 +6,7 @@
     swarm experiment NAME [key=value ...] | swarm experiment --list
     swarm domains | swarm plugins | swarm config [key=value ...] [--plan]
     swarm export RUN_DIR [checkpoint=TAG] [merged=true]
-    recipe=configs/NAME.yaml (any of run, config, experiment): a recipe's settings, the command line winning
+    recipe=NAME (any of run, config, experiment): a shipped recipe's settings (or recipe=PATH.yaml), the command line winning
 """
 from __future__ import annotations
 
@@ -88,23 +88,46 @@ def cmd_config(args) -> int:
 
 
 # ---------------------------------------------------------------- issue 19: recipes, memory plan, export
+def recipe_names() -> list[str]:
+    """The shipped recipes' names (``recipe=NAME``)."""
+    from importlib.resources import files
+
+    return sorted(f.name[:-5] for f in files("swarm_runtime").joinpath("recipes").iterdir() if f.name.endswith(".yaml"))
+
+
+def find_recipe(given: str):
+    """``recipe=``'s file: a path to a YAML file, or the name of a shipped recipe (``NAME``,
+    ``NAME.yaml`` or ``configs/NAME.yaml``, found in the installed package through importlib.resources,
+    so it works from a wheel as from a checkout)."""
+    from importlib.resources import files
+
+    path = Path(given)
+    if path.is_file():
+        return path
+    name = path.name[:-5] if path.name.endswith(".yaml") else path.name
+    if path.parent in (Path("."), Path("configs")):
+        shipped = files("swarm_runtime").joinpath("recipes", f"{name}.yaml")
+        if shipped.is_file():
+            return shipped
+    raise ConfigError(f"recipe {given!r} is neither a file nor a shipped recipe; shipped recipes: "
+                      f"{', '.join(recipe_names()) or '(none)'}")
+
+
 def expand_recipe(overrides: list[str]) -> list[str]:
-    """``recipe=PATH`` -> the recipe's ``key: value`` lines as ``key=value`` arguments, placed before
-    the rest of the command line (which wins). A recipe is a flat YAML mapping of config groups
-    (``domain``, ``task``, ``model``, ``algo``, ``hardware``) and dotted keys (``configs/*.yaml``)."""
+    """``recipe=NAME`` (a shipped recipe) or ``recipe=PATH`` -> the recipe's ``key: value`` lines as
+    ``key=value`` arguments, placed before the rest of the command line (which wins). A recipe is a
+    flat YAML mapping of config groups (``domain``, ``task``, ``model``, ``algo``, ``hardware``) and
+    dotted keys (``configs/*.yaml``, shipped as ``swarm_runtime/recipes/``)."""
     import yaml
 
     out, recipes = [], [o for o in overrides if o.startswith("recipe=")]
     if len(recipes) > 1:
         raise ConfigError(f"give one recipe=, got {len(recipes)}")
     for item in recipes:
-        path = Path(item.partition("=")[2])
-        if not path.is_file():
-            found = sorted(p.name for p in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
-            raise ConfigError(f"recipe {str(path)!r} is not a file; recipes here: {', '.join(found) or '(none in ./configs)'}")
-        data = yaml.safe_load(path.read_text()) or {}
+        given = item.partition("=")[2]
+        data = yaml.safe_load(find_recipe(given).read_text()) or {}
         if not isinstance(data, dict):
-            raise ConfigError(f"recipe {str(path)!r} must be a mapping of key: value")
+            raise ConfigError(f"recipe {given!r} must be a mapping of key: value")
         for k, v in data.items():
             if isinstance(v, (dict, list)):
                 v = yaml.safe_dump(v, default_flow_style=True).strip()

@@ -364,3 +364,17 @@ def eval_split(cfg: DictConfig, registry) -> None:
     if int(cfg.eval.episodes) > count:
         raise ConfigError(f"eval.episodes={cfg.eval.episodes} is not valid: task {cfg.task_name!r} has {count} held-out "
                           f"seeds (task.eval_seeds.count); give at most {count} or null (all)")
+
+
+#: Algorithms that train one model and build no per-role swarm, so they cannot honour ``model.adapter=lora``.
+ONE_MODEL_ALGOS = ("monolithic",)
+
+
+@register_check
+def adapter_algo(cfg: DictConfig, registry) -> None:
+    """``model.adapter=lora`` (one adapter per role on a shared base) needs an algorithm that builds
+    the per-role swarm; ``algo=monolithic`` trains one full model and would silently ignore it."""
+    if (cfg.model.get("adapter") or "none") != "none" and cfg.algo.name in ONE_MODEL_ALGOS:
+        raise ConfigError(f"model.adapter={cfg.model.adapter} is not valid with algo={cfg.algo.name}, which trains one "
+                          f"full model; valid: model.adapter=lora with algo=mpt, or algo={cfg.algo.name} with "
+                          "model.adapter=none")

@@ -3,6 +3,7 @@ role's training, PEFT round trips, the mixed-adapter batch against per-agent cal
 recipes, FLOPs with a frozen base, export, and every bad input."""
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -82,35 +83,62 @@ def test_save_and_load_round_trip_through_peft_and_build_swarm(registry, tmp_pat
 
 
 def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
-    from swarm_runtime.policy.adapters import MixedBatch
+    import swarm_runtime.policy.adapters as adapters
+    from swarm_runtime.policy.adapters import GroupedLoRA, MixedBatch
 
     _, _, policies = _swarm(registry)
-    roles = ["Logger", "Miner", "Smith", "Miner", "Logger", "Smith"]
+    roles = ["Logger", "Miner", "Smith", "Miner", "Logger", "Smith"]  # interleaved, as the episode loop sends them
     rows = [policies[r] for r in roles]
     prompts = [PROMPTS[r] if i < 3 else PROMPTS[roles[(i + 1) % 3]] for i, r in enumerate(roles)]
     resp = [rows[0].action_target(t) for t in ("chop tree", "mine stone", "craft stick", "craft planks",
                                                "mine stone", "chop tree")]
-    lead = rows[0]
+    lead, batch = rows[0], MixedBatch(rows)
+    order = batch.order
+    assert [roles[i] for i in order] == ["Logger", "Logger", "Miner", "Miner", "Smith", "Smith"]
+    grouped = [rows[i].adapter for i in order]
+    entered = []
+    real_enter = GroupedLoRA.__enter__
+    monkeypatch.setattr(GroupedLoRA, "__enter__", lambda self: entered.append(len(self.spans)) or real_enter(self))
     with torch.no_grad():
+        with lead.routed(grouped):
+            mixed = lead.logprobs([prompts[i] for i in order], [resp[i] for i in order])
+            probs = lead.bid_distribution([prompts[i] for i in order])
+        assert entered == [3]  # the grouped path served it: one routing, three adapters' row spans
+        per = torch.cat([rows[i].logprobs([prompts[i]], [resp[i]]) for i in order])
+        per_probs = torch.cat([rows[i].bid_distribution([prompts[i]]) for i in order])
+        torch.testing.assert_close(mixed, per, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(probs, per_probs, atol=1e-6, rtol=1e-5)
+        monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")  # against PEFT's own adapter_names= (any row order)
+        with lead.routed(grouped):
+            torch.testing.assert_close(lead.logprobs([prompts[i] for i in order], [resp[i] for i in order]), mixed,
+                                       atol=1e-5, rtol=1e-5)
         with lead.routed([p.adapter for p in rows]):
-            mixed = lead.logprobs(prompts, resp)
-            probs = lead.bid_distribution(prompts)
-        per = torch.cat([p.logprobs([q], [r]) for p, q, r in zip(rows, prompts, resp)])
-        per_probs = torch.cat([p.bid_distribution([q]) for p, q in zip(rows, prompts)])
-    torch.testing.assert_close(mixed, per, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(probs, per_probs, atol=1e-6, rtol=1e-5)
-    import swarm_runtime.policy.adapters as adapters  # our stacked routing against PEFT's own adapter_names=
-
-    monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")
-    with torch.no_grad(), lead.routed([p.adapter for p in rows]):
-        torch.testing.assert_close(lead.logprobs(prompts, resp), mixed, atol=1e-5, rtol=1e-5)
-    monkeypatch.setattr(adapters, "MIXED_IMPL", "stacked")
-    assert not torch.allclose(per[1], per[2])  # the rows really went through different adapters
+            torch.testing.assert_close(lead.bid_distribution(prompts), per_probs[torch.tensor(order).argsort()],
+                                       atol=1e-6, rtol=1e-5)
+        monkeypatch.setattr(adapters, "MIXED_IMPL", "grouped")
+    assert not torch.allclose(per[2], per[4])  # the rows really went through different adapters
+    with lead.routed(grouped):  # with a gradient: the same scores, and each adapter gets its rows' gradient
+        scored = lead.logprobs([prompts[i] for i in order], [resp[i] for i in order])
+    torch.testing.assert_close(scored.detach(), mixed, atol=1e-5, rtol=1e-5)
+    scored.sum().backward()
+    assert entered[-1] == 3 and all(w.grad is not None and bool(w.grad.abs().sum() > 0)
+                                    for p in set(rows) for w in p.parameters())
+    for p in set(rows):
+        for w in p.parameters():
+            w.grad = None
+    assert lead._grouped is None and all(type(m).forward is m.forward.__func__ for m in lead.shared_base.lora_layers)
     for p in rows:
         p.temperature = 0.0
-    greedy_mixed = MixedBatch(rows).act(prompts)
+    entered.clear()
+    greedy_mixed = batch.act(prompts)  # one routed call for all decode steps, results in the callers' order
+    assert entered == [3]
     greedy_per = [p.act([q])[0] for p, q in zip(rows, prompts)]
     assert [r.tokens for r in greedy_mixed] == [r.tokens for r in greedy_per]
+    for p in rows:
+        p.temperature = 1.0
+    keys = [(7, 0, i, 1) for i in range(len(rows))]  # keyed noise: a row's draw depends on its key, not on the batch
+    assert [r.tokens for r in batch.act(prompts, keys=keys)] == [p.act([q], keys=[k])[0].tokens
+                                                                 for p, q, k in zip(rows, prompts, keys)]
 
 
 def test_the_episode_loop_makes_one_bid_call_per_turn_for_all_roles(registry, monkeypatch):
@@ -173,6 +201,28 @@ def test_every_recipe_fits_its_gpu_by_the_memory_plan(registry, recipe):
     assert not make_plan(full, 3, 3).fits  # three full 4-8B copies with optimizer states do not fit
 
 
+def test_recipes_ship_in_the_package_and_load_by_name_from_anywhere(tmp_path, monkeypatch):
+    import fnmatch
+    from importlib.resources import files
+
+    from swarm_runtime.cli import expand_recipe, recipe_names
+
+    shipped = sorted(f.name for f in files("swarm_runtime").joinpath("recipes").iterdir() if f.name.endswith(".yaml"))
+    assert shipped and shipped == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))  # one source of truth
+    assert (ROOT / "configs").resolve() == (ROOT / "swarm_runtime" / "recipes").resolve()
+    globs = json.loads(re.search(r"^swarm_runtime = (\[.*?\])", (ROOT / "pyproject.toml").read_text(), re.M).group(1))
+    assert all(any(fnmatch.fnmatch(f"recipes/{n}", g) for g in globs) for n in shipped)  # package data: in the wheel
+    by_path = expand_recipe([f"recipe={ROOT / 'configs' / shipped[0]}", "algo.lr=1e-6"])
+    monkeypatch.chdir(tmp_path)  # no configs/ here: found in the installed package
+    name = shipped[0][:-5]
+    assert name in recipe_names()
+    for given in (name, f"{name}.yaml", f"configs/{name}.yaml"):
+        assert expand_recipe([f"recipe={given}", "algo.lr=1e-6"]) == by_path
+    own = tmp_path / "mine.yaml"
+    own.write_text("domain: vln_ce\nalgo.lr: 0.5\n")
+    assert expand_recipe([f"recipe={own}"]) == ["domain=vln_ce", "algo.lr=0.5"]
+
+
 def _main(capsys, *argv) -> tuple[int, str]:
     from swarm_runtime.cli import main
 
@@ -187,7 +237,9 @@ def _main(capsys, *argv) -> tuple[int, str]:
     (("model.adapter=qlora",), "valid: none, lora"),
     (("model.adapter=lora", "model.lora.target_modules=[q_proj,qkv_proj]"), "'qkv_proj', which the base model lacks"),
     (("hardware=h200",), "use hardware=cpu"),
-    (("recipe=configs/nope.yaml",), "recipes here"),
+    (("recipe=configs/nope.yaml",), "shipped recipes: minecraft-qwen3-4b-rtx_pro_6000, "),
+    (("model.adapter=lora", "algo=monolithic"), "valid: model.adapter=lora with algo=mpt, or algo=monolithic with "
+                                                "model.adapter=none"),
     (("hardware.attention=flash",), "valid: sdpa, flash_attention_2, eager"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(capsys, tmp_path, args, needle):
@@ -262,6 +314,13 @@ def test_the_gpu_script_exits_cleanly_without_cuda():
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py")], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0 and "no CUDA device" in res.stdout and "skipped" in res.stdout
+    # its steps (SFT of every adapter, a mixed-batch rollout turn, a REINFORCE step per agent) on the CPU, tiny shape
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py"), "--cpu-tiny", "--agents", "3",
+                          "--envs", "2", "--prompt", "16"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout
+    assert "3 adapter agents" in out and "mixed bid batch of 6 rows" in out and "REINFORCE step per agent" in out
+    assert "peak RSS of the process" in out and "the memory plan's estimate" in out
 
 
 @pytest.mark.gpu
@@ -291,3 +350,45 @@ def test_mixed_adapter_batch_generates_bids_as_per_agent_calls(registry):
     assert [(b.text, b.level, b.parsed) for b in mixed] == [(b.text, b.level, b.parsed) for b in per]
     levels = set(rows[0].bid_levels)
     assert all(b.level in levels and (b.parsed or b.level == 0.0) for b in mixed)
+
+
+def test_grouped_mixed_batch_on_a_bf16_base_adds_like_the_training_path(registry, monkeypatch):
+    """fp32 adapters on a bf16 base: the grouped batch adds each LoRA term in fp32 and rounds once,
+    as PEFT's single-adapter forward (the one training scores with) does."""
+    import swarm_runtime.policy.adapters as adapters
+    from swarm_runtime.policy.adapters import MixedBatch
+
+    _, _, policies = _swarm(registry, "hardware.dtype=bfloat16")
+    lead = policies["Logger"]
+    assert lead.shared_base.lora_layers[0].base_layer.weight.dtype == torch.bfloat16
+    assert lead.shared_base.lora_layers[0].lora_A["Logger"].weight.dtype == torch.float32  # PEFT's fp32 adapters
+    rows = [policies[r] for r in ("Logger", "Miner", "Smith", "Miner")]
+    prompts = [PROMPTS[r] for r in ("Logger", "Miner", "Smith", "Smith")]
+    order = MixedBatch(rows).order
+    with torch.no_grad():
+        with lead.routed([rows[i].adapter for i in order]):
+            grouped = lead.bid_distribution([prompts[i] for i in order])
+        monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")  # PEFT's own single-adapter forward, row by row
+        single = torch.cat([rows[i].bid_distribution([prompts[i]]) for i in order])
+    assert torch.equal(grouped, single)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_adam_state_steps_exactly_as_the_lazy_one(dtype):
+    from swarm_runtime.train.optim import clip_and_step, make_optimizer
+
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(dtype)
+    b = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(dtype)
+    b.load_state_dict(a.state_dict())
+    lazy, eager = make_optimizer(a.parameters(), 1e-2, 0.01, 5), make_optimizer(b.parameters(), 1e-2, 0.01, 5, eager_state=True)
+    assert not lazy[0].state and len(eager[0].state) == 4  # eager: moments before any step
+    for step in range(3):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step)).to(dtype)
+        for m, (opt, sched) in ((a, lazy), (b, eager)):
+            m(x).float().square().mean().backward()
+            clip_and_step(list(m.parameters()), opt, sched, 1.0)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    sa, sb = lazy[0].state_dict()["state"], eager[0].state_dict()["state"]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k][n], sb[k][n]) and sa[k][n].dtype == sb[k][n].dtype
+                                          for k in sa for n in sa[k])

@@ -7,9 +7,10 @@ replicas of a role share its adapter). Each role's :class:`AdapterPolicy` is a
 and nothing else), and whose ``save`` writes the adapter in PEFT format beside a pointer to the base.
 
 One forward pass per turn: the episode loop hands the bid (or action) rows of every role sharing a
-base to :class:`MixedBatch`, which runs them in one batch with PEFT's mixed-adapter forward
-(``adapter_names=``, one name per row); each row is then sampled with its own policy's generator
-(or its keyed noise), as a per-role call would.
+base to :class:`MixedBatch`, which groups them by adapter and runs them in one batch through
+:class:`GroupedLoRA` (the base once over all rows, each adapter's LoRA on its own contiguous rows; PEFT's
+``adapter_names=`` mixed batch is the reference it is tested against); each row is then sampled with
+its own policy's generator (or its keyed noise), as a per-role call would.
 
 Where the base comes from: ``model.path`` (any local Hugging Face causal LM, frozen); or, with no
 path (the CPU default), the tiny model built from the config, which the cold start first fine-tunes
@@ -124,6 +125,8 @@ class SharedBase:
         base_params = [p for n, p in model.named_parameters() if "lora_" not in n]
         self.n_base = sum(p.numel() for p in base_params)
         self._base_params = base_params
+        #: the PEFT LoRA layers, found once (a walk over all modules costs more than a tiny model's forward pass)
+        self.lora_layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
         self._saved: dict[str, str] = {}  #: base folder written -> its fingerprint
 
     @property
@@ -191,6 +194,7 @@ class AdapterPolicy(TransformersPolicy):
         super().__init__(shared.model, shared.tok, **kw)
         self.shared_base, self.adapter = shared, adapter
         self.route: list[str] | None = None  #: per-row adapter names of a mixed batch in progress
+        self._grouped: GroupedLoRA | None = None  #: its routed layers (:meth:`routed`)
         self._params = shared.adapter_params(adapter)
         self.n_frozen = shared.n_base
         self.n_params = shared.n_base + sum(p.numel() for p in self._params)
@@ -200,23 +204,37 @@ class AdapterPolicy(TransformersPolicy):
         self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
     def _forward(self, **kw):
+        if self._grouped is not None:  # a mixed batch in progress: the layers are routed (GroupedLoRA)
+            return self.model(**kw)
         if self.route is not None:
-            if MIXED_IMPL == "stacked" and not self.model.training:
-                stacked = StackedLoRA.build(self.model, self.route)
-                if stacked is not None:
-                    with stacked:
-                        return self.model(**kw)
             return self.model(**kw, adapter_names=self.route)
+        if MIXED_IMPL == "grouped" and not self.model.training and not torch.is_grad_enabled():
+            # sampling and scoring without a gradient, one adapter for every row: the same products,
+            # without PEFT's set_adapter (a walk over all modules on every switch of adapter)
+            alone = GroupedLoRA.build(self.shared_base.lora_layers, [(self.adapter, 0, None)])
+            if alone is not None:
+                with alone:
+                    return self.model(**kw)
         self.shared_base.activate(self.adapter)
         return self.model(**kw)
 
     @contextmanager
     def routed(self, names: list[str]):
-        self.route = names
+        """Route the rows of the forward passes inside to the adapters ``names`` (one per row); the
+        routing is built once here and serves every decode step of the call."""
+        self.route = list(names)
+        grouped = None
+        if MIXED_IMPL == "grouped" and not self.model.training:
+            grouped = GroupedLoRA.build(self.shared_base.lora_layers, spans_of(self.route))
         try:
-            yield self
+            if grouped is None:
+                yield self
+            else:
+                with grouped:
+                    self._grouped = grouped
+                    yield self
         finally:
-            self.route = None
+            self.route, self._grouped = None, None
 
     def parameters(self):
         return iter(self._params)
@@ -245,58 +263,78 @@ class AdapterPolicy(TransformersPolicy):
              "adapter": self.adapter}, indent=1))
 
 
-#: How a mixed-adapter batch routes rows: ``stacked`` (:class:`StackedLoRA`) or ``peft`` (PEFT's
-#: ``adapter_names=``, which loops over the adapters of every layer in Python; the reference it is tested against).
-MIXED_IMPL = "stacked"
+#: How a mixed-adapter batch routes rows: ``grouped`` (:class:`GroupedLoRA`) or ``peft`` (PEFT's
+#: ``adapter_names=``, which rebuilds each adapter's row list and gathers/scatters it in every layer at every
+#: decode step; the reference it is tested against).
+MIXED_IMPL = "grouped"
 
 
-class StackedLoRA:
-    """Mixed-adapter LoRA forward by gathered batched matmuls: in every LoRA linear layer, row ``b``
-    adds ``scale_b * x_b A_b^T B_b^T`` with ``A_b, B_b`` its adapter's weights gathered into one
-    ``[rows, r, in]`` / ``[rows, out, r]`` stack, so the cost is two ``bmm`` per layer whatever the
-    number of adapters (PEFT's ``adapter_names`` path runs a slice, two linears and a scatter per
-    adapter per layer). Eval mode only (no dropout); used as a context manager around one forward."""
+def spans_of(names: Sequence[str]) -> list[tuple[str, int, int | None]] | None:
+    """``[(adapter, start, end)]`` when each adapter's rows are one contiguous run, else None."""
+    spans: list[tuple[str, int, int]] = []
+    for i, n in enumerate(names):
+        if spans and spans[-1][0] == n:
+            spans[-1] = (n, spans[-1][1], i + 1)
+        elif any(s[0] == n for s in spans):
+            return None
+        else:
+            spans.append((n, i, i + 1))
+    return spans
 
-    def __init__(self, layers: list, index: torch.Tensor):
-        self.layers, self.index = layers, index
+
+class GroupedLoRA:
+    """Mixed-adapter LoRA forward over rows grouped by adapter (:class:`MixedBatch` sorts its rows so
+    that each adapter's rows are contiguous). In every LoRA linear layer the base runs once over the
+    whole batch, and each adapter present adds ``scale * B(A(x))`` to its own slice of rows in place:
+    the same products PEFT computes for one active adapter, on that adapter's rows only, with no
+    per-row weight stacks, no gathers and no scatters. Built once per routed call (the spans and
+    weights are reused by every decode step); eval mode only (no dropout); a context manager that
+    patches the LoRA layers' ``forward`` and restores them on exit."""
+
+    def __init__(self, layers: list, spans: list[tuple[str, int, int | None]]):
+        self.layers, self.spans = layers, spans
 
     @classmethod
-    def build(cls, model, names: list[str]) -> "StackedLoRA | None":
-        """None when some layer lacks an adapter, ranks differ, or an adapter is merged: PEFT's path then."""
+    def build(cls, layers: Sequence, spans: list[tuple[str, int, int | None]] | None) -> "GroupedLoRA | None":
+        """``spans``: ``[(adapter, first row, end row)]`` (:func:`spans_of`; ``[(adapter, 0, None)]``:
+        every row). None when the rows are not grouped by adapter (``spans`` None), some layer lacks
+        an adapter, a layer has a LoRA variant (DoRA...), or an adapter is merged: PEFT's path then."""
         from peft.tuners.lora import Linear as LoraLinear
 
-        unique = list(dict.fromkeys(names))
-        layers = []
-        for m in model.modules():
-            if not isinstance(m, LoraLinear):
-                continue
-            if getattr(m, "merged", False) or any(n not in m.lora_A for n in unique):
-                return None
-            A = [m.lora_A[n].weight for n in unique]
-            B = [m.lora_B[n].weight for n in unique]
-            if len({a.shape for a in A}) != 1:
-                return None
-            scale = torch.tensor([float(m.scaling[n]) for n in unique], dtype=A[0].dtype, device=A[0].device)
-            layers.append((m, torch.stack(A), torch.stack(B), scale))
-        if not layers:
+        if spans is None:
             return None
-        index = torch.tensor([unique.index(n) for n in names], device=layers[0][1].device)
-        return cls(layers, index)
+        routed = []
+        for m in layers:
+            if not isinstance(m, LoraLinear):
+                return None
+            if getattr(m, "merged", False) or any(n not in m.lora_A or n in m.lora_variant for n, _, _ in spans):
+                return None
+            routed.append((m, [(s, e, m.lora_A[n].weight, m.lora_B[n].weight, float(m.scaling[n])) for n, s, e in spans]))
+        return cls(routed, spans) if routed else None
 
     def __enter__(self):
-        idx = self.index
-        for m, A, B, scale in self.layers:
-            def forward(x, *args, _m=m, _A=A, _B=B, _s=scale, **kwargs):
+        for m, parts in self.layers:
+            def forward(x, *args, _m=m, _parts=parts, **kwargs):
                 out = _m.base_layer(x, *args, **kwargs)
-                # gathered here, layer by layer: the per-row stacks live only during this layer's call
-                h = torch.bmm(x.to(_A.dtype), _A[idx].transpose(1, 2))
-                d = torch.bmm(h, _B[idx].transpose(1, 2)) * _s[idx][:, None, None]
-                return out + d.to(out.dtype)
+                if torch.is_grad_enabled():  # scored for a gradient: out of place, so autograd sees it
+                    parts = []
+                    for s, e, A, B, scale in _parts:
+                        r = out[s:e] + F.linear(F.linear(x[s:e].to(A.dtype), A), B) * scale
+                        parts.append(r.to(out.dtype))
+                    return parts[0] if len(parts) == 1 else torch.cat(parts)
+                for s, e, A, B, scale in _parts:
+                    xs = x[s:e] if x.dtype == A.dtype else x[s:e].to(A.dtype)
+                    d = F.linear(F.linear(xs, A), B) * scale
+                    if d.dtype == out.dtype:
+                        out[s:e] += d
+                    else:  # fp32 adapters on a bf16 base: add in fp32, round once (as PEFT does)
+                        out[s:e] = out[s:e] + d
+                return out
             m.forward = forward
         return self
 
     def __exit__(self, *exc):
-        for m, *_ in self.layers:
+        for m, _ in self.layers:
             del m.forward
         return False
 
@@ -316,14 +354,28 @@ class BasePolicy(AdapterPolicy):
 
 
 class MixedBatch:
-    """Rows of several adapter policies on one base, run as one batch (``adapter_names=``): the
-    ``bid``/``act`` of the episode loop for a group of rows that span several roles."""
+    """Rows of several adapter policies on one base, run as one batch: the ``bid``/``act`` of the
+    episode loop for a group of rows that span several roles. The rows are run grouped by adapter
+    (a stable sort: each adapter's rows keep their order) through :class:`GroupedLoRA`, and the
+    results are put back in the callers' order."""
 
     def __init__(self, rows: list[AdapterPolicy]):
         self.rows, self.lead = rows, rows[0]
         self.names = [p.adapter for p in rows]
+        first: dict[str, int] = {}
+        for n in self.names:
+            first.setdefault(n, len(first))
+        self._first = first
+        #: the rows' order grouped by adapter (identity when they already are)
+        self.order = sorted(range(len(rows)), key=lambda i: first[self.names[i]])
 
-    def _pick_rows(self, probs_fn):
+    def _ready(self) -> AdapterPolicy:
+        lead = self.lead
+        if lead.model.training:
+            lead.eval()
+        return lead
+
+    def _pick_rows(self, rows: list[AdapterPolicy]):
         """A sampler for :meth:`TransformersPolicy._sample`: each row drawn from its own policy's generator."""
         lead = self.lead
 
@@ -331,13 +383,14 @@ class MixedBatch:
             if lead.temperature <= 0 or keys is not None:
                 return lead._pick(logits, keys)
             probs = F.softmax(logits.float() / lead.temperature, dim=-1)
-            return self._draw(probs)
+            return self._draw(probs, rows)
         return pick
 
-    def _draw(self, probs: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(len(self.rows), dtype=torch.long)
+    @staticmethod
+    def _draw(probs: torch.Tensor, rows: list[AdapterPolicy]) -> torch.Tensor:
+        out = torch.empty(len(rows), dtype=torch.long)
         groups: dict[int, tuple[AdapterPolicy, list[int]]] = {}
-        for i, p in enumerate(self.rows):
+        for i, p in enumerate(rows):
             groups.setdefault(id(p), (p, []))[1].append(i)
         for p, idx in groups.values():
             out[idx] = torch.multinomial(probs[idx].cpu(), 1, generator=p.gen).squeeze(1)
@@ -355,25 +408,34 @@ class MixedBatch:
                 out[i] = r
         return out
 
+    def _generate(self, prompts: list[str], keys, max_new: int, ban) -> list[list[int]]:
+        """Sampled responses of every row in one routed call (rows grouped by adapter, results in
+        the callers' order)."""
+        lead, order = self._ready(), self.order
+        rows = [self.rows[i] for i in order]
+        with lead.routed([p.adapter for p in rows]):
+            outs = lead._sample([lead.encode_prompt(prompts[i]) for i in order], max_new, ban,
+                                None if keys is None else [keys[i] for i in order], None, pick=self._pick_rows(rows))
+        back: list[list[int]] = [[] for _ in prompts]
+        for j, i in enumerate(order):
+            back[i] = outs[j]
+        return back
+
     def act(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Response]:
         if not prompts:
             return []
-        lead = self.lead
         if any(p.action_trie is not None for p in self.rows):
             return self._per_policy("act", prompts, keys)
-        lead.eval()
-        with lead.routed(self.names):
-            outs = lead._sample([lead.encode_prompt(p) for p in prompts], lead.max_action_tokens, lead._action_ban,
-                                keys, None, pick=self._pick_rows(None))
-        return [Response(lead.decode(o), o) for o in outs]
+        lead = self.lead
+        return [Response(lead.decode(o), o) for o in self._generate(prompts, keys, lead.max_action_tokens, lead._action_ban)]
 
     def bid(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Bid]:
         if not prompts:
             return []
-        lead = self.lead
-        lead.eval()
+        lead = self._ready()
         if lead.bid_mode == "logits":
-            distinct = list(dict.fromkeys(zip(self.names, prompts)))
+            # each distinct (adapter, prompt) scored once, grouped by adapter
+            distinct = sorted(dict.fromkeys(zip(self.names, prompts)), key=lambda k: self._first[k[0]])
             row = {k: i for i, k in enumerate(distinct)}
             with lead.routed([n for n, _ in distinct]):
                 probs = lead.bid_distribution([p for _, p in distinct])
@@ -383,12 +445,9 @@ class MixedBatch:
             elif keys is not None:
                 idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
             else:
-                idx = self._draw(probs).tolist()
+                idx = self._draw(probs, self.rows).tolist()
             return [Bid(bid_token(lead.bid_levels[j]), [lead.bid_ids[j]], level=lead.bid_levels[j]) for j in idx]
-        with lead.routed(self.names):
-            outs = lead._sample([lead.encode_prompt(p) for p in prompts], lead.max_bid_tokens, None, keys,
-                                pick=self._pick_rows(None))
-        return lead.parse_bids(outs)
+        return lead.parse_bids(self._generate(prompts, keys, lead.max_bid_tokens, None))
 
 
 def lora_config(opts):

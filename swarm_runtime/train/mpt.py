@@ -67,8 +67,11 @@ class MPTTrainer(PhasedTrainer):
         steps = {"action": int(a.iterations) * int(a.action_steps) // cycle + 1,
                  "bid": int(a.iterations) * int(a.bid_steps) // cycle + 1}
         lrs = {"action": float(a.lr), "bid": float(a.bid_lr if a.get("bid_lr") is not None else a.lr)}
+        # adapters: every role's moments allocated now, together (same numbers; less heap growth: optim.init_adam_state)
+        eager = (self.cfg.model.get("adapter") or "none") == "lora"
         return {kind: {role: make_optimizer(p.parameters(), lrs[kind], float(a.weight_decay), n,
-                                            int(a.warmup_steps), float(a.min_lr_ratio), float(a.adam_eps))
+                                            int(a.warmup_steps), float(a.min_lr_ratio), float(a.adam_eps),
+                                            eager_state=eager)
                        for role, p in policies.items()} for kind, n in steps.items()}
 
     def _setup(self):
