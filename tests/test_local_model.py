@@ -36,3 +36,17 @@ def test_a_local_bpe_checkpoint_trains_and_evaluates(local_checkpoint, tmp_path)
     res = swarm("eval", str(run), "eval.runs=1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "reward" in res.stdout
+
+
+def test_constrained_actions_on_a_tokenizer_whose_pad_is_its_eos(local_checkpoint):
+    """A local tokenizer without a pad token gets pad = EOS (``load_pretrained``); EOS still ends an
+    action choice, so constraining to the listed choices must not refuse every choice."""
+    from swarm_runtime.policy.transformers_backend import TransformersPolicy, load_pretrained
+
+    model, tok = load_pretrained(local_checkpoint, [0.0, 0.5, 1.0])
+    assert tok.pad_token_id == tok.eos_token_id
+    policy = TransformersPolicy(model, tok, [0.0, 0.5, 1.0], bid_mode="generate", max_action_tokens=12)
+    choices = ["chop tree", "craft planks", "mine stone"]
+    policy.constrain_actions(choices)
+    acts = policy.act(["Logger: what next?"] * 4)
+    assert all(a.text in choices for a in acts), [a.text for a in acts]

@@ -137,7 +137,8 @@ class TransformersPolicy:
         tokenizer cannot spell or one longer than ``max_action_tokens``."""
         texts = list(dict.fromkeys(str(t) for t in texts))
         seqs = [self.action_target(t) for t in texts]
-        invalid = {self.tok.unk_token_id, self.pad, self.bos, *self.bid_ids} - {None}
+        # EOS ends every choice, even where it doubles as the pad token (a local tokenizer without one)
+        invalid = {self.tok.unk_token_id, self.pad, self.bos, *self.bid_ids} - {None, self.eos}
         trie = ActionTrie(texts, seqs, self.model.get_input_embeddings().weight.shape[0], self.eos, sorted(invalid))
         if trie.longest > self.max_action_tokens:
             longest = max(zip(seqs, texts), key=lambda st: len(st[0]))[1]
