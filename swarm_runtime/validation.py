@@ -367,13 +367,13 @@ def eval_split(cfg: DictConfig, registry) -> None:
 
 
 #: Algorithms that train one model and build no per-role swarm, so they cannot honour ``model.adapter=lora``.
-ONE_MODEL_ALGOS = ("monolithic",)
+ONE_MODEL_ALGOS = ("monolithic", "rlcr")  # one full model (RLCR: one policy shared by every agent)
 
 
 @register_check
 def adapter_algo(cfg: DictConfig, registry) -> None:
     """``model.adapter=lora`` (one adapter per role on a shared base) needs an algorithm that builds
-    the per-role swarm; ``algo=monolithic`` trains one full model and would silently ignore it."""
+    the per-role swarm; ``algo=monolithic`` and ``algo=rlcr`` train one full model and would silently ignore it."""
     if (cfg.model.get("adapter") or "none") != "none" and cfg.algo.name in ONE_MODEL_ALGOS:
         raise ConfigError(f"model.adapter={cfg.model.adapter} is not valid with algo={cfg.algo.name}, which trains one "
                           f"full model; valid: model.adapter=lora with algo=mpt, or algo={cfg.algo.name} with "

@@ -240,6 +240,7 @@ def _main(capsys, *argv) -> tuple[int, str]:
     (("recipe=configs/nope.yaml",), "shipped recipes: minecraft-qwen3-4b-rtx_pro_6000, "),
     (("model.adapter=lora", "algo=monolithic"), "valid: model.adapter=lora with algo=mpt, or algo=monolithic with "
                                                 "model.adapter=none"),
+    (("model.adapter=lora", "algo=rlcr"), "model.adapter=lora is not valid with algo=rlcr, which trains one full model"),
     (("hardware.attention=flash",), "valid: sdpa, flash_attention_2, eager"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(capsys, tmp_path, args, needle):
