@@ -376,15 +376,21 @@ def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
         load_corpus(tmp_path / "c.parquet")
 
 
-def test_local_task_runs_on_jsonl_files(domain, tmp_path):
-    rows = [{"docid": str(i), "url": f"https://x.org/{i}", "text": f"---\ntitle: Page {i}\n---\nThe capital of land{i} "
-             f"is city{i}.\nSee [next](https://x.org/{(i + 1) % 60})."} for i in range(60)]
-    qs = [{"qid": f"q{i}", "question": f"What is the capital of land{i}?", "answer": f"city{i}"} for i in range(60)]
+
+def _local_task(domain, tmp_path, rows, qs):
+    """``task=local`` over ``rows`` (corpus) and ``qs`` (questions) written as JSONL, 10 eval questions."""
     cfg = domain.task_config("local")
     cfg.corpus_path = str(_write_jsonl(tmp_path / "c.jsonl", rows))
     cfg.questions_path = str(_write_jsonl(tmp_path / "q.jsonl", qs))
     cfg.search.cache_dir = str(tmp_path / "cache")
     cfg.eval_questions = 10
+    return cfg
+
+def test_local_task_runs_on_jsonl_files(domain, tmp_path):
+    rows = [{"docid": str(i), "url": f"https://x.org/{i}", "text": f"---\ntitle: Page {i}\n---\nThe capital of land{i} "
+             f"is city{i}.\nSee [next](https://x.org/{(i + 1) % 60})."} for i in range(60)]
+    qs = [{"qid": f"q{i}", "question": f"What is the capital of land{i}?", "answer": f"city{i}"} for i in range(60)]
+    cfg = _local_task(domain, tmp_path, rows, qs)
     env = domain.make_env(cfg)
     obs = env.reset(1_000_000)
     assert "question : What is the capital of land" in obs and env.expert_action() is None
@@ -593,11 +599,7 @@ def test_dev_split_is_disjoint_and_leaves_train_eval_and_corpus_unchanged(domain
 def test_local_dev_split_comes_out_of_the_training_questions(domain, tmp_path):
     rows = [{"docid": str(i), "url": f"https://x.org/{i}", "text": f"The capital of land{i} is city{i}."} for i in range(40)]
     qs = [{"qid": f"q{i}", "question": f"What is the capital of land{i}?", "answer": f"city{i}"} for i in range(40)]
-    cfg = domain.task_config("local")
-    cfg.corpus_path = str(_write_jsonl(tmp_path / "c.jsonl", rows))
-    cfg.questions_path = str(_write_jsonl(tmp_path / "q.jsonl", qs))
-    cfg.search.cache_dir = str(tmp_path / "cache")
-    cfg.eval_questions = 10
+    cfg = _local_task(domain, tmp_path, rows, qs)
     plain = domain.make_env(cfg).world
     cfg.dev_seeds = {"start": 2_000_000, "count": 5}
     world = domain.make_env(cfg).world
