@@ -22,7 +22,9 @@ def _row(label: str, s: dict, equal_flops: float | None = None) -> dict:
     row["RL updates"] = s["iterations"]
     if equal_flops is not None:
         r = reward_at(s["curve"], equal_flops)
-        row[f"rollout reward at {equal_flops:.3g} FLOPs"] = None if r is None else float(r)
+        # one column name whatever the budget, so that tables over training seeds line the seeds up
+        row["equal FLOPs"] = f"{equal_flops:.3g}"
+        row["rollout reward at equal FLOPs"] = None if r is None else float(r)
     return row
 
 
