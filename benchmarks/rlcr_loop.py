@@ -48,7 +48,7 @@ class CountingDecider:
 
     def __init__(self, policy, clock=time.perf_counter):
         self.policy, self.inner, self.clock = policy, policy_decider(policy), clock
-        self.calls, self.rows, self.prompt_tokens, self.model_s = 0, 0, 0, 0.0
+        self.calls, self.rows, self.prompt_tokens, self.padded, self.model_s = 0, 0, 0, 0, 0.0
 
     def __call__(self, requests):
         self.calls += 1
@@ -56,7 +56,9 @@ class CountingDecider:
         t0 = self.clock()
         out = self.inner(requests)
         self.model_s += self.clock() - t0
-        self.prompt_tokens += sum(len(self.policy.encode_prompt(r.prompt)) for r in requests)  # cached: no cost
+        lens = [len(self.policy.encode_prompt(r.prompt)) for r in requests]  # cached: no cost
+        self.prompt_tokens += sum(lens)
+        self.padded += len(lens) * max(lens)  # what the prefill runs: every row left-padded to the longest
         return out
 
 
@@ -115,7 +117,7 @@ def main() -> None:
     clock, unit = (time.process_time, "CPU s") if args.clock == "cpu" else (time.perf_counter, "s")
 
     def turn_based():
-        calls = {"n": 0, "rows": 0, "tokens": 0, "s": 0.0}
+        calls = {"n": 0, "rows": 0, "tokens": 0, "padded": 0, "s": 0.0}
         act = policy.act
 
         def counted_act(prompts, *a, **kw):
@@ -124,7 +126,9 @@ def main() -> None:
             t = clock()
             out = act(prompts, *a, **kw)
             calls["s"] += clock() - t
-            calls["tokens"] += sum(len(policy.encode_prompt(p)) for p in prompts)
+            lens = [len(policy.encode_prompt(p)) for p in prompts]
+            calls["tokens"] += sum(lens)
+            calls["padded"] += len(lens) * max(lens)
             return out
 
         policy.act = counted_act
@@ -139,7 +143,7 @@ def main() -> None:
                     f"{{rate:.1f}} actions/{unit} (mean batch per model call {calls['rows'] / calls['n']:.1f} over "
                     f"{calls['n']} calls; {100 * calls['s'] / dt:.0f}% of the time in model calls, "
                     f"{1000 * calls['s'] / calls['n']:.1f} ms per call; mean prompt "
-                    f"{calls['tokens'] / calls['rows']:.1f} tokens)"), n
+                    f"{calls['tokens'] / calls['rows']:.1f} tokens)"), n, (calls["n"], calls["padded"])
 
     def concurrent(tick, k, envs):
         opts = loop_options(cfg, float("inf"), agents=k)
@@ -157,9 +161,9 @@ def main() -> None:
                     f"{dec.calls} calls{bound}; {100 * dec.model_s / dt:.0f}% of the time in model calls, "
                     f"{1000 * dec.model_s / dec.calls:.1f} ms per call; mean prompt "
                     f"{dec.prompt_tokens / dec.rows:.1f} tokens; mean simulated minutes "
-                    f"{sum(r.duration for r in rs) / len(rs) / 60:.1f})"), n
+                    f"{sum(r.duration for r in rs) / len(rs) / 60:.1f})"), n, (dec.calls, dec.padded)
 
-    best: dict = {}  # key -> (fastest seconds, its line, actions)
+    best: dict = {}  # key -> (fastest seconds, its line, actions, (model calls, padded prompt tokens))
     with torch.no_grad():
         for _ in range(max(1, args.repeats)):
             for key in ["turn", *runs]:
@@ -167,7 +171,7 @@ def main() -> None:
                 if key not in best or res[0] < best[key][0]:
                     best[key] = res
     rates = {}
-    for key, (dt, line, n) in best.items():
+    for key, (dt, line, n, _) in best.items():
         rates[key] = n / dt
         print(line.format(dt=dt, rate=rates[key]))
     print(f"(times are {'this process' + chr(39) + 's CPU seconds' if args.clock == 'cpu' else 'wall-clock seconds'}"
@@ -176,6 +180,14 @@ def main() -> None:
     for tick, k, envs in runs[:len(args.ticks) * len(args.agents)]:
         print(f"per action, turn-based / concurrent with {k} agents, tick {tick:g}s: "
               f"{rates['turn'] / rates[(tick, k, envs)]:.2f}x (target <= 1.5x)")
+    # Where a ratio comes from: the prefill's work per action (prompt tokens the model runs, rows padded to
+    # the longest of their call) and the model calls per action (each call pays the decode steps' fixed cost).
+    (_, _, n_turn, (c_turn, p_turn)) = best["turn"]
+    for tick, k, envs in runs[:len(args.ticks) * len(args.agents)]:
+        _, _, n_c, (c_c, p_c) = best[(tick, k, envs)]
+        print(f"  where it comes from, {k} agents, tick {tick:g}s: prefill tokens per action {p_c / n_c:.1f} vs "
+              f"{p_turn / n_turn:.1f} ({(p_c / n_c) / (p_turn / n_turn):.2f}x), model calls per action "
+              f"{c_c / n_c:.3f} vs {c_turn / n_turn:.3f} ({(c_c / n_c) / (c_turn / n_turn):.1f}x)")
     for tick, k, envs in runs[len(args.ticks) * len(args.agents):]:
         print(f"per action, turn-based ({args.actors} envs) / concurrent with {k} agents, tick 0s, "
               f"{envs} rollouts in flight (the training batch, not equal actors): "
