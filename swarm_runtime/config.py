@@ -38,6 +38,8 @@ class LoRAConfig:
     dropout: float = 0.0  #: dropout on the LoRA input (0: sampling and scoring see the same function)
     target_modules: list = field(default_factory=lambda: list(LORA_TARGETS))  #: names of the base's linear
     #: layers that get an adapter (each must exist in the model; the default suits Qwen2/3 and Llama blocks)
+    lr_scale: float = 1.0  #: the adapters train at this times ``algo.sft.lr`` (each role's SFT), ``algo.lr`` and
+    #: ``algo.bid_lr``; the config-built base's own SFT keeps ``algo.sft.lr``. (> 0; the recipes set their LRs directly)
 
 
 @dataclass
@@ -369,7 +371,7 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
 FOLDER_KEYS = ("run_dir", "resume", "overwrite", "config_version")
 
 #: The current version of the config's key set (``RunConfig.config_version``).
-CONFIG_VERSION = 3
+CONFIG_VERSION = 4
 #: Keys each version added (a key ending in ``.`` stands for its whole section), with the value that reproduces
 #: the earlier versions' behaviour where it is not the default: a run folder written by an earlier version lacks
 #: them and gets these values; a file of this version that lacks a key is truncated (an error).
@@ -383,6 +385,7 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
     3: {"task.dev_seeds.": None, "task.dev_seeds": None,  # openresearcher's dev split (issue 18): an earlier
         # openresearcher run has none (task=embedded: a {start, count} section; task=local: null, opt-in)
         "task.habitat.dev_split": None},  # vln_ce sim=habitat: the split behind dev seeds (default val_seen)
+    4: {"model.lora.lr_scale": 1.0},  # adapters trained at the algorithm's learning rates
 }
 
 
@@ -622,6 +625,8 @@ def validate_adapter(cfg: DictConfig) -> None:
         raise ConfigError(f"model.lora.alpha must be > 0, got {m.lora.alpha}")
     if not 0.0 <= float(m.lora.dropout) < 1.0:
         raise ConfigError(f"model.lora.dropout must be in [0, 1), got {m.lora.dropout}")
+    if not float(m.lora.lr_scale) > 0:
+        raise ConfigError(f"model.lora.lr_scale must be > 0, got {m.lora.lr_scale}")
     targets = m.lora.target_modules
     if not targets or not all(isinstance(t, str) and t for t in targets):
         raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names (e.g. {LORA_TARGETS}), "

@@ -555,6 +555,14 @@ def policy_kwargs(model_cfg, bid_levels, flops, device) -> dict:
                 max_prompt_tokens=int(model_cfg.max_prompt_tokens), flops=flops, device=device)
 
 
+def adapter_lr_scale(cfg) -> float:
+    """The factor on the learning rates of what a role trains: ``model.lora.lr_scale`` with
+    ``model.adapter=lora``, else 1 (full copies train at the algorithm's rates)."""
+    if (cfg.model.get("adapter") or "none") != "lora":
+        return 1.0
+    return float(cfg.model.lora.get("lr_scale", 1.0))
+
+
 def sft_shared_base(policies: dict, demos: dict, run_sft, seed: int) -> dict | None:
     """The cold start's first step with a config-built base: fine-tune the base itself (adapters off)
     on the union of every role's demonstrations, then freeze it; ``run_sft(policy, examples)`` runs

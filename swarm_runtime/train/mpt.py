@@ -15,7 +15,7 @@ from swarm_runtime import checkpoint as ckpt
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.evaluate import evaluate, paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
-from swarm_runtime.policy.adapters import sft_shared_base
+from swarm_runtime.policy.adapters import adapter_lr_scale, sft_shared_base
 from swarm_runtime.run import RunContext
 from swarm_runtime.train.action import action_update, credit_samples
 from swarm_runtime.train.bid import bid_update, pick_contested, run_branches
@@ -66,7 +66,8 @@ class MPTTrainer(PhasedTrainer):
         cycle = int(a.action_steps) + int(a.bid_steps)
         steps = {"action": int(a.iterations) * int(a.action_steps) // cycle + 1,
                  "bid": int(a.iterations) * int(a.bid_steps) // cycle + 1}
-        lrs = {"action": float(a.lr), "bid": float(a.bid_lr if a.get("bid_lr") is not None else a.lr)}
+        scale = adapter_lr_scale(self.cfg)
+        lrs = {"action": float(a.lr) * scale, "bid": float(a.bid_lr if a.get("bid_lr") is not None else a.lr) * scale}
         # adapters: every role's moments allocated now, together (same numbers; less heap growth: optim.init_adam_state)
         eager = (self.cfg.model.get("adapter") or "none") == "lora"
         return {kind: {role: make_optimizer(p.parameters(), lrs[kind], float(a.weight_decay), n,
@@ -157,7 +158,8 @@ class MPTTrainer(PhasedTrainer):
                         base_m["first_loss"], base_m["loss"])
             self.writer.log(0, {f"sft/{k}_base": v for k, v in base_m.items()})
         for i, (role, policy) in enumerate(self.policies.items()):
-            m = sft(policy, demos[role], int(s.epochs), float(s.lr), int(s.batch_size), int(self.cfg.seed) + i,
+            m = sft(policy, demos[role], int(s.epochs), float(s.lr) * adapter_lr_scale(self.cfg), int(s.batch_size),
+                    int(self.cfg.seed) + i,
                     desc=f"SFT {role}", progress=bool(self.cfg.progress), action_epochs=s.action_epochs)
             if not demos[role]:
                 logger.warning("SFT {}: the expert gave this role no demonstrations; it starts untrained", role)
