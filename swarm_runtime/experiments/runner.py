@@ -15,7 +15,7 @@ from swarm_runtime.config import ConfigError, parse_overrides, resolve
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
-from swarm_runtime.provenance import versions, versions_line
+from swarm_runtime.provenance import NOT_A_CHECKOUT, commit_text, versions, versions_line
 from swarm_runtime.run import check_hardware, check_task, machine_overrides, resume_conflicts
 
 _RUN_KEYS = ("run_dir", "resume")
@@ -84,7 +84,8 @@ def resume_applies(run_dir: Path, saved_args: list[str], given: list[str], regis
         them = "it" if len(changed) == 1 else "them"
         raise ConfigError(f"resume=true reruns the arguments saved in {str(run_dir / 'experiment.json')!r}, but the "
                           "command line changes " + "; ".join(f"{k}: saved {was}, given {v}" for k, was, v in changed)
-                          + f"; drop {them} to resume the run as saved, or give a new run_dir to start a run with {them}")
+                          + f"; drop {them} to resume the run as saved, or give a new run_dir to start a run "
+                          f"with {them}")
     return [f"{k}={v}" for k, v in applied]
 
 
@@ -190,7 +191,7 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
     head = (f"# {report.title}\n\n{x.cfg.domain}/{x.cfg.task_name}; held-out ({x.cfg.eval.split} split): {len(seeds)} "
             f"seeds x {runs} runs ({over}mean ± standard error over held-out seeds), seeds {seeds[0]}..{seeds[-1]}; "
             f"{who}.\n\n"
-            f"Command: `{command}` (commit {_commit()})\n\n{versions_line()}.\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
+            f"Command: `{command}` ({commit_text()})\n\n{versions_line()}.\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
             f"was computed (this invocation: {wall_s:.0f} s{'; cells finished by an earlier invocation were loaded' if resumed else ''}).\n")
     parts = [head, table]
     for title, text in report.tables.items():
@@ -216,8 +217,8 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
 
 def _commit() -> str:
     """``git rev-parse --short HEAD`` of the code that ran (``+dirty`` with uncommitted changes to tracked
-    files; ``unknown`` outside a git checkout of this package)."""
-    return versions()["commit"] or "unknown"
+    files; ``SWARM_COMMIT`` or ``not a git checkout`` outside a git checkout of this package)."""
+    return versions()["commit"] or NOT_A_CHECKOUT
 
 
 def _rel(path: Path, root: Path) -> str:
