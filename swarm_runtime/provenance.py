@@ -8,6 +8,7 @@ code that ran; the printed footers show :func:`versions_line`.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 from functools import lru_cache
@@ -18,6 +19,10 @@ from pathlib import Path
 LIBRARIES = ("torch", "transformers", "peft")
 PACKAGE = "swarm-runtime"
 NOT_INSTALLED = "not installed"
+#: Environment variable naming the code's commit where git cannot tell (a ``git archive`` export, an sdist).
+COMMIT_ENV = "SWARM_COMMIT"
+#: What the printed outputs say, instead of a commit, for code that is not a git checkout.
+NOT_A_CHECKOUT = "not a git checkout"
 
 
 def _dist_version(name: str) -> str:
@@ -51,21 +56,32 @@ def code_commit(where: Path | None = None) -> str | None:
 @lru_cache(maxsize=1)
 def versions() -> dict[str, str | None]:
     """``python``, ``torch``, ``transformers``, ``peft`` (``"not installed"`` when absent), the
-    package's own version and ``commit`` (:func:`code_commit`; ``None`` outside a checkout)."""
+    package's own version (``swarm_runtime.__version__``: that of the code that ran, which an installed
+    distribution's metadata need not be) and ``commit``: :func:`code_commit`, else the
+    ``SWARM_COMMIT`` environment variable (set it where the code is no git checkout: a ``git archive``
+    export, an sdist), else ``None``."""
     out: dict[str, str | None] = {"python": platform.python_version()}
     out.update({name: _dist_version(name) for name in LIBRARIES})
     from swarm_runtime import __version__
 
     out[PACKAGE] = __version__
-    out["commit"] = code_commit()
+    out["commit"] = code_commit() or os.environ.get(COMMIT_ENV, "").strip() or None
     return out
 
 
+def commit_text(v: dict | None = None) -> str:
+    """The code's commit as printed: ``commit 853edf0``, or ``not a git checkout`` (the versions say
+    which release ran; ``SWARM_COMMIT`` names the commit there)."""
+    v = versions() if v is None else v
+    return f"commit {v['commit']}" if v.get("commit") else NOT_A_CHECKOUT
+
+
 def versions_line(v: dict | None = None) -> str:
-    """One short line: ``versions: python 3.12.3, torch 2.13.0, ... swarm-runtime 0.1.0 (commit 853edf0)``."""
+    """One short line: ``versions: python 3.12.3, torch 2.13.0, ... swarm-runtime 0.1.0 (commit 853edf0)``,
+    or ``... swarm-runtime 0.1.0 (not a git checkout)``."""
     v = versions() if v is None else v
     libs = ", ".join(f"{k} {v[k]}" for k in ("python", *LIBRARIES, PACKAGE) if k in v)
-    return f"versions: {libs}" + (f" (commit {v['commit']})" if v.get("commit") else "")
+    return f"versions: {libs} ({commit_text(v)})"
 
 
 def stamp(path: Path) -> bool:

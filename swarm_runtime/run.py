@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 from loguru import logger
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from swarm_runtime.config import ConfigError, load_saved, override, validate
@@ -170,29 +170,52 @@ def _apply_resume_overrides(saved: DictConfig, args, resume_from: Path) -> bool:
     return n != before
 
 
-def ignored_on_resume(saved: DictConfig, args) -> list[str]:
-    """The command line's ``key=value`` settings that differ from a resumed run's saved config and
-    that resuming does not apply (all but the machine and ``algo.iterations``; groups such as
-    ``task=`` or ``model=`` and ``run_dir=`` only pick the run), each with the saved value."""
+#: Config groups the command line picks by name (``task=wooden_pickaxe``), with the key that records the pick.
+GROUP_PICKS = {"domain": "domain", "task": "task_name", "model": "model.name", "algo": "algo.name",
+               "hardware": "hardware.name"}
+
+
+def resume_conflicts(saved: DictConfig, args, applied=()) -> list[tuple[str, object, str]]:
+    """The command line's ``key=value`` settings that would change a resumed run's saved config, as
+    ``(key, saved value, given value as typed)``. Values are compared resolved: each setting is applied
+    to a copy of ``saved``, so ``algo.lr=0.00003`` equals a saved ``3e-05`` and ``[ 0 ]`` equals ``[0]``;
+    a group (``task=``, ``model=``, ``algo=``) is compared by the name it picks. Skipped: the keys in
+    ``applied`` (those resuming applies: the machine, ...), ``run_dir=`` / ``resume=``, and secrets
+    (never saved). ``swarm run`` and ``swarm experiment`` both ask this on ``resume=true``."""
+    from swarm_runtime.secrets import is_secret_key
+
+    def plain(value):
+        return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+
     out = []
-    applied = {k for k, _ in machine_overrides(args, also=("algo.iterations",))}
     for a in args:
         k, _, v = a.partition("=")
-        if k in applied or k in ("resume", "run_dir"):
+        if k in applied or k in ("resume", "run_dir") or is_secret_key(k):
+            continue
+        if k in GROUP_PICKS:
+            was = OmegaConf.select(saved, GROUP_PICKS[k], default=None)
+            if str(was) != v:
+                out.append((k, was, v))
             continue
         key = k if "." in k or k in saved or k not in saved.get("task", {}) else f"task.{k}"
-        was = OmegaConf.select(saved, key, default=None)
-        if isinstance(was, DictConfig):  # a group (task=, model=, algo= ...): it picks, not sets
-            continue
+        was = plain(OmegaConf.select(saved, key, default=None))
         trial = saved.copy()
         try:
             override(trial, k, v)
         except (ConfigError, OmegaConfBaseException, ValueError):  # a value the run could not take anyway
-            out.append(f"{k}={v} (the run has {was})")
+            out.append((k, was, v))
             continue
-        if OmegaConf.select(trial, key, default=None) != was:
-            out.append(f"{k}={v} (the run has {was})")
+        if plain(OmegaConf.select(trial, key, default=None)) != was:
+            out.append((k, was, v))
     return out
+
+
+def ignored_on_resume(saved: DictConfig, args) -> list[str]:
+    """The command line's ``key=value`` settings that differ from a resumed run's saved config and
+    that resuming does not apply (all but the machine and ``algo.iterations``; ``run_dir=`` only
+    picks the run), each with the saved value (:func:`resume_conflicts`)."""
+    applied = {k for k, _ in machine_overrides(args, also=("algo.iterations",))}
+    return [f"{k}={given} (the run has {was})" for k, was, given in resume_conflicts(saved, args, applied)]
 
 
 #: Files and folders of a run that ``overwrite=true`` deletes (nothing else in the folder is touched).

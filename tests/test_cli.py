@@ -32,6 +32,26 @@ def test_run_writes_everything(smoke_run):
     ev = json.loads((run / "eval.json").read_text())
     assert set(ev["results"]) == {"SFT only", "MPT"}
     assert ev["results"]["MPT"]["seeds"] == 2
+    assert "MPT - SFT: " in res.stdout and ev["mpt_minus_sft"]["seeds"] == 2
+    assert f"Run folder: {run} (eval.json, metrics.jsonl, tb/, reward_vs_flops.png, turn_share.png, checkpoints/)" \
+        in res.stdout
+
+
+def test_zero_updates_say_so_instead_of_an_empty_plot_list_and_a_difference_with_itself(tmp_path):
+    """``algo.iterations=0``: the MPT row is the SFT checkpoint evaluated again, so no MPT - SFT
+    difference (printed or in eval.json) and no plots, each said in words; no tb/ when not written."""
+    run = tmp_path / "zero"
+    res = swarm("run", *TINY_RUN, "algo.iterations=0", "tensorboard=false", f"run_dir={run}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "| SFT only |" in res.stdout and "| MPT |" in res.stdout
+    assert "MPT - SFT:" not in res.stdout
+    assert ("MPT: 0 training updates (algo.iterations=0), so the MPT checkpoint is the SFT one evaluated again; "
+            "no MPT - SFT difference is reported") in res.stdout
+    assert f"Run folder: {run} (eval.json, metrics.jsonl, checkpoints/; no plots: 0 training updates)" in res.stdout
+    ev = json.loads((run / "eval.json").read_text())
+    assert set(ev["results"]) == {"SFT only", "MPT"} and "mpt_minus_sft" not in ev and "mpt_minus_sft_success" not in ev
+    assert not list(run.glob("*.png")) and not (run / "tb").exists()
+    assert (run / "checkpoints" / "latest").read_text().strip() == "iter-000000"
 
 
 def test_checkpoint_is_hugging_face_format(smoke_run, registry):

@@ -7,6 +7,7 @@ import platform
 import shutil
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ def test_versions_name_python_the_libraries_the_package_and_its_commit():
     assert line.startswith(f"versions: python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, ")
     assert "\n" not in line and len(line) < 160
     no_git = {**v, "peft": NOT_INSTALLED, "commit": None}
-    assert versions_line(no_git).endswith(f"peft not installed, swarm-runtime {__version__}")
+    assert versions_line(no_git).endswith(f"peft not installed, swarm-runtime {__version__} (not a git checkout)")
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -60,3 +61,54 @@ def test_stamp_adds_versions_once_and_skips_a_missing_file(tmp_path):
     f.write_text(json.dumps({"versions": {"torch": "older"}}))
     stamp(f)  # a file that already says what produced it keeps it
     assert json.loads(f.read_text()) == {"versions": {"torch": "older"}}
+
+
+def test_a_copy_without_git_says_so_and_takes_the_commit_from_swarm_commit(tmp_path):
+    """A ``git archive`` export or an sdist (no .git): the versions say ``not a git checkout`` beside the
+    package's version (never ``unknown``), and ``SWARM_COMMIT`` names the commit; the fields stay."""
+    import os
+    import sys
+
+    import swarm_runtime
+
+    copy = tmp_path / "export"
+    shutil.copytree(Path(swarm_runtime.__file__).parent, copy / "swarm_runtime",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    show = ("import json; from swarm_runtime import provenance; from swarm_runtime.provenance import versions, "
+            "versions_line; print(json.dumps(versions())); print(versions_line()); print(provenance.__file__)")
+    env = {k: v for k, v in os.environ.items() if k != "SWARM_COMMIT"}
+    for given in (None, "abc1234"):
+        res = subprocess.run([sys.executable, "-c", show], cwd=tmp_path, capture_output=True, text=True,
+                             env={**env, "PYTHONPATH": str(copy), **({"SWARM_COMMIT": given} if given else {})})
+        assert res.returncode == 0, res.stderr
+        v, line, ran = json.loads(res.stdout.splitlines()[0]), *res.stdout.splitlines()[1:3]
+        assert Path(ran).is_relative_to(copy)  # the copy ran, not the installed package
+        assert list(v) == ["python", "torch", "transformers", "peft", "swarm-runtime", "commit"]
+        assert v["commit"] == given and v["swarm-runtime"] == __version__
+        assert line.endswith(f"swarm-runtime {__version__} (commit abc1234)" if given
+                             else f"swarm-runtime {__version__} (not a git checkout)"), line
+        assert "unknown" not in line
+
+
+@pytest.fixture
+def fresh_versions():
+    versions.cache_clear()
+    yield
+    versions.cache_clear()
+
+
+def test_experiment_results_name_no_checkout_instead_of_unknown_and_git_wins_over_the_variable(
+        monkeypatch, fresh_versions):
+    from swarm_runtime import provenance
+    from swarm_runtime.experiments import runner
+
+    monkeypatch.delenv("SWARM_COMMIT", raising=False)
+    monkeypatch.setattr(provenance, "code_commit", lambda where=None: None)  # git fails or finds no checkout
+    assert versions()["commit"] is None and runner._commit() == "not a git checkout"
+    assert provenance.commit_text() == "not a git checkout"
+    versions.cache_clear()
+    monkeypatch.setenv("SWARM_COMMIT", " 853edf0 ")
+    assert runner._commit() == "853edf0" and provenance.commit_text() == "commit 853edf0"
+    versions.cache_clear()
+    monkeypatch.setattr(provenance, "code_commit", lambda where=None: "d2e87f1")  # a checkout: git is the truth
+    assert versions()["commit"] == "d2e87f1"

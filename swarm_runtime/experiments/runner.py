@@ -15,8 +15,8 @@ from swarm_runtime.config import ConfigError, parse_overrides, resolve
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
-from swarm_runtime.provenance import versions, versions_line
-from swarm_runtime.run import check_hardware, check_task, machine_overrides
+from swarm_runtime.provenance import NOT_A_CHECKOUT, commit_text, versions, versions_line
+from swarm_runtime.run import check_hardware, check_task, machine_overrides, resume_conflicts
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -70,17 +70,36 @@ def _saved_args(path: Path, name: str) -> list[str]:
     return list(saved["args"])
 
 
+def resume_applies(run_dir: Path, saved_args: list[str], given: list[str], registry) -> list[str]:
+    """What a resume's command line adds to the saved arguments: the machine (``hardware=``,
+    ``hardware.*``) and secrets (saved redacted, so given again). Any other setting that would change
+    the saved run is an error naming it (:func:`~swarm_runtime.run.resume_conflicts`): resuming reruns
+    the saved arguments, and dropping it would give the user the old run where they asked for another;
+    a setting equal to the saved one (``algo.lr=0.00003`` for ``3e-05``) is fine."""
+    from swarm_runtime.secrets import is_secret_key
+
+    applied = machine_overrides(given) + [(k, v) for k, _, v in (a.partition("=") for a in given) if is_secret_key(k)]
+    changed = resume_conflicts(resolve(saved_args, registry), given, {k for k, _ in applied})
+    if changed:
+        them = "it" if len(changed) == 1 else "them"
+        raise ConfigError(f"resume=true reruns the arguments saved in {str(run_dir / 'experiment.json')!r}, but the "
+                          "command line changes " + "; ".join(f"{k}: saved {was}, given {v}" for k, was, v in changed)
+                          + f"; drop {them} to resume the run as saved, or give a new run_dir to start a run "
+                          f"with {them}")
+    return [f"{k}={v}" for k, v in applied]
+
+
 def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     """Run experiment ``name``; returns its folder. A killed run continues with ``resume=true``
     (``run_dir=...`` or the newest matching folder), skipping the cells it finished, with the
-    arguments it was started with."""
+    arguments it was started with (a setting that would change them is refused: :func:`resume_applies`)."""
     if name not in registry.experiments:
         raise ConfigError(f"unknown experiment {name!r}; valid: {', '.join(sorted(registry.experiments))}")
     args, run_dir_arg, resume = _split_run_args(list(args))
     given = list(args)
     run_dir, args = _find_run_dir(name, args, registry, run_dir_arg, resume)
     if resume:  # the saved arguments, on the machine the command line names (hardware=cpu, ...)
-        args = args + [f"{k}={v}" for k, v in machine_overrides(given)]
+        args = args + resume_applies(run_dir, args, given, registry)
     cfg = resolve(args, registry)
     cfg.experiment.name, cfg.run_dir, cfg.resume = name, str(run_dir), bool(resume)
     check_hardware(cfg)
@@ -172,7 +191,7 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
     head = (f"# {report.title}\n\n{x.cfg.domain}/{x.cfg.task_name}; held-out ({x.cfg.eval.split} split): {len(seeds)} "
             f"seeds x {runs} runs ({over}mean ± standard error over held-out seeds), seeds {seeds[0]}..{seeds[-1]}; "
             f"{who}.\n\n"
-            f"Command: `{command}` (commit {_commit()})\n\n{versions_line()}.\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
+            f"Command: `{command}` ({commit_text()})\n\n{versions_line()}.\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
             f"was computed (this invocation: {wall_s:.0f} s{'; cells finished by an earlier invocation were loaded' if resumed else ''}).\n")
     parts = [head, table]
     for title, text in report.tables.items():
@@ -198,8 +217,8 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
 
 def _commit() -> str:
     """``git rev-parse --short HEAD`` of the code that ran (``+dirty`` with uncommitted changes to tracked
-    files; ``unknown`` outside a git checkout of this package)."""
-    return versions()["commit"] or "unknown"
+    files; ``SWARM_COMMIT`` or ``not a git checkout`` outside a git checkout of this package)."""
+    return versions()["commit"] or NOT_A_CHECKOUT
 
 
 def _rel(path: Path, root: Path) -> str:

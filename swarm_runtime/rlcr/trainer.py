@@ -272,7 +272,7 @@ class RLCRTrainer(PhasedTrainer):
         if "solo" in final:
             d, se, n = paired_difference(final["collective"], final["solo"])
             results["collective_minus_solo"] = {"mean": d, "se": se, "seeds": n}
-        if self.state.get("sft_eval"):
+        if self.state.get("sft_eval") and self.trained:
             d, se, n = paired_difference(final["collective"], self.state["sft_eval"]["collective"])
             results["rlcr_minus_sft"] = {"mean": d, "se": se, "seeds": n}
         (ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
@@ -294,8 +294,7 @@ class RLCRTrainer(PhasedTrainer):
             c = results["rlcr_minus_sft"]
             print(f"{self.label} - SFT, {team}: {c['mean']:+.2f} ± {c['se']:.2f} return, paired over the {c['seeds']} "
                   "held-out seeds")
-        print(f"Run folder: {ctx.run_dir} (eval.json, metrics.jsonl, tb/, {', '.join(p.name for p in plots)}, "
-              f"checkpoints/)")
+        print("\n".join(self.summary_lines(plots)))
         return results
 
 

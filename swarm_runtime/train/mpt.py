@@ -253,7 +253,7 @@ class MPTTrainer(PhasedTrainer):
         results = {"domain": ctx.cfg.domain, "task": ctx.cfg.task_name, "seed": int(ctx.cfg.seed),
                    "eval_seeds": ctx.seeds("eval"), "runs": int(ctx.cfg.eval.runs),
                    "flops": ctx.flops.state_dict(), "results": {n: r for n, r in rows}, "table": table}
-        if "sft_eval" in self.state:
+        if "sft_eval" in self.state and self.trained:
             pd, pse, n = paired_difference(self.state["final_eval"], self.state["sft_eval"])
             if n:
                 results["mpt_minus_sft"] = {"mean": pd, "se": pse, "seeds": n}
@@ -267,7 +267,7 @@ class MPTTrainer(PhasedTrainer):
         self._hook("swarm_on_run_end", config=ctx.cfg, run_dir=str(ctx.run_dir), results=results)
         print(f"\nHeld-out evaluation: {ctx.cfg.domain}/{ctx.cfg.task_name}, {len(ctx.seeds('eval'))} seeds x "
               f"{ctx.cfg.eval.runs} runs (mean ± standard error over seeds)\n{table}")
-        if "sft_eval" in self.state:
+        if "sft_eval" in self.state and self.trained:
             d = self.state["final_eval"]["reward_mean"] - self.state["sft_eval"]["reward_mean"]
             se = (self.state["final_eval"]["reward_se"] ** 2 + self.state["sft_eval"]["reward_se"] ** 2) ** 0.5
             line = f"{self.label} - SFT: {d:+.2f} reward (combined standard error {se:.2f}"
@@ -279,5 +279,5 @@ class MPTTrainer(PhasedTrainer):
                 pair = results["mpt_minus_sft_success"]
                 line += f"; success {pair['mean']:+.3f} ± {pair['se']:.3f} paired"
             print(line)
-        print(f"Run folder: {ctx.run_dir} (eval.json, metrics.jsonl, tb/, {', '.join(p.name for p in plots)}, checkpoints/)")
+        print("\n".join(self.summary_lines(plots)))
         return results

@@ -45,6 +45,27 @@ class PhasedTrainer:
         """What the progress bar shows after an update."""
         return {}
 
+    @property
+    def trained(self) -> bool:
+        """Whether the RL phase made an update (``algo.iterations=0`` makes none: the final checkpoint is
+        the SFT one, so a final - SFT difference would compare a checkpoint with itself)."""
+        return int(self.state.get("iteration", 0)) > 0
+
+    def summary_lines(self, plots) -> list[str]:
+        """The end of the printed summary: with no update made, a line saying the final row is the SFT
+        checkpoint; then the run folder and what it holds (``tb/`` when written; plots, or why none)."""
+        out = []
+        if not self.trained:
+            out.append(f"{self.label}: 0 training updates (algo.iterations=0), so the {self.label} checkpoint is the "
+                       f"SFT one evaluated again; no {self.label} - SFT difference is reported")
+        run_dir = self.ctx.run_dir
+        held = ["eval.json", "metrics.jsonl", *(["tb/"] if (run_dir / "tb").is_dir() else []),
+                *(p.name for p in plots), "checkpoints/"]
+        why = "" if plots else "; no plots: " + ("0 training updates" if not self.trained
+                                                 else "no training rows in metrics.jsonl")
+        out.append(f"Run folder: {run_dir} ({', '.join(held)}{why})")
+        return out
+
     def train(self) -> dict:
         self._setup()
         cfg = self.cfg
