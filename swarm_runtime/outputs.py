@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -60,12 +61,15 @@ class MetricsWriter:
                 logger.warning("TensorBoard disabled: {}", exc)
 
     def log(self, step: int, metrics: dict) -> None:
-        row = {"step": step, **metrics}
+        """Append one row; a value that is not a finite number (NaN: a metric with nothing to measure,
+        such as the demo accuracy of a role without action demos) is written as ``null``, so every line
+        is standard JSON, and is left out of TensorBoard."""
+        row = {"step": step, **{k: finite_or_none(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
-            f.write(json.dumps(row, default=float) + "\n")
+            f.write(json.dumps(row, default=float, allow_nan=False) + "\n")
         if self.tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
                     self.tb.add_scalar(k, v, step)
             self.tb.flush()
 
@@ -74,11 +78,22 @@ class MetricsWriter:
             self.tb.close()
 
 
+def finite_or_none(v):
+    """``v``, or None where it is a float (or a 0-d tensor / numpy number) that is NaN or infinite."""
+    try:
+        if not isinstance(v, (bool, int, str)) and v is not None and not math.isfinite(float(v)):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return v
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of ``metrics.jsonl``, a ``null`` value (a metric that was not a finite number) read as NaN."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return parse_rows(path, path.read_text())
+    return [{k: math.nan if v is None else v for k, v in r.items()} for r in parse_rows(path, path.read_text())]
 
 
 def pyplot():

@@ -144,6 +144,10 @@ def check_hardware(cfg: DictConfig) -> None:
         torch.set_num_threads(int(cfg.hardware.threads))
 
 
+#: Settings that change only what a run shows, never what it computes: a resumed run takes them from the command line.
+DISPLAY_KEYS = ("progress", "log_level")
+
+
 def machine_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """The ``hardware=`` / ``hardware.*=`` arguments (the machine, which a resumed run may change),
     and those whose key is in ``also``."""
@@ -156,11 +160,11 @@ def machine_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]
 
 
 def _apply_resume_overrides(saved: DictConfig, args, resume_from: Path) -> bool:
-    """Apply a resumed run's command-line machine keys and ``algo.iterations=N`` (train up to N
+    """Apply a resumed run's command-line machine keys, display keys (``DISPLAY_KEYS``) and ``algo.iterations=N`` (train up to N
     updates in all: a finished run continues, its learning-rate schedule stretched to the new
     total). Returns whether the iterations changed."""
     before = int(saved.algo.iterations)
-    for k, v in machine_overrides(args, also=("algo.iterations",)):
+    for k, v in machine_overrides(args, also=("algo.iterations", *DISPLAY_KEYS)):
         override(saved, k, v)
     n = int(saved.algo.iterations)
     done = int(load_state(resume_from).get("iteration", 0)) if resume_from is not None else 0
@@ -214,7 +218,7 @@ def ignored_on_resume(saved: DictConfig, args) -> list[str]:
     """The command line's ``key=value`` settings that differ from a resumed run's saved config and
     that resuming does not apply (all but the machine and ``algo.iterations``; ``run_dir=`` only
     picks the run), each with the saved value (:func:`resume_conflicts`)."""
-    applied = {k for k, _ in machine_overrides(args, also=("algo.iterations",))}
+    applied = {k for k, _ in machine_overrides(args, also=("algo.iterations", *DISPLAY_KEYS))}
     return [f"{k}={given} (the run has {was})" for k, was, given in resume_conflicts(saved, args, applied)]
 
 

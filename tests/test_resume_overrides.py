@@ -63,7 +63,8 @@ def test_a_resume_with_the_saved_values_in_other_spellings_proceeds(experiment):
 
 
 def test_a_resume_on_another_machine_proceeds(experiment):
-    res = resume(experiment, "hardware=cpu", "hardware.threads=2")
+    """The machine and what the run only shows (progress bars, log level) may change on resume."""
+    res = resume(experiment, "hardware=cpu", "hardware.threads=2", "progress=true", "log_level=DEBUG")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "(resuming)" in (experiment / "run.log").read_text()
     assert json.loads((experiment / "experiment.json").read_text())["args"] == EXP  # saved as started
@@ -78,7 +79,8 @@ def test_swarm_run_names_what_resuming_ignores_with_the_same_comparison(registry
     _, reg = registry
     saved = resolve(["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=16"], reg)
     same = ["domain=minecraft", "task=wooden_pickaxe", "max_decisions=16", "algo.lr=0.00003", "model=tiny",
-            "hardware=cpu", "hardware.threads=3", "algo.iterations=9", "run_dir=x", "resume=true"]
+            "hardware=cpu", "hardware.threads=3", "algo.iterations=9", "run_dir=x", "resume=true", "progress=false",
+            "log_level=DEBUG"]
     assert ignored_on_resume(saved, same) == []
     changed = ["task=stone_pickaxe", "model=small", "algo.lr=1e-4", "max_decisions=20", "task.llm_judge.api_key=sk-1"]
     assert ignored_on_resume(saved, changed) == ["task=stone_pickaxe (the run has wooden_pickaxe)",

@@ -42,3 +42,31 @@ def test_a_fresh_writer_purges_nothing(tmp_path):
     (events,) = list((tmp_path / "tb").iterdir())
     assert not any(ev.HasField("session_log") for ev in EventFileLoader(str(events)).Load())
     assert _scalars(tmp_path, "losses/x") == [(0, 0.0), (1, 1.0), (2, 2.0)]
+
+
+def test_a_value_that_is_not_a_finite_number_is_written_as_null(tmp_path):
+    """metrics.jsonl stays standard JSON (a strict reader refuses NaN) and TensorBoard gets no NaN point."""
+    import json
+
+    import torch
+
+    w = MetricsWriter(tmp_path)
+    w.log(0, {"sft/demo_action_accuracy_Miner": float("nan"), "sft/loss": 0.5, "x/inf": float("inf"),
+              "x/tensor_nan": torch.tensor(float("nan")), "note": "text", "flag": True})
+    w.close()
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    line = (tmp_path / "metrics.jsonl").read_text().strip()
+    row = json.loads(line, parse_constant=refuse)
+    assert row == {"step": 0, "sft/demo_action_accuracy_Miner": None, "sft/loss": 0.5, "x/inf": None,
+                   "x/tensor_nan": None, "note": "text", "flag": True}
+    back = read_metrics(tmp_path)[0]  # read back as NaN, as plots and tables expect a number
+    assert back["sft/loss"] == 0.5 and back["note"] == "text" and back["x/inf"] != back["x/inf"]
+    assert _scalars(tmp_path, "sft/loss") == [(0, 0.5)]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(tmp_path / "tb"))
+    ea.Reload()
+    assert "sft/demo_action_accuracy_Miner" not in ea.Tags()["scalars"]

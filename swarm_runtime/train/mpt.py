@@ -165,8 +165,10 @@ class MPTTrainer(PhasedTrainer):
                 logger.warning("SFT {}: the expert gave this role no demonstrations; it starts untrained", role)
                 continue
             m["demo_action_accuracy"] = demo_accuracy(policy, demos[role])
-            logger.info("SFT {}: {} examples, loss {:.3f} -> {:.3f}, greedy demo-action accuracy {:.0%}",
-                        role, m["examples"], m["first_loss"], m["loss"], m["demo_action_accuracy"])
+            acc = m["demo_action_accuracy"]
+            logger.info("SFT {}: {} examples, loss {:.3f} -> {:.3f}, greedy demo-action accuracy {}",
+                        role, m["examples"], m["first_loss"], m["loss"],
+                        "n/a (no action demos)" if acc != acc else f"{acc:.0%}")
             self.writer.log(0, {f"sft/{k}_{role}": v for k, v in m.items()})
             self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": role, **m})
         logger.info("SFT done in {:.0f}s", time.time() - t0)
