@@ -69,6 +69,13 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def pin() -> dict[str, str | None]:
+    """Record :func:`versions` now, when a run or an experiment starts: they are read once per process
+    (cached), and a long run must carry the commit of the code it loaded, not the one the checkout
+    has moved to by the time it writes its results."""
+    return versions()
+
+
 def commit_text(v: dict | None = None) -> str:
     """The code's commit as printed: ``commit 853edf0``, or ``not a git checkout`` (the versions say
     which release ran; ``SWARM_COMMIT`` names the commit there)."""

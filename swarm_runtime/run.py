@@ -289,7 +289,10 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     up logging. ``args``: the command line, whose ``hardware`` keys and ``algo.iterations`` (to
     train longer) still apply when a run is resumed. The lock (``ctx.lock``) is held until the
     process ends or :meth:`RunLock.release`."""
+    from swarm_runtime.provenance import pin
+
     check_hardware(cfg)
+    pin()  # the code's commit as it is now (results are stamped when the run ends)
     resume_from, extended, ignored, restarted = None, False, [], False
     if cfg.run_dir:
         run_dir = Path(cfg.run_dir)

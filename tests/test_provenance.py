@@ -112,3 +112,28 @@ def test_experiment_results_name_no_checkout_instead_of_unknown_and_git_wins_ove
     versions.cache_clear()
     monkeypatch.setattr(provenance, "code_commit", lambda where=None: "d2e87f1")  # a checkout: git is the truth
     assert versions()["commit"] == "d2e87f1"
+
+
+def test_a_run_carries_the_commit_it_started_from_not_the_one_at_its_end(monkeypatch, fresh_versions, tmp_path,
+                                                                          registry):
+    """``prepare_run`` pins the versions when a run starts; a checkout that moves on while it trains
+    (a commit made during a long run) does not relabel its results."""
+    from swarm_runtime import provenance
+    from swarm_runtime.config import resolve
+    from swarm_runtime.experiments import runner
+    from swarm_runtime.run import prepare_run
+
+    pm, reg = registry
+    monkeypatch.setattr(provenance, "code_commit", lambda where=None: "start01")
+    cfg = resolve(["domain=minecraft", "task=wooden_pickaxe", f"run_dir={tmp_path / 'run'}", "progress=false"], reg)
+    ctx = prepare_run(cfg, pm, reg)
+    ctx.lock.release()
+    monkeypatch.setattr(provenance, "code_commit", lambda where=None: "later02")  # the checkout moved on
+    (tmp_path / "eval.json").write_text("{}")
+    stamp(tmp_path / "eval.json")
+    assert json.loads((tmp_path / "eval.json").read_text())["versions"]["commit"] == "start01"
+    versions.cache_clear()  # an experiment pins them first thing
+    with pytest.raises(Exception, match="unknown experiment"):
+        runner.run_experiment("no_such_experiment", [], pm, reg)
+    monkeypatch.setattr(provenance, "code_commit", lambda where=None: "later03")
+    assert versions()["commit"] == "later02"

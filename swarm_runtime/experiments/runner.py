@@ -93,6 +93,9 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     """Run experiment ``name``; returns its folder. A killed run continues with ``resume=true``
     (``run_dir=...`` or the newest matching folder), skipping the cells it finished, with the
     arguments it was started with (a setting that would change them is refused: :func:`resume_applies`)."""
+    from swarm_runtime.provenance import pin
+
+    pin()  # the code's commit as it is now, not when the results are written
     if name not in registry.experiments:
         raise ConfigError(f"unknown experiment {name!r}; valid: {', '.join(sorted(registry.experiments))}")
     args, run_dir_arg, resume = _split_run_args(list(args))
