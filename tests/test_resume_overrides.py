@@ -87,3 +87,15 @@ def test_swarm_run_names_what_resuming_ignores_with_the_same_comparison(registry
                                                  "model=small (the run has tiny)", "algo.lr=1e-4 (the run has 3e-05)",
                                                  "max_decisions=20 (the run has 16)"]
     assert resume_conflicts(saved, ["algo.iterations=9"]) == [("algo.iterations", int(saved.algo.iterations), "9")]
+
+
+def test_a_saved_secret_is_not_read_back_as_the_literal_redacted_marker(tmp_path):
+    """experiment.json keeps a command-line secret as ``<redacted>``; resuming must not pass that string
+    on as the key: it is dropped, so the environment variable (or the value given again) applies."""
+    from swarm_runtime.experiments.runner import _saved_args
+
+    saved = {"experiment": "coordination", "args": ["domain=openresearcher", "task.llm_judge.api_key=<redacted>",
+                                                     "task.llm_judge.model=gpt-4o-mini", "algo.lr=1e-4"]}
+    (tmp_path / "experiment.json").write_text(json.dumps(saved))
+    assert _saved_args(tmp_path / "experiment.json", "coordination") == [
+        "domain=openresearcher", "task.llm_judge.model=gpt-4o-mini", "algo.lr=1e-4"]

@@ -67,7 +67,10 @@ def _saved_args(path: Path, name: str) -> list[str]:
     saved = json.loads(path.read_text())
     if saved.get("experiment") != name:
         raise ConfigError(f"{str(path.parent)!r} holds experiment {saved.get('experiment')!r}, not {name!r}")
-    return list(saved["args"])
+    from swarm_runtime.secrets import REDACTED, is_secret_key
+
+    # a secret was saved as <redacted>: drop it, so the environment variable (or the value given again) applies
+    return [a for a in saved["args"] if not (is_secret_key(a.partition("=")[0]) and a.partition("=")[2] == REDACTED)]
 
 
 def resume_applies(run_dir: Path, saved_args: list[str], given: list[str], registry) -> list[str]:
