@@ -164,7 +164,10 @@ def _apply_resume_overrides(saved: DictConfig, args, resume_from: Path) -> bool:
     updates in all: a finished run continues, its learning-rate schedule stretched to the new
     total). Returns whether the iterations changed."""
     before = int(saved.algo.iterations)
-    for k, v in machine_overrides(args, also=("algo.iterations", *DISPLAY_KEYS)):
+    from swarm_runtime.secrets import is_secret_key
+
+    secrets = [(k, v) for k, _, v in (a.partition("=") for a in args) if is_secret_key(k)]  # never saved: given again
+    for k, v in machine_overrides(args, also=("algo.iterations", *DISPLAY_KEYS)) + secrets:
         override(saved, k, v)
     n = int(saved.algo.iterations)
     done = int(load_state(resume_from).get("iteration", 0)) if resume_from is not None else 0

@@ -99,3 +99,17 @@ def test_a_saved_secret_is_not_read_back_as_the_literal_redacted_marker(tmp_path
     (tmp_path / "experiment.json").write_text(json.dumps(saved))
     assert _saved_args(tmp_path / "experiment.json", "coordination") == [
         "domain=openresearcher", "task.llm_judge.model=gpt-4o-mini", "algo.lr=1e-4"]
+
+
+def test_swarm_run_resume_applies_a_secret_given_again(registry):
+    """A secret is never saved (``<redacted>``, read back as null): given again on ``swarm run
+    resume=true`` it applies, like the machine keys, and is not reported as ignored."""
+    from swarm_runtime.config import resolve
+    from swarm_runtime.run import _apply_resume_overrides, ignored_on_resume
+
+    _, reg = registry
+    saved = resolve(["domain=openresearcher", "task=embedded"], reg)
+    given = ["task.llm_judge.api_key=sk-test-1234", "hardware.threads=1"]
+    assert ignored_on_resume(saved, given) == []
+    _apply_resume_overrides(saved, given, None)
+    assert saved.task.llm_judge.api_key == "sk-test-1234" and saved.hardware.threads == 1
