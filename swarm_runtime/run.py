@@ -159,15 +159,22 @@ def machine_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]
     return out
 
 
+def resume_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """The command line's settings a resume applies on top of the saved run: the machine
+    (``hardware=``, ``hardware.*``), the display (``DISPLAY_KEYS``), secrets (never saved, so given
+    again) and the keys in ``also`` (``swarm run``: ``algo.iterations``)."""
+    from swarm_runtime.secrets import is_secret_key
+
+    secrets = [(k, v) for k, _, v in (a.partition("=") for a in args) if is_secret_key(k)]
+    return machine_overrides(args, also=(*also, *DISPLAY_KEYS)) + secrets
+
+
 def _apply_resume_overrides(saved: DictConfig, args, resume_from: Path) -> bool:
-    """Apply a resumed run's command-line machine keys, display keys (``DISPLAY_KEYS``) and ``algo.iterations=N`` (train up to N
+    """Apply a resumed run's :func:`resume_overrides` and ``algo.iterations=N`` (train up to N
     updates in all: a finished run continues, its learning-rate schedule stretched to the new
     total). Returns whether the iterations changed."""
     before = int(saved.algo.iterations)
-    from swarm_runtime.secrets import is_secret_key
-
-    secrets = [(k, v) for k, _, v in (a.partition("=") for a in args) if is_secret_key(k)]  # never saved: given again
-    for k, v in machine_overrides(args, also=("algo.iterations", *DISPLAY_KEYS)) + secrets:
+    for k, v in resume_overrides(args, also=("algo.iterations",)):
         override(saved, k, v)
     n = int(saved.algo.iterations)
     done = int(load_state(resume_from).get("iteration", 0)) if resume_from is not None else 0
@@ -219,9 +226,9 @@ def resume_conflicts(saved: DictConfig, args, applied=()) -> list[tuple[str, obj
 
 def ignored_on_resume(saved: DictConfig, args) -> list[str]:
     """The command line's ``key=value`` settings that differ from a resumed run's saved config and
-    that resuming does not apply (all but the machine and ``algo.iterations``; ``run_dir=`` only
-    picks the run), each with the saved value (:func:`resume_conflicts`)."""
-    applied = {k for k, _ in machine_overrides(args, also=("algo.iterations", *DISPLAY_KEYS))}
+    that resuming does not apply (all but :func:`resume_overrides` and ``algo.iterations``; ``run_dir=``
+    only picks the run), each with the saved value (:func:`resume_conflicts`)."""
+    applied = {k for k, _ in resume_overrides(args, also=("algo.iterations",))}
     return [f"{k}={given} (the run has {was})" for k, was, given in resume_conflicts(saved, args, applied)]
 
 

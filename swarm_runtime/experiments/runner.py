@@ -16,7 +16,7 @@ from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
 from swarm_runtime.provenance import NOT_A_CHECKOUT, commit_text, versions, versions_line
-from swarm_runtime.run import DISPLAY_KEYS, check_hardware, check_task, machine_overrides, resume_conflicts
+from swarm_runtime.run import check_hardware, check_task, resume_conflicts, resume_overrides
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -79,9 +79,7 @@ def resume_applies(run_dir: Path, saved_args: list[str], given: list[str], regis
     the saved run is an error naming it (:func:`~swarm_runtime.run.resume_conflicts`): resuming reruns
     the saved arguments, and dropping it would give the user the old run where they asked for another;
     a setting equal to the saved one (``algo.lr=0.00003`` for ``3e-05``) is fine."""
-    from swarm_runtime.secrets import is_secret_key
-
-    applied = machine_overrides(given, also=DISPLAY_KEYS) + [(k, v) for k, _, v in (a.partition("=") for a in given) if is_secret_key(k)]
+    applied = resume_overrides(given)
     changed = resume_conflicts(resolve(saved_args, registry), given, {k for k, _ in applied})
     if changed:
         them = "it" if len(changed) == 1 else "them"
