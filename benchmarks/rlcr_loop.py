@@ -1,5 +1,6 @@
 """RLCR loop throughput: agent-actions per second of the concurrent loop (4 and 8 agents per rollout)
-against today's turn-based loop (one model acting every turn, ``episode.play``) on the same model.
+against the turn-based loop (``episode.play``) on the same model: the cheapest turn-based loop (one model
+acting every turn, no auction) and today's MPT loop (an auction among the same team, then the winner acts).
 
 Both loops get the same number of actors at once (``--actors``): the turn-based loop plays that many
 envs, the concurrent loop ``actors / agents`` rollouts of ``agents`` agents each. The model is the RLCR
@@ -17,6 +18,13 @@ time goes and why the batches are what they are:
   as many model calls as it has distinct decision times, and a batch of rollouts at least the most
   any of them has. The loop already gathers every rollout's next decision time into each call, so
   its call count equals this bound when nothing else limits it.
+
+It also times **today's MPT loop** (``--mpt``, on by default) at each team size: ``agents`` agents (the
+domain's roles in turn, replicas as in population scaling) all serving from the same shared model, every
+turn a sealed-bid auction (every agent bids, one batch; identical bid prompts scored once) and then the
+winner acts (one batch), on the concurrent run's envs (same envs and team) and on ``--actors`` envs (as
+many agents acting at once as the concurrent run). The bid-free loop above is the cheapest turn-based
+loop there is (one model, no auction); the MPT loop is what a turn-based swarm of that size costs today.
 
 ``--rollouts N``: also run the concurrent loop with N rollouts in flight per team size (the training
 batch is ``rlcr.instances x rlcr.group_size`` = 16 rollouts), labelled as such: that is the
@@ -96,6 +104,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="time each loop this many times (interleaved) and keep its fastest run: on a shared, "
                          "loaded machine the fastest is the least disturbed")
+    ap.add_argument("--mpt", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time today's MPT loop (auction + winner acts) at each team size on the same envs")
     ap.add_argument("--rollouts", type=int, default=0,
                     help="also run the exact loop with this many rollouts in flight per team size (0 = no)")
     args = ap.parse_args()
@@ -112,8 +122,10 @@ def main() -> None:
 
     agent = Agent("Shared", "Shared", policy, prompt_kind="single")
     coordinator = reg.get("coordinators", "round_robin")(cfg)
+    auction = reg.get("coordinators", "auction")(cfg)
     runs = [(tick, k, max(1, args.actors // k)) for tick in args.ticks for k in args.agents]
     runs += [(0.0, k, args.rollouts) for k in args.agents if args.rollouts]
+    mpt_runs = [("mpt", k, e) for k in args.agents for e in (max(1, args.actors // k), args.actors)] if args.mpt else []
     clock, unit = (time.process_time, "CPU s") if args.clock == "cpu" else (time.perf_counter, "s")
 
     def turn_based():
@@ -145,6 +157,41 @@ def main() -> None:
                     f"{1000 * calls['s'] / calls['n']:.1f} ms per call; mean prompt "
                     f"{calls['tokens'] / calls['rows']:.1f} tokens)"), n, (calls["n"], calls["padded"])
 
+    def mpt_loop(k, envs):
+        """Today's MPT loop at the concurrent run's team and envs: ``k`` agents (the domain's roles in turn,
+        replicas as in population scaling) all serving from the one shared model, every turn a sealed-bid
+        auction (every present agent bids, one batch) and the winner acts (one batch)."""
+        roles = [r.name for r in ctx.domain.roles]
+        team = [Agent(roles[i % len(roles)] + (f"#{i // len(roles) + 1}" if k > len(roles) else ""),
+                      roles[i % len(roles)], policy) for i in range(k)]
+        calls = {"n": 0, "s": 0.0, "bid": 0, "act": 0}
+        originals = {m: getattr(policy, m) for m in ("act", "bid")}
+
+        def counted(name):
+            def call(prompts, *a, **kw):
+                calls["n"] += 1
+                calls[name] += 1
+                t = clock()
+                out = originals[name](prompts, *a, **kw)
+                calls["s"] += clock() - t
+                return out
+            return call
+
+        for m in originals:
+            setattr(policy, m, counted(m))
+        policy.gen.manual_seed(0)
+        t0 = clock()
+        eps = play(new_slots(ctx.domain, cfg.task, seeds[:envs]), team, auction, ctx.domain,
+                   args.decisions * args.actors // envs, random.Random(0))
+        dt = clock() - t0
+        for m in originals:
+            delattr(policy, m)
+        n = sum(1 for e in eps for t in e.turns if t.auction.winner is not None)
+        return dt, (f"MPT turn-based loop, {k} agents: {envs} envs x {k} agents on the one model, every turn an "
+                    f"auction then the winner acts, {n} actions in {{dt:.1f}} {unit} = {{rate:.1f}} actions/{unit} "
+                    f"({calls['bid']} bid calls + {calls['act']} action calls; {100 * calls['s'] / dt:.0f}% of the "
+                    f"time in model calls)"), n, (calls["n"], 0)
+
     def concurrent(tick, k, envs):
         opts = loop_options(cfg, float("inf"), agents=k)
         opts = type(opts)(**{**opts.__dict__, "max_turns_per_agent": args.decisions, "tick": tick})
@@ -166,8 +213,9 @@ def main() -> None:
     best: dict = {}  # key -> (fastest seconds, its line, actions, (model calls, padded prompt tokens))
     with torch.no_grad():
         for _ in range(max(1, args.repeats)):
-            for key in ["turn", *runs]:
-                res = turn_based() if key == "turn" else concurrent(*key)
+            for key in ["turn", *mpt_runs, *runs]:
+                res = (turn_based() if key == "turn" else mpt_loop(key[1], key[2]) if key[0] == "mpt"
+                       else concurrent(*key))
                 if key not in best or res[0] < best[key][0]:
                     best[key] = res
     rates = {}
@@ -177,9 +225,16 @@ def main() -> None:
     print(f"(times are {'this process' + chr(39) + 's CPU seconds' if args.clock == 'cpu' else 'wall-clock seconds'}"
           + (f"; each loop timed {args.repeats} times, interleaved, the fastest run of each shown)" if args.repeats > 1
              else ")"))
+    print("(each ratio below: the concurrent loop's time per action over the turn-based loop's; the target is <= 1.5x, "
+          "below 1x the concurrent loop is the faster)")
     for tick, k, envs in runs[:len(args.ticks) * len(args.agents)]:
         print(f"per action, turn-based / concurrent with {k} agents, tick {tick:g}s: "
               f"{rates['turn'] / rates[(tick, k, envs)]:.2f}x (target <= 1.5x)")
+    for _, k, envs in mpt_runs:
+        conc = (0.0, k, max(1, args.actors // k))
+        same = "same envs and team" if envs == conc[2] else f"{envs} agents acting at once in both"
+        print(f"per action, MPT turn-based ({k} agents, {envs} envs) / concurrent with {k} agents, tick 0s "
+              f"({same}): {rates[('mpt', k, envs)] / rates[conc]:.2f}x (target <= 1.5x)")
     # Where a ratio comes from: the prefill's work per action (prompt tokens the model runs, rows padded to
     # the longest of their call) and the model calls per action (each call pays the decode steps' fixed cost).
     (_, _, n_turn, (c_turn, p_turn)) = best["turn"]
