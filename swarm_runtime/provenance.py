@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 from functools import lru_cache
 from importlib import metadata
@@ -65,8 +66,27 @@ def versions() -> dict[str, str | None]:
     from swarm_runtime import __version__
 
     out[PACKAGE] = __version__
-    out["commit"] = code_commit() or os.environ.get(COMMIT_ENV, "").strip() or None
+    out["commit"] = code_commit() or given_commit()
     return out
+
+
+#: What ``SWARM_COMMIT`` may hold: a git commit hash, short or full, optionally marked ``+dirty``.
+COMMIT_PATTERN = re.compile(r"[0-9a-f]{7,40}(\+dirty)?")
+
+
+def given_commit() -> str | None:
+    """The commit ``SWARM_COMMIT`` names (``None`` when unset or blank); anything but a hash of 7-40 hex
+    digits (``+dirty`` allowed) is a :class:`~swarm_runtime.config.ConfigError` naming the value, so a
+    typo or a branch name is never written into results as if it were a commit."""
+    value = os.environ.get(COMMIT_ENV, "").strip()
+    if not value:
+        return None
+    if not COMMIT_PATTERN.fullmatch(value.lower()):
+        from swarm_runtime.config import ConfigError
+
+        raise ConfigError(f"{COMMIT_ENV}={value!r} is not a commit: give the hash of the code's commit, 7 to 40 hex "
+                          f"digits (optionally with +dirty), e.g. {COMMIT_ENV}=$(git rev-parse --short HEAD), or unset it")
+    return value.lower()
 
 
 def pin() -> dict[str, str | None]:

@@ -137,3 +137,17 @@ def test_a_run_carries_the_commit_it_started_from_not_the_one_at_its_end(monkeyp
         runner.run_experiment("no_such_experiment", [], pm, reg)
     monkeypatch.setattr(provenance, "code_commit", lambda where=None: "later03")
     assert versions()["commit"] == "later02"
+
+
+@pytest.mark.parametrize("value", ["main", "v0.1.0", "abc12", "853edf0 extra", "g853edf0"])
+def test_swarm_commit_that_is_no_commit_hash_is_a_config_error_naming_it(monkeypatch, fresh_versions, value):
+    from swarm_runtime import provenance
+    from swarm_runtime.config import ConfigError
+
+    monkeypatch.setattr(provenance, "code_commit", lambda where=None: None)
+    monkeypatch.setenv("SWARM_COMMIT", value)
+    with pytest.raises(ConfigError, match=r"SWARM_COMMIT='.*' is not a commit: .*7 to 40 hex digits"):
+        provenance.pin()
+    monkeypatch.setenv("SWARM_COMMIT", "853EDF0+dirty")
+    versions.cache_clear()
+    assert provenance.pin()["commit"] == "853edf0+dirty"
