@@ -70,7 +70,8 @@ def rlcr_teams(x):
             """The solo agent with the collective's mean tokens per rollout, no time limit and no cap on
             its turns (the token budget is its only limit)."""
             policy = make_shared_policy(x.ctx, _final(run_dir) / "agents" / SHARED)
-            budget = max(1, int(round(coll["tokens_mean"])))
+            collective = ckpt.load_state(_final(run_dir))["final_eval"]["collective"]
+            budget = max(1, int(round(collective["tokens_mean"])))
             opts = replace(loop_options(x.cfg, math.inf, agents=1, token_budget=budget), max_turns_per_agent=10 ** 9)
             res, _ = evaluate_collective(x.ctx, policy, opts, seeds, runs, int(x.cfg.seed) + 31)
             return {"budget_tokens": budget, "solo_budget": res}
