@@ -16,7 +16,7 @@ from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
 from swarm_runtime.provenance import NOT_A_CHECKOUT, commit_text, versions, versions_line
-from swarm_runtime.run import check_hardware, check_task, resume_conflicts, resume_overrides
+from swarm_runtime.run import check_hardware, check_task, refuse_resume_conflicts, resume_conflicts
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -75,18 +75,10 @@ def _saved_args(path: Path, name: str) -> list[str]:
 
 def resume_applies(run_dir: Path, saved_args: list[str], given: list[str], registry) -> list[str]:
     """What a resume's command line adds to the saved arguments: the machine (``hardware=``,
-    ``hardware.*``) and secrets (saved redacted, so given again). Any other setting that would change
-    the saved run is an error naming it (:func:`~swarm_runtime.run.resume_conflicts`): resuming reruns
-    the saved arguments, and dropping it would give the user the old run where they asked for another;
-    a setting equal to the saved one (``algo.lr=0.00003`` for ``3e-05``) is fine."""
-    applied = resume_overrides(given)
-    changed = resume_conflicts(resolve(saved_args, registry), given, {k for k, _ in applied})
-    if changed:
-        them = "it" if len(changed) == 1 else "them"
-        raise ConfigError(f"resume=true reruns the arguments saved in {str(run_dir / 'experiment.json')!r}, but the "
-                          "command line changes " + "; ".join(f"{k}: saved {was}, given {v}" for k, was, v in changed)
-                          + f"; drop {them} to resume the run as saved, or give a new run_dir to start a run "
-                          f"with {them}")
+    ``hardware.*``), the display and secrets (saved redacted, so given again). Any other setting that
+    would change the saved run is refused (:func:`~swarm_runtime.run.refuse_resume_conflicts`, as for
+    ``swarm run resume=true``): resuming reruns the saved arguments."""
+    applied = refuse_resume_conflicts(resolve(saved_args, registry), given, run_dir / "experiment.json")
     return [f"{k}={v}" for k, v in applied]
 
 
