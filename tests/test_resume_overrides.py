@@ -12,7 +12,8 @@ from conftest import TINY_RUN, swarm
 EXP = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=12", "algo.sft.demo_episodes=2",
        "algo.sft.epochs=1", "algo.envs_per_step=2", "experiment.iterations=2", "algo.action_steps=1",
        "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "tensorboard=false",
-       "hardware.threads=1", "experiment.train_seeds=[0]", "experiment.coordinators=[auction]"]
+       "hardware.threads=1", "experiment.train_seeds=[0]", "experiment.coordinators=[auction]",
+       "model.lora.lr_scale=1"]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,32 @@ def test_a_resume_on_another_machine_proceeds(experiment):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "(resuming)" in (experiment / "run.log").read_text()
     assert json.loads((experiment / "experiment.json").read_text())["args"] == EXP  # saved as started
+
+
+def test_without_resume_the_same_arguments_in_other_spellings_are_the_same_run(experiment, tmp_path):
+    """``swarm experiment NAME run_dir=D`` on a folder that holds the experiment compares the arguments
+    resolved (``1`` and ``1.0`` of a float key, another order), as an identical list is: it reruns,
+    skipping the finished cells; a real change, or a saved argument left off, is refused naming it."""
+    import shutil
+
+    copy = tmp_path / "exp"
+    shutil.copytree(experiment, copy)
+    same = [a.replace("model.lora.lr_scale=1", "model.lora.lr_scale=1.0") for a in reversed(EXP)]
+    res = swarm("experiment", "coordination", *same, f"run_dir={copy}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    log = (copy / "run.log").read_text().split("experiment coordination in")[-1]
+    assert "cell train-mpt: done before, skipped" in log and "cell coordination-auction: done before, skipped" in log
+    before = files(copy)
+    changed = [a.replace("experiment.iterations=2", "experiment.iterations=3") for a in same if "max_decisions" not in a]
+    bad = swarm("experiment", "coordination", *changed, f"run_dir={copy}", cwd=tmp_path)
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+    assert lines[0].startswith(f"swarm: error: {str(copy)!r} already holds this experiment run with other arguments "
+                               "(experiment.iterations: saved 2, given 3; task.max_decisions: saved 12, not given, so ")
+    assert lines[0].endswith("); continue it with resume=true or pick another run_dir")
+    assert "lr_scale" not in lines[0]
+    assert files(copy) == before
 
 
 def test_swarm_run_refuses_what_resuming_would_change_with_the_same_comparison(registry, tmp_path):
