@@ -224,12 +224,24 @@ def resume_conflicts(saved: DictConfig, args, applied=()) -> list[tuple[str, obj
     return out
 
 
-def ignored_on_resume(saved: DictConfig, args) -> list[str]:
-    """The command line's ``key=value`` settings that differ from a resumed run's saved config and
-    that resuming does not apply (all but :func:`resume_overrides` and ``algo.iterations``; ``run_dir=``
-    only picks the run), each with the saved value (:func:`resume_conflicts`)."""
-    applied = {k for k, _ in resume_overrides(args, also=("algo.iterations",))}
-    return [f"{k}={given} (the run has {was})" for k, was, given in resume_conflicts(saved, args, applied)]
+def refuse_resume_conflicts(saved: DictConfig, args, saved_in: Path, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """What a resume's command line ``args`` apply on top of the run saved in ``saved_in`` (its
+    ``config.yaml`` or ``experiment.json``; ``saved``: that run's resolved config):
+    :func:`resume_overrides` (with the keys in ``also``). Any other setting that would change the saved
+    run (:func:`resume_conflicts`) is a :class:`ConfigError` naming the key, the saved and the given
+    value: resuming continues the saved run, and dropping the setting would give the user the old run
+    where they asked for another. A setting equal to the saved one (``algo.lr=0.00003`` for ``3e-05``)
+    is fine. ``swarm run`` and ``swarm experiment`` both call this on ``resume=true``, before anything
+    in the run folder is touched."""
+    applied = resume_overrides(args, also=also)
+    changed = resume_conflicts(saved, args, {k for k, _ in applied})
+    if changed:
+        them = "it" if len(changed) == 1 else "them"
+        raise ConfigError(f"resume=true continues the run as saved in {str(saved_in)!r}, but the command line "
+                          "changes " + "; ".join(f"{k}: saved {was}, given {v}" for k, was, v in changed)
+                          + f"; drop {them} to resume the run as saved, or give a new run_dir to start a run "
+                          f"with {them}")
+    return applied
 
 
 #: Files and folders of a run that ``overwrite=true`` deletes (nothing else in the folder is touched).
@@ -296,14 +308,15 @@ def _find_resumable(cfg: DictConfig) -> Path:
 
 def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) -> RunContext:
     """Pick (or find, for ``resume=true``) the run folder, lock it, save the resolved config, set
-    up logging. ``args``: the command line, whose ``hardware`` keys and ``algo.iterations`` (to
-    train longer) still apply when a run is resumed. The lock (``ctx.lock``) is held until the
+    up logging. ``args``: the command line; when a run is resumed, its :func:`resume_overrides` and
+    ``algo.iterations`` (to train longer) apply and any other change is refused
+    (:func:`refuse_resume_conflicts`). The lock (``ctx.lock``) is held until the
     process ends or :meth:`RunLock.release`."""
     from swarm_runtime.provenance import pin
 
     check_hardware(cfg)
     pin()  # the code's commit as it is now (results are stamped when the run ends)
-    resume_from, extended, ignored, restarted = None, False, [], False
+    resume_from, extended, restarted = None, False, False
     if cfg.run_dir:
         run_dir = Path(cfg.run_dir)
     elif cfg.resume:
@@ -322,17 +335,20 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     lock = RunLock(run_dir, command).acquire()
     try:
         if cfg.resume:
+            saved = None
+            if (run_dir / "config.yaml").exists():
+                # Continue the run as it was configured; the command line picks the run, the machine, the
+                # display and (algo.iterations) how many updates to train in all. Any other change is
+                # refused here, before anything in the folder is repaired, cut or rewritten.
+                saved = load_saved(run_dir / "config.yaml", registry)
+                saved.resume, saved.run_dir = True, str(run_dir)
+                refuse_resume_conflicts(saved, args, run_dir / "config.yaml", also=("algo.iterations",))
             resume_from = latest_checkpoint(run_dir)
-            if resume_from is None and not (run_dir / "config.yaml").exists():
+            if resume_from is None and saved is None:
                 raise ConfigError(f"resume=true but {run_dir} has no checkpoint to resume from")
             if resume_from is None:  # killed before its first checkpoint: start again, as configured
                 restarted = True
-            if (run_dir / "config.yaml").exists():
-                # Continue the run as it was configured; the command line picks the run, the machine, and
-                # (algo.iterations) how many updates to train in all.
-                saved = load_saved(run_dir / "config.yaml", registry)
-                saved.resume, saved.run_dir = True, str(run_dir)
-                ignored = ignored_on_resume(saved, args)
+            if saved is not None:
                 extended = _apply_resume_overrides(saved, args, resume_from)
                 validate(saved, registry)
                 cfg = saved
@@ -362,8 +378,4 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     logger.info("run folder {}{}", run_dir, f" (resuming from {resume_from.name})" if resume_from else "")
     if restarted:
         logger.warning("resume=true: {} has no checkpoint yet (killed before the first one); starting it again", run_dir)
-    if ignored:
-        logger.warning("resume=true continues the run as its config.yaml says; ignored: {}. Only hardware.* and "
-                       "algo.iterations apply on resume; edit {} to change the rest",
-                       "; ".join(ignored), run_dir / "config.yaml")
     return RunContext(cfg, pm, registry, run_dir, resume_from, lock=lock)

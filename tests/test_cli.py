@@ -38,20 +38,28 @@ def test_run_writes_everything(smoke_run):
 
 
 def test_zero_updates_say_so_instead_of_an_empty_plot_list_and_a_difference_with_itself(tmp_path):
-    """``algo.iterations=0``: the MPT row is the SFT checkpoint evaluated again, so no MPT - SFT
+    """``algo.iterations=0``: the final checkpoint is the SFT one, so it is evaluated once (after SFT:
+    one evaluation in the log and in the metrics), shown once (the SFT only row), with no MPT - SFT
     difference (printed or in eval.json) and no plots, each said in words; no tb/ when not written."""
     run = tmp_path / "zero"
     res = swarm("run", *TINY_RUN, "algo.iterations=0", "tensorboard=false", f"run_dir={run}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "| SFT only |" in res.stdout and "| MPT |" in res.stdout
+    assert "| SFT only |" in res.stdout and "| MPT |" not in res.stdout
     assert "MPT - SFT:" not in res.stdout
-    assert ("MPT: 0 training updates (algo.iterations=0), so the MPT checkpoint is the SFT one evaluated again; "
-            "no MPT - SFT difference is reported") in res.stdout
+    assert ("MPT: 0 training updates (algo.iterations=0), so the MPT checkpoint is the SFT one, evaluated once "
+            "(the SFT figures above); no MPT - SFT difference is reported") in res.stdout
     assert f"Run folder: {run} (eval.json, metrics.jsonl, checkpoints/; no plots: 0 training updates)" in res.stdout
+    log = (run / "run.log").read_text()
+    assert log.count("held-out after SFT: reward") == 1 and "held-out after MPT: reward" not in log
+    assert "held-out after MPT: 0 training updates, so the final checkpoint is the SFT one" in log
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/reward_mean" in r] == [0]
     ev = json.loads((run / "eval.json").read_text())
-    assert set(ev["results"]) == {"SFT only", "MPT"} and "mpt_minus_sft" not in ev and "mpt_minus_sft_success" not in ev
+    assert set(ev["results"]) == {"SFT only"} and "mpt_minus_sft" not in ev and "mpt_minus_sft_success" not in ev
     assert not list(run.glob("*.png")) and not (run / "tb").exists()
     assert (run / "checkpoints" / "latest").read_text().strip() == "iter-000000"
+    state = json.loads((run / "checkpoints" / "iter-000000" / "state.json").read_text())
+    assert state["phase"] == "done" and state["final_eval"] == state["sft_eval"]  # what experiments read
 
 
 def test_checkpoint_is_hugging_face_format(smoke_run, registry):
@@ -182,12 +190,10 @@ def test_resume_with_more_iterations_extends_a_finished_run(smoke_run, tmp_path)
     (and saves N in its config, so a later resume continues to N); fewer than done is refused."""
     run = _copy_with_config(smoke_run[0], tmp_path / "longer", "  iterations: 2\n", "  iterations: 2\n")
     res = swarm("run", "resume=true", f"run_dir={run}", "algo.iterations=3", "domain=minecraft",
-                "task.max_decisions=16", "algo.lr=1e-4", cwd=tmp_path)
+                "task.max_decisions=16", "algo.lr=0.00003", cwd=tmp_path)  # other settings as saved: fine
     assert res.returncode == 0, res.stderr[-3000:]
     log = (run / "run.log").read_text()
     assert "extending the finished run from 2 to 3 updates" in log
-    # a setting resuming does not apply is named, not silently dropped; unchanged ones are not
-    assert "ignored: algo.lr=1e-4 (the run has 3e-05)" in log and "max_decisions" not in log.split("ignored:")[1]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "charts/episode_reward" in r] == [1, 2, 3]
     assert "  iterations: 3\n" in (run / "config.yaml").read_text()

@@ -1,17 +1,19 @@
 """``resume=true`` with settings on the command line: a setting that would change the saved run is
-refused (``swarm experiment``) or named in a warning (``swarm run``), never silently dropped; one equal
-to the saved value (in any spelling) and the machine (``hardware=...``) are fine. The real CLI in a
-subprocess on a smoke-sized experiment."""
+refused (exit 2, naming it, nothing in the run folder touched) by ``swarm experiment`` and ``swarm run``
+alike, never silently dropped; one equal to the saved value (in any spelling) and the machine
+(``hardware=...``) are fine. The real CLI in a subprocess on a smoke-sized experiment and run."""
 import json
+from pathlib import Path
 
 import pytest
-from conftest import swarm
+from conftest import TINY_RUN, swarm
 
 #: One training (SFT + 2 updates) and one evaluated coordinator, on training seed 0.
 EXP = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=12", "algo.sft.demo_episodes=2",
        "algo.sft.epochs=1", "algo.envs_per_step=2", "experiment.iterations=2", "algo.action_steps=1",
        "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "tensorboard=false",
-       "hardware.threads=1", "experiment.train_seeds=[0]", "experiment.coordinators=[auction]"]
+       "hardware.threads=1", "experiment.train_seeds=[0]", "experiment.coordinators=[auction]",
+       "model.lora.lr_scale=1"]
 
 
 @pytest.fixture(scope="module")
@@ -70,23 +72,96 @@ def test_a_resume_on_another_machine_proceeds(experiment):
     assert json.loads((experiment / "experiment.json").read_text())["args"] == EXP  # saved as started
 
 
-def test_swarm_run_names_what_resuming_ignores_with_the_same_comparison(registry):
-    """``swarm run resume=true`` warns (its config.yaml wins) through the same comparison: groups by the
-    name they pick, values resolved; the machine and ``algo.iterations`` apply."""
-    from swarm_runtime.config import resolve
-    from swarm_runtime.run import ignored_on_resume, resume_conflicts
+def test_without_resume_the_same_arguments_in_other_spellings_are_the_same_run(experiment, tmp_path):
+    """``swarm experiment NAME run_dir=D`` on a folder that holds the experiment compares the arguments
+    resolved (``1`` and ``1.0`` of a float key, another order), as an identical list is: it reruns,
+    skipping the finished cells; a real change, or a saved argument left off, is refused naming it."""
+    import shutil
+
+    copy = tmp_path / "exp"
+    shutil.copytree(experiment, copy)
+    same = [a.replace("model.lora.lr_scale=1", "model.lora.lr_scale=1.0") for a in reversed(EXP)]
+    res = swarm("experiment", "coordination", *same, f"run_dir={copy}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    log = (copy / "run.log").read_text().split("experiment coordination in")[-1]
+    assert "cell train-mpt: done before, skipped" in log and "cell coordination-auction: done before, skipped" in log
+    before = files(copy)
+    changed = [a.replace("experiment.iterations=2", "experiment.iterations=3") for a in same if "max_decisions" not in a]
+    bad = swarm("experiment", "coordination", *changed, f"run_dir={copy}", cwd=tmp_path)
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+    assert lines[0].startswith(f"swarm: error: {str(copy)!r} already holds this experiment run with other arguments "
+                               "(experiment.iterations: saved 2, given 3; task.max_decisions: saved 12, not given, so ")
+    assert lines[0].endswith("); continue it with resume=true or pick another run_dir")
+    assert "lr_scale" not in lines[0]
+    assert files(copy) == before
+
+
+def test_swarm_run_refuses_what_resuming_would_change_with_the_same_comparison(registry, tmp_path):
+    """``swarm run resume=true`` asks the same comparison as the experiment: groups by the name they
+    pick, values resolved; the machine, the display and ``algo.iterations`` apply."""
+    from swarm_runtime.config import ConfigError, resolve
+    from swarm_runtime.run import refuse_resume_conflicts, resume_conflicts
 
     _, reg = registry
     saved = resolve(["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=16"], reg)
     same = ["domain=minecraft", "task=wooden_pickaxe", "max_decisions=16", "algo.lr=0.00003", "model=tiny",
             "hardware=cpu", "hardware.threads=3", "algo.iterations=9", "run_dir=x", "resume=true", "progress=false",
             "log_level=DEBUG"]
-    assert ignored_on_resume(saved, same) == []
+    applied = refuse_resume_conflicts(saved, same, tmp_path / "config.yaml", also=("algo.iterations",))
+    assert [k for k, _ in applied] == ["hardware", "hardware.threads", "algo.iterations", "progress", "log_level"]
     changed = ["task=stone_pickaxe", "model=small", "algo.lr=1e-4", "max_decisions=20", "task.llm_judge.api_key=sk-1"]
-    assert ignored_on_resume(saved, changed) == ["task=stone_pickaxe (the run has wooden_pickaxe)",
-                                                 "model=small (the run has tiny)", "algo.lr=1e-4 (the run has 3e-05)",
-                                                 "max_decisions=20 (the run has 16)"]
+    with pytest.raises(ConfigError) as e:
+        refuse_resume_conflicts(saved, changed, tmp_path / "config.yaml", also=("algo.iterations",))
+    assert str(e.value) == (
+        f"resume=true continues the run as saved in {str(tmp_path / 'config.yaml')!r}, but the command line changes "
+        "task: saved wooden_pickaxe, given stone_pickaxe; model: saved tiny, given small; algo.lr: saved 3e-05, "
+        "given 1e-4; max_decisions: saved 16, given 20; drop them to resume the run as saved, or give a new run_dir "
+        "to start a run with them")
     assert resume_conflicts(saved, ["algo.iterations=9"]) == [("algo.iterations", int(saved.algo.iterations), "9")]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("resume-run")
+    res = swarm("run", *TINY_RUN, "tensorboard=false", f"run_dir={d / 'run'}", cwd=d)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return d / "run"
+
+
+def resume_run(folder, *args):
+    return swarm("run", "resume=true", f"run_dir={folder}", *args, cwd=folder.parent)
+
+
+@pytest.mark.parametrize("args, named", [
+    (["algo.lr=1e-4", "algo.iterations=3", "hardware.threads=1"], ["algo.lr: saved 3e-05, given 1e-4"]),
+    (["task=stone_pickaxe", "max_decisions=20"],
+     ["task: saved wooden_pickaxe, given stone_pickaxe", "max_decisions: saved 16, given 20"]),
+])
+def test_swarm_run_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(tiny_run, args, named):
+    """The same refusal (and words) as ``swarm experiment ... resume=true``, where it used to warn
+    and continue with the saved value."""
+    before = files(tiny_run)
+    res = resume_run(tiny_run, *args)
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert f"resume=true continues the run as saved in {str(tiny_run / 'config.yaml')!r}" in lines[0]
+    for n in named:
+        assert n in lines[0]
+    them = "them" if len(named) > 1 else "it"
+    assert f"drop {them} to resume the run as saved, or give a new run_dir to start a run with {them}" in lines[0]
+    assert "hardware" not in lines[0] and "iterations" not in lines[0]  # these apply on resume
+    assert files(tiny_run) == before  # nothing already written is lost or rewritten (the lock file included)
+
+
+def test_swarm_run_resume_with_the_saved_values_in_other_spellings_proceeds(tiny_run):
+    res = resume_run(tiny_run, "algo.lr=0.00003", "task.max_decisions=16", "domain=minecraft", "task=wooden_pickaxe",
+                     "algo.iterations=2", "hardware=cpu", "log_level=DEBUG")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "(resuming from iter-000002)" in (tiny_run / "run.log").read_text()
+    assert "Held-out evaluation" in res.stdout
 
 
 def test_a_saved_secret_is_not_read_back_as_the_literal_redacted_marker(tmp_path):
@@ -105,11 +180,12 @@ def test_swarm_run_resume_applies_a_secret_given_again(registry):
     """A secret is never saved (``<redacted>``, read back as null): given again on ``swarm run
     resume=true`` it applies, like the machine keys, and is not reported as ignored."""
     from swarm_runtime.config import resolve
-    from swarm_runtime.run import _apply_resume_overrides, ignored_on_resume
+    from swarm_runtime.run import _apply_resume_overrides, refuse_resume_conflicts
 
     _, reg = registry
     saved = resolve(["domain=openresearcher", "task=embedded"], reg)
     given = ["task.llm_judge.api_key=sk-test-1234", "hardware.threads=1"]
-    assert ignored_on_resume(saved, given) == []
+    assert refuse_resume_conflicts(saved, given, Path("config.yaml"), also=("algo.iterations",)) == [
+        ("hardware.threads", "1"), ("task.llm_judge.api_key", "sk-test-1234")]
     _apply_resume_overrides(saved, given, None)
     assert saved.task.llm_judge.api_key == "sk-test-1234" and saved.hardware.threads == 1

@@ -16,7 +16,7 @@ from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
 from swarm_runtime.provenance import NOT_A_CHECKOUT, commit_text, versions, versions_line
-from swarm_runtime.run import check_hardware, check_task, resume_conflicts, resume_overrides
+from swarm_runtime.run import check_hardware, check_task, refuse_resume_conflicts, resume_conflicts
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -48,9 +48,11 @@ def _find_run_dir(name: str, args: list[str], registry, run_dir: str | None, res
         return path, _saved_args(saved, name)
     if run_dir:
         saved = Path(run_dir) / "experiment.json"
-        if saved.exists() and _saved_args(saved, name) != args:
-            raise ConfigError(f"{run_dir!r} already holds this experiment run with other arguments "
-                              f"({' '.join(_saved_args(saved, name))}); continue it with resume=true or pick another run_dir")
+        changed = _argument_changes(_saved_args(saved, name), args, registry) if saved.exists() else []
+        if changed:
+            raise ConfigError(f"{run_dir!r} already holds this experiment run with other arguments ("
+                              + "; ".join(changed)
+                              + "); continue it with resume=true or pick another run_dir")
         return Path(run_dir), args
     cfg = resolve(args, registry)
     prefix = f"experiment-{name}-{cfg.domain}-{cfg.task_name}-"
@@ -61,6 +63,25 @@ def _find_run_dir(name: str, args: list[str], registry, run_dir: str | None, res
             raise ConfigError(f"resume=true but no folder runs/{prefix}* exists; give run_dir=...")
         return found[-1], _saved_args(found[-1] / "experiment.json", name)
     return Path("runs") / (prefix + time.strftime("%Y%m%d-%H%M%S")), args
+
+
+def _argument_changes(saved: list[str], given: list[str], registry) -> list[str]:
+    """Where the ``given`` arguments would run another experiment than the ``saved`` ones, each as
+    ``key: saved V, given W``. Values are compared resolved (:func:`~swarm_runtime.run.resume_conflicts`)
+    both ways, so ``x=1`` and ``x=1.0`` of a float key, ``[ 0 ]`` and ``[0]``, ``max_decisions=12`` and
+    ``task.max_decisions=12`` or another order are the same run; a saved argument left off counts when
+    the value without it differs (``key: saved V, not given, so W``). Secrets (never saved)
+    are not compared."""
+    now = resolve(given, registry)
+
+    def key(arg: str) -> str:  # a bare task key (max_decisions=) is task.max_decisions
+        k = arg.partition("=")[0]
+        return k if "." in k or k in now or k not in now.get("task", {}) else f"task.{k}"
+
+    out = [f"{k}: saved {was}, given {v}" for k, was, v in resume_conflicts(resolve(saved, registry), given)]
+    typed = {key(a) for a in given}
+    rest = [a for a in saved if key(a) not in typed]
+    return out + [f"{k}: saved {was}, not given, so {v}" for k, v, was in resume_conflicts(now, rest)]
 
 
 def _saved_args(path: Path, name: str) -> list[str]:
@@ -75,18 +96,10 @@ def _saved_args(path: Path, name: str) -> list[str]:
 
 def resume_applies(run_dir: Path, saved_args: list[str], given: list[str], registry) -> list[str]:
     """What a resume's command line adds to the saved arguments: the machine (``hardware=``,
-    ``hardware.*``) and secrets (saved redacted, so given again). Any other setting that would change
-    the saved run is an error naming it (:func:`~swarm_runtime.run.resume_conflicts`): resuming reruns
-    the saved arguments, and dropping it would give the user the old run where they asked for another;
-    a setting equal to the saved one (``algo.lr=0.00003`` for ``3e-05``) is fine."""
-    applied = resume_overrides(given)
-    changed = resume_conflicts(resolve(saved_args, registry), given, {k for k, _ in applied})
-    if changed:
-        them = "it" if len(changed) == 1 else "them"
-        raise ConfigError(f"resume=true reruns the arguments saved in {str(run_dir / 'experiment.json')!r}, but the "
-                          "command line changes " + "; ".join(f"{k}: saved {was}, given {v}" for k, was, v in changed)
-                          + f"; drop {them} to resume the run as saved, or give a new run_dir to start a run "
-                          f"with {them}")
+    ``hardware.*``), the display and secrets (saved redacted, so given again). Any other setting that
+    would change the saved run is refused (:func:`~swarm_runtime.run.refuse_resume_conflicts`, as for
+    ``swarm run resume=true``): resuming reruns the saved arguments."""
+    applied = refuse_resume_conflicts(resolve(saved_args, registry), given, run_dir / "experiment.json")
     return [f"{k}={v}" for k, v in applied]
 
 

@@ -44,12 +44,13 @@ class FlopsBudgetMixin:
             it = int(stop.args[0])
             logger.info("FLOPs budget {:.3g} reached after {} updates ({:.3g} FLOPs)", self.flops_budget, it,
                         self.ctx.flops.training_total)
-            self.state["final_eval"] = self.held_out("at the FLOPs budget")
+            self.state["final_eval"], evaluated = self.final_held_out("at the FLOPs budget")
             self.state["phase"] = "done"
             self.state["stopped_at_budget"] = True
-            self.writer.log(it, {"eval/reward_mean": self.state["final_eval"]["reward_mean"],
-                                 "eval/reward_se": self.state["final_eval"]["reward_se"],
-                                 "flops/total": self.ctx.flops.training_total})
+            if evaluated:
+                self.writer.log(it, {"eval/reward_mean": self.state["final_eval"]["reward_mean"],
+                                     "eval/reward_se": self.state["final_eval"]["reward_se"],
+                                     "flops/total": self.ctx.flops.training_total})
             self._save(f"iter-{it:06d}")
             return self.finish()
 

@@ -258,7 +258,10 @@ class RLCRTrainer(PhasedTrainer):
         ctx, cfg = self.ctx, self.cfg
         team = team_label(loop_options(cfg, 0.0))
         rows, curves = [], {}
-        for phase, label in (("sft_eval", "SFT"), ("final_eval", self.label)):
+        phases = [("sft_eval", "SFT"), ("final_eval", self.label)]
+        if self.final_is_sft:  # no update made: the SFT rows are the final checkpoint's
+            phases.pop()
+        for phase, label in phases:
             for name, res in (self.state.get(phase) or {}).items():
                 row = f"{label}: {team if name == 'collective' else 'solo'}"
                 rows.append((row, res))

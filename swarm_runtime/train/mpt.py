@@ -248,7 +248,8 @@ class MPTTrainer(PhasedTrainer):
         rows = []
         if "sft_eval" in self.state:
             rows.append(("SFT only", self.state["sft_eval"]))
-        rows.append((self.label, self.state["final_eval"]))
+        if not self.final_is_sft:  # with no update made, the SFT row is the final checkpoint's
+            rows.append((self.label, self.state["final_eval"]))
         metrics = ["reward"] + [k[:-5] for k in self.state["final_eval"] if k.endswith("_mean")
                                 and k not in ("reward_mean", "decisions_mean") and k[:-5] in ("success", "spl", "ndtw")]
         table = format_table(rows, metrics)

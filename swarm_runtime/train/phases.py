@@ -4,7 +4,8 @@ results. ``state["phase"]`` (``init``, ``sft_done``, ``rl``, ``done``) is saved 
 a killed run resumes at the phase it was in, and a finished one trains on when ``algo.iterations`` grows.
 
 A trainer subclasses :class:`PhasedTrainer` and provides ``_setup()``, ``cold_start()``,
-``held_out(label)``, ``rl_step(it) -> metrics`` (with ``metrics["kind"]``), ``finish()``, a
+``held_out(label)``, ``rl_step(it) -> metrics`` (with ``metrics["kind"]``), ``finish()`` (with no update
+made, :attr:`PhasedTrainer.final_is_sft`: one row, the SFT one), a
 ``policies`` dict (name -> policy, what checkpoints hold) and ``optimizers``; optionally
 :meth:`log_eval` and :meth:`postfix`.
 """
@@ -51,13 +52,29 @@ class PhasedTrainer:
         the SFT one, so a final - SFT difference would compare a checkpoint with itself)."""
         return int(self.state.get("iteration", 0)) > 0
 
+    @property
+    def final_is_sft(self) -> bool:
+        """No update made and the SFT checkpoint evaluated: the final checkpoint is the SFT one, so its
+        evaluation is the one after SFT (not run again, not shown twice)."""
+        return not self.trained and bool(self.state.get("sft_eval"))
+
+    def final_held_out(self, label: str) -> tuple[dict, bool]:
+        """The held-out evaluation of the final checkpoint and whether it was run now: with no update
+        made (:attr:`final_is_sft`), the evaluation after SFT of the same weights."""
+        if self.final_is_sft:
+            logger.info("held-out {}: 0 training updates, so the final checkpoint is the SFT one, evaluated after "
+                        "SFT; not evaluated again", label)
+            return self.state["sft_eval"], False
+        return self.held_out(label), True
+
     def summary_lines(self, plots) -> list[str]:
-        """The end of the printed summary: with no update made, a line saying the final row is the SFT
-        checkpoint; then the run folder and what it holds (``tb/`` when written; plots, or why none)."""
+        """The end of the printed summary: with no update made, a line saying the final checkpoint is the
+        SFT one; then the run folder and what it holds (``tb/`` when written; plots, or why none)."""
         out = []
         if not self.trained:
+            once = ", evaluated once (the SFT figures above)" if self.final_is_sft else ""
             out.append(f"{self.label}: 0 training updates (algo.iterations=0), so the {self.label} checkpoint is the "
-                       f"SFT one evaluated again; no {self.label} - SFT difference is reported")
+                       f"SFT one{once}; no {self.label} - SFT difference is reported")
         run_dir = self.ctx.run_dir
         held = ["eval.json", "metrics.jsonl", *(["tb/"] if (run_dir / "tb").is_dir() else []),
                 *(p.name for p in plots), "checkpoints/"]
@@ -97,8 +114,9 @@ class PhasedTrainer:
                 self._save(f"iter-{it + 1:06d}")
         bar.close()
         if self.state["phase"] == "rl":
-            self.state["final_eval"] = self.held_out(f"after {self.rl_name}")
+            self.state["final_eval"], evaluated = self.final_held_out(f"after {self.rl_name}")
             self.state["phase"] = "done"
-            self.log_eval(iterations, self.state["final_eval"])
+            if evaluated:  # else its row is in the metrics already (step 0, after SFT)
+                self.log_eval(iterations, self.state["final_eval"])
             self._save(f"iter-{iterations:06d}")
         return self.finish()

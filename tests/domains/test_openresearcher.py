@@ -649,7 +649,7 @@ def test_eval_on_the_dev_split_through_the_cli(tmp_path):
                 "eval.episodes=2", "eval.runs=1", "progress=false", f"run_dir={run}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     ev = json.loads((run / "eval.json").read_text())
-    assert sorted(ev["results"]["MPT"]["seed_rewards"]) == ["1000000", "1000001"]
+    assert sorted(ev["results"]["SFT only"]["seed_rewards"]) == ["1000000", "1000001"]  # 0 updates: one row
     from swarm_runtime.provenance import versions_line
 
     assert ev["versions"]["transformers"] and versions_line(ev["versions"]).startswith("versions: python ")
