@@ -364,3 +364,17 @@ def test_cli_rlcr_run_trains_evaluates_and_plots(tmp_path):
     bad = swarm("run", "domain=vln_ce", "algo=rlcr", f"run_dir={tmp_path / 'bad'}", cwd=ROOT)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "vln_ce" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_cli_rlcr_run_without_updates_labels_its_figures_sft(tmp_path):
+    """``algo.iterations=0`` under ``algo=rlcr``: the SFT checkpoint is the final one, evaluated once, and
+    the collective-vs-solo line says SFT (no RLCR policy exists)."""
+    out = tmp_path / "run"
+    res = swarm("run", "domain=minecraft", "task=wooden_pickaxe", "algo=rlcr", "algo.iterations=0",
+                "rlcr.instances=1", "rlcr.group_size=2", "rlcr.t_max.start=120", "rlcr.t_max.end=240",
+                "algo.sft.demo_episodes=3", "algo.sft.epochs=1", "eval.episodes=2", "progress=false",
+                "tensorboard=false", f"run_dir={out}", cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "SFT flat team of 3 - solo (same policy, same T_max)" in res.stdout
+    assert "RLCR flat team" not in res.stdout and "| RLCR:" not in res.stdout
+    assert set(json.loads((out / "eval.json").read_text())["results"]) == {"SFT: flat team of 3", "SFT: solo"}

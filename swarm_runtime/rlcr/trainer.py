@@ -291,7 +291,7 @@ class RLCRTrainer(PhasedTrainer):
               f"minutes (mean ± standard error over seeds)\n{table}")
         if "collective_minus_solo" in results:
             c = results["collective_minus_solo"]
-            print(f"{self.label} {team} - solo (same policy, same T_max): {c['mean']:+.2f} ± {c['se']:.2f} return, "
+            print(f"{'SFT' if self.final_is_sft else self.label} {team} - solo (same policy, same T_max): {c['mean']:+.2f} ± {c['se']:.2f} return, "
                   f"paired over the {c['seeds']} held-out seeds")
         if "rlcr_minus_sft" in results:
             c = results["rlcr_minus_sft"]
