@@ -305,3 +305,13 @@ def test_bad_train_seeds_and_split_are_refused(registry, tmp_path, arg, match):
 def test_bad_train_seeds_exit_2_on_the_cli(tmp_path):
     res = swarm("experiment", "coordination", "experiment.train_seeds=[0,0]", f"run_dir={tmp_path / 'x'}", cwd=tmp_path)
     assert res.returncode == 2 and "distinct non-negative" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_notes_of_several_training_seeds_say_which_seed_wrote_a_per_seed_note():
+    from swarm_runtime.experiments.replicate import seed_notes
+
+    notes = seed_notes({0: ["T_max 25", "team 2: useful work 0.65"], 1: ["T_max 25", "team 2: useful work 0.63"],
+                        2: ["T_max 25", "team 2: useful work 0.65"]})
+    assert notes == ["T_max 25", "training seeds 0, 2: team 2: useful work 0.65",
+                     "training seed 1: team 2: useful work 0.63"]
+    assert seed_notes({3: ["a", "b"]}) == ["a", "b"]

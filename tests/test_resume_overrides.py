@@ -70,6 +70,10 @@ def test_a_resume_on_another_machine_proceeds(experiment):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "(resuming)" in (experiment / "run.log").read_text()
     assert json.loads((experiment / "experiment.json").read_text())["args"] == EXP  # saved as started
+    res = resume(experiment, "hardware.threads=1", "progress=false")  # the saved values, given again
+    assert res.returncode == 0, res.stderr[-3000:]
+    command = next(line for line in (experiment / "results.md").read_text().splitlines() if line.startswith("Command:"))
+    assert command.count("hardware.threads=1") == 1 and command.count("progress=false") == 1, command
 
 
 def test_without_resume_the_same_arguments_in_other_spellings_are_the_same_run(experiment, tmp_path):

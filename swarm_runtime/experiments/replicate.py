@@ -26,6 +26,18 @@ from swarm_runtime.experiments.report import markdown_table, plot_bars
 MAIN_COLUMN = "held-out reward"
 
 
+def seed_notes(by_seed: dict) -> list[str]:
+    """The notes of each training seed's report, once: a note every seed wrote as is, one that only
+    some seeds wrote (a per-seed measurement) prefixed with its seed, so readers can tell them apart."""
+    seeds = list(by_seed)
+    out = []
+    for note in dict.fromkeys(n for notes in by_seed.values() for n in notes):
+        having = [s for s in seeds if note in by_seed[s]]
+        out.append(note if len(having) == len(seeds) or len(seeds) == 1
+                   else f"training seed{'s' if len(having) > 1 else ''} {', '.join(map(str, having))}: {note}")
+    return out
+
+
 def _pair(v) -> bool:
     return isinstance(v, (tuple, list)) and len(v) == 2 and (v[0] is None or isinstance(v[0], (int, float)))
 
@@ -120,7 +132,7 @@ def combine(reports: dict[int, Report], run_dir: Path) -> Report:
                "means / sqrt(S)), which includes training-seed spread and held-out sampling; per-seed values below."
                if len(seeds) > 1 else
                f"One training seed ({seeds[0]}): standard errors cover held-out sampling only, not training-seed spread.")
-    notes = [se_note] + list(dict.fromkeys(n for rep in reports.values() for n in rep.notes))
+    notes = [se_note] + seed_notes({s: rep.notes for s, rep in reports.items()})
     data = {"train_seeds": seeds, "paired": paired, "main_column": col,
             "per_seed": {str(s): {"rows": rep.rows, **rep.data} for s, rep in reports.items()}}
     if "runs_per_seed" in first.data:  # an experiment whose evaluation is not eval.runs runs per held-out seed

@@ -116,7 +116,7 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     given = list(args)
     run_dir, args = _find_run_dir(name, args, registry, run_dir_arg, resume)
     if resume:  # the saved arguments, on the machine the command line names (hardware=cpu, ...)
-        args = args + resume_applies(run_dir, args, given, registry)
+        args = args + [a for a in resume_applies(run_dir, args, given, registry) if a not in args]
     cfg = resolve(args, registry)
     cfg.experiment.name, cfg.run_dir, cfg.resume = name, str(run_dir), bool(resume)
     check_hardware(cfg)
