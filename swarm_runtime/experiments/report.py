@@ -1,6 +1,8 @@
 """Experiment outputs: markdown tables, ``results.json``, and the curve / bar plots."""
 from __future__ import annotations
 
+import textwrap
+
 from pathlib import Path
 from typing import Sequence
 
@@ -70,7 +72,7 @@ def plot_curves(curves: dict[str, Sequence[Sequence[float]]], path: Path, title:
         ax.axvline(mark_flops, color="k", ls=":", lw=1, label="equal FLOPs")
     ax.set_xlabel("cumulative training FLOPs")
     ax.set_ylabel("episode reward (lines: rollouts; squares: held-out)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, width=int(fig.get_figwidth() * 13)), fontsize=10)  # long titles wrap, never clip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
@@ -86,6 +88,6 @@ def plot_bars(labels: Sequence[str], values: Sequence[tuple[float, float]], path
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=15, fontsize=8)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, width=int(fig.get_figwidth() * 13)), fontsize=10)  # long titles wrap, never clip
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, path)
