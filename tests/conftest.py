@@ -11,6 +11,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_RUN = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=16", "algo.sft.demo_episodes=2",
             "algo.sft.epochs=1", "algo.envs_per_step=2", "algo.iterations=2", "algo.action_steps=1",
             "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "tensorboard=true"]
+#: The smallest ``algo=rlcr`` run: 1 instance x G=2 rollouts, ``T_max`` 2 -> 4 simulated minutes, 3 demos.
+TINY_RLCR = ["domain=minecraft", "task=wooden_pickaxe", "algo=rlcr", "rlcr.instances=1", "rlcr.group_size=2",
+             "rlcr.t_max.start=120", "rlcr.t_max.end=240", "algo.sft.demo_episodes=3", "algo.sft.epochs=1",
+             "progress=false"]
+#: ... as an RLCR experiment (one training seed, one update per arm, 2 held-out seeds).
+TINY_RLCR_EXPERIMENT = [*TINY_RLCR, "experiment.iterations=1", "experiment.train_seeds=[0]", "rlcr.t_max.steps=1",
+                        "experiment.eval_episodes=2", "hardware.threads=1"]
 
 
 def swarm(*args: str, cwd: Path, timeout: int = 300, env: dict | None = None, **popen) -> subprocess.CompletedProcess:

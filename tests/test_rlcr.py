@@ -20,7 +20,7 @@ from swarm_runtime.rlcr.loop import LoopOptions, Rollout, Turn, play_concurrent,
 from swarm_runtime.rlcr.messages import Board, parse_command
 from swarm_runtime.rlcr.org import Organisation
 
-from tests.conftest import ROOT, swarm
+from tests.conftest import ROOT, TINY_RLCR, swarm
 
 TICK_TASK = OmegaConf.create({"max_decisions": 50, "reward_max": 10, "reward_min": 0,
                               "train_seeds": {"start": 0, "count": 4}, "eval_seeds": {"start": 100, "count": 2}})
@@ -342,10 +342,8 @@ def test_a_domain_without_progress_is_a_config_error_naming_it(registry):
 
 def test_cli_rlcr_run_trains_evaluates_and_plots(tmp_path):
     out = tmp_path / "run"
-    res = swarm("run", "domain=minecraft", "task=wooden_pickaxe", "algo=rlcr", "algo.iterations=2",
-                "rlcr.instances=1", "rlcr.group_size=2", "rlcr.t_max.start=120", "rlcr.t_max.end=240",
-                "rlcr.t_max.steps=2", "algo.sft.demo_episodes=3", "algo.sft.epochs=1", "eval.episodes=2",
-                "progress=false", f"run_dir={out}", cwd=ROOT)
+    res = swarm("run", *TINY_RLCR, "algo.iterations=2", "rlcr.t_max.steps=2", "eval.episodes=2", f"run_dir={out}",
+                cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "RLCR: flat team of 3" in res.stdout and "RLCR: solo" in res.stdout and "RLCR - SFT" in res.stdout
     ev = json.loads((out / "eval.json").read_text())
@@ -370,10 +368,8 @@ def test_cli_rlcr_run_without_updates_labels_its_figures_sft(tmp_path):
     """``algo.iterations=0`` under ``algo=rlcr``: the SFT checkpoint is the final one, evaluated once, and
     the collective-vs-solo line says SFT (no RLCR policy exists)."""
     out = tmp_path / "run"
-    res = swarm("run", "domain=minecraft", "task=wooden_pickaxe", "algo=rlcr", "algo.iterations=0",
-                "rlcr.instances=1", "rlcr.group_size=2", "rlcr.t_max.start=120", "rlcr.t_max.end=240",
-                "algo.sft.demo_episodes=3", "algo.sft.epochs=1", "eval.episodes=2", "progress=false",
-                "tensorboard=false", f"run_dir={out}", cwd=ROOT)
+    res = swarm("run", *TINY_RLCR, "algo.iterations=0", "eval.episodes=2", "tensorboard=false", f"run_dir={out}",
+                cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "SFT flat team of 3 - solo (same policy, same T_max)" in res.stdout
     assert "RLCR flat team" not in res.stdout and "| RLCR:" not in res.stdout

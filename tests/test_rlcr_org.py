@@ -6,16 +6,12 @@ import json
 
 from omegaconf import OmegaConf
 
-from tests.conftest import ROOT, swarm
+from tests.conftest import ROOT, TINY_RLCR_EXPERIMENT, swarm
 
 
 def test_rlcr_org_trains_three_arms_and_tabulates_them(tmp_path):
     out = tmp_path / "org"
-    res = swarm("experiment", "rlcr_org", "domain=minecraft", "task=wooden_pickaxe", "algo=rlcr",
-                "experiment.iterations=1", "experiment.train_seeds=[0]", "rlcr.instances=1", "rlcr.group_size=2",
-                "rlcr.t_max.start=120", "rlcr.t_max.end=240", "rlcr.t_max.steps=1", "algo.sft.demo_episodes=3",
-                "algo.sft.epochs=1", "experiment.eval_episodes=2", "hardware.threads=1", "progress=false",
-                f"run_dir={out}", cwd=ROOT)
+    res = swarm("experiment", "rlcr_org", *TINY_RLCR_EXPERIMENT, f"run_dir={out}", cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     table = (out / "results.md").read_text()
     for label in ("| flat team of 3 |", "| CEO + up to 2 hires |", "| flat team of 3, latency penalty beta=0.5 |"):

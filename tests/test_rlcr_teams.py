@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import ROOT, swarm
+from tests.conftest import ROOT, TINY_RLCR_EXPERIMENT, swarm
 
 
 def test_rlcr_teams_trains_each_team_size_and_gives_the_solo_agent_the_teams_tokens(tmp_path):
     out = tmp_path / "teams"
-    res = swarm("experiment", "rlcr_teams", "domain=minecraft", "task=wooden_pickaxe", "algo=rlcr", "rlcr.teams=[1,2]",
-                "experiment.iterations=1", "experiment.train_seeds=[0]", "rlcr.instances=1", "rlcr.group_size=2",
-                "rlcr.t_max.start=120", "rlcr.t_max.end=240", "rlcr.t_max.steps=1", "algo.sft.demo_episodes=3",
-                "algo.sft.epochs=1", "experiment.eval_episodes=2", "hardware.threads=1", "progress=false",
-                f"run_dir={out}", cwd=ROOT)
+    res = swarm("experiment", "rlcr_teams", *TINY_RLCR_EXPERIMENT, "rlcr.teams=[1,2]", f"run_dir={out}", cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     table = (out / "results.md").read_text()
     assert "| team 1 (solo) |" in table and "| team 2 |" in table and "solo, same tokens" in table
