@@ -169,12 +169,13 @@ def resume_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     return machine_overrides(args, also=(*also, *DISPLAY_KEYS)) + secrets
 
 
-def _apply_resume_overrides(saved: DictConfig, args, resume_from: Path) -> bool:
-    """Apply a resumed run's :func:`resume_overrides` and ``algo.iterations=N`` (train up to N
-    updates in all: a finished run continues, its learning-rate schedule stretched to the new
-    total). Returns whether the iterations changed."""
+def _apply_resume_overrides(saved: DictConfig, applied: list[tuple[str, str]], resume_from: Path) -> bool:
+    """Apply a resumed run's ``applied`` settings (:func:`refuse_resume_conflicts` returns them: its
+    :func:`resume_overrides` and ``algo.iterations=N``, train up to N updates in all: a finished run
+    continues, its learning-rate schedule stretched to the new total). Returns whether the iterations
+    changed."""
     before = int(saved.algo.iterations)
-    for k, v in resume_overrides(args, also=("algo.iterations",)):
+    for k, v in applied:
         override(saved, k, v)
     n = int(saved.algo.iterations)
     done = int(load_state(resume_from).get("iteration", 0)) if resume_from is not None else 0
@@ -187,6 +188,12 @@ def _apply_resume_overrides(saved: DictConfig, args, resume_from: Path) -> bool:
 #: Config groups the command line picks by name (``task=wooden_pickaxe``), with the key that records the pick.
 GROUP_PICKS = {"domain": "domain", "task": "task_name", "model": "model.name", "algo": "algo.name",
                "hardware": "hardware.name"}
+
+
+def config_key(cfg: DictConfig, k: str) -> str:
+    """The full key a command-line ``k`` sets in ``cfg``: a bare task key (``max_decisions``) is
+    ``task.max_decisions``; anything else as given."""
+    return k if "." in k or k in cfg or k not in cfg.get("task", {}) else f"task.{k}"
 
 
 def resume_conflicts(saved: DictConfig, args, applied=()) -> list[tuple[str, object, str]]:
@@ -211,7 +218,7 @@ def resume_conflicts(saved: DictConfig, args, applied=()) -> list[tuple[str, obj
             if str(was) != v:
                 out.append((k, was, v))
             continue
-        key = k if "." in k or k in saved or k not in saved.get("task", {}) else f"task.{k}"
+        key = config_key(saved, k)
         was = plain(OmegaConf.select(saved, key, default=None))
         trial = saved.copy()
         try:
@@ -335,21 +342,21 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     lock = RunLock(run_dir, command).acquire()
     try:
         if cfg.resume:
-            saved = None
+            saved, applied = None, []
             if (run_dir / "config.yaml").exists():
                 # Continue the run as it was configured; the command line picks the run, the machine, the
                 # display and (algo.iterations) how many updates to train in all. Any other change is
                 # refused here, before anything in the folder is repaired, cut or rewritten.
                 saved = load_saved(run_dir / "config.yaml", registry)
                 saved.resume, saved.run_dir = True, str(run_dir)
-                refuse_resume_conflicts(saved, args, run_dir / "config.yaml", also=("algo.iterations",))
+                applied = refuse_resume_conflicts(saved, args, run_dir / "config.yaml", also=("algo.iterations",))
             resume_from = latest_checkpoint(run_dir)
             if resume_from is None and saved is None:
                 raise ConfigError(f"resume=true but {run_dir} has no checkpoint to resume from")
             if resume_from is None:  # killed before its first checkpoint: start again, as configured
                 restarted = True
             if saved is not None:
-                extended = _apply_resume_overrides(saved, args, resume_from)
+                extended = _apply_resume_overrides(saved, applied, resume_from)
                 validate(saved, registry)
                 cfg = saved
                 check_hardware(cfg)

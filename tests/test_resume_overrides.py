@@ -189,7 +189,7 @@ def test_swarm_run_resume_applies_a_secret_given_again(registry):
     _, reg = registry
     saved = resolve(["domain=openresearcher", "task=embedded"], reg)
     given = ["task.llm_judge.api_key=sk-test-1234", "hardware.threads=1"]
-    assert refuse_resume_conflicts(saved, given, Path("config.yaml"), also=("algo.iterations",)) == [
-        ("hardware.threads", "1"), ("task.llm_judge.api_key", "sk-test-1234")]
-    _apply_resume_overrides(saved, given, None)
+    applied = refuse_resume_conflicts(saved, given, Path("config.yaml"), also=("algo.iterations",))
+    assert applied == [("hardware.threads", "1"), ("task.llm_judge.api_key", "sk-test-1234")]
+    _apply_resume_overrides(saved, applied, None)
     assert saved.task.llm_judge.api_key == "sk-test-1234" and saved.hardware.threads == 1

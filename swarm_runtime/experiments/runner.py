@@ -16,7 +16,7 @@ from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
 from swarm_runtime.provenance import NOT_A_CHECKOUT, commit_text, versions, versions_line
-from swarm_runtime.run import check_hardware, check_task, refuse_resume_conflicts, resume_conflicts
+from swarm_runtime.run import check_hardware, check_task, config_key, refuse_resume_conflicts, resume_conflicts
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -74,9 +74,8 @@ def _argument_changes(saved: list[str], given: list[str], registry) -> list[str]
     are not compared."""
     now = resolve(given, registry)
 
-    def key(arg: str) -> str:  # a bare task key (max_decisions=) is task.max_decisions
-        k = arg.partition("=")[0]
-        return k if "." in k or k in now or k not in now.get("task", {}) else f"task.{k}"
+    def key(arg: str) -> str:
+        return config_key(now, arg.partition("=")[0])
 
     out = [f"{k}: saved {was}, given {v}" for k, was, v in resume_conflicts(resolve(saved, registry), given)]
     typed = {key(a) for a in given}
