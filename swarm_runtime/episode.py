@@ -31,6 +31,8 @@ from swarm_runtime.domain import Domain, Event
 from swarm_runtime.env import ValidatedEnv
 from swarm_runtime.policy import noise as keyed
 from swarm_runtime.policy.base import Policy, Response
+from swarm_runtime.rollout.base import Row, Sampler
+from swarm_runtime.rollout.local import LocalSampler, _batch, model_names
 
 
 @dataclass
@@ -80,6 +82,10 @@ class Turn:
     reward: float = 0.0
     valid: bool = True
     snapshot: Any = None  #: (env snapshot, log) taken before the action, for branching
+    #: the sampler's per-token log-probs of ``action_tokens`` and the weight version that sampled them
+    #: (what the learner's recomputed log-probs are compared with: :mod:`swarm_runtime.rollout.mismatch`)
+    action_logprobs: list[float] | None = None
+    action_version: int | None = None
 
     @property
     def winner(self) -> int | None:
@@ -178,22 +184,12 @@ def _group(pairs):
     return [(_batch(policies), keys) for keys, policies in groups.values()]
 
 
-def _batch(policies: list):
-    """The policy serving a group's rows: the one policy, or a mixed batch over several adapters."""
-    first = policies[0]
-    if all(p is first for p in policies):
-        return first
-    from swarm_runtime.policy.adapters import MixedBatch
-
-    return MixedBatch(policies)
-
-
-def _sample(method, requests: list, prompts: list[str], kind: int) -> list:
-    """Call ``policy.bid``/``act`` on ``prompts``; when every request's slot has a noise id,
-    pass each row's key ``(noise, turn, agent, kind)`` (``requests`` holds ``(slot, agent, ...)``)."""
-    if requests and all(r[0].episode.noise is not None for r in requests):
-        return method(prompts, keys=[(r[0].episode.noise, r[0].t, r[1], kind) for r in requests])
-    return method(prompts)
+def _rows(requests: list, model_of: Callable[[tuple], str], prompt_of: Callable[[tuple], str], kind: int) -> list[Row]:
+    """Sampler rows for ``requests`` (each ``(slot, agent, ...)``); when every request's slot has a
+    noise id, each row carries its key ``(noise, turn, agent, kind)``."""
+    keyed_rows = bool(requests) and all(r[0].episode.noise is not None for r in requests)
+    return [Row(model_of(r), prompt_of(r), (r[0].episode.noise, r[0].t, r[1], kind) if keyed_rows else None)
+            for r in requests]
 
 
 def _slot_rng(s: Slot, rng: random.Random) -> random.Random:
@@ -205,9 +201,15 @@ def _slot_rng(s: Slot, rng: random.Random) -> random.Random:
 
 def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, max_decisions: int,
          rng: random.Random, *, record_snapshots: bool = False, presence: Presence | None = None,
-         on_turn: Callable | None = None) -> list[Episode]:
+         on_turn: Callable | None = None, sampler: Sampler | None = None,
+         models: Sequence[str] | None = None) -> list[Episode]:
     """Play every slot to the end (env done, ``max_decisions``, or the slot's ``stop_at``) and return
-    their episodes."""
+    their episodes. Bids and actions come from ``sampler`` (default: in process, from the agents' own
+    policies), agent ``i`` from the weights ``models[i]`` (:func:`~swarm_runtime.rollout.local.model_names`)."""
+    if sampler is None:
+        sampler, models = LocalSampler.for_agents(agents)
+    elif models is None:
+        models = model_names(agents)
     n = len(agents)
     scorer = getattr(coordinator, "bid_scorer", None)
     wants_info = bool(getattr(coordinator, "wants_info", False))
@@ -233,16 +235,15 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
                 if coordinator.uses_bids:
                     p = domain.bid_prompt(agent.role, obs[id(s)], s.log)
                     bprompts[id(s)][a] = p
-                    judge = agents[scorer(a, s.last_actor)] if scorer is not None else agent
-                    requests.append(((s, a, p), judge.policy))
+                    judge = scorer(a, s.last_actor) if scorer is not None else a
+                    requests.append((s, a, p, judge))
                 else:
                     bids[id(s)][a] = 0.0
-        for policy, keys in _group(requests):
-            levels = getattr(policy, "bid_levels", None)
-            for (s, a, _), b in zip(keys, _sample(policy.bid, keys, [k[2] for k in keys], keyed.BID)):
-                level, parsed = checked_bid(b.level, b.parsed, levels)
-                bids[id(s)][a], btoks[id(s)][a] = level, b.tokens
-                s.episode.unparsed_bids += int(not parsed)
+        answers = sampler.bid(_rows(requests, lambda r: models[r[3]], lambda r: r[2], keyed.BID))
+        for (s, a, _, judge), b in zip(requests, answers):
+            level, parsed = checked_bid(b.level, b.parsed, getattr(agents[judge].policy, "bid_levels", None))
+            bids[id(s)][a], btoks[id(s)][a] = level, b.tokens
+            s.episode.unparsed_bids += int(not parsed)
         # 1b. proposals: the agents the coordinator names sample an action first (one batch per model)
         proposals: dict[int, dict] = {id(s): {} for s in live}
         if uses_proposals:
@@ -250,10 +251,10 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
             for s in live:
                 if s.forced is None:
                     for a in coordinator.proposers(bids[id(s)], _slot_rng(s, rng), s.t):
-                        preqs.append(((s, a, agents[a].action_prompt(domain, obs[id(s)], s.log)), agents[a].policy))
-            for policy, keys in _group(preqs):
-                for (s, a, _), r in zip(keys, _sample(policy.act, keys, [k[2] for k in keys], keyed.ACTION)):
-                    proposals[id(s)][a] = r
+                        preqs.append((s, a, agents[a].action_prompt(domain, obs[id(s)], s.log)))
+            answers = sampler.act(_rows(preqs, lambda r: models[r[1]], lambda r: r[2], keyed.ACTION))
+            for (s, a, _), r in zip(preqs, answers):
+                proposals[id(s)][a] = r
         # 1c. proposal scores: the pairs the coordinator names, one batch per judging model
         scores: dict[int, dict] = {id(s): {} for s in live}
         if uses_proposals and judge_pairs is not None:
@@ -299,12 +300,13 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
             proposal = proposals[id(s)].get(turn.winner)
             if proposal is not None:  # the chosen proposal (or a forced action) is the action, on the same prompt
                 turn.action_text, turn.action_tokens = proposal.text, proposal.tokens
+                turn.action_logprobs, turn.action_version = proposal.logprobs, proposal.version
                 continue
-            acts.append(((s, turn.winner, turn), agent.policy))
-        for policy, keys in _group(acts):
-            for (s, _, turn), r in zip(keys, _sample(policy.act, keys, [k[2].action_prompt for k in keys],
-                                                     keyed.ACTION)):
-                turn.action_text, turn.action_tokens = r.text, r.tokens
+            acts.append((s, turn.winner, turn))
+        answers = sampler.act(_rows(acts, lambda r: models[r[1]], lambda r: r[2].action_prompt, keyed.ACTION))
+        for (s, _, turn), r in zip(acts, answers):
+            turn.action_text, turn.action_tokens = r.text, r.tokens
+            turn.action_logprobs, turn.action_version = r.logprobs, r.version
         # 4. envs step; skipped turns still count toward the cap
         for s in live:
             turn = turns[id(s)]

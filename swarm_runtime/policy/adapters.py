@@ -408,18 +408,21 @@ class MixedBatch:
                 out[i] = r
         return out
 
-    def _generate(self, prompts: list[str], keys, max_new: int, ban) -> list[list[int]]:
+    def _generate(self, prompts: list[str], keys, max_new: int, ban) -> tuple[list[list[int]], list[list[float]]]:
         """Sampled responses of every row in one routed call (rows grouped by adapter, results in
-        the callers' order)."""
+        the callers' order), with their per-token log-probs."""
         lead, order = self._ready(), self.order
         rows = [self.rows[i] for i in order]
+        lps: list = []
         with lead.routed([p.adapter for p in rows]):
             outs = lead._sample([lead.encode_prompt(prompts[i]) for i in order], max_new, ban,
-                                None if keys is None else [keys[i] for i in order], None, pick=self._pick_rows(rows))
+                                None if keys is None else [keys[i] for i in order], None, pick=self._pick_rows(rows),
+                                logprobs_out=lps)
         back: list[list[int]] = [[] for _ in prompts]
+        back_lp: list[list[float]] = [[] for _ in prompts]
         for j, i in enumerate(order):
-            back[i] = outs[j]
-        return back
+            back[i], back_lp[i] = outs[j], lps[j]
+        return back, back_lp
 
     def act(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Response]:
         if not prompts:
@@ -427,7 +430,8 @@ class MixedBatch:
         if any(p.action_trie is not None for p in self.rows):
             return self._per_policy("act", prompts, keys)
         lead = self.lead
-        return [Response(lead.decode(o), o) for o in self._generate(prompts, keys, lead.max_action_tokens, lead._action_ban)]
+        outs, lps = self._generate(prompts, keys, lead.max_action_tokens, lead._action_ban)
+        return [Response(lead.decode(o), o, lp) for o, lp in zip(outs, lps)]
 
     def bid(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Bid]:
         if not prompts:
@@ -437,17 +441,19 @@ class MixedBatch:
             # each distinct (adapter, prompt) scored once, grouped by adapter
             distinct = sorted(dict.fromkeys(zip(self.names, prompts)), key=lambda k: self._first[k[0]])
             row = {k: i for i, k in enumerate(distinct)}
+            full: list = []
             with lead.routed([n for n, _ in distinct]):
-                probs = lead.bid_distribution([p for _, p in distinct])
-            probs = probs[[row[k] for k in zip(self.names, prompts)]]
+                probs = lead.bid_distribution([p for _, p in distinct], logprobs_out=full)
+            pick = [row[k] for k in zip(self.names, prompts)]
+            probs, full_lp = probs[pick], full[0][pick]
             if lead.temperature <= 0:
                 idx = probs.argmax(-1).tolist()
             elif keys is not None:
                 idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
             else:
                 idx = self._draw(probs, self.rows).tolist()
-            return [Bid(bid_token(lead.bid_levels[j]), [lead.bid_ids[j]], level=lead.bid_levels[j]) for j in idx]
-        return lead.parse_bids(self._generate(prompts, keys, lead.max_bid_tokens, None))
+            return lead.level_bids(idx, full_lp)
+        return lead.parse_bids(*self._generate(prompts, keys, lead.max_bid_tokens, None))
 
 
 def lora_config(opts):

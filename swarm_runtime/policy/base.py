@@ -9,10 +9,14 @@ import torch
 
 @dataclass
 class Response:
-    """A sampled response: its text and the token ids the policy scores it by."""
+    """A sampled response: its text, the token ids the policy scores it by, the sampler's per-token
+    log-probabilities of those tokens (``log softmax(logits / T)`` over the vocabulary, before any
+    constraint; ``None`` where the sampler gives none) and the weight version that sampled it."""
 
     text: str
     tokens: list[int]
+    logprobs: list[float] | None = None
+    version: int | None = None
 
 
 @dataclass

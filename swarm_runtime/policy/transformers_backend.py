@@ -175,7 +175,10 @@ class TransformersPolicy:
     @torch.no_grad()
     def _sample(self, prompt_ids: list[list[int]], max_new: int, ban: torch.Tensor | None,
                 keys: list[tuple[int, ...]] | None = None, trie: ActionTrie | None = None,
-                pick=None) -> list[list[int]]:
+                pick=None, logprobs_out: list | None = None) -> list[list[int]]:
+        """Sampled token ids per row. ``logprobs_out`` (a list): filled with each row's per-token
+        ``log softmax(logits / T)`` of the sampled tokens over the whole vocabulary, before any ban or
+        constraint (``T`` = 1 when greedy): the basis the learner scores them on (:meth:`logprobs`)."""
         ids, mask, pos = self._left_pad(prompt_ids)
         B = len(prompt_ids)
         next_pos = mask.sum(1)
@@ -184,11 +187,15 @@ class TransformersPolicy:
         past, cur, cur_pos = None, ids, pos
         n_tok = int(mask.sum())
         nodes = [0] * B  # trie node of each row (constrained decoding)
+        lps: list[list[float]] = [[] for _ in range(B)]
         for step in range(max_new):
             res = self._forward(input_ids=cur, attention_mask=mask, position_ids=cur_pos,
                                 use_cache=True, logits_to_keep=1, **{self._cache_kw: past})
             past = getattr(res, self._cache_kw)
             logits = res.logits[:, -1, :]
+            if logprobs_out is not None:
+                t = self.temperature if self.temperature > 0 and self.temperature != 1.0 else 1.0
+                step_lp = torch.log_softmax(logits.float() / t, dim=-1)
             if trie is not None:
                 logits = logits.masked_fill(~trie.allowed[nodes], float("-inf"))
             elif ban is not None:
@@ -196,6 +203,8 @@ class TransformersPolicy:
             nxt = (pick or self._pick)(logits, None if keys is None else [(*k, step) for k in keys])
             for i in torch.nonzero(~finished).flatten().tolist():
                 out[i].append(int(nxt[i]))
+                if logprobs_out is not None:
+                    lps[i].append(float(step_lp[i, nxt[i]]))
                 if trie is not None:
                     nodes[i] = trie.step(nodes[i], int(nxt[i]))
             finished |= nxt == self.eos
@@ -207,6 +216,8 @@ class TransformersPolicy:
             cur_pos = next_pos.unsqueeze(1)
             next_pos = next_pos + 1
         self.flops.forward(self.n_params, n_tok)
+        if logprobs_out is not None:
+            logprobs_out[:] = lps
         return out
 
     def act(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Response]:
@@ -214,13 +225,16 @@ class TransformersPolicy:
         token from keyed noise, so a row's sample depends on its key, not on the batch."""
         if not prompts:
             return []
+        lps: list = []
         outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_action_tokens, self._action_ban, keys,
-                            self.action_trie)
-        return [Response(self.decode(o), o) for o in outs]
+                            self.action_trie, logprobs_out=lps)
+        return [Response(self.decode(o), o, lp) for o, lp in zip(outs, lps)]
 
     @torch.no_grad()
-    def bid_distribution(self, prompts: list[str]) -> torch.Tensor:
-        """Probabilities over the bid levels (``logits`` mode), one row per prompt."""
+    def bid_distribution(self, prompts: list[str], logprobs_out: list | None = None) -> torch.Tensor:
+        """Probabilities over the bid levels (``logits`` mode), one row per prompt. ``logprobs_out`` (a
+        list): gets a tensor of each bid token's ``log softmax(logits / T)`` over the whole vocabulary
+        (the basis the learner scores a bid on)."""
         ids, mask, pos = self._left_pad([self.encode_prompt(p) for p in prompts])
         # use_cache=False: one pass needs no KV cache (transformers builds one by default: 2 x layers x rows x
         # tokens x KV width, ~80 MiB for 48 rows of a 100M model, alive until the pass returns)
@@ -228,6 +242,8 @@ class TransformersPolicy:
                                use_cache=False).logits[:, -1, :]
         self.flops.forward(self.n_params, int(mask.sum()))
         t = self.temperature if self.temperature > 0 else 1.0
+        if logprobs_out is not None:
+            logprobs_out[:] = [torch.log_softmax(logits.float() / t, dim=-1)[:, self.bid_ids]]
         return F.softmax(logits[:, self.bid_ids].float() / t, dim=-1)
 
     def bid(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Bid]:
@@ -238,24 +254,33 @@ class TransformersPolicy:
             # then sample every row independently (same draws, a 1/k of the forward pass and its memory).
             distinct = list(dict.fromkeys(prompts))
             row = {p: i for i, p in enumerate(distinct)}
-            probs = self.bid_distribution(distinct)[[row[p] for p in prompts]]
+            full: list = []
+            probs = self.bid_distribution(distinct, logprobs_out=full)[[row[p] for p in prompts]]
+            full_lp = full[0][[row[p] for p in prompts]]
             if self.temperature <= 0:
                 idx = probs.argmax(-1).tolist()
             elif keys is not None:
                 idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
             else:
                 idx = torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).tolist()
-            return [Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], level=self.bid_levels[j]) for j in idx]
-        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None, keys)
-        return self.parse_bids(outs)
+            return self.level_bids(idx, full_lp)
+        lps: list = []
+        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None, keys,
+                            logprobs_out=lps)
+        return self.parse_bids(outs, lps)
 
-    def parse_bids(self, outs: list[list[int]]) -> list[Bid]:
+    def level_bids(self, idx: list[int], full_lp: torch.Tensor) -> list[Bid]:
+        """``logits``-mode bids: row ``i`` bid level ``idx[i]``, with its log-prob from ``full_lp`` (rows x levels)."""
+        return [Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], [float(full_lp[i, j])], level=self.bid_levels[j])
+                for i, j in enumerate(idx)]
+
+    def parse_bids(self, outs: list[list[int]], lps: list | None = None) -> list[Bid]:
         """Generated bid responses (``generate`` mode) as bids: each parsed strictly (:func:`parse_bid`)."""
         bids = []
-        for o in outs:
+        for i, o in enumerate(outs):
             text = self.decode(o)
             level, ok = parse_bid(text, self.bid_levels)
-            bids.append(Bid(text, o, level=level, parsed=ok))
+            bids.append(Bid(text, o, None if lps is None else lps[i], level=level, parsed=ok))
         return bids
 
     # ------------------------------------------------------------------ scoring
