@@ -35,7 +35,7 @@ from swarm_runtime.config import ConfigError
 from swarm_runtime.flops import FlopCounter
 from swarm_runtime.policy.base import Bid, Response
 from swarm_runtime.policy.noise import gumbel_max
-from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
+from swarm_runtime.policy.tokenizer import build_tokenizer
 from swarm_runtime.policy.transformers_backend import TransformersPolicy, build_tiny_model, load_pretrained
 
 #: File beside each adapter naming its base.

@@ -285,12 +285,13 @@ class TransformersPolicy:
 
     # ------------------------------------------------------------------ scoring
     def logprobs(self, prompts: list[str], responses: list[list[int]], temperature: float = 1.0,
-                 actions: bool = False) -> torch.Tensor:
+                 actions: bool = False, per_token_out: list | None = None) -> torch.Tensor:
         """Summed ``log softmax(logits / temperature)`` of each response's tokens (differentiable).
 
         ``actions=True`` says the responses are action texts: with :meth:`constrain_actions` in
         force each token is then scored among the tokens the constraint allowed there, the
-        distribution :meth:`act` sampled it from."""
+        distribution :meth:`act` sampled it from. ``per_token_out`` (a list): gets each response's
+        per-token log-probs, detached, unconstrained (the basis a sampler reports them on)."""
         seqs = [self.encode_prompt(p) + list(r) for p, r in zip(prompts, responses)]
         L = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
@@ -304,6 +305,9 @@ class TransformersPolicy:
         if temperature > 0 and temperature != 1.0:
             logits = logits / float(temperature)
         logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        if per_token_out is not None:
+            flat = logp.detach()
+            per_token_out[:] = [flat[i, len(s) - len(r) - 1:len(s) - 1] for i, (s, r) in enumerate(zip(seqs, responses))]
         if actions and self.action_trie is not None:
             logp = self._constrained(logp, logits, ids, seqs, responses)
         tokens = int(mask.sum())

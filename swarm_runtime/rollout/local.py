@@ -110,9 +110,10 @@ class LocalLearner:
     def version(self, model: str) -> int:
         return self._versions.get(model, 0)
 
-    def bump(self, models: Sequence[str]) -> None:
+    def bump(self, models: Sequence[str], version: int | None = None) -> None:
+        """``models`` took an update: their version becomes ``version`` (the run's update count), or goes up by one."""
         for m in models:
-            self._versions[m] = self._versions.get(m, 0) + 1
+            self._versions[m] = self._versions.get(m, 0) + 1 if version is None else int(version)
 
     def set_versions(self, versions: Mapping[str, int]) -> None:
         """Versions restored from a checkpoint (a resumed run goes on counting)."""

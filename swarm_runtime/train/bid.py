@@ -108,8 +108,10 @@ def forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTur
 
 def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, tries: int,
                  rng: random.Random, presence=None, samples: int = 1,
-                 horizon: int | None = None, runner_up_pairs: bool = False) -> list[BranchPair]:
-    """Roll counterfactual branches for the picks (batched) and pair the bid responses.
+                 horizon: int | None = None, runner_up_pairs: bool = False, sampler=None,
+                 models=None) -> list[BranchPair]:
+    """Roll counterfactual branches for the picks (batched, through ``sampler``: default in process) and
+    pair the bid responses.
 
     ``samples`` = 1 (DESIGN 2.4): one branch per pick against the original episode's
     score. ``samples`` = k > 1: k branches where the runner-up acts, against the original
@@ -146,7 +148,8 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         branched.append(_Pick(turn, nb.tokens, None if hb is None else hb.tokens, window_score(ep, turn.t, horizon)))
     if not slots:
         return []
-    branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence)
+    branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence,
+                    sampler=sampler, models=models)
     scores: list[list[list[float]]] = [[[k.original_score], []] for k in branched]  # per pick: [original, branch]
     missing = set()
     for (i, side), br in zip(owner, branches):

@@ -17,7 +17,9 @@ from swarm_runtime.evaluate import evaluate, paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
 from swarm_runtime.policy.adapters import adapter_lr_scale, sft_shared_base
 from swarm_runtime.run import RunContext
-from swarm_runtime.train.action import action_update, credit_samples
+from swarm_runtime.rollout.factory import make_sampler
+from swarm_runtime.rollout.local import LocalLearner, model_names
+from swarm_runtime.train.action import action_update, credit_samples_and_turns
 from swarm_runtime.train.bid import bid_update, pick_contested, run_branches
 from swarm_runtime.train.optim import load_optimizer_state, make_optimizer, restore_master_weights
 from swarm_runtime.train.phases import PhasedTrainer
@@ -56,6 +58,31 @@ class MPTTrainer(PhasedTrainer):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         self._reference: dict | None = None  #: frozen RL-start models (:meth:`_reference_policies`)
+        self.learner: LocalLearner | None = None  #: the trainable weights (:meth:`_rollouts`)
+        self.sampler = None  #: who draws bids and actions (``rollout.engine``; :meth:`_rollouts`)
+
+    def _rollouts(self):
+        """The sampler of rollouts and evaluations, and each agent's model name; made on first use, after
+        SFT (an engine sampler loads the trained base once). Each model's version is the update count."""
+        if self.sampler is None:
+            self.learner = LocalLearner(self.policies)
+            self.learner.set_versions({m: int(self.state.get("iteration", 0)) for m in self.policies})
+            self.sampler = make_sampler(self.cfg, self.learner, self.ctx.run_dir)
+        return self.sampler, model_names(self.agents)
+
+    def _synced(self, it: int, m: dict) -> None:
+        """After update ``it``: the roles it stepped get version ``it + 1``, and the sampler takes them."""
+        changed = [r for r in self.policies if f"losses/action_{r}" in m or f"losses/bid_{r}" in m]
+        if changed:
+            self.learner.bump(changed, version=it + 1)
+            self.sampler.sync(self.learner, changed)
+
+    def train(self) -> dict:
+        try:
+            return super().train()
+        finally:
+            if self.sampler is not None:
+                self.sampler.close()
 
     # ------------------------------------------------------------------ setup
     def _optimizers(self, policies: dict) -> dict:
@@ -179,9 +206,11 @@ class MPTTrainer(PhasedTrainer):
         ctx = self.ctx
         ctx.flops.category = "eval"
         t0 = time.time()
+        sampler, models = self._rollouts()
         res, _ = evaluate(self.agents, self.coordinator, ctx.domain, ctx.task, ctx.seeds("eval"),
                           int(self.cfg.eval.runs), int(self.cfg.seed) + 7919, self.cfg.eval.temperature,
-                          common_random_numbers=bool(self.cfg.eval.common_random_numbers))
+                          common_random_numbers=bool(self.cfg.eval.common_random_numbers),
+                          sampler=sampler, models=models)
         logger.info("held-out {}: reward {:.2f} ± {:.2f} over {} seeds x {} runs ({:.0f}s)", label,
                     res["reward_mean"], res["reward_se"], res["seeds"], res["runs"], time.time() - t0)
         return res
@@ -196,10 +225,11 @@ class MPTTrainer(PhasedTrainer):
         if a.common_random_numbers:
             for s in slots:
                 s.episode.noise = self.rng.getrandbits(63)
+        sampler, models = self._rollouts()
         with torch.no_grad():
             episodes = play(slots, self.agents, self.coordinator, ctx.domain,
                             int(ctx.task.max_decisions), self.rng, record_snapshots=(kind == "bid"),
-                            on_turn=self._turn_observer())
+                            on_turn=self._turn_observer(), sampler=sampler, models=models)
         for ep in episodes:
             self._hook("swarm_on_episode_end", domain=ctx.domain.name, seed=ep.seed, reward=ep.reward,
                        metrics=ep.metrics)
@@ -209,11 +239,13 @@ class MPTTrainer(PhasedTrainer):
         scale = float(a.reward_scale or ctx.task.reward_max)
         if kind == "action":
             ctx.flops.category = "update"
-            samples = credit_samples(episodes, self.credit, self.rng)
+            samples, turns = credit_samples_and_turns(episodes, self.credit, self.rng)
             kl_coef = float(a.kl_coef)
+            is_cap = a.get("is_cap")
             m.update(action_update(self.agents, samples, self.optimizers["action"], scale, self._minibatch(),
                                    float(a.grad_clip), self._reference_policies() if kl_coef > 0 else None,
-                                   kl_coef))
+                                   kl_coef, behaviour=[t.action_logprobs for t in turns],
+                                   is_cap=None if is_cap is None else float(is_cap)))
         else:
             ctx.flops.category = "branch"
             picks = pick_contested(episodes, int(a.branches_per_episode), self.rng)
@@ -221,7 +253,7 @@ class MPTTrainer(PhasedTrainer):
                 pairs = run_branches(self.agents, self.coordinator, ctx.domain, ctx.task, picks,
                                      int(a.resample_tries), self.rng, samples=int(a.branch_samples),
                                      horizon=None if a.branch_horizon is None else int(a.branch_horizon),
-                                     runner_up_pairs=str(a.bid_pairs) == "both")
+                                     runner_up_pairs=str(a.bid_pairs) == "both", sampler=sampler, models=models)
             ctx.flops.category = "update"
             m["charts/contested_picked"] = float(len(picks))
             m.update(bid_update(self.agents, pairs, self.optimizers["bid"], self._minibatch(), float(a.grad_clip),
