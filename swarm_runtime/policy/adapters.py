@@ -558,7 +558,8 @@ def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: S
 def policy_kwargs(model_cfg, bid_levels, flops, device) -> dict:
     return dict(bid_levels=bid_levels, bid_mode=str(model_cfg.bid_mode), temperature=float(model_cfg.temperature),
                 max_action_tokens=int(model_cfg.max_action_tokens), max_bid_tokens=int(model_cfg.max_bid_tokens),
-                max_prompt_tokens=int(model_cfg.max_prompt_tokens), flops=flops, device=device)
+                max_prompt_tokens=int(model_cfg.max_prompt_tokens), flops=flops, device=device,
+                chat_template=str(model_cfg.get("chat_template") or "none"))
 
 
 def adapter_lr_scale(cfg) -> float:
@@ -588,7 +589,7 @@ def sft_shared_base(policies: dict, demos: dict, run_sft, seed: int) -> dict | N
 def policy_kwargs_of(p: TransformersPolicy) -> dict:
     return dict(bid_levels=p.bid_levels, bid_mode=p.bid_mode, temperature=p.temperature,
                 max_action_tokens=p.max_action_tokens, max_bid_tokens=p.max_bid_tokens,
-                max_prompt_tokens=p.max_prompt_tokens, flops=p.flops, device=p.device)
+                max_prompt_tokens=p.max_prompt_tokens, flops=p.flops, device=p.device, chat_template=p.chat_template)
 
 
 def export_adapters(agents_dir: Path, out_dir: Path, roles: Sequence[str], bid_levels: Sequence[float],

@@ -77,7 +77,7 @@ class TransformersPolicy:
     def __init__(self, model, tokenizer, bid_levels: Sequence[float], bid_mode: str = "logits",
                  temperature: float = 1.0, max_action_tokens: int = 12, max_bid_tokens: int = 6,
                  max_prompt_tokens: int = 256, seed: int = 0, flops: FlopCounter | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", chat_template: str = "none"):
         if bid_mode not in ("logits", "generate"):
             raise ValueError(f"bid_mode {bid_mode!r} is not one of: logits, generate")
         self.model, self.tok = model.to(device), tokenizer
@@ -86,6 +86,11 @@ class TransformersPolicy:
         self.bid_mode, self.temperature = bid_mode, float(temperature)
         self.max_action_tokens, self.max_bid_tokens = int(max_action_tokens), int(max_bid_tokens)
         self.max_prompt_tokens = int(max_prompt_tokens)
+        if chat_template not in ("auto", "none"):
+            raise ValueError(f"chat_template {chat_template!r} is not one of: auto, none")
+        #: ``model.chat_template=auto`` and the tokenizer has a template: each prompt is one user turn in it
+        self.chat_template = chat_template
+        self.templated = chat_template == "auto" and bool(getattr(tokenizer, "chat_template", None))
         self.flops = flops or FlopCounter()
         self.gen = torch.Generator().manual_seed(int(seed))
         self.n_params = sum(p.numel() for p in model.parameters())
@@ -110,6 +115,10 @@ class TransformersPolicy:
     # ------------------------------------------------------------------ encoding
     def encode_prompt(self, prompt: str) -> list[int]:
         ids = self._prompt_cache.get(prompt)
+        if ids is None and self.templated:  # the template places its own special tokens
+            ids = list(self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                    tokenize=True, return_dict=True)["input_ids"])
+            ids = ids[-self.max_prompt_tokens:]
         if ids is None:
             ids = self.tok(prompt, add_special_tokens=False).input_ids[-(self.max_prompt_tokens - 1):]
             ids = ([self.bos] if self.bos is not None else []) + ids
@@ -353,8 +362,8 @@ class TransformersPolicy:
         self.model.save_pretrained(path)
         self.tok.save_pretrained(path)
         (path / "swarm_policy.json").write_text(json.dumps(
-            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode, "word_level_tokenizer": self._word_level},
-            indent=1))
+            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode, "word_level_tokenizer": self._word_level,
+             "chat_template": self.chat_template}, indent=1))
 
     def rng_state(self) -> torch.Tensor:
         return self.gen.get_state()
@@ -420,4 +429,4 @@ def make_transformers_policy(model_cfg, words: list[str], bid_levels: Sequence[f
         model, tok, bid_levels, bid_mode=str(model_cfg.bid_mode), temperature=float(model_cfg.temperature),
         max_action_tokens=int(model_cfg.max_action_tokens), max_bid_tokens=int(model_cfg.max_bid_tokens),
         max_prompt_tokens=int(model_cfg.max_prompt_tokens), seed=seed, flops=flops,
-        device=str(model_cfg.get("device", "cpu")))
+        device=str(model_cfg.get("device", "cpu")), chat_template=str(model_cfg.get("chat_template") or "none"))

@@ -1,9 +1,9 @@
 """The sampler and learner protocols (docs/engine.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from swarm_runtime.policy.base import Bid, Policy, Response
 
@@ -19,6 +19,8 @@ class Row:
     model: str
     prompt: str
     key: tuple[int, ...] | None = None
+    #: what the strategy knows about the row beyond its prompt (a scripted expert reads the live state)
+    context: Any = field(default=None, compare=False, repr=False)
 
 
 @runtime_checkable
