@@ -410,7 +410,13 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
     the server restarted with new weights after every update (vLLM's OpenAI server cannot swap base weights at
     run time), so ``model.adapter=none`` is refused rather than silently sampling stale weights."""
     r = cfg.get("rollout")
-    if r is None or r.get("engine", "local") == "local":
+    if r is None:
+        return
+    if r.get("engine", "local") == "local":
+        if int(r.get("max_staleness", 0) or 0) > 0:
+            raise ConfigError(f"rollout.max_staleness={r.max_staleness} needs an engine sampler (rollouts played ahead on "
+                              "the server's weights while this process trains); valid: rollout.max_staleness=0, or "
+                              "rollout.engine=openai|vllm")
         return
     if r.engine == "openai" and not r.get("url"):
         raise ConfigError("rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000)")

@@ -210,10 +210,12 @@ class TransformersPolicy:
             elif ban is not None:
                 logits[:, ban] = float("-inf")
             nxt = (pick or self._pick)(logits, None if keys is None else [(*k, step) for k in keys])
+            chosen = step_lp.gather(1, nxt[:, None].to(step_lp.device)).squeeze(1).tolist() \
+                if logprobs_out is not None else None
             for i in torch.nonzero(~finished).flatten().tolist():
                 out[i].append(int(nxt[i]))
-                if logprobs_out is not None:
-                    lps[i].append(float(step_lp[i, nxt[i]]))
+                if chosen is not None:
+                    lps[i].append(chosen[i])
                 if trie is not None:
                     nodes[i] = trie.step(nodes[i], int(nxt[i]))
             finished |= nxt == self.eos

@@ -125,3 +125,34 @@ class LocalLearner:
         folder = Path(folder)
         self.policies[model].save(folder)
         return folder
+
+
+class LockedSampler:
+    """A sampler shared by threads (rollouts played ahead while the trainer branches and syncs): one call at a
+    time, each whole, so a sync never lands in the middle of a batch."""
+
+    def __init__(self, inner):
+        import threading
+
+        self.inner, self.name, self._lock = inner, inner.name, threading.Lock()
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+    def bid(self, rows):
+        with self._lock:
+            return self.inner.bid(rows)
+
+    def act(self, rows):
+        with self._lock:
+            return self.inner.act(rows)
+
+    def sync(self, learner, models) -> None:
+        with self._lock:
+            self.inner.sync(learner, models)
+
+    def version(self, model: str) -> int:
+        return self.inner.version(model)
+
+    def close(self) -> None:
+        self.inner.close()
