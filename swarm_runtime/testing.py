@@ -123,7 +123,7 @@ class Where:
         except ConformanceError:
             raise
         except Exception as exc:
-            self.fail(f"{what} raised {type(exc).__name__}: {_short(str(exc), 200)}", exc)
+            self.fail(f"{what} raised {type(exc).__name__}: {_clip(str(exc), 200)}", exc)
 
 
 def _task_name(task: str | DictConfig) -> str:
@@ -241,6 +241,10 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     return None if a == b else f"{path or 'state'}: {_short(a)} vs {_short(b)}"
 
 
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 def _short(v: Any, n: int = 80) -> str:
     r = repr(v)
     return r if len(r) <= n else r[: n - 3] + "..."
@@ -282,14 +286,18 @@ class Probe:
         self.total, self.done, self.t = 0.0, False, 0
         return obs
 
+    def here(self) -> Where:
+        """This step, before its action (what a failure of ``observation()`` or ``expert_action()`` names)."""
+        return Where(self.w.domain, self.w.task, self.w.seed, self.t)
+
     def observation(self) -> str:
-        return self.w.call("observation()", self.env.observation)
+        return self.here().call("observation()", self.env.observation)
 
     def expert(self) -> ExpertStep | None:
-        exp = self.w.call("expert_action()", self.env.expert_action)
+        exp = self.here().call("expert_action()", self.env.expert_action)
         if exp is not None and not (isinstance(getattr(exp, "action", None), str)
                                     and isinstance(getattr(exp, "role", None), str)):
-            self.w.fail(f"expert_action() returned {_short(exp)}; it must be None or ExpertStep(role, action) "
+            self.here().fail(f"expert_action() returned {_short(exp)}; it must be None or ExpertStep(role, action) "
                         "with two strings")
         return exp
 
@@ -320,24 +328,25 @@ class Probe:
         self.w.at(self.t)
 
     def metrics(self) -> dict:
-        m = self.w.call("metrics()", self.env.metrics)
+        m = self.here().call("metrics()", self.env.metrics)
         if not isinstance(m, dict):
-            self.w.fail(f"metrics() returned {type(m).__name__}, not a dict")
+            self.here().fail(f"metrics() returned {type(m).__name__}, not a dict")
         return m
 
 
 # ------------------------------------------------------------------ trajectories
-def action_pool(domain: Domain, cfg: DictConfig, seed: int) -> dict[str | None, list[str]]:
+def action_pool(domain: Domain, cfg: DictConfig, seed: int, name: str | None = None) -> dict[str | None, list[str]]:
     """Random-action pool per role (and ``None``: every role's): the role's listed action choices, or
     (open action spaces) every action the expert takes on this seed, by any role (well-formed, often
     not possible now)."""
     roles = _roles(domain)
-    w = Where(domain.name, _task_name(cfg), int(seed))
+    name = name or _task_name(cfg)
+    w = Where(domain.name, name, int(seed))
     listed = {r: list(w.call("action_choices()", domain.action_choices, cfg, r) or ()) for r in roles}
     if all(listed.values()):
         pool: dict[str | None, list[str]] = dict(listed)
     else:
-        p = Probe(domain, cfg, _task_name(cfg))
+        p = Probe(domain, cfg, name)
         p.reset(seed)
         seen: list[str] = []
         for _ in range(int(cfg.max_decisions)):
@@ -369,11 +378,11 @@ def choose(p: Probe, rng: random.Random, roles: list[str], pool: dict, mix: Mix,
     return rng.choice(garbage), None if mono else rng.choice(roles + [None])
 
 
-def trace(domain: Domain, cfg: DictConfig, seed: int, n: int, rng_seed: int = 0) -> list:
+def trace(domain: Domain, cfg: DictConfig, seed: int, n: int, name: str | None = None, rng_seed: int = 0) -> list:
     """A seed's observable trajectory as plain data: the reset observation, then per step ``[action,
     role, observation, reward, done, valid]`` (expert actions mostly; garbage and wrong-role ones),
     then the final ``metrics()``: what two runs of a deterministic env agree on."""
-    p = Probe(domain, cfg, _task_name(cfg))
+    p = Probe(domain, cfg, name or _task_name(cfg))
     roles = _roles(domain)
     rng = random.Random(rng_seed)
     out: list[Any] = [p.reset(seed)]
@@ -428,9 +437,9 @@ def check_determinism(domain: Domain, task: str | DictConfig, seeds=(0, 1, 2), s
     n = min(int(steps), int(cfg.max_decisions))
     children = start_children(domain, task, seeds, steps) if processes else None
     try:
-        here = {int(s): trace(domain, cfg, int(s), n) for s in seeds}
+        here = {int(s): trace(domain, cfg, int(s), n, name) for s in seeds}
         for s in seeds:
-            _first_mismatch(domain, name, int(s), here[int(s)], trace(domain, cfg, int(s), n),
+            _first_mismatch(domain, name, int(s), here[int(s)], trace(domain, cfg, int(s), n, name),
                             "two episodes from the same seed with the same actions differ")
         if children is not None:
             finish_children(children, here)
@@ -571,7 +580,7 @@ def _child() -> None:
         print(json.dumps({"error": "load", "message": f"{type(exc).__name__}: {_short(str(exc), 200)}"}))
         return
     try:
-        traces = {str(s): trace(what, cfg, int(s), int(head["steps"])) for s in head["seeds"]}
+        traces = {str(s): trace(what, cfg, int(s), int(head["steps"]), _task_name(task)) for s in head["seeds"]}
     except Exception as exc:
         print(json.dumps({"error": "run", "message": f"{type(exc).__name__}: {_short(str(exc), 300)}"}))
         return
@@ -591,7 +600,7 @@ def check_fresh_env(domain: Domain, task: str | DictConfig, steps: int = 12) -> 
     if a is b:
         w.fail("make_env() returned the same env object twice: parallel episodes would share one world "
                "(return a fresh env per call; share only read-only data such as a corpus)")
-    alone = trace(domain, cfg, 0, min(int(steps), int(cfg.max_decisions)))
+    alone = trace(domain, cfg, 0, min(int(steps), int(cfg.max_decisions)), name)
     pa, pb = Probe(domain, cfg, name, a), Probe(domain, cfg, name, b)
     pa.reset(0)
     pb.reset(1)
@@ -662,7 +671,7 @@ def check_snapshots(domain: Domain, task: str | DictConfig, trajectories=TRAJECT
     for m, (seed, mix, *most) in enumerate(trajectories):
         mix = Mix(*mix)
         cap = min(int(max_steps or cfg.max_decisions), *(int(x) for x in most[:1]), int(cfg.max_decisions))
-        pool = action_pool(domain, cfg, int(seed))
+        pool = action_pool(domain, cfg, int(seed), name)
         p, twin = Probe(domain, cfg, name), Probe(domain, cfg, name)
         obs = p.reset(int(seed))
         twin.reset(int(seed))
@@ -747,7 +756,7 @@ def check_rare_paths(domain: Domain, task: str | DictConfig, points=BRANCH_POINT
     tried = 0
     for m, (seed, mix, k, n) in enumerate(points):
         mix = Mix(*mix)
-        pool = action_pool(domain, cfg, int(seed))
+        pool = action_pool(domain, cfg, int(seed), name)
         p, twin = Probe(domain, cfg, name), Probe(domain, cfg, name)
         p.reset(int(seed))
         twin.reset(int(seed))
@@ -913,7 +922,7 @@ def check_prompts(domain: Domain, task: str | DictConfig, trajectories=((0, EXPE
     checked = 0
     for m, (seed, mix) in enumerate(trajectories):
         mix = Mix(*mix)
-        pool = action_pool(domain, cfg, int(seed))
+        pool = action_pool(domain, cfg, int(seed), name)
         p = Probe(domain, cfg, name)
         obs = p.reset(int(seed))
         rng = random.Random(3000 + 1000 * m + int(seed))

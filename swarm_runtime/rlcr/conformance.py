@@ -60,7 +60,7 @@ def check_progress(domain: Domain, task, trajectories=PROGRESS_TRAJECTORIES, rew
     checked = 0
     for seed, mix in trajectories:
         mix = Mix(*mix)
-        pool = action_pool(domain, cfg, int(seed))
+        pool = action_pool(domain, cfg, int(seed), name)
         runs = []
         for _ in range(2):
             p = Probe(domain, cfg, name, concurrent=True)
