@@ -155,18 +155,18 @@ class TransformersPolicy:
         """A prompt of ``n`` tokens (beginning of sequence included) does not fit ``max_prompt_tokens``."""
         m = _ROLE_LINE.match(prompt)
         role = self.role or (m.group(1) if m else None)
-        head = " ".join(prompt.split()[:8])
-        what = (f"a prompt{f' of role {role}' if role else ''} is {n} tokens long (beginning of sequence included), "
-                f"more than model.max_prompt_tokens={self.max_prompt_tokens}; it begins {head!r}")
+        what = (f"a prompt{f' of role {role}' if role else ''} is {n} tokens long (bos included), more than "
+                f"model.max_prompt_tokens={self.max_prompt_tokens}")
+        head = " ".join(prompt.split()[:6])
         if self.prompt_overflow == "error":
             raise PromptOverflowError(
-                f"{what}: cutting it would drop its first {n - self.max_prompt_tokens} tokens (the role line and the "
-                "start of the state). Raise model.max_prompt_tokens (model.max_positions with it), shorten the "
-                f"domain's observation or log_window, or set {PROMPT_OVERFLOW_ENV}=warn to cut from the left and count it")
+                f"{what}: raise it (and model.max_positions), shorten the domain's observation or log_window, or set "
+                f"{PROMPT_OVERFLOW_ENV}=warn to cut it from the left; it begins {head!r}")
         self.prompt_overflows += 1
         k = self.prompt_overflows
         if k & (k - 1) == 0:  # the 1st, 2nd, 4th, 8th ...
-            logger.warning("prompt overflow #{} ({}=warn): {}; cut from the left", k, PROMPT_OVERFLOW_ENV, what)
+            logger.warning("prompt overflow #{} ({}=warn): {}; cut from the left, losing {!r}...", k,
+                           PROMPT_OVERFLOW_ENV, what, head)
 
     def decode(self, ids: list[int]) -> str:
         ids = [t for t in ids if t != self.eos]
