@@ -886,17 +886,19 @@ def max_prompt_tokens(cfg: DictConfig) -> int:
     return int(n) if n is not None else DEFAULT_MAX_PROMPT_TOKENS
 
 
-def prompt_problem(tok, text: str, limit: int, ids: list[int] | None = None) -> str | None:
+def prompt_problem(tok, text: str, limit: int, ids: list[int] | None = None,
+                   vocab: set[str] | None = None) -> str | None:
     """What is wrong with a prompt for the in-process word-level tokenizer ``tok``: empty, words
     missing from the vocabulary (the kit's own garbage words aside), or longer than ``limit`` tokens
     (the beginning of sequence included), as the policy would encode it; ``None`` when it is fine.
-    ``ids``: the prompt's token ids when already encoded (a batch)."""
+    ``ids``: the prompt's token ids when already encoded (a batch); ``vocab``: ``set(tok.get_vocab())``."""
     if not (isinstance(text, str) and text.strip()):
         return f"the prompt is empty ({text!r})"
     if ids is None:
         ids = tok(text, add_special_tokens=False).input_ids
     if tok.unk_token_id in ids:
-        unk = sorted(set(unknown_words(tok, text)) - KIT_WORDS)
+        words = {w for w in split_words(text) if w not in vocab} if vocab is not None else set(unknown_words(tok, text))
+        unk = sorted(words - KIT_WORDS)
         if unk:
             return f"prompt words missing from vocabulary(): {unk[:10]} in {_short(text)}"
     n = len(ids) + 1
@@ -944,8 +946,9 @@ def check_prompts(domain: Domain, task: str | DictConfig, trajectories=((0, EXPE
             log.append(Event(t, role if role is not None else "you", action, bool(res.valid), float(res.reward)))
             obs, last = res.observation, (action, role)
         texts = [x[4] if isinstance(x[4], str) else "" for x in shown]
+        vocab = set(tok.get_vocab())
         for (t, action, role, what, text), ids in zip(shown, tok(texts, add_special_tokens=False).input_ids):
-            bad = prompt_problem(tok, text, (1 << 30) if what == "the observation" else limit, ids)
+            bad = prompt_problem(tok, text, (1 << 30) if what == "the observation" else limit, ids, vocab)
             if bad:
                 p.w.at(t, action, role).fail(f"{what}: {bad}")
             checked += what != "the observation"
