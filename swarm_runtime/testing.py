@@ -36,6 +36,7 @@ import random
 import subprocess
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
@@ -435,19 +436,30 @@ def check_determinism(domain: Domain, task: str | DictConfig, seeds=(0, 1, 2), s
     cfg = _task(domain, task)
     name = _task_name(task)
     n = min(int(steps), int(cfg.max_decisions))
-    children = start_children(domain, task, seeds, steps) if processes else None
-    try:
-        here = {int(s): trace(domain, cfg, int(s), n, name) for s in seeds}
+    with alongside_children(domain, task, processes, seeds, steps) as out:
+        here = out["here"] = {int(s): trace(domain, cfg, int(s), n, name) for s in seeds}
         for s in seeds:
             _first_mismatch(domain, name, int(s), here[int(s)], trace(domain, cfg, int(s), n, name),
                             "two episodes from the same seed with the same actions differ")
-        if children is not None:
-            finish_children(children, here)
-            children = None
-    finally:
+    return here
+
+
+@contextmanager
+def alongside_children(domain: Domain, task: str | DictConfig, enabled: bool = True, seeds=(0, 1, 2),
+                       steps: int = 60):
+    """Start the other processes (:func:`start_children`), run the body, which stores this process's
+    traces under ``"here"`` of the dict it gets, then compare (:func:`finish_children`); a body that
+    fails ends the children first."""
+    children = start_children(domain, task, seeds, steps) if enabled else None
+    out: dict = {}
+    try:
+        yield out
+    except BaseException:
         if children is not None:
             stop_children(children)
-    return here
+        raise
+    if children is not None:
+        finish_children(children, out["here"])
 
 
 def _hash_seeds(k: int = 2) -> list[str]:
@@ -1041,12 +1053,11 @@ def check_domain(domain: Domain, task: str | DictConfig, trajectories=TRAJECTORI
     ``max_tokens``: the ``model.max_prompt_tokens`` prompts must fit (default: the task's overrides, else
     256); ``processes=False`` skips the determinism check in other processes (about a second)."""
     cfg = _task(domain, task)
-    children = start_children(domain, task) if processes else None
-    try:
+    with alongside_children(domain, task, processes) as out:
         check_splits(domain, task)
         check_fresh_task_config(domain, task)
         check_fresh_env(domain, task)
-        here = check_determinism(domain, task, processes=False)
+        out["here"] = check_determinism(domain, task, processes=False)
         check_invalid_is_noop(domain, task)
         check_snapshots(domain, task, trajectories)
         check_rare_paths(domain, task)
@@ -1059,9 +1070,3 @@ def check_domain(domain: Domain, task: str | DictConfig, trajectories=TRAJECTORI
             from swarm_runtime.rlcr.conformance import check_rlcr
 
             check_rlcr(domain, task, max_tokens=max_tokens)
-        if children is not None:
-            finish_children(children, here)
-            children = None
-    finally:
-        if children is not None:
-            stop_children(children)
