@@ -31,7 +31,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class LoRAConfig:
-    """One PEFT LoRA adapter per role on a shared base (``model.adapter=lora``; DESIGN 6.1)."""
+    """One PEFT LoRA adapter per role on a shared base (``model.adapter=lora``; docs/method.md, section 8)."""
 
     rank: int = 8  #: LoRA rank r (> 0)
     alpha: float = 16.0  #: LoRA scaling numerator (the update is scaled by alpha / rank)
@@ -85,7 +85,7 @@ class SFTConfig:
     batch_size: int = 64  #: examples per SFT step
     owner_bids: list = field(default_factory=lambda: [0.6, 0.8])  #: demo bids of the role owning the expert's action (one drawn per example)
     other_bids: list = field(default_factory=lambda: [0.0, 0.2, 0.4])  #: demo bids of the other roles (spread, so turns are contested and lower bids can be re-sampled)
-    match: str = "compute"  #: monolithic baseline only: ``compute`` = the swarm's SFT examples x epochs (bids included; DESIGN 2.5), ``data`` = the same demos for the same epochs
+    match: str = "compute"  #: monolithic baseline only: ``compute`` = the swarm's SFT examples x epochs (bids included; docs/method.md, section 5), ``data`` = the same demos for the same epochs
 
 
 @dataclass
@@ -112,7 +112,7 @@ class AlgoConfig:
     min_lr_ratio: float = 0.1  #: cosine floor as a fraction of lr
     minibatch: int = 256  #: samples per forward/backward chunk (gradients accumulate)
     branches_per_episode: int = 4  #: contested turns branched per episode in a bid step
-    resample_tries: int = 3  #: bid re-samples to get below the runner-up (DESIGN 2.4)
+    resample_tries: int = 3  #: bid re-samples to get below the runner-up (docs/method.md, section 4)
     branch_samples: int = 1  #: continuations per side of a branch pair: 1 = the paper (one branch against the
     #: original episode); k > 1 = k branches against the original and k - 1 re-rolls where the selected agent
     #: acts again, scores averaged (~1/k of the noise, 2k - 1 branch rollouts per pick)

@@ -1,4 +1,4 @@
-"""The batched episode loop (DESIGN 2.1, 4).
+"""The batched episode loop (docs/method.md, section 1; docs/architecture.md).
 
 Every turn, for every live env: all present agents' bid prompts go to their
 models in one batch per model, the coordinator (the auction) picks the actor,

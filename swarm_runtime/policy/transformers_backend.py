@@ -11,6 +11,7 @@ response and parses the bid it ends with (an unparsable bid counts as 0).
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -30,6 +31,28 @@ from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
 
 _DIGIT_GAP = re.compile(r"(?<=\d) (?=\d)")
 _BID_RE = re.compile(r"<bid_([0-9.]+)>|(\d*\.\d+|\d+)")
+
+
+#: What a prompt longer than ``max_prompt_tokens`` does (environment variable ``SWARM_PROMPT_OVERFLOW``):
+#: ``error`` (the default) stops with :class:`PromptOverflowError`; ``warn`` cuts it from the left, counts it
+#: (``TransformersPolicy.prompt_overflows``) and logs a warning at the 1st, 2nd, 4th, 8th ... one.
+PROMPT_OVERFLOW_ENV = "SWARM_PROMPT_OVERFLOW"
+PROMPT_OVERFLOW_MODES = ("error", "warn")
+_ROLE_LINE = re.compile(r"^\s*you are (\S+)")
+
+
+class PromptOverflowError(ValueError):
+    """A prompt is longer than ``model.max_prompt_tokens`` (the message names the role and the lengths)."""
+
+
+def prompt_overflow_mode(value: str | None = None) -> str:
+    """``value``, or ``$SWARM_PROMPT_OVERFLOW``, or ``error``; anything else is a ``ValueError`` naming it."""
+    mode = value if value is not None else (os.environ.get(PROMPT_OVERFLOW_ENV) or "error")
+    if mode not in PROMPT_OVERFLOW_MODES:
+        raise ValueError(f"{PROMPT_OVERFLOW_ENV}={mode!r} is not valid: must be one of {', '.join(PROMPT_OVERFLOW_MODES)} "
+                         "(error: a prompt longer than model.max_prompt_tokens stops the run; warn: it is cut from the "
+                         "left and counted)")
+    return mode
 
 
 def parse_bid(text: str, levels: Sequence[float]) -> tuple[float, bool]:
@@ -77,7 +100,7 @@ class TransformersPolicy:
     def __init__(self, model, tokenizer, bid_levels: Sequence[float], bid_mode: str = "logits",
                  temperature: float = 1.0, max_action_tokens: int = 12, max_bid_tokens: int = 6,
                  max_prompt_tokens: int = 256, seed: int = 0, flops: FlopCounter | None = None,
-                 device: str = "cpu", chat_template: str = "none"):
+                 device: str = "cpu", chat_template: str = "none", prompt_overflow: str | None = None):
         if bid_mode not in ("logits", "generate"):
             raise ValueError(f"bid_mode {bid_mode!r} is not one of: logits, generate")
         self.model, self.tok = model.to(device), tokenizer
@@ -91,6 +114,9 @@ class TransformersPolicy:
         #: ``model.chat_template=auto`` and the tokenizer has a template: each prompt is one user turn in it
         self.chat_template = chat_template
         self.templated = chat_template == "auto" and bool(getattr(tokenizer, "chat_template", None))
+        self.prompt_overflow = prompt_overflow_mode(prompt_overflow)  #: ``error`` or ``warn`` (PROMPT_OVERFLOW_ENV)
+        self.prompt_overflows = 0  #: distinct prompts cut from the left (``warn`` mode)
+        self.role: str | None = None  #: the role this model acts for, when known (named in overflow messages)
         self.flops = flops or FlopCounter()
         self.gen = torch.Generator().manual_seed(int(seed))
         self.n_params = sum(p.numel() for p in model.parameters())
@@ -114,18 +140,45 @@ class TransformersPolicy:
 
     # ------------------------------------------------------------------ encoding
     def encode_prompt(self, prompt: str) -> list[int]:
+        """The prompt's token ids (beginning of sequence first). A prompt longer than
+        ``max_prompt_tokens`` is a :class:`PromptOverflowError`, or, with ``SWARM_PROMPT_OVERFLOW=warn``,
+        cut from the left (losing its opening: the role line and the start of the state) and counted."""
         ids = self._prompt_cache.get(prompt)
         if ids is None and self.templated:  # the template places its own special tokens
             ids = list(self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                     tokenize=True, return_dict=True)["input_ids"])
-            ids = ids[-self.max_prompt_tokens:]
+            if len(ids) > self.max_prompt_tokens:
+                self._overflow(prompt, len(ids))
+                ids = ids[-self.max_prompt_tokens:]
+            self._prompt_cache[prompt] = ids
         if ids is None:
-            ids = self.tok(prompt, add_special_tokens=False).input_ids[-(self.max_prompt_tokens - 1):]
+            ids = self.tok(prompt, add_special_tokens=False).input_ids
+            keep = self.max_prompt_tokens - (1 if self.bos is not None else 0)
+            if len(ids) > keep:
+                self._overflow(prompt, len(ids) + (1 if self.bos is not None else 0))
+                ids = ids[-keep:] if keep > 0 else []
             ids = ([self.bos] if self.bos is not None else []) + ids
             if len(self._prompt_cache) > 50_000:
                 self._prompt_cache.clear()
             self._prompt_cache[prompt] = ids
         return ids
+
+    def _overflow(self, prompt: str, n: int) -> None:
+        """A prompt of ``n`` tokens (beginning of sequence included) does not fit ``max_prompt_tokens``."""
+        m = _ROLE_LINE.match(prompt)
+        role = self.role or (m.group(1) if m else None)
+        what = (f"a prompt{f' of role {role}' if role else ''} is {n} tokens long (bos included), more than "
+                f"model.max_prompt_tokens={self.max_prompt_tokens}")
+        head = " ".join(prompt.split()[:6])
+        if self.prompt_overflow == "error":
+            raise PromptOverflowError(
+                f"{what}: raise it (and model.max_positions), shorten the domain's observation or log_window, or set "
+                f"{PROMPT_OVERFLOW_ENV}=warn to cut it from the left; it begins {head!r}")
+        self.prompt_overflows += 1
+        k = self.prompt_overflows
+        if k & (k - 1) == 0:  # the 1st, 2nd, 4th, 8th ...
+            logger.warning("prompt overflow #{} ({}=warn): {}; cut from the left, losing {!r}...", k,
+                           PROMPT_OVERFLOW_ENV, what, head)
 
     def decode(self, ids: list[int]) -> str:
         ids = [t for t in ids if t != self.eos]

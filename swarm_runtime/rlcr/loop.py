@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 from swarm_runtime.env import ValidatedEnv, has_progress
 from swarm_runtime.rlcr.clock import EventQueue, action_seconds
 from swarm_runtime.rlcr.messages import MESSAGE_KINDS, Board, Command, parse_command
-from swarm_runtime.rlcr.org import CEO, Organisation
+from swarm_runtime.rlcr.org import CEO, NAMES, Organisation
 from swarm_runtime.policy.base import Response
 from swarm_runtime.rollout.base import Row, Sampler
 from swarm_runtime.rollout.engine import Batch, Rounds, TurnEngine
@@ -29,6 +29,8 @@ from swarm_runtime.rollout.local import LocalSampler
 #: Words the RLCR prompts and commands use (added to the shared policy's tokenizer).
 PROMPT_WORDS = ("you", "are", "brief", "none", "time", "of", "team", "idle", "inbox", "channel", "found",
                 "action", "say", "post", "write", "search", "hire", "fire", ":", ";", ".")
+#: Words the shared policy's tokenizer adds to the domain's: the prompt words, agent names and briefs.
+RLCR_WORDS = (*PROMPT_WORDS, *NAMES, CEO, "lead", "done")
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,13 @@ class Rollout:
     counts: Counter = field(default_factory=Counter)
     team_peak: int = 0
     metrics: dict = field(default_factory=dict)
+
+    @property
+    def success(self) -> float:
+        """The env's ``metrics()["success"]`` at the stop when it reports one (an episode can end without
+        success: a give-up, a failure), else 1.0 for a finished episode (``done``) and 0.0 otherwise."""
+        m = self.metrics.get("success")
+        return float(m) if isinstance(m, (int, float)) else float(self.done)
 
     @property
     def env_tokens(self) -> int:

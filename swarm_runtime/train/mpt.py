@@ -1,4 +1,4 @@
-"""MPT training (DESIGN 2.5): SFT cold start, then alternate ``action_steps``
+"""MPT training (docs/method.md, section 5): SFT cold start, then alternate ``action_steps``
 REINFORCE updates with ``bid_steps`` counterfactual Bradley-Terry updates, with
 held-out evaluation after SFT and after RL."""
 from __future__ import annotations
