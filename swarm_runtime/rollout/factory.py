@@ -125,8 +125,9 @@ def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None
         raise
 
     def recover() -> bool:
-        if server is None or server.alive() and client.wait_ready(5.0):
-            return False if server is None else True
+        """Bring the server back: True when it answers (again), with every version loaded."""
+        if server.alive() and client.wait_ready(5.0):
+            return True  # a passing failure: it answers
         if not server.restart():
             return False
         adapters.reload()

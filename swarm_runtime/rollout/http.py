@@ -77,21 +77,26 @@ class Client:
         """The decoded JSON answer (or text) of ``method path``; :class:`Unreachable` when there is no
         answer, :class:`HTTPStatusError` for an error status."""
         data = None if body is None else json.dumps(body).encode()
-        c = self._conn()
-        if timeout is not None:
-            c.timeout = timeout
-            if c.sock is not None:
-                c.sock.settimeout(timeout)
-        try:
-            c.request(method, self._prefix + path, body=data, headers=self._headers)
-            r = c.getresponse()
-            raw = r.read()
-        except (OSError, http.client.HTTPException) as exc:
-            self._drop()
-            raise Unreachable(f"{self.url} did not answer {method} {path}: {type(exc).__name__}: {exc}") from exc
-        finally:
-            if timeout is not None and getattr(self._local, "conn", None) is not None:
-                c.timeout = self.timeout
+        for fresh in (False, True):
+            c = self._conn()
+            reused = c.sock is not None  # a kept-alive connection, perhaps to a server that has since restarted
+            if timeout is not None:
+                c.timeout = timeout
+                if c.sock is not None:
+                    c.sock.settimeout(timeout)
+            try:
+                c.request(method, self._prefix + path, body=data, headers=self._headers)
+                r = c.getresponse()
+                raw = r.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop()
+                if reused and not fresh and not isinstance(exc, TimeoutError):
+                    continue  # once more on a new connection
+                raise Unreachable(f"{self.url} did not answer {method} {path}: {type(exc).__name__}: {exc}") from exc
+            finally:
+                if timeout is not None and getattr(self._local, "conn", None) is not None:
+                    c.timeout = self.timeout
         if r.status >= 400:
             raise HTTPStatusError(self.url, r.status, _detail(raw))
         try:

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping, Sequence
 
 import torch
+from loguru import logger
 
 from swarm_runtime.policy.base import Bid, Response
 from swarm_runtime.policy.noise import gumbel_max, key_hash
@@ -123,7 +124,7 @@ class OpenAISampler:
         self.rng = random.Random(int(seed))
         self._pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="sampler")
         self.requests = 0  #: completion requests sent (retries included)
-        self.restarts = 0  #: times :attr:`recover` brought the server back
+        self.recoveries = 0  #: times rows were sent again after :attr:`recover` (the server restarted, or answered again)
 
     def bid_levels(self, model: str):
         return getattr(self.policies[model], "bid_levels", None)
@@ -184,7 +185,9 @@ class OpenAISampler:
                                   "restart(s); the run stops here: resume it from its last checkpoint "
                                   "(swarm run resume=true)") from None
             restarts += 1
-            self.restarts += 1
+            self.recoveries += 1
+            logger.warning("{} stopped answering ({} of {} rows: {}); it answers again, the rows are sent again",
+                           self.describe, len(failed), len(bodies), last)
             for i in failed:
                 bodies[i]["model"] = self.adapters.served(models[i])
             todo = failed

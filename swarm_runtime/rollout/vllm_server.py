@@ -76,7 +76,9 @@ def check_cpu_shape(base: Path) -> None:
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (as servers do, past connections in TIME_WAIT)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
