@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +98,42 @@ def start_ref(base: Path, log: Path, no_lora: bool = False, timeout: float = 120
     s = RefServer(sys.executable, base, log, startup_timeout_s=timeout, max_lora_rank=64)
     s.no_lora = no_lora
     return s.start()
+
+
+def served_names(url: str) -> set[str]:
+    from swarm_runtime.rollout.http import Client
+
+    return {m["id"] for m in Client(url).get("/v1/models")["data"] if m.get("parent")}
+
+
+def openai_cfg(cfg, url: str, **rollout):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(cfg, {"rollout": {"engine": "openai", "url": url, **rollout}})
+
+
+def kill_mid_call(sampler, server, rows):
+    """Answer ``rows`` while the server is killed (-9) once the first request is in flight."""
+    out: dict = {}
+
+    def call():
+        try:
+            out["res"] = sampler.act(rows)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            out["err"] = exc
+
+    t = threading.Thread(target=call)
+    pid = server.proc.pid
+    t.start()
+    start = sampler.requests
+    deadline = time.monotonic() + 30
+    while sampler.requests == start and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(pid, signal.SIGKILL)
+    t.join(180)
+    return out
+
+
+def vllm_env() -> dict:
+    """Environment for a ``swarm run ... rollout.engine=vllm`` subprocess (tests/conftest.py ``swarm(env=...)``)."""
+    return {"SWARM_VLLM_PYTHON": vllm_python() or ""}

@@ -4,15 +4,11 @@ The same checks against a real vLLM are in test_vllm.py (``-m engine``)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import threading
-import time
 
 import pytest
 import torch
-from enginekit import PROMPTS, learner_for, start_ref, step_adapter
+from enginekit import PROMPTS, kill_mid_call, learner_for, openai_cfg, served_names, start_ref, step_adapter
 
 from swarm_runtime.config import ConfigError
 from swarm_runtime.rollout.base import Row
@@ -21,12 +17,6 @@ from swarm_runtime.rollout.http import EngineError
 from swarm_runtime.rollout.local import LocalSampler
 
 ROWS = [Row(m, p, (5, i, 0, 1)) for i, (m, p) in enumerate(PROMPTS.items())]
-
-
-def _models(url: str) -> set[str]:
-    from swarm_runtime.rollout.http import Client
-
-    return {m["id"] for m in Client(url).get("/v1/models")["data"] if m.get("parent")}
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +31,11 @@ def ref(registry, tmp_path_factory):
     server.stop()
 
 
-def _openai(cfg, url: str, **rollout):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.merge(cfg, {"rollout": {"engine": "openai", "url": url, **rollout}})
-
-
 def test_sampler_matches_the_learner_and_syncs_versions(ref):
     cfg, learner, run_dir, server = ref
-    s = engine_sampler(_openai(cfg, server.url), learner, run_dir)
+    s = engine_sampler(openai_cfg(cfg, server.url), learner, run_dir)
     try:
-        assert _models(server.url) == {"Logger@v0", "Miner@v0", "Smith@v0"}
+        assert served_names(server.url) == {"Logger@v0", "Miner@v0", "Smith@v0"}
         acts = s.act(ROWS)
         for r, a in zip(ROWS, acts):
             policy = learner.policy(r.model)
@@ -73,7 +57,7 @@ def test_sampler_matches_the_learner_and_syncs_versions(ref):
                               atol=1e-4)
         step_adapter(learner, "Miner")
         s.sync(learner, ["Miner"])
-        assert _models(server.url) == {"Logger@v0", "Miner@v1", "Smith@v0"}  # v0 unloaded (max_staleness=0)
+        assert served_names(server.url) == {"Logger@v0", "Miner@v1", "Smith@v0"}  # v0 unloaded (max_staleness=0)
         assert not (run_dir / "engine" / "adapters" / "Miner@v0").exists()
         after = s.act(ROWS)
         assert after[1].version == 1 and after[0].version == 0
@@ -85,13 +69,13 @@ def test_sampler_matches_the_learner_and_syncs_versions(ref):
 
 def test_staleness_keeps_the_last_k_plus_one_versions(ref):
     cfg, learner, run_dir, server = ref
-    s = engine_sampler(_openai(cfg, server.url, max_staleness=1), learner, run_dir)
+    s = engine_sampler(openai_cfg(cfg, server.url, max_staleness=1), learner, run_dir)
     try:
         v = learner.version("Smith")
         for k in range(3):
             step_adapter(learner, "Smith", seed=20 + k)
             s.sync(learner, ["Smith"])
-        names = {n for n in _models(server.url) if n.startswith("Smith@")}
+        names = {n for n in served_names(server.url) if n.startswith("Smith@")}
         assert names == {f"Smith@v{v + 2}", f"Smith@v{v + 3}"}
         assert s.version("Smith") == v + 3
     finally:
@@ -104,7 +88,7 @@ def test_an_url_that_does_not_answer_is_one_clear_error(registry, tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # nothing listens on it
     with pytest.raises(EngineError, match=rf"rollout.url=http://127.0.0.1:{port} does not answer"):
-        engine_sampler(_openai(cfg, f"http://127.0.0.1:{port}", retries=0), learner, tmp_path)
+        engine_sampler(openai_cfg(cfg, f"http://127.0.0.1:{port}", retries=0), learner, tmp_path)
 
 
 def test_a_server_without_runtime_lora_names_the_flags(registry, tmp_path):
@@ -113,7 +97,7 @@ def test_a_server_without_runtime_lora_names_the_flags(registry, tmp_path):
     server = start_ref(base, tmp_path / "ref.log", no_lora=True)
     try:
         with pytest.raises(EngineError, match="--enable-lora.*VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
-            engine_sampler(_openai(cfg, server.url), learner, tmp_path)
+            engine_sampler(openai_cfg(cfg, server.url), learner, tmp_path)
     finally:
         server.stop()
 
@@ -122,7 +106,7 @@ def test_a_server_on_another_base_is_refused(ref, registry):
     _, _, run_dir, server = ref
     cfg, other = learner_for(registry, "seed=5")  # another config-built base
     with pytest.raises(EngineError, match="not the run's base"):
-        engine_sampler(_openai(cfg, server.url), other, run_dir)
+        engine_sampler(openai_cfg(cfg, server.url), other, run_dir)
 
 
 def test_a_rank_vllm_does_not_allow_is_refused_before_anything_runs(registry, tmp_path):
@@ -156,41 +140,19 @@ def test_an_unsupported_cpu_head_size_is_refused_before_the_server_starts(tmp_pa
     check_cpu_shape(tmp_path)  # the default tiny model: head size 32
 
 
-def _kill_mid_call(sampler, server, rows):
-    """Answer ``rows`` while the server is killed (-9) once the first request is in flight."""
-    out: dict = {}
-
-    def call():
-        try:
-            out["res"] = sampler.act(rows)
-        except Exception as exc:  # noqa: BLE001 - the test inspects it
-            out["err"] = exc
-
-    t = threading.Thread(target=call)
-    pid = server.proc.pid
-    t.start()
-    start = sampler.requests
-    deadline = time.monotonic() + 30
-    while sampler.requests == start and time.monotonic() < deadline:
-        time.sleep(0.01)
-    os.killpg(pid, signal.SIGKILL)
-    t.join(180)
-    return out
-
-
 def test_a_server_killed_mid_call_is_restarted_and_the_rows_answered_the_same(registry, tmp_path):
     cfg, learner = learner_for(registry)
     base = write_base(next(iter(learner.policies.values())).shared_base, tmp_path / "engine" / "base")
     server = start_ref(base, tmp_path / "ref.log")
-    s = engine_sampler(_openai(cfg, server.url), learner, tmp_path, server=server)
+    s = engine_sampler(openai_cfg(cfg, server.url), learner, tmp_path, server=server)
     rows = [Row(r.model, r.prompt, (9, i, 0, 1)) for i, r in enumerate(ROWS * 8)]
     try:
         want = s.act(rows)
-        out = _kill_mid_call(s, server, rows)
+        out = kill_mid_call(s, server, rows)
         assert "err" not in out, out.get("err")
         assert s.recoveries >= 1 and server.starts == 2
         assert [a.tokens for a in out["res"]] == [a.tokens for a in want]  # keyed seeds: the same answers
-        assert _models(server.url) == {"Logger@v0", "Miner@v0", "Smith@v0"}  # versions reloaded
+        assert served_names(server.url) == {"Logger@v0", "Miner@v0", "Smith@v0"}  # versions reloaded
     finally:
         s.close()
         server.stop()
@@ -200,9 +162,9 @@ def test_an_external_server_killed_mid_call_stops_with_the_url(registry, tmp_pat
     cfg, learner = learner_for(registry)
     base = write_base(next(iter(learner.policies.values())).shared_base, tmp_path / "base")
     server = start_ref(base, tmp_path / "ref.log")
-    s = engine_sampler(_openai(cfg, server.url, retries=1), learner, tmp_path)
+    s = engine_sampler(openai_cfg(cfg, server.url, retries=1), learner, tmp_path)
     try:
-        out = _kill_mid_call(s, server, ROWS * 8)
+        out = kill_mid_call(s, server, ROWS * 8)
         assert isinstance(out.get("err"), EngineError)
         assert f"rollout.url={server.url} does not answer after 1 retries" in str(out["err"])
     finally:
