@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from swarm_runtime.config import ConfigError
@@ -89,7 +90,7 @@ def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None
     server the run starts (``vllm``; ``server``: one already started by :func:`start_vllm_server`). The
     server's base is checked against the run's, every model's current version loaded; closing the
     sampler stops a server it started."""
-    from swarm_runtime.rollout.http import Client, EngineError
+    from swarm_runtime.rollout.http import Client, EngineError, Unreachable
     from swarm_runtime.rollout.openai import OpenAISampler
     from swarm_runtime.rollout.sync import AdapterSync, check_base, check_rank
 
@@ -109,13 +110,15 @@ def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None
     key = os.environ.get(str(r.api_key_env)) if r.get("api_key_env") else None
     client = Client(url, timeout=float(r.timeout_s), api_key=key)
     try:
-        try:
-            check_base(client, first)
-        except EngineError as exc:
-            if type(exc).__name__ == "Unreachable":
-                raise EngineError(f"{describe} does not answer: {exc}; start the server, or give rollout.url of one "
-                                  "that runs") from None
-            raise
+        for attempt in range(int(r.retries) + 1):
+            try:
+                check_base(client, first)
+                break
+            except Unreachable as exc:
+                if attempt == int(r.retries):
+                    raise EngineError(f"{describe} does not answer after {attempt} retries ({exc}); start the server, "
+                                      "or give rollout.url of one that runs") from None
+                time.sleep(min(0.5 * 2 ** attempt, 4.0))
         adapters = AdapterSync(client, folder / "adapters", keep=int(r.max_staleness) + 1)
         adapters.sync(learner, learner.models())
         adapters.drop_strays(learner.models())
