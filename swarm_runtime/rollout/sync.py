@@ -14,8 +14,6 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
 from swarm_runtime.config import ConfigError
 from swarm_runtime.rollout.http import Client, EngineError, HTTPStatusError
 
@@ -70,12 +68,13 @@ PROBE_IDS = (5, 9, 13, 17, 21, 25, 29, 33)
 PROBE_TOP = 5
 
 
-@torch.no_grad()
-def local_probe(policy, ids: list[int]) -> torch.Tensor:
+def local_probe(policy, ids: list[int]):
     """The in-process base's ``log_softmax`` of the next token after ``ids`` (adapters off)."""
+    import torch
+
     model = policy.shared_base.model
     x = torch.tensor([ids], device=policy.device)
-    with model.disable_adapter():
+    with torch.no_grad(), model.disable_adapter():
         logits = model(input_ids=x, use_cache=False).logits[0, -1].float()
     return torch.log_softmax(logits, dim=-1).cpu()
 
@@ -87,6 +86,8 @@ def check_base(client: Client, policy, tolerance: float | None = None) -> float:
     catches a base loaded in another dtype or with another vocabulary, which a file fingerprint would
     not; a file fingerprint is compared first when the server names a folder this machine can read.
     Returns the largest difference seen."""
+    import torch
+
     from swarm_runtime.policy.adapters import fingerprint
 
     base = served_base(client)

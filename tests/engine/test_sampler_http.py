@@ -117,6 +117,16 @@ def test_a_rank_vllm_does_not_allow_is_refused_before_anything_runs(registry, tm
                     "rollout.engine=openai", "rollout.url=http://127.0.0.1:9")
 
 
+def test_the_cli_refuses_a_rank_vllm_lacks_in_one_line_before_writing(tmp_path):
+    from conftest import ROOT, TINY_RUN, swarm
+
+    out = swarm("run", *TINY_RUN, "model.adapter=lora", "model.lora.rank=4", "rollout.engine=vllm",
+                f"run_dir={tmp_path / 'run'}", cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "model.lora.rank=4 is not a LoRA rank vLLM allows; valid: 1, 8, 16, 32, 64, 128, 256, 320, 512" in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_port_in_use_is_one_clear_error(tmp_path):
     from swarm_runtime.rollout.vllm_server import VLLMServer
 
