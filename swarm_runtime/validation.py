@@ -426,6 +426,9 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
                           "(each role's LoRA adapter is reloaded into the server after every update; a full copy "
                           "cannot be swapped into a running vLLM server); valid: model.adapter=lora, or "
                           "rollout.engine=local")
+    from swarm_runtime.rollout.sync import check_rank
+
+    check_rank(int(cfg.model.lora.rank))  # vLLM's --max-lora-rank choices
     if cfg.model.get("constrained_actions"):
         raise ConfigError(f"rollout.engine={r.engine} with model.constrained_actions=true is not supported yet; "
                           "valid: model.constrained_actions=false, or rollout.engine=local")
