@@ -124,10 +124,14 @@ class VLLMServer:
         return f"http://{host}:{self.port}"
 
     def command(self) -> list[str]:
+        # No chunked prefill (unless the user's args say otherwise): a request whose prompt is split over steps
+        # has its sampled token discarded and its seeded generator rewound, which vLLM 0.32's CPU generators
+        # cannot do ("CPU Generator does not use offset": the engine dies). Seen with 48 keyed rows of ~60 tokens.
+        chunked = [] if any("chunked-prefill" in a for a in self.args) else ["--no-enable-chunked-prefill"]
         return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.base), "--enable-lora",
                 "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras),
                 "--max-cpu-loras", str(self.max_cpu_loras), "--dtype", self.dtype, "--enforce-eager",
-                "--host", self.host, "--port", str(self.port), *self.args]
+                *chunked, "--host", self.host, "--port", str(self.port), *self.args]
 
     def env(self) -> dict:
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
