@@ -54,6 +54,9 @@ def key_from_seed(seed: int) -> tuple[int]:
 
 #: the most samples (``n``) one request may ask per prompt
 MAX_N = 16
+#: the most prompts one request may carry, and the most rows (prompts x ``n``) it may ask for
+MAX_PROMPTS = 64
+MAX_ROWS = 256
 
 
 def sample_keys(seed: int, n: int) -> list[tuple[int, ...]]:
@@ -66,20 +69,20 @@ def sample_keys(seed: int, n: int) -> list[tuple[int, ...]]:
 
 def completion_models():
     """Pydantic models of the request (imported lazily: pydantic comes with the ``serve`` extra)."""
-    from pydantic import BaseModel, ConfigDict, Field
+    from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
     class CompletionRequest(BaseModel):
         """vLLM's ``/v1/completions`` request, the fields a swarm uses (others are accepted and ignored,
         as vLLM does)."""
 
-        model_config = ConfigDict(extra="allow")
-        model: Optional[str] = None
-        prompt: Union[str, list[str]]
-        max_tokens: int = Field(16, ge=1, le=4096)
+        model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+        model: Optional[str] = Field(None, max_length=200)
+        prompt: Union[str, list[str]]  # a list: 1 to MAX_PROMPTS prompts (checked in the worker's plan)
+        max_tokens: StrictInt = Field(16, ge=1, le=4096)
         temperature: float = Field(1.0, ge=0.0, le=100.0)
-        seed: Optional[int] = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
-        logprobs: Optional[int] = Field(None, ge=0, le=64)
+        seed: Optional[StrictInt] = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
+        logprobs: Optional[StrictInt] = Field(None, ge=0, le=64)
         guided_choice: Optional[list[str]] = Field(None, min_length=1, max_length=4096)
-        n: int = Field(1, ge=1)  # at most MAX_N: more is refused with 400 naming the limit
+        n: StrictInt = Field(1, ge=1)  # at most MAX_N: more is refused with 400 naming the limit
 
     return CompletionRequest

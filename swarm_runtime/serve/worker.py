@@ -84,6 +84,24 @@ class Completer:
         self._tries: dict[tuple, object] = {}
         self.actions_answered = 0
 
+    def context(self) -> int:
+        """The model's context: its position embeddings (prompts beyond ``max_prompt_tokens`` but within
+        it are cut from the left, as training cuts them)."""
+        cfg = getattr(self.policy.model, "config", None)
+        return int(getattr(cfg, "max_position_embeddings", 0) or 0) or 1 << 30
+
+    def check_context(self, prompt: str, param: str) -> None:
+        """A prompt longer than the model's context is a 400 (as vLLM answers), never cut silently."""
+        from swarm_runtime.serve.validate import BadRequest
+
+        ctx = self.context()
+        if len(prompt.encode()) + 1 < ctx:  # a token spans at least one byte: cannot be too long
+            return
+        n = len(self.policy.tok(prompt, add_special_tokens=False).input_ids) + (self.policy.bos is not None)
+        if n > ctx:
+            raise BadRequest(f"{param} is {n} tokens, more than this model's context of {ctx} tokens", param=param,
+                             code="context_length_exceeded")
+
     def _trie(self, choices: list[str]):
         key = tuple(sorted(set(choices)))
         if key not in self._tries:
@@ -94,12 +112,21 @@ class Completer:
 
     def plan(self, req) -> "Job":
         """Check one request (faults included) and say how it may be batched with others."""
-        from swarm_runtime.serve.protocol import MAX_N, sample_keys
+        from swarm_runtime.serve.protocol import MAX_N, MAX_PROMPTS, MAX_ROWS, sample_keys
+        from swarm_runtime.serve.validate import BadRequest
 
         if int(req.n) > MAX_N:
-            raise ValueError(f"n={req.n} is more than this worker's limit of {MAX_N} samples per prompt")
+            raise BadRequest(f"n={req.n} is more than this worker's limit of {MAX_N} samples per prompt", param="n")
         n = int(req.n)
         prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+        if not 1 <= len(prompts) <= MAX_PROMPTS:
+            raise BadRequest(f"prompt is a list of {len(prompts)} prompts; give 1 to {MAX_PROMPTS}", param="prompt",
+                             status=422)
+        if len(prompts) * n > MAX_ROWS:
+            raise BadRequest(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} rows is more than this worker's "
+                             f"limit of {MAX_ROWS} rows per request", param="n")
+        for i, x in enumerate(prompts):
+            self.check_context(x, f"prompt[{i}]" if not isinstance(req.prompt, str) else "prompt")
         extra = req.model_extra or {}
         choices = req.guided_choice or choice_field(extra.get("structured_outputs"))
         is_bid = extra.get("swarm_kind") == "bid" or (choices is not None and set(choices) == set(self.bid_texts))
@@ -255,11 +282,16 @@ class FaultInjected(RuntimeError):
 
 
 def make_app(policy, opts: WorkerOptions):
-    """The worker's FastAPI app."""
-    from fastapi import FastAPI, HTTPException
+    """The worker's FastAPI app. Errors are in OpenAI's shape (``{"error": {"message", "type", "param",
+    "code"}}``); bodies are read by :func:`~swarm_runtime.serve.validate.validated` (NaN or Infinity
+    anywhere is a 400 naming the field)."""
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from swarm_runtime.serve.protocol import completion_models
+    from swarm_runtime.serve.validate import BadRequest, openai_error, validated
 
     CompletionRequest = completion_models()
     model_id = opts.name or Path(opts.model).name
@@ -267,6 +299,18 @@ def make_app(policy, opts: WorkerOptions):
     batcher = Batcher(completer)
     app = FastAPI(title=f"swarm agent {model_id}")
     started = int(time.time())
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_request, exc: BadRequest):
+        return JSONResponse(openai_error(exc.message, exc.status, exc.param, exc.code), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request, exc):
+        return JSONResponse(openai_error(str(exc.detail), exc.status_code), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request, exc):
+        return JSONResponse(openai_error(str(exc.errors()[0].get("msg", "invalid request")), 422), status_code=422)
 
     @app.get("/health")
     def health():
@@ -279,15 +323,19 @@ def make_app(policy, opts: WorkerOptions):
                                             "max_model_len": int(policy.max_prompt_tokens)}]}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):  # the model runs inline, batched across waiting requests
+    async def completions(request: Request):  # the model runs inline, batched across waiting requests
+        req = validated(CompletionRequest, await request.body())
         if req.model not in (None, model_id):
-            raise HTTPException(404, f"model {req.model!r} is not served here; valid: {model_id}")
+            raise BadRequest(f"model {req.model!r} is not served here; valid: {model_id}", param="model", status=404,
+                             code="model_not_found")
         try:
             body, ms = await batcher.submit(completer.plan(req))
         except FaultInjected as exc:
             raise HTTPException(500, str(exc)) from exc
+        except BadRequest:
+            raise
         except ValueError as exc:  # a guided_choice text the tokenizer cannot spell
-            raise HTTPException(400, str(exc)) from exc
+            raise BadRequest(str(exc)) from exc
         return JSONResponse(body, headers={"x-swarm-compute-ms": f"{ms:.3f}"})
 
     return app
