@@ -211,7 +211,7 @@ def test_agent_names_are_safe_unique_and_url_safe(run, main):
     r = httpx.post(f"{u}/v1/swarm/agents", json={"role": "Smith"})
     assert r.status_code == 201 and r.json()["name"] == "Smith@2", r.text
     main.pids.append(r.json()["pid"])
-    assert (run / "serve/workers/Smith@2.log").exists()
+    _until(lambda: (run / "serve/workers/Smith@2.log").exists(), 60, "the worker's log, named as the agent")
     dup = httpx.post(f"{u}/v1/swarm/agents", json={"role": "Smith", "name": "Smith@2"})
     assert dup.status_code == 409
     gone = httpx.delete(f"{u}/v1/swarm/agents/Smith@2", timeout=60)
@@ -349,7 +349,8 @@ def test_episode_losing_turns_to_faults_is_degraded(run, bare, tmp_path):
 # ---------------------------------------------------------------------------- 5. crash, drain, port
 @pytest.fixture(scope="module")
 def slow_worker(run, tmp_path_factory):
-    """An external Smith that takes 150 ms per answer (so an episode is still running when we stop things)."""
+    """An external worker that takes 150 ms per answer (so an episode is still running when we stop
+    things); the light gateways below serve it as every role."""
     port = _free_port()
     log = tmp_path_factory.mktemp("slow") / "w.log"
     w = _start(["swarm_runtime.serve.worker", "--model", str(run / "checkpoints/final/agents/Shared"),
@@ -362,7 +363,8 @@ def slow_worker(run, tmp_path_factory):
 
 
 def _light(run, worker, log):
-    return Gateway(run, ["serve.replicas=0", f"serve.agents=[Smith={worker}]", "serve.probe_interval_ms=200",
+    return Gateway(run, ["serve.replicas=0", f"serve.agents=[Logger={worker},Miner={worker},Smith={worker}]",
+                         "serve.probe_interval_ms=200",
                          "serve.shutdown_grace_s=60"], log)
 
 

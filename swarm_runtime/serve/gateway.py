@@ -410,8 +410,8 @@ def make_app(setup: GatewaySetup):
         up = len(pop.bidders())
         live_agents = [a for a in pop.agents if a.status != "removed"]
         ok, missing = ready()
-        status = "ok" if up == len(live_agents) else ("degraded" if not missing else
-                                                       "no_agents" if not up else "role_missing")
+        status = ("no_agents" if not up else "role_missing" if missing else
+                  "ok" if up == len(live_agents) else "degraded")
         status = status if state["accepting"] else "shutting_down"
         return JSONResponse({"status": status, "ready": ok, "roles_missing": missing, "agents_up": up,
                              "agents": len(live_agents), "episodes_running": running_count(),
