@@ -196,6 +196,9 @@ def test_worker_prompt_lists_rows_and_context(main):
     assert "512" in err["message"]
     assert ask(prompt="goal wooden_pickaxe", seed=True).status_code == 422
     assert ask(prompt="goal wooden_pickaxe").status_code == 200
+    # a model without a chat template: chat completions are a clear 400, not a guess
+    chat = httpx.post(f"{worker}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 400 and "chat template" in chat.json()["error"]["message"]
 
 
 # ---------------------------------------------------------------------------- 2. agent names and URLs
@@ -388,6 +391,8 @@ def test_gateway_killed_mid_episode_reports_it_interrupted(run, slow_worker, tmp
         body = r.json()
         assert body["status"] == "interrupted" and body["decisions"] == 2 and [t["t"] for t in body["turns"]] == [0, 1]
         assert body["turns"][0]["reward"] == 1.0 and body["noise"] == "77" and body["seed"] == HELD_OUT
+        listed = httpx.get(f"{g2.url}/v1/episodes", params={"status": "interrupted"}).json()["episodes"]
+        assert [e["id"] for e in listed] == [ep["id"]] and "turns" not in listed[0]
         t = httpx.post(f"{g2.url}/v1/episodes/{ep['id']}/turns", json={"observation": "x"})
         assert t.status_code == 410 and "interrupted" in t.json()["detail"] and "noise 77" in t.json()["detail"]
         lines = [json.loads(x) for x in (run / "serve/episodes.jsonl").read_text().splitlines()]

@@ -13,6 +13,7 @@
                                       episode (JSON, or JSON lines per turn with stream=true);
                                       {"env": "client"}: an episode whose world the client owns
     POST /v1/episodes/{id}/turns      {observation, reward, valid?, done?} -> {agent, role, bid, action}
+    GET  /v1/episodes[?status=S]      recent episodes without turns (those a crash interrupted included)
     GET  /v1/episodes/{id}            an episode's state and summary (``interrupted`` after a gateway crash)
     DELETE /v1/episodes/{id}          cancel an episode (its owner only)
 
@@ -637,6 +638,13 @@ def make_app(setup: GatewaySetup):
                                      f"{max(60.0, float(s.episode_idle_s)):g}s; every ended episode is in "
                                      "serve/episodes.jsonl)")
         return ep
+
+    @app.get("/v1/episodes")
+    def list_episodes(status: Optional[str] = None):
+        """Recent episodes without their turns (``?status=interrupted``: those a crash interrupted)."""
+        rows = [{k: v for k, v in b.items() if k != "turns"} for b in state["past"].values()]
+        rows += [state["engine"].summary(e) for e in state["episodes"].values()]
+        return {"episodes": [r for r in rows if status is None or r["status"] == status]}
 
     @app.get("/v1/episodes/{eid}")
     def episode_state(eid: str):

@@ -102,6 +102,12 @@ class Completer:
             raise BadRequest(f"{param} is {n} tokens, more than this model's context of {ctx} tokens", param=param,
                              code="context_length_exceeded")
 
+    def prompt_ids(self, x) -> list[int]:
+        """A prompt's token ids: a text as training encodes it, token ids cut from the left like text."""
+        if isinstance(x, str):
+            return self.policy.encode_prompt(x)
+        return list(x)[-self.policy.max_prompt_tokens:]
+
     def _trie(self, choices: list[str]):
         key = tuple(sorted(set(choices)))
         if key not in self._tries:
@@ -119,17 +125,38 @@ class Completer:
             raise BadRequest(f"n={req.n} is more than this worker's limit of {MAX_N} samples per prompt", param="n")
         n = int(req.n)
         prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+        if prompts and isinstance(prompts[0], int):  # one prompt of token ids
+            prompts = [list(prompts)]
         if not 1 <= len(prompts) <= MAX_PROMPTS:
             raise BadRequest(f"prompt is a list of {len(prompts)} prompts; give 1 to {MAX_PROMPTS}", param="prompt",
                              status=422)
         if len(prompts) * n > MAX_ROWS:
             raise BadRequest(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} rows is more than this worker's "
                              f"limit of {MAX_ROWS} rows per request", param="n")
+        vocab = len(self.policy.tok)
         for i, x in enumerate(prompts):
-            self.check_context(x, f"prompt[{i}]" if not isinstance(req.prompt, str) else "prompt")
+            where = "prompt" if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) \
+                else f"prompt[{i}]"
+            if isinstance(x, list):
+                if not x or any(not 0 <= t < vocab for t in x):
+                    raise BadRequest(f"{where}: token ids must be a non-empty list of ids in [0, {vocab})",
+                                     param=where)
+                if len(x) > self.context():
+                    raise BadRequest(f"{where} is {len(x)} tokens, more than this model's context of "
+                                     f"{self.context()} tokens", param=where, code="context_length_exceeded")
+            else:
+                self.check_context(x, where)
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if any(not x for x in stops):
+            raise BadRequest("stop: an empty string would stop before any text", param="stop")
+        if req.echo and req.logprobs is not None:
+            raise BadRequest("echo with logprobs is not served here (prompt log-probabilities); drop one",
+                             param="echo")
         extra = req.model_extra or {}
         choices = req.guided_choice or choice_field(extra.get("structured_outputs"))
         is_bid = extra.get("swarm_kind") == "bid" or (choices is not None and set(choices) == set(self.bid_texts))
+        if is_bid and any(isinstance(x, list) for x in prompts):
+            raise BadRequest("a bid takes text prompts (token-id prompts are for generated text)", param="prompt")
         if not is_bid and self.opts.fault_act_error_after >= 0:
             if self.actions_answered >= self.opts.fault_act_error_after:
                 raise FaultInjected("action failed (--fault-act-error-after)")
@@ -137,7 +164,7 @@ class Completer:
         trie = None if is_bid or not choices else self._trie(choices)
         keys = None if req.seed is None else sample_keys(req.seed, n) * len(prompts)
         group = (is_bid, id(trie), float(req.temperature), int(req.max_tokens), keys is None,
-                 -1 if req.logprobs is None else int(req.logprobs))
+                 -1 if req.logprobs is None else int(req.logprobs), float(req.top_p))
         return Job(req, [x for x in prompts for _ in range(n)], keys, is_bid, trie, group, n_prompts=len(prompts))
 
     def run(self, jobs: list["Job"]) -> tuple[list[dict], float]:
@@ -171,15 +198,18 @@ class Completer:
                                  "top_logprobs": [dict(zip(self.bid_texts, row))], "text_offset": [0]}
                                 for t, row in zip(texts, probs)]
             else:  # generated text: a bid in generate mode, or an action
-                ids = [p.encode_prompt(x) for x in prompts]
+                ids = [self.prompt_ids(x) for x in prompts]
                 rec = StepRecorder(p, want) if want is not None else None
+                pick = rec  # top_p masks first; the recorder then scores the masked distribution
+                if float(j0.req.top_p) < 1.0:
+                    pick = top_p_pick(p, float(j0.req.top_p), rec or p._pick)
                 if j0.is_bid:
-                    outs = p._sample(ids, int(j0.req.max_tokens), None, keys, pick=rec)
+                    outs = p._sample(ids, int(j0.req.max_tokens), None, keys, pick=pick)
                     texts = [b.text for b in p.parse_bids(outs)]
                 else:
                     trie = j0.trie
                     longest = max(int(j0.req.max_tokens), trie.longest if trie is not None else 1)
-                    outs = p._sample(ids, longest, p._action_ban, keys, trie, pick=rec)
+                    outs = p._sample(ids, longest, p._action_ban, keys, trie, pick=pick)
                     texts = [p.decode(o) for o in outs]
                 if rec is not None:
                     logprobs = [rec.row(r, o, t, p.decode) for r, (o, t) in enumerate(zip(outs, texts))]
@@ -188,16 +218,77 @@ class Completer:
         for j in jobs:
             rows = range(i, i + len(j.prompts))
             i += len(j.prompts)
-            choices = [{"index": n, "text": texts[r], "logprobs": logprobs[r], "stop_reason": None,
-                        "finish_reason": "stop" if j.is_bid or (outs[r] and outs[r][-1] == p.eos) else "length"}
-                       for n, r in enumerate(rows)]
-            n_prompt = sum(len(p.encode_prompt(x)) for x in j.prompts[::len(j.prompts) // j.n_prompts])
+            choices = [finish_choice(j, n, texts[r], logprobs[r], outs[r], p) for n, r in enumerate(rows)]
+            n_prompt = sum(len(self.prompt_ids(x)) for x in j.prompts[::len(j.prompts) // j.n_prompts])
             n_out = sum(len(outs[r]) for r in rows)
             bodies.append({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                            "model": self.model_id, "choices": choices,
                            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
                                      "total_tokens": n_prompt + n_out}})
         return bodies, compute_ms
+
+
+def top_p_pick(policy, top_p: float, inner):
+    """A ``pick`` that keeps the smallest set of tokens whose probability (at the request's temperature)
+    reaches ``top_p`` and masks the rest, then samples as ``inner`` does (keyed draws stay keyed)."""
+    import torch
+
+    def pick(logits, keys=None):
+        t = policy.temperature if policy.temperature > 0 else 1.0
+        probs = torch.softmax(logits.float() / t, dim=-1)
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # tokens after the nucleus is full
+        mask = torch.zeros_like(drop).scatter(-1, order, drop)
+        return inner(logits.masked_fill(mask, float("-inf")), keys)
+
+    return pick
+
+
+def finish_choice(job, index: int, text: str, logprobs, out: list[int], policy) -> dict:
+    """One choice of a completion: ``stop`` strings cut the text (and its logprobs) before the first
+    one found (``finish_reason`` "stop", ``stop_reason`` the string), ``echo`` puts the prompt first."""
+    req = job.req
+    finish = "stop" if job.is_bid or (out and out[-1] == policy.eos) else "length"
+    stop_reason = None
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    hits = [(text.find(x), x) for x in stops if x and text.find(x) >= 0]
+    pieces = None
+    if req.stream:  # the text each generated token added, for server-sent events
+        if job.is_bid:
+            pieces = [text]
+        else:
+            from swarm_runtime.serve.logprobs import _offsets
+
+            offs = _offsets(out, text, policy.decode)
+            pieces = [p for p in (text[a:b] for a, b in zip(offs, offs[1:] + [len(text)])) if p]
+    if hits:
+        cut, stop_reason = min(hits)
+        text, finish = text[:cut], "stop"
+        if pieces is not None:
+            kept, n = [], 0
+            for piece in pieces:
+                if n >= cut:
+                    break
+                kept.append(piece[:cut - n])
+                n += len(piece)
+            pieces = kept
+        if logprobs is not None:
+            keep = [k for k, off in enumerate(logprobs["text_offset"]) if off < cut]
+            logprobs = {"tokens": [logprobs["tokens"][k] for k in keep][:len(keep)],
+                        "token_logprobs": [logprobs["token_logprobs"][k] for k in keep],
+                        "top_logprobs": [logprobs["top_logprobs"][k] for k in keep],
+                        "text_offset": [logprobs["text_offset"][k] for k in keep]}
+            if keep:  # the last kept piece ends at the cut
+                logprobs["tokens"][-1] = logprobs["tokens"][-1][:cut - logprobs["text_offset"][-1]]
+    if req.echo:
+        prompt = job.prompts[index]
+        prompt = prompt if isinstance(prompt, str) else policy.tok.decode(prompt)
+        text = prompt + text
+        pieces = None if pieces is None else [prompt, *pieces]
+    choice = {"index": index, "text": text, "logprobs": logprobs, "stop_reason": stop_reason, "finish_reason": finish}
+    if pieces is not None:
+        choice["_pieces"] = pieces
+    return choice
 
 
 @dataclass
@@ -287,13 +378,14 @@ def make_app(policy, opts: WorkerOptions):
     anywhere is a 400 naming the field)."""
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    from swarm_runtime.serve.protocol import completion_models
+    from swarm_runtime.serve.protocol import chat_model, completion_models
     from swarm_runtime.serve.validate import BadRequest, openai_error, validated
 
     CompletionRequest = completion_models()
+    ChatRequest = chat_model()
     model_id = opts.name or Path(opts.model).name
     completer = Completer(policy, model_id, opts)
     batcher = Batcher(completer)
@@ -322,21 +414,78 @@ def make_app(policy, opts: WorkerOptions):
                                             "owned_by": "swarm-runtime", "root": str(opts.model),
                                             "max_model_len": int(policy.max_prompt_tokens)}]}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):  # the model runs inline, batched across waiting requests
-        req = validated(CompletionRequest, await request.body())
+    async def complete(req) -> tuple[dict, float]:
         if req.model not in (None, model_id):
             raise BadRequest(f"model {req.model!r} is not served here; valid: {model_id}", param="model", status=404,
                              code="model_not_found")
         try:
-            body, ms = await batcher.submit(completer.plan(req))
+            return await batcher.submit(completer.plan(req))
         except FaultInjected as exc:
             raise HTTPException(500, str(exc)) from exc
         except BadRequest:
             raise
         except ValueError as exc:  # a guided_choice text the tokenizer cannot spell
             raise BadRequest(str(exc)) from exc
-        return JSONResponse(body, headers={"x-swarm-compute-ms": f"{ms:.3f}"})
+
+    def sse(chunks):
+        async def events():
+            for chunk in chunks:
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):  # the model runs inline, batched across waiting requests
+        req = validated(CompletionRequest, await request.body())
+        body, ms = await complete(req)
+        if not req.stream:
+            return JSONResponse(body, headers={"x-swarm-compute-ms": f"{ms:.3f}"})
+        head = {k: body[k] for k in ("id", "object", "created", "model")}
+        chunks = []
+        for c in body["choices"]:
+            for piece in c.pop("_pieces"):
+                chunks.append({**head, "choices": [{"index": c["index"], "text": piece, "logprobs": None,
+                                                    "finish_reason": None, "stop_reason": None}]})
+            chunks.append({**head, "choices": [{"index": c["index"], "text": "", "logprobs": None,
+                                                "finish_reason": c["finish_reason"], "stop_reason": c["stop_reason"]}]})
+        chunks.append({**head, "choices": [], "usage": body["usage"]})
+        return sse(chunks)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        """OpenAI's chat completions over the model's chat template (a 400 when it has none)."""
+        req = validated(ChatRequest, await request.body())
+        template = getattr(policy.tok, "chat_template", None)
+        if not template:
+            raise BadRequest(f"model {model_id!r} has no chat template (its tokenizer_config.json has no "
+                             "chat_template): use /v1/completions with a prompt", param="messages")
+        try:
+            prompt = policy.tok.apply_chat_template([m.model_dump() for m in req.messages], tokenize=False,
+                                                    add_generation_prompt=True)
+        except Exception as exc:  # a template that refuses these messages (roles out of order, ...)
+            raise BadRequest(f"messages: the chat template refused them: {exc}", param="messages") from None
+        fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "n", "seed", "stop", "stream")}
+        max_tokens = req.max_completion_tokens or req.max_tokens or 16
+        body, ms = await complete(validated(CompletionRequest, json.dumps(
+            {**fields, "prompt": prompt, "max_tokens": max_tokens}).encode()))
+        head = {"id": body["id"].replace("cmpl-", "chatcmpl-"), "created": body["created"], "model": body["model"]}
+        if not req.stream:
+            return JSONResponse({**head, "object": "chat.completion", "usage": body["usage"], "choices": [
+                {"index": c["index"], "message": {"role": "assistant", "content": c["text"]}, "logprobs": None,
+                 "finish_reason": c["finish_reason"], "stop_reason": c["stop_reason"]} for c in body["choices"]]},
+                headers={"x-swarm-compute-ms": f"{ms:.3f}"})
+        head["object"] = "chat.completion.chunk"
+        chunks = []
+        for c in body["choices"]:
+            chunks.append({**head, "choices": [{"index": c["index"], "delta": {"role": "assistant", "content": ""},
+                                                "finish_reason": None}]})
+            for piece in c.pop("_pieces"):
+                chunks.append({**head, "choices": [{"index": c["index"], "delta": {"content": piece},
+                                                    "finish_reason": None}]})
+            chunks.append({**head, "choices": [{"index": c["index"], "delta": {},
+                                                "finish_reason": c["finish_reason"]}]})
+        return sse(chunks)
 
     return app
 
