@@ -187,6 +187,8 @@ def make_app(setup: GatewaySetup):
     transcripts = serve_dir / "episodes.jsonl"
     journal_path = serve_dir / "journal.jsonl"
     seed_sets: dict[tuple[str, str], set] = {}
+    #: a model.adapter=lora run: PEFT adapters pointing to one base (swarm_base.json), served by one worker
+    adapter_run = (role_folder(setup.checkpoint, roles[0]) / "swarm_base.json").exists()
 
     def replicas(role: str) -> int:
         r = s.replicas
@@ -273,9 +275,21 @@ def make_app(setup: GatewaySetup):
         state["client"] = client
         state["agent_clients"] = AgentClients()
         state["engine"] = Engine(domain, ctx.coordinator(), pop, state["agent_clients"], opts, metrics, ctx.credit_fn())
-        for role in roles:
-            for _ in range(replicas(role)):
-                pop.spawn(role, role_folder(setup.checkpoint, role))
+        if adapter_run:  # one worker for the base, every role's adapter on it; agents join it by URL
+            from swarm_runtime.policy.adapters import adapter_name
+            from swarm_runtime.serve.adapters import base_of
+
+            folders = {r: role_folder(setup.checkpoint, r) for r in roles}
+            if any(replicas(r) for r in roles):
+                host = pop.spawn_host(base_of(folders[roles[0]]), [(adapter_name(r), folders[r]) for r in roles])
+                state["host"] = host
+                for role in roles:
+                    for _ in range(replicas(role)):
+                        pop.add_url(role, host.url, model_id=adapter_name(role))
+        else:
+            for role in roles:
+                for _ in range(replicas(role)):
+                    pop.spawn(role, role_folder(setup.checkpoint, role))
         for spec in s.agents or []:
             role, _, url = str(spec).partition("=")
             pop.add_url(role, url)
@@ -284,6 +298,9 @@ def make_app(setup: GatewaySetup):
         except (TimeoutError, RuntimeError) as exc:
             pop.stop_all()
             raise RuntimeError(f"swarm serve: {exc}") from exc
+        for a in pop.agents:  # agents on an adapter host join as soon as it answers
+            if a.status == "starting":
+                await pop.probe(client, a)
         state["background"] = [asyncio.ensure_future(pop.watch(client)), asyncio.ensure_future(sweep())]
         logger.info("swarm serve: {} agents up ({}), checkpoint {}", len(pop.bidders()),
                     ", ".join(a.name for a in pop.agents), setup.checkpoint.name)
@@ -440,6 +457,7 @@ def make_app(setup: GatewaySetup):
         ok, missing = ready()
         return {"ready": ok, "roles": roles, "roles_missing": missing, "accepting": state["accepting"],
                 "episodes_running": running_count(), "agents": [a.public() for a in pop.agents],
+                "adapter_hosts": [h.public() for h in pop.hosts],
                 "restart_policy": {"max_restarts": int(s.max_restarts), "window_s": float(s.restart_window_s),
                                    "backoff_max_s": float(s.restart_backoff_max_s)}}
 
@@ -478,6 +496,17 @@ def make_app(setup: GatewaySetup):
         if req.url is not None:
             url = check_agent_url(req.url, list(s.allow_hosts or []))
             a = pop.add_url(req.role, url, req.name)
+            await pop.probe(state["client"], a)
+            return JSONResponse(a.public(), status_code=201)
+        if adapter_run:
+            from swarm_runtime.policy.adapters import adapter_name
+
+            host = state.get("host")
+            if req.checkpoint not in (None, setup.checkpoint.name) or host is None or host.status == "failed":
+                raise BadRequest("this run's agents are LoRA adapters on one base, served by one worker: a new agent "
+                                 "serves its role's adapter of the checkpoint being served (give no checkpoint), or "
+                                 "join another server by url", param="checkpoint", status=422)
+            a = pop.add_url(req.role, host.url, req.name, model_id=adapter_name(req.role))
             await pop.probe(state["client"], a)
             return JSONResponse(a.public(), status_code=201)
         a = pop.spawn(req.role, checkpoint_folder(req), req.name)

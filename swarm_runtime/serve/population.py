@@ -138,6 +138,8 @@ class Population:
     def __init__(self, opts: PopulationOptions):
         self.opts = opts
         self.agents: list[AgentHandle] = []
+        #: adapter hosts: one worker per base holding every role's adapter (their agents are URL agents on it)
+        self.hosts: list[AgentHandle] = []
 
     # ------------------------------------------------------------------ membership
     def by_name(self, name: str) -> AgentHandle | None:
@@ -170,6 +172,16 @@ class Population:
         self.agents.append(a)
         self._start(a)
         return a
+
+    def spawn_host(self, base: Path, adapters: list[tuple[str, Path]]) -> AgentHandle:
+        """One worker serving ``base`` with each ``(name, adapter folder)`` loaded (a ``model.adapter=lora``
+        run); agents join it by URL with their adapter's name as ``model``. Restarted as workers are."""
+        port = free_port()
+        h = AgentHandle(-1, f"base-{len(self.hosts) + 1}", "", f"http://127.0.0.1:{port}", checkpoint=str(base),
+                        worker_args=["--lora-modules", *[f"{n}={p}" for n, p in adapters]])
+        self.hosts.append(h)
+        self._start(h)
+        return h
 
     def _start(self, a: AgentHandle) -> None:
         port = a.url.rsplit(":", 1)[1]
@@ -245,7 +257,7 @@ class Population:
     async def watch(self, client) -> None:
         """Forever: restart dead workers the gateway owns (with backoff), probe the agents that are not up."""
         while True:
-            for a in list(self.agents):
+            for a in list(self.agents) + self.hosts:
                 if a.proc is not None and a.proc.poll() is not None and a.status not in ("draining", "removed", "failed"):
                     if a.status != "down":
                         a.status, a.since = "down", time.time()
@@ -263,7 +275,7 @@ class Population:
         not); external agents are probed in the background and join when they answer."""
         end = time.time() + timeout
         while True:
-            pending = [a for a in self.agents if a.status != "up" and a.proc is not None]
+            pending = [a for a in self.agents + self.hosts if a.status != "up" and a.proc is not None]
             for a in pending:
                 if a.proc is not None and a.proc.poll() is not None:
                     raise RuntimeError(f"worker {a.name} exited with {a.proc.returncode} while starting; "
@@ -294,9 +306,9 @@ class Population:
                 a.proc.wait()
 
     def stop_all(self) -> None:
-        for a in self.agents:
+        for a in self.agents + self.hosts:
             if a.proc is not None and a.proc.poll() is None:
                 a.proc.terminate()
-        for a in self.agents:
+        for a in self.agents + self.hosts:
             if a.proc is not None:
                 self._stop(a)

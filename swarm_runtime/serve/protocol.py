@@ -121,3 +121,19 @@ def chat_model():
         stream: StrictBool = False
 
     return ChatRequest
+
+
+def lora_models():
+    """vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` requests."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class LoadLoRA(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        lora_name: str = Field(..., max_length=64)
+        lora_path: str = Field(..., max_length=4096)
+
+    class UnloadLoRA(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        lora_name: str = Field(..., max_length=64)
+
+    return LoadLoRA, UnloadLoRA

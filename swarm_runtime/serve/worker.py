@@ -24,6 +24,7 @@ every answer.
 
 import argparse
 import json
+from contextlib import nullcontext
 import os
 import threading
 import time
@@ -50,6 +51,8 @@ class WorkerOptions:
     threads: int = 1  #: torch CPU threads
     seed: int = 0  #: the sampling generator of requests without a ``seed``
     parent_pid: int = 0  #: exit when this process is gone (a worker the gateway started)
+    lora_modules: list = None  #: ``NAME=PATH`` adapters to load onto the base ``model`` (:mod:`~swarm_runtime.serve.adapters`)
+    enable_lora: bool = False  #: serve the base with adapters loaded at runtime (``/v1/load_lora_adapter``)
     fault_act_error_after: int = -1  #: -1 = never
     fault_bid: float | None = None
     fault_delay_ms: int = 0
@@ -57,12 +60,26 @@ class WorkerOptions:
 
 def load_policy(opts: WorkerOptions):
     """The role's :class:`~swarm_runtime.policy.transformers_backend.TransformersPolicy`, with the bid
-    levels and bid mode its checkpoint was trained with."""
+    levels and bid mode its checkpoint was trained with; with ``lora_modules`` or ``enable_lora``, an
+    :class:`~swarm_runtime.serve.adapters.AdapterHost` (the base and its adapters)."""
     import torch
 
     from swarm_runtime.policy.transformers_backend import TransformersPolicy, load_pretrained
 
     path = Path(opts.model)
+    if opts.lora_modules or opts.enable_lora:
+        from swarm_runtime.serve.adapters import AdapterHost, parse_modules
+
+        modules = parse_modules(opts.lora_modules)
+        first = Path(modules[0][1]) / "swarm_policy.json" if modules else path / "swarm_policy.json"
+        meta = json.loads(first.read_text()) if first.exists() else {}
+        torch.manual_seed(opts.seed)
+        host = AdapterHost(path, dict(bid_levels=[float(b) for b in meta.get("bid_levels", DEFAULT_BID_LEVELS)],
+                                      bid_mode=meta.get("bid_mode", "logits"), max_prompt_tokens=opts.max_prompt_tokens,
+                                      seed=opts.seed, device=opts.device))
+        for name, folder in modules:
+            host.load(name, folder)
+        return host
     meta = json.loads((path / "swarm_policy.json").read_text()) if (path / "swarm_policy.json").exists() else {}
     levels = [float(b) for b in meta.get("bid_levels", DEFAULT_BID_LEVELS)]
     model, tok = load_pretrained(path, levels)
@@ -77,12 +94,41 @@ class Completer:
 
     def __init__(self, policy, model_id: str, opts: WorkerOptions):
         from swarm_runtime.policy.tokenizer import bid_token
+        from swarm_runtime.serve.adapters import AdapterHost
 
-        self.policy, self.model_id, self.opts = policy, model_id, opts
-        self.bid_texts = [bid_token(b) for b in policy.bid_levels]
+        self.host = policy if isinstance(policy, AdapterHost) else None
+        self._policy, self.model_id, self.opts = policy, model_id, opts
+        levels = self.host.kw["bid_levels"] if self.host else policy.bid_levels
+        self.bid_texts = [bid_token(b) for b in levels]
         self.lock = threading.Lock()
         self._tries: dict[tuple, object] = {}
         self.actions_answered = 0
+
+    @property
+    def policy(self):
+        """The policy (with an adapter host: its first adapter's, which leads mixed batches)."""
+        if self.host is None:
+            return self._policy
+        if not self.host.policies:
+            from swarm_runtime.serve.validate import BadRequest
+
+            raise BadRequest("no LoRA adapter is loaded: POST /v1/load_lora_adapter first", param="model", status=404)
+        return self.host.lead()
+
+    def adapter_of(self, req) -> str | None:
+        """The adapter a request's ``model`` names (an adapter host only); 404 naming the loaded ones."""
+        from swarm_runtime.serve.validate import BadRequest
+
+        if self.host is None:
+            if req.model not in (None, self.model_id):
+                raise BadRequest(f"model {req.model!r} is not served here; valid: {self.model_id}", param="model",
+                                 status=404, code="model_not_found")
+            return None
+        if req.model not in self.host.policies:
+            raise BadRequest(f"model {req.model!r} is not a LoRA adapter loaded here; loaded: "
+                             f"{', '.join(self.host.policies) or 'none'}", param="model", status=404,
+                             code="model_not_found")
+        return req.model
 
     def context(self) -> int:
         """The model's context: its position embeddings (prompts beyond ``max_prompt_tokens`` but within
@@ -121,6 +167,7 @@ class Completer:
         from swarm_runtime.serve.protocol import MAX_N, MAX_PROMPTS, MAX_ROWS, sample_keys
         from swarm_runtime.serve.validate import BadRequest
 
+        adapter = self.adapter_of(req)
         if int(req.n) > MAX_N:
             raise BadRequest(f"n={req.n} is more than this worker's limit of {MAX_N} samples per prompt", param="n")
         n = int(req.n)
@@ -165,7 +212,8 @@ class Completer:
         keys = None if req.seed is None else sample_keys(req.seed, n) * len(prompts)
         group = (is_bid, id(trie), float(req.temperature), int(req.max_tokens), keys is None,
                  -1 if req.logprobs is None else int(req.logprobs), float(req.top_p))
-        return Job(req, [x for x in prompts for _ in range(n)], keys, is_bid, trie, group, n_prompts=len(prompts))
+        return Job(req, [x for x in prompts for _ in range(n)], keys, is_bid, trie, group, n_prompts=len(prompts),
+                   adapter=adapter)
 
     def run(self, jobs: list["Job"]) -> tuple[list[dict], float]:
         """One batched forward (bids) or generation (actions) over ``jobs`` of one group: each job's
@@ -179,7 +227,8 @@ class Completer:
         if self.opts.fault_delay_ms:
             time.sleep(self.opts.fault_delay_ms / 1000)
         t0 = time.perf_counter()
-        with self.lock, torch.no_grad():
+        routed = nullcontext() if self.host is None else p.routed([j.adapter for j in jobs for _ in j.prompts])
+        with self.lock, torch.no_grad(), routed:
             p.temperature = float(j0.req.temperature)
             want = j0.req.logprobs  # None, or k: the top-k alternatives per token
             logprobs = [None] * len(prompts)
@@ -302,6 +351,7 @@ class Job:
     trie: object
     group: tuple
     n_prompts: int = 1  #: prompts of the request (``prompts`` holds ``n`` rows per prompt, prompt-major)
+    adapter: str | None = None  #: the LoRA adapter its rows run through (an adapter host)
     future: object = None
 
 
@@ -337,7 +387,7 @@ class Batcher:
             await asyncio.sleep(0)  # let the requests already read join this round
             batch, self.queue = self.queue, []
             groups: dict[tuple, list[Job]] = {}
-            for j in batch:
+            for j in sorted(batch, key=lambda j: j.adapter or ""):  # an adapter's rows contiguous (mixed batches)
                 groups.setdefault(j.group, []).append(j)
             for jobs in groups.values():
                 for k in range(0, len(jobs), self.max_rows):
@@ -381,7 +431,7 @@ def make_app(policy, opts: WorkerOptions):
     from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    from swarm_runtime.serve.protocol import chat_model, completion_models
+    from swarm_runtime.serve.protocol import chat_model, completion_models, lora_models
     from swarm_runtime.serve.validate import BadRequest, openai_error, validated
 
     CompletionRequest = completion_models()
@@ -410,14 +460,31 @@ def make_app(policy, opts: WorkerOptions):
 
     @app.get("/v1/models")
     def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
-                                            "owned_by": "swarm-runtime", "root": str(opts.model),
-                                            "max_model_len": int(policy.max_prompt_tokens)}]}
+        base = {"id": model_id, "object": "model", "created": started, "owned_by": "swarm-runtime",
+                "root": str(opts.model), "parent": None, "max_model_len": int(completer.context())}
+        host = completer.host
+        loras = [] if host is None else [{**base, "id": name, "root": host.paths[name], "parent": model_id}
+                                         for name in host.policies]
+        return {"object": "list", "data": [base, *loras] if host is None or not loras else [*loras, base]}
+
+    if completer.host is not None:  # vLLM's runtime LoRA endpoints, with vLLM's request shapes
+        from fastapi.responses import PlainTextResponse
+
+        LoadRequest, UnloadRequest = lora_models()
+
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora(request: Request):
+            req = validated(LoadRequest, await request.body())
+            completer.host.load(req.lora_name, req.lora_path)
+            return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_lora(request: Request):
+            req = validated(UnloadRequest, await request.body())
+            completer.host.unload(req.lora_name)
+            return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
     async def complete(req) -> tuple[dict, float]:
-        if req.model not in (None, model_id):
-            raise BadRequest(f"model {req.model!r} is not served here; valid: {model_id}", param="model", status=404,
-                             code="model_not_found")
         try:
             return await batcher.submit(completer.plan(req))
         except FaultInjected as exc:
@@ -510,6 +577,9 @@ def parse_args(argv=None) -> WorkerOptions:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parent-pid", type=int, default=0)
+    ap.add_argument("--lora-modules", nargs="*", default=None, metavar="NAME=PATH",
+                    help="LoRA adapters (PEFT folders) to serve on the base --model, each under its NAME")
+    ap.add_argument("--enable-lora", action="store_true", help="serve adapters loaded at runtime (/v1/load_lora_adapter)")
     ap.add_argument("--fault-act-error-after", type=int, default=-1)
     ap.add_argument("--fault-bid", type=float, default=None)
     ap.add_argument("--fault-delay-ms", type=int, default=0)
