@@ -243,7 +243,9 @@ class Population:
         try:
             r = await client.get(f"{a.url}/v1/models", timeout=timeout)
             r.raise_for_status()
-            a.model_id = a.model_id or r.json()["data"][0]["id"]
+            if a.model_id is None:  # a server of several models (a base with adapters): the one named as the role
+                ids = [m["id"] for m in r.json()["data"]]
+                a.model_id = next((i for i in ids if i in (a.role, a.role.replace(".", "_"))), ids[0])
         except Exception as exc:
             if a.status == "starting" and time.time() - a.since > self.opts.join_timeout_s:
                 self.mark_failed(a, f"no answer from {a.url}/v1/models within {self.opts.join_timeout_s:g}s "
