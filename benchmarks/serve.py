@@ -366,9 +366,10 @@ def main() -> None:
               f"restarted gateway, back after {gk['back_after_s']}s, and replayed: "
               f"{[r[2] for r in gk['replayed']]}), {gk['resent']} not yet started and sent again, {f['lost']} lost, "
               f"{f['transcript_duplicates']} duplicated in episodes.jsonl", flush=True)
+        num = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
         print(f"fault run: {f['completed']}/{f['episodes']} episodes completed, {f['duplicated_episodes']} duplicated, "
               f"{f['kills']} workers killed (every {a.chaos_interval:g}s, {fwall:.0f}s); reward "
-              f"{f['reward_faulty_same_noise']:.2f} vs {f['reward_fault_free_same_noise']:.2f} fault-free on the same "
+              f"{num(f['reward_faulty_same_noise'])} vs {num(f['reward_fault_free_same_noise'])} fault-free on the same "
               f"{len(paired)} (seed, noise) pairs; {f['missed_bids']} missed bids, {f['failovers']} failovers in "
               f"{f['decisions']} decisions; turn latency p50 {f['turn_latency_ms_p50']:.0f} ms, "
               f"p99 {f['turn_latency_ms_p99']:.0f} ms", flush=True)

@@ -149,7 +149,9 @@ def make_app(setup: GatewaySetup):
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+    from typing import Annotated
+
+    from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from swarm_runtime.episode import make_env
@@ -158,7 +160,7 @@ def make_app(setup: GatewaySetup):
     from swarm_runtime.serve.journal import Journal, recover
     from swarm_runtime.serve.metrics import Metrics
     from swarm_runtime.serve.population import Population, PopulationOptions
-    from swarm_runtime.serve.validate import check_agent_url, check_name, validated
+    from swarm_runtime.serve.validate import check_agent_url, check_name, no_bool, validated
     from swarm_runtime.policy.noise import key_hash
     from swarm_runtime.domain import Event
 
@@ -351,6 +353,8 @@ def make_app(setup: GatewaySetup):
         return JSONResponse(error_body(f"{'.'.join(map(str, err.get('loc', ())))}: {err.get('msg')}", 422),
                             status_code=422)
 
+    Number = Annotated[float, BeforeValidator(no_bool)]  # a float, where JSON true/false is refused
+
     def refuse(status: int, message: str, retry_after: float | None = None, param: str | None = None):
         headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
         return HTTPException(status, message, headers=headers)
@@ -368,17 +372,10 @@ def make_app(setup: GatewaySetup):
         seed: Optional[StrictInt] = Field(None, ge=0, le=(1 << 63) - 1)
         split: Optional[Literal[SEED_SPLITS]] = None
         noise: Optional[Union[StrictInt, str]] = None
-        temperature: Optional[float] = Field(None, ge=0.0, le=100.0)
+        temperature: Optional[Number] = Field(None, ge=0.0, le=100.0)
         stream: StrictBool = False
         env: Literal["server", "client"] = "server"
         max_decisions: Optional[StrictInt] = Field(None, ge=1, le=100_000)
-
-        @field_validator("temperature", mode="before")
-        @classmethod
-        def _number(cls, v):
-            if isinstance(v, bool):
-                raise ValueError("a number, not a boolean")
-            return v
 
         @field_validator("noise", mode="before")
         @classmethod
@@ -397,16 +394,9 @@ def make_app(setup: GatewaySetup):
     class TurnRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
         observation: str = Field(..., max_length=200_000)
-        reward: float = Field(0.0, ge=-1e12, le=1e12)
+        reward: Number = Field(0.0, ge=-1e12, le=1e12)
         valid: StrictBool = True
         done: StrictBool = False
-
-        @field_validator("reward", mode="before")
-        @classmethod
-        def _number(cls, v):
-            if isinstance(v, bool):
-                raise ValueError("a number, not a boolean")
-            return v
 
     def ready() -> tuple[bool, list[str]]:
         """Ready: at least one agent of every role up. Also the roles with none."""

@@ -101,6 +101,13 @@ def validated(model, raw: bytes):
         raise BadRequest(msg, param=field, status=422) from None
 
 
+def no_bool(v):
+    """A pydantic before-validator: a number field refuses JSON ``true``/``false`` (pydantic reads them as 1/0)."""
+    if isinstance(v, bool):
+        raise ValueError("a number, not a boolean")
+    return v
+
+
 def check_name(name: str) -> str:
     """An agent name as given, or :class:`BadRequest` naming the rule."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
