@@ -9,8 +9,9 @@ source run is never written to), it prints:
 - gateway overhead per turn beyond model compute (turn latency minus the workers' reported compute on
   the critical path: the slowest bid plus the action), p50 / p99, from episodes played one at a time;
 - a fault run: ``--fault-episodes`` concurrent episodes while a chaos loop kill -9s a random worker
-  every ``--chaos-interval`` seconds (the gateway restarts it), and the gateway itself once, after
-  ``--kill-gateway-after`` seconds (``swarm serve`` is started again on the same run folder and port):
+  every ``--chaos-interval`` seconds (the gateway restarts it), and the gateway itself once, when
+  ``--kill-gateway-at`` of the run's decisions are made (``swarm serve`` is started again on the same
+  run folder and port):
   every episode must end ``done``, ``degraded`` or ``interrupted`` (the restarted gateway lists those
   the kill cut off; the client replays them with the same seed and noise), none lost or duplicated;
   reward against the fault-free served run on the same noise, missed bids, failovers, p50 / p99 turn
@@ -21,7 +22,7 @@ source run is never written to), it prints:
   ones), with everyone present, and with per-episode dropout p = 1/3 (``deploy.dropout_presence``).
 
     python benchmarks/serve.py --run RUN_DIR [--checkpoint sft] [--episodes 8] [--concurrency 8]
-        [--fault-episodes 16] [--chaos-interval 3] [--kill-gateway-after 20] [--skip-population] [--out results.json]
+        [--fault-episodes 16] [--chaos-interval 3] [--kill-gateway-at 0.5] [--skip-population] [--out results.json]
 """
 from __future__ import annotations
 
@@ -138,9 +139,9 @@ async def served_grid(url, seeds, runs, seed, concurrency):
     return res, eps, bodies, time.perf_counter() - t0
 
 
-async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s, kill_gateway_after=None):
-    """The grid with a chaos loop killing a random worker every ``interval`` seconds and, after
-    ``kill_gateway_after`` seconds, the gateway once (kill -9, then ``swarm serve`` again on the same
+async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s, kill_at=None, decisions=0):
+    """The grid with a chaos loop killing a random worker every ``interval`` seconds and, once the
+    gateway has made ``kill_at`` x ``decisions`` turns of it (``swarm_turns_total``), the gateway once (kill -9, then ``swarm serve`` again on the same
     folder and port). A request the gateway kill cut off is looked up in the restarted gateway's
     ``GET /v1/episodes?status=interrupted`` by (seed, noise): found, it is ``interrupted`` (and replayed
     with the same noise); not found, it never started (the client got no id) and is sent again.
@@ -182,9 +183,17 @@ async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s
                     kills.append((round(time.time(), 2), a["name"]))
 
     async def kill_gateway():
-        await asyncio.sleep(kill_gateway_after)
+        start = scrape(gw.url)["swarm_turns_total"]
+        async with httpx.AsyncClient() as c:
+            while not stop.is_set():
+                text = (await c.get(f"{gw.url}/metrics")).text
+                turns = next(float(x.split()[1]) for x in text.splitlines() if x.startswith("swarm_turns_total "))
+                if turns - start >= kill_at * decisions:
+                    break
+                await asyncio.sleep(0.05)
         if stop.is_set():
             return
+        gk["turns_before_kill"] = int(turns - start)
         up.clear()
         gw.proc.kill()
         gw.proc.wait()
@@ -223,7 +232,7 @@ async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s
                     return {**hit[0], "turns": hit[0].get("turns", []), "replay": replay}
 
         tasks = [asyncio.ensure_future(chaos())]
-        if kill_gateway_after is not None:
+        if kill_at is not None:
             tasks.append(asyncio.ensure_future(kill_gateway()))
         try:
             bodies = await asyncio.gather(*(one(r, s) for r, s in grid), return_exceptions=True)
@@ -240,9 +249,11 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=8, help="held-out seeds")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--fault-episodes", type=int, default=16, help="episodes of the fault run (runs x seeds)")
+    ap.add_argument("--fault-concurrency", type=int, default=None,
+                    help="episodes of the fault run in flight at once (default: all of them)")
     ap.add_argument("--chaos-interval", type=float, default=3.0)
-    ap.add_argument("--kill-gateway-after", type=float, default=20.0,
-                    help="seconds into the fault run to kill -9 the gateway once (negative: never)")
+    ap.add_argument("--kill-gateway-at", type=float, default=0.5,
+                    help="kill -9 the gateway once when this share of the fault run's decisions is made (negative: never)")
     ap.add_argument("--overhead-episodes", type=int, default=2)
     ap.add_argument("--skip-population", action="store_true")
     ap.add_argument("--throughput-only", action="store_true",
@@ -331,9 +342,10 @@ def main() -> None:
               f"(env steps included)", flush=True)
         # 4. fault run
         runs = max(1, -(-a.fault_episodes // len(seeds)))
-        fb, kills, fwall, gk = asyncio.run(fault_run(gw, seeds, runs, eval_seed, a.fault_episodes, a.chaos_interval,
-                                                     a.max_seconds, a.kill_gateway_after if a.kill_gateway_after >= 0
-                                                     else None))
+        fb, kills, fwall, gk = asyncio.run(fault_run(gw, seeds, runs, eval_seed, a.fault_concurrency or a.fault_episodes,
+                                                     a.chaos_interval,
+                                                     a.max_seconds, a.kill_gateway_at if a.kill_gateway_at >= 0
+                                                     else None, runs * len(seeds) * int(cfg.task.max_decisions)))
         ok = [b for b in fb if isinstance(b, dict) and b.get("status") == "done"]
         ends = [b for b in fb if isinstance(b, dict) and b.get("status") in ("done", "degraded", "interrupted")]
         ids = [b["id"] for b in fb if isinstance(b, dict)]
@@ -362,7 +374,8 @@ def main() -> None:
                         "turn_latency_ms_p50": pct(flat, 50), "turn_latency_ms_p99": pct(flat, 99)}
         f = out["fault"]
         print(f"fault run: of {f['episodes']} episodes {f['ended']['done']} done, {f['ended']['degraded']} degraded, "
-              f"{f['ended']['interrupted']} interrupted by the gateway kill at {gk['killed_at_s']}s (listed by the "
+              f"{f['ended']['interrupted']} interrupted by the gateway kill at {gk['killed_at_s']}s, after "
+              f"{gk.get('turns_before_kill')} turns (listed by the "
               f"restarted gateway, back after {gk['back_after_s']}s, and replayed: "
               f"{[r[2] for r in gk['replayed']]}), {gk['resent']} not yet started and sent again, {f['lost']} lost, "
               f"{f['transcript_duplicates']} duplicated in episodes.jsonl", flush=True)
