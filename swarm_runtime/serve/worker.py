@@ -3,8 +3,13 @@
     python -m swarm_runtime.serve.worker --model RUN/checkpoints/final/agents/Smith --port 8101
 
 Endpoints: ``GET /health`` (with the batching counts), ``GET /v1/models``, ``POST /v1/completions``
-(``prompt``, ``max_tokens``, ``temperature``, ``seed``, ``n``, ``logprobs``, ``guided_choice`` or its
-newer name ``structured_outputs.choice``). ``logprobs=k`` on generated text returns each token's
+(``prompt`` (texts or token ids), ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``n``, ``logprobs``,
+``stop``, ``echo``, ``stream`` (server-sent events), ``guided_choice`` or its newer name
+``structured_outputs.choice``), ``POST /v1/chat/completions`` (over the model's chat template; 400
+without one); with ``--lora-modules`` / ``--enable-lora``, one base with several LoRA adapters and
+vLLM's ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (:mod:`swarm_runtime.serve.adapters`).
+Bodies are read with finite numbers only; errors are OpenAI's ``{"error": {...}}``; a prompt longer
+than the model's context is a 400. ``logprobs=k`` on generated text returns each token's
 log-probability and the top ``k`` in the OpenAI shape (:mod:`swarm_runtime.serve.logprobs`); ``n``
 samples per prompt are keyed ``protocol.sample_keys(seed, n)`` (at most ``protocol.MAX_N``).
 A request whose ``guided_choice`` is the
