@@ -440,8 +440,18 @@ def test_port_in_use_is_reported_before_any_model_loads(run):
     assert time.time() - t0 < 60
 
 
-def test_bad_agent_url_at_start_is_a_config_error(run):
+def test_bad_settings_at_start_are_a_config_error(run):
     from conftest import swarm
 
-    r = swarm("serve", str(run), "serve.replicas=0", "serve.agents=[Smith=http://10.9.9.9:8001]", cwd=ROOT, timeout=120)
-    assert r.returncode == 2 and "serve.allow_hosts" in r.stderr and "Traceback" not in r.stderr
+    for args, word in ((["serve.agents=[Smith=http://10.9.9.9:8001]"], "serve.allow_hosts"),
+                       (["serve.degraded_share=2"], "serve.degraded_share"),
+                       (["serve.client_episodes=0"], "serve.client_episodes")):
+        r = swarm("serve", str(run), "serve.replicas=0", *args, cwd=ROOT, timeout=120)
+        assert r.returncode == 2 and word in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    with socket.socket() as s:  # allowed: the URL passes, and the next check (the port, held here) speaks
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        ok = swarm("serve", str(run), "serve.replicas=0", "serve.agents=[Smith=http://10.9.9.9:8001]",
+                   "serve.allow_hosts=[10.9.9.9]", f"serve.port={s.getsockname()[1]}", cwd=ROOT, timeout=120)
+    assert ok.returncode == 2 and "in use" in ok.stderr and "allow_hosts" not in ok.stderr, ok.stderr
