@@ -221,7 +221,7 @@ async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s
                         gk["cut"] += 1
                     await asyncio.sleep(0.2)
                     await up.wait()
-                    listed = (await client._json("GET", "/v1/episodes", params={"status": "interrupted"}))["episodes"]
+                    listed = await client.episodes("interrupted")
                     hit = [e for e in listed if e["seed"] == s and e["noise"] == noise]
                     if not hit:  # it had not started: no id was given, send it again
                         gk["resent"] += 1

@@ -365,20 +365,26 @@ def slow_worker(run, tmp_path_factory):
         _stop(w)
 
 
-def _light(run, worker, log):
+def _light(run, worker, log, **env):
     return Gateway(run, ["serve.replicas=0", f"serve.agents=[Logger={worker},Miner={worker},Smith={worker}]",
                          "serve.probe_interval_ms=200",
-                         "serve.shutdown_grace_s=60"], log)
+                         "serve.shutdown_grace_s=60"], log, **env)
 
 
 def test_gateway_killed_mid_episode_reports_it_interrupted(run, slow_worker, tmp_path):
-    g = _light(run, slow_worker, tmp_path / "g1.log")
+    # a journal over 1 byte is compacted every second: the running episode must survive compaction too
+    g = _light(run, slow_worker, tmp_path / "g1.log", SWARM_JOURNAL_COMPACT_BYTES="1")
     try:
         _until(lambda: _probe(g.url + "/health/ready"), 120, "gateway ready")
+        done = httpx.post(f"{g.url}/v1/episodes", json={"env": "client"}).json()
+        httpx.post(f"{g.url}/v1/episodes/{done['id']}/turns", json={"observation": "x", "done": True})
         ep = httpx.post(f"{g.url}/v1/episodes", json={"env": "client", "noise": "77"}).json()
         for r in (0.0, 1.0):
             assert httpx.post(f"{g.url}/v1/episodes/{ep['id']}/turns", timeout=60,
                               json={"observation": "goal wooden_pickaxe", "reward": r}).status_code == 200
+        _until(lambda: "journal compacted to the 1 running" in g.log.read_text(), 30, "a compaction")
+        journal = (run / "serve/journal.jsonl").read_text()
+        assert ep["id"] in journal and done["id"] not in journal  # only what is still running
         g.proc.kill()  # kill -9: no shutdown code runs
         g.proc.wait(30)
     finally:

@@ -62,6 +62,14 @@ class SwarmClient:
     async def open(self, **fields) -> dict:
         return await self._json("POST", "/v1/episodes", json={"env": "client", **fields})
 
+    async def cancel(self, episode_id: str) -> dict:
+        """``DELETE /v1/episodes/ID``: end an episode this client opened (status ``cancelled``)."""
+        return await self._json("DELETE", f"/v1/episodes/{episode_id}")
+
+    async def episodes(self, status: str | None = None) -> list[dict]:
+        """Recent episodes (``status="interrupted"``: those a gateway crash cut off), without turns."""
+        return (await self._json("GET", "/v1/episodes", params={"status": status} if status else None))["episodes"]
+
     async def turn(self, episode_id: str, observation: str, reward: float = 0.0, valid: bool = True,
                    done: bool = False) -> dict:
         return await self._json("POST", f"/v1/episodes/{episode_id}/turns",

@@ -69,6 +69,7 @@ class ServedEpisode:
     temperature: float | None = None
     last_used: float = field(default_factory=time.monotonic)
     started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
     client: str = ""  #: who opened it (admission and cancel: the API key's hash or the peer address)
     cancelled: str | None = None  #: why it was cancelled, once it is
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -157,7 +157,7 @@ def make_app(setup: GatewaySetup):
     from swarm_runtime.episode import make_env
     from swarm_runtime.run import RunContext
     from swarm_runtime.serve.engine import AgentClients, Engine, EngineOptions, NoAgentsLeft, ServedEpisode, new_id
-    from swarm_runtime.serve.journal import Journal, recover
+    from swarm_runtime.serve.journal import COMPACT_BYTES, Journal, recover
     from swarm_runtime.serve.metrics import Metrics
     from swarm_runtime.serve.population import Population, PopulationOptions
     from swarm_runtime.serve.validate import check_agent_url, check_name, no_bool, validated
@@ -220,6 +220,7 @@ def make_app(setup: GatewaySetup):
 
     recover_journal()
     journal = Journal(journal_path)
+    journal_limit = int(os.environ.get("SWARM_JOURNAL_COMPACT_BYTES", COMPACT_BYTES))  # tests make it small
 
     def save_transcript(ep: ServedEpisode) -> None:
         with transcripts.open("a") as f:
@@ -262,6 +263,11 @@ def make_app(setup: GatewaySetup):
                     state["episodes"].pop(eid, None)
             while len(state["past"]) > 10_000:
                 state["past"].pop(next(iter(state["past"])))
+            if journal.size() > journal_limit:
+                live = [e for e in state["episodes"].values() if e.status == "running"]
+                journal.compact([({**journal.start_event(e, "server" if e.env is not None else "client", e.client),
+                                   "time": e.started_wall}, e.records) for e in live])
+                logger.info("journal compacted to the {} running episodes", len(live))
 
     async def drain() -> None:
         """SIGTERM: refuse new work (503), let running episodes finish within serve.shutdown_grace_s."""

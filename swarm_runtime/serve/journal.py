@@ -5,7 +5,8 @@
 On start the gateway reads the journal back (:func:`recover`): an episode that started and never
 ended was interrupted; it is written to ``episodes.jsonl`` as ``interrupted`` with its turns so far,
 and its id answers with that state (not 404). Its ``seed`` and ``noise`` replay it exactly. The
-journal then starts afresh (everything in it has ended).
+journal then starts afresh (everything in it has ended); a running gateway compacts it to the
+episodes still running whenever it passes :data:`COMPACT_BYTES`.
 
 One line per event: ``{"ev": "start", "id", "seed", "noise", "task", "env", "temperature",
 "max_decisions", "client", "time"}``, ``{"ev": "turn", "id", "rec"}`` (the turn's record as the API
@@ -19,6 +20,9 @@ import os
 import time
 from pathlib import Path
 
+#: A running gateway rewrites its journal with only the running episodes beyond this size.
+COMPACT_BYTES = 64 << 20
+
 
 class Journal:
     def __init__(self, path: Path):
@@ -31,10 +35,14 @@ class Journal:
         self.f.flush()
         os.fsync(self.f.fileno())
 
+    @staticmethod
+    def start_event(ep, env: str, client: str) -> dict:
+        return {"id": ep.id, "seed": ep.seed, "noise": str(ep.noise), "task": ep.task_name, "env": env,
+                "temperature": ep.temperature, "max_decisions": ep.max_decisions, "client": client,
+                "time": time.time()}
+
     def start(self, ep, env: str, client: str) -> None:
-        self.write({"ev": "start", "id": ep.id, "seed": ep.seed, "noise": str(ep.noise), "task": ep.task_name,
-                    "env": env, "temperature": ep.temperature, "max_decisions": ep.max_decisions, "client": client,
-                    "time": time.time()})
+        self.write({"ev": "start", **self.start_event(ep, env, client)})
 
     def turn(self, eid: str, rec: dict) -> None:
         self.write({"ev": "turn", "id": eid, "rec": rec})
@@ -44,6 +52,25 @@ class Journal:
 
     def end(self, eid: str, status: str) -> None:
         self.write({"ev": "end", "id": eid, "status": status})
+
+    def size(self) -> int:
+        return self.f.tell()
+
+    def compact(self, running: list[tuple[dict, list[dict]]]) -> None:
+        """Start the journal afresh with only the episodes still running (``(start event, turn records)``
+        each), so it does not grow with every episode ever served; atomic (a crash leaves the old or
+        the new file, both complete)."""
+        tmp = self.path.with_suffix(".compact")
+        with tmp.open("wb") as f:
+            for start, turns in running:
+                f.write((json.dumps({"ev": "start", **start}, default=float) + "\n").encode())
+                for rec in turns:
+                    f.write((json.dumps({"ev": "turn", "id": start["id"], "rec": rec}, default=float) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        self.f.close()
+        os.replace(tmp, self.path)
+        self.f = self.path.open("ab")
 
     def close(self) -> None:
         self.f.close()
