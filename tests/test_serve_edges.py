@@ -7,13 +7,11 @@ One run folder (its checkpoint in the RLCR layout: one model under ``agents/Shar
 gateways: ``main`` (three workers), ``bare`` (no worker of its own, 0.0.0.0 with an API key, tight
 limits) and one the journal and SIGTERM tests start and stop themselves. Every process is stopped by pid.
 """
+import asyncio
 import json
-import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -326,7 +324,13 @@ def test_overload_waits_a_bounded_time_then_429(bare):
     waited = time.time() - t0
     assert r.status_code == 429 and "serve.max_episodes=1" in r.json()["detail"] and r.headers["retry-after"]
     assert 0.9 < waited < 10
-    assert httpx.delete(f"{u}/v1/episodes/{held.json()['id']}", headers=AUTH).json()["status"] == "cancelled"
+    from swarm_runtime.serve.client import SwarmClient
+
+    async def cancel():
+        async with SwarmClient(u, api_key=KEY) as c:
+            return await c.cancel(held.json()["id"])
+
+    assert asyncio.run(cancel())["status"] == "cancelled"
 
 
 def test_episode_losing_turns_to_faults_is_degraded(run, bare, tmp_path):
