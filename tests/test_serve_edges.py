@@ -192,6 +192,9 @@ def test_worker_prompt_lists_rows_and_context(main):
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "prompt[1]" and err["code"] == "context_length_exceeded"
     assert "512" in err["message"]
+    r = ask(prompt=["goal wooden_pickaxe", "goal " * 300])  # within the context, over model.max_prompt_tokens
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "prompt[1]" and "max_prompt_tokens=256" in err["message"]
     assert ask(prompt="goal wooden_pickaxe", seed=True).status_code == 422
     assert ask(prompt="goal wooden_pickaxe").status_code == 200
     # a model without a chat template: chat completions are a clear 400, not a guess

@@ -81,7 +81,8 @@ def load_policy(opts: WorkerOptions):
         torch.manual_seed(opts.seed)
         host = AdapterHost(path, dict(bid_levels=[float(b) for b in meta.get("bid_levels", DEFAULT_BID_LEVELS)],
                                       bid_mode=meta.get("bid_mode", "logits"), max_prompt_tokens=opts.max_prompt_tokens,
-                                      seed=opts.seed, device=opts.device))
+                                      seed=opts.seed, device=opts.device,
+                                      chat_template=meta.get("chat_template", "none")))
         for name, folder in modules:
             host.load(name, folder)
         return host
@@ -90,6 +91,7 @@ def load_policy(opts: WorkerOptions):
     model, tok = load_pretrained(path, levels)
     torch.manual_seed(opts.seed)
     policy = TransformersPolicy(model, tok, levels, bid_mode=meta.get("bid_mode", "logits"),
+                                chat_template=meta.get("chat_template", "none"),  # as the run trained it
                                 max_prompt_tokens=opts.max_prompt_tokens, seed=opts.seed, device=opts.device)
     return policy.eval()
 
@@ -145,13 +147,18 @@ class Completer:
         """A prompt longer than the model's context is a 400 (as vLLM answers), never cut silently."""
         from swarm_runtime.serve.validate import BadRequest
 
+        from swarm_runtime.policy.transformers_backend import PromptOverflowError
+
         ctx = self.context()
-        if len(prompt.encode()) + 1 < ctx:  # a token spans at least one byte: cannot be too long
-            return
-        n = len(self.policy.tok(prompt, add_special_tokens=False).input_ids) + (self.policy.bos is not None)
-        if n > ctx:
-            raise BadRequest(f"{param} is {n} tokens, more than this model's context of {ctx} tokens", param=param,
-                             code="context_length_exceeded")
+        if len(prompt.encode()) + 1 >= ctx:  # else it cannot be too long: a token spans at least one byte
+            n = len(self.policy.tok(prompt, add_special_tokens=False).input_ids) + (self.policy.bos is not None)
+            if n > ctx:
+                raise BadRequest(f"{param} is {n} tokens, more than this model's context of {ctx} tokens",
+                                 param=param, code="context_length_exceeded")
+        try:  # longer than model.max_prompt_tokens: refused as training refuses it (encodings are cached)
+            self.policy.encode_prompt(prompt)
+        except PromptOverflowError as exc:
+            raise BadRequest(f"{param}: {exc}", param=param, code="prompt_too_long") from None
 
     def prompt_ids(self, x) -> list[int]:
         """A prompt's token ids: a text as training encodes it, token ids cut from the left like text."""
@@ -196,6 +203,9 @@ class Completer:
                 if len(x) > self.context():
                     raise BadRequest(f"{where} is {len(x)} tokens, more than this model's context of "
                                      f"{self.context()} tokens", param=where, code="context_length_exceeded")
+                if len(x) > self.policy.max_prompt_tokens and getattr(self.policy, "prompt_overflow", "") == "error":
+                    raise BadRequest(f"{where} is {len(x)} tokens, more than model.max_prompt_tokens="
+                                     f"{self.policy.max_prompt_tokens}", param=where, code="prompt_too_long")
             else:
                 self.check_context(x, where)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -532,9 +542,11 @@ def make_app(policy, opts: WorkerOptions):
         if not template:
             raise BadRequest(f"model {model_id!r} has no chat template (its tokenizer_config.json has no "
                              "chat_template): use /v1/completions with a prompt", param="messages")
-        try:
+        try:  # token ids, so a policy that templates its text prompts (model.chat_template=auto) does not again
             prompt = policy.tok.apply_chat_template([m.model_dump() for m in req.messages], tokenize=False,
                                                     add_generation_prompt=True)
+            bos = completer.policy.bos
+            prompt = ([bos] if bos is not None else []) + policy.tok(prompt, add_special_tokens=False).input_ids
         except Exception as exc:  # a template that refuses these messages (roles out of order, ...)
             raise BadRequest(f"messages: the chat template refused them: {exc}", param="messages") from None
         fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "n", "seed", "stop", "stream")}
