@@ -9,7 +9,11 @@ source run is never written to), it prints:
 - gateway overhead per turn beyond model compute (turn latency minus the workers' reported compute on
   the critical path: the slowest bid plus the action), p50 / p99, from episodes played one at a time;
 - a fault run: ``--fault-episodes`` concurrent episodes while a chaos loop kill -9s a random worker
-  every ``--chaos-interval`` seconds (the gateway restarts it): episodes completed, lost or duplicated,
+  every ``--chaos-interval`` seconds (the gateway restarts it), and the gateway itself once, when
+  ``--kill-gateway-at`` of the run's decisions are made (``swarm serve`` is started again on the same
+  run folder and port):
+  every episode must end ``done``, ``degraded`` or ``interrupted`` (the restarted gateway lists those
+  the kill cut off; the client replays them with the same seed and noise), none lost or duplicated;
   reward against the fault-free served run on the same noise, missed bids, failovers, p50 / p99 turn
   latency;
 - dropout through the service: 3 agents (replicas 1) and 12 agents (replicas 4) with a third of the
@@ -18,7 +22,7 @@ source run is never written to), it prints:
   ones), with everyone present, and with per-episode dropout p = 1/3 (``deploy.dropout_presence``).
 
     python benchmarks/serve.py --run RUN_DIR [--checkpoint sft] [--episodes 8] [--concurrency 8]
-        [--fault-episodes 16] [--chaos-interval 3] [--skip-population] [--out results.json]
+        [--fault-episodes 16] [--chaos-interval 3] [--kill-gateway-at 0.5] [--skip-population] [--out results.json]
 """
 from __future__ import annotations
 
@@ -64,11 +68,15 @@ class Gateway:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "swarm_runtime.cli", "serve", str(run), f"checkpoint={tag}",
-                                      f"serve.port={self.port}", *args], env=env, stdout=log.open("wb"),
-                                     stderr=subprocess.STDOUT)
+        self.argv = [sys.executable, "-m", "swarm_runtime.cli", "serve", str(run), f"checkpoint={tag}",
+                     f"serve.port={self.port}", *args]
         self.log = log
+        self.start()
+
+    def start(self):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+        return self
 
     def wait(self, timeout=600):
         import httpx
@@ -131,8 +139,13 @@ async def served_grid(url, seeds, runs, seed, concurrency):
     return res, eps, bodies, time.perf_counter() - t0
 
 
-async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s):
-    """The grid with a chaos loop killing a random worker every ``interval`` seconds."""
+async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s, kill_at=None, decisions=0):
+    """The grid with a chaos loop killing a random worker every ``interval`` seconds and, once the
+    gateway has made ``kill_at`` x ``decisions`` turns of it (``swarm_turns_total``), the gateway once (kill -9, then ``swarm serve`` again on the same
+    folder and port). A request the gateway kill cut off is looked up in the restarted gateway's
+    ``GET /v1/episodes?status=interrupted`` by (seed, noise): found, it is ``interrupted`` (and replayed
+    with the same noise); not found, it never started (the client got no id) and is sent again.
+    Returns (bodies, kills, wall, gateway_kill)."""
     import httpx
 
     from swarm_runtime.policy.noise import key_hash
@@ -140,6 +153,11 @@ async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s
 
     kills = []
     stop = asyncio.Event()
+    up = asyncio.Event()
+    up.set()
+    gk: dict = {"killed_at_s": None, "back_after_s": None, "cut": 0, "interrupted": [], "resent": 0,
+                "replayed": []}
+    t0 = time.perf_counter()
 
     async def chaos():
         rng = random.Random(0)
@@ -150,27 +168,78 @@ async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s
                     break
                 except asyncio.TimeoutError:
                     pass
-                agents = [a for a in (await c.get(f"{gw.url}/v1/swarm/agents")).json()["agents"] if a["pid"]]
+                if not up.is_set():
+                    continue
+                try:
+                    agents = [a for a in (await c.get(f"{gw.url}/v1/swarm/agents")).json()["agents"] if a["pid"]]
+                except httpx.HTTPError:
+                    continue
                 if agents:
                     a = rng.choice(agents)
-                    os.kill(a["pid"], signal.SIGKILL)
+                    try:
+                        os.kill(a["pid"], signal.SIGKILL)
+                    except ProcessLookupError:
+                        continue
                     kills.append((round(time.time(), 2), a["name"]))
+
+    async def kill_gateway():
+        start = scrape(gw.url)["swarm_turns_total"]
+        async with httpx.AsyncClient() as c:
+            while not stop.is_set():
+                text = (await c.get(f"{gw.url}/metrics")).text
+                turns = next(float(x.split()[1]) for x in text.splitlines() if x.startswith("swarm_turns_total "))
+                if turns - start >= kill_at * decisions:
+                    break
+                await asyncio.sleep(0.05)
+        if stop.is_set():
+            return
+        gk["turns_before_kill"] = int(turns - start)
+        up.clear()
+        gw.proc.kill()
+        gw.proc.wait()
+        gk["killed_at_s"] = round(time.perf_counter() - t0, 1)
+        await asyncio.sleep(1.5)  # its workers notice their parent is gone and exit
+        gw.start()
+        await asyncio.get_running_loop().run_in_executor(None, gw.wait)
+        gk["back_after_s"] = round(time.perf_counter() - t0 - gk["killed_at_s"], 1)
+        up.set()
 
     grid = [(r, s) for r in range(runs) for s in seeds]
     sem = asyncio.Semaphore(concurrency)
-    t0 = time.perf_counter()
     async with SwarmClient(gw.url, timeout=max_s) as client:
         async def one(r, s):
+            noise = str(key_hash(seed, r, s))
             async with sem:
-                return await client.episode(seed=s, noise=str(key_hash(seed, r, s)))
+                while True:
+                    await up.wait()
+                    try:
+                        return await client.episode(seed=s, noise=noise)
+                    except httpx.ConnectError:  # the gateway is down: the request never reached it
+                        await asyncio.sleep(0.5)
+                        continue
+                    except httpx.TransportError:  # cut off by the gateway kill
+                        gk["cut"] += 1
+                    await asyncio.sleep(0.2)
+                    await up.wait()
+                    listed = await client.episodes("interrupted")
+                    hit = [e for e in listed if e["seed"] == s and e["noise"] == noise]
+                    if not hit:  # it had not started: no id was given, send it again
+                        gk["resent"] += 1
+                        continue
+                    gk["interrupted"].append(hit[0]["id"])
+                    replay = await client.episode(seed=s, noise=noise)
+                    gk["replayed"].append((hit[0]["id"], replay["id"], replay["status"]))
+                    return {**hit[0], "turns": hit[0].get("turns", []), "replay": replay}
 
-        task = asyncio.ensure_future(chaos())
+        tasks = [asyncio.ensure_future(chaos())]
+        if kill_at is not None:
+            tasks.append(asyncio.ensure_future(kill_gateway()))
         try:
             bodies = await asyncio.gather(*(one(r, s) for r, s in grid), return_exceptions=True)
         finally:
             stop.set()
-            await task
-    return bodies, kills, time.perf_counter() - t0
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return bodies, kills, time.perf_counter() - t0, gk
 
 
 def main() -> None:
@@ -180,7 +249,11 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=8, help="held-out seeds")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--fault-episodes", type=int, default=16, help="episodes of the fault run (runs x seeds)")
+    ap.add_argument("--fault-concurrency", type=int, default=None,
+                    help="episodes of the fault run in flight at once (default: all of them)")
     ap.add_argument("--chaos-interval", type=float, default=3.0)
+    ap.add_argument("--kill-gateway-at", type=float, default=0.5,
+                    help="kill -9 the gateway once when this share of the fault run's decisions is made (negative: never)")
     ap.add_argument("--overhead-episodes", type=int, default=2)
     ap.add_argument("--skip-population", action="store_true")
     ap.add_argument("--throughput-only", action="store_true",
@@ -269,16 +342,29 @@ def main() -> None:
               f"(env steps included)", flush=True)
         # 4. fault run
         runs = max(1, -(-a.fault_episodes // len(seeds)))
-        fb, kills, fwall = asyncio.run(fault_run(gw, seeds, runs, eval_seed, a.fault_episodes, a.chaos_interval,
-                                                 a.max_seconds))
+        fb, kills, fwall, gk = asyncio.run(fault_run(gw, seeds, runs, eval_seed, a.fault_concurrency or a.fault_episodes,
+                                                     a.chaos_interval,
+                                                     a.max_seconds, a.kill_gateway_at if a.kill_gateway_at >= 0
+                                                     else None, runs * len(seeds) * int(cfg.task.max_decisions)))
         ok = [b for b in fb if isinstance(b, dict) and b.get("status") == "done"]
+        ends = [b for b in fb if isinstance(b, dict) and b.get("status") in ("done", "degraded", "interrupted")]
         ids = [b["id"] for b in fb if isinstance(b, dict)]
         keys = [(b["seed"], b["noise"]) for b in ok]
+        # every (seed, noise) of the grid ends exactly once in the transcripts (replays of interrupted
+        # episodes are new episodes with their own ids), and every interrupted one was listed
+        lines = [json.loads(x) for x in (run / "serve" / "episodes.jsonl").read_text().splitlines()]
+        fault_ids = set(ids) | {r[1] for r in gk["replayed"]}
+        logged = [x["id"] for x in lines if x["id"] in fault_ids]
         flat, _ = turn_stats(ok)
         free = {(b["seed"], b["noise"]): b["reward"] for b in bodies}
         paired = [(b["reward"], free[(b["seed"], b["noise"])]) for b in ok if (b["seed"], b["noise"]) in free]
         fr = [b["reward"] for b in ok]
-        out["fault"] = {"episodes": len(fb), "completed": len(ok), "errors": [str(b)[:200] for b in fb if not isinstance(b, dict) or b.get("status") != "done"],
+        out["fault"] = {"episodes": len(fb), "completed": len(ok),
+                        "ended": {st: sum(1 for b in fb if isinstance(b, dict) and b.get("status") == st)
+                                  for st in ("done", "degraded", "interrupted", "failed")},
+                        "lost": len(fb) - len(ends), "transcript_duplicates": len(logged) - len(set(logged)),
+                        "gateway_kill": gk,
+                        "errors": [str(b)[:200] for b in fb if not isinstance(b, dict) or b.get("status") not in ("done", "degraded", "interrupted")],
                         "duplicated_ids": len(ids) - len(set(ids)), "duplicated_episodes": len(keys) - len(set(keys)),
                         "kills": len(kills), "wall_s": fwall, "reward_mean": statistics.mean(fr) if fr else None,
                         "reward_fault_free_same_noise": statistics.mean(f for _, f in paired) if paired else None,
@@ -287,9 +373,16 @@ def main() -> None:
                         "decisions": sum(b["decisions"] for b in ok),
                         "turn_latency_ms_p50": pct(flat, 50), "turn_latency_ms_p99": pct(flat, 99)}
         f = out["fault"]
+        print(f"fault run: of {f['episodes']} episodes {f['ended']['done']} done, {f['ended']['degraded']} degraded, "
+              f"{f['ended']['interrupted']} interrupted by the gateway kill at {gk['killed_at_s']}s, after "
+              f"{gk.get('turns_before_kill')} turns (listed by the "
+              f"restarted gateway, back after {gk['back_after_s']}s, and replayed: "
+              f"{[r[2] for r in gk['replayed']]}), {gk['resent']} not yet started and sent again, {f['lost']} lost, "
+              f"{f['transcript_duplicates']} duplicated in episodes.jsonl", flush=True)
+        num = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
         print(f"fault run: {f['completed']}/{f['episodes']} episodes completed, {f['duplicated_episodes']} duplicated, "
               f"{f['kills']} workers killed (every {a.chaos_interval:g}s, {fwall:.0f}s); reward "
-              f"{f['reward_faulty_same_noise']:.2f} vs {f['reward_fault_free_same_noise']:.2f} fault-free on the same "
+              f"{num(f['reward_faulty_same_noise'])} vs {num(f['reward_fault_free_same_noise'])} fault-free on the same "
               f"{len(paired)} (seed, noise) pairs; {f['missed_bids']} missed bids, {f['failovers']} failovers in "
               f"{f['decisions']} decisions; turn latency p50 {f['turn_latency_ms_p50']:.0f} ms, "
               f"p99 {f['turn_latency_ms_p99']:.0f} ms", flush=True)

@@ -220,6 +220,13 @@ class ServeConfig:
     max_episodes: int = 64  #: episodes running at once; more are refused with 429
     max_body_bytes: int = 1048576  #: request bodies over this get 413
     shutdown_grace_s: float = 30.0  #: on SIGTERM/SIGINT, running episodes get this long to finish (the rest are reported)
+    allow_hosts: list = field(default_factory=list)  #: agent URL hosts allowed besides loopback (``*``: any host)
+    client_episodes: int = 16  #: client-side episodes one client (API key or address) may hold open at once
+    queue_wait_s: float = 5.0  #: at serve.max_episodes, how long a new episode waits for a slot before 429
+    degraded_share: float = 0.1  #: an episode with more than this share of turns lost to faults is ``degraded``
+    max_restarts: int = 5  #: restarts of one worker within serve.restart_window_s before it is marked ``failed``
+    restart_window_s: float = 60.0  #: the window of serve.max_restarts
+    restart_backoff_max_s: float = 30.0  #: cap of the exponential wait between restarts of one worker
     url: Optional[str] = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
     concurrency: int = 8  #: ``swarm eval`` through a service: episodes in flight at once
 
@@ -468,7 +475,10 @@ def load_saved(path, registry=None) -> DictConfig:
     if not isinstance(saved, DictConfig):
         raise ConfigError(f"{str(path)!r} is not a run config (a YAML mapping)")
     defaults = OmegaConf.structured(RunConfig)
-    missing = [k for k in _leaf_keys(defaults) if k not in FOLDER_KEYS and OmegaConf.select(saved, k, default="\0missing") == "\0missing"]
+    # serve.* are deployment settings (swarm serve's command line), not the run's: a run saved before a key
+    # existed is served with its default
+    missing = [k for k in _leaf_keys(defaults) if k not in FOLDER_KEYS and not k.startswith("serve.")
+               and OmegaConf.select(saved, k, default="\0missing") == "\0missing"]
     task = saved.get("task") if "task" in saved else None
     if isinstance(task, DictConfig):
         missing += [f"task.{k}" for k in REQUIRED_TASK_KEYS if k not in task]

@@ -9,6 +9,11 @@
   answers within the deadline, the core's coordinator, the winner's action with failover.
 - :mod:`~swarm_runtime.serve.gateway`: the HTTP service (episodes, turns, agents, health, metrics).
 - :mod:`~swarm_runtime.serve.client`: an async client, and ``swarm eval RUN serve.url=...``.
+- :mod:`~swarm_runtime.serve.validate`: what is accepted (finite JSON, agent names and URLs) and
+  OpenAI's error shape; :mod:`~swarm_runtime.serve.journal`: the fsynced episode journal that makes
+  a gateway crash leave ``interrupted`` episodes, not silence.
+- :mod:`~swarm_runtime.serve.adapters`: one worker, one base, every role's LoRA adapter
+  (``model.adapter=lora`` runs), with vLLM's runtime LoRA endpoints.
 
 Needs the ``serve`` extra (fastapi, uvicorn, httpx); imports stay lazy so the core does not.
 """

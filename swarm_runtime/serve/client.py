@@ -43,6 +43,8 @@ class SwarmClient:
             body = r.json()
         except json.JSONDecodeError:
             body = {"detail": r.text}
+        if not isinstance(body, dict):
+            body = {"detail": body}
         if r.status_code >= 400 and not (path == "/v1/episodes" and "status" in body):
             raise ServeError(f"{method} {path}: HTTP {r.status_code}: {body.get('detail', body)}")
         return body
@@ -59,6 +61,14 @@ class SwarmClient:
 
     async def open(self, **fields) -> dict:
         return await self._json("POST", "/v1/episodes", json={"env": "client", **fields})
+
+    async def cancel(self, episode_id: str) -> dict:
+        """``DELETE /v1/episodes/ID``: end an episode this client opened (status ``cancelled``)."""
+        return await self._json("DELETE", f"/v1/episodes/{episode_id}")
+
+    async def episodes(self, status: str | None = None) -> list[dict]:
+        """Recent episodes (``status="interrupted"``: those a gateway crash cut off), without turns."""
+        return (await self._json("GET", "/v1/episodes", params={"status": status} if status else None))["episodes"]
 
     async def turn(self, episode_id: str, observation: str, reward: float = 0.0, valid: bool = True,
                    done: bool = False) -> dict:
@@ -85,9 +95,11 @@ def to_episode(body: dict):
 
 
 async def evaluate_served(url: str, seeds: Sequence[int], runs: int, seed: int, temperature: float | None,
-                          task: str | None, concurrency: int = 8):
+                          task: str | None, concurrency: int = 8, split: str = "any"):
     """Play ``runs`` episodes of every held-out seed through the service; return (summary, episodes,
-    bodies) as :func:`swarm_runtime.evaluate.evaluate` does, plus the service's raw answers."""
+    bodies) as :func:`swarm_runtime.evaluate.evaluate` does, plus the service's raw answers.
+    ``split``: the seeds' split as the service checks it (``any``: the caller chose them from its run's
+    ``eval.split``; the service refuses seeds outside its held-out split unless told)."""
     from swarm_runtime.episode import Agent
     from swarm_runtime.evaluate import summarize
     from swarm_runtime.policy.noise import key_hash
@@ -97,7 +109,7 @@ async def evaluate_served(url: str, seeds: Sequence[int], runs: int, seed: int, 
     async with SwarmClient(url) as c:
         async def one(r: int, s: int) -> dict:
             async with sem:
-                fields = {"seed": int(s), "noise": str(key_hash(seed, r, s))}
+                fields = {"seed": int(s), "noise": str(key_hash(seed, r, s)), "split": split}
                 if temperature is not None:
                     fields["temperature"] = float(temperature)
                 if task is not None:
@@ -105,10 +117,10 @@ async def evaluate_served(url: str, seeds: Sequence[int], runs: int, seed: int, 
                 return await c.episode(**fields)
 
         bodies = await asyncio.gather(*(one(r, s) for r, s in grid))
-    failed = [b for b in bodies if b.get("status") != "done"]
+    failed = [b for b in bodies if b.get("status") not in ("done", "degraded")]
     if failed:
         raise ServeError(f"{len(failed)} of {len(bodies)} served episodes did not finish: {failed[0].get('error')}")
     names = max((b["agents"] for b in bodies), key=len)
-    agents = [Agent(n, n.split("#")[0], None) for n in names]
+    agents = [Agent(n, n.split("@")[0].split("#")[0], None) for n in names]
     episodes = [to_episode(b) for b in bodies]
     return summarize(episodes, runs, agents), episodes, bodies

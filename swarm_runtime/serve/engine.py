@@ -63,11 +63,15 @@ class ServedEpisode:
     episode: Episode = None
     log: list = field(default_factory=list)
     t: int = 0
-    status: str = "running"  #: running | done | failed | expired | interrupted
+    status: str = "running"  #: running | done | degraded | failed | expired | cancelled | interrupted
     error: str | None = None
     records: list = field(default_factory=list)
     temperature: float | None = None
     last_used: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
+    client: str = ""  #: who opened it (admission and cancel: the API key's hash or the peer address)
+    cancelled: str | None = None  #: why it was cancelled, once it is
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self):

@@ -6,16 +6,21 @@ from collections import defaultdict
 
 #: Upper bounds (seconds) of the latency histograms' buckets.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: ... of the episode duration histogram.
+EPISODE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+#: Agent states, one gauge each (``swarm_agent_state``).
+AGENT_STATES = ("starting", "up", "down", "failed", "draining", "removed")
 
 
 class Histogram:
-    def __init__(self):
-        self.counts = [0] * len(BUCKETS)
+    def __init__(self, buckets=BUCKETS):
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
         self.sum, self.n = 0.0, 0
         self.values: list[float] = []  #: raw observations (bounded), for percentiles in benchmarks
 
     def observe(self, v: float) -> None:
-        for i, b in enumerate(BUCKETS):
+        for i, b in enumerate(self.buckets):
             if v <= b:
                 self.counts[i] += 1
         self.sum += v
@@ -41,8 +46,11 @@ class Metrics:
         self.failovers = 0
         self.turn_latency = Histogram()
         self.overhead = Histogram()
+        self.episode_duration = Histogram(EPISODE_BUCKETS)
+        self.responses: dict[int, int] = defaultdict(int)  # HTTP answers by status code
 
-    def render(self, agents_up: int, agents_total: int, running: int) -> str:
+    def render(self, agents_up: int, agents_total: int, running: int, agents=()) -> str:
+        """``agents``: the population's handles (state and restarts per agent)."""
         lines = []
 
         def metric(name, kind, help_, samples):
@@ -63,10 +71,23 @@ class Metrics:
                     for (a, k), n in sorted(self.failures.items())])
             metric("swarm_failovers_total", "counter", "Turns handed to the next bidder after the winner failed.",
                    [f"swarm_failovers_total {self.failovers}"])
+            metric("swarm_http_responses_total", "counter", "HTTP answers of the gateway, by status code.",
+                   [f'swarm_http_responses_total{{code="{c}"}} {n}' for c, n in sorted(self.responses.items())])
+            metric("swarm_http_client_errors_total", "counter", "4xx answers (bad requests, limits, auth).",
+                   [f"swarm_http_client_errors_total {sum(n for c, n in self.responses.items() if 400 <= c < 500)}"])
+            metric("swarm_http_throttled_total", "counter", "429 answers (admission limits).",
+                   [f"swarm_http_throttled_total {self.responses.get(429, 0)}"])
+            metric("swarm_agent_restarts_total", "counter", "Worker restarts, per agent.",
+                   [f'swarm_agent_restarts_total{{agent="{_label(a.name)}"}} {a.restarts}' for a in agents])
+            metric("swarm_agent_state", "gauge", "1 for each agent's current state.",
+                   [f'swarm_agent_state{{agent="{_label(a.name)}",role="{_label(a.role)}",state="{st}"}} '
+                    f"{int(a.status == st)}" for a in agents for st in AGENT_STATES])
             for name, h, help_ in (("swarm_turn_latency_seconds", self.turn_latency, "Bids, auction and action of a turn."),
                                    ("swarm_gateway_overhead_seconds", self.overhead,
-                                    "Turn latency beyond the workers' model compute.")):
-                samples = [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(BUCKETS, h.counts)]
+                                    "Turn latency beyond the workers' model compute."),
+                                   ("swarm_episode_duration_seconds", self.episode_duration,
+                                    "Wall time of ended episodes, start to end.")):
+                samples = [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(h.buckets, h.counts)]
                 samples += [f'{name}_bucket{{le="+Inf"}} {h.n}', f"{name}_sum {h.sum:.6f}", f"{name}_count {h.n}"]
                 metric(name, "histogram", help_, samples)
             import resource

@@ -2,8 +2,11 @@
 
 An agent is ``starting`` (its process is loading), ``up`` (asked for bids), ``down`` (it failed or
 missed ``drop_after_misses`` bid deadlines in a row: not asked, probed, re-admitted when it answers
-again), ``draining`` (``DELETE``: finishes what it was asked, gets nothing new) or ``removed``.
-A worker the gateway started and that died is restarted when ``restart_workers`` is on.
+again), ``failed`` (it did not answer within ``join_timeout_s`` of joining, or its worker died
+``max_restarts`` times within ``restart_window_s``: no longer probed or restarted; ``DELETE`` it),
+``draining`` (``DELETE``: finishes what it was asked, gets nothing new) or ``removed``.
+A worker the gateway started and that died is restarted when ``restart_workers`` is on, after an
+exponential backoff (0.5 s, 1 s, 2 s, ... capped at ``backoff_max_s``).
 Agent indices are never reused, so keyed sampling and transcripts stay attributable.
 """
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from loguru import logger
 
-STATUSES = ("starting", "up", "down", "draining", "removed")
+STATUSES = ("starting", "up", "down", "failed", "draining", "removed")
 
 #: Modules a worker needs, imported once in the fork server: a new or restarted worker is forked from
 #: it and only loads its model (about a second), instead of importing torch and transformers afresh.
@@ -103,10 +106,15 @@ class AgentHandle:
     restarts: int = 0
     inflight: int = 0
     since: float = field(default_factory=time.time)
+    error: str | None = None  #: why it is down or failed
+    restart_times: list = field(default_factory=list)  #: monotonic times of its recent restarts
+    next_start: float = 0.0  #: monotonic time its dead worker may be restarted (the backoff)
 
     def public(self) -> dict:
+        wait = max(0.0, self.next_start - time.monotonic()) if self.status == "down" and self.proc is not None else 0.0
         return {"index": self.index, "name": self.name, "role": self.role, "url": self.url, "status": self.status,
                 "model": self.model_id, "checkpoint": self.checkpoint, "restarts": self.restarts,
+                "error": self.error, "restart_in_s": round(wait, 3),
                 "pid": self.proc.pid if self.proc is not None and self.proc.poll() is None else None}
 
 
@@ -119,25 +127,33 @@ class PopulationOptions:
     probe_interval_s: float = 0.5
     drop_after_misses: int = 3
     log_dir: Path | None = None
+    join_timeout_s: float = 300.0  #: an agent not answering this long after it joined (or restarted) is failed
+    max_restarts: int = 5  #: restarts within ``restart_window_s`` before a worker is failed for good
+    restart_window_s: float = 60.0
+    backoff_base_s: float = 0.5  #: wait before the first restart; doubled for each recent one
+    backoff_max_s: float = 30.0
 
 
 class Population:
     def __init__(self, opts: PopulationOptions):
         self.opts = opts
         self.agents: list[AgentHandle] = []
+        #: adapter hosts: one worker per base holding every role's adapter (their agents are URL agents on it)
+        self.hosts: list[AgentHandle] = []
 
     # ------------------------------------------------------------------ membership
     def by_name(self, name: str) -> AgentHandle | None:
         return next((a for a in self.agents if a.name == name and a.status != "removed"), None)
 
     def next_name(self, role: str) -> str:
+        """``ROLE``, then ``ROLE@2``, ``ROLE@3``, ...: names that need no escaping in a URL path."""
         taken = {a.name for a in self.agents}
         if role not in taken:
             return role
         k = 2
-        while f"{role}#{k}" in taken:
+        while f"{role}@{k}" in taken:
             k += 1
-        return f"{role}#{k}"
+        return f"{role}@{k}"
 
     def bidders(self) -> list[AgentHandle]:
         return [a for a in self.agents if a.status == "up"]
@@ -157,6 +173,16 @@ class Population:
         self._start(a)
         return a
 
+    def spawn_host(self, base: Path, adapters: list[tuple[str, Path]]) -> AgentHandle:
+        """One worker serving ``base`` with each ``(name, adapter folder)`` loaded (a ``model.adapter=lora``
+        run); agents join it by URL with their adapter's name as ``model``. Restarted as workers are."""
+        port = free_port()
+        h = AgentHandle(-1, f"base-{len(self.hosts) + 1}", "", f"http://127.0.0.1:{port}", checkpoint=str(base),
+                        worker_args=["--lora-modules", *[f"{n}={p}" for n, p in adapters]])
+        self.hosts.append(h)
+        self._start(h)
+        return h
+
     def _start(self, a: AgentHandle) -> None:
         port = a.url.rsplit(":", 1)[1]
         argv = ["--model", a.checkpoint, "--name", a.name, "--port", port, "--max-prompt-tokens", str(self.opts.max_prompt_tokens), "--device", self.opts.device,
@@ -165,16 +191,48 @@ class Population:
         log = None
         if self.opts.log_dir is not None:
             self.opts.log_dir.mkdir(parents=True, exist_ok=True)
-            log = self.opts.log_dir / f"{a.name.replace('#', '-')}.log"
+            log = self.log_path(a.name)
         a.proc = WorkerProcess(argv, log, self.opts.worker_threads)
         a.status, a.since, a.misses = "starting", time.time(), 0
         logger.info("agent {} ({}): worker pid {} on {}", a.name, a.role, a.proc.pid, a.url)
 
+    def log_path(self, name: str) -> Path:
+        """The worker log of agent ``name``: always a file directly inside ``log_dir``."""
+        base = self.opts.log_dir.resolve()
+        path = (base / f"{name}.log").resolve()
+        if path.parent != base:
+            raise ValueError(f"agent name {name!r} would put its log outside {base}")
+        return path
+
     # ------------------------------------------------------------------ health
     def mark_down(self, a: AgentHandle, why: str) -> None:
         if a.status == "up":
-            a.status, a.since = "down", time.time()
+            a.status, a.since, a.error = "down", time.time(), why
             logger.warning("agent {} dropped: {}", a.name, why)
+
+    def mark_failed(self, a: AgentHandle, why: str) -> None:
+        if a.status not in ("draining", "removed", "failed"):
+            a.status, a.since, a.error = "failed", time.time(), why
+            logger.error("agent {} failed: {}", a.name, why)
+            self._stop(a)
+
+    def _restart(self, a: AgentHandle) -> None:
+        """Restart ``a``'s dead worker once its backoff has passed; fail it after too many restarts."""
+        now = time.monotonic()
+        if a.next_start == 0.0:  # just found dead: schedule
+            a.restart_times = [t for t in a.restart_times if now - t < self.opts.restart_window_s]
+            if len(a.restart_times) >= self.opts.max_restarts:
+                self.mark_failed(a, f"worker exited with {a.proc.returncode}; {len(a.restart_times)} restarts in "
+                                    f"{self.opts.restart_window_s:g}s (serve.max_restarts={self.opts.max_restarts})")
+                return
+            delay = min(self.opts.backoff_max_s, self.opts.backoff_base_s * 2 ** len(a.restart_times))
+            a.next_start = now + delay
+            logger.info("agent {}: restarting its worker in {:.1f}s", a.name, delay)
+        if now >= a.next_start:
+            a.restart_times.append(now)
+            a.restarts += 1
+            a.next_start = 0.0
+            self._start(a)
 
     def note_miss(self, a: AgentHandle) -> None:
         a.misses += 1
@@ -185,24 +243,31 @@ class Population:
         try:
             r = await client.get(f"{a.url}/v1/models", timeout=timeout)
             r.raise_for_status()
-            a.model_id = a.model_id or r.json()["data"][0]["id"]
-        except Exception:
+            if a.model_id is None:  # a server of several models (a base with adapters): the one named as the role
+                ids = [m["id"] for m in r.json()["data"]]
+                a.model_id = next((i for i in ids if i in (a.role, a.role.replace(".", "_"))), ids[0])
+        except Exception as exc:
+            if a.status == "starting" and time.time() - a.since > self.opts.join_timeout_s:
+                self.mark_failed(a, f"no answer from {a.url}/v1/models within {self.opts.join_timeout_s:g}s "
+                                    f"of joining ({type(exc).__name__})")
             return False
         if a.status in ("starting", "down"):
             logger.info("agent {} {}", a.name, "is up" if a.status == "starting" else "answers again: re-admitted")
-            a.status, a.since, a.misses = "up", time.time(), 0
+            a.status, a.since, a.misses, a.error = "up", time.time(), 0, None
         return True
 
     async def watch(self, client) -> None:
-        """Forever: restart dead workers the gateway owns, probe the agents that are not up."""
+        """Forever: restart dead workers the gateway owns (with backoff), probe the agents that are not up."""
         while True:
-            for a in list(self.agents):
-                if a.proc is not None and a.proc.poll() is not None and a.status not in ("draining", "removed"):
-                    self.mark_down(a, f"worker exited with {a.proc.returncode}")
+            for a in list(self.agents) + self.hosts:
+                if a.proc is not None and a.proc.poll() is not None and a.status not in ("draining", "removed", "failed"):
+                    if a.status != "down":
+                        a.status, a.since = "down", time.time()
+                        a.error = f"worker exited with {a.proc.returncode}"
+                        logger.warning("agent {} dropped: {}", a.name, a.error)
                     if self.opts.restart_workers:
-                        a.restarts += 1
-                        self._start(a)
-                        continue
+                        self._restart(a)
+                    continue
                 if a.status in ("starting", "down"):
                     await self.probe(client, a)
             await asyncio.sleep(self.opts.probe_interval_s)
@@ -212,7 +277,7 @@ class Population:
         not); external agents are probed in the background and join when they answer."""
         end = time.time() + timeout
         while True:
-            pending = [a for a in self.agents if a.status != "up" and a.proc is not None]
+            pending = [a for a in self.agents + self.hosts if a.status != "up" and a.proc is not None]
             for a in pending:
                 if a.proc is not None and a.proc.poll() is not None:
                     raise RuntimeError(f"worker {a.name} exited with {a.proc.returncode} while starting; "
@@ -243,9 +308,9 @@ class Population:
                 a.proc.wait()
 
     def stop_all(self) -> None:
-        for a in self.agents:
+        for a in self.agents + self.hosts:
             if a.proc is not None and a.proc.poll() is None:
                 a.proc.terminate()
-        for a in self.agents:
+        for a in self.agents + self.hosts:
             if a.proc is not None:
                 self._stop(a)

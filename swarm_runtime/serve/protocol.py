@@ -54,6 +54,11 @@ def key_from_seed(seed: int) -> tuple[int]:
 
 #: the most samples (``n``) one request may ask per prompt
 MAX_N = 16
+#: the most prompts one request may carry, and the most rows (prompts x ``n``) it may ask for
+MAX_PROMPTS = 64
+MAX_ROWS = 256
+#: the most ``stop`` strings a request may give
+MAX_STOP = 4
 
 
 def sample_keys(seed: int, n: int) -> list[tuple[int, ...]]:
@@ -66,20 +71,69 @@ def sample_keys(seed: int, n: int) -> list[tuple[int, ...]]:
 
 def completion_models():
     """Pydantic models of the request (imported lazily: pydantic comes with the ``serve`` extra)."""
-    from pydantic import BaseModel, ConfigDict, Field
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
     class CompletionRequest(BaseModel):
         """vLLM's ``/v1/completions`` request, the fields a swarm uses (others are accepted and ignored,
         as vLLM does)."""
 
-        model_config = ConfigDict(extra="allow")
-        model: Optional[str] = None
-        prompt: Union[str, list[str]]
-        max_tokens: int = Field(16, ge=1, le=4096)
+        model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+        model: Optional[str] = Field(None, max_length=200)
+        #: a text, a list of texts, a list of token ids, or a list of such lists (1 to MAX_PROMPTS prompts,
+        #: checked in the worker's plan)
+        prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
+        top_p: float = Field(1.0, gt=0.0, le=1.0)  #: nucleus sampling of generated text
+        stop: Optional[Union[str, list[str]]] = Field(None, max_length=MAX_STOP)  #: cut the text before any of these
+        echo: StrictBool = False  #: the prompt's text before the completion
+        stream: StrictBool = False  #: server-sent events, one per token piece, then ``data: [DONE]``
+        max_tokens: StrictInt = Field(16, ge=1, le=4096)
         temperature: float = Field(1.0, ge=0.0, le=100.0)
-        seed: Optional[int] = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
-        logprobs: Optional[int] = Field(None, ge=0, le=64)
+        seed: Optional[StrictInt] = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
+        logprobs: Optional[StrictInt] = Field(None, ge=0, le=64)
         guided_choice: Optional[list[str]] = Field(None, min_length=1, max_length=4096)
-        n: int = Field(1, ge=1)  # at most MAX_N: more is refused with 400 naming the limit
+        n: StrictInt = Field(1, ge=1)  # at most MAX_N: more is refused with 400 naming the limit
 
     return CompletionRequest
+
+
+def chat_model():
+    """OpenAI's ``/v1/chat/completions`` request, the fields served (others accepted and ignored)."""
+    from typing import Literal
+
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+    class Message(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        role: Literal["system", "user", "assistant", "tool", "developer"]
+        content: str = Field(..., max_length=200_000)
+
+    class ChatRequest(BaseModel):
+        model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+        model: Optional[str] = Field(None, max_length=200)
+        messages: list[Message] = Field(..., min_length=1, max_length=256)
+        max_tokens: Optional[StrictInt] = Field(None, ge=1, le=4096)
+        max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=4096)
+        temperature: float = Field(1.0, ge=0.0, le=100.0)
+        top_p: float = Field(1.0, gt=0.0, le=1.0)
+        n: StrictInt = Field(1, ge=1)
+        seed: Optional[StrictInt] = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
+        stop: Optional[Union[str, list[str]]] = Field(None, max_length=MAX_STOP)
+        stream: StrictBool = False
+
+    return ChatRequest
+
+
+def lora_models():
+    """vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` requests."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class LoadLoRA(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        lora_name: str = Field(..., max_length=64)
+        lora_path: str = Field(..., max_length=4096)
+
+    class UnloadLoRA(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        lora_name: str = Field(..., max_length=64)
+
+    return LoadLoRA, UnloadLoRA
