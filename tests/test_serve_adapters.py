@@ -138,3 +138,50 @@ def test_runtime_lora_endpoints_load_route_and_sync(served):
     added = httpx.post(f"{url}/v1/swarm/agents", json={"role": "Miner"})
     assert added.status_code == 201 and added.json()["url"] == worker and added.json()["model"] == "Miner"
     assert added.json()["status"] == "up"
+
+
+def test_the_trainers_adapter_sync_drives_our_worker(served, registry):
+    """The learner-to-engine sync of ``rollout.engine=openai|vllm`` (swarm_runtime/rollout/sync.py) against our own
+    worker's runtime LoRA endpoints: each update's adapter loads as ``Role@vN``, answers under that name, and the
+    version before it is unloaded (``keep=1``: on-policy)."""
+    import torch
+
+    from swarm_runtime.config import load_saved
+    from swarm_runtime.rollout.http import Client
+    from swarm_runtime.rollout.local import LocalLearner
+    from swarm_runtime.rollout.sync import AdapterSync
+    from swarm_runtime.run import RunContext
+
+    run, _, swarm, tmp = served
+    host = swarm["adapter_hosts"][0]["url"]
+    pm, reg = registry
+    cfg = load_saved(run / "config.yaml")
+    _, policies = RunContext(cfg, pm, reg, None).build_swarm(run / "checkpoints" / "final" / "agents")
+    # the learner's base is the folder the worker serves (as a run's engine base is): its adapters point there
+    from swarm_runtime.policy.adapters import fingerprint
+
+    shared = policies["Smith"].shared_base
+    shared.source = str(run / "checkpoints" / "final" / "base")
+    shared.source_fingerprint = fingerprint(shared.source)
+    learner = LocalLearner(policies)
+    sync = AdapterSync(Client(host), tmp / "engine" / "adapters", keep=1)
+
+    def models():
+        return {m["id"] for m in httpx.get(f"{host}/v1/models").json()["data"]}
+
+    def answer(name):
+        body = {"model": name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 1}
+        r = httpx.post(f"{host}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]
+
+    for v in (1, 2):
+        with torch.no_grad():
+            for w in learner.policy("Smith").parameters():
+                w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(v)) * 0.5)
+        learner.bump(["Smith"], version=v)
+        assert sync.sync(learner, ["Smith", "Miner"]) == (["Smith@v1", "Miner@v0"] if v == 1 else ["Smith@v2"])
+    held = models()
+    assert {"Smith@v2", "Miner@v0"} <= held and "Smith@v1" not in held, held
+    assert answer("Smith@v2")["logprobs"] != answer("Miner@v0")["logprobs"]
+    assert sorted(p.name for p in (tmp / "engine" / "adapters").iterdir()) == ["Miner@v0", "Smith@v2"]
