@@ -320,8 +320,8 @@ def refuse_fresh_start(run_dir: Path, overwrite: bool) -> None:
             others = runfiles.foreign(run_dir)
             if others:
                 raise ConfigError(f"run_dir {str(run_dir)!r} already holds a run, and files swarm did not write "
-                                  f"({runfiles.shown(others)}), so overwrite=true would not replace it; continue "
-                                  "it with resume=true or give another run_dir")
+                                  f"({runfiles.shown(others)}), which it never deletes; continue the run with "
+                                  "resume=true or give another run_dir")
             raise ConfigError(f"run_dir {str(run_dir)!r} already holds a run; continue it with resume=true, "
                               "give another run_dir, or replace it with overwrite=true")
         clear_run(run_dir)
