@@ -192,8 +192,8 @@ def cmd_export(args) -> int:
                           f"{', '.join(tags) or '(none)'}")
     if opts["out"] == "":
         raise ConfigError("out= is empty; give a folder (default RUN/export/TAG)")
-    out = Path(opts["out"]) if opts["out"] else claim(run_dir / "export") / ckpt.name
     check_link(run_dir, run_dir / "export")
+    out = Path(opts["out"]) if opts["out"] else claim(run_dir / "export") / ckpt.name
     if inside(run_dir / "checkpoints", out):
         raise ConfigError(f"out={str(out)!r} is inside the run's checkpoints ({str(run_dir / 'checkpoints')!r}): swarm "
                           "export never writes into or deletes from a checkpoint; give another folder (default "

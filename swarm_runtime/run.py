@@ -359,7 +359,9 @@ def truncate_metrics(run_dir: Path, state: dict) -> None:
            for st in steps):
         raise ConfigError(f"{path} holds a row whose step is not a whole number from 0 to the checkpoint's iteration "
                           f"{state.get('iteration', 0)}: it does not belong to this checkpoint; restore the file to resume")
-    path.write_text("".join(k + "\n" for k in keep))
+    tmp = path.with_name(f".{path.name}.tmp")  # atomically: a kill here leaves the rows as they were
+    tmp.write_text("".join(k + "\n" for k in keep))
+    os.replace(tmp, path)
 
 
 def _find_resumable(cfg: DictConfig) -> Path:
