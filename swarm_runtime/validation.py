@@ -88,7 +88,7 @@ def at_least(lo: int, hi: int) -> tuple[Callable, str]:
 
 
 def _http(v) -> bool:
-    return isinstance(v, str) and v.startswith(("http://", "https://")) and len(v) > len("https://")
+    return isinstance(v, str) and v.startswith(("http://", "https://")) and v.partition("://")[2] != ""
 
 
 def _replicas_ok(v) -> bool:
