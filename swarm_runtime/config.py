@@ -31,7 +31,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class LoRAConfig:
-    """One PEFT LoRA adapter per role on a shared base (``model.adapter=lora``; DESIGN 6.1)."""
+    """One PEFT LoRA adapter per role on a shared base (``model.adapter=lora``; docs/method.md, section 8)."""
 
     rank: int = 8  #: LoRA rank r (> 0)
     alpha: float = 16.0  #: LoRA scaling numerator (the update is scaled by alpha / rank)
@@ -61,6 +61,8 @@ class ModelConfig:
     #: full next-token distribution, REINFORCE and the KL charge score actions under the same constraint.
     max_bid_tokens: int = 6  #: cap on a generated bid (``generate`` mode)
     max_prompt_tokens: int = 256  #: prompts are cut from the left beyond this
+    chat_template: str = "auto"  #: ``auto``: a tokenizer with a chat template gets each prompt as one user turn in it
+    #: (an instruct model is prompted as it was trained); ``none``: the raw prompt (a tokenizer without a template: raw)
     dtype: str = "float32"  #: weights dtype when loading a checkpoint
     device: str = "cpu"  #: torch device
     adapter: Optional[str] = "none"  #: ``none`` (or null): one full model per role (the default); ``lora``: one shared base in memory
@@ -83,7 +85,7 @@ class SFTConfig:
     batch_size: int = 64  #: examples per SFT step
     owner_bids: list = field(default_factory=lambda: [0.6, 0.8])  #: demo bids of the role owning the expert's action (one drawn per example)
     other_bids: list = field(default_factory=lambda: [0.0, 0.2, 0.4])  #: demo bids of the other roles (spread, so turns are contested and lower bids can be re-sampled)
-    match: str = "compute"  #: monolithic baseline only: ``compute`` = the swarm's SFT examples x epochs (bids included; DESIGN 2.5), ``data`` = the same demos for the same epochs
+    match: str = "compute"  #: monolithic baseline only: ``compute`` = the swarm's SFT examples x epochs (bids included; docs/method.md, section 5), ``data`` = the same demos for the same epochs
 
 
 @dataclass
@@ -110,7 +112,7 @@ class AlgoConfig:
     min_lr_ratio: float = 0.1  #: cosine floor as a fraction of lr
     minibatch: int = 256  #: samples per forward/backward chunk (gradients accumulate)
     branches_per_episode: int = 4  #: contested turns branched per episode in a bid step
-    resample_tries: int = 3  #: bid re-samples to get below the runner-up (DESIGN 2.4)
+    resample_tries: int = 3  #: bid re-samples to get below the runner-up (docs/method.md, section 4)
     branch_samples: int = 1  #: continuations per side of a branch pair: 1 = the paper (one branch against the
     #: original episode); k > 1 = k branches against the original and k - 1 re-rolls where the selected agent
     #: acts again, scores averaged (~1/k of the noise, 2k - 1 branch rollouts per pick)
@@ -141,6 +143,8 @@ class AlgoConfig:
     #: the forced decision; False = the policies' generators (the paper). Measured: no lower branch-pair variance
     #: on VLN-CE or Minecraft (benchmarks/branch_noise.py, docs/benchmarks.md)
     reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
+    is_cap: Optional[float] = None  #: truncated importance weights ``min(cap, pi_learner / pi_sampler)`` on each
+    #: response's REINFORCE term and bid-pair loss (off-policy rollouts; None = off, the plain on-policy loss)
     goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the agents most confident in their own proposal respond (their proposals are peer-scored)
     sft: SFTConfig = field(default_factory=SFTConfig)
 
@@ -241,6 +245,34 @@ def validate_serve(cfg: DictConfig, roles: list[str]) -> None:
 
 
 @dataclass
+class VLLMConfig:
+    """``rollout.vllm``: the vLLM OpenAI servers ``rollout.engine=vllm`` starts, one per base (docs/engine.md)."""
+
+    python: Optional[str] = None  #: the Python of a virtualenv that has vLLM (e.g. ``~/.venvs/vllm/bin/python``);
+    #: None = the ``SWARM_VLLM_PYTHON`` environment variable, else ``python3`` on PATH
+    host: str = "127.0.0.1"  #: address the server binds to and is asked at
+    port: int = 0  #: first port tried (0 = a free port picked at start)
+    args: list = field(default_factory=list)  #: extra ``vllm.entrypoints.openai.api_server`` arguments
+    startup_timeout_s: float = 600.0  #: the server must answer ``/health`` within this
+    dtype: str = "float32"  #: ``--dtype`` of the server (float32 on CPU: the learner's weights, no rounding)
+
+
+@dataclass
+class RolloutConfig:
+    """Who samples the rollouts (docs/engine.md)."""
+
+    engine: str = "local"  #: ``local`` (in process, the learner's own modules), ``openai`` (an OpenAI-compatible
+    #: completions server at ``rollout.url``), ``vllm`` (servers the run starts and stops)
+    url: Optional[str] = None  #: ``openai``: the server's base URL (``http://host:port``)
+    api_key_env: Optional[str] = None  #: ``openai``: environment variable holding the server's bearer key (None: none)
+    timeout_s: float = 120.0  #: one completion request's timeout
+    concurrency: int = 64  #: completion requests in flight at once
+    retries: int = 2  #: a failed request is retried this many times (a restarted server answers the same rows)
+    max_staleness: int = 0  #: updates a rollout's weights may lag the learner (0: on-policy, every update syncs first)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass
 class TMaxConfig:
     """``rlcr.t_max``: the wall-clock limit's schedule (seed: 2 h at the start, > 5 h by step 200)."""
 
@@ -275,7 +307,7 @@ class RLCRConfig:
 
 
 #: The current version of the config's key set (``RunConfig.config_version``; :data:`ADDED_KEYS`).
-CONFIG_VERSION = 4
+CONFIG_VERSION = 5
 
 
 @dataclass
@@ -293,6 +325,7 @@ class RunConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)  #: ``swarm serve`` / ``swarm eval serve.url=...``
     rlcr: RLCRConfig = field(default_factory=RLCRConfig)  #: ``algo=rlcr`` settings
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  #: who samples rollouts (docs/engine.md)
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: Optional[str] = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint
@@ -379,6 +412,8 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
         # openresearcher run has none (task=embedded: a {start, count} section; task=local: null, opt-in)
         "task.habitat.dev_split": None},  # vln_ce sim=habitat: the split behind dev seeds (default val_seen)
     4: {"model.lora.lr_scale": 1.0},  # adapters trained at the algorithm's learning rates
+    5: {"rollout.": None, "algo.is_cap": None,  # samplers and learners (docs/engine.md): in process, no IS weights
+        "model.chat_template": "none"},  # earlier runs prompted every model with the raw prompt
 }
 
 

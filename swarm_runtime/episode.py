@@ -1,4 +1,4 @@
-"""The batched episode loop (DESIGN 2.1, 4).
+"""The batched episode loop (docs/method.md, section 1; docs/architecture.md).
 
 Every turn, for every live env: all present agents' bid prompts go to their
 models in one batch per model, the coordinator (the auction) picks the actor,
@@ -31,6 +31,9 @@ from swarm_runtime.domain import Domain, Event
 from swarm_runtime.env import ValidatedEnv
 from swarm_runtime.policy import noise as keyed
 from swarm_runtime.policy.base import Policy, Response
+from swarm_runtime.rollout.base import Row, Sampler
+from swarm_runtime.rollout.engine import Batch, Rounds, TurnEngine
+from swarm_runtime.rollout.local import LocalSampler, _batch, model_names
 
 
 @dataclass
@@ -80,6 +83,10 @@ class Turn:
     reward: float = 0.0
     valid: bool = True
     snapshot: Any = None  #: (env snapshot, log) taken before the action, for branching
+    #: the sampler's per-token log-probs of ``action_tokens`` and the weight version that sampled them
+    #: (what the learner's recomputed log-probs are compared with: :mod:`swarm_runtime.rollout.mismatch`)
+    action_logprobs: list[float] | None = None
+    action_version: int | None = None
 
     @property
     def winner(self) -> int | None:
@@ -178,22 +185,12 @@ def _group(pairs):
     return [(_batch(policies), keys) for keys, policies in groups.values()]
 
 
-def _batch(policies: list):
-    """The policy serving a group's rows: the one policy, or a mixed batch over several adapters."""
-    first = policies[0]
-    if all(p is first for p in policies):
-        return first
-    from swarm_runtime.policy.adapters import MixedBatch
-
-    return MixedBatch(policies)
-
-
-def _sample(method, requests: list, prompts: list[str], kind: int) -> list:
-    """Call ``policy.bid``/``act`` on ``prompts``; when every request's slot has a noise id,
-    pass each row's key ``(noise, turn, agent, kind)`` (``requests`` holds ``(slot, agent, ...)``)."""
-    if requests and all(r[0].episode.noise is not None for r in requests):
-        return method(prompts, keys=[(r[0].episode.noise, r[0].t, r[1], kind) for r in requests])
-    return method(prompts)
+def _rows(requests: list, model_of: Callable[[tuple], str], prompt_of: Callable[[tuple], str], kind: int) -> list[Row]:
+    """Sampler rows for ``requests`` (each ``(slot, agent, ...)``); when every request's slot has a
+    noise id, each row carries its key ``(noise, turn, agent, kind)``."""
+    keyed_rows = bool(requests) and all(r[0].episode.noise is not None for r in requests)
+    return [Row(model_of(r), prompt_of(r), (r[0].episode.noise, r[0].t, r[1], kind) if keyed_rows else None)
+            for r in requests]
 
 
 def _slot_rng(s: Slot, rng: random.Random) -> random.Random:
@@ -205,125 +202,156 @@ def _slot_rng(s: Slot, rng: random.Random) -> random.Random:
 
 def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, max_decisions: int,
          rng: random.Random, *, record_snapshots: bool = False, presence: Presence | None = None,
-         on_turn: Callable | None = None) -> list[Episode]:
+         on_turn: Callable | None = None, sampler: Sampler | None = None,
+         models: Sequence[str] | None = None) -> list[Episode]:
     """Play every slot to the end (env done, ``max_decisions``, or the slot's ``stop_at``) and return
-    their episodes."""
-    n = len(agents)
-    scorer = getattr(coordinator, "bid_scorer", None)
-    wants_info = bool(getattr(coordinator, "wants_info", False))
-    uses_proposals = bool(getattr(coordinator, "uses_proposals", False))
-    judge_pairs = getattr(coordinator, "judge_pairs", None)
-    while True:
-        live = [s for s in slots if not s.finished]
-        if not live:
-            break
-        obs = {id(s): s.env.observation() for s in live}
-        masks = {id(s): list(presence(s.episode.seed, s.t, n)) if presence else [True] * n for s in live}
-        # 1. sealed bids, one batch per model
-        bids: dict[int, list] = {id(s): [None] * n for s in live}
-        btoks: dict[int, list] = {id(s): [None] * n for s in live}
-        bprompts: dict[int, list] = {id(s): [None] * n for s in live}
-        requests = []
-        for s in live:
-            if s.forced is not None:
-                continue
-            for a, agent in enumerate(agents):
-                if not masks[id(s)][a]:
+    their episodes: the :class:`AuctionTurns` strategy on the turn engine. Bids and actions come from
+    ``sampler`` (default: in process, from the agents' own policies), agent ``i`` from the weights
+    ``models[i]`` (:func:`~swarm_runtime.rollout.local.model_names`)."""
+    if sampler is None:
+        sampler, models = LocalSampler.for_agents(agents)
+    elif models is None:
+        models = model_names(agents)
+    turns = AuctionTurns(agents, models, coordinator, domain, max_decisions, rng, record_snapshots=record_snapshots,
+                         presence=presence, on_turn=on_turn)
+    return TurnEngine(sampler).run(turns.rounds(slots))
+
+
+class AuctionTurns:
+    """The auction's way of taking turns, as a turn-engine strategy (:mod:`swarm_runtime.rollout.engine`):
+    each turn, for every live slot, all present agents bid (one batch across slots and models), the
+    coordinator picks the actor, the winners act (one batch), the envs step. ``models[i]``: the weights
+    agent ``i`` samples from (a row's model)."""
+
+    def __init__(self, agents: list[Agent], models: Sequence[str], coordinator, domain: Domain, max_decisions: int,
+                 rng: random.Random, *, record_snapshots: bool = False, presence: Presence | None = None,
+                 on_turn: Callable | None = None):
+        self.agents, self.models, self.coordinator, self.domain = agents, list(models), coordinator, domain
+        self.max_decisions, self.rng = max_decisions, rng
+        self.record_snapshots, self.presence, self.on_turn = record_snapshots, presence, on_turn
+
+    def rounds(self, slots: list[Slot]) -> Rounds:
+        """Play ``slots`` to the end, yielding each turn's bid and action batches; returns their episodes."""
+        agents, models, coordinator, domain = self.agents, self.models, self.coordinator, self.domain
+        max_decisions, rng, presence, on_turn = self.max_decisions, self.rng, self.presence, self.on_turn
+        record_snapshots = self.record_snapshots
+        n = len(agents)
+        scorer = getattr(coordinator, "bid_scorer", None)
+        wants_info = bool(getattr(coordinator, "wants_info", False))
+        uses_proposals = bool(getattr(coordinator, "uses_proposals", False))
+        judge_pairs = getattr(coordinator, "judge_pairs", None)
+        while True:
+            live = [s for s in slots if not s.finished]
+            if not live:
+                break
+            obs = {id(s): s.env.observation() for s in live}
+            masks = {id(s): list(presence(s.episode.seed, s.t, n)) if presence else [True] * n for s in live}
+            # 1. sealed bids, one batch per model
+            bids: dict[int, list] = {id(s): [None] * n for s in live}
+            btoks: dict[int, list] = {id(s): [None] * n for s in live}
+            bprompts: dict[int, list] = {id(s): [None] * n for s in live}
+            requests = []
+            for s in live:
+                if s.forced is not None:
                     continue
-                if coordinator.uses_bids:
-                    p = domain.bid_prompt(agent.role, obs[id(s)], s.log)
-                    bprompts[id(s)][a] = p
-                    judge = agents[scorer(a, s.last_actor)] if scorer is not None else agent
-                    requests.append(((s, a, p), judge.policy))
-                else:
-                    bids[id(s)][a] = 0.0
-        for policy, keys in _group(requests):
-            levels = getattr(policy, "bid_levels", None)
-            for (s, a, _), b in zip(keys, _sample(policy.bid, keys, [k[2] for k in keys], keyed.BID)):
-                level, parsed = checked_bid(b.level, b.parsed, levels)
+                for a, agent in enumerate(agents):
+                    if not masks[id(s)][a]:
+                        continue
+                    if coordinator.uses_bids:
+                        p = domain.bid_prompt(agent.role, obs[id(s)], s.log)
+                        bprompts[id(s)][a] = p
+                        judge = scorer(a, s.last_actor) if scorer is not None else a
+                        requests.append((s, a, p, judge))
+                    else:
+                        bids[id(s)][a] = 0.0
+            answers = yield Batch("bid", _rows(requests, lambda r: models[r[3]], lambda r: r[2], keyed.BID))
+            for (s, a, _, judge), b in zip(requests, answers):
+                level, parsed = checked_bid(b.level, b.parsed, getattr(agents[judge].policy, "bid_levels", None))
                 bids[id(s)][a], btoks[id(s)][a] = level, b.tokens
                 s.episode.unparsed_bids += int(not parsed)
-        # 1b. proposals: the agents the coordinator names sample an action first (one batch per model)
-        proposals: dict[int, dict] = {id(s): {} for s in live}
-        if uses_proposals:
-            preqs = []
-            for s in live:
-                if s.forced is None:
-                    for a in coordinator.proposers(bids[id(s)], _slot_rng(s, rng), s.t):
-                        preqs.append(((s, a, agents[a].action_prompt(domain, obs[id(s)], s.log)), agents[a].policy))
-            for policy, keys in _group(preqs):
-                for (s, a, _), r in zip(keys, _sample(policy.act, keys, [k[2] for k in keys], keyed.ACTION)):
+            # 1b. proposals: the agents the coordinator names sample an action first (one batch per model)
+            proposals: dict[int, dict] = {id(s): {} for s in live}
+            if uses_proposals:
+                preqs = []
+                for s in live:
+                    if s.forced is None:
+                        for a in coordinator.proposers(bids[id(s)], _slot_rng(s, rng), s.t):
+                            preqs.append((s, a, agents[a].action_prompt(domain, obs[id(s)], s.log)))
+                answers = yield Batch("act", _rows(preqs, lambda r: models[r[1]], lambda r: r[2], keyed.ACTION))
+                for (s, a, _), r in zip(preqs, answers):
                     proposals[id(s)][a] = r
-        # 1c. proposal scores: the pairs the coordinator names, one batch per judging model
-        scores: dict[int, dict] = {id(s): {} for s in live}
-        if uses_proposals and judge_pairs is not None:
-            sreqs = []
+            # 1c. proposal scores: the pairs the coordinator names, one batch per judging model
+            scores: dict[int, dict] = {id(s): {} for s in live}
+            if uses_proposals and judge_pairs is not None:
+                sreqs = []
+                for s in live:
+                    props = proposals[id(s)]
+                    prompts = {p: agents[p].action_prompt(domain, obs[id(s)], s.log) for p in props}
+                    for j, p in judge_pairs(sorted(props), s.last_actor):
+                        tokens = agents[j].policy.action_target(props[p].text)
+                        sreqs.append(((s, j, p, prompts[p], tokens), agents[j].policy))
+                for policy, keys in _group(sreqs):
+                    with torch.no_grad():
+                        lp = policy.logprobs([k[3] for k in keys], [k[4] for k in keys])
+                    for (s, j, p, _, tokens), v in zip(keys, lp.tolist()):
+                        scores[id(s)][(j, p)] = float(v) / max(1, len(tokens))
+            # 2. the coordinator picks who acts
+            turns: dict[int, Turn] = {}
             for s in live:
-                props = proposals[id(s)]
-                prompts = {p: agents[p].action_prompt(domain, obs[id(s)], s.log) for p in props}
-                for j, p in judge_pairs(sorted(props), s.last_actor):
-                    tokens = agents[j].policy.action_target(props[p].text)
-                    sreqs.append(((s, j, p, prompts[p], tokens), agents[j].policy))
-            for policy, keys in _group(sreqs):
-                with torch.no_grad():
-                    lp = policy.logprobs([k[3] for k in keys], [k[4] for k in keys])
-                for (s, j, p, _, tokens), v in zip(keys, lp.tolist()):
-                    scores[id(s)][(j, p)] = float(v) / max(1, len(tokens))
-        # 2. the coordinator picks who acts
-        turns: dict[int, Turn] = {}
-        for s in live:
-            if s.forced is not None:
-                f = s.forced
-                res = AuctionResult(f.winner, None, float(f.bids[f.winner] or 0.0), 0.0)
-                turns[id(s)] = Turn(s.t, list(f.bids), list(f.bid_tokens), list(f.bid_prompts), res)
-                if f.action is not None:
-                    proposals[id(s)][f.winner] = f.action
-                s.forced = None
-            else:
-                if wants_info:
-                    info = TurnInfo(s.last_actor, {a: r.text for a, r in proposals[id(s)].items()}, scores[id(s)])
-                    res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t, info=info)
+                if s.forced is not None:
+                    f = s.forced
+                    res = AuctionResult(f.winner, None, float(f.bids[f.winner] or 0.0), 0.0)
+                    turns[id(s)] = Turn(s.t, list(f.bids), list(f.bid_tokens), list(f.bid_prompts), res)
+                    if f.action is not None:
+                        proposals[id(s)][f.winner] = f.action
+                    s.forced = None
                 else:
-                    res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t)
-                turns[id(s)] = Turn(s.t, bids[id(s)], btoks[id(s)], bprompts[id(s)], res)
-        # 3. the winners act, one batch per model
-        acts = []
-        for s in live:
-            turn = turns[id(s)]
-            if turn.winner is None:
-                continue
-            agent = agents[turn.winner]
-            turn.action_prompt = agent.action_prompt(domain, obs[id(s)], s.log)
-            if record_snapshots and turn.auction.contested:
-                turn.snapshot = (s.env.snapshot(), list(s.log))
-            proposal = proposals[id(s)].get(turn.winner)
-            if proposal is not None:  # the chosen proposal (or a forced action) is the action, on the same prompt
-                turn.action_text, turn.action_tokens = proposal.text, proposal.tokens
-                continue
-            acts.append(((s, turn.winner, turn), agent.policy))
-        for policy, keys in _group(acts):
-            for (s, _, turn), r in zip(keys, _sample(policy.act, keys, [k[2].action_prompt for k in keys],
-                                                     keyed.ACTION)):
+                    if wants_info:
+                        info = TurnInfo(s.last_actor, {a: r.text for a, r in proposals[id(s)].items()}, scores[id(s)])
+                        res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t, info=info)
+                    else:
+                        res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t)
+                    turns[id(s)] = Turn(s.t, bids[id(s)], btoks[id(s)], bprompts[id(s)], res)
+            # 3. the winners act, one batch per model
+            acts = []
+            for s in live:
+                turn = turns[id(s)]
+                if turn.winner is None:
+                    continue
+                agent = agents[turn.winner]
+                turn.action_prompt = agent.action_prompt(domain, obs[id(s)], s.log)
+                if record_snapshots and turn.auction.contested:
+                    turn.snapshot = (s.env.snapshot(), list(s.log))
+                proposal = proposals[id(s)].get(turn.winner)
+                if proposal is not None:  # the chosen proposal (or a forced action) is the action, on the same prompt
+                    turn.action_text, turn.action_tokens = proposal.text, proposal.tokens
+                    turn.action_logprobs, turn.action_version = proposal.logprobs, proposal.version
+                    continue
+                acts.append((s, turn.winner, turn))
+            answers = yield Batch("act", _rows(acts, lambda r: models[r[1]], lambda r: r[2].action_prompt,
+                                               keyed.ACTION))
+            for (s, _, turn), r in zip(acts, answers):
                 turn.action_text, turn.action_tokens = r.text, r.tokens
-        # 4. envs step; skipped turns still count toward the cap
-        for s in live:
-            turn = turns[id(s)]
-            if turn.winner is not None:
-                actor = agents[turn.winner]
-                res = s.env.step(turn.action_text, actor.env_role)
-                turn.reward, turn.valid = float(res.reward), res.valid
-                s.episode.invalid_actions += int(not res.valid)
-                s.episode.reward_missing |= bool(res.info.get("reward_missing", False))
-                s.log.append(Event(s.t, actor.log_role, turn.action_text, res.valid, turn.reward))
-                s.last_actor = turn.winner
-            else:
-                s.log.append(Event(s.t, None, ""))
-            s.episode.turns.append(turn)
-            s.t += 1
-            if s.env.done or s.t >= max_decisions or (s.stop_at is not None and s.t >= s.stop_at):
-                s.finished = True
-                s.episode.reward = sum(t.reward for t in s.episode.turns)
-                s.episode.metrics = dict(s.env.metrics())
-        if on_turn is not None:
-            on_turn(live, turns)
-    return [s.episode for s in slots]
+                turn.action_logprobs, turn.action_version = r.logprobs, r.version
+            # 4. envs step; skipped turns still count toward the cap
+            for s in live:
+                turn = turns[id(s)]
+                if turn.winner is not None:
+                    actor = agents[turn.winner]
+                    res = s.env.step(turn.action_text, actor.env_role)
+                    turn.reward, turn.valid = float(res.reward), res.valid
+                    s.episode.invalid_actions += int(not res.valid)
+                    s.episode.reward_missing |= bool(res.info.get("reward_missing", False))
+                    s.log.append(Event(s.t, actor.log_role, turn.action_text, res.valid, turn.reward))
+                    s.last_actor = turn.winner
+                else:
+                    s.log.append(Event(s.t, None, ""))
+                s.episode.turns.append(turn)
+                s.t += 1
+                if s.env.done or s.t >= max_decisions or (s.stop_at is not None and s.t >= s.stop_at):
+                    s.finished = True
+                    s.episode.reward = sum(t.reward for t in s.episode.turns)
+                    s.episode.metrics = dict(s.env.metrics())
+            if on_turn is not None:
+                on_turn(live, turns)
+        return [s.episode for s in slots]

@@ -70,12 +70,13 @@ def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -
 
 def evaluate(agents: list[Agent], coordinator, domain, task, seeds: Sequence[int], runs: int, seed: int,
              temperature: float | None = None, presence=None,
-             common_random_numbers: bool = False) -> tuple[dict, list[Episode]]:
+             common_random_numbers: bool = False, sampler=None, models=None) -> tuple[dict, list[Episode]]:
     """Play ``runs`` sampled episodes on every seed (one batch) and summarise. The
     policies' sampling RNG and temperature are restored afterwards, so evaluation
     never perturbs training. ``common_random_numbers``: run ``r`` on held-out seed ``s``
     draws keyed noise ``(seed, r, s)``, so two swarms evaluated with the same ``seed``
-    meet the same noise episode by episode (a tighter paired comparison)."""
+    meet the same noise episode by episode (a tighter paired comparison). ``sampler`` / ``models``: who
+    draws the bids and actions (default: in process, from the agents' policies; :func:`~swarm_runtime.episode.play`)."""
     policies = {id(a.policy): a.policy for a in agents}.values()
     saved = [(p, p.rng_state(), p.temperature) for p in policies]
     try:
@@ -90,7 +91,7 @@ def evaluate(agents: list[Agent], coordinator, domain, task, seeds: Sequence[int
                 s.episode.noise = key_hash(seed, i // max(1, len(seeds)), s.episode.seed)
         with torch.no_grad():
             episodes = play(slots, agents, coordinator, domain, int(task.max_decisions), random.Random(seed),
-                            presence=presence)
+                            presence=presence, sampler=sampler, models=models)
     finally:
         for p, state, temp in saved:
             p.set_rng_state(state)

@@ -104,7 +104,7 @@ class RunContext:
 
             check_plan(self.cfg, len(self.domain.roles) * replicas, vocab=len(self.domain.all_words(self.task)) + 16,
                        n_roles=len(self.domain.roles))
-        if lora:  # one base, one PEFT adapter per role (DESIGN 6.1)
+        if lora:  # one base, one PEFT adapter per role (docs/method.md, section 8)
             from swarm_runtime.policy.adapters import build_adapter_swarm
 
             words = self.domain.all_words(self.task)

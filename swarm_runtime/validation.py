@@ -504,3 +504,57 @@ def adapter_rates(cfg: DictConfig, registry) -> None:
             raise ConfigError(f"model.lora.lr_scale={scale:g} trains the adapters at {key} x {scale:g} = "
                               f"{float(v) * scale:g}, over 10 (the bound of every learning rate); lower "
                               f"model.lora.lr_scale or {key}")
+
+
+#: Who samples rollouts (``rollout.engine``; docs/engine.md).
+ROLLOUT_ENGINES = ("local", "openai", "vllm")
+#: URLs the engine samplers speak to.
+HTTP_URL = ((lambda v: isinstance(v, str) and re.fullmatch(r"https?://[^\s/]+(/\S*)?", v) is not None),
+            "an http(s) URL such as http://127.0.0.1:8000")
+
+register_rules(
+    _rule("model.chat_template", choices("auto", "none")),
+    _rule("algo.is_cap", floats(1.0, 1e6), nullable=True, null_means="off: the plain on-policy loss"),
+    _rule("rollout.engine", choices(*ROLLOUT_ENGINES)),
+    _rule("rollout.url", HTTP_URL, nullable=True, null_means="none (rollout.engine=openai needs one)"),
+    _rule("rollout.api_key_env", STR, nullable=True, null_means="no bearer key"),
+    _rule("rollout.timeout_s", floats(0.0, 86400.0, lo_open=True)),
+    _rule("rollout.concurrency", ints(1, 4096)), _rule("rollout.retries", ints(0, 100)),
+    _rule("rollout.max_staleness", ints(0, 64)),
+    _rule("rollout.vllm.python", STR, nullable=True, null_means="$SWARM_VLLM_PYTHON, else python3 on PATH"),
+    _rule("rollout.vllm.host", choices("127.0.0.1", "localhost", "0.0.0.0", "::1")),
+    _rule("rollout.vllm.port", ints(0, 65535)), _rule("rollout.vllm.args", lists(STR, nonempty=False)),
+    _rule("rollout.vllm.startup_timeout_s", floats(1.0, 86400.0)),
+    _rule("rollout.vllm.dtype", choices("float32", "float16", "bfloat16", "auto")),
+)
+
+
+@register_check
+def _rollout_engine(cfg: DictConfig, registry) -> None:
+    """An engine sampler needs a URL (``openai``) and adapters on one base: after each update the learner loads
+    each role's new adapter into the server at run time (vLLM's runtime LoRA endpoints). Full copies would need
+    the server restarted with new weights after every update (vLLM's OpenAI server cannot swap base weights at
+    run time), so ``model.adapter=none`` is refused rather than silently sampling stale weights."""
+    r = cfg.get("rollout")
+    if r is None:
+        return
+    if r.get("engine", "local") == "local":
+        if int(r.get("max_staleness", 0) or 0) > 0:
+            raise ConfigError(f"rollout.max_staleness={r.max_staleness} needs an engine sampler (rollouts played ahead on "
+                              "the server's weights while this process trains); valid: rollout.max_staleness=0, or "
+                              "rollout.engine=openai|vllm")
+        return
+    if r.engine == "openai" and not r.get("url"):
+        raise ConfigError("rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000)")
+    adapter = cfg.model.get("adapter") or "none"
+    if adapter != "lora":
+        raise ConfigError(f"rollout.engine={r.engine} with model.adapter={adapter}: the engine path trains adapters "
+                          "(each role's LoRA adapter is reloaded into the server after every update; a full copy "
+                          "cannot be swapped into a running vLLM server); valid: model.adapter=lora, or "
+                          "rollout.engine=local")
+    from swarm_runtime.rollout.sync import check_rank
+
+    check_rank(int(cfg.model.lora.rank))  # vLLM's --max-lora-rank choices
+    if cfg.model.get("constrained_actions"):
+        raise ConfigError(f"rollout.engine={r.engine} with model.constrained_actions=true is not supported yet; "
+                          "valid: model.constrained_actions=false, or rollout.engine=local")

@@ -29,6 +29,13 @@ def test_run_writes_everything(smoke_run):
     steps = [r["step"] for r in rows if "charts/episode_reward" in r]
     assert steps == [1, 2]
     assert all(r["flops/total"] > 0 for r in rows if "flops/total" in r)
+    # the in-process sampler's log-probs are the learner's on the same weights (docs/engine.md)
+    mismatch = [r for r in rows if any(k.startswith("mismatch/approx_kl_") for k in r)]
+    assert mismatch and all(r.get("kind") == "action" for r in mismatch)
+    for r in mismatch:
+        for k, v in r.items():
+            if k.startswith("mismatch/approx_kl_"):
+                assert 0 <= v < 1e-9 and r[k.replace("approx_kl", "max_abs_dlogp")] < 1e-4, (k, r)
     ev = json.loads((run / "eval.json").read_text())
     assert set(ev["results"]) == {"SFT only", "MPT"}
     assert ev["results"]["MPT"]["seeds"] == 2

@@ -12,8 +12,9 @@ from omegaconf import OmegaConf
 
 from swarm_runtime.domain import Domain, Role
 from swarm_runtime.env import DomainEnv, EnvContractError, ExpertStep, StepResult, ValidatedEnv
-from swarm_runtime.testing import (ConformanceError, check_action_choices, check_domain, check_fresh_task_config,
-                                   check_max_decisions, check_snapshots, check_splits)
+from swarm_runtime.testing import (ConformanceError, ConformanceWarning, check_action_choices, check_determinism,
+                                   check_domain, check_fresh_task_config, check_max_decisions, check_prompts,
+                                   check_snapshots, check_splits)
 
 TASK = {"max_decisions": 30, "reward_max": 6, "reward_min": 0, "train_seeds": {"start": 0, "count": 100},
         "dev_seeds": {"start": 500, "count": 8}, "eval_seeds": {"start": 1000, "count": 8}}
@@ -42,14 +43,17 @@ class StackEnv(DomainEnv):
     def step(self, action: str, role: str | None = None) -> StepResult:
         self.turns += 1
         a = action.strip()
-        if role == "Digger" and a == "dig":
+        owner = {"dig": "Digger", "rest": "Digger", "stack": "Builder", "knock": "Builder"}.get(a)
+        if owner is None or role not in (owner, None):  # role None: one model that may take any role's action
+            return StepResult(self.observation(), valid=False)
+        if a == "dig":
             self.loose += self.rng.randrange(3)
             return StepResult(self.observation())
-        if role == "Digger" and a == "rest":
+        if a == "rest":
             return StepResult(self.observation())
-        if role == "Builder" and a in ("stack", "knock") and not (self.loose if a == "stack" else self.stack):
+        if a in ("stack", "knock") and not (self.loose if a == "stack" else self.stack):
             return StepResult(self.observation())  # well-formed, nothing to do now
-        if role == "Builder" and a == "stack":
+        if a == "stack":
             self.loose -= 1
             self.stack.append(len(self.stack))
             reward = 0.0
@@ -57,11 +61,9 @@ class StackEnv(DomainEnv):
                 self.paid, reward = len(self.stack), 1.0
             self.done = len(self.stack) >= self.target
             return StepResult(self.observation(), reward, self.done)
-        if role == "Builder" and a == "knock":
-            self.stack.pop()
-            self.loose += 1
-            return StepResult(self.observation())
-        return StepResult(self.observation(), valid=False)
+        self.stack.pop()  # knock
+        self.loose += 1
+        return StepResult(self.observation())
 
     def expert_action(self) -> ExpertStep | None:
         if self.done:
@@ -101,8 +103,8 @@ def domain_with(env_cls=StackEnv, **task) -> StackDomain:
 
 
 def located(msg: str) -> bool:
-    """The message names domain/task, seed, step and action."""
-    return bool(re.search(r"stack/tower, seed \d+, step \d+, action '[^']*' by \w+: ", msg))
+    """The message names domain/task, seed, step, action and role."""
+    return bool(re.search(r"stack/tower, seed \d+, step \d+, action '[^']*' by (\w+|role=None): ", msg))
 
 
 def test_a_correct_domain_passes_every_check():
@@ -192,7 +194,8 @@ class StaleObservation(StackEnv):
     (ForgetfulRestore, r"restore\(\) did not bring back the state of snapshot time .*\.stack"),
     (SharedSnapshot, r"stepping changed the snapshot taken before it \(it shares live state"),
     (OutsideSnapshot, r"restore\(\) did not bring back the state .*\.paid|the same action from the restored snapshot"),
-    (GlobalState, r"the same action from the restored snapshot gave another result|two episodes from the same seed"),
+    (GlobalState, r"the same action from the restored snapshot gave another result|two episodes from the same seed|"
+                  r"the envs share state"),
     (InvalidChangesState, r"an invalid action changed the state .*\.stack"),
     (NegativeReward, r"the episode reward -1 left the task's bounds \[reward_min 0, reward_max 6\]"),
     (StaleObservation, r"step\(\) returned an observation that observation\(\) then does not show"),
@@ -203,6 +206,256 @@ def test_each_broken_snapshot_contract_is_caught_with_seed_step_and_action(env_c
     msg = str(err.value)
     assert re.search(what, msg), msg
     assert located(msg), msg
+
+
+# ------------------------------------------------------------------ the bugs plugin authors write (issue 30)
+#: Eight kinds of wood, a set of strings: its iteration order depends on the process's hash seed.
+WOODS = {"oak", "birch", "pine", "spruce", "acacia", "jungle", "cherry", "mangrove"}
+
+
+class SetOrderReset(StackEnv):
+    """reset() draws the loose blocks from a list made of a set of strings: another world in another process."""
+
+    def reset(self, seed):
+        super().reset(seed)
+        self.loose = 1 + len(self.rng.choice(list(WOODS))) % 3
+        return self.observation()
+
+
+class HashSeeded(StackEnv):
+    """reset() seeds its generator with hash() of a string: another world in another process."""
+
+    def reset(self, seed):
+        super().reset(seed)
+        self.rng = random.Random(hash("tower") + seed)
+        self.loose = 1 + self.rng.randrange(3)
+        return self.observation()
+
+
+class EarlyRestBonus(StackEnv):
+    """Resting before anything was dug pays a 'patience' bonus of 10, above reward_max 6: a path the
+    expert (who digs or stacks) never takes."""
+
+    def step(self, action, role=None):
+        first = self.turns == 0
+        res = super().step(action, role)
+        if res.valid and action.strip() == "rest" and first:
+            res.reward = 10.0
+        return res
+
+
+class UselessKnockPenalty(StackEnv):
+    """Knocking at an empty stack (valid: the Builder's own action, nothing to do) costs 0.5: below
+    reward_min 0 when it comes first."""
+
+    def step(self, action, role=None):
+        empty = not self.stack
+        res = super().step(action, role)
+        if res.valid and action.strip() == "knock" and empty:
+            res.reward = -0.5
+        return res
+
+
+class CrashOnEmptyText(StackEnv):
+    """Reads the verb as ``action.split()[0]``: an empty or blank text raises IndexError."""
+
+    def step(self, action, role=None):
+        verb = action.split()[0]
+        return super().step(verb, role)
+
+
+class CrashOnRoleNone(StackEnv):
+    """Compares ``role.lower()``: algo=monolithic and algo=rlcr step with role=None, an AttributeError."""
+
+    def step(self, action, role=None):
+        if role.lower() not in ("builder", "digger"):
+            return StepResult(self.observation(), valid=False)
+        return super().step(action, role)
+
+
+class NoneIsInvalid(StackEnv):
+    """Treats role=None as nobody: the monolithic model and RLCR could never act."""
+
+    def step(self, action, role=None):
+        if role is None:
+            self.turns += 1
+            return StepResult(self.observation(), valid=False)
+        return super().step(action, role)
+
+
+class ExpertOffPlan(StackEnv):
+    """The expert follows a fixed plan and indexes past its end once other actions were taken."""
+
+    PLAN = ("stack", "dig", "stack", "dig", "stack", "dig", "stack", "dig", "stack", "dig", "stack")
+
+    def expert_action(self):
+        if self.done:
+            return None
+        a = self.PLAN[self.turns]
+        return ExpertStep("Builder" if a == "stack" else "Digger", a)
+
+
+class HistoryObservation(StackEnv):
+    """The observation lists every action so far: past 40 tokens (the task's model.max_prompt_tokens) deep
+    in an episode, and the left cut would drop the role line."""
+
+    def reset(self, seed):
+        self.history = []
+        return super().reset(seed)
+
+    def step(self, action, role=None):
+        res = super().step(action, role)
+        if res.valid:
+            self.history.append(action.strip())
+            res.observation = self.observation()
+        return res
+
+    def observation(self):
+        return super().observation() + " " + " ".join(getattr(self, "history", []))
+
+
+class ProgressStack(StackEnv):
+    """A correct anytime return: the heights paid so far (the summed step rewards)."""
+
+    def progress(self):
+        return float(self.paid)
+
+
+class ProgressAsFraction(ProgressStack):
+    """progress() in [0, 1] (share of the target) while rewards pay 1 per block: not in reward units."""
+
+    def progress(self):
+        return self.paid / self.target
+
+
+#: The payout of each env, kept outside it (keyed by the env's id): snapshot/restore never sees it.
+PAID_OUTSIDE: dict[int, float] = {}
+
+
+class ProgressOutsideSnapshot(ProgressStack):
+    """progress() reads a total kept outside the env: right after reset and every step it equals the
+    rewards, but restoring a snapshot does not bring it back."""
+
+    def reset(self, seed):
+        PAID_OUTSIDE[id(self)] = 0.0
+        return super().reset(seed)
+
+    def step(self, action, role=None):
+        res = super().step(action, role)
+        PAID_OUTSIDE[id(self)] = PAID_OUTSIDE.get(id(self), 0.0) + float(res.reward)
+        return res
+
+    def progress(self):
+        return PAID_OUTSIDE.get(id(self), 0.0)
+
+
+class ClassListState(StackEnv):
+    """The stack is a class attribute, cleared (not replaced) on reset: every env shares one list."""
+
+    stack: list = []
+
+    def reset(self, seed):
+        obs = super().reset(seed)
+        del self.stack  # back to the class's list
+        self.stack.clear()
+        return obs
+
+
+class CachedEnvDomain(StackDomain):
+    """make_env() hands out one cached env."""
+
+    _env = None
+
+    def make_env(self, task):
+        if CachedEnvDomain._env is None:
+            CachedEnvDomain._env = StackEnv(int(task.reward_max))
+        return CachedEnvDomain._env
+
+
+class HistoryDomain(StackDomain):
+    """The task sets model.max_prompt_tokens: 40 in its overrides."""
+
+    env_cls = HistoryObservation
+    task = {**TASK, "overrides": {"model": {"max_prompt_tokens": 40}}}
+
+
+LOC = r"stack/tower, seed \d+, step \d+, action '[^']*' by (\w+|role=None): "
+LOC_NO_ACTION = r"stack/tower, seed \d+, step \d+: "
+
+
+@pytest.mark.parametrize("domain,where,what", [
+    (domain_with(SetOrderReset), LOC_NO_ACTION + "|" + LOC,
+     r"another process \(PYTHONHASHSEED=\d\) gave another episode for the same seed and actions .*set\(\)"),
+    (domain_with(HashSeeded), LOC_NO_ACTION + "|" + LOC,
+     r"another process \(PYTHONHASHSEED=\d\) gave another episode for the same seed and actions"),
+    (domain_with(EarlyRestBonus), LOC, r"the episode reward 10 left the task's bounds \[reward_min 0, reward_max 6\]"),
+    (domain_with(UselessKnockPenalty), LOC,
+     r"the episode reward -0\.5 left the task's bounds \[reward_min 0, reward_max 6\]"),
+    (domain_with(CrashOnEmptyText), r"stack/tower, seed \d+, step \d+, action '\s*' by (\w+|role=None): ",
+     r"step\(\) raised IndexError: list index out of range"),
+    (domain_with(CrashOnRoleNone), r"stack/tower, seed \d+, step \d+, action '[^']*' by role=None: ",
+     r"step\(\) raised AttributeError: 'NoneType' object has no attribute 'lower'"),
+    (domain_with(NoneIsInvalid), r"stack/tower, seed 0, step 0, action 'stack' by role=None: ",
+     r"the expert's action was invalid when stepped with role=None \(it is Builder's; algo=monolithic and "
+     r"algo=rlcr step the env with role=None"),
+    (domain_with(ExpertOffPlan), LOC_NO_ACTION + "|" + LOC, r"expert_action\(\) raised IndexError: tuple index out of range"),
+    (HistoryDomain(), LOC_NO_ACTION + "|" + LOC,
+     r"'s (bid|action) prompt: the prompt is \d+ tokens long \(beginning of sequence included\), more than "
+     r"model\.max_prompt_tokens=40: the policy refuses it at run time"),
+    (domain_with(ProgressAsFraction), r"stack/tower, seed \d+, step \d+, action '[^']*' by role=None: ",
+     r"progress\(\) is 0\.1\d* but the step rewards so far sum to 1 .*in reward units"),
+    (domain_with(ProgressOutsideSnapshot), r"stack/tower, seed \d+, step \d+, action '[^']*' by role=None: ",
+     r"progress\(\) after snapshot, \d more steps and restore is \d, not \d as at snapshot time"),
+    (CachedEnvDomain(), r"stack/tower, seed 0, step 0: ", r"make_env\(\) returned the same env object twice"),
+    (domain_with(ClassListState), LOC_NO_ACTION + "|" + LOC,
+     r"the episode played beside another env of the task \(seed 1\) differs from the same episode played alone"),
+], ids=["set-order", "hash", "rare-bonus", "rare-penalty", "crash-on-blank-text", "crash-on-role-None",
+        "role-None-invalid", "expert-raises", "prompt-overflow", "progress-units", "progress-restore",
+        "cached-env", "class-list"])
+def test_each_plugin_author_bug_is_caught_naming_domain_task_seed_step_action_and_role(domain, where, what):
+    with pytest.raises(ConformanceError) as err:
+        check_domain(domain, "tower")
+    msg = str(err.value)
+    assert re.match(f"({where}).*{what}", msg), msg
+
+
+def test_a_domain_whose_expert_stops_early_passes_without_the_kits_own_words_counting():
+    """The kit's garbage ('zzqx florp') in a log is not the domain's vocabulary problem."""
+
+    class Lazy(StackEnv):
+        def expert_action(self):
+            return ExpertStep("Builder", "stack") if not self.stack else None  # one block, then nothing to do
+
+    check_domain(domain_with(Lazy), "tower", processes=False)
+    assert check_prompts(domain_with(Lazy), "tower") > 100
+
+
+def test_a_correct_anytime_return_passes_and_its_checks_run_inside_check_domain(monkeypatch):
+    import swarm_runtime.rlcr.conformance as rc
+
+    ran = []
+    monkeypatch.setattr(rc, "check_progress", lambda d, t, **kw: ran.append("progress"))
+    check_domain(domain_with(ProgressStack), "tower", processes=False)
+    assert ran == ["progress"]
+    monkeypatch.undo()
+    check_domain(domain_with(ProgressStack), "tower")
+    assert rc.check_progress(domain_with(ProgressStack), "tower") > 30
+
+
+def test_a_domain_another_process_cannot_rebuild_is_warned_about_not_passed_silently():
+    class Local(StackDomain):  # defined in a function: no other process can import it
+        pass
+
+    with pytest.warns(ConformanceWarning, match=r"stack/tower: determinism across processes not checked: its class "
+                                                 r".*Local is defined in a function"):
+        check_domain(Local(), "tower")
+
+
+def test_the_cross_process_check_is_what_catches_hash_seed_bugs():
+    """In one process the hash-seeded domain is deterministic; only the other processes see it."""
+    check_determinism(domain_with(HashSeeded), "tower", processes=False)
+    with pytest.raises(ConformanceError, match=r"PYTHONHASHSEED"):
+        check_determinism(domain_with(HashSeeded), "tower")
 
 
 def test_overlapping_splits_are_caught():

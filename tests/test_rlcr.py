@@ -306,6 +306,36 @@ def test_conformance_checks_pass_on_minecraft_and_a_toy_domain(registry):
         check_concurrent(domain, task)
 
 
+class GiveUp(Tick):
+    """``quit`` ends the episode unsolved: done, but its metrics say no success."""
+
+    def step(self, action: str, role=None) -> StepResult:
+        if action.startswith("quit"):
+            self.done = True
+            return StepResult(self.observation(), 0.0, True)
+        return super().step(action, role)
+
+    def metrics(self):
+        return {"success": float(self.n >= 10)}
+
+
+class GiveUpDomain(TickDomain):
+    def make_env(self, task):
+        return GiveUp()
+
+
+def test_rlcr_success_comes_from_the_envs_metrics_not_from_done():
+    from swarm_runtime.rlcr.signs import rollout_metrics, summarize_rollouts
+
+    opts = LoopOptions(t_max=1e6, seconds_per_token=1.0, agents=1)
+    quit_, solve = (play_concurrent(GiveUpDomain(), TICK_TASK, [0], scripted({"alpha": script}), opts)[0]
+                    for script in (["work", "quit"], []))
+    assert quit_.done and quit_.success == 0.0 and solve.done and solve.success == 1.0
+    assert rollout_metrics([quit_, solve])["charts/success"] == 0.5
+    assert summarize_rollouts([quit_], runs=1)["success_mean"] == 0.0
+    tick = play_concurrent(TickDomain(), TICK_TASK, [0], scripted({}), opts)[0]  # no success metric: done counts
+    assert tick.done and tick.metrics == {} and tick.success == 1.0
+
 # ----------------------------------------------------------------------------- bad input and the CLI
 
 

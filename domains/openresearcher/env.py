@@ -113,7 +113,7 @@ class ResearchEnv(DomainEnv):
     and never copied by snapshots; the browser stack and episode fields are."""
 
     #: counters an invalid action still advances (the conformance kit allows them to change)
-    bookkeeping = ("decisions", "counts")
+    bookkeeping = ("decisions", "counts", "error")  # "error": the last tool error text, shown until a call succeeds
 
     def __init__(self, world, max_decisions: int, browser_cfg: dict | None = None, evidence_credit: float = 0.0):
         if not 0.0 <= float(evidence_credit) < 1.0:

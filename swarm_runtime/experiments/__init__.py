@@ -1,4 +1,4 @@
-"""``swarm experiment NAME``: the paper's experiments (DESIGN 2.6) as commands.
+"""``swarm experiment NAME``: the paper's experiments (docs/method.md, section 6) as commands.
 
 Experiments are registered through the ``swarm_register_experiments`` hook (the
 built-in ones below by :mod:`swarm_runtime.builtins`, exactly as a plugin would):
@@ -13,7 +13,7 @@ from swarm_runtime.experiments.context import ExperimentContext, Report
 from swarm_runtime.experiments.deployment import (bid_action_ablation, coordination, dropout, participation,
                                                   population)
 
-#: name -> experiment, in the order of the paper's table (DESIGN 2.6).
+#: name -> experiment, in the order of the paper's table (docs/method.md, section 6).
 BUILTIN_EXPERIMENTS = {
     "heldout": heldout,
     "coordination": coordination,

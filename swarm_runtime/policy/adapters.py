@@ -1,4 +1,4 @@
-"""One shared base model with a PEFT LoRA adapter per role (``model.adapter=lora``; DESIGN 6.1).
+"""One shared base model with a PEFT LoRA adapter per role (``model.adapter=lora``; docs/method.md, section 8).
 
 The whole swarm holds one base in memory (a PEFT ``PeftModel`` with one named adapter per role;
 replicas of a role share its adapter). Each role's :class:`AdapterPolicy` is a
@@ -36,7 +36,7 @@ from swarm_runtime.config import ConfigError
 from swarm_runtime.flops import FlopCounter
 from swarm_runtime.policy.base import Bid, Response
 from swarm_runtime.policy.noise import gumbel_max
-from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
+from swarm_runtime.policy.tokenizer import build_tokenizer
 from swarm_runtime.policy.transformers_backend import (TransformersPolicy, build_tiny_model, load_pretrained,
                                                       refuse_custom_code)
 
@@ -410,18 +410,21 @@ class MixedBatch:
                 out[i] = r
         return out
 
-    def _generate(self, prompts: list[str], keys, max_new: int, ban) -> list[list[int]]:
+    def _generate(self, prompts: list[str], keys, max_new: int, ban) -> tuple[list[list[int]], list[list[float]]]:
         """Sampled responses of every row in one routed call (rows grouped by adapter, results in
-        the callers' order)."""
+        the callers' order), with their per-token log-probs."""
         lead, order = self._ready(), self.order
         rows = [self.rows[i] for i in order]
+        lps: list = []
         with lead.routed([p.adapter for p in rows]):
             outs = lead._sample([lead.encode_prompt(prompts[i]) for i in order], max_new, ban,
-                                None if keys is None else [keys[i] for i in order], None, pick=self._pick_rows(rows))
+                                None if keys is None else [keys[i] for i in order], None, pick=self._pick_rows(rows),
+                                logprobs_out=lps)
         back: list[list[int]] = [[] for _ in prompts]
+        back_lp: list[list[float]] = [[] for _ in prompts]
         for j, i in enumerate(order):
-            back[i] = outs[j]
-        return back
+            back[i], back_lp[i] = outs[j], lps[j]
+        return back, back_lp
 
     def act(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Response]:
         if not prompts:
@@ -429,7 +432,8 @@ class MixedBatch:
         if any(p.action_trie is not None for p in self.rows):
             return self._per_policy("act", prompts, keys)
         lead = self.lead
-        return [Response(lead.decode(o), o) for o in self._generate(prompts, keys, lead.max_action_tokens, lead._action_ban)]
+        outs, lps = self._generate(prompts, keys, lead.max_action_tokens, lead._action_ban)
+        return [Response(lead.decode(o), o, lp) for o, lp in zip(outs, lps)]
 
     def bid(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Bid]:
         if not prompts:
@@ -439,17 +443,19 @@ class MixedBatch:
             # each distinct (adapter, prompt) scored once, grouped by adapter
             distinct = sorted(dict.fromkeys(zip(self.names, prompts)), key=lambda k: self._first[k[0]])
             row = {k: i for i, k in enumerate(distinct)}
+            full: list = []
             with lead.routed([n for n, _ in distinct]):
-                probs = lead.bid_distribution([p for _, p in distinct])
-            probs = probs[[row[k] for k in zip(self.names, prompts)]]
+                probs = lead.bid_distribution([p for _, p in distinct], logprobs_out=full)
+            pick = [row[k] for k in zip(self.names, prompts)]
+            probs, full_lp = probs[pick], full[0][pick]
             if lead.temperature <= 0:
                 idx = probs.argmax(-1).tolist()
             elif keys is not None:
                 idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
             else:
                 idx = self._draw(probs, self.rows).tolist()
-            return [Bid(bid_token(lead.bid_levels[j]), [lead.bid_ids[j]], level=lead.bid_levels[j]) for j in idx]
-        return lead.parse_bids(self._generate(prompts, keys, lead.max_bid_tokens, None))
+            return lead.level_bids(idx, full_lp)
+        return lead.parse_bids(*self._generate(prompts, keys, lead.max_bid_tokens, None))
 
 
 def lora_config(opts):
@@ -600,7 +606,8 @@ def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: S
 def policy_kwargs(model_cfg, bid_levels, flops, device) -> dict:
     return dict(bid_levels=bid_levels, bid_mode=str(model_cfg.bid_mode), temperature=float(model_cfg.temperature),
                 max_action_tokens=int(model_cfg.max_action_tokens), max_bid_tokens=int(model_cfg.max_bid_tokens),
-                max_prompt_tokens=int(model_cfg.max_prompt_tokens), flops=flops, device=device)
+                max_prompt_tokens=int(model_cfg.max_prompt_tokens), flops=flops, device=device,
+                chat_template=str(model_cfg.get("chat_template") or "none"))
 
 
 def adapter_lr_scale(cfg) -> float:
@@ -630,7 +637,7 @@ def sft_shared_base(policies: dict, demos: dict, run_sft, seed: int) -> dict | N
 def policy_kwargs_of(p: TransformersPolicy) -> dict:
     return dict(bid_levels=p.bid_levels, bid_mode=p.bid_mode, temperature=p.temperature,
                 max_action_tokens=p.max_action_tokens, max_bid_tokens=p.max_bid_tokens,
-                max_prompt_tokens=p.max_prompt_tokens, flops=p.flops, device=p.device)
+                max_prompt_tokens=p.max_prompt_tokens, flops=p.flops, device=p.device, chat_template=p.chat_template)
 
 
 def export_adapters(agents_dir: Path, out_dir: Path, roles: Sequence[str], bid_levels: Sequence[float],

@@ -9,10 +9,14 @@ import torch
 
 @dataclass
 class Response:
-    """A sampled response: its text and the token ids the policy scores it by."""
+    """A sampled response: its text, the token ids the policy scores it by, the sampler's per-token
+    log-probabilities of those tokens (``log softmax(logits / T)`` over the vocabulary, before any
+    constraint; ``None`` where the sampler gives none) and the weight version that sampled it."""
 
     text: str
     tokens: list[int]
+    logprobs: list[float] | None = None
+    version: int | None = None
 
 
 @dataclass
@@ -58,17 +62,21 @@ class Policy(Protocol):
 
 
 def sampled_logprobs(policy: Policy, prompts: list[str], responses: list[list[int]],
-                     actions: bool = False) -> torch.Tensor:
+                     actions: bool = False, per_token_out: list | None = None) -> torch.Tensor:
     """``log pi_T(response | prompt)`` at the temperature ``T`` the policy samples at: the
     on-policy log-probabilities REINFORCE and Bradley-Terry need (``softmax(logits / T)``; at
     ``T`` = 1, the default, or greedy ``T`` = 0, plain ``logprobs``). ``actions=True``: the
     responses are action texts, scored under the policy's action constraint if it has one
-    (``model.constrained_actions``). Backends are passed only the arguments that differ from
-    their defaults (``temperature``, ``actions``)."""
+    (``model.constrained_actions``). ``per_token_out``: a list that gets each response's per-token
+    log-probs (the sampler-learner mismatch, :mod:`swarm_runtime.rollout.mismatch`). Backends are
+    passed only the arguments that differ from their defaults (``temperature``, ``actions``,
+    ``per_token_out``)."""
     t = float(getattr(policy, "temperature", 1.0) or 0.0)
     kw: dict = {} if t <= 0 or t == 1.0 else {"temperature": t}
     if actions and getattr(policy, "action_trie", None) is not None:
         kw["actions"] = True
+    if per_token_out is not None:
+        kw["per_token_out"] = per_token_out
     return policy.logprobs(prompts, responses, **kw)
 
 

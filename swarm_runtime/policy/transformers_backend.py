@@ -11,6 +11,7 @@ response and parses the bid it ends with (an unparsable bid counts as 0).
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -30,6 +31,28 @@ from swarm_runtime.policy.tokenizer import bid_token, build_tokenizer
 
 _DIGIT_GAP = re.compile(r"(?<=\d) (?=\d)")
 _BID_RE = re.compile(r"<bid_([0-9.]+)>|(\d*\.\d+|\d+)")
+
+
+#: What a prompt longer than ``max_prompt_tokens`` does (environment variable ``SWARM_PROMPT_OVERFLOW``):
+#: ``error`` (the default) stops with :class:`PromptOverflowError`; ``warn`` cuts it from the left, counts it
+#: (``TransformersPolicy.prompt_overflows``) and logs a warning at the 1st, 2nd, 4th, 8th ... one.
+PROMPT_OVERFLOW_ENV = "SWARM_PROMPT_OVERFLOW"
+PROMPT_OVERFLOW_MODES = ("error", "warn")
+_ROLE_LINE = re.compile(r"^\s*you are (\S+)")
+
+
+class PromptOverflowError(ValueError):
+    """A prompt is longer than ``model.max_prompt_tokens`` (the message names the role and the lengths)."""
+
+
+def prompt_overflow_mode(value: str | None = None) -> str:
+    """``value``, or ``$SWARM_PROMPT_OVERFLOW``, or ``error``; anything else is a ``ValueError`` naming it."""
+    mode = value if value is not None else (os.environ.get(PROMPT_OVERFLOW_ENV) or "error")
+    if mode not in PROMPT_OVERFLOW_MODES:
+        raise ValueError(f"{PROMPT_OVERFLOW_ENV}={mode!r} is not valid: must be one of {', '.join(PROMPT_OVERFLOW_MODES)} "
+                         "(error: a prompt longer than model.max_prompt_tokens stops the run; warn: it is cut from the "
+                         "left and counted)")
+    return mode
 
 
 def parse_bid(text: str, levels: Sequence[float]) -> tuple[float, bool]:
@@ -77,7 +100,7 @@ class TransformersPolicy:
     def __init__(self, model, tokenizer, bid_levels: Sequence[float], bid_mode: str = "logits",
                  temperature: float = 1.0, max_action_tokens: int = 12, max_bid_tokens: int = 6,
                  max_prompt_tokens: int = 256, seed: int = 0, flops: FlopCounter | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", chat_template: str = "none", prompt_overflow: str | None = None):
         if bid_mode not in ("logits", "generate"):
             raise ValueError(f"bid_mode {bid_mode!r} is not one of: logits, generate")
         self.model, self.tok = model.to(device), tokenizer
@@ -86,6 +109,14 @@ class TransformersPolicy:
         self.bid_mode, self.temperature = bid_mode, float(temperature)
         self.max_action_tokens, self.max_bid_tokens = int(max_action_tokens), int(max_bid_tokens)
         self.max_prompt_tokens = int(max_prompt_tokens)
+        if chat_template not in ("auto", "none"):
+            raise ValueError(f"chat_template {chat_template!r} is not one of: auto, none")
+        #: ``model.chat_template=auto`` and the tokenizer has a template: each prompt is one user turn in it
+        self.chat_template = chat_template
+        self.templated = chat_template == "auto" and bool(getattr(tokenizer, "chat_template", None))
+        self.prompt_overflow = prompt_overflow_mode(prompt_overflow)  #: ``error`` or ``warn`` (PROMPT_OVERFLOW_ENV)
+        self.prompt_overflows = 0  #: distinct prompts cut from the left (``warn`` mode)
+        self.role: str | None = None  #: the role this model acts for, when known (named in overflow messages)
         self.flops = flops or FlopCounter()
         self.gen = torch.Generator().manual_seed(int(seed))
         self.n_params = sum(p.numel() for p in model.parameters())
@@ -109,14 +140,45 @@ class TransformersPolicy:
 
     # ------------------------------------------------------------------ encoding
     def encode_prompt(self, prompt: str) -> list[int]:
+        """The prompt's token ids (beginning of sequence first). A prompt longer than
+        ``max_prompt_tokens`` is a :class:`PromptOverflowError`, or, with ``SWARM_PROMPT_OVERFLOW=warn``,
+        cut from the left (losing its opening: the role line and the start of the state) and counted."""
         ids = self._prompt_cache.get(prompt)
+        if ids is None and self.templated:  # the template places its own special tokens
+            ids = list(self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                    tokenize=True, return_dict=True)["input_ids"])
+            if len(ids) > self.max_prompt_tokens:
+                self._overflow(prompt, len(ids))
+                ids = ids[-self.max_prompt_tokens:]
+            self._prompt_cache[prompt] = ids
         if ids is None:
-            ids = self.tok(prompt, add_special_tokens=False).input_ids[-(self.max_prompt_tokens - 1):]
+            ids = self.tok(prompt, add_special_tokens=False).input_ids
+            keep = self.max_prompt_tokens - (1 if self.bos is not None else 0)
+            if len(ids) > keep:
+                self._overflow(prompt, len(ids) + (1 if self.bos is not None else 0))
+                ids = ids[-keep:] if keep > 0 else []
             ids = ([self.bos] if self.bos is not None else []) + ids
             if len(self._prompt_cache) > 50_000:
                 self._prompt_cache.clear()
             self._prompt_cache[prompt] = ids
         return ids
+
+    def _overflow(self, prompt: str, n: int) -> None:
+        """A prompt of ``n`` tokens (beginning of sequence included) does not fit ``max_prompt_tokens``."""
+        m = _ROLE_LINE.match(prompt)
+        role = self.role or (m.group(1) if m else None)
+        what = (f"a prompt{f' of role {role}' if role else ''} is {n} tokens long (bos included), more than "
+                f"model.max_prompt_tokens={self.max_prompt_tokens}")
+        head = " ".join(prompt.split()[:6])
+        if self.prompt_overflow == "error":
+            raise PromptOverflowError(
+                f"{what}: raise it (and model.max_positions), shorten the domain's observation or log_window, or set "
+                f"{PROMPT_OVERFLOW_ENV}=warn to cut it from the left; it begins {head!r}")
+        self.prompt_overflows += 1
+        k = self.prompt_overflows
+        if k & (k - 1) == 0:  # the 1st, 2nd, 4th, 8th ...
+            logger.warning("prompt overflow #{} ({}=warn): {}; cut from the left, losing {!r}...", k,
+                           PROMPT_OVERFLOW_ENV, what, head)
 
     def decode(self, ids: list[int]) -> str:
         ids = [t for t in ids if t != self.eos]
@@ -175,7 +237,10 @@ class TransformersPolicy:
     @torch.no_grad()
     def _sample(self, prompt_ids: list[list[int]], max_new: int, ban: torch.Tensor | None,
                 keys: list[tuple[int, ...]] | None = None, trie: ActionTrie | None = None,
-                pick=None) -> list[list[int]]:
+                pick=None, logprobs_out: list | None = None) -> list[list[int]]:
+        """Sampled token ids per row. ``logprobs_out`` (a list): filled with each row's per-token
+        ``log softmax(logits / T)`` of the sampled tokens over the whole vocabulary, before any ban or
+        constraint (``T`` = 1 when greedy): the basis the learner scores them on (:meth:`logprobs`)."""
         ids, mask, pos = self._left_pad(prompt_ids)
         B = len(prompt_ids)
         next_pos = mask.sum(1)
@@ -184,18 +249,26 @@ class TransformersPolicy:
         past, cur, cur_pos = None, ids, pos
         n_tok = int(mask.sum())
         nodes = [0] * B  # trie node of each row (constrained decoding)
+        lps: list[list[float]] = [[] for _ in range(B)]
         for step in range(max_new):
             res = self._forward(input_ids=cur, attention_mask=mask, position_ids=cur_pos,
                                 use_cache=True, logits_to_keep=1, **{self._cache_kw: past})
             past = getattr(res, self._cache_kw)
             logits = res.logits[:, -1, :]
+            if logprobs_out is not None:
+                t = self.temperature if self.temperature > 0 and self.temperature != 1.0 else 1.0
+                step_lp = torch.log_softmax(logits.float() / t, dim=-1)
             if trie is not None:
                 logits = logits.masked_fill(~trie.allowed[nodes], float("-inf"))
             elif ban is not None:
                 logits[:, ban] = float("-inf")
             nxt = (pick or self._pick)(logits, None if keys is None else [(*k, step) for k in keys])
+            chosen = step_lp.gather(1, nxt[:, None].to(step_lp.device)).squeeze(1).tolist() \
+                if logprobs_out is not None else None
             for i in torch.nonzero(~finished).flatten().tolist():
                 out[i].append(int(nxt[i]))
+                if chosen is not None:
+                    lps[i].append(chosen[i])
                 if trie is not None:
                     nodes[i] = trie.step(nodes[i], int(nxt[i]))
             finished |= nxt == self.eos
@@ -207,6 +280,8 @@ class TransformersPolicy:
             cur_pos = next_pos.unsqueeze(1)
             next_pos = next_pos + 1
         self.flops.forward(self.n_params, n_tok)
+        if logprobs_out is not None:
+            logprobs_out[:] = lps
         return out
 
     def act(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Response]:
@@ -214,13 +289,16 @@ class TransformersPolicy:
         token from keyed noise, so a row's sample depends on its key, not on the batch."""
         if not prompts:
             return []
+        lps: list = []
         outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_action_tokens, self._action_ban, keys,
-                            self.action_trie)
-        return [Response(self.decode(o), o) for o in outs]
+                            self.action_trie, logprobs_out=lps)
+        return [Response(self.decode(o), o, lp) for o, lp in zip(outs, lps)]
 
     @torch.no_grad()
-    def bid_distribution(self, prompts: list[str]) -> torch.Tensor:
-        """Probabilities over the bid levels (``logits`` mode), one row per prompt."""
+    def bid_distribution(self, prompts: list[str], logprobs_out: list | None = None) -> torch.Tensor:
+        """Probabilities over the bid levels (``logits`` mode), one row per prompt. ``logprobs_out`` (a
+        list): gets a tensor of each bid token's ``log softmax(logits / T)`` over the whole vocabulary
+        (the basis the learner scores a bid on)."""
         ids, mask, pos = self._left_pad([self.encode_prompt(p) for p in prompts])
         # use_cache=False: one pass needs no KV cache (transformers builds one by default: 2 x layers x rows x
         # tokens x KV width, ~80 MiB for 48 rows of a 100M model, alive until the pass returns)
@@ -228,6 +306,8 @@ class TransformersPolicy:
                                use_cache=False).logits[:, -1, :]
         self.flops.forward(self.n_params, int(mask.sum()))
         t = self.temperature if self.temperature > 0 else 1.0
+        if logprobs_out is not None:
+            logprobs_out[:] = [torch.log_softmax(logits.float() / t, dim=-1)[:, self.bid_ids]]
         return F.softmax(logits[:, self.bid_ids].float() / t, dim=-1)
 
     def bid(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Bid]:
@@ -238,34 +318,44 @@ class TransformersPolicy:
             # then sample every row independently (same draws, a 1/k of the forward pass and its memory).
             distinct = list(dict.fromkeys(prompts))
             row = {p: i for i, p in enumerate(distinct)}
-            probs = self.bid_distribution(distinct)[[row[p] for p in prompts]]
+            full: list = []
+            probs = self.bid_distribution(distinct, logprobs_out=full)[[row[p] for p in prompts]]
+            full_lp = full[0][[row[p] for p in prompts]]
             if self.temperature <= 0:
                 idx = probs.argmax(-1).tolist()
             elif keys is not None:
                 idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
             else:
                 idx = torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).tolist()
-            return [Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], level=self.bid_levels[j]) for j in idx]
-        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None, keys)
-        return self.parse_bids(outs)
+            return self.level_bids(idx, full_lp)
+        lps: list = []
+        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None, keys,
+                            logprobs_out=lps)
+        return self.parse_bids(outs, lps)
 
-    def parse_bids(self, outs: list[list[int]]) -> list[Bid]:
+    def level_bids(self, idx: list[int], full_lp: torch.Tensor) -> list[Bid]:
+        """``logits``-mode bids: row ``i`` bid level ``idx[i]``, with its log-prob from ``full_lp`` (rows x levels)."""
+        return [Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], [float(full_lp[i, j])], level=self.bid_levels[j])
+                for i, j in enumerate(idx)]
+
+    def parse_bids(self, outs: list[list[int]], lps: list | None = None) -> list[Bid]:
         """Generated bid responses (``generate`` mode) as bids: each parsed strictly (:func:`parse_bid`)."""
         bids = []
-        for o in outs:
+        for i, o in enumerate(outs):
             text = self.decode(o)
             level, ok = parse_bid(text, self.bid_levels)
-            bids.append(Bid(text, o, level=level, parsed=ok))
+            bids.append(Bid(text, o, None if lps is None else lps[i], level=level, parsed=ok))
         return bids
 
     # ------------------------------------------------------------------ scoring
     def logprobs(self, prompts: list[str], responses: list[list[int]], temperature: float = 1.0,
-                 actions: bool = False) -> torch.Tensor:
+                 actions: bool = False, per_token_out: list | None = None) -> torch.Tensor:
         """Summed ``log softmax(logits / temperature)`` of each response's tokens (differentiable).
 
         ``actions=True`` says the responses are action texts: with :meth:`constrain_actions` in
         force each token is then scored among the tokens the constraint allowed there, the
-        distribution :meth:`act` sampled it from."""
+        distribution :meth:`act` sampled it from. ``per_token_out`` (a list): gets each response's
+        per-token log-probs, detached, unconstrained (the basis a sampler reports them on)."""
         seqs = [self.encode_prompt(p) + list(r) for p, r in zip(prompts, responses)]
         L = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
@@ -279,6 +369,9 @@ class TransformersPolicy:
         if temperature > 0 and temperature != 1.0:
             logits = logits / float(temperature)
         logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        if per_token_out is not None:
+            flat = logp.detach()
+            per_token_out[:] = [flat[i, len(s) - len(r) - 1:len(s) - 1] for i, (s, r) in enumerate(zip(seqs, responses))]
         if actions and self.action_trie is not None:
             logp = self._constrained(logp, logits, ids, seqs, responses)
         tokens = int(mask.sum())
@@ -324,8 +417,8 @@ class TransformersPolicy:
         self.model.save_pretrained(path)
         self.tok.save_pretrained(path)
         (path / "swarm_policy.json").write_text(json.dumps(
-            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode, "word_level_tokenizer": self._word_level},
-            indent=1))
+            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode, "word_level_tokenizer": self._word_level,
+             "chat_template": self.chat_template}, indent=1))
 
     def rng_state(self) -> torch.Tensor:
         return self.gen.get_state()
@@ -416,4 +509,4 @@ def make_transformers_policy(model_cfg, words: list[str], bid_levels: Sequence[f
         model, tok, bid_levels, bid_mode=str(model_cfg.bid_mode), temperature=float(model_cfg.temperature),
         max_action_tokens=int(model_cfg.max_action_tokens), max_bid_tokens=int(model_cfg.max_bid_tokens),
         max_prompt_tokens=int(model_cfg.max_prompt_tokens), seed=seed, flops=flops,
-        device=str(model_cfg.get("device", "cpu")))
+        device=str(model_cfg.get("device", "cpu")), chat_template=str(model_cfg.get("chat_template") or "none"))

@@ -20,11 +20,17 @@ from typing import Callable, Sequence
 from swarm_runtime.env import ValidatedEnv, has_progress
 from swarm_runtime.rlcr.clock import EventQueue, action_seconds
 from swarm_runtime.rlcr.messages import MESSAGE_KINDS, Board, Command, parse_command
-from swarm_runtime.rlcr.org import CEO, Organisation
+from swarm_runtime.rlcr.org import CEO, NAMES, Organisation
+from swarm_runtime.policy.base import Response
+from swarm_runtime.rollout.base import Row, Sampler
+from swarm_runtime.rollout.engine import Batch, Rounds, TurnEngine
+from swarm_runtime.rollout.local import LocalSampler
 
 #: Words the RLCR prompts and commands use (added to the shared policy's tokenizer).
 PROMPT_WORDS = ("you", "are", "brief", "none", "time", "of", "team", "idle", "inbox", "channel", "found",
                 "action", "say", "post", "write", "search", "hire", "fire", ":", ";", ".")
+#: Words the shared policy's tokenizer adds to the domain's: the prompt words, agent names and briefs.
+RLCR_WORDS = (*PROMPT_WORDS, *NAMES, CEO, "lead", "done")
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,13 @@ class Rollout:
     counts: Counter = field(default_factory=Counter)
     team_peak: int = 0
     metrics: dict = field(default_factory=dict)
+
+    @property
+    def success(self) -> float:
+        """The env's ``metrics()["success"]`` at the stop when it reports one (an episode can end without
+        success: a give-up, a failure), else 1.0 for a finished episode (``done``) and 0.0 otherwise."""
+        m = self.metrics.get("success")
+        return float(m) if isinstance(m, (int, float)) else float(self.done)
 
     @property
     def env_tokens(self) -> int:
@@ -278,38 +291,79 @@ def turn_report(requests: Sequence[Request]) -> tuple[list[list[float | None]], 
     return bids, winners
 
 
-def play_concurrent(domain, task, seeds: Sequence[int], decide: Decide, opts: LoopOptions,
+def play_concurrent(domain, task, seeds: Sequence[int], decide: "Decide | Sampler", opts: LoopOptions,
                     groups: Sequence[int] | None = None,
                     on_round: Callable[[int, list[Request]], None] | None = None) -> list[Rollout]:
-    """Run one rollout per seed at once (``groups[i]``: rollout i's group) and return them in order.
-    ``decide(requests)`` returns one ``(text, tokens)`` per request, in order (one model batch).
-    ``on_round(round, requests)`` is called after each round's actions have started (round = 0, 1, ...)."""
+    """Run one rollout per seed at once (``groups[i]``: rollout i's group) and return them in order: the
+    :class:`ClockTurns` strategy on the turn engine. ``decide``: a sampler (rows of the shared policy's
+    weights), or a function ``decide(requests)`` returning one ``(text, tokens)`` per request, in order
+    (one model batch; the scripted experts). ``on_round(round, requests)`` is called after each round's
+    actions have started (round = 0, 1, ...)."""
     slots = [_Slot(domain, task, s, (groups[i] if groups is not None else i), opts) for i, s in enumerate(seeds)]
-    rounds = 0
-    while True:
-        requests: list[Request] = []
-        for s in slots:
-            while not s.finished:
-                deciders = _advance(s)
-                if deciders:
-                    requests += [Request(s, a, s.prompt(a)) for a in deciders]
-                    break
-        if not requests:
-            break
-        outs = decide(requests)
-        for r, (text, tokens) in zip(requests, outs):
-            r.slot.start(r.agent, r.prompt, text, tokens)
-        if on_round is not None:
-            on_round(rounds, requests)
-        rounds += 1
-    return [s.rollout for s in slots]
+    sampler = decide if isinstance(decide, Sampler) else DecideSampler(decide)
+    return TurnEngine(sampler).run(ClockTurns(on_round).rounds(slots))
 
 
-def policy_decider(policy) -> Decide:
-    """Every request goes to the one shared policy, in one batch."""
+class ClockTurns:
+    """RLCR's way of taking turns, as a turn-engine strategy (:mod:`swarm_runtime.rollout.engine`): every
+    live rollout moves to its next event time, the agents free then decide, and every decision of the
+    round, across rollouts, goes out as one action batch of the shared policy's weights ``model``."""
+
+    def __init__(self, on_round: Callable[[int, list[Request]], None] | None = None, model: str = "Shared"):
+        self.on_round, self.model = on_round, model
+
+    def rounds(self, slots: list["_Slot"]) -> Rounds:
+        rounds = 0
+        while True:
+            requests: list[Request] = []
+            for s in slots:
+                while not s.finished:
+                    deciders = _advance(s)
+                    if deciders:
+                        requests += [Request(s, a, s.prompt(a)) for a in deciders]
+                        break
+            if not requests:
+                break
+            outs = yield Batch("act", [Row(self.model, r.prompt, context=r) for r in requests])
+            for r, o in zip(requests, outs):
+                r.slot.start(r.agent, r.prompt, o.text, list(o.tokens))
+            if self.on_round is not None:
+                self.on_round(rounds, requests)
+            rounds += 1
+        return [s.rollout for s in slots]
+
+
+class DecideSampler:
+    """A ``decide(requests)`` function as a sampler: each row's context is its :class:`Request`."""
+
+    name = "decide"
+
+    def __init__(self, decide: Decide):
+        self.decide = decide
+
+    def act(self, rows: Sequence[Row]) -> list[Response]:
+        return [Response(text, list(tokens)) for text, tokens in self.decide([r.context for r in rows])]
+
+    def bid(self, rows: Sequence[Row]):
+        raise TypeError("a decide function answers actions only")
+
+    def version(self, model: str) -> int:
+        return 0
+
+    def sync(self, learner, models) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def policy_decider(policy, sampler: Sampler | None = None, model: str = "Shared") -> Decide:
+    """Every request goes to the one shared policy's weights ``model``, in one batch, through ``sampler``
+    (default: in process, from ``policy``; :mod:`swarm_runtime.rollout`)."""
+    sampler = sampler if sampler is not None else LocalSampler({model: policy})
 
     def decide(requests: list[Request]) -> list[tuple[str, list[int]]]:
-        outs = policy.act([r.prompt for r in requests])
+        outs = sampler.act([Row(model, r.prompt) for r in requests])
         return [(o.text, list(o.tokens)) for o in outs]
 
     return decide

@@ -37,7 +37,7 @@ def rollout_metrics(rollouts) -> dict[str, float]:
     m = {"charts/return": sum(r.ret for r in rollouts) / n,
          "charts/progress": sum(r.progress for r in rollouts) / n,
          "charts/sim_minutes": sum(r.duration for r in rollouts) / n / 60.0,
-         "charts/success": sum(float(r.done) for r in rollouts) / n,
+         "charts/success": sum(r.success for r in rollouts) / n,
          "charts/turns": sum(len(r.turns) for r in rollouts) / n,
          "charts/team_peak": sum(r.team_peak for r in rollouts) / n,
          "signs/useful_work": sum(r.env_tokens for r in rollouts) / n,
@@ -59,7 +59,7 @@ def summarize_rollouts(rollouts, runs: int) -> dict:
     for r in rollouts:
         per_seed.setdefault(r.seed, []).append(r)
     out: dict = {"seeds": len(per_seed), "runs": runs, "episodes": len(rollouts)}
-    fields = {"reward": lambda r: r.progress, "success": lambda r: float(r.done),
+    fields = {"reward": lambda r: r.progress, "success": lambda r: r.success,
               "minutes": lambda r: r.duration / 60.0, "useful_work": lambda r: float(r.env_tokens),
               "message_tokens": lambda r: float(r.message_tokens), "tokens": lambda r: float(r.tokens),
               "team_peak": lambda r: float(r.team_peak)}

@@ -16,9 +16,8 @@ from swarm_runtime.evaluate import paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, read_metrics
 from swarm_runtime.rlcr.clock import t_max_at
 from swarm_runtime.rlcr.learn import collective_returns, flat_samples, group_advantages, reinforce_step
-from swarm_runtime.rlcr.loop import (PROMPT_WORDS, LoopOptions, expert_decider, play_concurrent, policy_decider,
+from swarm_runtime.rlcr.loop import (RLCR_WORDS, LoopOptions, expert_decider, play_concurrent, policy_decider,
                                      turn_report)
-from swarm_runtime.rlcr.org import NAMES, CEO
 from swarm_runtime.rlcr.signs import (plot_latency, plot_signs, rollout_metrics, summarize_rollouts, team_bucket,
                                       useful_work_relative)
 from swarm_runtime.run import RunContext
@@ -29,7 +28,6 @@ from swarm_runtime.train.sft import Example, sft
 #: Name (and checkpoint folder) of the one policy every agent of the collective runs.
 SHARED = "Shared"
 #: Every word RLCR adds to the domain's vocabulary (commands, prompt template, agent names).
-RLCR_WORDS = (*PROMPT_WORDS, *NAMES, CEO, "lead", "done")
 #: Columns of the held-out table.
 EVAL_METRICS = ["reward", "success", "minutes", "useful_work", "message_tokens"]
 

@@ -1,4 +1,4 @@
-"""``swarm serve``: a trained swarm as a dropout-tolerant service (issue 20, DESIGN 6.2).
+"""``swarm serve``: a trained swarm as a dropout-tolerant service (issue 20; docs/method.md, section 8).
 
 - :mod:`~swarm_runtime.serve.worker`: one agent = one process speaking the subset of vLLM's
   OpenAI-compatible completions API the gateway needs (``/v1/models``, ``/v1/completions`` with

@@ -1,9 +1,10 @@
-"""Action learning (DESIGN 2.3): REINFORCE on each agent's own action tokens,
+"""Action learning (docs/method.md, section 3): REINFORCE on each agent's own action tokens,
 advantage = credit minus the agent's mean credit in the batch."""
 from __future__ import annotations
 
 import random
 from collections import defaultdict
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
@@ -11,6 +12,7 @@ import torch
 from swarm_runtime.credit import fold_skipped_rewards
 from swarm_runtime.episode import Agent, Episode
 from swarm_runtime.policy.base import logprobs_in_chunks, sampled_logprobs
+from swarm_runtime.rollout.mismatch import REPORT_CAP, Mismatch, importance_weight, token_deltas
 from swarm_runtime.train.losses import per_agent_advantages, reinforce_loss
 from swarm_runtime.train.optim import accumulate_and_step
 
@@ -18,7 +20,12 @@ from swarm_runtime.train.optim import accumulate_and_step
 def credit_samples(episodes: Sequence[Episode], credit_fn: Callable, rng: random.Random):
     """(agent index, action prompt, action tokens, credit) for every acted turn of
     every episode whose reward is known."""
-    out = []
+    return credit_samples_and_turns(episodes, credit_fn, rng)[0]
+
+
+def credit_samples_and_turns(episodes: Sequence[Episode], credit_fn: Callable, rng: random.Random):
+    """:func:`credit_samples` and the turn each sample comes from (its sampler log-probs and version)."""
+    out, turns = [], []
     for ep in episodes:
         if ep.reward_missing:
             continue
@@ -29,12 +36,20 @@ def credit_samples(episodes: Sequence[Episode], credit_fn: Callable, rng: random
         bids = [t.auction.winning_bid for t in acted]
         for turn, c in zip(acted, credit_fn(rewards, bids, rng)):
             out.append((turn.winner, turn.action_prompt, turn.action_tokens, float(c)))
-    return out
+            turns.append(turn)
+    return out, turns
 
 
 def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: float, minibatch: int,
-                  grad_clip: float, reference: dict | None = None, kl_coef: float = 0.0) -> dict[str, float]:
+                  grad_clip: float, reference: dict | None = None, kl_coef: float = 0.0,
+                  behaviour: Sequence[list[float] | None] | None = None,
+                  is_cap: float | None = None) -> dict[str, float]:
     """One REINFORCE update of every model that acted in ``samples``.
+
+    ``behaviour`` (one entry per sample: the sampler's per-token log-probs of its action, or None):
+    the learner's own log-probs, computed for the loss anyway, are compared with them per role
+    (``mismatch/*`` metrics, :mod:`swarm_runtime.rollout.mismatch`); with ``is_cap`` each sample's
+    term is weighted by its truncated importance weight ``min(is_cap, pi_learner / pi_sampler)``.
 
     ``kl_coef`` > 0 with ``reference`` (role -> frozen policy, ``algo.kl_coef``): each action's
     credit is charged ``kl_coef * [log pi(a|h) - log pi_ref(a|h)]`` before the baseline, the
@@ -51,19 +66,23 @@ def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: 
             if mine:
                 metrics[f"charts/kl_{agent.role}"] = sum(mine) / len(mine)
         credit = [c - kl_coef * k for c, k in zip(credit, kl)]
-    # Replicas of a role share a model; the baseline is per agent (DESIGN 2.3).
+    # Replicas of a role share a model; the baseline is per agent (docs/method.md, section 3).
     adv = per_agent_advantages(credit, [s[0] for s in samples])
     by_policy: dict[int, list] = defaultdict(list)
-    for (a, prompt, tokens, _), A in zip(samples, adv):
-        by_policy[id(agents[a].policy)].append((prompt, tokens, A / reward_scale))
+    behaviour = list(behaviour) if behaviour is not None else [None] * len(samples)
+    for (a, prompt, tokens, _), A, b in zip(samples, adv, behaviour):
+        by_policy[id(agents[a].policy)].append((prompt, tokens, A / reward_scale, b))
     for agent in agents:
         batch = by_policy.pop(id(agent.policy), None)
         if not batch:
             continue
-        loss, norm = accumulate_and_step(agent.policy, batch, minibatch, _reinforce_chunk,
+        stats = Mismatch(cap=is_cap or REPORT_CAP)
+        chunk_loss = partial(_reinforce_chunk, stats=stats, is_cap=is_cap)
+        loss, norm = accumulate_and_step(agent.policy, batch, minibatch, chunk_loss,
                                          *optimizers[agent.role], grad_clip)
         metrics[f"losses/action_{agent.role}"] = loss
         metrics[f"charts/grad_norm_{agent.role}"] = norm
+        metrics.update(stats.metrics(agent.role))
     return metrics
 
 
@@ -84,6 +103,22 @@ def _log_ratios(agents: list[Agent], samples, reference: dict, minibatch: int) -
     return out
 
 
-def _reinforce_chunk(policy, chunk) -> torch.Tensor:
-    logp = sampled_logprobs(policy, [c[0] for c in chunk], [c[1] for c in chunk], actions=True)
-    return reinforce_loss(logp, torch.tensor([c[2] for c in chunk]))
+def _reinforce_chunk(policy, chunk, stats: Mismatch | None = None, is_cap: float | None = None) -> torch.Tensor:
+    """The REINFORCE loss of ``chunk`` (``(prompt, tokens, advantage[, sampler log-probs])`` rows);
+    rows with sampler log-probs feed ``stats`` and, with ``is_cap``, are importance-weighted."""
+    tracked = stats is not None and all(len(c) > 3 and c[3] is not None and len(c[3]) == len(c[1]) for c in chunk)
+    per_token: list | None = [] if tracked else None
+    logp = sampled_logprobs(policy, [c[0] for c in chunk], [c[1] for c in chunk], actions=True,
+                            per_token_out=per_token)
+    adv = torch.tensor([c[2] for c in chunk])
+    if tracked and per_token:
+        weights = []
+        for c, lt in zip(chunk, per_token):
+            d = token_deltas(lt, c[3])
+            stats.add(d)
+            if is_cap is not None:
+                weights.append(importance_weight(d, is_cap))
+        if weights:
+            stats.weights += weights
+            adv = adv * torch.tensor(weights, dtype=adv.dtype)
+    return reinforce_loss(logp, adv)

@@ -1,4 +1,4 @@
-"""Bid learning (DESIGN 2.4): counterfactual branches and a Bradley-Terry loss.
+"""Bid learning (docs/method.md, section 4): counterfactual branches and a Bradley-Terry loss.
 
 For a contested turn, restore the env and every agent's state (the public log)
 in a copy, re-sample the selected agent's bid until it falls below the
@@ -108,10 +108,12 @@ def forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTur
 
 def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, tries: int,
                  rng: random.Random, presence=None, samples: int = 1,
-                 horizon: int | None = None, runner_up_pairs: bool = False) -> list[BranchPair]:
-    """Roll counterfactual branches for the picks (batched) and pair the bid responses.
+                 horizon: int | None = None, runner_up_pairs: bool = False, sampler=None,
+                 models=None) -> list[BranchPair]:
+    """Roll counterfactual branches for the picks (batched, through ``sampler``: default in process) and
+    pair the bid responses.
 
-    ``samples`` = 1 (DESIGN 2.4): one branch per pick against the original episode's
+    ``samples`` = 1 (docs/method.md, section 4): one branch per pick against the original episode's
     score. ``samples`` = k > 1: k branches where the runner-up acts, against the original
     score averaged with k - 1 re-rolls from the same snapshot where the selected agent
     acts again (its action and everything after re-sampled); both scores are means of k
@@ -119,7 +121,7 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
 
     ``horizon`` = H: both sides score the rewards of the H decisions from the branched turn on
     (the branches stop there; the original's score is its rewards over the same window); None: to
-    the end of the episode (DESIGN 2.4).
+    the end of the episode (docs/method.md, section 4).
 
     ``runner_up_pairs``: the same two outcomes also train the runner-up's bid. Its original bid
     (lower than the winner's) goes with the original episode, a re-sampled bid above the winning
@@ -146,7 +148,8 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         branched.append(_Pick(turn, nb.tokens, None if hb is None else hb.tokens, window_score(ep, turn.t, horizon)))
     if not slots:
         return []
-    branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence)
+    branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence,
+                    sampler=sampler, models=models)
     scores: list[list[list[float]]] = [[[k.original_score], []] for k in branched]  # per pick: [original, branch]
     missing = set()
     for (i, side), br in zip(owner, branches):

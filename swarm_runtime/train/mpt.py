@@ -1,4 +1,4 @@
-"""MPT training (DESIGN 2.5): SFT cold start, then alternate ``action_steps``
+"""MPT training (docs/method.md, section 5): SFT cold start, then alternate ``action_steps``
 REINFORCE updates with ``bid_steps`` counterfactual Bradley-Terry updates, with
 held-out evaluation after SFT and after RL."""
 from __future__ import annotations
@@ -18,7 +18,9 @@ from swarm_runtime.evaluate import evaluate, paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
 from swarm_runtime.policy.adapters import adapter_lr_scale, sft_shared_base
 from swarm_runtime.run import RunContext
-from swarm_runtime.train.action import action_update, credit_samples
+from swarm_runtime.rollout.factory import make_sampler
+from swarm_runtime.rollout.local import LocalLearner, LockedSampler, model_names
+from swarm_runtime.train.action import action_update, credit_samples_and_turns
 from swarm_runtime.train.bid import bid_update, pick_contested, run_branches
 from swarm_runtime.train.optim import load_optimizer_state, make_optimizer, restore_master_weights
 from swarm_runtime.train.phases import PhasedTrainer
@@ -57,6 +59,39 @@ class MPTTrainer(PhasedTrainer):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         self._reference: dict | None = None  #: frozen RL-start models (:meth:`_reference_policies`)
+        self.learner: LocalLearner | None = None  #: the trainable weights (:meth:`_rollouts`)
+        self.sampler = None  #: who draws bids and actions (``rollout.engine``; :meth:`_rollouts`)
+        self._ahead: dict | None = None  #: update -> its rollout played ahead (``rollout.max_staleness``)
+        self._pool = None
+
+    def _rollouts(self):
+        """The sampler of rollouts and evaluations, and each agent's model name; made on first use, after
+        SFT (an engine sampler loads the trained base once). Each model's version is the update count."""
+        if self.sampler is None:
+            self.learner = LocalLearner(self.policies)
+            self.learner.set_versions({m: int(self.state.get("iteration", 0)) for m in self.policies})
+            self.sampler = make_sampler(self.cfg, self.learner, self.ctx.run_dir)
+            if int(self.cfg.rollout.get("max_staleness", 0) or 0) > 0:  # rollouts played ahead on a thread
+                self.sampler = LockedSampler(self.sampler)
+        return self.sampler, model_names(self.agents)
+
+    def _synced(self, it: int, m: dict) -> None:
+        """After update ``it``: the roles it stepped get version ``it + 1``, and the sampler takes them."""
+        changed = [r for r in self.policies if f"losses/action_{r}" in m or f"losses/bid_{r}" in m]
+        if changed:
+            self.learner.bump(changed, version=it + 1)
+            self.sampler.sync(self.learner, changed)
+
+    def train(self) -> dict:
+        try:
+            return super().train()
+        finally:
+            if self._pool is not None:
+                for f in (self._ahead or {}).values():
+                    f.cancel()
+                self._pool.shutdown(wait=True)
+            if self.sampler is not None:
+                self.sampler.close()
 
     # ------------------------------------------------------------------ setup
     def _optimizers(self, policies: dict) -> dict:
@@ -180,55 +215,95 @@ class MPTTrainer(PhasedTrainer):
         ctx = self.ctx
         ctx.flops.category = "eval"
         t0 = time.time()
+        sampler, models = self._rollouts()
         res, _ = evaluate(self.agents, self.coordinator, ctx.domain, ctx.task, ctx.seeds("eval"),
                           int(self.cfg.eval.runs), int(self.cfg.seed) + 7919, self.cfg.eval.temperature,
-                          common_random_numbers=bool(self.cfg.eval.common_random_numbers))
+                          common_random_numbers=bool(self.cfg.eval.common_random_numbers),
+                          sampler=sampler, models=models)
         logger.info("held-out {}: reward {:.2f} ± {:.2f} over {} seeds x {} runs ({:.0f}s)", label,
                     res["reward_mean"], res["reward_se"], res["seeds"], res["runs"], time.time() - t0)
         return res
 
-    def rl_step(self, it: int) -> dict:
+    def _rollout(self, it: int, rng: random.Random):
+        """Update ``it``'s rollout: its seeds (and noise ids) drawn from the run RNG now, played with ``rng``
+        (the run RNG itself when on-policy; a stream of its own for a rollout played ahead)."""
         ctx, a = self.ctx, self.cfg.algo
         kind = step_kind(it, int(a.action_steps), int(a.bid_steps))
         seeds = [self.rng.choice(ctx.seeds("train")) for _ in range(int(a.envs_per_step))]
-        ctx.flops.category = "rollout"
-        t0 = time.time()
         slots = new_slots(ctx.domain, ctx.task, seeds)
         if a.common_random_numbers:
             for s in slots:
                 s.episode.noise = self.rng.getrandbits(63)
-        with torch.no_grad():
-            episodes = play(slots, self.agents, self.coordinator, ctx.domain,
-                            int(ctx.task.max_decisions), self.rng, record_snapshots=(kind == "bid"),
-                            on_turn=self._turn_observer())
+        if rng is not self.rng:
+            rng = random.Random(self.rng.getrandbits(64))
+        sampler, models = self._rollouts()
+
+        def run():
+            t0 = time.time()
+            with torch.no_grad():
+                episodes = play(slots, self.agents, self.coordinator, ctx.domain, int(ctx.task.max_decisions), rng,
+                                record_snapshots=(kind == "bid"), on_turn=self._turn_observer(), sampler=sampler,
+                                models=models)
+            return episodes, time.time() - t0
+        return run
+
+    def _episodes(self, it: int):
+        """Update ``it``'s episodes and rollout seconds. ``rollout.max_staleness=k`` > 0: the rollouts of the next
+        ``k`` updates are played ahead on a worker thread (on the engine's weights of their time, at most ``k``
+        updates old) while this update trains; 0: played now, on-policy."""
+        k = int(self.cfg.rollout.get("max_staleness", 0) or 0) if self.cfg.get("rollout") is not None else 0
+        if k == 0:
+            return self._rollout(it, self.rng)()
+        if self._ahead is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._ahead, self._pool = {}, ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
+        iterations = int(self.cfg.algo.iterations)
+        for j in range(it, min(it + k + 1, iterations)):
+            if j not in self._ahead:
+                self._ahead[j] = self._pool.submit(self._rollout(j, None))
+        return self._ahead.pop(it).result()
+
+    def rl_step(self, it: int) -> dict:
+        ctx, a = self.ctx, self.cfg.algo
+        kind = step_kind(it, int(a.action_steps), int(a.bid_steps))
+        ctx.flops.category = "rollout"
+        episodes, rollout_s = self._episodes(it)
         for ep in episodes:
             self._hook("swarm_on_episode_end", domain=ctx.domain.name, seed=ep.seed, reward=ep.reward,
                        metrics=ep.metrics)
         m = rollout_metrics(episodes, self.agents)
-        m["time/rollout_s"] = time.time() - t0
+        m["time/rollout_s"] = rollout_s
+        versions = [t.action_version for e in episodes for t in e.acted if t.action_version is not None]
+        if versions and self.cfg.rollout.get("max_staleness"):
+            m["charts/staleness"] = sum(it - v for v in versions) / len(versions)
         t1 = time.time()
         scale = float(a.reward_scale or ctx.task.reward_max)
         if kind == "action":
             ctx.flops.category = "update"
-            samples = credit_samples(episodes, self.credit, self.rng)
+            samples, turns = credit_samples_and_turns(episodes, self.credit, self.rng)
             kl_coef = float(a.kl_coef)
+            is_cap = a.get("is_cap")
             m.update(action_update(self.agents, samples, self.optimizers["action"], scale, self._minibatch(),
                                    float(a.grad_clip), self._reference_policies() if kl_coef > 0 else None,
-                                   kl_coef))
+                                   kl_coef, behaviour=[t.action_logprobs for t in turns],
+                                   is_cap=None if is_cap is None else float(is_cap)))
         else:
             ctx.flops.category = "branch"
+            sampler, models = self._rollouts()
             picks = pick_contested(episodes, int(a.branches_per_episode), self.rng)
             with torch.no_grad():
                 pairs = run_branches(self.agents, self.coordinator, ctx.domain, ctx.task, picks,
                                      int(a.resample_tries), self.rng, samples=int(a.branch_samples),
                                      horizon=None if a.branch_horizon is None else int(a.branch_horizon),
-                                     runner_up_pairs=str(a.bid_pairs) == "both")
+                                     runner_up_pairs=str(a.bid_pairs) == "both", sampler=sampler, models=models)
             ctx.flops.category = "update"
             m["charts/contested_picked"] = float(len(picks))
             m.update(bid_update(self.agents, pairs, self.optimizers["bid"], self._minibatch(), float(a.grad_clip),
                                 str(a.bid_pair_weight),
                                 self._reference_policies() if str(a.bid_reference) == "sft" else None,
                                 float(a.bid_beta)))
+        self._synced(it, m)
         m["time/update_s"] = time.time() - t1
         m["charts/lr"] = next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
         m["kind"] = kind

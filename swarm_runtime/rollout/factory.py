@@ -1,0 +1,152 @@
+"""The sampler a run's ``rollout.engine`` asks for (docs/engine.md)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from swarm_runtime.config import ConfigError
+from swarm_runtime.rollout.base import Sampler
+from swarm_runtime.rollout.local import LocalLearner, LocalSampler
+
+
+def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None) -> Sampler:
+    """``rollout.engine=local``: in process, over the learner's own modules; ``openai`` / ``vllm``: an
+    inference server (started here for ``vllm``), each model's weights loaded as a named version.
+
+    An engine sampler is made once the base is frozen (after the cold start's SFT of a config-built
+    base): the server holds that base for the whole run; only the adapters are synced."""
+    engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
+    if engine == "local":
+        return LocalSampler(learner.policies, learner)
+    if engine not in ("openai", "vllm"):
+        raise ConfigError(f"rollout.engine={engine} is not valid; valid: local, openai, vllm")
+    return engine_sampler(cfg, learner, run_dir)
+
+
+def _shared(learner: LocalLearner):
+    first = next(iter(learner.policies.values()))
+    shared = getattr(first, "shared_base", None)
+    if shared is None:
+        raise ConfigError("rollout.engine=openai|vllm samples LoRA adapters on one base; valid: model.adapter=lora, "
+                          "or rollout.engine=local")
+    if any(getattr(p, "shared_base", None) is not shared for p in learner.policies.values()):
+        raise ConfigError("rollout.engine=openai|vllm serves one base per server; every model must share it")
+    return first, shared
+
+
+def engine_folder(run_dir: Path | None) -> Path:
+    """``<run_dir>/engine`` (the base, the adapter versions, the server's log); a temporary folder without a run."""
+    if run_dir is None:
+        return Path(tempfile.mkdtemp(prefix="swarm-engine-"))
+    return Path(run_dir) / "engine"
+
+
+def write_base(shared, folder: Path) -> Path:
+    """The Hugging Face folder the server loads: the run's ``model.path`` when the base in memory is that
+    checkpoint unchanged, else the in-memory base written once under ``folder`` (a config-built base
+    after its SFT; a checkpoint whose vocabulary took the bid tokens). Sets ``shared.engine_fingerprint``."""
+    from swarm_runtime.policy.adapters import fingerprint
+
+    vocab = int(shared.model.get_input_embeddings().weight.shape[0])
+    src = Path(shared.source) if shared.source else None
+    if src is not None and (src / "config.json").exists() and \
+            int(json.loads((src / "config.json").read_text()).get("vocab_size", -1)) == vocab:
+        shared.engine_fingerprint = shared.source_fingerprint or fingerprint(src)
+        return src
+    shared.engine_fingerprint = shared.save_base(folder)
+    return folder
+
+
+def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None):
+    """Write the run's base and start a vLLM server on it (``rollout.vllm.*``); the started
+    :class:`~swarm_runtime.rollout.vllm_server.VLLMServer`. Used by :func:`make_sampler` and by tests
+    that need the server a run would start."""
+    from swarm_runtime.rollout.sync import check_rank, lora_slots
+    from swarm_runtime.rollout.vllm_server import VLLMServer, check_cpu_shape, probe_python, vllm_python
+
+    rank = int(cfg.model.lora.rank)
+    check_rank(rank)
+    v = cfg.rollout.vllm
+    python = vllm_python(v.get("python"))
+    info = probe_python(python)
+    _, shared = _shared(learner)
+    folder = engine_folder(run_dir)
+    base = write_base(shared, folder / "base")
+    if info.get("cpu"):
+        check_cpu_shape(base)
+    max_loras, max_cpu = lora_slots(len(learner.models()), int(cfg.rollout.max_staleness))
+    server = VLLMServer(python, base, folder / "vllm.log", host=str(v.host), port=int(v.port),
+                        max_lora_rank=rank, max_loras=max_loras,
+                        max_cpu_loras=max_cpu, dtype=str(v.dtype), args=list(v.get("args") or []),
+                        startup_timeout_s=float(v.startup_timeout_s))
+    return server.start()
+
+
+def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None):
+    """An :class:`~swarm_runtime.rollout.openai.OpenAISampler` on ``rollout.url`` (``openai``) or on a vLLM
+    server the run starts (``vllm``; ``server``: one already started by :func:`start_vllm_server`). The
+    server's base is checked against the run's, every model's current version loaded; closing the
+    sampler stops a server it started."""
+    from swarm_runtime.rollout.http import Client, EngineError, Unreachable
+    from swarm_runtime.rollout.openai import OpenAISampler
+    from swarm_runtime.rollout.sync import AdapterSync, check_base, check_rank
+
+    r = cfg.rollout
+    check_rank(int(cfg.model.lora.rank))
+    first, shared = _shared(learner)
+    folder = engine_folder(run_dir)
+    owned = False
+    if str(r.engine) == "vllm":
+        if server is None:
+            server, owned = start_vllm_server(cfg, learner, run_dir), True
+        url, describe = server.url, f"the vLLM server at {server.url} (log: {server.log})"
+    else:
+        if shared.source is not None and getattr(shared, "engine_fingerprint", None) is None:
+            shared.engine_fingerprint = shared.source_fingerprint
+        url, describe = str(r.url), f"rollout.url={r.url}"
+    key = os.environ.get(str(r.api_key_env)) if r.get("api_key_env") else None
+    client = Client(url, timeout=float(r.timeout_s), api_key=key)
+    try:
+        for attempt in range(int(r.retries) + 1):
+            try:
+                check_base(client, first)
+                break
+            except Unreachable as exc:
+                if attempt == int(r.retries):
+                    raise EngineError(f"{describe} does not answer after {attempt} retries ({exc}); start the server, "
+                                      "or give rollout.url of one that runs") from None
+                time.sleep(min(0.5 * 2 ** attempt, 4.0))
+        adapters = AdapterSync(client, folder / "adapters", keep=int(r.max_staleness) + 1)
+        adapters.sync(learner, learner.models())
+        adapters.drop_strays(learner.models())
+    except BaseException:
+        if owned:
+            server.stop()
+        raise
+
+    def recover() -> bool:
+        """Bring the server back: True when it answers (again), with every version loaded."""
+        if server.alive() and client.wait_ready(5.0):
+            return True  # a passing failure: it answers
+        if not server.restart():
+            return False
+        adapters.reload()
+        return True
+
+    sampler = OpenAISampler(client, learner.policies, adapters, concurrency=int(r.concurrency),
+                            retries=int(r.retries), seed=int(cfg.get("seed", 0)),
+                            recover=recover if server is not None else None, describe=describe)
+    sampler.name = str(r.engine)
+    sampler.server = server
+    if owned:
+        _close = sampler.close
+
+        def close() -> None:
+            _close()
+            server.stop()
+
+        sampler.close = close
+    return sampler

@@ -1,0 +1,67 @@
+"""Sampler-learner mismatch and truncated importance weights (docs/engine.md).
+
+A response's tokens were drawn by a sampler (an inference server, or the in-process model) whose
+per-token log-probs ``s_t`` came back with them; the learner recomputes ``l_t`` on its own weights
+before it steps. With the same weights and dtype the two agree up to float rounding; a stale sampler
+(``rollout.max_staleness`` > 0) or another kernel makes them differ. Per token, ``d_t = l_t - s_t``:
+
+- approximate KL(sampler || learner): the mean of ``exp(d) - 1 - d`` (Schulman's k3 estimator: unbiased,
+  never negative, low variance) over tokens;
+- the largest ``|d_t|``;
+- the share of tokens whose ratio ``exp(d_t)`` lies outside ``[1/c, c]`` (``c`` = ``algo.is_cap``, or
+  :data:`REPORT_CAP` when the cap is off).
+
+``algo.is_cap = c`` weights each response's REINFORCE term by ``min(c, exp(sum_t d_t))`` (truncated
+importance sampling, no gradient through the weight); off (None) the loss is today's on-policy one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+#: The ratio bound the "past cap" share is reported at when ``algo.is_cap`` is off.
+REPORT_CAP = 2.0
+
+
+def token_deltas(learner: torch.Tensor, sampler: list[float]) -> torch.Tensor:
+    """``l_t - s_t`` of one response (``learner``: its per-token log-probs, detached)."""
+    s = torch.tensor(sampler, dtype=torch.float64)
+    return learner.detach().double().cpu() - s
+
+
+def importance_weight(deltas: torch.Tensor, cap: float) -> float:
+    """``min(cap, exp(sum_t d_t))``: the truncated sequence-level importance weight."""
+    return float(min(cap, math.exp(min(float(deltas.sum()), 700.0))))
+
+
+@dataclass
+class Mismatch:
+    """Running sums of one model's token deltas over an update."""
+
+    cap: float = REPORT_CAP
+    tokens: int = 0
+    k3: float = 0.0
+    max_abs: float = 0.0
+    past: int = 0
+    responses: int = 0
+    weights: list = field(default_factory=list)
+
+    def add(self, deltas: torch.Tensor) -> None:
+        if deltas.numel() == 0:
+            return
+        self.tokens += int(deltas.numel())
+        self.responses += 1
+        self.k3 += float((deltas.exp() - 1 - deltas).sum())
+        self.max_abs = max(self.max_abs, float(deltas.abs().max()))
+        self.past += int((deltas.abs() > math.log(self.cap)).sum())
+
+    def metrics(self, name: str) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        out = {f"mismatch/approx_kl_{name}": self.k3 / self.tokens, f"mismatch/max_abs_dlogp_{name}": self.max_abs,
+               f"mismatch/past_cap_{name}": self.past / self.tokens}
+        if self.weights:
+            out[f"mismatch/is_weight_mean_{name}"] = sum(self.weights) / len(self.weights)
+        return out

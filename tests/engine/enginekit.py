@@ -1,0 +1,139 @@
+"""Shared pieces of the engine-sampler tests (docs/engine.md); the ``registry`` fixture is tests/conftest.py's.
+
+Tests marked ``engine`` need a real vLLM: ``SWARM_VLLM_PYTHON`` = the python of a virtualenv with vLLM
+(``.ci/run`` builds one); without it they are skipped with that reason. The other tests here run on
+any CPU against :mod:`refserver` (the same HTTP API, computed with transformers + PEFT)."""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/conftest.py helpers (run_context, swarm, TINY_RUN)
+
+from conftest import run_context  # noqa: E402
+
+from swarm_runtime.rollout.vllm_server import VLLMServer  # noqa: E402
+
+#: An adapter swarm on the default tiny base (head size 32, which vLLM's CPU attention runs).
+LORA = ("domain=minecraft", "task=wooden_pickaxe", "model.adapter=lora")
+PROMPTS = {"Logger": "you are Logger . craft wooden_pickaxe . inventory : none . action :",
+           "Miner": "you are Miner . inventory : none . action :", "Smith": "you are Smith . craft stick . action :"}
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_python() -> str | None:
+    """``$SWARM_VLLM_PYTHON`` when it is a python with vLLM, else None."""
+    from swarm_runtime.rollout.vllm_server import probe_python
+
+    py = os.environ.get("SWARM_VLLM_PYTHON")
+    if not py:
+        return None
+    try:
+        probe_python(py)
+    except Exception:
+        return None
+    return py
+
+
+#: Marks a module's tests as needing a real vLLM (``pytest -m engine``).
+needs_vllm = [pytest.mark.engine,  # SWARM_REQUIRE_VLLM=1 (.ci/run's engine stage): fail instead of skipping
+              pytest.mark.skipif(vllm_python() is None and not os.environ.get("SWARM_REQUIRE_VLLM"),
+                                 reason="needs vLLM: set SWARM_VLLM_PYTHON to the python of a virtualenv with vllm "
+                                        "(docs/engine.md; .ci/run builds one)")]
+
+
+def perturb(policies: dict, seed: int = 1, scale: float = 0.05) -> None:
+    """LoRA B starts at 0: give each role's adapter (and so its outputs) its own weights."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in policies.values():
+            for w in p.parameters():
+                w.add_(torch.randn_like(w) * scale)
+
+
+def learner_for(registry, *extra: str, noise: int = 1):
+    """``(cfg, learner)``: an adapter swarm from the config (perturbed adapters) in a LocalLearner."""
+    from swarm_runtime.rollout.local import LocalLearner
+
+    ctx = run_context(registry, *LORA, *extra)
+    _, policies = ctx.build_swarm()
+    perturb(policies, noise)
+    return ctx.cfg, LocalLearner(policies)
+
+
+def step_adapter(learner, model: str, seed: int = 7, scale: float = 0.2) -> None:
+    """An "update" of ``model``: its adapter moved, its version bumped (what a trainer step does)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for w in learner.policy(model).parameters():
+            w.add_(torch.randn_like(w) * scale)
+    learner.bump([model])
+
+
+class RefServer(VLLMServer):
+    """The reference server (:mod:`refserver`) started, health-checked, stopped and restarted by the same
+    code that runs a vLLM server."""
+
+    no_lora = False
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, str(HERE / "refserver.py"), "--model", str(self.base), "--host", self.host,
+               "--port", str(self.port), "--max-lora-rank", str(self.max_lora_rank)]
+        return cmd + (["--no-lora"] if self.no_lora else [])
+
+    def env(self) -> dict:
+        return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def start_ref(base: Path, log: Path, no_lora: bool = False, timeout: float = 120.0) -> RefServer:
+    s = RefServer(sys.executable, base, log, startup_timeout_s=timeout, max_lora_rank=64)
+    s.no_lora = no_lora
+    return s.start()
+
+
+def served_names(url: str) -> set[str]:
+    from swarm_runtime.rollout.http import Client
+
+    return {m["id"] for m in Client(url).get("/v1/models")["data"] if m.get("parent")}
+
+
+def openai_cfg(cfg, url: str, **rollout):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(cfg, {"rollout": {"engine": "openai", "url": url, **rollout}})
+
+
+def kill_mid_call(sampler, server, rows):
+    """Answer ``rows`` while the server is killed (-9) once the first request is in flight."""
+    out: dict = {}
+
+    def call():
+        try:
+            out["res"] = sampler.act(rows)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            out["err"] = exc
+
+    t = threading.Thread(target=call)
+    pid = server.proc.pid
+    t.start()
+    start = sampler.requests
+    deadline = time.monotonic() + 30
+    while sampler.requests == start and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(pid, signal.SIGKILL)
+    t.join(180)
+    return out
+
+
+def vllm_env() -> dict:
+    """Environment for a ``swarm run ... rollout.engine=vllm`` subprocess (tests/conftest.py ``swarm(env=...)``)."""
+    return {"SWARM_VLLM_PYTHON": vllm_python() or ""}

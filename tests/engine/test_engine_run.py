@@ -1,0 +1,64 @@
+"""The whole run on a real vLLM server (``.ci/run``'s engine stage): ``swarm run ... model.adapter=lora
+rollout.engine=vllm`` in a subprocess trains, loads each changed role's adapter as a new version after every
+update (seen in ``/v1/models`` while it runs), evaluates through the server, reports a sampler-learner
+mismatch within fp32 tolerance, and stops its server."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+from enginekit import needs_vllm, vllm_env
+
+from conftest import TINY_RUN
+from swarm_runtime.rollout.vllm_server import free_port, port_free
+
+pytestmark = needs_vllm
+
+
+def _models(port: int) -> set[str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+            return {m["id"] for m in json.loads(r.read())["data"]}
+    except Exception:
+        return set()
+
+
+def test_a_run_trains_on_vllm_rollouts_and_syncs_every_update(tmp_path):
+    port = free_port("127.0.0.1")
+    run = tmp_path / "run"
+    args = [a for a in TINY_RUN if not a.startswith(("algo.iterations", "tensorboard"))]
+    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args, "algo.iterations=3", "tensorboard=false",
+           "model.adapter=lora", "rollout.engine=vllm", f"rollout.vllm.port={port}", f"run_dir={run}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **vllm_env()}
+    seen: set[str] = set()
+    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        end = time.monotonic() + 1500
+        while proc.poll() is None and time.monotonic() < end:
+            seen |= _models(port)
+            time.sleep(0.3)
+        if proc.poll() is None:
+            proc.kill()
+        out = proc.stdout.read()
+    assert proc.returncode == 0, out[-4000:]
+    # every role's adapter synced as a version per update it changed; the first versions are the SFT ones (v0)
+    roles = ("Logger", "Miner", "Smith")
+    assert {f"{r}@v0" for r in roles} <= seen, seen
+    synced = {m for m in seen if "@v" in m and not m.endswith("@v0")}
+    assert synced and {m.split("@")[0] for m in synced} <= set(roles), seen
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    kl = {k: v for r in rows for k, v in r.items() if k.startswith("mismatch/approx_kl_")}
+    worst = [v for r in rows for k, v in r.items() if k.startswith("mismatch/max_abs_dlogp_")]
+    assert kl and worst, rows
+    assert max(kl.values()) < 1e-6 and max(worst) < 1e-3, (kl, worst)  # same weights in fp32
+    ev = json.loads((run / "eval.json").read_text())
+    assert set(ev["results"]) == {"SFT only", "MPT"}
+    versions = sorted((run / "engine" / "adapters").iterdir())
+    assert versions and all(v.name.split("@")[0] in roles for v in versions)
+    assert port_free("127.0.0.1", port)  # the run stopped its server
+    print(f"\nversions seen in /v1/models: {sorted(seen)}\nmismatch: max approx KL {max(kl.values()):.2e}, "
+          f"max |d log p| {max(worst):.2e}")
