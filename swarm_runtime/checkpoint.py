@@ -25,6 +25,7 @@ import torch
 from loguru import logger
 
 from swarm_runtime.config import ConfigError
+from swarm_runtime.runfiles import claim, inside
 from swarm_runtime.train.optim import master_weights
 
 #: A checkpoint tag as ``latest`` may name it: one plain folder name inside ``checkpoints/``.
@@ -66,7 +67,7 @@ def save_checkpoint(run_dir: Path, tag: str, agents_by_role: dict, optimizers: d
                     run_rng: random.Random, keep: int = 2) -> Path:
     """Write ``checkpoints/<tag>/`` with one Hugging Face folder per agent model
     (``agents/<role>/``), optimizer/scheduler/RNG state, and ``state.json``."""
-    root = run_dir / "checkpoints"
+    root = claim(run_dir / "checkpoints")
     root.mkdir(parents=True, exist_ok=True)
     final, tmp, aside = root / tag, root / f".tmp-{tag}", root / f".old-{tag}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -130,8 +131,12 @@ def latest_checkpoint(run_dir: Path, repair: bool = True) -> Path | None:
     ``repair``); anything else wrong is a :class:`CheckpointError` saying what to do."""
     root = Path(run_dir) / "checkpoints"
     pointer = root / "latest"
-    if not pointer.exists():
+    if not pointer.exists() and not pointer.is_symlink():
         return None
+    for p in (root, pointer):
+        if p.is_symlink() and not inside(run_dir, p):
+            raise CheckpointError(f"{p} is a link out of the run folder {str(run_dir)!r}; swarm does not read through "
+                                  f"it: delete it. {_what_to_do(run_dir)}")
     try:
         tag = pointer.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
@@ -140,6 +145,9 @@ def latest_checkpoint(run_dir: Path, repair: bool = True) -> Path | None:
         raise CheckpointError(f"{pointer} holds {tag[:60]!r}, not a checkpoint folder name inside {root}; "
                               f"{_what_to_do(run_dir)}")
     path = root / tag
+    if path.is_symlink() and not inside(run_dir, path):
+        raise CheckpointError(f"{path} is a link out of the run folder {str(run_dir)!r}; swarm does not load "
+                              "checkpoints through it: delete the link")
     if complete(path):
         return path
     for spare in (root / f".tmp-{tag}", root / f".old-{tag}"):
@@ -177,9 +185,80 @@ def load_state(ckpt: Path) -> dict:
         raise CheckpointError(f"{path} is missing: {ckpt} is not a complete checkpoint") from exc
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid JSON ({exc}); the checkpoint is corrupted") from exc
-    if not isinstance(state, dict) or not isinstance(state.get("phase"), str) or not isinstance(state.get("iteration", 0), int):
-        raise CheckpointError(f"{path} is not a checkpoint state (needs a 'phase' string and an 'iteration' integer)")
+    problem = state_problem(state, Path(ckpt).name)
+    if problem:
+        raise CheckpointError(f"{path} is not a valid checkpoint state: {problem}; the checkpoint is damaged (resume "
+                              f"or evaluate another one: {_what_to_do(Path(ckpt).parent.parent)})")
     return state
+
+
+#: The phases a checkpoint records (:mod:`swarm_runtime.train.phases`).
+PHASES = ("init", "sft_done", "rl", "done")
+#: Largest iteration (update count) a state may record: ``validation.MAX_COUNT``.
+MAX_ITERATION = 10_000_000
+
+
+def _whole(v, hi: int = MAX_ITERATION) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= hi
+
+
+def _finite(v) -> bool:
+    import math
+
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _eval_problem(key: str, res) -> str:
+    """An evaluation result (``sft_eval``, ``final_eval``): a mapping with finite ``reward_mean`` and
+    ``reward_se``, or (``algo=rlcr``) a mapping of such results (``collective``, ``solo``)."""
+    if res is None:
+        return ""
+    if not isinstance(res, dict) or not res:
+        return f"{key} is {str(res)[:40]!r}, not an evaluation result (a mapping)"
+    if "reward_mean" not in res:
+        for name, sub in res.items():
+            if not isinstance(sub, dict) or "reward_mean" not in sub:
+                return f"{key}.{name} is not an evaluation result (no reward_mean)"
+            if problem := _eval_problem(f"{key}.{name}", sub):
+                return problem
+        return ""
+    for k in ("reward_mean", "reward_se"):
+        if not _finite(res.get(k)):
+            return f"{key}.{k} is {res.get(k)!r}, not a finite number"
+    return ""
+
+
+def state_problem(state, tag: str = "") -> str:
+    """What is wrong with a ``state.json`` (empty when nothing): types and ranges of what a resume
+    reads (``phase``, ``iteration``, ``flops``, ``metrics_rows``, the evaluation results), and the
+    checkpoint's name (``tag``): ``sft`` holds phase ``sft_done`` at iteration 0, ``iter-N`` iteration N."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    phase, it = state.get("phase"), state.get("iteration", 0)
+    if phase not in PHASES:
+        return f"phase is {str(phase)[:40]!r}, not one of {', '.join(PHASES)}"
+    if not _whole(it):
+        return f"iteration is {str(it)[:40]!r}, not a whole number from 0 to {MAX_ITERATION}"
+    flops = state.get("flops", {})
+    if not isinstance(flops, dict) or not all(isinstance(k, str) and _finite(v) and v >= 0 for k, v in flops.items()):
+        return f"flops is {str(flops)[:60]!r}, not a mapping of names to finite numbers >= 0"
+    if "metrics_rows" in state and not _whole(state["metrics_rows"], 1 << 40):
+        return f"metrics_rows is {str(state['metrics_rows'])[:40]!r}, not a whole number >= 0"
+    for key in ("sft_eval", "final_eval"):
+        if problem := _eval_problem(key, state.get(key)):
+            return problem
+    hist = state.get("useful_work_history", [0.0, 0])  # algo=rlcr: [useful work summed, rollouts]
+    if not (isinstance(hist, list) and len(hist) == 2 and _finite(hist[0]) and _whole(hist[1], 1 << 62)):
+        return f"useful_work_history is {str(hist)[:40]!r}, not [a finite number, a whole number]"
+    if "stopped_at_budget" in state and not isinstance(state["stopped_at_budget"], bool):
+        return "stopped_at_budget is not true or false"
+    if phase == "done" and state.get("final_eval") is None:
+        return "phase is done, but there is no final_eval"
+    if tag == "sft" and (phase != "sft_done" or it != 0):
+        return f"checkpoint sft records phase {phase!r} at iteration {it}, not sft_done at 0"
+    if re.fullmatch(r"iter-\d+", tag) and (it != int(tag[5:]) or phase not in ("rl", "done")):
+        return f"checkpoint {tag} records phase {phase!r} at iteration {it}, not rl or done at {int(tag[5:])}"
+    return ""
 
 
 def load_tensors(path: Path) -> dict:

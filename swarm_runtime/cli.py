@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from swarm_runtime.config import GROUPS, ConfigError, load_saved, presets
+from swarm_runtime.config import GROUPS, RUN_CONTROL, ConfigError, load_saved, presets
 
 
 def _registry():
@@ -125,9 +125,18 @@ def expand_recipe(overrides: list[str]) -> list[str]:
         raise ConfigError(f"give one recipe=, got {len(recipes)}")
     for item in recipes:
         given = item.partition("=")[2]
-        data = yaml.safe_load(find_recipe(given).read_text()) or {}
+        try:
+            data = yaml.safe_load(find_recipe(given).read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+            raise ConfigError(f"recipe {given!r} is not YAML ({first}); a recipe is a YAML mapping of key: value "
+                              "(configs/*.yaml)") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"recipe {given!r} must be a mapping of key: value")
+        control = [str(k) for k in data if str(k) in RUN_CONTROL]
+        if control:
+            raise ConfigError(f"recipe {given!r} sets {control[0]}: {', '.join(RUN_CONTROL)} pick and operate a run "
+                              f"folder and come from the command line only; remove {control[0]} from the recipe")
         for k, v in data.items():
             if isinstance(v, (dict, list)):
                 v = yaml.safe_dump(v, default_flow_style=True).strip()
@@ -158,9 +167,13 @@ def cmd_export(args) -> int:
 
     from swarm_runtime.checkpoint import latest_checkpoint
 
+    from swarm_runtime.checkpoint import TAG_RE, loading_models
+    from swarm_runtime.runfiles import check_link, check_links, claim, inside
+
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
+    check_links(run_dir)
     cfg = load_saved(run_dir / "config.yaml")
     opts = {"checkpoint": None, "merged": "true", "out": None}
     for item in args.overrides:
@@ -171,24 +184,37 @@ def cmd_export(args) -> int:
     if opts["merged"] not in ("true", "false"):
         raise ConfigError(f"merged={opts['merged']!r} is not valid; valid: true, false")
     tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
+    if opts["checkpoint"] is not None and not TAG_RE.fullmatch(opts["checkpoint"]):
+        raise ConfigError(f"checkpoint {opts['checkpoint']!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}")
     ckpt = run_dir / "checkpoints" / opts["checkpoint"] if opts["checkpoint"] else latest_checkpoint(run_dir)
     if ckpt is None or not (ckpt / "state.json").exists():
         raise ConfigError(f"checkpoint {opts['checkpoint'] or 'latest'!r} not found in {run_dir}; valid: "
                           f"{', '.join(tags) or '(none)'}")
-    out = Path(opts["out"]) if opts["out"] else run_dir / "export" / ckpt.name
+    if opts["out"] == "":
+        raise ConfigError("out= is empty; give a folder (default RUN/export/TAG)")
+    check_link(run_dir, run_dir / "export")
+    out = Path(opts["out"]) if opts["out"] else claim(run_dir / "export") / ckpt.name
+    if inside(run_dir / "checkpoints", out):
+        raise ConfigError(f"out={str(out)!r} is inside the run's checkpoints ({str(run_dir / 'checkpoints')!r}): swarm "
+                          "export never writes into or deletes from a checkpoint; give another folder (default "
+                          "RUN/export/TAG)")
     roles = sorted(p.name for p in (ckpt / "agents").iterdir() if p.is_dir())
-    if cfg.model.get("adapter", "none") == "lora":
-        from swarm_runtime.policy.adapters import export_adapters
+    with loading_models(ckpt / "agents"):
+        if cfg.model.get("adapter", "none") == "lora":
+            from swarm_runtime.policy.adapters import export_adapters
 
-        written = export_adapters(ckpt / "agents", out, roles, [float(b) for b in cfg.algo.bid_levels],
-                                  merged=opts["merged"] == "true")
-    else:  # full copies are Hugging Face folders already
-        written = []
-        for role in roles:
-            dst = out / role
-            shutil.rmtree(dst, ignore_errors=True)
-            shutil.copytree(ckpt / "agents" / role, dst, ignore=shutil.ignore_patterns("training_state.pt"))
-            written.append(dst)
+            written = export_adapters(ckpt / "agents", out, roles, [float(b) for b in cfg.algo.bid_levels],
+                                      merged=opts["merged"] == "true")
+        else:  # full copies are Hugging Face folders already
+            from swarm_runtime.policy.adapters import check_finite
+
+            written = []
+            for role in roles:
+                check_finite(ckpt / "agents" / role)
+                dst = out / role
+                shutil.rmtree(dst, ignore_errors=True)
+                shutil.copytree(ckpt / "agents" / role, dst, ignore=shutil.ignore_patterns("training_state.pt"))
+                written.append(dst)
     kind = "merged Hugging Face folders" if opts["merged"] == "true" or cfg.model.adapter != "lora" else "PEFT adapters"
     print(f"exported {ckpt.name} of {run_dir} ({kind}):\n" + "\n".join(f"  {p}" for p in written))
     return 0
@@ -232,7 +258,11 @@ def _eval_locked(args, run_dir: Path) -> int:
     from swarm_runtime.run import RunContext, check_hardware, check_task
     from swarm_runtime.secrets import redact_args
 
+    from swarm_runtime.run import distrust_saved_endpoints
+    from swarm_runtime.runfiles import check_links
+
     pm, reg = _registry()
+    check_links(run_dir)
     cfg = load_saved(run_dir / "config.yaml", reg)
     tag = None
     for item in args.overrides:
@@ -241,6 +271,8 @@ def _eval_locked(args, run_dir: Path) -> int:
             tag = v
         else:
             override(cfg, k, v)
+    distrust_saved_endpoints(cfg, reg, [o for o in args.overrides if not o.startswith("checkpoint=")],
+                             run_dir / "config.yaml")
     from swarm_runtime.checkpoint import TAG_RE, complete_tags
 
     tags = complete_tags(run_dir)
@@ -260,8 +292,7 @@ def _eval_locked(args, run_dir: Path) -> int:
 
         res, table = evaluate_checkpoint(ctx, ckpt)
         out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
-        out.write_text(json.dumps({**res, "overrides": list(args.overrides), "versions": versions()}, indent=1,
-                                  default=float))
+        write_json(out, {**res, "overrides": redact_args(args.overrides), "versions": versions()})
         print(f"{cfg.domain}/{cfg.task_name} (algo=rlcr), checkpoint {ckpt.name}, return at T_max\n{table}\n"
               f"{versions_line()}\nsaved {out}")
         return 0
@@ -295,8 +326,12 @@ def _serve_run(run_dir: Path, overrides: list[str]):
     from swarm_runtime.config import override, validate, validate_serve
     from swarm_runtime.run import check_hardware, check_task
 
+    from swarm_runtime.run import distrust_saved_endpoints
+    from swarm_runtime.runfiles import check_links
+
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
+    check_links(run_dir)
     cfg = load_saved(run_dir / "config.yaml")
     pm, reg = _registry()
     if cfg.domain not in reg.domains:
@@ -324,6 +359,8 @@ def _serve_run(run_dir: Path, overrides: list[str]):
         cfg.serve.replicas = {r: per_role.get(r, base) for r in roles}
     validate(cfg, reg)
     validate_serve(cfg, roles)
+    distrust_saved_endpoints(cfg, reg, [o for o in overrides if not o.startswith("checkpoint=")],
+                             run_dir / "config.yaml")
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
@@ -355,9 +392,10 @@ def cmd_eval_served(args) -> int:
     """``swarm eval RUN serve.url=URL``: the held-out table of the swarm a running service serves."""
     import asyncio
 
-    from swarm_runtime.outputs import format_table
+    from swarm_runtime.outputs import format_table, write_json
     from swarm_runtime.provenance import versions, versions_line
     from swarm_runtime.run import RunContext
+    from swarm_runtime.secrets import redact_args
     from swarm_runtime.serve import require_serve_extra
     from swarm_runtime.serve.client import ServeError, SwarmClient, evaluate_served
 
@@ -390,8 +428,8 @@ def cmd_eval_served(args) -> int:
     tag = f"served-{health['checkpoint']}"
     table = format_table([(tag, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
     out = run_dir / eval_file_name(tag, [o for o in args.overrides if not o.startswith(("checkpoint=", "serve.url="))])
-    res["overrides"], res["served_by"], res["versions"] = list(args.overrides), url, versions()
-    out.write_text(json.dumps(res, indent=1, default=float))
+    res["overrides"], res["served_by"], res["versions"] = redact_args(args.overrides), url, versions()
+    write_json(out, res)
     print(f"{cfg.domain}/{cfg.task_name}, served checkpoint {health['checkpoint']} at {url}, {res['seeds']} held-out "
           f"seeds x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}")
     return 0

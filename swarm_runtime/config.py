@@ -232,34 +232,23 @@ class ServeConfig:
 
 
 def validate_serve(cfg: DictConfig, roles: list[str]) -> None:
-    """Check ``cfg.serve`` against the run's roles; raise :class:`ConfigError` naming the bad value."""
-    s = cfg.serve
-    rep = s.replicas
-    table = dict(rep) if isinstance(rep, (dict, DictConfig)) else None
-    if table is not None:
-        bad = [r for r in table if r not in roles]
-        if bad:
-            raise ConfigError(f"serve.replicas.{bad[0]}: no role {bad[0]!r}; valid: {', '.join(roles)}")
-        values = list(table.values())
-    else:
-        values = [rep]
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ConfigError(f"serve.replicas {v!r} must be a whole number >= 0 (or serve.replicas.ROLE=N)")
-    for spec in s.agents or []:
+    """Check ``cfg.serve``: each key's range (:data:`swarm_runtime.validation.RULES`, which every command
+    checks) and, against the run's roles, the per-role replicas and ``serve.agents``; raise
+    :class:`ConfigError` naming the bad value."""
+    from swarm_runtime.validation import RULES, check_rule
+
+    for key, rule in RULES.items():
+        if key.startswith("serve."):
+            check_rule(rule, OmegaConf.select(cfg, key))
+    rep = cfg.serve.replicas
+    bad = [r for r in rep if r not in roles] if isinstance(rep, (dict, DictConfig)) else []
+    if bad:
+        raise ConfigError(f"serve.replicas.{bad[0]}: no role {bad[0]!r}; valid: {', '.join(roles)}")
+    for spec in cfg.serve.agents or []:
         role, sep, url = str(spec).partition("=")
         if not sep or role not in roles or not url.startswith(("http://", "https://")):
             raise ConfigError(f"serve.agents entry {spec!r} is not ROLE=URL with ROLE one of {', '.join(roles)} "
                               "and an http(s) URL")
-    for key in ("port", "bid_deadline_ms", "action_timeout_ms", "drop_after_misses", "probe_interval_ms",
-                "worker_threads", "max_episodes", "max_body_bytes", "concurrency"):
-        if int(s[key]) < (0 if key == "port" else 1) or (key == "port" and int(s[key]) > 65535):
-            raise ConfigError(f"serve.{key}={s[key]} is out of range ({'0-65535' if key == 'port' else 'at least 1'})")
-    for key in ("agent_wait_s", "startup_timeout_s", "episode_idle_s", "shutdown_grace_s"):
-        if float(s[key]) < 0:
-            raise ConfigError(f"serve.{key}={s[key]} must be >= 0")
-    if s.url is not None and not str(s.url).startswith(("http://", "https://")):
-        raise ConfigError(f"serve.url={s.url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000)")
 
 
 @dataclass
@@ -324,9 +313,13 @@ class RLCRConfig:
     #: default run (collective and solo, after SFT and after RL, on all 32 held-out seeds) within its time budget
 
 
+#: The current version of the config's key set (``RunConfig.config_version``; :data:`ADDED_KEYS`).
+CONFIG_VERSION = 5
+
+
 @dataclass
 class RunConfig:
-    config_version: int = 5  #: version of the config's key set (``CONFIG_VERSION``), written first in config.yaml so that
+    config_version: int = CONFIG_VERSION  #: version of the config's key set (``CONFIG_VERSION``), written first in config.yaml so that
     #: loading a run folder tells a file of an earlier version (its newer keys take the values that reproduce that
     #: version's behaviour, :data:`ADDED_KEYS`) from a truncated one (an error naming the missing keys)
     domain: str = "minecraft"  #: domain plugin (``swarm domains`` lists them)
@@ -409,9 +402,9 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
 
 #: Keys that pick or operate a run folder rather than configure the run: a saved config may lack them.
 FOLDER_KEYS = ("run_dir", "resume", "overwrite", "config_version")
+#: Of those, the ones only the command line gives (never a recipe, a task file or a saved run folder).
+RUN_CONTROL = ("overwrite", "resume", "run_dir")
 
-#: The current version of the config's key set (``RunConfig.config_version``).
-CONFIG_VERSION = 5
 #: Keys each version added (a key ending in ``.`` stands for its whole section), with the value that reproduces
 #: the earlier versions' behaviour where it is not the default: a run folder written by an earlier version lacks
 #: them and gets these values; a file of this version that lacks a key is truncated (an error).
@@ -502,6 +495,8 @@ def load_saved(path, registry=None) -> DictConfig:
             if value is not None or OmegaConf.select(defaults, key) is not None:
                 OmegaConf.update(merged, key, value, merge=False)
         merged.config_version = CONFIG_VERSION
+        # what the folder says about running it is not a setting: the command line picks and operates a run
+        merged.overwrite, merged.resume, merged.run_dir = False, False, str(path.parent)
     except Exception as exc:  # a key this version no longer has, or a value of the wrong type
         raise ConfigError(f"{str(path)!r} does not fit this version's config: {str(exc).splitlines()[0]}") from exc
     if legacy:
@@ -542,6 +537,10 @@ def resolve(args: list[str], registry) -> DictConfig:
     OmegaConf.set_struct(cfg, True)
     if overrides is not None:
         for key, value in _flatten(OmegaConf.to_container(overrides)):
+            if key in RUN_CONTROL:
+                raise ConfigError(f"task {task_name!r} of {domain_name!r} sets {key} in its overrides: "
+                                  f"{', '.join(RUN_CONTROL)} pick and operate a run folder and come from the command "
+                                  "line only; remove it from the task file")
             _set(cfg, key, value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n..."))
     for key, value in dotted:
         override(cfg, key, value)
@@ -586,40 +585,16 @@ def validate(cfg: DictConfig, registry) -> None:
     validate_splits(cfg)
 
 
-#: Range checks of ``rlcr.*``: key -> (lowest, highest) allowed (None = no bound).
-RLCR_RANGES = {"agents": (1, 9), "eval_runs": (1, None), "max_hires": (0, 8), "expert_team": (1, 9), "group_size": (2, None),
-               "instances": (1, None), "max_turns_per_agent": (1, None), "window": (0, None), "tick": (0.0, None),
-               "latency_penalty": (0.0, None)}
-
-
 def validate_rlcr(cfg: DictConfig, registry=None) -> None:
-    """Check ``rlcr.*`` (each error names the key, the bad value and the valid range); under
-    ``algo.name=rlcr`` also that the domain's concurrent env has an anytime return (``progress()``)."""
+    """Check ``rlcr.*`` beyond each key's own range (:data:`swarm_runtime.validation.RULES`): the limit's
+    schedule grows; under ``algo.name=rlcr`` also that the domain's concurrent env has an anytime return
+    (``progress()``)."""
     r = cfg.get("rlcr")
     if r is None:
         return
-    from swarm_runtime.rlcr.org import ORGS  # plain Python, no torch
-
-    if r.org not in ORGS:
-        raise ConfigError(f"unknown rlcr.org {r.org!r}; valid: {', '.join(ORGS)}")
-    for key, (lo, hi) in RLCR_RANGES.items():
-        v = r[key]
-        if v is None:
-            continue
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-            raise ConfigError(f"rlcr.{key} must be {rng}, got {v}")
-    if not r.teams or any(not (1 <= int(k) <= 9) for k in r.teams):
-        raise ConfigError(f"rlcr.teams must be team sizes in [1, 9], got {list(r.teams)}")
-    if not float(r.seconds_per_token) > 0:
-        raise ConfigError(f"rlcr.seconds_per_token must be > 0, got {r.seconds_per_token}")
     t = r.t_max
-    if not float(t.start) > 0:
-        raise ConfigError(f"rlcr.t_max.start must be > 0 simulated seconds, got {t.start}")
     if float(t.end) < float(t.start):
         raise ConfigError(f"rlcr.t_max.end must be >= rlcr.t_max.start ({t.start}), got {t.end}")
-    if int(t.steps) < 1:
-        raise ConfigError(f"rlcr.t_max.steps must be >= 1, got {t.steps}")
     if cfg.algo.name != "rlcr" or registry is None or cfg.domain not in registry.domains:
         return
     if cfg.model.constrained_actions:
@@ -664,22 +639,6 @@ def validate_adapter(cfg: DictConfig) -> None:
                               f"or drop the model.lora.* options")
     elif m.backend != "transformers":
         raise ConfigError(f"model.adapter={adapter} needs model.backend=transformers (PEFT), got {m.backend!r}")
-    if int(m.lora.rank) <= 0:
-        raise ConfigError(f"model.lora.rank must be > 0, got {m.lora.rank}")
-    if not float(m.lora.alpha) > 0:
-        raise ConfigError(f"model.lora.alpha must be > 0, got {m.lora.alpha}")
-    if not 0.0 <= float(m.lora.dropout) < 1.0:
-        raise ConfigError(f"model.lora.dropout must be in [0, 1), got {m.lora.dropout}")
-    if not float(m.lora.lr_scale) > 0:
-        raise ConfigError(f"model.lora.lr_scale must be > 0, got {m.lora.lr_scale}")
-    targets = m.lora.target_modules
-    if not targets or not all(isinstance(t, str) and t for t in targets):
-        raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names (e.g. {LORA_TARGETS}), "
-                          f"got {targets}")
-    if hw.micro_batch is not None and int(hw.micro_batch) < 1:
-        raise ConfigError(f"hardware.micro_batch must be >= 1 or null, got {hw.micro_batch}")
-    if hw.memory_gb is not None and not float(hw.memory_gb) > 0:
-        raise ConfigError(f"hardware.memory_gb must be > 0 or null, got {hw.memory_gb}")
     if hw.attention is not None and hw.attention not in ATTENTION:
         raise ConfigError(f"unknown hardware.attention {hw.attention!r}; valid: {', '.join(ATTENTION)} (or null)")
     if hw.attention == "flash_attention_2":

@@ -11,7 +11,9 @@ from loguru import logger
 
 def write_json(path: Path, data) -> None:
     """Write ``data`` as JSON atomically (a temporary file renamed into place)."""
-    path = Path(path)
+    from swarm_runtime.runfiles import claim
+
+    path = claim(Path(path))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1, default=float))
     os.replace(tmp, path)
@@ -45,18 +47,22 @@ class MetricsWriter:
     on and shows each step once, as the resumed run wrote it."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, truncate_after: int | None = None):
-        self.path = run_dir / "metrics.jsonl"
+        from swarm_runtime.runfiles import check_link, claim
+
+        self.path = claim(run_dir / "metrics.jsonl")
+        check_link(run_dir, self.path)
         if truncate_after is not None and self.path.exists():
             # On resume, drop lines written after the checkpoint we continue from.
             keep = [r for r in parse_rows(self.path, self.path.read_text()) if r.get("step", -1) <= truncate_after]
             self.path.write_text("".join(json.dumps(r, default=float) + "\n" for r in keep))
         self.tb = None
         if tensorboard:
+            check_link(run_dir, run_dir / "tb")
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
                 purge = None if truncate_after is None else int(truncate_after) + 1
-                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
+                self.tb = SummaryWriter(str(claim(run_dir / "tb")), purge_step=purge)
             except Exception as exc:  # tensorboard missing: keep going, say so once
                 logger.warning("TensorBoard disabled: {}", exc)
 
@@ -65,7 +71,8 @@ class MetricsWriter:
         such as the demo accuracy of a role without action demos) is written as ``null``, so every line
         is standard JSON, and is left out of TensorBoard."""
         row = {"step": step, **{k: finite_or_none(v) for k, v in metrics.items()}}
-        with self.path.open("a") as f:
+        # never through a link (a metrics.jsonl planted as a link to a user's file is not appended to)
+        with os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a") as f:
             f.write(json.dumps(row, default=float, allow_nan=False) + "\n")
         if self.tb is not None:
             for k, v in row.items():
@@ -108,8 +115,11 @@ def pyplot():
 
 def save_figure(fig, path) -> Path:
     """Lay out ``fig``, write it to the PNG ``path`` (creating its folder) and close it."""
+    from swarm_runtime.runfiles import claim
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    claim(path)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     pyplot().close(fig)

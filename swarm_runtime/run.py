@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from swarm_runtime.config import ConfigError, load_saved, override, validate
 from swarm_runtime.checkpoint import clean_spares, has_checkpoint, latest_checkpoint, load_state
+from swarm_runtime import runfiles
 from swarm_runtime.runlock import RunLock
 from swarm_runtime.secrets import save_config
 from swarm_runtime.episode import Agent
@@ -196,6 +197,22 @@ def config_key(cfg: DictConfig, k: str) -> str:
     return k if "." in k or k in cfg or k not in cfg.get("task", {}) else f"task.{k}"
 
 
+def distrust_saved_endpoints(cfg: DictConfig, registry, args, source: Path) -> list[str]:
+    """A run folder's config (``cfg``, loaded from ``source``, the command line ``args`` applied): note
+    the endpoints it names that the command line does not give and the shipped defaults do not hold
+    (:func:`swarm_runtime.secrets.note_saved_endpoints`), so that no key is sent to them
+    (``secrets.check_endpoint``, asked by whatever sends one: the LLM judge). Returns their keys."""
+    from swarm_runtime.config import resolve
+    from swarm_runtime.secrets import note_saved_endpoints
+
+    try:
+        shipped = resolve([f"domain={cfg.domain}", f"task={cfg.task_name}"], registry)
+    except (ConfigError, OmegaConfBaseException):
+        shipped = None
+    given = [config_key(cfg, a.partition("=")[0]) for a in args if "=" in a]
+    return note_saved_endpoints(cfg, shipped, given, source)
+
+
 def resume_conflicts(saved: DictConfig, args, applied=()) -> list[tuple[str, object, str]]:
     """The command line's ``key=value`` settings that would change a resumed run's saved config, as
     ``(key, saved value, given value as typed)``. Values are compared resolved: each setting is applied
@@ -251,11 +268,6 @@ def refuse_resume_conflicts(saved: DictConfig, args, saved_in: Path, also: tuple
     return applied
 
 
-#: Files and folders of a run that ``overwrite=true`` deletes (nothing else in the folder is touched).
-RUN_FILES = ("config.yaml", "config.*.yaml", "metrics.jsonl", "run.log", "eval.json", "eval.md", "eval-*.json",
-             "*.png", "tb", "checkpoints")
-
-
 def holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` already holds a run (its config or checkpoints)."""
     return (run_dir / "config.yaml").exists() or (run_dir / "checkpoints").exists()
@@ -273,12 +285,51 @@ def check_run_dir(run_dir: Path) -> None:
             return
 
 
+def _not_ours(run_dir: Path, others: list[str]) -> str:
+    return (f"run_dir {str(run_dir)!r} holds {runfiles.shown(others)}, which swarm did not write (not in its "
+            f"{runfiles.MANIFEST}; a run of a version before the manifest has none either)")
+
+
 def clear_run(run_dir: Path) -> None:
-    """``overwrite=true``: delete the previous run's files (:data:`RUN_FILES`) before a fresh start."""
-    for pattern in RUN_FILES:
-        for p in run_dir.glob(pattern):
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    """``overwrite=true``: delete what the previous run wrote (the names in its manifest,
+    :mod:`swarm_runtime.runfiles`) before a fresh start. A folder holding anything else is refused
+    (naming it) before anything is deleted; a listed link is removed, never followed."""
+    others = runfiles.foreign(run_dir)
+    if others:
+        raise ConfigError(_not_ours(run_dir, others) + "; overwrite=true deletes only a run's own files: move "
+                          "those away, or give another run_dir")
+    for name in sorted(runfiles.owned(run_dir)):
+        p = run_dir / name
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p)
+    for leftover in run_dir.glob(".*.tmp"):  # temporary files of the listed ones
+        if leftover.is_file() or leftover.is_symlink():
+            leftover.unlink()
+    runfiles.start(run_dir, empty=True)  # what the new run writes is listed as it writes it
     logger.warning("overwrite=true: deleted the previous run in {}", run_dir)
+
+
+def refuse_fresh_start(run_dir: Path, overwrite: bool) -> None:
+    """A fresh run into ``run_dir``: one that holds a run needs ``overwrite=true`` (and then only the
+    run's own files are deleted, :func:`clear_run`); a file named like a run's that the runtime did
+    not write (a user's ``metrics.jsonl``, ``run.log``, ``eval.json``, plot) is never replaced."""
+    if holds_run(run_dir):
+        if not overwrite:
+            others = runfiles.foreign(run_dir)
+            if others:
+                raise ConfigError(f"run_dir {str(run_dir)!r} already holds a run, and files swarm did not write "
+                                  f"({runfiles.shown(others)}), which it never deletes; continue the run with "
+                                  "resume=true or give another run_dir")
+            raise ConfigError(f"run_dir {str(run_dir)!r} already holds a run; continue it with resume=true, "
+                              "give another run_dir, or replace it with overwrite=true")
+        clear_run(run_dir)
+        return
+    clash = runfiles.run_named(run_dir)
+    if clash:
+        raise ConfigError(_not_ours(run_dir, clash) + "; a run would replace or append to them: move them "
+                          "away, or give another run_dir")
 
 
 def truncate_metrics(run_dir: Path, state: dict) -> None:
@@ -301,8 +352,16 @@ def truncate_metrics(run_dir: Path, state: dict) -> None:
             continue
         keep.append(ln)
     if limit is not None and len(complete) < int(limit):
-        logger.warning("{} has {} rows, fewer than the {} its checkpoint covers", path, len(complete), limit)
-    path.write_text("".join(k + "\n" for k in keep))
+        raise ConfigError(f"{path} has {len(complete)} rows, fewer than the {limit} its checkpoint's state.json "
+                          "(metrics_rows) covers: one of the two is damaged; restore the file to resume")
+    steps = [row.get("step") for row in map(json.loads, keep)]
+    if any(not isinstance(st, int) or isinstance(st, bool) or not 0 <= st <= int(state.get("iteration", 0))
+           for st in steps):
+        raise ConfigError(f"{path} holds a row whose step is not a whole number from 0 to the checkpoint's iteration "
+                          f"{state.get('iteration', 0)}: it does not belong to this checkpoint; restore the file to resume")
+    tmp = path.with_name(f".{path.name}.tmp")  # atomically: a kill here leaves the rows as they were
+    tmp.write_text("".join(k + "\n" for k in keep))
+    os.replace(tmp, path)
 
 
 def _find_resumable(cfg: DictConfig) -> Path:
@@ -341,8 +400,13 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
         raise ConfigError(f"run_dir {str(run_dir)!r} cannot be created: {exc.strerror}") from exc
     lock = RunLock(run_dir, command).acquire()
     try:
+        runfiles.check_links(run_dir)  # nothing below reads or writes through a link out of the folder
         if cfg.resume:
             saved, applied = None, []
+            if not (run_dir / "config.yaml").exists() and (run_dir / "checkpoints").exists():
+                raise ConfigError(f"resume=true but {str(run_dir / 'config.yaml')!r} is missing: the run's settings "
+                                  "are lost, and resuming its checkpoints under other settings would be another run; "
+                                  "restore the file, or start a new run in another run_dir")
             if (run_dir / "config.yaml").exists():
                 # Continue the run as it was configured; the command line picks the run, the machine, the
                 # display and (algo.iterations) how many updates to train in all. Any other change is
@@ -358,13 +422,12 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
             if saved is not None:
                 extended = _apply_resume_overrides(saved, applied, resume_from)
                 validate(saved, registry)
+                distrust_saved_endpoints(saved, registry, args, run_dir / "config.yaml")
                 cfg = saved
                 check_hardware(cfg)
-        elif holds_run(run_dir):
-            if not cfg.get("overwrite"):
-                raise ConfigError(f"run_dir {str(run_dir)!r} already holds a run; continue it with resume=true, "
-                                  "give another run_dir, or replace it with overwrite=true")
-            clear_run(run_dir)
+        else:
+            refuse_fresh_start(run_dir, bool(cfg.get("overwrite")))
+        runfiles.start(run_dir)
         if cfg.resume:
             check_task(registry.domains[cfg.domain], cfg)
         if resume_from is not None:
@@ -381,7 +444,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
         raise
     logger.remove()
     logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
-    logger.add(run_dir / "run.log", level="DEBUG")
+    logger.add(runfiles.claim(run_dir / "run.log"), level="DEBUG")
     logger.info("run folder {}{}", run_dir, f" (resuming from {resume_from.name})" if resume_from else "")
     if restarted:
         logger.warning("resume=true: {} has no checkpoint yet (killed before the first one); starting it again", run_dir)

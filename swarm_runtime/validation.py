@@ -33,6 +33,10 @@ DTYPES = ("float32", "float16", "bfloat16")
 DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?|mps")
 #: A bound on run lengths: beyond it a value is a typo, not a plan.
 MAX_COUNT = 10_000_000
+#: Largest run seed: seeds are combined (``seed * 100 + role``, ``seed + 7919``) and must stay a torch seed.
+MAX_SEED = 2 ** 31 - 1
+#: Most workers per role ``swarm serve`` starts (each a process holding a model).
+MAX_REPLICAS = 64
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,35 @@ def lists(item: tuple[Callable, str], nonempty: bool = True) -> tuple[Callable, 
     ok, what = item
     return ((lambda v: isinstance(v, (list, ListConfig)) and (len(v) > 0 or not nonempty) and all(ok(x) for x in v)),
             f"a {'non-empty ' if nonempty else ''}list, each item {what}")
+
+
+def at_least(lo: int, hi: int) -> tuple[Callable, str]:
+    """:func:`ints`, worded ``at least lo and at most hi``."""
+    return ints(lo, hi)[0], f"an integer, at least {lo} and at most {hi}"
+
+
+def _http(v) -> bool:
+    return isinstance(v, str) and v.startswith(("http://", "https://")) and v.partition("://")[2] != ""
+
+
+def _replicas_ok(v) -> bool:
+    one = ints(0, MAX_REPLICAS)[0]
+    return one(v) or (isinstance(v, dict) and bool(v) and all(isinstance(k, str) and one(n) for k, n in v.items()))
+
+
+#: ``model.arch``: the keys the memory plan reads, each a whole number in its range (required / optional).
+ARCH_REQUIRED = {"vocab_size": 1 << 24, "hidden_size": 1 << 17, "num_hidden_layers": 1024}
+ARCH_OPTIONAL = {"intermediate_size": 1 << 20, "num_attention_heads": 4096, "num_key_value_heads": 4096,
+                 "head_dim": 1 << 14}
+
+
+def _arch_ok(v) -> bool:
+    if not isinstance(v, dict):
+        return False
+    for k, hi in {**ARCH_REQUIRED, **ARCH_OPTIONAL}.items():
+        if (k in ARCH_REQUIRED or v.get(k) is not None) and not ints(1, hi)[0](v.get(k)):
+            return False
+    return all(isinstance(v[k], bool) for k in ("tie_word_embeddings", "attention_bias") if k in v)
 
 
 BOOL = ((lambda v: isinstance(v, bool)), "true or false")
@@ -151,7 +184,7 @@ RULES: dict[str, Rule] = {r.key: r for r in [
     _rule("eval.common_random_numbers", BOOL),
     # experiment
     _rule("experiment.name", STR, nullable=True), Rule("experiment.base", lambda v: STR[0](v) or lists(STR)[0](v), "a run folder, or a list of them (one per experiment.train_seeds)", nullable=True, null_means="train one"),
-    _rule("experiment.train_seeds", lists(ints(0, 2**63 - 1)), nullable=True, null_means="the run's seed alone"),
+    _rule("experiment.train_seeds", lists(ints(0, MAX_SEED)), nullable=True, null_means="the run's seed alone"),
     _rule("eval.split", choices("eval", "dev")),
     _rule("experiment.iterations", ints(0)), _rule("experiment.eval_episodes", ints(1), nullable=True),
     _rule("experiment.sft_eval", BOOL), _rule("experiment.budget_factor", floats(1.0, 1000.0)),
@@ -162,8 +195,45 @@ RULES: dict[str, Rule] = {r.key: r for r in [
     _rule("experiment.dropout_per", choices("turn", "episode")),
     _rule("experiment.monolithic_sft", lists(choices("compute", "data"))),
     _rule("experiment.transfer_tasks", lists(STR, nonempty=False)), _rule("experiment.transfer_iterations", ints(1)),
+    # adapters (model.adapter=lora) and the memory plan
+    _rule("model.lora.rank", ints(1, 4096)), _rule("model.lora.alpha", floats(0.0, 1e6, lo_open=True)),
+    _rule("model.lora.dropout", floats(0.0, 1.0, hi_open=True)),
+    _rule("model.lora.lr_scale", floats(0.0, 1000.0, lo_open=True)),
+    _rule("model.lora.target_modules", lists(STR)),
+    Rule("model.arch", _arch_ok, "a mapping of the model's config values with vocab_size, hidden_size and "
+         "num_hidden_layers (whole numbers >= 1; intermediate_size, num_attention_heads, num_key_value_heads and "
+         "head_dim too when given)", nullable=True, null_means="model.path's config.json or the built model"),
+    _rule("hardware.memory_gb", floats(0.0, 1e6, lo_open=True), nullable=True, null_means="not checked"),
+    _rule("hardware.micro_batch", ints(1), nullable=True, null_means="algo.minibatch"),
+    _rule("hardware.tf32", BOOL), _rule("hardware.gradient_checkpointing", BOOL),
+    # rlcr (algo=rlcr; refused under the other algorithms: rlcr_only)
+    _rule("rlcr.org", choices("flat", "ceo")), _rule("rlcr.agents", ints(1, 9)), _rule("rlcr.max_hires", ints(0, 8)),
+    _rule("rlcr.expert_team", ints(1, 9)), _rule("rlcr.seconds_per_token", floats(0.0, 3600.0, lo_open=True)),
+    _rule("rlcr.t_max.start", floats(0.0, 1e8, lo_open=True)), _rule("rlcr.t_max.end", floats(0.0, 1e8, lo_open=True)),
+    _rule("rlcr.t_max.steps", ints(1)), _rule("rlcr.latency_penalty", floats(0.0, 1000.0)),
+    _rule("rlcr.group_size", ints(2, 1024)), _rule("rlcr.instances", ints(1, 100_000)),
+    _rule("rlcr.normalize_std", BOOL), _rule("rlcr.max_turns_per_agent", ints(1, 1_000_000)),
+    _rule("rlcr.window", ints(0, 1000)), _rule("rlcr.tick", floats(0.0, 1e8)), _rule("rlcr.solo_eval", BOOL),
+    _rule("rlcr.teams", lists(ints(1, 9))),
+    _rule("rlcr.eval_runs", ints(1, 100_000), nullable=True, null_means="eval.runs"),
+    # serve (swarm serve, swarm eval serve.url=...): checked by every command, so swarm run saves none bad
+    _rule("serve.host", STR), _rule("serve.port", ints(0, 65535)),
+    Rule("serve.replicas", _replicas_ok, f"a whole number >= 0 and at most {MAX_REPLICAS}, or one per role "
+         "(serve.replicas.ROLE=N)"),
+    _rule("serve.agents", ((lambda v: isinstance(v, list) and all(
+        isinstance(a, str) and "=" in a and _http(a.partition("=")[2]) for a in v)),
+        "a list of ROLE=URL entries, each URL http(s)")),
+    _rule("serve.bid_deadline_ms", at_least(1, 3_600_000)), _rule("serve.action_timeout_ms", at_least(1, 3_600_000)),
+    _rule("serve.drop_after_misses", at_least(1, 1_000_000)), _rule("serve.probe_interval_ms", at_least(1, 3_600_000)),
+    _rule("serve.restart_workers", BOOL), _rule("serve.worker_threads", at_least(1, 1024)),
+    _rule("serve.max_episodes", at_least(1, 1_000_000)), _rule("serve.max_body_bytes", at_least(1, 1 << 30)),
+    _rule("serve.concurrency", at_least(1, 10_000)),
+    *(_rule(f"serve.{k}", floats(0.0, 1e7)) for k in ("agent_wait_s", "startup_timeout_s", "episode_idle_s",
+                                                      "shutdown_grace_s")),
+    Rule("serve.url", _http, "an http(s) URL (e.g. http://127.0.0.1:8000)", nullable=True,
+         null_means="evaluate in process"),
     # top level
-    _rule("domain", STR), _rule("task_name", STR), _rule("seed", ints(0, 2**63 - 1)),
+    _rule("domain", STR), _rule("task_name", STR), _rule("seed", ints(0, MAX_SEED)),
     _rule("run_dir", STR, nullable=True, null_means="runs/<domain>-<task>-<time>"),
     _rule("resume", BOOL), _rule("overwrite", BOOL), _rule("checkpoint_every", ints(1)),
     _rule("keep_checkpoints", ints(0, 1_000_000)), _rule("skip_sft_eval", BOOL), _rule("progress", BOOL),
@@ -221,8 +291,8 @@ def check_rule(rule: Rule, value) -> None:
         if rule.nullable:
             return
         raise ConfigError(f"{rule.key}=null is not valid: must be {_valid(rule)}")
-    if isinstance(value, ListConfig):
-        value = list(value)
+    if isinstance(value, (ListConfig, DictConfig)):
+        value = OmegaConf.to_container(value)
     if not rule.ok(value):
         valid = _valid(rule)
         null = f" (or null: {rule.null_means})" if rule.nullable and rule.null_means else (" or null" if rule.nullable else "")
@@ -378,6 +448,62 @@ def adapter_algo(cfg: DictConfig, registry) -> None:
         raise ConfigError(f"model.adapter={cfg.model.adapter} is not valid with algo={cfg.algo.name}, which trains one "
                           f"full model; valid: model.adapter=lora with algo=mpt, or algo={cfg.algo.name} with "
                           "model.adapter=none")
+
+
+@register_check
+def rlcr_only(cfg: DictConfig, registry) -> None:
+    """``rlcr.*`` is read by ``algo=rlcr`` alone: a changed ``rlcr.*`` key under another algorithm would
+    be silently ignored (as ``model.lora.*`` under ``model.adapter=none``), so it is refused."""
+    if cfg.algo.name == "rlcr" or cfg.get("rlcr") is None:
+        return
+    from swarm_runtime.config import RLCRConfig
+
+    default = OmegaConf.structured(RLCRConfig)
+    for key in _leaf_keys(default):
+        now, was = OmegaConf.select(cfg.rlcr, key), OmegaConf.select(default, key)
+        if _plain(now) != _plain(was):
+            raise ConfigError(f"rlcr.{key}={_fmt(now)} has no effect with algo={cfg.algo.name} (only algo=rlcr reads "
+                              "rlcr.*); set algo=rlcr or drop the rlcr.* options")
+
+
+def _plain(v):
+    return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
+
+
+def _leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    out = []
+    for k in node.keys():
+        v = node[k]
+        out += _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, DictConfig) else [f"{prefix}{k}"]
+    return out
+
+
+@register_check
+def bid_steps_need_bids(cfg: DictConfig, registry) -> None:
+    """Bid steps learn from auctions: with a coordinator that asks for no bids (``round_robin``,
+    ``graph_of_agents``, ``agentnet``) they would train 0 pairs without a word."""
+    if registry is None or getattr(registry, "light", False) or cfg.algo.name in ONE_MODEL_ALGOS:
+        return
+    coordinator = registry.coordinators.get(cfg.algo.coordinator)
+    if coordinator is not None and not getattr(coordinator, "uses_bids", True) and int(cfg.algo.bid_steps) > 0:
+        raise ConfigError(f"algo.bid_steps={cfg.algo.bid_steps} trains no bid pairs with algo.coordinator="
+                          f"{cfg.algo.coordinator}, which asks for no bids; set algo.bid_steps=0 or a coordinator "
+                          "that runs auctions (algo.coordinator=auction)")
+
+
+@register_check
+def adapter_rates(cfg: DictConfig, registry) -> None:
+    """With adapters each learning rate is scaled by ``model.lora.lr_scale``; the scaled rates are held
+    to the same bound (10) as the rates themselves."""
+    if (cfg.model.get("adapter") or "none") != "lora":
+        return
+    scale = float(cfg.model.lora.lr_scale)
+    for key in ("algo.lr", "algo.bid_lr", "algo.sft.lr"):
+        v = OmegaConf.select(cfg, key)
+        if v is not None and float(v) * scale > 10.0:
+            raise ConfigError(f"model.lora.lr_scale={scale:g} trains the adapters at {key} x {scale:g} = "
+                              f"{float(v) * scale:g}, over 10 (the bound of every learning rate); lower "
+                              f"model.lora.lr_scale or {key}")
 
 
 #: Who samples rollouts (``rollout.engine``; docs/engine.md).

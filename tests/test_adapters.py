@@ -233,8 +233,8 @@ def _main(capsys, *argv) -> tuple[int, str]:
 
 @pytest.mark.parametrize("args,needle", [
     (("model.lora.rank=4",), "model.adapter=none"),
-    (("model.adapter=lora", "model.lora.rank=0"), "rank must be > 0"),
-    (("model.adapter=lora", "model.lora.lr_scale=0"), "model.lora.lr_scale must be > 0, got 0"),
+    (("model.adapter=lora", "model.lora.rank=0"), "model.lora.rank=0 is not valid"),
+    (("model.adapter=lora", "model.lora.lr_scale=0"), "model.lora.lr_scale=0.0 is not valid: must be a finite number > 0"),
     (("model.lora.lr_scale=10",), "model.lora.lr_scale=10.0 has no effect with model.adapter=none"),
     (("model.adapter=qlora",), "valid: none, lora"),
     (("model.adapter=lora", "model.lora.target_modules=[q_proj,qkv_proj]"), "'qkv_proj', which the base model lacks"),

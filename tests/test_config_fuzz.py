@@ -47,6 +47,31 @@ BAD = [
     ("progress=maybe", "progress"), ("experiment.budget_factor=0.5", "experiment.budget_factor"),
     ("experiment.dropout_per=hour", "experiment.dropout_per"), ("experiment.pass_k=0", "experiment.pass_k"),
     ("domain=nosuch", "domain"), ("task=nosuch", "task"),
+    # issue 31: bounds where a value can exhaust the machine, finite numbers wherever a float is read, keys
+    # no algorithm would read, a coordinator that makes bid steps train nothing
+    ("rlcr.group_size=1000000000", "rlcr.group_size"), ("rlcr.instances=0", "rlcr.instances"),
+    ("rlcr.max_turns_per_agent=0", "rlcr.max_turns_per_agent"), ("rlcr.window=-1", "rlcr.window"),
+    ("rlcr.t_max.end=.inf", "rlcr.t_max.end"), ("rlcr.t_max.start=nan", "rlcr.t_max.start"),
+    ("rlcr.tick=nan", "rlcr.tick"), ("rlcr.seconds_per_token=.inf", "rlcr.seconds_per_token"),
+    ("rlcr.latency_penalty=nan", "rlcr.latency_penalty"), ("rlcr.teams=[0]", "rlcr.teams"),
+    ("rlcr.eval_runs=0", "rlcr.eval_runs"), ("rlcr.agents=2", "rlcr.agents"), ("rlcr.org=ceo", "rlcr.org"),
+    ("serve.replicas=100000", "serve.replicas"), ("serve.replicas=-1", "serve.replicas"),
+    ("serve.port=-1", "serve.port"), ("serve.port=70000", "serve.port"),
+    ("serve.worker_threads=100000", "serve.worker_threads"), ("serve.bid_deadline_ms=0", "serve.bid_deadline_ms"),
+    ("serve.agent_wait_s=.inf", "serve.agent_wait_s"), ("serve.max_body_bytes=0", "serve.max_body_bytes"),
+    ("serve.url=ftp://x", "serve.url"), ("serve.agents=[Smith=ftp://x]", "serve.agents"),
+    ("model.lora.rank=1e12", "model.lora.rank"), ("model.lora.alpha=.inf", "model.lora.alpha"),
+    ("model.lora.lr_scale=.inf", "model.lora.lr_scale"), ("model.lora.dropout=nan", "model.lora.dropout"),
+    ("model.arch={hidden_size: 64}", "model.arch"),
+    ("model.arch={hidden_size: -64, vocab_size: 10, num_hidden_layers: 2}", "model.arch"),
+    ("hardware.memory_gb=.inf", "hardware.memory_gb"), ("hardware.micro_batch=0", "hardware.micro_batch"),
+    ("seed=9223372036854775807", "seed"), ("experiment.train_seeds=[9223372036854775807]", "experiment.train_seeds"),
+    ("algo.coordinator=round_robin", "algo.coordinator=round_robin"),
+    ("algo.coordinator=graph_of_agents", "algo.bid_steps"),
+]
+#: Settings valid alone that are refused together (argument lists).
+BAD_TOGETHER = [
+    (["model.adapter=lora", "model.lora.lr_scale=1000", "algo.lr=0.1"], "model.lora.lr_scale"),
 ]
 
 
@@ -59,12 +84,14 @@ def _swarm(args, cwd):
 def test_bad_values_exit_2_naming_the_key(tmp_path):
     assert len(BAD) >= 60
     (tmp_path / "a_file").write_text("x")
-    cases = BAD + [(f"run_dir={tmp_path / 'a_file'}", "run_dir"), (f"run_dir={tmp_path / 'a_file' / 'sub'}", "run_dir")]
+    cases = [([arg, f"run_dir={tmp_path / 'never'}"], key) for arg, key in BAD]
+    cases += [([f"run_dir={tmp_path / 'a_file'}"], "run_dir"), ([f"run_dir={tmp_path / 'a_file' / 'sub'}"], "run_dir")]
+    cases += [([*args, f"run_dir={tmp_path / 'never'}"], key) for args, key in BAD_TOGETHER]
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda c: _swarm([c[0]] + ([] if c[0].startswith("run_dir")
-                                                           else [f"run_dir={tmp_path / 'never'}"]), tmp_path), cases))
+        results = list(pool.map(lambda c: _swarm(c[0], tmp_path), cases))
     failures = []
     for (arg, key), res in zip(cases, results):
+        arg = " ".join(arg)
         err = res.stderr.strip()
         if res.returncode != 2 or key not in err or "Traceback" in err or len(err.splitlines()) != 1:
             failures.append(f"{arg}: exit {res.returncode}: {err[-300:]}")

@@ -286,18 +286,29 @@ def test_a_failed_research_tool_call_is_not_a_valid_action(registry, tmp_path):
 
 
 def test_overwrite_deletes_only_the_previous_runs_files(tmp_path):
+    """``clear_run`` deletes the names the run folder's manifest lists (what the runtime wrote) and
+    refuses, before deleting anything, a folder holding anything else (issue 31)."""
+    from swarm_runtime import runfiles
     from swarm_runtime.run import check_run_dir, clear_run, holds_run
     from swarm_runtime.config import ConfigError
 
     run = tmp_path / "run"
     (run / "checkpoints" / "sft").mkdir(parents=True)
     (run / "tb").mkdir()
+    runfiles.start(run)
     for name in ("config.yaml", "metrics.jsonl", "run.log", "eval.json", "eval-sft--eval.runs=2.json", "turn_share.png",
                  "notes.txt"):
         (run / name).write_text("x")
+    for name in ("checkpoints", "tb", "config.yaml", "metrics.jsonl", "run.log", "eval.json",
+                 "eval-sft--eval.runs=2.json", "turn_share.png"):
+        runfiles.claim(run / name)
     assert holds_run(run)
+    with pytest.raises(ConfigError, match="notes.txt"):
+        clear_run(run)
+    assert len(list(run.iterdir())) == 10  # nothing deleted
+    (run / "notes.txt").unlink()
     clear_run(run)
-    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"] and not holds_run(run)
+    assert sorted(p.name for p in run.iterdir()) == [runfiles.MANIFEST] and not holds_run(run)
     (tmp_path / "file").write_text("x")
     for bad, needle in [(tmp_path / "file", "is a file"), (tmp_path / "file" / "sub", "is under")]:
         with pytest.raises(ConfigError, match=needle):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
@@ -36,7 +37,8 @@ from swarm_runtime.flops import FlopCounter
 from swarm_runtime.policy.base import Bid, Response
 from swarm_runtime.policy.noise import gumbel_max
 from swarm_runtime.policy.tokenizer import build_tokenizer
-from swarm_runtime.policy.transformers_backend import TransformersPolicy, build_tiny_model, load_pretrained
+from swarm_runtime.policy.transformers_backend import (TransformersPolicy, build_tiny_model, load_pretrained,
+                                                      refuse_custom_code)
 
 #: File beside each adapter naming its base.
 POINTER = "swarm_base.json"
@@ -463,11 +465,55 @@ def lora_config(opts):
 
 
 def read_pointer(adapter_dir: Path) -> dict:
+    """An adapter folder's ``swarm_base.json``, checked: ``base`` (a path; ``../../base`` for a trained
+    base, which lives in the checkpoint), ``fingerprint`` (a SHA-256), ``trained_base``, ``arch``."""
     f = Path(adapter_dir) / POINTER
     if not f.exists():
         raise ConfigError(f"{str(adapter_dir)!r} is not an adapter checkpoint (no {POINTER}); a run trained with "
                           "model.adapter=none holds full models: evaluate it with model.adapter=none")
-    return json.loads(f.read_text())
+    try:
+        ptr = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{f} is not JSON ({type(exc).__name__}); the adapter checkpoint is damaged") from exc
+    fp = ptr.get("fingerprint") if isinstance(ptr, dict) else None
+    if (not isinstance(ptr, dict) or not isinstance(ptr.get("base"), str) or not ptr["base"]
+            or not isinstance(fp, str) or not re.fullmatch(r"[0-9a-f]{64}", fp)
+            or not isinstance(ptr.get("trained_base"), bool) or not isinstance(ptr.get("arch"), dict)):
+        raise ConfigError(f"{f} is not a base pointer (needs base, a SHA-256 fingerprint, trained_base and arch); "
+                          "the adapter checkpoint is damaged")
+    if ptr["trained_base"] and ptr["base"] != TRAINED_BASE:
+        raise ConfigError(f"{f} points to the trained base {ptr['base']!r}; a trained base lives in the checkpoint "
+                          f"({TRAINED_BASE}): the adapter checkpoint is damaged")
+    return ptr
+
+
+def check_finite(folder: Path) -> None:
+    """Refuse a folder whose weights (``*.safetensors``) hold a NaN or an infinite value, naming the
+    file and tensor (a diverged or damaged checkpoint would otherwise be exported as a model)."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                t = st.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise ConfigError(f"{f}: tensor {name} holds NaN or infinite values; refusing to export it (the "
+                                      "training diverged or the checkpoint is damaged): export another checkpoint")
+
+
+def _pointers(init_dir: Path, roles: Sequence[str]) -> dict:
+    """The first role's base pointer, after checking that every role's names the same base (path,
+    fingerprint, trained or not): a swarm shares one base."""
+    ptrs = {r: read_pointer(Path(init_dir) / r) for r in roles}
+    first = ptrs[roles[0]]
+    for role, ptr in ptrs.items():
+        same = all(ptr.get(k) == first.get(k) for k in ("base", "fingerprint", "trained_base"))
+        if not same:
+            raise ConfigError(f"the adapter of {role} in {str(init_dir)!r} records the base {ptr['base']!r} "
+                              f"(fingerprint {ptr['fingerprint'][:12]}), but {roles[0]}'s records {first['base']!r} "
+                              f"({first['fingerprint'][:12]}): one base is shared by every role; the checkpoint "
+                              "is damaged")
+    return first
 
 
 def resolve_base(model_cfg, init_dir: Path | None, roles: Sequence[str]) -> tuple[str | None, Path | None, str | None]:
@@ -481,7 +527,7 @@ def resolve_base(model_cfg, init_dir: Path | None, roles: Sequence[str]) -> tupl
             return str(path), Path(path), fingerprint(path) if (Path(path) / "config.json").exists() else None
         return None, None, None
     first = Path(init_dir) / roles[0]
-    ptr = read_pointer(first)
+    ptr = _pointers(init_dir, roles)
     folder = (first / ptr["base"]).resolve() if not Path(ptr["base"]).is_absolute() else Path(ptr["base"])
     if path:
         if ptr.get("trained_base") or not (Path(path) / "config.json").exists() or fingerprint(path) != ptr["fingerprint"]:
@@ -532,6 +578,8 @@ def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: S
         for i, (role, name) in enumerate(zip(roles, names)):
             torch.manual_seed(int(seeds[i]))
             src = Path(init_dir) / role if init_dir is not None else None
+            if src is not None:
+                refuse_custom_code(src)  # PEFT reads adapter_config.json only; a folder asking for code is refused
             if i == 0:
                 if src is not None:
                     model = peft.PeftModel.from_pretrained(model, str(src), adapter_name=name, is_trainable=True)
@@ -607,6 +655,8 @@ def export_adapters(agents_dir: Path, out_dir: Path, roles: Sequence[str], bid_l
         if fingerprint(folder) != ptr["fingerprint"]:
             raise ConfigError(f"the base {str(folder)!r} of {role} does not match the fingerprint its adapter recorded")
         dst = Path(out_dir) / role
+        check_finite(src)
+        refuse_custom_code(src)
         if dst.exists():
             shutil.rmtree(dst)
         if merged:

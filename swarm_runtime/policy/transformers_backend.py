@@ -427,6 +427,30 @@ class TransformersPolicy:
         self.gen.set_state(state)
 
 
+#: Files of a Hugging Face folder that may ask for the folder's own Python code (``auto_map``).
+CODE_MAPS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+
+
+def refuse_custom_code(path: str | Path) -> None:
+    """Refuse a Hugging Face folder that asks to run its own Python code (an ``auto_map`` in its
+    ``config.json`` or tokenizer config): swarm loads weights and configs only
+    (``trust_remote_code=False`` everywhere), never code that came with a checkpoint."""
+    from swarm_runtime.config import ConfigError
+
+    for name in CODE_MAPS:
+        f = Path(path) / name
+        if not f.is_file():
+            continue
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{f} is not JSON ({type(exc).__name__}); the model folder is damaged") from exc
+        if isinstance(data, dict) and data.get("auto_map"):
+            raise ConfigError(f"{f} asks for custom code (auto_map: {', '.join(map(str, data['auto_map']))[:120]}); "
+                              f"swarm never runs code that comes with a model folder: refusing to load {str(path)!r} "
+                              "(use a checkpoint of a built-in transformers architecture)")
+
+
 def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = "float32",
                     attention: str | None = None, seeded_resize: bool = False):
     """Load a local Hugging Face checkpoint (model + tokenizer) by path, adding the
@@ -441,17 +465,18 @@ def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = 
         raise FileNotFoundError(f"model.path {str(path)!r} does not exist (give a local Hugging Face checkpoint folder)")
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"model.path {str(path)!r} has no config.json: not a Hugging Face checkpoint")
+    refuse_custom_code(path)
     meta = path / "swarm_policy.json"
     if meta.exists() and json.loads(meta.read_text()).get("word_level_tokenizer"):
         # Our in-process word-level tokenizer: AutoTokenizer (transformers 5) would pick the tokenizer
         # class from the model type (Qwen2Tokenizer, BPE) and silently re-tokenise everything.
         from transformers import PreTrainedTokenizerFast
 
-        tok = PreTrainedTokenizerFast.from_pretrained(path)
+        tok = PreTrainedTokenizerFast.from_pretrained(path, trust_remote_code=False)
     else:
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     kw = {"attn_implementation": attention} if attention else {}
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kw)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), trust_remote_code=False, **kw)
     wanted = [bid_token(b) for b in bid_levels]
     missing = [t for t in wanted if t not in tok.get_vocab()]
     if missing:

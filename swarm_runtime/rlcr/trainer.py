@@ -11,6 +11,7 @@ from loguru import logger
 from omegaconf import OmegaConf
 
 from swarm_runtime import checkpoint as ckpt
+from swarm_runtime.runfiles import claim
 from swarm_runtime.evaluate import paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, read_metrics
 from swarm_runtime.rlcr.clock import t_max_at
@@ -276,8 +277,8 @@ class RLCRTrainer(PhasedTrainer):
         if self.state.get("sft_eval") and self.trained:
             d, se, n = paired_difference(final["collective"], self.state["sft_eval"]["collective"])
             results["rlcr_minus_sft"] = {"mean": d, "se": se, "seeds": n}
-        (ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
-        (ctx.run_dir / "eval.md").write_text(table + "\n")
+        claim(ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
+        claim(ctx.run_dir / "eval.md").write_text(table + "\n")
         plots = [p for p in (plot_signs(ctx.run_dir, read_metrics(ctx.run_dir)),
                              plot_latency(ctx.run_dir / "performance_latency.png", curves,
                                           f"{cfg.domain}/{cfg.task_name}: anytime return, T_max "

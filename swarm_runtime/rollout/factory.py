@@ -108,6 +108,10 @@ def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None
             shared.engine_fingerprint = shared.source_fingerprint
         url, describe = str(r.url), f"rollout.url={r.url}"
     key = os.environ.get(str(r.api_key_env)) if r.get("api_key_env") else None
+    if key:  # a rollout.url a run folder from elsewhere saved gets no key unless the command line gives it
+        from swarm_runtime.secrets import check_endpoint
+
+        check_endpoint(url, f"the key in ${r.api_key_env}")
     client = Client(url, timeout=float(r.timeout_s), api_key=key)
     try:
         for attempt in range(int(r.retries) + 1):

@@ -12,6 +12,7 @@ import torch
 from loguru import logger
 
 from swarm_runtime import checkpoint as ckpt
+from swarm_runtime.runfiles import claim
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.evaluate import evaluate, paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
@@ -338,8 +339,8 @@ class MPTTrainer(PhasedTrainer):
             pd, pse, n = paired_difference(self.state["final_eval"], self.state["sft_eval"], "seed_success")
             if n:
                 results["mpt_minus_sft_success"] = {"mean": pd, "se": pse, "seeds": n}
-        (ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
-        (ctx.run_dir / "eval.md").write_text(table + "\n")
+        claim(ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
+        claim(ctx.run_dir / "eval.md").write_text(table + "\n")
         plots = plot_training(ctx.run_dir, [a.name for a in self.agents])
         self.writer.close()
         self._hook("swarm_on_run_end", config=ctx.cfg, run_dir=str(ctx.run_dir), results=results)

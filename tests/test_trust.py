@@ -1,0 +1,343 @@
+"""A run folder, recipe or checkpoint from elsewhere cannot delete a user's files, run code or leak a
+key (issue 31): real run folders trained once per module, copied per test, damaged the way a folder
+from elsewhere could be, then handed to the real CLI in a subprocess."""
+import json
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_RUN, swarm
+
+#: An OpenResearcher run as small as it gets, trained with a secret given as a list (item 7).
+RESEARCH = ["domain=openresearcher", "task=embedded", "task.max_decisions=3", "algo.iterations=1",
+            "algo.envs_per_step=1", "eval.episodes=1", "eval.runs=1", "algo.sft.demo_episodes=1", "algo.sft.epochs=1",
+            "algo.sft.action_epochs=1", "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
+            "progress=false", "tensorboard=false", "hardware.threads=1"]
+LIST_SECRET = "sk-LISTSECRET-0123456789"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three run folders trained at once: full copies (minecraft), LoRA adapters, OpenResearcher."""
+    d = tmp_path_factory.mktemp("trust")
+    jobs = {
+        "full": [*TINY_RUN, f"run_dir={d / 'full'}"],
+        "lora": [*TINY_RUN, "model.adapter=lora", "skip_sft_eval=true", "tensorboard=false", "eval.episodes=1",
+                 "algo.sft.demo_episodes=1", f"run_dir={d / 'lora'}"],
+        "research": [*RESEARCH, f"task.llm_judge.api_key=[{LIST_SECRET}]", f"task.search.cache_dir={d / 'bm25'}",
+                     f"run_dir={d / 'research'}"],
+    }
+    with ThreadPoolExecutor(3) as pool:
+        done = dict(zip(jobs, pool.map(lambda a: swarm("run", *a, cwd=d, timeout=600), jobs.values())))
+    for name, res in done.items():
+        assert res.returncode == 0, (name, res.stderr[-3000:])
+    return d, done
+
+
+def _copy(runs, name: str, dst: Path) -> Path:
+    shutil.copytree(runs[0] / name, dst, symlinks=True)
+    return dst
+
+
+def _latest(run: Path) -> Path:
+    return run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+
+
+def _error(res, *needles, absent=()) -> str:
+    """The one ``swarm: error`` line of a command that exited 2, holding every needle."""
+    err = res.stderr.strip()
+    assert res.returncode == 2, (res.returncode, err[-2000:])
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("swarm:")]
+    assert len(lines) == 1 and err.splitlines()[-1] == lines[0], err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    for n in absent:
+        assert n not in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def _tree(path: Path) -> dict:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------------------------- data lost (1-4)
+def test_overwrite_deletes_only_what_the_runtime_wrote(runs, tmp_path):
+    """1. A folder of the user's own config.yaml, plots, tb/ and eval file is never emptied: overwrite=true
+    refuses it naming the files, and the error without overwrite does not suggest overwrite=true. A run
+    folder the runtime wrote lists every file in its manifest, so overwrite empties it exactly; a file the
+    user added to it is named and nothing is deleted."""
+    from swarm_runtime import runfiles
+    from swarm_runtime.run import clear_run
+
+    mine = tmp_path / "mine"
+    (mine / "tb").mkdir(parents=True)
+    for name in ("config.yaml", "loss.png", "tb/events", "eval-best.json"):
+        (mine / name).write_text(f"the user's {name}")
+    before = _tree(mine)
+    _error(swarm("run", *TINY_RUN, f"run_dir={mine}", "overwrite=true", cwd=tmp_path), "config.yaml", "did not write")
+    _error(swarm("run", *TINY_RUN, f"run_dir={mine}", cwd=tmp_path), "already holds a run", absent=("overwrite=true",))
+    assert _tree(mine) == before
+    (mine / "config.yaml").unlink()  # no run here, but files a run would replace
+    _error(swarm("run", *TINY_RUN, f"run_dir={mine}", cwd=tmp_path), "eval-best.json", "loss.png")
+    assert (mine / "loss.png").read_text() == "the user's loss.png"
+
+    run = _copy(runs, "full", tmp_path / "run")
+    assert (run / runfiles.MANIFEST).is_file() and runfiles.foreign(run) == []
+    (run / "notes.txt").write_text("mine")
+    _error(swarm("run", *TINY_RUN, f"run_dir={run}", "overwrite=true", cwd=tmp_path), "notes.txt")
+    assert (run / "checkpoints" / "latest").is_file()
+    (run / "notes.txt").unlink()
+    clear_run(run)
+    assert [p.name for p in run.iterdir()] == [runfiles.MANIFEST]
+
+
+def test_run_control_keys_come_from_the_command_line_only(runs, tmp_path, registry):
+    """2. A recipe that sets overwrite (or resume, run_dir) is refused naming the key and the recipe,
+    before the run folder is touched; so is a task file's overrides block; a saved config.yaml's own
+    run-control values are not read back."""
+    run = _copy(runs, "full", tmp_path / "run")
+    before = _tree(run / "checkpoints")
+    for key, value in (("overwrite", "true"), ("resume", "true"), ("run_dir", str(tmp_path / "x"))):
+        recipe = tmp_path / f"{key}.yaml"
+        recipe.write_text(f"domain: minecraft\ntask: wooden_pickaxe\n{key}: {value}\n")
+        _error(swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), key, str(recipe))
+    assert _tree(run / "checkpoints") == before
+
+    from swarm_runtime.config import ConfigError, load_saved, resolve
+
+    _, reg = registry
+
+    class Planted:  # the minecraft domain, its task file's overrides setting overwrite
+        def __init__(self, domain):
+            self.d = domain
+
+        def __getattr__(self, name):
+            return getattr(self.d, name)
+
+        def task_config(self, name):
+            from omegaconf import OmegaConf
+
+            cfg = self.d.task_config(name)
+            cfg.overrides = OmegaConf.merge(cfg.get("overrides") or {}, {"overwrite": True})
+            return cfg
+
+    fake = type("Reg", (), {"domains": {"minecraft": Planted(reg.domains["minecraft"])}, "light": True})()
+    with pytest.raises(ConfigError, match="sets overwrite in its overrides"):
+        resolve(["domain=minecraft", "task=wooden_pickaxe"], fake)
+    cfg_file = run / "config.yaml"
+    cfg_file.write_text(cfg_file.read_text().replace("overwrite: false", "overwrite: true"))
+    saved = load_saved(cfg_file, reg)
+    assert saved.overwrite is False and saved.resume is False and saved.run_dir == str(run)
+
+
+def test_no_write_follows_a_link_out_of_the_run_folder(runs, tmp_path):
+    """3. metrics.jsonl linked to a user's file (with metrics_rows 0, so a resume would cut it) or
+    run.log linked to one: the resume exits 2 naming the link; the user's file is untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n" * 5)
+    cases = []
+    for name in ("metrics.jsonl", "run.log"):
+        run = _copy(runs, "full", tmp_path / name)
+        state = _latest(run) / "state.json"
+        state.write_text(json.dumps({**json.loads(state.read_text()), "metrics_rows": 0}))
+        (run / name).unlink(missing_ok=True)
+        (run / name).symlink_to(victim)
+        cases.append((run, name))
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda c: swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3",
+                                                cwd=tmp_path), cases))
+    for (run, name), res in zip(cases, results):
+        _error(res, name, "outside the run folder")
+    assert victim.read_text() == "precious\n" * 5
+
+
+def test_export_never_writes_into_a_checkpoint(runs, tmp_path):
+    """4. out= inside the run's checkpoints (directly or through a link) is refused; the checkpoint's
+    models (full copies and adapters) are untouched."""
+    for name in ("full", "lora"):
+        run = _copy(runs, name, tmp_path / name)
+        ckpt = _latest(run)
+        before = _tree(ckpt)
+        (tmp_path / f"{name}-link").symlink_to(run / "checkpoints")
+        outs = [ckpt / "agents"] + ([tmp_path / f"{name}-link" / ckpt.name] if name == "full" else [])
+        for out in outs:
+            _error(swarm("export", str(run), f"checkpoint={ckpt.name}", f"out={out}", cwd=tmp_path),
+                   "never writes into")
+        assert _tree(ckpt) == before
+
+
+# ------------------------------------------------------------------------------- code run, keys (5-7)
+def test_a_model_folder_asking_for_custom_code_is_refused(runs, tmp_path):
+    """5. An agent folder whose config.json has auto_map and a .py beside it: swarm eval (with a "y"
+    waiting on stdin) exits 2 naming the folder and never imports the code."""
+    run = _copy(runs, "full", tmp_path / "run")
+    agent = _latest(run) / "agents" / "Logger"
+    marker = tmp_path / "RAN"
+    (agent / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+                                   "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
+                                   "class EvilConfig(Qwen2Config):\n    model_type = 'qwen2'\n"
+                                   "class EvilModel(Qwen2ForCausalLM):\n    config_class = EvilConfig\n")
+    config = json.loads((agent / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    (agent / "config.json").write_text(json.dumps(config))
+    res = swarm("eval", str(run), cwd=tmp_path, input="y\ny\n", env={"HF_HOME": str(tmp_path / "hf")})
+    _error(res, "Logger", "auto_map", "custom code")
+    assert not marker.exists()
+
+
+class _Judge(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint that records every request's Authorization header."""
+
+    seen: list = []
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        type(self).seen.append(self.headers.get("authorization"))
+        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "correct: yes"}}]})
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_judge_endpoint_saved_in_a_run_folder_gets_no_key(runs, tmp_path):
+    """6. A run folder whose config.yaml names its own judge base_url: swarm eval with OPENAI_API_KEY in the
+    environment exits 2 naming task.llm_judge.base_url, and the endpoint hears nothing; given on the
+    command line, the same endpoint is used."""
+    server = HTTPServer(("127.0.0.1", 0), _Judge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    _Judge.seen = []
+    try:
+        run = _copy(runs, "research", tmp_path / "run")
+        text = (run / "config.yaml").read_text()
+        assert "  judge: exact\n" in text and "    base_url: null\n" in text
+        (run / "config.yaml").write_text(text.replace("  judge: exact\n", "  judge: llm\n")
+                                         .replace("    base_url: null\n", f"    base_url: {url}\n"))
+        env = {"OPENAI_API_KEY": "sk-ENVKEY-0123456789"}
+        res = swarm("eval", str(run), "checkpoint=sft", cwd=tmp_path, env=env)
+        _error(res, "task.llm_judge.base_url", url, "OPENAI_API_KEY")
+        assert _Judge.seen == []
+        res = swarm("eval", str(run), "checkpoint=sft", f"task.llm_judge.base_url={url}", cwd=tmp_path, env=env)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert all(h == "Bearer sk-ENVKEY-0123456789" for h in _Judge.seen)
+    finally:
+        server.shutdown()
+
+
+def test_secrets_in_lists_and_mappings_are_written_nowhere(runs, tmp_path):
+    """7. A secret given as a list (``api_key=[sk-...]``) or a mapping (``={k: sk-...}``, or the key inside
+    a mapping given to its section) is redacted whole: not in config.yaml, the log, any file of the run
+    folder or ``swarm config``'s output."""
+    run = runs[0] / "research"
+    assert "api_key: <redacted>" in (run / "config.yaml").read_text()
+    for p in run.rglob("*"):
+        if p.is_file():
+            assert LIST_SECRET.encode() not in p.read_bytes(), p
+    assert LIST_SECRET not in runs[1]["research"].stdout + runs[1]["research"].stderr
+    secret = "sk-MAPSECRET-0123456789"
+    for arg in (f"task.llm_judge.api_key={{k: {secret}}}", f"task.llm_judge={{api_key: [{secret}], model: m}}"):
+        res = swarm("config", "domain=openresearcher", "task=embedded", arg, cwd=tmp_path)
+        assert res.returncode == 0 and secret not in res.stdout + res.stderr and "<redacted>" in res.stdout, arg
+
+
+# ----------------------------------------------------------------------------- silent nonsense (8-12)
+def test_resume_without_its_config_is_refused(runs, tmp_path):
+    """8. config.yaml deleted: resume=true exits 2 naming it, instead of resuming the weights under the
+    default config and writing that config as the run's."""
+    run = _copy(runs, "full", tmp_path / "run")
+    (run / "config.yaml").unlink()
+    _error(swarm("run", "resume=true", f"run_dir={run}", "domain=minecraft", "task=wooden_pickaxe", cwd=tmp_path),
+           "config.yaml", "is missing")
+    assert not (run / "config.yaml").exists()
+
+
+#: (key, damaged value, what the error names): through the CLI; the rest of the schema in process.
+STATE_DAMAGE = [("iteration", -7, "iteration"), ("phase", "banana", "phase"), ("flops", "lots", "flops"),
+                ("metrics_rows", 999, "metrics.jsonl"), ("sft_eval", "garbage", "sft_eval")]
+
+
+def test_a_damaged_state_json_is_named_before_anything_resumes(runs, tmp_path):
+    """9. state.json with a negative iteration, an unknown phase, or corrupt flops, metrics_rows (more rows
+    than metrics.jsonl holds) or sft_eval: exit 2 naming the file and the key, nothing rewritten; the same
+    schema refuses an iteration that is not the checkpoint's, infinite FLOPs, a metrics_rows of another type,
+    a final_eval without a finite reward."""
+    from swarm_runtime.checkpoint import state_problem
+
+    cases = []
+    for i, (key, value, needle) in enumerate(STATE_DAMAGE):
+        run = _copy(runs, "full", tmp_path / f"s{i}")
+        state = _latest(run) / "state.json"
+        state.write_text(json.dumps({**json.loads(state.read_text()), key: value}))
+        cases.append((run, needle, (run / "metrics.jsonl").read_bytes()))
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda c: swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3",
+                                                cwd=tmp_path), cases))
+    for (run, needle, metrics), res in zip(cases, results):
+        _error(res, needle, "metrics.jsonl" if needle == "metrics.jsonl" else "state.json")
+        assert (run / "metrics.jsonl").read_bytes() == metrics
+    good = json.loads((_latest(runs[0] / "full") / "state.json").read_text())
+    assert state_problem(good, _latest(runs[0] / "full").name) == ""
+    for key, value, tag, needle in [("iteration", 5, "iter-000002", "iteration 5"), ("flops", {"sft": 1e400}, "", "flops"),
+                                    ("metrics_rows", "7", "", "metrics_rows"), ("final_eval", {"reward_mean": "high"}, "",
+                                                                                 "final_eval.reward_mean"),
+                                    ("phase", "rl", "sft", "checkpoint sft"), ("iteration", True, "", "iteration")]:
+        assert needle in state_problem({**good, key: value}, tag), (key, value)
+
+
+def test_silent_nonsense_is_one_line(runs, tmp_path):
+    """10-11. A recipe that is not YAML, a memory plan of a model.arch with a negative or missing size, an
+    adapter checkpoint exported with NaN weights or a tampered base pointer: exit 2, one line naming it."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("domain: [minecraft\n  task: {")
+    _error(swarm("run", f"recipe={bad}", cwd=tmp_path), str(bad), "not YAML")
+    for arch in ("{hidden_size: 64}", "{hidden_size: -64, vocab_size: 100, num_hidden_layers: 2}"):
+        _error(swarm("config", "model=local", f"model.arch={arch}", "--plan", cwd=tmp_path), "model.arch")
+
+    from safetensors.torch import load_file, save_file
+
+    run = _copy(runs, "lora", tmp_path / "nan")
+    f = _latest(run) / "agents" / "Miner" / "adapter_model.safetensors"
+    weights = load_file(f)
+    first = sorted(weights)[0]
+    weights[first][0] = float("nan")
+    save_file(weights, str(f), metadata={"format": "pt"})
+    _error(swarm("export", str(run), cwd=tmp_path), "Miner", "NaN")
+    assert not (run / "export" / _latest(run).name / "Miner").exists()
+    run = _copy(runs, "lora", tmp_path / "ptr")
+    (_latest(run) / "agents" / "Smith" / "swarm_base.json").write_text("{\"base\": 3")
+    _error(swarm("export", str(run), cwd=tmp_path), "swarm_base.json")
+
+
+def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path):
+    """12. Eval checks every role's base fingerprint (not only the first role's); a ``latest`` linked to a
+    file outside the run is refused without echoing it; new runs write the current config_version."""
+    from swarm_runtime.config import CONFIG_VERSION
+
+    run = _copy(runs, "lora", tmp_path / "fp")
+    ptr_file = _latest(run) / "agents" / "Smith" / "swarm_base.json"
+    ptr = json.loads(ptr_file.read_text())
+    ptr["fingerprint"] = "0" * 64
+    ptr_file.write_text(json.dumps(ptr))
+    _error(swarm("eval", str(run), cwd=tmp_path), "Smith")
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET-CONTENT-0123456789")
+    run = _copy(runs, "full", tmp_path / "latest")
+    (run / "checkpoints" / "latest").unlink()
+    (run / "checkpoints" / "latest").symlink_to(secret)
+    for args in (["eval", str(run)], ["run", "resume=true", f"run_dir={run}", "algo.iterations=3"]):
+        line = _error(swarm(*args, cwd=tmp_path), "latest", absent=("TOPSECRET",))
+        assert "outside the run folder" in line or "link out of the run folder" in line, line
+    for name in ("full", "lora", "research"):
+        assert f"config_version: {CONFIG_VERSION}\n" in (runs[0] / name / "config.yaml").read_text()
