@@ -149,9 +149,9 @@ def test_the_episode_loop_makes_one_bid_call_per_turn_for_all_roles(registry, mo
     calls = []
     real = TransformersPolicy.bid_distribution
 
-    def counted(self, prompts):
+    def counted(self, prompts, **kw):
         calls.append((len(prompts), tuple(self.route or [self.adapter])))
-        return real(self, prompts)
+        return real(self, prompts, **kw)
     monkeypatch.setattr(TransformersPolicy, "bid_distribution", counted)
     slots = new_slots(ctx.domain, ctx.task, [0, 1])
     play(slots, agents, ctx.coordinator(), ctx.domain, 3, random.Random(0))
