@@ -101,6 +101,22 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(keep)
 
 
+def _exit_on_term(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (a scheduler's stop, ``kill``) unwinds the run like Ctrl-C instead of ending it at once, so its
+    ``finally`` blocks and ``atexit`` stop the servers it started (they run in their own session and would
+    otherwise outlive it). Only from the main thread and where nobody installed a handler; ``kill -9`` still
+    leaves a server running (its log names it)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_term)
+
+
 class VLLMServer:
     """One vLLM OpenAI server over ``base`` (module docstring)."""
 
@@ -158,6 +174,7 @@ class VLLMServer:
                                          start_new_session=True)
         self.starts += 1
         atexit.register(self.stop)
+        exit_on_sigterm()
         ok = Client(self.url, timeout=10.0).wait_ready(self.startup_timeout_s, self.alive)
         if not ok:
             code = self.proc.poll()

@@ -62,3 +62,25 @@ def test_a_run_trains_on_vllm_rollouts_and_syncs_every_update(tmp_path):
     assert port_free("127.0.0.1", port)  # the run stopped its server
     print(f"\nversions seen in /v1/models: {sorted(seen)}\nmismatch: max approx KL {max(kl.values()):.2e}, "
           f"max |d log p| {max(worst):.2e}")
+
+
+def test_a_run_stopped_with_sigterm_stops_its_server(tmp_path):
+    """A scheduler's stop (SIGTERM) of a run on vLLM leaves no server behind: the run unwinds and stops it."""
+    import signal
+
+    port = free_port("127.0.0.1")
+    args = [a for a in TINY_RUN if not a.startswith(("algo.iterations", "tensorboard"))]
+    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args, "algo.iterations=50", "tensorboard=false",
+           "model.adapter=lora", "rollout.engine=vllm", f"rollout.vllm.port={port}", f"run_dir={tmp_path / 'run'}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **vllm_env()}
+    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        end = time.monotonic() + 900
+        while not _models(port) and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.5)
+        assert _models(port), "the run's server never answered"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    end = time.monotonic() + 60
+    while not port_free("127.0.0.1", port) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert port_free("127.0.0.1", port), "the vLLM server outlived its run"
