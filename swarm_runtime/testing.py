@@ -1124,11 +1124,11 @@ def check_domain(domain: Domain, task: str | DictConfig, trajectories=TRAJECTORI
         check_splits(domain, task)
         check_fresh_task_config(domain, task)
         check_fresh_env(domain, task)
-        check_close(domain, task)
         out["here"] = check_determinism(domain, task, processes=False)
         check_invalid_is_noop(domain, task)
         check_snapshots(domain, task, trajectories)
         check_rare_paths(domain, task)
+        check_close(domain, task)  # after the snapshot checks: it restores a closed env's snapshot elsewhere
         check_expert(domain, task)
         check_max_decisions(domain, task)
         check_action_choices(domain, task)
