@@ -9,7 +9,8 @@ so the gradients reduced across ranks are the one-process gradient. Gradient cli
 AdamW steps each rank's shard. The full state dict is gathered on rank 0 at the end.
 
 :func:`sharded_update` runs in each rank; :func:`spawn_update` starts a group of ``world`` processes on this
-machine (gloo on a CPU device mesh, or NCCL on GPUs) and returns rank 0's result. What is not here yet: learner
+machine (gloo on a CPU device mesh) and returns rank 0's result; :func:`deepspeed_update` is the same update
+under DeepSpeed ZeRO-3. What is not here yet: learner
 actors that keep the sharded model and its optimizer across updates (Ray), and a run-level
 ``train.engine=fsdp``; see docs/distributed.md.
 """
@@ -144,17 +145,72 @@ def sharded_update(rank: int, world: int, make_policy: Callable[[], Any], batch:
     return state, metrics
 
 
+def deepspeed_update(rank: int, world: int, make_policy: Callable[[], Any], batch: Sequence[Row],
+                     settings: OptimSettings, chunk_loss: Callable | None = None) -> tuple[dict, dict[str, float]]:
+    """The same update under DeepSpeed ZeRO-3 (``deepspeed.initialize`` with the run's AdamW and schedule as the
+    client optimizer; gradient accumulation over the rank's chunks, clipping at the global norm), in rank
+    ``rank`` of a process group DeepSpeed initialised. Returns the full fp32 parameters by name (rank 0; empty
+    elsewhere) and the metrics of :func:`sharded_update`. Runs where ``DS_ACCELERATOR`` names a working
+    accelerator (``cpu`` here: docs/distributed.md)."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    from swarm_runtime.train.optim import make_optimizer
+
+    chunk_loss = chunk_loss or _default_chunk_loss()
+    t0 = time.time()
+    policy = make_policy()
+    chunks = rank_chunks(batch, rank, world, settings.minibatch)
+    opt, sched = make_optimizer(policy.model.parameters(), settings.lr, settings.weight_decay, settings.total_steps,
+                                settings.warmup, eps=settings.eps)
+    config = {"train_micro_batch_size_per_gpu": max(1, int(settings.minibatch)),
+              "gradient_accumulation_steps": len(chunks), "gradient_clipping": float(settings.grad_clip),
+              "zero_optimization": {"stage": 3}, "zero_force_ds_cpu_optimizer": False, "steps_per_print": 1 << 30}
+    engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=opt, lr_scheduler=sched, config=config)
+    # forwards go through the engine: ZeRO-3 counts micro-steps there, and one that is not counted overwrites
+    # the accumulated gradient partitions instead of adding to them (measured: only the last chunk's gradient)
+    policy.model = engine
+    policy.train()
+    total = 0.0
+    for chunk, weight in chunks:
+        loss = chunk_loss(policy, chunk) * weight
+        engine.backward(loss * world, scale_wrt_gas=False)  # DeepSpeed averages over ranks too
+        engine.step()  # steps at the accumulation boundary (the last chunk) only
+        total += float(loss.detach())
+    policy.eval()
+    loss_sum = torch.tensor([total], dtype=torch.float64)
+    dist.all_reduce(loss_sum)
+    held = sum(int(getattr(p, "ds_tensor", p).numel()) for p in engine.module.parameters())
+    full = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in engine.module.named_parameters()}
+    metrics = {"loss": float(loss_sum), "grad_norm": float(engine.get_global_grad_norm()),
+               "shard_params": float(held), "seconds": time.time() - t0}
+    return (full if rank == 0 else {}), metrics
+
+
+#: The engines :func:`spawn_update` runs.
+ENGINES = ("fsdp", "deepspeed")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, world: int, port: int, make_policy, batch, settings, chunk_loss, out: str, threads: int):
+def _worker(rank: int, world: int, port: int, make_policy, batch, settings, chunk_loss, out: str, threads: int,
+            engine: str = "fsdp"):
     torch.set_num_threads(max(1, int(threads)))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if engine == "deepspeed":
+        import deepspeed
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                          LOCAL_RANK=str(rank))
+        deepspeed.init_distributed(dist_backend="gloo")
+    else:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        state, metrics = sharded_update(rank, world, make_policy, batch, settings, chunk_loss)
+        update = deepspeed_update if engine == "deepspeed" else sharded_update
+        state, metrics = update(rank, world, make_policy, batch, settings, chunk_loss)
         shards = [None] * world
         dist.all_gather_object(shards, metrics["shard_params"])
         if rank == 0:
@@ -164,15 +220,18 @@ def _worker(rank: int, world: int, port: int, make_policy, batch, settings, chun
 
 
 def spawn_update(make_policy: Callable[[], Any], batch: Sequence[Row], settings: OptimSettings, world: int,
-                 chunk_loss: Callable | None = None, threads: int = 1,
-                 start_method: str = "spawn") -> tuple[dict[str, torch.Tensor], dict]:
+                 chunk_loss: Callable | None = None, threads: int = 1, start_method: str = "spawn",
+                 engine: str = "fsdp") -> tuple[dict[str, torch.Tensor], dict]:
     """Run :func:`sharded_update` in ``world`` new processes on this machine (gloo on 127.0.0.1, CPU mesh)
     and return rank 0's full state dict and metrics. ``start_method="spawn"`` (fresh interpreters: each
     imports torch and transformers again) needs ``make_policy`` and ``chunk_loss`` to pickle (module-level
     functions, ``functools.partial`` of them); ``"fork"`` starts from this process's imports (seconds instead
     of tens of seconds on a loaded machine; only where this process has started no CUDA and no OpenMP
-    threads)."""
+    threads). ``engine``: ``fsdp`` (:func:`sharded_update`) or ``deepspeed`` (:func:`deepspeed_update`)."""
     import torch.multiprocessing as mp
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown sharded engine {engine!r}; valid: {', '.join(ENGINES)}")
 
     with tempfile.TemporaryDirectory(prefix="swarm-fsdp-") as tmp:
         out = str(Path(tmp) / "rank0.pt")
@@ -180,7 +239,8 @@ def spawn_update(make_policy: Callable[[], Any], batch: Sequence[Row], settings:
         os.environ["OMP_NUM_THREADS"] = str(max(1, int(threads)))
         try:
             mp.start_processes(_worker, args=(world, free_port(), make_policy, list(batch), settings, chunk_loss,
-                                              out, threads), nprocs=int(world), join=True, start_method=start_method)
+                                              out, threads, engine), nprocs=int(world), join=True,
+                               start_method=start_method)
         finally:
             for k, v in env.items():
                 if v is None:
