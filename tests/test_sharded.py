@@ -65,3 +65,22 @@ def test_fsdp_on_two_gloo_processes_takes_the_one_process_update():
     assert m["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-6)
     total = sum(p.numel() for p in pol.model.parameters())
     assert sum(m["shard_params_by_rank"]) == total and max(m["shard_params_by_rank"]) < 0.6 * total
+
+
+def test_the_benchmark_compares_the_engines_update_on_a_real_role_model(capsys):
+    """benchmarks/sharded_update.py (docs/distributed.md) on the minecraft expert's actions of one seed."""
+    import importlib.util
+    import re
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("sharded_update", ROOT / "benchmarks" / "sharded_update.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--engine", "fsdp", "--world", "2", "--seeds", "1"])
+    out = capsys.readouterr().out
+    diff, moved = map(float, re.search(r"max abs diff vs 1 process: (\S+) \(the update moved parameters by up to "
+                                       r"(\S+)\)", out).groups())
+    assert moved > 1e-6 and diff < 1e-3 * moved, out
+    loss, loss1, norm, norm1 = map(float, re.search(r"loss (\S+) vs (\S+); grad norm (\S+) vs (\S+)", out).groups())
+    assert loss == pytest.approx(loss1, rel=1e-5) and norm == pytest.approx(norm1, rel=1e-5), out
