@@ -210,7 +210,8 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
     """Play every slot to the end (env done, ``max_decisions``, or the slot's ``stop_at``) and return
     their episodes: the :class:`AuctionTurns` strategy on the turn engine. Bids and actions come from
     ``sampler`` (default: in process, from the agents' own policies), agent ``i`` from the weights
-    ``models[i]`` (:func:`~swarm_runtime.rollout.local.model_names`)."""
+    ``models[i]`` (:func:`~swarm_runtime.rollout.local.model_names`). The slots' envs are closed at the end,
+    also when the batch raised (``DomainEnv.close()``)."""
     if sampler is None:
         sampler, models = LocalSampler.for_agents(agents)
     elif models is None:
