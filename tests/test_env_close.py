@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import TINY_RUN, run_context
+from conftest import TINY_RLCR, TINY_RUN, run_context
 from domains.minecraft.task import TaskSpec
 from domains.minecraft.world import CraftWorld
 from swarm_runtime.env import DomainEnv, EnvContractError, StepResult, ValidatedEnv, close_all
@@ -187,6 +187,20 @@ def test_evaluation_demos_and_rlcr_rollouts_close_their_envs(ctx, swarm_agents, 
     with pytest.raises(RuntimeError, match="decider lost"):
         play_concurrent(ctx.domain, ctx.task, [0, 1], boom, LoopOptions(t_max=40, agents=2))
     assert len(t.made) == 11 and t.all_closed_once()
+
+
+def test_the_run_checks_close_the_env_they_build(registry, monkeypatch):
+    """A run builds one env to check its task (``run.check_task``) and, under ``algo=rlcr``, one concurrent env
+    to check for ``progress()`` (``config.validate_rlcr``); each is closed right after."""
+    from swarm_runtime.config import resolve, validate_rlcr
+    from swarm_runtime.run import check_task
+
+    _, reg = registry
+    cfg = resolve(list(TINY_RLCR), reg)
+    t = Tracker(monkeypatch, reg.domains["minecraft"])
+    check_task(reg.domains["minecraft"], cfg)
+    validate_rlcr(cfg, reg)
+    assert len(t.made) == 2 and t.all_closed_once()
 
 
 CLOSE_AUDIT = textwrap.dedent("""
