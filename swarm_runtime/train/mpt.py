@@ -185,14 +185,14 @@ class MPTTrainer(PhasedTrainer):
         demos = collect_demos(ctx.domain, ctx.task, demo_seeds, list(s.owner_bids), list(s.other_bids),
                               rng=random.Random(int(self.cfg.seed)))
         t0 = time.time()
-        base_m = sft_shared_base(  # model.adapter=lora on a config-built base: the base learns every role's demos first
+        bases_m = sft_shared_base(  # model.adapter=lora on config-built bases: each learns its roles' demos first
             self.policies, demos, lambda policy, examples: sft(
                 policy, examples, int(s.epochs), float(s.lr), int(s.batch_size), int(self.cfg.seed) + 997,
                 desc="SFT base", progress=bool(self.cfg.progress), action_epochs=s.action_epochs), int(self.cfg.seed))
-        if base_m is not None:
-            logger.info("SFT shared base: {} examples (all roles), loss {:.3f} -> {:.3f}", base_m["examples"],
+        for base, base_m in bases_m.items():  # "base" (model.*), "base-NAME" (model.bases)
+            logger.info("SFT shared {}: {} examples (its roles), loss {:.3f} -> {:.3f}", base, base_m["examples"],
                         base_m["first_loss"], base_m["loss"])
-            self.writer.log(0, {f"sft/{k}_base": v for k, v in base_m.items()})
+            self.writer.log(0, {f"sft/{k}_{base}": v for k, v in base_m.items()})
         for i, (role, policy) in enumerate(self.policies.items()):
             m = sft(policy, demos[role], int(s.epochs), float(s.lr) * adapter_lr_scale(self.cfg), int(s.batch_size),
                     int(self.cfg.seed) + i,
