@@ -265,7 +265,8 @@ class VLLMConfig:
     python: Optional[str] = None  #: the Python of a virtualenv that has vLLM (e.g. ``~/.venvs/vllm/bin/python``);
     #: None = the ``SWARM_VLLM_PYTHON`` environment variable, else ``python3`` on PATH
     host: str = "127.0.0.1"  #: address the server binds to and is asked at
-    port: int = 0  #: first port tried (0 = a free port picked at start)
+    port: int = 0  #: the server's port (0 = a free port picked at start); with several bases (``model.bases``)
+    #: the next bases' servers take the ports after it
     args: list = field(default_factory=list)  #: extra ``vllm.entrypoints.openai.api_server`` arguments
     startup_timeout_s: float = 600.0  #: the server must answer ``/health`` within this
     dtype: str = "float32"  #: ``--dtype`` of the server (float32 on CPU: the learner's weights, no rounding)

@@ -28,8 +28,8 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None) -> Sampler:
         return engine_sampler(cfg, learner, run_dir)
     samplers: dict[str, Sampler] = {}
     try:  # one server per base (model.bases), each with the adapters of the roles on it
-        for name, models in by_base.items():
-            samplers[name] = engine_sampler(cfg, BaseLearner(learner, models), run_dir, base=name)
+        for i, (name, models) in enumerate(by_base.items()):
+            samplers[name] = engine_sampler(cfg, BaseLearner(learner, models), run_dir, base=name, port_offset=i)
     except BaseException:
         for s in samplers.values():
             s.close()
@@ -159,10 +159,11 @@ def write_base(shared, folder: Path) -> Path:
     return folder
 
 
-def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: str = "default"):
-    """Write the run's base and start a vLLM server on it (``rollout.vllm.*``); the started
-    :class:`~swarm_runtime.rollout.vllm_server.VLLMServer`. Used by :func:`make_sampler` and by tests
-    that need the server a run would start."""
+def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: str = "default", port_offset: int = 0):
+    """Write the run's base (``base``: the learner's models' base, of ``model.bases``) and start a vLLM server on
+    it (``rollout.vllm.*``; the ``port_offset``-th base's server asks ``rollout.vllm.port`` + that, a fixed port
+    being one per server); the started :class:`~swarm_runtime.rollout.vllm_server.VLLMServer`. Used by
+    :func:`make_sampler` and by tests that need the server a run would start."""
     from swarm_runtime.rollout.sync import check_rank, lora_slots
     from swarm_runtime.rollout.vllm_server import VLLMServer, check_cpu_shape, probe_python, vllm_python
 
@@ -177,14 +178,16 @@ def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: st
     if info.get("cpu"):
         check_cpu_shape(model)
     max_loras, max_cpu = lora_slots(len(learner.models()), int(cfg.rollout.max_staleness))
-    server = VLLMServer(python, model, folder / "vllm.log", host=str(v.host), port=int(v.port),
+    port = int(v.port) + port_offset if int(v.port) else 0
+    server = VLLMServer(python, model, folder / "vllm.log", host=str(v.host), port=port,
                         max_lora_rank=rank, max_loras=max_loras,
                         max_cpu_loras=max_cpu, dtype=str(v.dtype), args=list(v.get("args") or []),
                         startup_timeout_s=float(v.startup_timeout_s))
     return server.start()
 
 
-def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None, base: str = "default"):
+def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None, base: str = "default",
+                   port_offset: int = 0):
     """An :class:`~swarm_runtime.rollout.openai.OpenAISampler` on ``rollout.url`` (``openai``; base ``base``
     of ``model.bases``: ``rollout.urls.NAME``) or on a vLLM server the run starts (``vllm``; ``server``: one
     already started by :func:`start_vllm_server`). The server's base is checked against the run's, every
@@ -200,7 +203,7 @@ def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None
     owned = False
     if str(r.engine) == "vllm":
         if server is None:
-            server, owned = start_vllm_server(cfg, learner, run_dir, base), True
+            server, owned = start_vllm_server(cfg, learner, run_dir, base, port_offset), True
         url, describe = server.url, f"the vLLM server at {server.url} (log: {server.log})"
     else:
         if shared.source is not None and getattr(shared, "engine_fingerprint", None) is None:
