@@ -591,6 +591,10 @@ def model_bases(cfg: DictConfig, registry) -> None:
             rule = RULES.get(f"model.{k}")
             if rule is not None and not (rule.lazy and not _lazy_ok(registry)):
                 check_rule(replace(rule, key=f"model.bases.{name}.{k}"), v)
+        try:  # its shape, as model.*'s
+            model_shape(OmegaConf.create({"model": B.base_cfg(cfg.model, name)}), registry)
+        except ConfigError as exc:
+            raise ConfigError(f"the base {name!r} (model.* with model.bases.{name}.*): {exc}") from None
     if B.multi(cfg.model) and cfg.algo.name in ONE_MODEL_ALGOS:
         raise ConfigError(f"model.role_base gives roles their own bases, but algo={cfg.algo.name} trains one model; "
                           f"valid: algo=mpt, or drop model.role_base")

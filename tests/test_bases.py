@@ -38,6 +38,8 @@ def _hidden(policy) -> tuple[int, int]:
     ((*SMALL, "model.adapter=lora", "rollout.engine=openai", "rollout.url=http://127.0.0.1:9",
       "rollout.urls.big=http://127.0.0.1:9"), "rollout.urls.big: no base 'big' in model.bases; valid: small"),
     ((*SMALL, "algo=monolithic"), "algo=monolithic trains one model"),
+    ((*SMALL, "model.bases.small.num_heads=3"),
+     "the base 'small' (model.* with model.bases.small.*): model.num_heads=3 is not valid: must divide"),
 ])
 def test_bad_bases_are_refused_naming_the_valid_ones(registry, args, says):
     with pytest.raises(ConfigError, match=None) as e:
@@ -175,3 +177,40 @@ def test_old_one_base_layout_still_loads(registry, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(again["Smith"]._forward(input_ids=ids).logits,
                                    policies["Smith"]._forward(input_ids=ids).logits)
+
+
+def test_serve_starts_one_worker_per_base(two_base_run):
+    """``swarm serve`` of a two-base adapter run: one worker per base, each holding its roles' adapters."""
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from test_serve import _free_port, _kill_pid, _start, _stop, _wait_health
+
+    d, run = two_base_run
+    port, log = _free_port(), d / "gateway.log"
+    g = _start(["swarm_runtime.cli", "serve", str(run), f"serve.port={port}", "serve.probe_interval_ms=200"], log)
+    pids = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_health(url, [g], 240, logs=[log])
+        swarm_state = httpx.get(f"{url}/v1/swarm").json()
+        hosts = swarm_state["adapter_hosts"]
+        pids = [h["pid"] for h in hosts if h["pid"]]
+        assert len(hosts) == 2 and all(h["status"] == "up" for h in hosts), hosts
+        at = {a["name"]: a["url"] for a in swarm_state["agents"]}
+        assert at["Logger"] == at["Miner"] != at["Smith"] and {at["Logger"], at["Smith"]} == {h["url"] for h in hosts}
+        served = {h["url"]: {m["id"] for m in httpx.get(f"{h['url']}/v1/models").json()["data"] if m.get("parent")}
+                  for h in hosts}
+        assert served[at["Smith"]] == {"Smith"} and served[at["Logger"]] == {"Logger", "Miner"}
+        body = httpx.post(f"{url}/v1/episodes", json={"noise": "4"}, timeout=120).json()
+        assert body["status"] == "done" and body["decisions"] > 0, body
+    finally:
+        _stop(g)
+        for pid in pids:
+            _kill_pid(pid)
+
+
+def test_a_saved_base_url_is_an_endpoint_no_key_goes_to():
+    from swarm_runtime.secrets import is_endpoint_key
+
+    assert is_endpoint_key("rollout.urls.small") and is_endpoint_key("rollout.url")
+    assert not is_endpoint_key("model.bases.small.path")
