@@ -135,6 +135,12 @@ def test_cli_run_eval_resume_with_two_bases_and_adapters(two_base_run):
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((run / "checkpoints" / "iter-000003" / "state.json").read_text())["iteration"] == 3
     assert (run / "checkpoints" / "iter-000003" / "base-small" / "model.safetensors").exists()
+    res = swarm("export", str(run), "checkpoint=iter-000003", "merged=false", cwd=d)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = run / "export" / "iter-000003"
+    assert json.loads((out / "Smith" / "swarm_base.json").read_text())["base"] == "../base-small"
+    assert json.loads((out / "Miner" / "swarm_base.json").read_text())["base"] == "../base"
+    assert AutoModelForCausalLM.from_pretrained(out / "base-small").config.hidden_size == 64
 
 
 def test_adapters_refuse_a_checkpoint_of_other_role_bases(two_base_run, registry):
@@ -214,3 +220,26 @@ def test_a_saved_base_url_is_an_endpoint_no_key_goes_to():
 
     assert is_endpoint_key("rollout.urls.small") and is_endpoint_key("rollout.url")
     assert not is_endpoint_key("model.bases.small.path")
+
+
+@pytest.mark.parametrize("adapter", ["lora", "none"])
+def test_bases_with_different_tokenizers_each_tokenize_their_roles(registry, tmp_path, adapter):
+    """A local checkpoint (byte-level BPE, its own vocabulary) for Smith beside the tiny word-level base: each
+    role's prompts go through its own base's tokenizer, sampled and scored."""
+    from conftest import make_local_checkpoint
+
+    from swarm_runtime.rollout.base import Row
+    from swarm_runtime.rollout.local import LocalSampler
+
+    local = make_local_checkpoint(tmp_path / "local")
+    ctx = run_context(registry, *MC, f"model.adapter={adapter}", f"model.bases.loc.path={local}",
+                      "model.role_base.Smith=loc")
+    _, policies = ctx.build_swarm()
+    assert len(policies["Smith"].tok) != len(policies["Logger"].tok)
+    rows = [Row(r, f"you are {r} . inventory : none . action :", (3, i, 0, 1)) for i, r in enumerate(policies)]
+    acts = LocalSampler(policies).act(rows)
+    for r, a in zip(rows, acts):
+        p = policies[r.model]
+        assert all(0 <= t < len(p.tok) for t in a.tokens) and a.text == p.decode(a.tokens)
+        assert torch.isfinite(p.logprobs([r.prompt], [a.tokens])).all()  # the learner scores it the same way
+    assert all(b.level in list(ctx.cfg.algo.bid_levels) for b in LocalSampler(policies).bid(rows))
