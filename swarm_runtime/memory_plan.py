@@ -22,6 +22,9 @@ weight of the dtype):
   ``2 L k d b`` per token (``k`` key/value heads of width ``d``).
 - **runtime**: 2 GiB (CUDA context, kernels) + 10% of the rest for allocator fragmentation.
 
+With several bases (``model.bases`` + ``model.role_base``) each base is planned with the roles on it and the rows
+are added up, so each base is counted once (activations and gradients: the largest base's, one role at a time).
+
 An estimate, not a measurement: ``benchmarks/gpu_adapters.py`` prints it beside the measured peak.
 """
 from __future__ import annotations

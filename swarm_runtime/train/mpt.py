@@ -139,9 +139,13 @@ class MPTTrainer(PhasedTrainer):
         self.credit = ctx.credit_fn()
         self.writer = MetricsWriter(ctx.run_dir, bool(self.cfg.tensorboard),
                                     truncate_after=self.state["iteration"] if ctx.resume_from else None)
-        n = next(iter(self.policies.values())).n_params
-        logger.info("swarm: {} agents ({}), {:.2f}M parameters each", len(self.agents),
-                    ", ".join(a.name for a in self.agents), n / 1e6)
+        sizes = {role: p.n_params for role, p in self.policies.items()}
+        if len(set(sizes.values())) == 1:
+            logger.info("swarm: {} agents ({}), {:.2f}M parameters each", len(self.agents),
+                        ", ".join(a.name for a in self.agents), next(iter(sizes.values())) / 1e6)
+        else:  # roles on different bases (model.role_base)
+            logger.info("swarm: {} agents ({}); parameters: {}", len(self.agents), ", ".join(a.name for a in self.agents),
+                        ", ".join(f"{r} {n / 1e6:.2f}M" for r, n in sizes.items()))
 
     def _reference_policies(self) -> dict:
         """The reference of ``algo.bid_reference=sft`` and ``algo.kl_coef``: a frozen copy of each
