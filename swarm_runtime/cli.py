@@ -286,14 +286,14 @@ def _eval_locked(args, run_dir: Path) -> int:
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     ctx = RunContext(cfg, pm, reg, run_dir)
-    if cfg.algo.name == "rlcr":  # one shared policy acting as a collective (docs/rlcr.md)
-        from swarm_runtime.rlcr.trainer import evaluate_checkpoint
-
-        res, table = evaluate_checkpoint(ctx, ckpt)
+    algorithm = reg.algorithms.get(cfg.algo.name)  # its class: it may evaluate its checkpoints its own way
+    own_eval = getattr(algorithm, "evaluate_checkpoint", None)
+    if own_eval is not None:  # algo=rlcr: one shared policy acting as a collective (docs/rlcr.md)
+        res, table = own_eval(ctx, ckpt)
         out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
         write_json(out, {**res, "overrides": redact_args(args.overrides), "versions": versions()})
-        print(f"{cfg.domain}/{cfg.task_name} (algo=rlcr), checkpoint {ckpt.name}, return at T_max\n{table}\n"
-              f"{versions_line()}\nsaved {out}")
+        print(f"{cfg.domain}/{cfg.task_name} (algo={cfg.algo.name}), checkpoint {ckpt.name}, "
+              f"{getattr(algorithm, 'eval_measure', 'results')}\n{table}\n{versions_line()}\nsaved {out}")
         return 0
     from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic
 

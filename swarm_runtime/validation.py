@@ -24,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from swarm_runtime.config import ConfigError
+from swarm_runtime.schemes import BID_REFERENCES, PAIR_WEIGHTS, check_rank
 
 #: Loguru levels (``log_level``).
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
@@ -121,17 +122,6 @@ def _rule(key, spec, **kw) -> Rule:
     return Rule(key, ok, valid, **kw)
 
 
-def _losses(name: str):
-    def get():
-        from swarm_runtime.train import losses  # torch: only in the full validation
-        return getattr(losses, name)
-    return get
-
-
-def _lazy_rule(key, get) -> Rule:
-    return Rule(key, lambda v: v in get(), lambda: "one of " + ", ".join(get()), lazy=True)
-
-
 def _lazy_ok(registry) -> bool:
     """Whether the lazy rules (which import torch) run: not in a :func:`precheck`."""
     return not getattr(registry, "light", False)
@@ -165,8 +155,7 @@ RULES: dict[str, Rule] = {r.key: r for r in [
     _rule("algo.branch_horizon", ints(1), nullable=True, null_means="to the end of the episode"),
     _rule("algo.bid_pairs", choices("selected", "both")),
     _rule("algo.kl_coef", floats(0.0)), _rule("algo.bid_beta", floats(0.0, lo_open=True)),
-    _lazy_rule("algo.bid_reference", _losses("BID_REFERENCES")),
-    _lazy_rule("algo.bid_pair_weight", _losses("PAIR_WEIGHTS")),
+    _rule("algo.bid_reference", choices(*BID_REFERENCES)), _rule("algo.bid_pair_weight", choices(*PAIR_WEIGHTS)),
     _rule("algo.common_random_numbers", BOOL),
     _rule("algo.reward_scale", floats(0.0, lo_open=True), nullable=True, null_means="task.reward_max"),
     _rule("algo.goa_responders", ints(1, 1000)),
@@ -552,8 +541,6 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
                           "(each role's LoRA adapter is reloaded into the server after every update; a full copy "
                           "cannot be swapped into a running vLLM server); valid: model.adapter=lora, or "
                           "rollout.engine=local")
-    from swarm_runtime.rollout.sync import check_rank
-
     check_rank(int(cfg.model.lora.rank))  # vLLM's --max-lora-rank choices
     if cfg.model.get("constrained_actions"):
         raise ConfigError(f"rollout.engine={r.engine} with model.constrained_actions=true is not supported yet; "
