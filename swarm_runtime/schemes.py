@@ -4,7 +4,7 @@ engine clients): the bid losses' schemes (:mod:`swarm_runtime.train.losses`) and
 server takes (:mod:`swarm_runtime.rollout.sync`)."""
 from __future__ import annotations
 
-from swarm_runtime.config import ConfigError
+from swarm_runtime.errors import ConfigError
 
 #: Schemes of :func:`swarm_runtime.train.losses.pair_weights` (``algo.bid_pair_weight``).
 PAIR_WEIGHTS = ("uniform", "margin")

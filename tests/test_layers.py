@@ -61,3 +61,21 @@ def test_the_walk_sees_lazy_and_top_level_imports(tmp_path):
                    "def f():\n    from swarm_runtime.train.optim import master_weights\n"
                    "from swarm_runtime import rlcr\nimport swarm_runtime.serve.gateway\n")
     assert imported_subpackages(src) == {"train", "rlcr", "serve"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every ``swarm_runtime`` module ``path`` imports, by its dotted name."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return {m for m in out if m.startswith("swarm_runtime.")}
+
+
+def test_validation_does_not_import_the_config():
+    """One direction only: the config imports its validation, never the other way round (no import circle)."""
+    assert "swarm_runtime.validation" in imported_modules(PKG / "config.py")
+    for below in ("validation", "errors", "schemes", "masters"):
+        assert "swarm_runtime.config" not in imported_modules(PKG / f"{below}.py"), below

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from swarm_runtime.rollout.http import Client, EngineError, HTTPStatusError
-from swarm_runtime.schemes import VLLM_RANKS, check_rank
+from swarm_runtime.schemes import check_rank
 
 
 
