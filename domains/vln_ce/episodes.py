@@ -69,7 +69,7 @@ def make_episode(seed: int, unseen_seed_start: int, episodes_per_layout: int, ma
     layout = get_layout(key)
     rng = random.Random(f"vln-episode-{key}-{seed}")
     fallback = None
-    for attempt in range(400):
+    for _attempt in range(400):
         goal_room = rng.randrange(len(layout.rooms))
         cands = _goal_candidates(layout, goal_room)
         goal, goal_name = cands[rng.randrange(len(cands))]
