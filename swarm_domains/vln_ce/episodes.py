@@ -12,9 +12,9 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from domains.vln_ce.instructions import route_instruction
-from domains.vln_ce.layout import AGENT_RADIUS, Layout, Point, get_layout
-from domains.vln_ce.metrics import resample
+from swarm_domains.vln_ce.instructions import route_instruction
+from swarm_domains.vln_ce.layout import AGENT_RADIUS, Layout, Point, get_layout
+from swarm_domains.vln_ce.metrics import resample
 
 MIN_START_DISTANCE = 5.0  #: metres; R2R paths are ~10 m, VLN-CE success radius is 3 m
 MAX_START_DISTANCE = 20.0
