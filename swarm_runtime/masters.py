@@ -4,6 +4,7 @@ The optimizer (:class:`swarm_runtime.train.optim.MasterWeightAdamW`) keeps each 
 parameter's master as the parameter's ``_swarm_master`` attribute; the checkpoint
 (:mod:`swarm_runtime.checkpoint`) saves and restores them through the two functions here, so the core
 does not import the training package above it."""
+
 from __future__ import annotations
 
 import torch

@@ -2,6 +2,7 @@
 validation (:mod:`swarm_runtime.validation`) checks them without importing those packages (torch, the
 engine clients): the bid losses' schemes (:mod:`swarm_runtime.train.losses`) and the LoRA ranks a vLLM
 server takes (:mod:`swarm_runtime.rollout.sync`)."""
+
 from __future__ import annotations
 
 from swarm_runtime.errors import ConfigError

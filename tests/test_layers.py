@@ -1,5 +1,6 @@
 """The import layering of ``swarm_runtime``: a core module (``swarm_runtime/*.py``) imports only the
 subpackages below it, read from the source (ast, lazy imports inside functions included)."""
+
 from __future__ import annotations
 
 import ast
@@ -15,9 +16,13 @@ SUBPACKAGES = {"policy": 1, "rollout": 2, "train": 3, "rlcr": 4, "experiments": 
 #: The wiring at the top (the command line, the built-in registrations, the conformance kit) imports any.
 TOP = max(SUBPACKAGES.values())
 CORE = {
-    "episode": SUBPACKAGES["rollout"], "evaluate": SUBPACKAGES["rollout"], "deploy": SUBPACKAGES["rollout"],
+    "episode": SUBPACKAGES["rollout"],
+    "evaluate": SUBPACKAGES["rollout"],
+    "deploy": SUBPACKAGES["rollout"],
     "run": SUBPACKAGES["rollout"],
-    "cli": TOP, "builtins": TOP, "testing": TOP,
+    "cli": TOP,
+    "builtins": TOP,
+    "testing": TOP,
 }
 
 
@@ -25,8 +30,13 @@ def imported_subpackages(path: Path) -> set[str]:
     """The ``swarm_runtime`` subpackages ``path`` imports anywhere (top level or inside a function)."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        names = [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else \
-            [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        names = (
+            [node.module]
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level
+            else [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else []
+        )
         for name in names:
             parts = name.split(".")
             if parts[0] == "swarm_runtime" and len(parts) > 1 and parts[1] in SUBPACKAGES:
@@ -50,16 +60,20 @@ def test_the_layers_name_every_subpackage():
 def test_core_module_imports_no_subpackage_above_it(path):
     allowed = CORE.get(path.stem, 0)
     above = sorted(s for s in imported_subpackages(path) if SUBPACKAGES[s] > allowed)
-    assert not above, (f"swarm_runtime/{path.name} imports {above}, above its layer ({allowed}): move what it "
-                       "needs down into a core module")
+    assert not above, (
+        f"swarm_runtime/{path.name} imports {above}, above its layer ({allowed}): move what it "
+        "needs down into a core module"
+    )
 
 
 def test_the_walk_sees_lazy_and_top_level_imports(tmp_path):
     """The check can fail: an import inside a function counts, and so does ``from swarm_runtime import train``."""
     src = tmp_path / "m.py"
-    src.write_text("import os\nfrom swarm_runtime.config import ConfigError\n"
-                   "def f():\n    from swarm_runtime.train.optim import master_weights\n"
-                   "from swarm_runtime import rlcr\nimport swarm_runtime.serve.gateway\n")
+    src.write_text(
+        "import os\nfrom swarm_runtime.config import ConfigError\n"
+        "def f():\n    from swarm_runtime.train.optim import master_weights\n"
+        "from swarm_runtime import rlcr\nimport swarm_runtime.serve.gateway\n"
+    )
     assert imported_subpackages(src) == {"train", "rlcr", "serve"}
 
 
