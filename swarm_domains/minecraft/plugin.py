@@ -9,10 +9,10 @@ from swarm_runtime import hookimpl
 from swarm_runtime.domain import Domain, Role
 from swarm_runtime.env import DomainEnv
 
-from domains.minecraft.instructions import INSTRUCTIONS
-from domains.minecraft.recipes import ITEMS
-from domains.minecraft.task import TaskSpec
-from domains.minecraft.world import BIOME_NAMES, FEATURES, LEVELS, MAX_DEPTH
+from swarm_domains.minecraft.instructions import INSTRUCTIONS
+from swarm_domains.minecraft.recipes import ITEMS
+from swarm_domains.minecraft.task import TaskSpec
+from swarm_domains.minecraft.world import BIOME_NAMES, FEATURES, LEVELS, MAX_DEPTH
 
 #: Words of the observation template (besides items, biomes, features, levels, digits).
 OBS_WORDS = ("goal", "biome", "depth", "inventory", "empty", "last", "ok", "failed", "none", ".")
@@ -34,20 +34,20 @@ class MinecraftDomain(Domain):
     def make_env(self, task: DictConfig) -> DomainEnv:
         spec = TaskSpec.from_config(task)
         if spec.sim == "minestudio":
-            from domains.minecraft.minestudio import MineStudioEnv
+            from swarm_domains.minecraft.minestudio import MineStudioEnv
 
             return MineStudioEnv(spec)
-        from domains.minecraft.world import CraftWorld
+        from swarm_domains.minecraft.world import CraftWorld
 
         return CraftWorld(spec)
 
     def concurrent_env(self, task: DictConfig) -> DomainEnv:
         """``algo=rlcr``: the parallel form (shared area and storage, timed instructions,
-        anytime return = milestone reward so far; :mod:`domains.minecraft.parallel`)."""
+        anytime return = milestone reward so far; :mod:`swarm_domains.minecraft.parallel`)."""
         spec = TaskSpec.from_config(task)
         if spec.sim != "embedded":
             raise ValueError(f"minecraft task: algo=rlcr runs the embedded world only (sim=embedded), got sim {spec.sim!r}")
-        from domains.minecraft.parallel import SharedCraftWorld
+        from swarm_domains.minecraft.parallel import SharedCraftWorld
 
         return SharedCraftWorld(spec)
 

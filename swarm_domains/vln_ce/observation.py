@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 
-from domains.vln_ce.instructions import bearing, wrap
-from domains.vln_ce.layout import Layout, Point
+from swarm_domains.vln_ce.instructions import bearing, wrap
+from swarm_domains.vln_ce.layout import Layout, Point
 
 #: Words the observation adds to instructions, room types and landmark names.
 OBSERVATION_WORDS = ("in", "ahead", "left", "right", "wall", "door", "m", "bump", ":", ",", ".")

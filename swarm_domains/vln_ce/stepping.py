@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 from swarm_runtime.env import StepResult
 
-from domains.vln_ce import actions as A
-from domains.vln_ce.config import EmbeddedConfig
-from domains.vln_ce.metrics import is_success, step_reward
+from swarm_domains.vln_ce import actions as A
+from swarm_domains.vln_ce.config import EmbeddedConfig
+from swarm_domains.vln_ce.metrics import is_success, step_reward
 
 
 def start_decision(state: Any, action: str, role: str | None, max_decisions: int,

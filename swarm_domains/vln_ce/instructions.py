@@ -14,7 +14,7 @@ from typing import Sequence
 
 from swarm_runtime.policy.tokenizer import split_words
 
-from domains.vln_ce.layout import Layout, Point, point_segment_distance
+from swarm_domains.vln_ce.layout import Layout, Point, point_segment_distance
 
 #: Every word an instruction can use besides room types and landmark names.
 INSTRUCTION_WORDS = ("leave", "the", "and", "turn", "left", "right", "around", "into", "go", "through",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from domains.openresearcher.corpus import Corpus, Document, Question
+from swarm_domains.openresearcher.corpus import Corpus, Document, Question
 
 
 def _made_up_words(n: int, seed: int) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from swarm_runtime.config import ConfigError
+from swarm_runtime.errors import ConfigError
 
 #: The name of the base ``model.*`` describes (roles ``model.role_base`` does not name sit on it).
 DEFAULT = "default"

@@ -5,7 +5,7 @@ import re
 from types import MappingProxyType
 from typing import Mapping
 
-from domains.minecraft.recipes import GATHERS, RECIPES
+from swarm_domains.minecraft.recipes import GATHERS, RECIPES
 
 #: Instructions that move the agent rather than gather or craft.
 MOVES: tuple[str, ...] = ("explore", "dig down", "climb up")

@@ -10,11 +10,11 @@ from swarm_runtime import hookimpl
 from swarm_runtime.domain import Domain, Event, Role
 from swarm_runtime.env import DomainEnv
 
-from domains.vln_ce.actions import ACTION_WORDS, parse_action, role_choices
-from domains.vln_ce.config import EmbeddedConfig, HabitatConfig, sim_name
-from domains.vln_ce.instructions import INSTRUCTION_WORDS
-from domains.vln_ce.layout import OBJECT_NAMES, ROOM_TYPES
-from domains.vln_ce.observation import OBSERVATION_WORDS
+from swarm_domains.vln_ce.actions import ACTION_WORDS, parse_action, role_choices
+from swarm_domains.vln_ce.config import EmbeddedConfig, HabitatConfig, sim_name
+from swarm_domains.vln_ce.instructions import INSTRUCTION_WORDS
+from swarm_domains.vln_ce.layout import OBJECT_NAMES, ROOM_TYPES
+from swarm_domains.vln_ce.observation import OBSERVATION_WORDS
 
 
 class VLNDomain(Domain):
@@ -35,10 +35,10 @@ class VLNDomain(Domain):
         sim = sim_name(task)
         emb = EmbeddedConfig.from_task(task)
         if sim == "embedded":
-            from domains.vln_ce.sim import EmbeddedVLNEnv
+            from swarm_domains.vln_ce.sim import EmbeddedVLNEnv
 
             return EmbeddedVLNEnv(emb)
-        from domains.vln_ce.habitat_adapter import HabitatVLNEnv
+        from swarm_domains.vln_ce.habitat_adapter import HabitatVLNEnv
 
         return HabitatVLNEnv(HabitatConfig.from_task(task), emb)
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from domains.minecraft.recipes import ITEMS
+from swarm_domains.minecraft.recipes import ITEMS
 
 SIMS = ("embedded", "minestudio")
 

@@ -1,4 +1,4 @@
-"""BM25 search over a :class:`~domains.openresearcher.corpus.Corpus`, cached on disk.
+"""BM25 search over a :class:`~swarm_domains.openresearcher.corpus.Corpus`, cached on disk.
 
 Two backends behind one interface (:class:`SearchIndex`), with identical scores
 (BM25Okapi: ``k1``, ``b`` and rank-bm25's idf floor ``epsilon * mean idf``):
@@ -30,7 +30,7 @@ from typing import Protocol
 import numpy as np
 from loguru import logger
 
-from domains.openresearcher.corpus import Corpus
+from swarm_domains.openresearcher.corpus import Corpus
 
 BACKENDS = ("rank_bm25", "sparse")
 INDEX_VERSION = 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from domains.minecraft.recipes import (
+from swarm_domains.minecraft.recipes import (
     CANONICAL_FUEL, GATHERS, PICKAXE_FOR_TIER, RECIPES, pickaxe_tier, raw_needs,
 )
 

@@ -17,14 +17,14 @@ from typing import Any
 
 from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
-from domains.vln_ce import actions as A
-from domains.vln_ce.config import EmbeddedConfig
-from domains.vln_ce.episodes import WAYPOINT_OFFSET, Episode, make_episode
-from domains.vln_ce.instructions import bearing, wrap
-from domains.vln_ce.layout import GoalField, Point
-from domains.vln_ce.metrics import dedup, is_success, ndtw, spl
-from domains.vln_ce.observation import render_observation
-from domains.vln_ce.stepping import finish_decision, start_decision
+from swarm_domains.vln_ce import actions as A
+from swarm_domains.vln_ce.config import EmbeddedConfig
+from swarm_domains.vln_ce.episodes import WAYPOINT_OFFSET, Episode, make_episode
+from swarm_domains.vln_ce.instructions import bearing, wrap
+from swarm_domains.vln_ce.layout import GoalField, Point
+from swarm_domains.vln_ce.metrics import dedup, is_success, ndtw, spl
+from swarm_domains.vln_ce.observation import render_observation
+from swarm_domains.vln_ce.stepping import finish_decision, start_decision
 
 STEP_M = A.FORWARD_STEP_CM / 100.0
 

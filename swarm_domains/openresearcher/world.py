@@ -10,9 +10,9 @@ from typing import Any
 
 from loguru import logger
 
-from domains.openresearcher.corpus import Corpus, Question, load_corpus, load_questions, split_questions
-from domains.openresearcher.judge import make_judge
-from domains.openresearcher.search import build_index
+from swarm_domains.openresearcher.corpus import Corpus, Question, load_corpus, load_questions, split_questions
+from swarm_domains.openresearcher.judge import make_judge
+from swarm_domains.openresearcher.search import build_index
 
 SOURCES = ("embedded", "local")
 
@@ -82,7 +82,7 @@ def _build(cfg: dict) -> World:
     dev_spec = cfg.get("dev_seeds") or {"start": 0, "count": 0}
     n_dev = int(dev_spec["count"])
     if source == "embedded":
-        from domains.openresearcher.encyclopedia import Encyclopedia
+        from swarm_domains.openresearcher.encyclopedia import Encyclopedia
 
         enc = Encyclopedia(seed=int(cfg.get("seed", 0)), sizes=cfg.get("sizes"), eval_questions=n_eval,
                            dev_questions=n_dev)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from domains.vln_ce.metrics import reward_bounds
+from swarm_domains.vln_ce.metrics import reward_bounds
 
 SIMS = ("embedded", "habitat")
 RESTORE_MODES = ("state", "replay")

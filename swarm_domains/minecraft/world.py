@@ -4,7 +4,7 @@ Each instruction behaves like a learned 40-frame low-level controller: it
 succeeds with a probability that depends on the tools held and on the area's
 features (tree density, exposed stone, coal, iron), which depend on the biome
 and the depth. A layout-aware policy explores away from a treeless desert and
-digs down for iron; the scripted expert (see :mod:`domains.minecraft.expert`)
+digs down for iron; the scripted expert (see :mod:`swarm_domains.minecraft.expert`)
 does neither.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Mapping
 
 from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
-from domains.minecraft import expert
-from domains.minecraft.instructions import OWNER, parse
-from domains.minecraft.recipes import FUELS, GATHERS, ITEMS, RECIPES, pickaxe_tier
-from domains.minecraft.task import TaskSpec
+from swarm_domains.minecraft import expert
+from swarm_domains.minecraft.instructions import OWNER, parse
+from swarm_domains.minecraft.recipes import FUELS, GATHERS, ITEMS, RECIPES, pickaxe_tier
+from swarm_domains.minecraft.task import TaskSpec
 
 LEVELS: tuple[str, ...] = ("none", "few", "some", "many")
 FEATURES: tuple[str, ...] = ("trees", "stone", "coal", "iron")

@@ -24,11 +24,11 @@ from loguru import logger
 
 from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
-from domains.minecraft import expert
-from domains.minecraft.instructions import OWNER, parse
-from domains.minecraft.recipes import FUELS, GATHERS, ITEMS, RECIPES
-from domains.minecraft.task import TaskSpec
-from domains.minecraft.world import missing_for
+from swarm_domains.minecraft import expert
+from swarm_domains.minecraft.instructions import OWNER, parse
+from swarm_domains.minecraft.recipes import FUELS, GATHERS, ITEMS, RECIPES
+from swarm_domains.minecraft.task import TaskSpec
+from swarm_domains.minecraft.world import missing_for
 
 INSTALL_HINT = ("the minestudio backend needs the 'minestudio' package: pip install 'swarm-runtime[minestudio]'; "
                 "it also needs a CUDA GPU, Java 8 (JDK) and MineStudio's simulator engine")

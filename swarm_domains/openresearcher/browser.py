@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from domains.openresearcher.corpus import Corpus, unlink_line
+from swarm_domains.openresearcher.corpus import Corpus, unlink_line
 
 #: Every word the browser itself writes (headers, errors), for vocabulary().
 BROWSER_WORDS = ("page", "lines", "of", "results", "for", "find", "in", "no", "matches", "error", "link", "on",

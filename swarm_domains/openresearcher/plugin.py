@@ -9,9 +9,9 @@ from omegaconf import DictConfig
 from swarm_runtime import hookimpl
 from swarm_runtime.domain import Domain, Role
 
-from domains.openresearcher.browser import BROWSER_WORDS
-from domains.openresearcher.env import ENV_WORDS, ResearchEnv
-from domains.openresearcher.world import corpus_words, get_world
+from swarm_domains.openresearcher.browser import BROWSER_WORDS
+from swarm_domains.openresearcher.env import ENV_WORDS, ResearchEnv
+from swarm_domains.openresearcher.world import corpus_words, get_world
 
 BROWSER_KEYS = ("view_lines", "view_chars", "max_find_results", "line_width")
 
@@ -52,7 +52,7 @@ class OpenResearcherDomain(Domain):
     def vocabulary(self, task: DictConfig) -> list[str]:
         words = list(ENV_WORDS) + list(BROWSER_WORDS)
         if task.get("source", "embedded") == "embedded":
-            from domains.openresearcher.encyclopedia import vocabulary
+            from swarm_domains.openresearcher.encyclopedia import vocabulary
 
             return list(dict.fromkeys(words + vocabulary()))
         return list(dict.fromkeys(words + corpus_words(get_world(task), int(task.get("vocab_size", 20000)))))

@@ -6,7 +6,7 @@ instruction finishes. Instructions take simulated time (:data:`SECONDS`), so two
 agents chopping trees at once get the logs twice as fast, while two agents
 crafting the same crafting table waste the planks and the time of one of them.
 The anytime return (:meth:`SharedCraftWorld.progress`) is the milestone reward
-paid so far. The turn-based :class:`~domains.minecraft.world.CraftWorld` is not
+paid so far. The turn-based :class:`~swarm_domains.minecraft.world.CraftWorld` is not
 changed; this class only adds the concurrent hooks on top of it.
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
-from domains.minecraft.expert import scripted_instruction
-from domains.minecraft.instructions import parse
-from domains.minecraft.recipes import GATHERS, RECIPES, pickaxe_tier, raw_needs
-from domains.minecraft.world import CraftWorld, missing_for
+from swarm_domains.minecraft.expert import scripted_instruction
+from swarm_domains.minecraft.instructions import parse
+from swarm_domains.minecraft.recipes import GATHERS, RECIPES, pickaxe_tier, raw_needs
+from swarm_domains.minecraft.world import CraftWorld, missing_for
 
 #: Simulated seconds each kind of instruction takes (a gather is a 40-frame controller run, a craft
 #: a few clicks); an unparsable instruction costs :data:`FUMBLE_SECONDS`.

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
-from domains.openresearcher.browser import Browser
-from domains.openresearcher.corpus import Question
+from swarm_domains.openresearcher.browser import Browser
+from swarm_domains.openresearcher.corpus import Question
 
 ROLE_OF_TOOL = {"search": "Searcher", "open": "Opener", "find": "Finder"}
 ROLES = tuple(ROLE_OF_TOOL.values())

@@ -12,9 +12,9 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from domains.vln_ce.instructions import route_instruction
-from domains.vln_ce.layout import AGENT_RADIUS, Layout, Point, get_layout
-from domains.vln_ce.metrics import resample
+from swarm_domains.vln_ce.instructions import route_instruction
+from swarm_domains.vln_ce.layout import AGENT_RADIUS, Layout, Point, get_layout
+from swarm_domains.vln_ce.metrics import resample
 
 MIN_START_DISTANCE = 5.0  #: metres; R2R paths are ~10 m, VLN-CE success radius is 3 m
 MAX_START_DISTANCE = 20.0
@@ -69,7 +69,7 @@ def make_episode(seed: int, unseen_seed_start: int, episodes_per_layout: int, ma
     layout = get_layout(key)
     rng = random.Random(f"vln-episode-{key}-{seed}")
     fallback = None
-    for attempt in range(400):
+    for _attempt in range(400):
         goal_room = rng.randrange(len(layout.rooms))
         cands = _goal_candidates(layout, goal_room)
         goal, goal_name = cands[rng.randrange(len(cands))]
