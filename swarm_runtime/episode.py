@@ -193,11 +193,46 @@ def _rows(requests: list, model_of: Callable[[tuple], str], prompt_of: Callable[
             for r in requests]
 
 
+def coordinator_rng(noise: int, t: int) -> random.Random:
+    """The coordinator's keyed randomness for turn ``t`` of the episode whose noise id is ``noise``
+    (common random numbers: the same in process and served)."""
+    return random.Random(keyed.key_hash(noise, t, keyed.COORDINATOR))
+
+
 def _slot_rng(s: Slot, rng: random.Random) -> random.Random:
     """The coordinator's randomness for this slot's turn: keyed under common random numbers."""
     if s.episode.noise is None:
         return rng
-    return random.Random(keyed.key_hash(s.episode.noise, s.t, keyed.COORDINATOR))
+    return coordinator_rng(s.episode.noise, s.t)
+
+
+def accept_bid(episode: Episode, bid, levels) -> float:
+    """The level ``bid`` (a :class:`~swarm_runtime.policy.base.Bid`) enters the auction with
+    (:func:`checked_bid`); an unparsed one is counted on ``episode``."""
+    level, parsed = checked_bid(bid.level, bid.parsed, levels)
+    episode.unparsed_bids += int(not parsed)
+    return level
+
+
+def step_turn(env, episode: Episode, log: list[Event], turn: Turn, env_role: str | None = None,
+              log_role: str | None = None) -> None:
+    """Settle a decided ``turn``: the env steps with the winner's action as ``env_role`` (the turn's
+    reward and validity, the episode's invalid-action and missing-reward counters, the public log's
+    event by ``log_role``), or the log records a skipped turn."""
+    if turn.winner is not None:
+        res = env.step(turn.action_text, env_role)
+        turn.reward, turn.valid = float(res.reward), res.valid
+        episode.invalid_actions += int(not res.valid)
+        episode.reward_missing |= bool(res.info.get("reward_missing", False))
+        log.append(Event(turn.t, log_role, turn.action_text, res.valid, turn.reward))
+    else:
+        log.append(Event(turn.t, None, ""))
+
+
+def finish_episode(episode: Episode, env) -> None:
+    """An ended episode's return (its turns' rewards) and the env's final metrics."""
+    episode.reward = sum(t.reward for t in episode.turns)
+    episode.metrics = dict(env.metrics())
 
 
 def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, max_decisions: int,
@@ -266,9 +301,8 @@ class AuctionTurns:
                         bids[id(s)][a] = 0.0
             answers = yield Batch("bid", _rows(requests, lambda r: models[r[3]], lambda r: r[2], keyed.BID))
             for (s, a, _, judge), b in zip(requests, answers):
-                level, parsed = checked_bid(b.level, b.parsed, getattr(agents[judge].policy, "bid_levels", None))
-                bids[id(s)][a], btoks[id(s)][a] = level, b.tokens
-                s.episode.unparsed_bids += int(not parsed)
+                bids[id(s)][a] = accept_bid(s.episode, b, getattr(agents[judge].policy, "bid_levels", None))
+                btoks[id(s)][a] = b.tokens
             # 1b. proposals: the agents the coordinator names sample an action first (one batch per model)
             proposals: dict[int, dict] = {id(s): {} for s in live}
             if uses_proposals:
@@ -338,20 +372,15 @@ class AuctionTurns:
                 turn = turns[id(s)]
                 if turn.winner is not None:
                     actor = agents[turn.winner]
-                    res = s.env.step(turn.action_text, actor.env_role)
-                    turn.reward, turn.valid = float(res.reward), res.valid
-                    s.episode.invalid_actions += int(not res.valid)
-                    s.episode.reward_missing |= bool(res.info.get("reward_missing", False))
-                    s.log.append(Event(s.t, actor.log_role, turn.action_text, res.valid, turn.reward))
+                    step_turn(s.env, s.episode, s.log, turn, actor.env_role, actor.log_role)
                     s.last_actor = turn.winner
                 else:
-                    s.log.append(Event(s.t, None, ""))
+                    step_turn(s.env, s.episode, s.log, turn)
                 s.episode.turns.append(turn)
                 s.t += 1
                 if s.env.done or s.t >= max_decisions or (s.stop_at is not None and s.t >= s.stop_at):
                     s.finished = True
-                    s.episode.reward = sum(t.reward for t in s.episode.turns)
-                    s.episode.metrics = dict(s.env.metrics())
+                    finish_episode(s.episode, s.env)
             if on_turn is not None:
                 on_turn(live, turns)
         return [s.episode for s in slots]
