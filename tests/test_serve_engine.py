@@ -97,7 +97,8 @@ def test_gateway_turns_run_on_the_turn_engine_with_missed_bids_and_failover(regi
     for r, turn, event in zip(recs, ep.episode.turns, ep.log):
         assert (r["t"], r["reward"], r["valid"]) == (turn.t, turn.reward, turn.valid)
         assert turn.winner == 2 and turn.action_text == r["action"]
-        assert (event.turn, event.role, event.action, event.valid) == (turn.t, engine.pop.agents[2].role, "chop tree", turn.valid)
+        assert (event.turn, event.role, event.action, event.valid) == \
+            (turn.t, engine.pop.agents[2].role, "chop tree", turn.valid)
     assert ep.episode.reward == sum(t.reward for t in ep.episode.turns)
 
 
@@ -126,6 +127,43 @@ def test_served_strategy_on_a_fake_answerer_skips_when_every_winner_fails(regist
     assert [r.context for r in seen[0].rows] == agents and seen[1].rows[0].key == (99, 3, 0, keyed.ACTION)
     assert out.missed == [2] and out.failed == [0] and out.turn.winner is None  # a 0.0 bid does not act
     assert out.turn.bids == [0.8, 0.0, None] and episode.unparsed_bids == 1 and out.turn.action_text == ""
+
+
+def test_served_strategy_plays_the_auction_strategys_episode(registry):
+    """One auction: the served turn, answered by the in-process sampler and settled with
+    ``episode.step_turn``, plays the episode ``episode.play`` (``AuctionTurns``) plays on the same noise,
+    turn by turn."""
+    import random
+    from types import SimpleNamespace
+
+    from swarm_runtime.episode import Episode, finish_episode, new_slots, play, step_turn
+    from swarm_runtime.rollout.local import LocalSampler
+
+    ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=6",
+                      "hardware.threads=1")
+    agents, _ = ctx.build_swarm()
+    coordinator, seed, noise = ctx.coordinator(), ctx.domain.episode_seeds(ctx.task, "eval")[0], 4242
+    (slot,) = new_slots(ctx.domain, ctx.task, [seed])
+    slot.episode.noise = noise
+    (want,) = play([slot], agents, coordinator, ctx.domain, 6, random.Random(0))
+
+    sampler, models = LocalSampler.for_agents(agents)
+    handles = [SimpleNamespace(index=i, role=a.role, model_id=m) for i, (a, m) in enumerate(zip(agents, models))]
+    strategy, engine = ServedTurns(ctx.domain, coordinator, ctx.cfg.algo.bid_levels), TurnEngine(sampler)
+    env, got, log = make_env(ctx.domain, ctx.task), Episode(seed, noise=noise), []
+    env.reset(seed)
+    while not env.done and len(got.turns) < 6:
+        out = engine.run(strategy.rounds(got, noise, len(got.turns), log, env.observation(), handles, handles))
+        assert out.missed == [] and out.failed == []
+        role = agents[out.turn.winner].role if out.turn.winner is not None else None
+        step_turn(env, got, log, out.turn, role, role)
+        got.turns.append(out.turn)
+    finish_episode(got, env)
+    assert len(want.turns) >= 2 and want.acted
+    assert engine.batches == 2 * len(got.turns) - sum(t.winner is None for t in got.turns)
+    assert [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in got.turns] == \
+        [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in want.turns]
+    assert (got.reward, got.metrics, got.unparsed_bids) == (want.reward, want.metrics, want.unparsed_bids)
 
 
 def test_arun_refuses_an_answerer_that_drops_rows():
