@@ -33,7 +33,7 @@ class Workers:
         name = url.rsplit("/", 1)[-1]
         self.bodies.append((name, body))
         assert path == "/v1/completions" and body["model"] == f"m-{name}"
-        if "guided_choice" in body and body["max_tokens"] == 1:  # a bid (bid_mode=logits)
+        if body.get("swarm_kind") == "bid" or body["max_tokens"] == 1:  # a bid (bid_mode text, or logits)
             if name in self.slow:
                 await asyncio.sleep(30)  # cancelled at the bid deadline
             return {"choices": [{"text": bid_token(self.levels[name])}]}, {"x-swarm-compute-ms": "2.0"}
@@ -42,15 +42,15 @@ class Workers:
         return {"choices": [{"text": self.action}]}, {"x-swarm-compute-ms": "5.0"}
 
 
-def _setup(registry, workers, names, *, deadline=0.2):
+def _setup(registry, workers, names, *, deadline=0.2, **opts):
     ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe")
     roles = list(ctx.domain.roles)
     pop = Population(PopulationOptions(drop_after_misses=3))
     pop.agents = [AgentHandle(i, n, roles[i % len(roles)], f"http://agents/{n}", model_id=f"m-{n}", status="up")
                   for i, n in enumerate(names)]
-    opts = EngineOptions(bid_levels=[float(b) for b in ctx.cfg.algo.bid_levels], bid_deadline_s=deadline,
-                         agent_wait_s=0.5)
-    engine = Engine(ctx.domain, ctx.coordinator("auction"), pop, workers, opts, Metrics(), ctx.credit_fn())
+    eopts = EngineOptions(bid_levels=[float(b) for b in ctx.cfg.algo.bid_levels], bid_deadline_s=deadline,
+                          agent_wait_s=0.5, **opts)
+    engine = Engine(ctx.domain, ctx.coordinator("auction"), pop, workers, eopts, Metrics(), ctx.credit_fn())
     return ctx, engine
 
 
@@ -100,6 +100,30 @@ def test_gateway_turns_run_on_the_turn_engine_with_missed_bids_and_failover(regi
         assert (event.turn, event.role, event.action, event.valid) == \
             (turn.t, engine.pop.agents[2].role, "chop tree", turn.valid)
     assert ep.episode.reward == sum(t.reward for t in ep.episode.turns)
+
+
+def test_answerer_requests_text_bids_constrained_actions_and_the_episodes_temperature(registry):
+    """bid_mode=text bids are generated (``swarm_kind: bid``), constrained actions carry the role's
+    choices in both of vLLM's spellings, every request the episode's temperature; with every agent
+    down the turn fails after ``agent_wait`` (NoAgentsLeft), naming their states."""
+    from swarm_runtime.serve.engine import NoAgentsLeft
+
+    workers = Workers({"A": 0.4, "B": 0.8})
+    ctx, engine = _setup(registry, workers, ["A", "B"], bid_mode="text", constrained_actions=True,
+                         max_bid_tokens=5, max_action_tokens=7)
+    ep = ServedEpisode("ep-c", 0, 77, ctx.cfg.task_name, ctx.task, 3, temperature=0.3)
+    turn, rec = asyncio.run(engine.decide(ep, "goal wooden_pickaxe . inventory : none"))
+    assert (rec["agent"], rec["bids"], turn.winner) == ("B", {"A": 0.4, "B": 0.8}, 1)
+    bids, acts = workers.bodies[:2], workers.bodies[2:]
+    assert all(b["swarm_kind"] == "bid" and b["max_tokens"] == 5 and "guided_choice" not in b for _, b in bids)
+    choices = ctx.domain.action_choices(ctx.task, engine.pop.agents[1].role)
+    assert choices and [n for n, _ in acts] == ["B"] and acts[0][1]["max_tokens"] == 7
+    assert acts[0][1]["guided_choice"] == choices and acts[0][1]["structured_outputs"] == {"choice": choices}
+    assert {b["temperature"] for _, b in workers.bodies} == {0.3}
+    for a in engine.pop.agents:
+        a.status = "down"
+    with pytest.raises(NoAgentsLeft, match="A down, B down"):
+        asyncio.run(engine.decide(ep, "x"))
 
 
 def test_served_strategy_on_a_fake_answerer_skips_when_every_winner_fails(registry):
