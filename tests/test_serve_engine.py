@@ -145,7 +145,7 @@ def test_served_strategy_on_a_fake_answerer_skips_when_every_winner_fails(regist
 
     episode = Episode(7, noise=99)
     engine = TurnEngine()
-    out = asyncio.run(engine.arun(strategy.rounds(episode, 99, 3, [], "obs", agents, agents), answer))
+    out = asyncio.run(engine.arun(strategy.rounds(episode, 3, [], "obs", agents, agents), answer))
     assert [b.kind for b in seen] == ["bid", "act"] and engine.batches == 2 and engine.rows == 4
     assert [r.key for r in seen[0].rows] == [(99, 3, i, keyed.BID) for i in range(3)]
     assert [r.context for r in seen[0].rows] == agents and seen[1].rows[0].key == (99, 3, 0, keyed.ACTION)
@@ -177,7 +177,7 @@ def test_served_strategy_plays_the_auction_strategys_episode(registry):
     env, got, log = make_env(ctx.domain, ctx.task), Episode(seed, noise=noise), []
     env.reset(seed)
     while not env.done and len(got.turns) < 6:
-        out = engine.run(strategy.rounds(got, noise, len(got.turns), log, env.observation(), handles, handles))
+        out = engine.run(strategy.rounds(got, len(got.turns), log, env.observation(), handles, handles))
         assert out.missed == [] and out.failed == []
         role = agents[out.turn.winner].role if out.turn.winner is not None else None
         step_turn(env, got, log, out.turn, role, role)

@@ -275,7 +275,7 @@ class Engine:
         up = await self._bidders()
         t0 = time.perf_counter()
         answerer = TurnAnswerer(self, ep)
-        rounds = self.strategy.rounds(ep.episode, ep.noise, ep.t, ep.log, observation, list(self.pop.agents), up)
+        rounds = self.strategy.rounds(ep.episode, ep.t, ep.log, observation, list(self.pop.agents), up)
         out: ServedTurn = await self.turns.arun(rounds, answerer)
         latency = time.perf_counter() - t0
         turn, res = out.turn, out.turn.auction

@@ -1,4 +1,5 @@
-"""One served turn as a turn-engine strategy (docs/engine.md): :class:`ServedTurns`.
+"""One served turn as a turn-engine strategy (docs/engine.md): :class:`ServedTurns`, the auction turn
+batched rollouts take (:meth:`swarm_runtime.episode.Auction.turn`) configured for the gateway.
 
 ``swarm serve``'s gateway takes every turn of an episode on :class:`~swarm_runtime.rollout.engine.TurnEngine`
 (``arun``): this strategy says what to ask, the gateway's answerer (:class:`swarm_runtime.serve.engine.TurnAnswerer`)
@@ -18,67 +19,39 @@ Rows carry the agent (``row.context``, whatever the caller passed: the gateway's
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from swarm_runtime.domain import Event
-from swarm_runtime.episode import Episode, Turn, accept_bid, coordinator_rng
-from swarm_runtime.policy import noise as keyed
+from swarm_runtime.episode import Auction, Decided, Episode, coordinator_rng
 from swarm_runtime.rollout.base import Row
-from swarm_runtime.rollout.engine import Batch, Rounds
+from swarm_runtime.rollout.engine import Rounds
 
-
-@dataclass
-class ServedTurn:
-    """What a served turn decided: the core's :class:`~swarm_runtime.episode.Turn` (not yet stepped or
-    logged), the agents (indices) whose bid did not come, in the order they were asked, and the
-    winners whose action failed, in the order they failed."""
-
-    turn: Turn
-    missed: list[int] = field(default_factory=list)
-    failed: list[int] = field(default_factory=list)
+#: What a served turn decided: the core's :class:`~swarm_runtime.episode.Turn` (not yet stepped or logged),
+#: the agents (indices) whose bid did not come and the winners whose action failed.
+ServedTurn = Decided
 
 
 class ServedTurns:
-    """The served auction's turn (module docstring). ``agents``: every agent of the population by
-    index (``.index``, ``.role``, ``.model_id``); ``up``: those asked to bid this turn."""
+    """The served auction's turn (module docstring): :class:`swarm_runtime.episode.Auction`, the auction
+    code batched rollouts run too, with every agent that is up asked to bid (whether or not the coordinator
+    uses bids), no proposals, and the run's bid levels. ``agents``: every agent of the population by index
+    (``.index``, ``.role``, ``.model_id``); ``up``: those asked to bid this turn."""
 
     def __init__(self, domain, coordinator, bid_levels: Sequence[float]):
         self.domain, self.coordinator, self.bid_levels = domain, coordinator, list(bid_levels)
 
-    def _row(self, agent: Any, prompt: str, noise: int, t: int, kind: int) -> Row:
-        return Row(agent.model_id, prompt, (noise, t, agent.index, kind), context=agent)
-
-    def rounds(self, episode: Episode, noise: int, t: int, log: list[Event], observation: str,
-               agents: Sequence[Any], up: Sequence[Any]) -> Rounds:
-        """Decide turn ``t`` of ``episode`` (whose public log is ``log``) on ``observation``; returns a
-        :class:`ServedTurn`. Unparsed bids are counted on ``episode``; nothing else of it is touched."""
-        n = len(agents)
-        bids: list = [None] * n
-        prompts: list = [None] * n
-        for a in up:
-            prompts[a.index] = self.domain.bid_prompt(a.role, observation, log)
-        answers = yield Batch("bid", [self._row(a, prompts[a.index], noise, t, keyed.BID) for a in up])
-        missed = []
-        for a, b in zip(up, answers):
-            if b is None:
-                missed.append(a.index)
-            else:
-                bids[a.index] = accept_bid(episode, b, self.bid_levels)
-        rng = coordinator_rng(noise, t)
-        live = list(bids)
-        res = self.coordinator.select(live, rng, t)
-        failed, action, action_prompt = [], "", None
-        while res.winner is not None:
-            a = agents[res.winner]
-            action_prompt = self.domain.action_prompt(a.role, observation, log)
-            (r,) = yield Batch("act", [self._row(a, action_prompt, noise, t, keyed.ACTION)])
-            if r is not None:
-                action = r.text
-                break
-            failed.append(res.winner)  # the winner failed mid-action: its bid is withdrawn, the next bidder acts
-            live[res.winner] = None
-            res = self.coordinator.select(live, rng, t)
-            action_prompt = None
-        turn = Turn(t, bids, [None] * n, prompts, res, action_prompt=action_prompt, action_text=action)
-        return ServedTurn(turn, missed, failed)
+    def rounds(self, episode: Episode, t: int, log: list[Event], observation: str, agents: Sequence[Any],
+               up: Sequence[Any]) -> Rounds:
+        """Decide turn ``t`` of ``episode`` (whose public log is ``log``; its ``noise`` keys every draw) on
+        ``observation``; returns a :class:`ServedTurn`. Unparsed bids are counted on ``episode``; nothing
+        else of it is touched."""
+        domain = self.domain
+        auction = Auction(
+            self.coordinator,
+            bid_prompt=lambda a, obs, lg: domain.bid_prompt(agents[a].role, obs, lg),
+            action_prompt=lambda a, obs, lg: domain.action_prompt(agents[a].role, obs, lg),
+            bid_row=lambda a, prompt, key, _last: Row(agents[a].model_id, prompt, key, context=agents[a]),
+            act_row=lambda a, prompt, key: Row(agents[a].model_id, prompt, key, context=agents[a]),
+            bid_levels=lambda _a, _last: self.bid_levels)
+        return auction.turn(episode, len(agents), t, log, observation, bidders=[a.index for a in up],
+                            rng=lambda: coordinator_rng(episode.noise, t))
