@@ -190,6 +190,48 @@ def test_served_strategy_plays_the_auction_strategys_episode(registry):
     assert (got.reward, got.metrics, got.unparsed_bids) == (want.reward, want.metrics, want.unparsed_bids)
 
 
+def test_lockstep_sends_each_steps_batches_together_in_order():
+    """``episode.lockstep`` (AuctionTurns over its slots): one batch per kind per step, rows in the
+    generators' order, keys kept only when every row has one, Scores answered without the engine, each
+    generator sent its own answers and its result returned in order."""
+    from swarm_runtime.episode import Scores, lockstep
+    from swarm_runtime.rollout.base import Row
+
+    got = {}
+
+    def turn(name, keys, extra_act=False):
+        b = yield Batch("bid", [Row(name, f"{name}-b{i}", k) for i, k in enumerate(keys)])
+        got[name, "bid"] = b
+        got[name, "score"] = yield Scores([])
+        a = yield Batch("act", [Row(name, f"{name}-a", keys[0])])
+        if extra_act:  # a failover: one more action batch, alone
+            a = a + (yield Batch("act", [Row(name, f"{name}-a2", None)]))
+        return name, a
+
+    sent = []
+
+    def answer(batch):
+        sent.append((batch.kind, [(r.prompt, r.key) for r in batch.rows]))
+        return [f"{batch.kind}:{r.prompt}" for r in batch.rows]
+
+    rounds = lockstep([turn("x", [(1,), (2,)]), turn("y", [None], extra_act=True), turn("z", [(3,)])])
+    answers, n = None, 0
+    while True:
+        try:
+            batch = rounds.send(answers)
+        except StopIteration as stop:
+            result = stop.value
+            break
+        answers, n = answer(batch), n + 1
+        assert n < 10
+    assert sent == [("bid", [("x-b0", None), ("x-b1", None), ("y-b0", None), ("z-b0", None)]),  # y unkeyed: none
+                    ("act", [("x-a", None), ("y-a", None), ("z-a", None)]), ("act", [("y-a2", None)])]
+    assert got["x", "bid"] == ["bid:x-b0", "bid:x-b1"] and got["z", "bid"] == ["bid:z-b0"] and got["y", "score"] == []
+    assert result == [("x", ["act:x-a"]), ("y", ["act:y-a", "act:y-a2"]), ("z", ["act:z-a"])]
+    keyed_only = lockstep([turn("k", [(5,)])])
+    assert keyed_only.send(None).rows[0].key == (5,)
+
+
 def test_arun_refuses_an_answerer_that_drops_rows():
     async def short(batch):
         return [Response("x", None)]
