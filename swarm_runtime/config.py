@@ -600,13 +600,14 @@ def validate_rlcr(cfg: DictConfig, registry=None) -> None:
     if cfg.model.constrained_actions:
         raise ConfigError("algo=rlcr: model.constrained_actions=true would forbid the messages (free text); "
                           "set model.constrained_actions=false")
-    from swarm_runtime.env import has_progress
+    from swarm_runtime.env import close_env, has_progress
 
     domain = registry.domains[cfg.domain]
     try:
         env = domain.concurrent_env(cfg.task)
     except (ValueError, ImportError) as exc:
         raise ConfigError(f"algo=rlcr: {cfg.domain} task {cfg.task_name}: {exc}") from exc
+    close_env(env)  # only the check
     if not has_progress(env):
         raise ConfigError(f"algo=rlcr needs an anytime return, but domain {cfg.domain!r} has no DomainEnv.progress() "
                           f"(its concurrent env is {type(env).__name__}); docs/rlcr.md lists the domains that have one and "

@@ -3,15 +3,19 @@
 A :class:`DomainEnv` is one episode world. The core drives it turn by turn:
 ``reset(seed)`` -> text observation; ``step(action_text, role)`` ->
 :class:`StepResult`; ``snapshot()`` / ``restore(snap)`` give exact copies of the
-world so counterfactual branches can be rolled from any turn.
+world so counterfactual branches can be rolled from any turn; ``close()`` releases
+what the env holds (a simulator process, a socket) once the runtime is done with it.
 """
 from __future__ import annotations
 
 import copy
 import math
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from loguru import logger
 
 
 @dataclass
@@ -108,6 +112,48 @@ class DomainEnv(ABC):
         :meth:`expert_action`. Used for the RLCR cold start (SFT)."""
         return None
 
+    # ---- lifetime; optional -----------------------------------------------------------
+    def close(self) -> None:
+        """Release what the env holds (a simulator, a process, a connection); default: nothing. The
+        runtime calls it once it is done with the env (the episode batch, evaluation or run ended, or
+        raised), possibly before ``reset`` ever ran and possibly twice; the env is not used after it.
+        Snapshots taken before it must stay restorable into another env of the task (counterfactual
+        branches restore them after the original episode's env was closed)."""
+
+
+def close_env(env) -> None:
+    """``env.close()`` when the env has one (a duck-typed env without it is left alone)."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
+
+
+def close_all(envs, quiet: bool = False) -> None:
+    """Close every env of ``envs``, each even when closing another raised; then re-raise the first error
+    (``quiet``: log it instead, for a caller already unwinding from another exception, which matters more)."""
+    first = None
+    for env in envs:
+        try:
+            close_env(env)
+        except Exception as exc:  # closing the others matters more than the order of errors
+            first = first or exc
+    if first is not None:
+        if not quiet:
+            raise first
+        logger.warning("closing an env raised {}: {}", type(first).__name__, first)
+
+
+@contextmanager
+def closing_all(envs: list):
+    """Yields ``envs`` (a list the body may add to) and closes every env in it when the body ends, also
+    when it raised (then a failure to close is logged, and the body's exception goes on)."""
+    try:
+        yield envs
+    except BaseException:
+        close_all(envs, quiet=True)
+        raise
+    close_all(envs)
+
 
 def has_progress(env: DomainEnv) -> bool:
     """Whether ``env`` (unwrapped) implements :meth:`DomainEnv.progress`."""
@@ -129,6 +175,12 @@ class ValidatedEnv:
         self.total_reward = 0.0
         self.seed: int | None = None
         self.t = 0  #: steps since reset (restore brings back the snapshot's)
+        self.closed = False
+
+    def _open(self, what: str, action: str | None = None, role: str | None = None) -> None:
+        if self.closed:
+            raise EnvContractError(f"{self._where(action, role)}: {what} called after close() (a closed env is "
+                                   "not used again; make a new one)")
 
     def _where(self, action: str | None = None, role: str | None = None) -> str:
         at = self.name + (f"/{self.task}" if self.task else "")
@@ -139,6 +191,7 @@ class ValidatedEnv:
         return at
 
     def reset(self, seed: int) -> str:
+        self._open("reset()")
         self.seed, self.t = int(seed), 0
         obs = self.env.reset(int(seed))
         if not isinstance(obs, str):
@@ -147,6 +200,7 @@ class ValidatedEnv:
         return obs
 
     def step(self, action: str, role: str | None = None) -> StepResult:
+        self._open("step()", action, role)
         if self.done:
             raise EnvContractError(f"{self._where(action, role)}: step() called after the episode ended")
         res = self.env.step(action, role)
@@ -172,6 +226,7 @@ class ValidatedEnv:
         return (self.env.snapshot(), self.done, self.total_reward, self.t)
 
     def restore(self, snapshot: Any) -> None:
+        self._open("restore()")
         inner, self.done, self.total_reward, self.t = snapshot
         self.env.restore(inner)
 
@@ -180,3 +235,10 @@ class ValidatedEnv:
 
     def metrics(self) -> dict[str, float]:
         return self.env.metrics()
+
+    def close(self) -> None:
+        """Close the domain's env once (a second call does nothing); ``reset``, ``step`` and ``restore``
+        are refused afterwards."""
+        if not self.closed:
+            self.closed = True
+            close_env(self.env)

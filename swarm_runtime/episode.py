@@ -32,7 +32,7 @@ import torch
 
 from swarm_runtime.auction import AuctionResult
 from swarm_runtime.domain import Domain, Event
-from swarm_runtime.env import ValidatedEnv
+from swarm_runtime.env import ValidatedEnv, close_all, closing_all
 from swarm_runtime.policy import noise as keyed
 from swarm_runtime.policy.base import Policy, Response
 from swarm_runtime.rollout.base import Row, Sampler
@@ -160,10 +160,13 @@ def make_env(domain: Domain, task) -> ValidatedEnv:
 
 def new_slots(domain: Domain, task, seeds: Sequence[int]) -> list[Slot]:
     slots = []
-    for seed in seeds:
-        env = make_env(domain, task)
-        env.reset(seed)
-        slots.append(Slot(env, Episode(seed), []))
+    try:
+        for seed in seeds:
+            slots.append(Slot(make_env(domain, task), Episode(seed), []))
+            slots[-1].env.reset(seed)
+    except BaseException:
+        close_all((s.env for s in slots), quiet=True)  # a reset that raised: the envs made so far are not leaked
+        raise
     return slots
 
 
@@ -238,14 +241,16 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
     """Play every slot to the end (env done, ``max_decisions``, or the slot's ``stop_at``) and return
     their episodes: the :class:`AuctionTurns` strategy on the turn engine. Bids and actions come from
     ``sampler`` (default: in process, from the agents' own policies), agent ``i`` from the weights
-    ``models[i]`` (:func:`~swarm_runtime.rollout.local.model_names`)."""
+    ``models[i]`` (:func:`~swarm_runtime.rollout.local.model_names`). The slots' envs are closed at the end,
+    also when the batch raised (``DomainEnv.close()``)."""
     if sampler is None:
         sampler, models = LocalSampler.for_agents(agents)
     elif models is None:
         models = model_names(agents)
     turns = AuctionTurns(agents, models, coordinator, domain, max_decisions, rng, record_snapshots=record_snapshots,
                          presence=presence, on_turn=on_turn)
-    return TurnEngine(sampler).run(turns.rounds(slots))
+    with closing_all([s.env for s in slots]):  # the slots' envs end with the batch; snapshots taken stay restorable
+        return TurnEngine(sampler).run(turns.rounds(slots))
 
 
 @dataclass

@@ -19,6 +19,7 @@ from swarm_runtime.checkpoint import clean_spares, has_checkpoint, latest_checkp
 from swarm_runtime import runfiles
 from swarm_runtime.runlock import RunLock
 from swarm_runtime.secrets import save_config
+from swarm_runtime.env import close_env
 from swarm_runtime.episode import Agent
 from swarm_runtime.flops import FlopCounter
 
@@ -128,7 +129,7 @@ def check_task(domain, cfg: DictConfig) -> None:
     (``ValueError``) or a missing optional backend (``ImportError``: ``sim=habitat``,
     ``judge=llm``, ...) ends the command with the domain's own message, not a traceback."""
     try:
-        domain.make_env(cfg.task)
+        close_env(domain.make_env(cfg.task))  # only the check: a simulator it started ends here
     except ConfigError:
         raise
     except (ValueError, ImportError) as exc:

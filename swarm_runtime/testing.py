@@ -18,8 +18,11 @@ other ``PYTHONHASHSEED`` values), a fresh env per ``make_env`` call, fresh task
 configs, disjoint train/dev/eval seeds, ``max_decisions`` long enough for the
 expert, the expert's actions valid with its role and with ``role=None``, every
 prompt within the vocabulary and within ``model.max_prompt_tokens``, listed
-action choices, and (when the concurrent env has ``progress()``) the RLCR
-checks of :mod:`swarm_runtime.rlcr.conformance`.
+action choices, ``close()`` (twice, before ``reset`` and mid-episode, with the
+snapshot taken before it restorable into another env, no other env disturbed),
+and (when the concurrent env has ``progress()``) the RLCR checks of
+:mod:`swarm_runtime.rlcr.conformance`. The kit closes the envs it is done with
+and never uses a closed one again.
 
 Every failure is a :class:`ConformanceError` naming the domain, task, seed,
 step, action, role and what differed; an exception raised by the domain's own
@@ -43,7 +46,7 @@ from typing import Any, Callable, NamedTuple
 from omegaconf import DictConfig, OmegaConf
 
 from swarm_runtime.domain import REQUIRED_TASK_KEYS, SPLITS, Domain, Event
-from swarm_runtime.env import ExpertStep, StepResult, has_progress
+from swarm_runtime.env import ExpertStep, StepResult, close_env, has_progress
 from swarm_runtime.policy.tokenizer import build_tokenizer, split_words, unknown_words
 
 GARBAGE = "zzqx florp"
@@ -277,8 +280,20 @@ class Probe:
         self.env = env if env is not None else self.w.call(f"{make.__name__}()", make, cfg)
         self.lo, self.hi = _bounds(cfg)
         self.total, self.done, self.t = 0.0, False, 0
+        self.closed = False
+
+    def _open(self, what: str) -> None:
+        if self.closed:  # the kit's own rule: a closed env is never used again
+            raise AssertionError(f"conformance kit: {what} on an env the kit closed")
+
+    def close(self) -> None:
+        """``close()`` the env (the kit's first call; a second is :func:`check_close`'s)."""
+        if not self.closed:
+            self.closed = True
+            self.here().call("close()", close_env, self.env)
 
     def reset(self, seed: int) -> str:
+        self._open("reset()")
         self.w.seed = int(seed)
         self.w.at(0)
         obs = self.w.call(f"reset({int(seed)})", self.env.reset, int(seed))
@@ -303,6 +318,7 @@ class Probe:
         return exp
 
     def step(self, action: str, role: str | None, bounds: bool = True) -> StepResult:
+        self._open("step()")
         w = self.w.at(self.t, action, role)
         res = w.call("step()", self.env.step, action, role)
         if not isinstance(res, StepResult):
@@ -321,9 +337,11 @@ class Probe:
         return res
 
     def snapshot(self) -> tuple:
+        self._open("snapshot()")
         return self.w.call("snapshot()", self.env.snapshot), self.total, self.done, self.t
 
     def restore(self, snap: tuple) -> None:
+        self._open("restore()")
         inner, self.total, self.done, self.t = snap
         self.w.call("restore()", self.env.restore, inner)
         self.w.at(self.t)
@@ -357,6 +375,7 @@ def action_pool(domain: Domain, cfg: DictConfig, seed: int, name: str | None = N
             seen.append(exp.action)
             if p.step(exp.action, exp.role, bounds=False).done:
                 break
+        p.close()
         seen = list(dict.fromkeys(seen)) or [GARBAGE]
         pool = {r: listed[r] or seen for r in roles}
     pool[None] = list(dict.fromkeys(a for r in roles for a in pool[r]))
@@ -400,6 +419,7 @@ def trace(domain: Domain, cfg: DictConfig, seed: int, n: int, name: str | None =
         if res.done:
             break
     out.append(_metrics(p))
+    p.close()
     return out
 
 
@@ -625,9 +645,56 @@ def check_fresh_env(domain: Domain, task: str | DictConfig, steps: int = 12) -> 
             exp = pb.expert()
             pb.step(exp.action if exp else GARBAGE, exp.role if exp else roles[k % len(roles)], bounds=False)
     beside.append(_metrics(pa))
+    pa.close()
+    pb.close()
     _first_mismatch(domain, name, 0, alone, beside,
                     "the episode played beside another env of the task (seed 1) differs from the same episode played "
                     "alone (alone vs beside): the envs share state (a cached env, class attributes, module globals)")
+
+
+# ------------------------------------------------------------------ close()
+def check_close(domain: Domain, task: str | DictConfig, seed: int = 0, steps: int = 8) -> None:
+    """``close()`` (the runtime calls it when an episode batch, evaluation or run ends; optional, the
+    default does nothing) raises nothing, twice in a row, on an env never reset (an env pool may close
+    one it never used) and on one mid-episode; a snapshot taken before ``close()`` restores exactly into
+    another env of the task and plays on (counterfactual branches restore a closed episode's snapshots);
+    and closing envs leaves the task's other envs as they were (nothing shared, such as a corpus or a
+    simulator server, torn down): a seed's episode played after the closes is the one played before."""
+    cfg = _task(domain, task)
+    name = _task_name(task)
+    n = min(int(steps), int(cfg.max_decisions))
+    before_closes = trace(domain, cfg, seed, 2 * n, name)
+    idle = Probe(domain, cfg, name)
+    idle.close()
+    idle.here().call("a second close() (of an env never reset)", close_env, idle.env)
+    p, q = Probe(domain, cfg, name), Probe(domain, cfg, name)
+    p.reset(seed)
+    q.reset(seed)
+    shared = shared_objects(p.env, q.env)
+    for _ in range(n):
+        exp = p.expert()
+        if exp is None or p.step(exp.action, exp.role, bounds=False).done:
+            break
+    snap, state, obs = p.snapshot(), state_of(p.env, shared), p.observation()
+    p.close()
+    p.here().call("a second close()", close_env, p.env)
+    q.restore(snap)
+    d = first_difference(state_of(q.env, shared), state)
+    if d:
+        q.here().fail(f"a snapshot taken before close() restored into another env of the task differs from the "
+                      f"state it was taken in: {d} (restored vs taken); a snapshot must not share what close() "
+                      "drops")
+    if q.observation() != obs:
+        q.here().fail(f"a snapshot taken before close() restored into another env shows {_short(q.observation())}, "
+                      f"not {_short(obs)}")
+    for _ in range(n):  # it plays on
+        exp = q.expert()
+        if exp is None or q.step(exp.action, exp.role, bounds=False).done:
+            break
+    q.close()
+    _first_mismatch(domain, name, seed, before_closes, trace(domain, cfg, seed, 2 * n, name),
+                    "the episode played after other envs of the task were closed differs from the one played before "
+                    "(before vs after): close() tore down something the task's envs share")
 
 
 # ------------------------------------------------------------------ invalid actions, snapshots, rare paths
@@ -1061,6 +1128,7 @@ def check_domain(domain: Domain, task: str | DictConfig, trajectories=TRAJECTORI
         check_invalid_is_noop(domain, task)
         check_snapshots(domain, task, trajectories)
         check_rare_paths(domain, task)
+        check_close(domain, task)  # after the snapshot checks: it restores a closed env's snapshot elsewhere
         check_expert(domain, task)
         check_max_decisions(domain, task)
         check_action_choices(domain, task)

@@ -269,5 +269,8 @@ class MineStudioEnv(DomainEnv):
         return out
 
     def close(self) -> None:
-        if self._rt is not None and self._rt.sim is not None:
-            self._rt.sim.close()
+        """Close the simulator and drop the runtime (its STEVE-1 weights); a second call does nothing."""
+        rt, self._rt = self._rt, None
+        if rt is not None and rt.sim is not None:
+            sim, rt.sim = rt.sim, None
+            sim.close()

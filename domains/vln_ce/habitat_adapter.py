@@ -387,11 +387,12 @@ class HabitatVLNEnv(DomainEnv):
         return expert_step(self._follower(goal))
 
     def close(self) -> None:
-        for env in self._envs.values():
+        """Close every split's habitat env (and drop the follower bound to one); a second call does nothing."""
+        envs, self._envs, self._follower = list(self._envs.values()), {}, None
+        for env in envs:
             close = getattr(env, "close", None)
             if close:
                 close()
-        self._envs.clear()
 
 
 def _default_follower(env: Any) -> Callable[[Any], str | None]:  # pragma: no cover - needs habitat-lab

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from swarm_runtime.env import ValidatedEnv, has_progress
+from swarm_runtime.env import ValidatedEnv, close_all, close_env, closing_all, has_progress
 from swarm_runtime.rlcr.clock import EventQueue, action_seconds
 from swarm_runtime.rlcr.messages import MESSAGE_KINDS, Board, Command, parse_command
 from swarm_runtime.rlcr.org import CEO, NAMES, Organisation
@@ -152,10 +152,15 @@ class _Slot:
     def __init__(self, domain, task, seed: int, group: int, opts: LoopOptions):
         inner = domain.concurrent_env(task)
         if not has_progress(inner):
+            close_env(inner)
             raise TypeError(f"domain {domain.name!r}: its concurrent env {type(inner).__name__} has no progress()")
         bounds = (float(task.get("reward_min", 0.0)), float(task.reward_max))
         self.inner, self.env = inner, ValidatedEnv(inner, domain.name, bounds)
-        self.env.reset(int(seed))
+        try:
+            self.env.reset(int(seed))
+        except BaseException:
+            close_all([self.env], quiet=True)
+            raise
         self.opts = opts
         self.board, self.queue = Board(), EventQueue()
         self.org = Organisation(opts.org, opts.agents, opts.max_hires)
@@ -299,9 +304,13 @@ def play_concurrent(domain, task, seeds: Sequence[int], decide: "Decide | Sample
     weights), or a function ``decide(requests)`` returning one ``(text, tokens)`` per request, in order
     (one model batch; the scripted experts). ``on_round(round, requests)`` is called after each round's
     actions have started (round = 0, 1, ...)."""
-    slots = [_Slot(domain, task, s, (groups[i] if groups is not None else i), opts) for i, s in enumerate(seeds)]
     sampler = decide if isinstance(decide, Sampler) else DecideSampler(decide)
-    return TurnEngine(sampler).run(ClockTurns(on_round).rounds(slots))
+    with closing_all([]) as envs:  # every rollout's env is closed at the end, also when one raised
+        slots = []
+        for i, s in enumerate(seeds):
+            slots.append(_Slot(domain, task, s, (groups[i] if groups is not None else i), opts))
+            envs.append(slots[-1].env)
+        return TurnEngine(sampler).run(ClockTurns(on_round).rounds(slots))
 
 
 class ClockTurns:

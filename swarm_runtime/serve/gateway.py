@@ -154,6 +154,7 @@ def make_app(setup: GatewaySetup):
     from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    from swarm_runtime.env import close_all
     from swarm_runtime.episode import make_env
     from swarm_runtime.run import RunContext
     from swarm_runtime.serve.engine import AgentClients, Engine, EngineOptions, NoAgentsLeft, ServedEpisode, new_id
@@ -240,6 +241,8 @@ def make_app(setup: GatewaySetup):
                          f"serve.degraded_share={s.degraded_share:g})")
         if ep.status == "running" or status != "done":
             ep.status, ep.error = status, error
+        if ep.env is not None:  # a server-side episode's world ends with it (ep.env stays: it marks the kind)
+            close_all([ep.env], quiet=True)
         with metrics.lock:
             metrics.episodes[ep.status] += 1
             metrics.episode_duration.observe(time.monotonic() - ep.started)
@@ -578,8 +581,11 @@ def make_app(setup: GatewaySetup):
             try:
                 ep.env = make_env(domain, task)
                 ep.env.reset(seed)
-            except ValueError as exc:
-                raise BadRequest(f"seed {seed}: {exc}", param="seed", status=422) from exc
+            except BaseException as exc:
+                close_all([ep.env] if ep.env is not None else [], quiet=True)
+                if isinstance(exc, ValueError):
+                    raise BadRequest(f"seed {seed}: {exc}", param="seed", status=422) from exc
+                raise
         state["episodes"][ep.id] = ep
         journal.start(ep, req.env, cid)
         logger.info("episode {} starts: {} seed {} ({} env)", ep.id, task_name, seed, req.env)

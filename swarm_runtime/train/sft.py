@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from swarm_runtime.domain import Domain, Event
+from swarm_runtime.env import closing_all
 from swarm_runtime.episode import SINGLE_ACTOR, make_env
 from swarm_runtime.policy.tokenizer import split_words
 from swarm_runtime.train.optim import clip_and_step, make_optimizer
@@ -38,25 +39,26 @@ def collect_demos(domain: Domain, task, seeds: Sequence[int], owner_bids: Sequen
     demos: dict[str, list[Example]] = {("single" if single else r): [] for r in roles}
     for seed in seeds:
         env = make_env(domain, task)
-        env.reset(seed)
-        log: list[Event] = []
-        for t in range(int(task.max_decisions)):
-            exp = env.expert_action()
-            if exp is None:
-                break
-            obs = env.observation()
-            if single:
-                demos["single"].append(Example("act", domain.single_prompt(obs, log), exp.action))
-            else:
-                for role in roles:
-                    level = rng.choice(list(owner_bids if role == exp.role else other_bids))
-                    demos[role].append(Example("bid", domain.bid_prompt(role, obs, log), level))
-                demos[exp.role].append(Example("act", domain.action_prompt(exp.role, obs, log), exp.action))
-            res = env.step(exp.action, exp.role)
-            # the public log as the acting model will see it: a single model's turns are logged as SINGLE_ACTOR
-            log.append(Event(t, SINGLE_ACTOR if single else exp.role, exp.action, res.valid, float(res.reward)))
-            if env.done:
-                break
+        with closing_all([env]):
+            env.reset(seed)
+            log: list[Event] = []
+            for t in range(int(task.max_decisions)):
+                exp = env.expert_action()
+                if exp is None:
+                    break
+                obs = env.observation()
+                if single:
+                    demos["single"].append(Example("act", domain.single_prompt(obs, log), exp.action))
+                else:
+                    for role in roles:
+                        level = rng.choice(list(owner_bids if role == exp.role else other_bids))
+                        demos[role].append(Example("bid", domain.bid_prompt(role, obs, log), level))
+                    demos[exp.role].append(Example("act", domain.action_prompt(exp.role, obs, log), exp.action))
+                res = env.step(exp.action, exp.role)
+                # the public log as the acting model will see it: a single model's turns are logged as SINGLE_ACTOR
+                log.append(Event(t, SINGLE_ACTOR if single else exp.role, exp.action, res.valid, float(res.reward)))
+                if env.done:
+                    break
     return demos
 
 

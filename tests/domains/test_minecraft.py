@@ -390,3 +390,15 @@ def test_minestudio_craft_commands_follow_the_real_recipes():
     assert craft_commands("iron_ingot", {"iron_ore": 1, "furnace": 1}) is None  # no fuel
     assert craft_commands("iron_ingot", {"iron_ore": 1, "furnace": 1, "oak_planks": 1}) == [
         "/clear @p minecraft:iron_ore 1", "/clear @p minecraft:oak_planks 1", "/give @p minecraft:iron_ingot 1"]
+
+
+def test_minestudio_close_stops_the_simulator_once_and_drops_the_runtime():
+    from types import SimpleNamespace
+
+    env = DOMAIN.make_env(OmegaConf.merge(DOMAIN.task_config("iron_pickaxe"), {"sim": "minestudio"}))
+    env.close()  # never reset: nothing started
+    stops = []
+    env._rt = SimpleNamespace(sim=SimpleNamespace(close=lambda: stops.append(1)))
+    env.close()
+    env.close()
+    assert stops == [1] and env._rt is None

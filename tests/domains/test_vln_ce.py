@@ -647,3 +647,16 @@ def test_habitat_adapter_restore(mode):
     assert roll() == first
     env.restore(snap)
     assert env.metrics() == met  # snapshot reusable
+
+
+def test_habitat_adapter_close_closes_every_split_env_once():
+    env, envs = make_fake()
+    closed = []
+    env.reset(1)
+    env.reset(105)  # a second split's habitat env
+    env.expert_action()  # the follower, bound to a habitat env
+    for name, fake in envs.items():
+        fake.close = lambda name=name: closed.append(name)
+    env.close()
+    env.close()
+    assert sorted(closed) == ["train", "val_unseen"] and env._follower is None
