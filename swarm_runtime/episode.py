@@ -87,6 +87,9 @@ class Turn:
     #: (what the learner's recomputed log-probs are compared with: :mod:`swarm_runtime.rollout.mismatch`)
     action_logprobs: list[float] | None = None
     action_version: int | None = None
+    #: per agent: the sampler's per-token log-probs of its bid response in ``bid_tokens`` (None: no bid, or
+    #: none reported); the Bradley-Terry update compares the learner's with them (``mismatch/bid_*``)
+    bid_logprobs: list[list[float] | None] | None = None
 
     @property
     def winner(self) -> int | None:
@@ -249,6 +252,7 @@ class AuctionTurns:
             # 1. sealed bids, one batch per model
             bids: dict[int, list] = {id(s): [None] * n for s in live}
             btoks: dict[int, list] = {id(s): [None] * n for s in live}
+            blps: dict[int, list] = {id(s): [None] * n for s in live}
             bprompts: dict[int, list] = {id(s): [None] * n for s in live}
             requests = []
             for s in live:
@@ -268,6 +272,7 @@ class AuctionTurns:
             for (s, a, _, judge), b in zip(requests, answers):
                 level, parsed = checked_bid(b.level, b.parsed, getattr(agents[judge].policy, "bid_levels", None))
                 bids[id(s)][a], btoks[id(s)][a] = level, b.tokens
+                blps[id(s)][a] = getattr(b, "logprobs", None)
                 s.episode.unparsed_bids += int(not parsed)
             # 1b. proposals: the agents the coordinator names sample an action first (one batch per model)
             proposals: dict[int, dict] = {id(s): {} for s in live}
@@ -311,7 +316,7 @@ class AuctionTurns:
                         res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t, info=info)
                     else:
                         res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t)
-                    turns[id(s)] = Turn(s.t, bids[id(s)], btoks[id(s)], bprompts[id(s)], res)
+                    turns[id(s)] = Turn(s.t, bids[id(s)], btoks[id(s)], bprompts[id(s)], res, bid_logprobs=blps[id(s)])
             # 3. the winners act, one batch per model
             acts = []
             for s in live:

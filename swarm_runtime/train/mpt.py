@@ -302,7 +302,7 @@ class MPTTrainer(PhasedTrainer):
             m.update(bid_update(self.agents, pairs, self.optimizers["bid"], self._minibatch(), float(a.grad_clip),
                                 str(a.bid_pair_weight),
                                 self._reference_policies() if str(a.bid_reference) == "sft" else None,
-                                float(a.bid_beta)))
+                                float(a.bid_beta), is_cap=None if a.get("is_cap") is None else float(a.is_cap)))
         self._synced(it, m)
         m["time/update_s"] = time.time() - t1
         m["charts/lr"] = next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
