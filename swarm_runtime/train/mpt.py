@@ -268,6 +268,7 @@ class MPTTrainer(PhasedTrainer):
         ctx, a = self.ctx, self.cfg.algo
         kind = step_kind(it, int(a.action_steps), int(a.bid_steps))
         ctx.flops.category = "rollout"
+        t_step = time.time()
         episodes, rollout_s = self._episodes(it)
         for ep in episodes:
             self._hook("swarm_on_episode_end", domain=ctx.domain.name, seed=ep.seed, reward=ep.reward,
@@ -305,6 +306,7 @@ class MPTTrainer(PhasedTrainer):
                                 float(a.bid_beta), is_cap=None if a.get("is_cap") is None else float(a.is_cap)))
         self._synced(it, m)
         m["time/update_s"] = time.time() - t1
+        m["time/step_s"] = time.time() - t_step  # the update's wall: waiting for its rollout (played ahead or now) and training
         m["charts/lr"] = next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
         m["kind"] = kind
         m.update({f"flops/{k}": v for k, v in ctx.flops.by_category.items()})
