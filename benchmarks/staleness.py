@@ -9,6 +9,8 @@ while this process trains. From each run's ``metrics.jsonl`` and ``eval.json`` i
   training), the throughput the overlap is for; rollout decisions/s: over ``time/rollout_s`` alone;
 - s/update: the mean ``time/step_s``;
 - staleness: the mean of ``charts/staleness`` (updates the acting weights lagged the learner);
+- action KL, bid KL: the largest ``mismatch/approx_kl_<Role>`` and ``mismatch/bid_approx_kl_<Role>`` over the
+  roles and updates (sampler against learner, per token);
 - train return: the mean ``charts/episode_reward`` over the updates; eval: the held-out reward after RL.
 
     SWARM_VLLM_PYTHON=~/.venvs/vllm/bin/python python benchmarks/staleness.py --ks 0 1 2 --iterations 6
@@ -45,23 +47,28 @@ def summarize(run_dir: Path, envs: int) -> dict:
     rollout = sum(r["time/rollout_s"] for r in steps)
     ev = json.loads((run_dir / "eval.json").read_text())["results"]["MPT"]
     stale = [r.get("charts/staleness", 0.0) for r in steps]
+
+    def worst(prefix: str) -> float:
+        return max([v for r in steps for k, v in r.items() if k.startswith(prefix)], default=float("nan"))
     return {"updates": len(steps), "decisions": decisions, "decisions_per_s": decisions / wall,
             "rollout_decisions_per_s": decisions / rollout, "s_per_update": wall / len(steps),
-            "staleness": sum(stale) / len(stale),
+            "staleness": sum(stale) / len(stale), "action_kl": worst("mismatch/approx_kl_"),
+            "bid_kl": worst("mismatch/bid_approx_kl_"),
             "train_return": sum(r["charts/episode_reward"] for r in steps) / len(steps),
             "eval": ev["reward_mean"], "eval_se": ev["reward_se"]}
 
 
 def table(results: dict[int, dict]) -> str:
-    head = ("k", "decisions/s", "vs k=0", "rollout dec/s", "s/update", "staleness", "train return", "eval (± se)",
-            "run wall s")
+    head = ("k", "decisions/s", "vs k=0", "rollout dec/s", "s/update", "staleness", "action KL", "bid KL",
+            "train return", "eval (± se)", "run wall s")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     base = results[min(results)]["decisions_per_s"]
     for k, r in sorted(results.items()):
         lines.append(" | ".join([str(k), f"{r['decisions_per_s']:.1f}", f"{r['decisions_per_s'] / base:.2f}x",
                                  f"{r['rollout_decisions_per_s']:.1f}", f"{r['s_per_update']:.1f}",
-                                 f"{r['staleness']:.2f}", f"{r['train_return']:.2f}",
-                                 f"{r['eval']:.2f} ± {r['eval_se']:.2f}", f"{r['wall']:.0f}"]))
+                                 f"{r['staleness']:.2f}", f"{r['action_kl']:.1e}", f"{r['bid_kl']:.1e}",
+                                 f"{r['train_return']:.2f}", f"{r['eval']:.2f} ± {r['eval_se']:.2f}",
+                                 "-" if r.get("wall") is None else f"{r['wall']:.0f}"]))
     return "\n".join("| " + x + " |" for x in lines)
 
 
@@ -76,8 +83,15 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-episodes", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary folder)")
+    ap.add_argument("--summarize", action="store_true", help="only print the table of the runs already in --out")
     ap.add_argument("overrides", nargs="*", help="more swarm run arguments (key=value)")
     a = ap.parse_args(argv)
+    if a.summarize:
+        if a.out is None:
+            print("benchmarks/staleness.py: --summarize needs --out (the folder of the runs)", file=sys.stderr)
+            return 2
+        print(table({k: summarize(Path(a.out) / f"k{k}", a.envs) for k in a.ks}))
+        return 0
     if a.engine == "vllm" and not os.environ.get("SWARM_VLLM_PYTHON"):
         print("benchmarks/staleness.py: set SWARM_VLLM_PYTHON to the python of a virtualenv with vLLM "
               "(docs/engine.md), or give --engine openai rollout.url=...", file=sys.stderr)

@@ -232,3 +232,23 @@ def test_bid_loss_without_is_cap_is_the_plain_loss_exactly(registry):
     m = stats.metrics("Logger", prefix="bid_")
     assert m["mismatch/bid_approx_kl_Logger"] < 1e-9 and m["mismatch/bid_max_abs_dlogp_Logger"] < 1e-4
     assert "mismatch/bid_is_weight_mean_Logger" not in m
+
+
+def test_staleness_counts_the_updates_that_changed_the_acting_model():
+    """charts/staleness: a response drawn by version v of a model lags the learner by the updates that changed
+    that model since v, not by the run's updates since (a role no update touched is current), so it stays within
+    rollout.max_staleness."""
+    from types import SimpleNamespace
+
+    from swarm_runtime.train.mpt import rollout_staleness
+
+    learner = LocalLearner({"A": None, "B": None})
+    learner.bump(["A"], version=1)  # update 0 changed A, update 1 changed B, update 2 nothing; update 3 trains now
+    learner.bump(["B"], version=2)
+    assert [learner.behind("A", v) for v in (0, 1)] == [1, 0] and [learner.behind("B", v) for v in (0, 2)] == [1, 0]
+    turn = lambda winner, version: SimpleNamespace(winner=winner, action_version=version)  # noqa: E731
+    eps = [SimpleNamespace(acted=[turn(0, 1), turn(1, 0), turn(1, None)])]
+    assert rollout_staleness(eps, ["A", "B"], learner) == 0.5  # A current, B one update behind (not 3 - v)
+    assert rollout_staleness([SimpleNamespace(acted=[turn(0, None)])], ["A", "B"], learner) is None
+    learner.set_versions({"A": 7})  # resumed: the checkpoint's version is current
+    assert learner.behind("A", 7) == 0 and learner.behind("A", 1) == 1

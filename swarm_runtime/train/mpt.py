@@ -50,6 +50,15 @@ def rollout_metrics(episodes, agents) -> dict[str, float]:
     return m
 
 
+def rollout_staleness(episodes, names: list[str], learner) -> float | None:
+    """How stale a rollout's actions were: the mean, over acted turns whose response carries its version, of
+    the updates of the acting model its weights lacked when this update trains (:meth:`LocalLearner.behind`;
+    at most ``rollout.max_staleness``); None when no response carries a version."""
+    lags = [learner.behind(names[t.winner], t.action_version) for e in episodes for t in e.acted
+            if t.action_version is not None]
+    return sum(lags) / len(lags) if lags else None
+
+
 class MPTTrainer(PhasedTrainer):
     """The MPT algorithm, registered as ``algo.name=mpt`` (phases: :class:`~.phases.PhasedTrainer`)."""
 
@@ -275,9 +284,10 @@ class MPTTrainer(PhasedTrainer):
                        metrics=ep.metrics)
         m = rollout_metrics(episodes, self.agents)
         m["time/rollout_s"] = rollout_s
-        versions = [t.action_version for e in episodes for t in e.acted if t.action_version is not None]
-        if versions and self.cfg.rollout.get("max_staleness"):
-            m["charts/staleness"] = sum(it - v for v in versions) / len(versions)
+        if self.cfg.rollout.get("max_staleness"):
+            lag = rollout_staleness(episodes, model_names(self.agents), self.learner)
+            if lag is not None:
+                m["charts/staleness"] = lag
         t1 = time.time()
         scale = float(a.reward_scale or ctx.task.reward_max)
         if kind == "action":
