@@ -91,6 +91,9 @@ class Turn:
     #: (what the learner's recomputed log-probs are compared with: :mod:`swarm_runtime.rollout.mismatch`)
     action_logprobs: list[float] | None = None
     action_version: int | None = None
+    #: per agent: the sampler's per-token log-probs of its bid response in ``bid_tokens`` (None: no bid, or
+    #: none reported); the Bradley-Terry update compares the learner's with them (``mismatch/bid_*``)
+    bid_logprobs: list[list[float] | None] | None = None
 
     @property
     def winner(self) -> int | None:
@@ -328,6 +331,7 @@ class Auction:
 
         bids: list = [None] * n
         btoks: list = [None] * n
+        blps: list = [None] * n
         bprompts: list = [None] * n
         asked = []
         if forced is None:
@@ -344,7 +348,7 @@ class Auction:
                 missed.append(a)
                 continue
             bids[a] = accept_bid(episode, b, self.bid_levels(a, last_actor))
-            btoks[a] = b.tokens
+            btoks[a], blps[a] = b.tokens, getattr(b, "logprobs", None)
         # proposals: the agents the coordinator names sample an action first
         proposals: dict = {}
         if self.proposals:
@@ -374,7 +378,8 @@ class Auction:
             sel_rng, live = None, None
         else:
             sel_rng, live = rng(), list(bids)
-            turn = Turn(t, bids, btoks, bprompts, self._select(live, sel_rng, t, last_actor, proposals, scores))
+            turn = Turn(t, bids, btoks, bprompts, self._select(live, sel_rng, t, last_actor, proposals, scores),
+                        bid_logprobs=blps)
         # the winner acts; a winner whose action does not come is withdrawn and the coordinator picks again
         failed = []
         while True:

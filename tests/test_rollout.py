@@ -3,6 +3,7 @@ learner recomputes, importance weights and mismatch metrics from real model scor
 with a clear line, and the chat template of an instruct tokenizer."""
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -94,6 +95,9 @@ def test_play_through_an_explicit_sampler_is_play_by_default(swarm_ctx):
     acted = [t for e in eps for t in e.acted]
     assert acted and all(t.action_logprobs is not None and len(t.action_logprobs) == len(t.action_tokens)
                          for t in acted)
+    bidders = [(t.bid_tokens[a], t.bid_logprobs[a]) for e in eps for t in e.turns for a in range(len(agents))
+               if t.bid_tokens[a] is not None]
+    assert bidders and all(lp is not None and len(lp) == len(tok) for tok, lp in bidders)
 
 
 def test_mismatch_and_importance_weights_from_real_scores(registry):
@@ -166,3 +170,85 @@ def test_chat_template_auto_prompts_an_instruct_tokenizer_in_its_template(regist
     assert TransformersPolicy(model, tok, [0.0, 0.5], chat_template="none").encode_prompt(prompt) == plain
     with pytest.raises(ValueError, match="chat_template 'yes'"):
         TransformersPolicy(model, tok, [0.0, 0.5], chat_template="yes")
+
+
+def _bid_rows(registry):
+    """The Logger's bid prompt, two of its bids drawn in process (their sampler log-probs) and the policy."""
+    ctx = run_context(registry, "domain=minecraft", "task=iron_pickaxe")
+    _, policies = ctx.build_swarm()
+    pol = policies["Logger"]
+    prompt = ctx.domain.bid_prompt("Logger", new_slots(ctx.domain, ctx.task, [0])[0].env.observation(), [])
+    pol.gen.manual_seed(0)
+    return pol, prompt, pol.bid([prompt, prompt])
+
+
+def test_bid_mismatch_and_importance_weights_from_real_scores(registry):
+    """The Bradley-Terry loss compares each pair's original bid (drawn by the sampler) with the learner's
+    scores: a sampler that reported it one nat less likely gives k3 KL e - 2, max |d| 1, every token past a
+    1.5 cap, and each pair's term weighted by the capped ratio, whichever side the original bid is on."""
+    from swarm_runtime.train.bid import _bradley_terry_chunk, _PreferenceRow
+
+    pol, prompt, bids = _bid_rows(registry)
+    assert all(b.logprobs is not None and len(b.logprobs) == len(b.tokens) == 1 for b in bids)
+    other = pol.bid_target(0.0)
+    shifted = [[x - 1.0 for x in b.logprobs] for b in bids]
+    rows = [_PreferenceRow(prompt, bids[0].tokens, other, 1.0), _PreferenceRow(prompt, other, bids[1].tokens, 0.5)]
+    plain = _bradley_terry_chunk(pol, rows)
+    tracked = [replace(rows[0], behaviour=shifted[0]), replace(rows[1], behaviour=shifted[1], original_won=False)]
+    stats = Mismatch(cap=1.5)
+    weighted = _bradley_terry_chunk(pol, tracked, stats=stats, is_cap=1.5)
+    torch.testing.assert_close(weighted, 1.5 * plain)
+    m = stats.metrics("Logger", prefix="bid_")
+    assert stats.tokens == 2 and set(m) == {f"mismatch/bid_{k}_Logger" for k in
+                                            ("approx_kl", "max_abs_dlogp", "past_cap", "is_weight_mean")}
+    assert abs(m["mismatch/bid_approx_kl_Logger"] - (math.e - 2)) < 1e-5
+    assert abs(m["mismatch/bid_max_abs_dlogp_Logger"] - 1.0) < 1e-5 and m["mismatch/bid_past_cap_Logger"] == 1.0
+    assert m["mismatch/bid_is_weight_mean_Logger"] == 1.5
+    # a sampler ten nats more sure than the learner: the ratio e^-10 is not capped from below
+    low = _bradley_terry_chunk(pol, [replace(tracked[0], behaviour=[x + 10.0 for x in bids[0].logprobs])],
+                               stats=Mismatch(cap=1.5), is_cap=1.5)
+    torch.testing.assert_close(low, math.exp(-10.0) * _bradley_terry_chunk(pol, rows[:1]), rtol=1e-4, atol=0)
+
+
+def test_bid_loss_without_is_cap_is_the_plain_loss_exactly(registry):
+    """algo.is_cap off (the default): the sampler's log-probs only feed the metrics; the loss and its
+    gradient are bit for bit those of rows without them (on-policy: a mismatch of 0 to float precision)."""
+    from swarm_runtime.train.bid import _bradley_terry_chunk, _PreferenceRow
+
+    pol, prompt, bids = _bid_rows(registry)
+    rows = [_PreferenceRow(prompt, bids[0].tokens, pol.bid_target(0.0), 1.0)]
+
+    def loss_and_grad(rows, **kw):
+        for p in pol.parameters():
+            p.grad = None
+        loss = _bradley_terry_chunk(pol, rows, **kw)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in pol.parameters() if p.grad is not None]
+
+    stats = Mismatch()
+    a, ga = loss_and_grad(rows)
+    b, gb = loss_and_grad([replace(rows[0], behaviour=bids[0].logprobs)], stats=stats, is_cap=None)
+    assert torch.equal(a, b) and len(ga) == len(gb) and all(torch.equal(x, y) for x, y in zip(ga, gb))
+    m = stats.metrics("Logger", prefix="bid_")
+    assert m["mismatch/bid_approx_kl_Logger"] < 1e-9 and m["mismatch/bid_max_abs_dlogp_Logger"] < 1e-4
+    assert "mismatch/bid_is_weight_mean_Logger" not in m
+
+
+def test_staleness_counts_the_updates_that_changed_the_acting_model():
+    """charts/staleness: a response drawn by version v of a model lags the learner by the updates that changed
+    that model since v, not by the run's updates since (a role no update touched is current), so it stays within
+    rollout.max_staleness."""
+    from types import SimpleNamespace
+
+    from swarm_runtime.train.mpt import rollout_staleness
+
+    learner = LocalLearner({"A": None, "B": None})
+    learner.bump(["A"], version=1)  # update 0 changed A, update 1 changed B, update 2 nothing; update 3 trains now
+    learner.bump(["B"], version=2)
+    assert [learner.behind("A", v) for v in (0, 1)] == [1, 0] and [learner.behind("B", v) for v in (0, 2)] == [1, 0]
+    turn = lambda winner, version: SimpleNamespace(winner=winner, action_version=version)  # noqa: E731
+    eps = [SimpleNamespace(acted=[turn(0, 1), turn(1, 0), turn(1, None)])]
+    assert rollout_staleness(eps, ["A", "B"], learner) == 0.5  # A current, B one update behind (not 3 - v)
+    assert rollout_staleness([SimpleNamespace(acted=[turn(0, None)])], ["A", "B"], learner) is None
+    learner.set_versions({"A": 7})  # resumed: the checkpoint's version is current
+    assert learner.behind("A", 7) == 0 and learner.behind("A", 1) == 1

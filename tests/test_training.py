@@ -96,16 +96,21 @@ def test_action_and_bid_steps_change_parameters(ctx):
         pairs = run_branches(agents, ctx.coordinator(), ctx.domain, ctx.task, picks, 3, rng)
     for p in pairs:  # branches re-sampled a strictly lower bid for the selected agent
         assert p.counterfactual != p.original
+        assert len(p.original_logprobs) == len(p.original)  # the rollout sampler's log-probs of the original bid
     # force a decisive pair so the Bradley-Terry step runs whatever the branch scores were
     ep, turn = picks[0]
     sel = turn.winner
     pol = agents[sel].policy
-    pairs.append(BranchPair(sel, turn.bid_prompts[sel], turn.bid_tokens[sel], pol.bid_target(0.0), 5.0, 0.0))
+    pairs.append(BranchPair(sel, turn.bid_prompts[sel], turn.bid_tokens[sel], pol.bid_target(0.0), 5.0, 0.0,
+                            original_logprobs=turn.bid_logprobs[sel]))
     before = snapshot(pol)
     with torch.no_grad():
         lw0 = float(pol.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]]))
-    m = bid_update(agents, pairs, opts, minibatch=16, grad_clip=1.0)
+    m = bid_update(agents, pairs, opts, minibatch=16, grad_clip=1.0, is_cap=2.0)
     assert changed(before, pol) and m["charts/bid_pairs"] >= 1
+    # the original bids (drawn before the action update moved the weights) against the learner (docs/engine.md)
+    role = agents[sel].role
+    assert m[f"mismatch/bid_approx_kl_{role}"] >= 0 and 0 < m[f"mismatch/bid_is_weight_mean_{role}"] <= 2.0
     with torch.no_grad():
         lw1 = float(pol.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]]))
     assert lw1 > lw0  # the winning bid became more likely

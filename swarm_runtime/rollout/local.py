@@ -100,6 +100,7 @@ class LocalLearner:
     def __init__(self, policies: Mapping[str, Policy]):
         self.policies = dict(policies)
         self._versions = {m: 0 for m in self.policies}
+        self._history: dict[str, list[int]] = {m: [0] for m in self.policies}  #: every version each model took
 
     def policy(self, model: str) -> Policy:
         return self.policies[model]
@@ -114,10 +115,17 @@ class LocalLearner:
         """``models`` took an update: their version becomes ``version`` (the run's update count), or goes up by one."""
         for m in models:
             self._versions[m] = self._versions.get(m, 0) + 1 if version is None else int(version)
+            self._history.setdefault(m, []).append(self._versions[m])
+
+    def behind(self, model: str, version: int) -> int:
+        """How many updates of ``model`` the weights of ``version`` lack (0: its current weights): the updates
+        that changed it since, not the run's updates since (a role an update left alone did not move)."""
+        return sum(v > int(version) for v in self._history.get(model, ()))
 
     def set_versions(self, versions: Mapping[str, int]) -> None:
         """Versions restored from a checkpoint (a resumed run goes on counting)."""
         self._versions.update({m: int(v) for m, v in versions.items() if m in self.policies})
+        self._history.update({m: [int(v)] for m, v in versions.items() if m in self.policies})
 
     def export(self, model: str, folder: Path) -> Path:
         """The model's weights in the format its sampler loads: ``save`` writes a PEFT adapter folder for

@@ -12,7 +12,9 @@ before it steps. With the same weights and dtype the two agree up to float round
   :data:`REPORT_CAP` when the cap is off).
 
 ``algo.is_cap = c`` weights each response's REINFORCE term by ``min(c, exp(sum_t d_t))`` (truncated
-importance sampling, no gradient through the weight); off (None) the loss is today's on-policy one.
+importance sampling, no gradient through the weight), and each Bradley-Terry pair's term by the same
+weight of the pair's original bid (the one the sampler drew in the rollout: :func:`swarm_runtime.train.bid.bid_update`);
+off (None) both losses are today's on-policy ones. Bids are reported as ``mismatch/bid_*``.
 """
 from __future__ import annotations
 
@@ -57,11 +59,13 @@ class Mismatch:
         self.max_abs = max(self.max_abs, float(deltas.abs().max()))
         self.past += int((deltas.abs() > math.log(self.cap)).sum())
 
-    def metrics(self, name: str) -> dict[str, float]:
+    def metrics(self, name: str, prefix: str = "") -> dict[str, float]:
+        """The update's figures of model ``name``; ``prefix`` names what was compared (``bid_``: bids)."""
         if not self.tokens:
             return {}
-        out = {f"mismatch/approx_kl_{name}": self.k3 / self.tokens, f"mismatch/max_abs_dlogp_{name}": self.max_abs,
-               f"mismatch/past_cap_{name}": self.past / self.tokens}
+        m = f"mismatch/{prefix}"
+        out = {f"{m}approx_kl_{name}": self.k3 / self.tokens, f"{m}max_abs_dlogp_{name}": self.max_abs,
+               f"{m}past_cap_{name}": self.past / self.tokens}
         if self.weights:
-            out[f"mismatch/is_weight_mean_{name}"] = sum(self.weights) / len(self.weights)
+            out[f"{m}is_weight_mean_{name}"] = sum(self.weights) / len(self.weights)
         return out

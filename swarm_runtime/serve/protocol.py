@@ -92,6 +92,13 @@ def completion_models():
         logprobs: Optional[StrictInt] = Field(None, ge=0, le=64)
         guided_choice: Optional[list[str]] = Field(None, min_length=1, max_length=4096)
         n: StrictInt = Field(1, ge=1)  # at most MAX_N: more is refused with 400 naming the limit
+        # vLLM's token-level extensions (swarm_runtime/serve/vllm_fields.py): what rollout.engine=openai sends
+        return_token_ids: StrictBool = False  #: each choice carries ``token_ids`` and ``prompt_token_ids``
+        return_tokens_as_token_ids: StrictBool = False  #: tokens named ``token_id:N``
+        logprob_token_ids: Optional[list[StrictInt]] = Field(None, min_length=1, max_length=4096)
+        allowed_token_ids: Optional[list[StrictInt]] = Field(None, max_length=1 << 20)
+        logit_bias: Optional[dict[str, float]] = Field(None, max_length=1 << 20)
+        stop_token_ids: Optional[list[StrictInt]] = Field(None, max_length=64)
 
     return CompletionRequest
 

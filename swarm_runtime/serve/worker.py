@@ -7,7 +7,11 @@ Endpoints: ``GET /health`` (with the batching counts), ``GET /v1/models``, ``POS
 ``stop``, ``echo``, ``stream`` (server-sent events), ``guided_choice`` or its newer name
 ``structured_outputs.choice``), ``POST /v1/chat/completions`` (over the model's chat template; 400
 without one); with ``--lora-modules`` / ``--enable-lora``, one base with several LoRA adapters and
-vLLM's ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (:mod:`swarm_runtime.serve.adapters`).
+vLLM's ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (:mod:`swarm_runtime.serve.adapters`), and
+requests naming the base (the adapters off). vLLM's token-level fields (``return_token_ids``,
+``return_tokens_as_token_ids``, ``logprob_token_ids``, ``allowed_token_ids``, ``logit_bias``,
+``stop_token_ids``) are answered as vLLM answers them, raw log-probs included
+(:mod:`swarm_runtime.serve.vllm_fields`), so ``rollout.engine=openai`` can sample on a worker.
 Bodies are read with finite numbers only; errors are OpenAI's ``{"error": {...}}``; a prompt longer
 than the model's context is a 400. ``logprobs=k`` on generated text returns each token's
 log-probability and the top ``k`` in the OpenAI shape (:mod:`swarm_runtime.serve.logprobs`); ``n``
@@ -38,6 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarm_runtime.serve.logprobs import StepRecorder
+from swarm_runtime.serve.vllm_fields import RawRecorder, cut_at_stop, token_fields
+
+#: ``Job.adapter`` of a request an adapter host answers with its base (``model`` names the base)
+BASE = ""
 
 #: Bid levels of a checkpoint that does not say (an external Hugging Face model).
 DEFAULT_BID_LEVELS = (0.0, 0.2, 0.4, 0.6, 0.8)
@@ -110,17 +118,26 @@ class Completer:
         self.lock = threading.Lock()
         self._tries: dict[tuple, object] = {}
         self.actions_answered = 0
+        self._base = None
 
     @property
     def policy(self):
-        """The policy (with an adapter host: its first adapter's, which leads mixed batches)."""
+        """The policy (with an adapter host: its first adapter's, which leads mixed batches; the base before
+        any adapter is loaded)."""
         if self.host is None:
             return self._policy
         if not self.host.policies:
-            from swarm_runtime.serve.validate import BadRequest
-
-            raise BadRequest("no LoRA adapter is loaded: POST /v1/load_lora_adapter first", param="model", status=404)
+            return self.base_policy()
         return self.host.lead()
+
+    def base_policy(self):
+        """An adapter host's base as a policy of its own (requests whose ``model`` names the base, as vLLM serves
+        it: the run's base check, :func:`swarm_runtime.rollout.sync.check_base`); run with the adapters off."""
+        if self._base is None:
+            from swarm_runtime.policy.transformers_backend import TransformersPolicy
+
+            self._base = TransformersPolicy(self.host.base_model, self.host.tok, **self.host.kw).eval()
+        return self._base
 
     def adapter_of(self, req) -> str | None:
         """The adapter a request's ``model`` names (an adapter host only); 404 naming the loaded ones."""
@@ -131,10 +148,12 @@ class Completer:
                 raise BadRequest(f"model {req.model!r} is not served here; valid: {self.model_id}", param="model",
                                  status=404, code="model_not_found")
             return None
+        if req.model == self.model_id:
+            return BASE
         if req.model not in self.host.policies:
             raise BadRequest(f"model {req.model!r} is not a LoRA adapter loaded here; loaded: "
-                             f"{', '.join(self.host.policies) or 'none'}", param="model", status=404,
-                             code="model_not_found")
+                             f"{', '.join(self.host.policies) or 'none'} (or the base, {self.model_id})",
+                             param="model", status=404, code="model_not_found")
         return req.model
 
     def context(self) -> int:
@@ -216,6 +235,11 @@ class Completer:
                              param="echo")
         extra = req.model_extra or {}
         choices = req.guided_choice or choice_field(extra.get("structured_outputs"))
+        fields = token_fields(req, vocab)
+        if fields is not None and (choices is not None or extra.get("swarm_kind") is not None):
+            raise BadRequest("vLLM's token-level fields (allowed_token_ids, logprob_token_ids, logit_bias, "
+                             "stop_token_ids, return_tokens_as_token_ids) do not go with guided_choice or swarm_kind; "
+                             "drop one", param="allowed_token_ids" if req.allowed_token_ids is not None else None)
         is_bid = extra.get("swarm_kind") == "bid" or (choices is not None and set(choices) == set(self.bid_texts))
         if is_bid and any(isinstance(x, list) for x in prompts):
             raise BadRequest("a bid takes text prompts (token-id prompts are for generated text)", param="prompt")
@@ -226,9 +250,9 @@ class Completer:
         trie = None if is_bid or not choices else self._trie(choices)
         keys = None if req.seed is None else sample_keys(req.seed, n) * len(prompts)
         group = (is_bid, id(trie), float(req.temperature), int(req.max_tokens), keys is None,
-                 -1 if req.logprobs is None else int(req.logprobs), float(req.top_p))
+                 -1 if req.logprobs is None else int(req.logprobs), float(req.top_p), fields, adapter == BASE)
         return Job(req, [x for x in prompts for _ in range(n)], keys, is_bid, trie, group, n_prompts=len(prompts),
-                   adapter=adapter)
+                   adapter=adapter, fields=fields)
 
     def run(self, jobs: list["Job"]) -> tuple[list[dict], float]:
         """One batched forward (bids) or generation (actions) over ``jobs`` of one group: each job's
@@ -236,18 +260,30 @@ class Completer:
         alone, so batching does not change what a request gets."""
         import torch
 
-        p, j0 = self.policy, jobs[0]
+        j0 = jobs[0]
+        base = self.host is not None and j0.adapter == BASE
+        p = self.base_policy() if base else self.policy
         prompts = [x for j in jobs for x in j.prompts]
         keys = None if j0.keys is None else [k for j in jobs for k in j.keys]
         if self.opts.fault_delay_ms:
             time.sleep(self.opts.fault_delay_ms / 1000)
         t0 = time.perf_counter()
-        routed = nullcontext() if self.host is None else p.routed([j.adapter for j in jobs for _ in j.prompts])
+        if base:  # the base alone: every adapter off (none is loaded yet, or PEFT's disable_adapter)
+            routed = nullcontext() if self.host.shared is None else self.host.shared.model.disable_adapter()
+        else:
+            routed = nullcontext() if self.host is None else p.routed([j.adapter for j in jobs for _ in j.prompts])
         with self.lock, torch.no_grad(), routed:
             p.temperature = float(j0.req.temperature)
             want = j0.req.logprobs  # None, or k: the top-k alternatives per token
             logprobs = [None] * len(prompts)
-            if j0.is_bid and self.opts.fault_bid is not None:
+            if j0.fields is not None:  # vLLM's sampling and raw log-probs (serve/vllm_fields.py)
+                inner = p._pick if float(j0.req.top_p) >= 1.0 else top_p_pick(p, float(j0.req.top_p), p._pick)
+                rec = RawRecorder(j0.fields, want, inner)
+                outs = p._sample([self.prompt_ids(x) for x in prompts], int(j0.req.max_tokens), None, keys, pick=rec)
+                outs = [cut_at_stop(o, j0.fields.stop_ids) for o in outs]
+                texts = [p.decode(o) for o in outs]
+                logprobs = [rec.row(r, o, t, p.decode) for r, (o, t) in enumerate(zip(outs, texts))]
+            elif j0.is_bid and self.opts.fault_bid is not None:
                 from swarm_runtime.policy.transformers_backend import parse_bid
 
                 level, _ = parse_bid(str(self.opts.fault_bid), p.bid_levels)
@@ -283,6 +319,9 @@ class Completer:
             rows = range(i, i + len(j.prompts))
             i += len(j.prompts)
             choices = [finish_choice(j, n, texts[r], logprobs[r], outs[r], p) for n, r in enumerate(rows)]
+            if j.req.return_token_ids:
+                for c, r in zip(choices, rows):
+                    c["token_ids"], c["prompt_token_ids"] = list(outs[r]), self.prompt_ids(prompts[r])
             n_prompt = sum(len(self.prompt_ids(x)) for x in j.prompts[::len(j.prompts) // j.n_prompts])
             n_out = sum(len(outs[r]) for r in rows)
             bodies.append({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
@@ -312,7 +351,8 @@ def finish_choice(job, index: int, text: str, logprobs, out: list[int], policy) 
     """One choice of a completion: ``stop`` strings cut the text (and its logprobs) before the first
     one found (``finish_reason`` "stop", ``stop_reason`` the string), ``echo`` puts the prompt first."""
     req = job.req
-    finish = "stop" if job.is_bid or (out and out[-1] == policy.eos) else "length"
+    stop_ids = job.fields.stop_ids if job.fields is not None else ()
+    finish = "stop" if job.is_bid or (out and (out[-1] == policy.eos or out[-1] in stop_ids)) else "length"
     stop_reason = None
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     hits = [(text.find(x), x) for x in stops if x and text.find(x) >= 0]
@@ -366,7 +406,8 @@ class Job:
     trie: object
     group: tuple
     n_prompts: int = 1  #: prompts of the request (``prompts`` holds ``n`` rows per prompt, prompt-major)
-    adapter: str | None = None  #: the LoRA adapter its rows run through (an adapter host)
+    adapter: str | None = None  #: the LoRA adapter its rows run through (an adapter host; :data:`BASE`: none)
+    fields: object = None  #: vLLM's token-level fields (:class:`~swarm_runtime.serve.vllm_fields.TokenFields`)
     future: object = None
 
 

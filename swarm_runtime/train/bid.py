@@ -19,6 +19,7 @@ from swarm_runtime.domain import Domain
 from swarm_runtime.episode import Agent, Episode, ForcedTurn, Slot, Turn, make_env, play
 from swarm_runtime.policy.base import logprobs_in_chunks, sampled_logprobs
 from swarm_runtime.policy.noise import key_hash
+from swarm_runtime.rollout.mismatch import REPORT_CAP, Mismatch, importance_weight, token_deltas
 from swarm_runtime.train.losses import bradley_terry_loss, pair_weights
 from swarm_runtime.train.optim import accumulate_and_step
 
@@ -32,6 +33,8 @@ class BranchPair:
     original_score: float
     branch_score: float
     runner_up: bool = False  #: a pair of the runner-up's bids (``algo.bid_pairs=both``): its re-sampled bid is higher
+    #: the sampler's per-token log-probs of ``original`` (drawn in the rollout; None: none reported)
+    original_logprobs: list[float] | None = None
 
 
 def pick_contested(episodes: Sequence[Episode], per_episode: int, rng: random.Random) -> list[tuple[Episode, Turn]]:
@@ -162,9 +165,11 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
             continue
         o, b = sum(scores[i][0]) / len(scores[i][0]), sum(scores[i][1]) / len(scores[i][1])
         t, sel, ru = k.turn, k.turn.winner, k.turn.auction.runner_up
-        pairs.append(BranchPair(sel, t.bid_prompts[sel], t.bid_tokens[sel], k.lower, o, b))
+        lps = t.bid_logprobs or [None] * len(t.bid_tokens)
+        pairs.append(BranchPair(sel, t.bid_prompts[sel], t.bid_tokens[sel], k.lower, o, b, original_logprobs=lps[sel]))
         if k.higher is not None:
-            pairs.append(BranchPair(ru, t.bid_prompts[ru], t.bid_tokens[ru], k.higher, o, b, runner_up=True))
+            pairs.append(BranchPair(ru, t.bid_prompts[ru], t.bid_tokens[ru], k.higher, o, b, runner_up=True,
+                                    original_logprobs=lps[ru]))
     return pairs
 
 
@@ -180,12 +185,19 @@ class _Pick:
 
 def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, minibatch: int,
                grad_clip: float, pair_weight: str = "uniform", reference: dict | None = None,
-               beta: float = 1.0) -> dict[str, float]:
+               beta: float = 1.0, is_cap: float | None = None) -> dict[str, float]:
     """Bradley-Terry update of each pair's agent's bid on its decisive pairs (ties dropped), each
     pair weighted by :func:`pair_weights` (``uniform``: the paper). The agent is the selected one,
     or the runner-up for ``runner_up`` pairs. ``reference`` (role -> frozen policy,
     ``algo.bid_reference=sft``): the log-odds are measured against that policy's (DPO form,
-    :func:`bradley_terry_loss`); ``beta`` scales them."""
+    :func:`bradley_terry_loss`); ``beta`` scales them.
+
+    Off-policy (docs/engine.md): a pair's original bid was drawn by the rollout's sampler, whose per-token
+    log-probs it carries (``original_logprobs``); the learner's, computed for the loss anyway, are compared
+    with them per role (``mismatch/bid_*``). The re-sampled bid was drawn in process by the learner's own
+    weights of this update (:func:`resample_lower`), so its ratio is 1. ``is_cap`` = c: each pair's term is
+    weighted by ``min(c, pi_learner(original) / pi_sampler(original))`` (no gradient through it); None: the
+    plain loss."""
     decisive: dict[int, list[BranchPair]] = defaultdict(list)
     for p in pairs:
         if p.original_score != p.branch_score:
@@ -194,7 +206,8 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
     for key, ps in decisive.items():
         weights = pair_weights([p.original_score - p.branch_score for p in ps], pair_weight)
         by_policy[key] = [_PreferenceRow(p.prompt, *((p.original, p.counterfactual) if p.original_score > p.branch_score
-                                                     else (p.counterfactual, p.original)), w)
+                                                     else (p.counterfactual, p.original)), w,
+                                         behaviour=p.original_logprobs, original_won=p.original_score > p.branch_score)
                           for p, w in zip(ps, weights)]
     selected = [p for p in pairs if not p.runner_up]
     metrics: dict[str, float] = {"charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
@@ -214,9 +227,12 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
         shifts: list[float] = []
         if reference is not None:
             batch = _with_reference(reference[agent.role], batch, minibatch)
-        loss, norm = accumulate_and_step(agent.policy, batch, minibatch,
-                                         lambda policy, chunk: _bradley_terry_chunk(policy, chunk, beta, shifts),
-                                         *optimizers[agent.role], grad_clip)
+        stats = Mismatch(cap=is_cap or REPORT_CAP)
+        loss, norm = accumulate_and_step(
+            agent.policy, batch, minibatch,
+            lambda policy, chunk: _bradley_terry_chunk(policy, chunk, beta, shifts, stats, is_cap),
+            *optimizers[agent.role], grad_clip)
+        metrics.update(stats.metrics(agent.role, prefix="bid_"))
         if shifts:  # how far the bids already lean the pairs' way, beyond the reference (0 at the start)
             metrics[f"charts/bid_ref_logodds_{agent.role}"] = sum(shifts) / len(shifts)
         metrics[f"losses/bid_{agent.role}"] = loss
@@ -227,8 +243,9 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
 @dataclass
 class _PreferenceRow:
     """One decisive pair as the Bradley-Terry loss sees it: the bid prompt, the winning and losing
-    bid responses, the pair's weight, and (``algo.bid_reference=sft``) the reference's log-probs
-    of the two responses."""
+    bid responses, the pair's weight, (``algo.bid_reference=sft``) the reference's log-probs
+    of the two responses, and the sampler's per-token log-probs of the original bid (the winner when
+    ``original_won``, else the loser)."""
 
     prompt: str
     winner: list[int]
@@ -236,12 +253,44 @@ class _PreferenceRow:
     weight: float
     ref_winner: float | None = None
     ref_loser: float | None = None
+    behaviour: list[float] | None = None
+    original_won: bool = True
+
+    @property
+    def original(self) -> list[int]:
+        return self.winner if self.original_won else self.loser
 
 
-def _pair_logprobs(policy, chunk: list[_PreferenceRow]) -> tuple[torch.Tensor, torch.Tensor]:
+def _pair_logprobs(policy, chunk: list[_PreferenceRow], per_token: tuple[list, list] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probs of the winners and the losers; ``per_token`` (two lists): gets each one's per-token
+    log-probs (detached)."""
     prompts = [r.prompt for r in chunk]
-    return (sampled_logprobs(policy, prompts, [r.winner for r in chunk]),
-            sampled_logprobs(policy, prompts, [r.loser for r in chunk]))
+    pw, pl = per_token if per_token is not None else (None, None)
+    return (sampled_logprobs(policy, prompts, [r.winner for r in chunk], per_token_out=pw),
+            sampled_logprobs(policy, prompts, [r.loser for r in chunk], per_token_out=pl))
+
+
+def _tracked(r: _PreferenceRow) -> bool:
+    """Whether the row's original bid came with the sampler's log-probs, one per token."""
+    return r.behaviour is not None and len(r.behaviour) == len(r.original)
+
+
+def _importance(chunk: list[_PreferenceRow], per_token: tuple[list, list], stats: Mismatch,
+                is_cap: float | None) -> list[float]:
+    """Each row's original bid compared with its sampler log-probs (into ``stats``), and each row's truncated
+    importance weight (1 for a row without them; all 1 without ``is_cap``)."""
+    out = []
+    for i, r in enumerate(chunk):
+        if not _tracked(r):
+            out.append(1.0)
+            continue
+        d = token_deltas(per_token[0 if r.original_won else 1][i], r.behaviour)
+        stats.add(d)
+        out.append(1.0 if is_cap is None else importance_weight(d, is_cap))
+        if is_cap is not None:
+            stats.weights.append(out[-1])
+    return out
 
 
 def _with_reference(ref_policy, batch: list[_PreferenceRow], minibatch: int) -> list[_PreferenceRow]:
@@ -253,11 +302,18 @@ def _with_reference(ref_policy, batch: list[_PreferenceRow], minibatch: int) -> 
 
 
 def _bradley_terry_chunk(policy, chunk: list[_PreferenceRow], beta: float = 1.0,
-                         shifts: list | None = None) -> torch.Tensor:
+                         shifts: list | None = None, stats: Mismatch | None = None,
+                         is_cap: float | None = None) -> torch.Tensor:
     """Loss of the rows; rows with reference log-probs (:func:`_with_reference`) take the DPO form,
-    each row's log-odds shift beyond the reference going into ``shifts``."""
-    lw, ll = _pair_logprobs(policy, chunk)
+    each row's log-odds shift beyond the reference going into ``shifts``. Rows whose original bid has
+    sampler log-probs feed ``stats`` and, with ``is_cap``, are importance-weighted (:func:`bid_update`)."""
+    per_token = ([], []) if stats is not None and any(_tracked(r) for r in chunk) else None
+    lw, ll = _pair_logprobs(policy, chunk, per_token)
     weights = torch.tensor([r.weight for r in chunk])
+    if per_token is not None:
+        iw = _importance(chunk, per_token, stats, is_cap)
+        if is_cap is not None:
+            weights = weights * torch.tensor(iw, dtype=weights.dtype)
     if chunk[0].ref_winner is None:
         return bradley_terry_loss(lw, ll, weights, beta=beta)
     rw, rl = torch.tensor([r.ref_winner for r in chunk]), torch.tensor([r.ref_loser for r in chunk])

@@ -50,6 +50,15 @@ def rollout_metrics(episodes, agents) -> dict[str, float]:
     return m
 
 
+def rollout_staleness(episodes, names: list[str], learner) -> float | None:
+    """How stale a rollout's actions were: the mean, over acted turns whose response carries its version, of
+    the updates of the acting model its weights lacked when this update trains (:meth:`LocalLearner.behind`;
+    at most ``rollout.max_staleness``); None when no response carries a version."""
+    lags = [learner.behind(names[t.winner], t.action_version) for e in episodes for t in e.acted
+            if t.action_version is not None]
+    return sum(lags) / len(lags) if lags else None
+
+
 class MPTTrainer(PhasedTrainer):
     """The MPT algorithm, registered as ``algo.name=mpt`` (phases: :class:`~.phases.PhasedTrainer`)."""
 
@@ -272,15 +281,17 @@ class MPTTrainer(PhasedTrainer):
         ctx, a = self.ctx, self.cfg.algo
         kind = step_kind(it, int(a.action_steps), int(a.bid_steps))
         ctx.flops.category = "rollout"
+        t_step = time.time()
         episodes, rollout_s = self._episodes(it)
         for ep in episodes:
             self._hook("swarm_on_episode_end", domain=ctx.domain.name, seed=ep.seed, reward=ep.reward,
                        metrics=ep.metrics)
         m = rollout_metrics(episodes, self.agents)
         m["time/rollout_s"] = rollout_s
-        versions = [t.action_version for e in episodes for t in e.acted if t.action_version is not None]
-        if versions and self.cfg.rollout.get("max_staleness"):
-            m["charts/staleness"] = sum(it - v for v in versions) / len(versions)
+        if self.cfg.rollout.get("max_staleness"):
+            lag = rollout_staleness(episodes, model_names(self.agents), self.learner)
+            if lag is not None:
+                m["charts/staleness"] = lag
         t1 = time.time()
         scale = float(a.reward_scale or ctx.task.reward_max)
         if kind == "action":
@@ -306,9 +317,10 @@ class MPTTrainer(PhasedTrainer):
             m.update(bid_update(self.agents, pairs, self.optimizers["bid"], self._minibatch(), float(a.grad_clip),
                                 str(a.bid_pair_weight),
                                 self._reference_policies() if str(a.bid_reference) == "sft" else None,
-                                float(a.bid_beta)))
+                                float(a.bid_beta), is_cap=None if a.get("is_cap") is None else float(a.is_cap)))
         self._synced(it, m)
         m["time/update_s"] = time.time() - t1
+        m["time/step_s"] = time.time() - t_step  # the update's wall: waiting for its rollout (played ahead or now) and training
         m["charts/lr"] = next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
         m["kind"] = kind
         m.update({f"flops/{k}": v for k, v in ctx.flops.by_category.items()})

@@ -100,6 +100,23 @@ def start_ref(base: Path, log: Path, no_lora: bool = False, timeout: float = 120
     return s.start()
 
 
+class WorkerServer(VLLMServer):
+    """Our own serve worker (``python -m swarm_runtime.serve.worker --enable-lora``, what ``swarm serve`` runs for
+    an adapter run), which speaks vLLM's token-level fields (swarm_runtime/serve/vllm_fields.py), started and
+    stopped by the same code that runs a vLLM server."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "swarm_runtime.serve.worker", "--model", str(self.base), "--enable-lora",
+                "--host", self.host, "--port", str(self.port)]
+
+    def env(self) -> dict:
+        return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def start_worker(base: Path, log: Path, timeout: float = 120.0) -> WorkerServer:
+    return WorkerServer(sys.executable, base, log, startup_timeout_s=timeout).start()
+
+
 def served_names(url: str) -> set[str]:
     from swarm_runtime.rollout.http import Client
 

@@ -1,5 +1,6 @@
-"""The engine samplers' HTTP, sync and server-control code on any CPU, against a real HTTP server
-(tests/engine/refserver.py: vLLM's completion and runtime-LoRA API computed with transformers + PEFT).
+"""The engine samplers' HTTP, sync and server-control code on any CPU, against a real HTTP server:
+tests/engine/refserver.py (vLLM's completion and runtime-LoRA API computed with transformers + PEFT) and our
+own serve worker (swarm_runtime/serve/worker.py with --enable-lora, which speaks vLLM's token-level fields).
 The same checks against a real vLLM are in test_vllm.py (``-m engine``)."""
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import socket
 
 import pytest
 import torch
-from enginekit import PROMPTS, kill_mid_call, learner_for, openai_cfg, served_names, start_ref, step_adapter
+from enginekit import (PROMPTS, kill_mid_call, learner_for, openai_cfg, served_names, start_ref, start_worker,
+                       step_adapter)
 
 from swarm_runtime.config import ConfigError
 from swarm_runtime.rollout.base import Row
@@ -19,14 +21,16 @@ from swarm_runtime.rollout.local import LocalSampler
 ROWS = [Row(m, p, (5, i, 0, 1)) for i, (m, p) in enumerate(PROMPTS.items())]
 
 
-@pytest.fixture(scope="module")
-def ref(registry, tmp_path_factory):
-    """A reference server on the run's own base (written as rollout.engine=vllm writes it)."""
+@pytest.fixture(scope="module", params=["refserver", "worker"])
+def ref(registry, tmp_path_factory, request):
+    """A server on the run's own base (written as rollout.engine=vllm writes it): the reference server, or our
+    own serve worker."""
     cfg, learner = learner_for(registry)
     run_dir = tmp_path_factory.mktemp("run")
     shared = next(iter(learner.policies.values())).shared_base
     base = write_base(shared, engine_folder(run_dir) / "base")
-    server = start_ref(base, run_dir / "ref.log")
+    start = start_ref if request.param == "refserver" else start_worker
+    server = start(base, run_dir / f"{request.param}.log")
     yield cfg, learner, run_dir, server
     server.stop()
 
@@ -180,3 +184,34 @@ def test_an_external_server_killed_mid_call_stops_with_the_url(registry, tmp_pat
     finally:
         s.close()
         server.stop()
+
+
+def test_the_worker_checks_vllm_token_fields_in_one_line(ref):
+    """Our worker: a token id out of the vocabulary is a 400 naming the field and the valid range, vLLM's fields
+    do not mix with guided_choice, stop_token_ids end a completion after the token (kept), and return_token_ids
+    gives the prompt's and the completion's ids."""
+    from swarm_runtime.rollout.http import Client, HTTPStatusError
+
+    cfg, learner, run_dir, server = ref
+    if "worker" not in str(server.log):
+        pytest.skip("the reference server does not validate (it is not ours)")
+    policy = learner.policy("Logger")
+    client, vocab, ids = Client(server.url), len(policy.tok), policy.encode_prompt(PROMPTS["Logger"])
+    base = client.get("/v1/models")["data"][-1]["id"]
+    for field, value, words in (("allowed_token_ids", [vocab + 3], f"token id {vocab + 3} is not in [0, {vocab})"),
+                                ("logit_bias", {"x": -100}, "logit_bias: key 'x' is not a token id"),
+                                ("guided_choice", ["a"], "do not go with guided_choice")):
+        body = {"model": base, "prompt": ids, "max_tokens": 2, "return_tokens_as_token_ids": True, field: value}
+        with pytest.raises(HTTPStatusError) as err:
+            client.post("/v1/completions", body)
+        assert err.value.status == 400 and words in str(err.value.detail)
+    free = client.post("/v1/completions", {"model": base, "prompt": ids, "max_tokens": 6, "temperature": 0.0,
+                                           "logprobs": 0, "return_tokens_as_token_ids": True,
+                                           "return_token_ids": True})["choices"][0]
+    assert free["prompt_token_ids"] == ids and len(free["token_ids"]) >= 2
+    assert free["logprobs"]["tokens"] == [f"token_id:{t}" for t in free["token_ids"]]
+    stop = free["token_ids"][1]
+    cut = client.post("/v1/completions", {"model": base, "prompt": ids, "max_tokens": 6, "temperature": 0.0,
+                                          "stop_token_ids": [stop], "return_token_ids": True})["choices"][0]
+    assert cut["token_ids"] == free["token_ids"][:free["token_ids"].index(stop) + 1]
+    assert cut["finish_reason"] == "stop"
