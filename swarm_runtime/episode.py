@@ -166,6 +166,15 @@ def new_slots(domain: Domain, task, seeds: Sequence[int]) -> list[Slot]:
     return slots
 
 
+def prefetch_steps(steps: list[tuple[ValidatedEnv, str, str | None]]) -> None:
+    """Send each ``(env, action, role)`` step to envs that take it ahead (``prefetch_step``: an env worker's
+    remote env, :mod:`swarm_runtime.cluster.remote`), so that they run concurrently; ``env.step`` collects it."""
+    for env, action, role in steps:
+        prefetch = getattr(env.env, "prefetch_step", None)
+        if prefetch is not None and not env.closed and not env.done:
+            prefetch(action, role)
+
+
 def checked_bid(level, parsed: bool, levels) -> tuple[float, bool]:
     """A backend's bid as the auction takes it: a configured level, else (NaN, 5.0, -0.5, a
     string...) 0.0 and counted as unparsed, never a crash or a credit from an impossible bid."""
@@ -338,7 +347,10 @@ class AuctionTurns:
             for (s, _, turn), r in zip(acts, answers):
                 turn.action_text, turn.action_tokens = r.text, r.tokens
                 turn.action_logprobs, turn.action_version = r.logprobs, r.version
-            # 4. envs step; skipped turns still count toward the cap
+            # 4. envs step; skipped turns still count toward the cap. Envs that can (remote ones) are sent their
+            # step first, all at once, and collected below
+            prefetch_steps([(s.env, turns[id(s)].action_text, agents[turns[id(s)].winner].env_role) for s in live
+                            if turns[id(s)].winner is not None])
             for s in live:
                 turn = turns[id(s)]
                 if turn.winner is not None:
