@@ -68,14 +68,15 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
 class EnvCluster:
     """``n`` env worker actors for one domain and task (envs spread over them in turn)."""
 
-    def __init__(self, domain: str, task, n: int, address: str | None = None, num_cpus: int | None = None):
+    def __init__(self, domain: str, task, n: int, address: str | None = None, num_cpus: int | None = None,
+                 plugins: tuple[str, ...] = ()):
         from omegaconf import DictConfig, OmegaConf
 
         self.ray = import_ray()
         self.started = connect(address, num_cpus)
         plain = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(task)
         actor = self.ray.remote(EnvWorker).options(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
-        self.workers = [actor.remote(domain, plain) for _ in range(int(n))]
+        self.workers = [actor.remote(domain, plain, tuple(plugins)) for _ in range(int(n))]
         self.pids = self.ray.get([w.pid.remote() for w in self.workers])
         self._ids = itertools.count()
         self._next = itertools.count()

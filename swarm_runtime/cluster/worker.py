@@ -20,12 +20,20 @@ LOST = (False, None)
 
 
 class EnvWorker:
-    def __init__(self, domain: str, task: dict):
+    def __init__(self, domain: str, task: dict, plugins: tuple[str, ...] = ()):
+        """``plugins``: modules to register besides the installed plugins (a domain not installed as a package,
+        e.g. a benchmark's; importable in the worker: on its ``PYTHONPATH``)."""
+        import importlib
+
         from omegaconf import OmegaConf
 
-        from swarm_runtime.plugins import get_registry
+        from swarm_runtime.plugins import build_registry, get_registry, make_plugin_manager
 
-        self.domain = get_registry()[1].domains[domain]
+        if plugins:
+            registry = build_registry(make_plugin_manager([(importlib.import_module(m), m) for m in plugins]))
+        else:
+            registry = get_registry()[1]
+        self.domain = registry.get("domains", domain)
         self.task = OmegaConf.create(task)
         self.envs: dict[int, Any] = {}  #: the driver's env id -> env in use
         self.free: list = []  #: envs released by the driver, reused by the next open
