@@ -72,6 +72,7 @@ class EnvCluster:
                  plugins: tuple[str, ...] = ()):
         from omegaconf import DictConfig, OmegaConf
 
+        t0 = time.perf_counter()
         self.ray = import_ray()
         self.started = connect(address, num_cpus)
         plain = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(task)
@@ -83,7 +84,9 @@ class EnvCluster:
         self.replayed = 0  #: envs replayed on a restarted worker
         self.restarts = 0  #: worker deaths seen
         self.closed = False
-        logger.info("env workers on Ray: {} (pids {})", n, ", ".join(map(str, self.pids)))
+        self.start_s = time.perf_counter() - t0  #: seconds to start (or join) Ray and the workers
+        logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)),
+                    self.start_s)
 
     def new_env(self) -> "RemoteEnv":
         return RemoteEnv(self, next(self._next) % len(self.workers), next(self._ids))
