@@ -72,6 +72,13 @@ class ModelConfig:
     arch: Optional[dict] = None  #: Hugging Face config values (hidden_size, num_hidden_layers, vocab_size, ...)
     #: the memory plan uses when no checkpoint is on disk yet (recipes); None = ``model.path``'s config.json or
     #: the built model's fields
+    bases: dict = field(default_factory=dict)  #: more base models beside the one ``model.*`` describes (named
+    #: ``default``): ``model.bases.NAME.KEY=VALUE``, KEY one of path, hidden_size, intermediate_size, num_layers,
+    #: num_heads, num_kv_heads, max_positions, dtype, arch (the rest of ``model.*`` is shared); a base is used by
+    #: the roles ``model.role_base`` puts on it (README, "A base per role")
+    role_base: dict = field(default_factory=dict)  #: ``model.role_base.ROLE=NAME``: the role's base (a name of
+    #: ``model.bases``, or ``default``); a role not named sits on ``model.*``. Roles on one base share it (one copy
+    #: with ``model.adapter=lora``, one engine server each)
 
 
 @dataclass
@@ -258,7 +265,8 @@ class VLLMConfig:
     python: Optional[str] = None  #: the Python of a virtualenv that has vLLM (e.g. ``~/.venvs/vllm/bin/python``);
     #: None = the ``SWARM_VLLM_PYTHON`` environment variable, else ``python3`` on PATH
     host: str = "127.0.0.1"  #: address the server binds to and is asked at
-    port: int = 0  #: first port tried (0 = a free port picked at start)
+    port: int = 0  #: the server's port (0 = a free port picked at start); with several bases (``model.bases``)
+    #: the next bases' servers take the ports after it
     args: list = field(default_factory=list)  #: extra ``vllm.entrypoints.openai.api_server`` arguments
     startup_timeout_s: float = 600.0  #: the server must answer ``/health`` within this
     dtype: str = "float32"  #: ``--dtype`` of the server (float32 on CPU: the learner's weights, no rounding)
@@ -271,6 +279,8 @@ class RolloutConfig:
     engine: str = "local"  #: ``local`` (in process, the learner's own modules), ``openai`` (an OpenAI-compatible
     #: completions server at ``rollout.url``), ``vllm`` (servers the run starts and stops)
     url: Optional[str] = None  #: ``openai``: the server's base URL (``http://host:port``)
+    urls: dict = field(default_factory=dict)  #: ``openai`` with several bases (``model.bases``): the server of each
+    #: other base, ``rollout.urls.NAME=http://host:port`` (``rollout.url`` serves the ``default`` base)
     api_key_env: Optional[str] = None  #: ``openai``: environment variable holding the server's bearer key (None: none)
     timeout_s: float = 120.0  #: one completion request's timeout
     concurrency: int = 64  #: completion requests in flight at once
@@ -389,8 +399,23 @@ def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, st
     return groups, dotted
 
 
+#: Sections whose keys the user names (``model.bases.big.path``, ``model.role_base.Smith``, ``rollout.urls.big``):
+#: ``_set`` creates a key there; validation checks the names and values.
+OPEN_SECTIONS = ("model.bases", "model.role_base", "rollout.urls")
+
+
 def _set(cfg: DictConfig, key: str, value: str) -> None:
     parts = key.split(".")
+    section = next((s for s in OPEN_SECTIONS if key.startswith(s + ".") and OmegaConf.select(cfg, s) is not None), None)
+    if section is not None:  # a key of an open section: created, not looked up
+        OmegaConf.set_struct(cfg, False)
+        try:
+            OmegaConf.update(cfg, key, _parse(value), merge=True, force_add=True)
+        except Exception as exc:
+            raise ConfigError(f"bad value {value!r} for {key!r}: {str(exc).splitlines()[0]}") from exc
+        finally:
+            OmegaConf.set_struct(cfg, True)
+        return
     node = cfg
     for i, p in enumerate(parts):
         if not isinstance(node, DictConfig) or p not in node:
@@ -399,7 +424,16 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
             raise ConfigError(f"unknown config key {key!r}: {p!r} is not in {where}; valid: {valid}")
         if i < len(parts) - 1:
             node = node[p]
-    try:  # YAML typing: 16 -> int, 1e-4 -> float, [0, 0.5] -> list, null -> None
+    parsed = _parse(value)
+    try:
+        OmegaConf.update(cfg, key, parsed, merge=False)
+    except Exception as exc:  # omegaconf validation error: wrong type
+        raise ConfigError(f"bad value {value!r} for {key!r}: {exc}") from exc
+
+
+def _parse(value: str):
+    """A command-line value, YAML-typed: 16 -> int, 1e-4 -> float, [0, 0.5] -> list, null/none -> None."""
+    try:
         parsed = yaml.safe_load(value) if value != "" else ""
     except yaml.YAMLError:
         parsed = value
@@ -407,10 +441,7 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
         parsed = None
     if isinstance(parsed, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", parsed):
         parsed = float(parsed)  # YAML 1.1 reads 1e-4 as a string
-    try:
-        OmegaConf.update(cfg, key, parsed, merge=False)
-    except Exception as exc:  # omegaconf validation error: wrong type
-        raise ConfigError(f"bad value {value!r} for {key!r}: {exc}") from exc
+    return parsed
 
 
 #: Keys that pick or operate a run folder rather than configure the run: a saved config may lack them.

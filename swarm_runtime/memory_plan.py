@@ -22,6 +22,9 @@ weight of the dtype):
   ``2 L k d b`` per token (``k`` key/value heads of width ``d``).
 - **runtime**: 2 GiB (CUDA context, kernels) + 10% of the rest for allocator fragmentation.
 
+With several bases (``model.bases`` + ``model.role_base``) each base is planned with the roles on it and the rows
+are added up, so each base is counted once (activations and gradients: the largest base's, one role at a time).
+
 An estimate, not a measurement: ``benchmarks/gpu_adapters.py`` prints it beside the measured peak.
 """
 from __future__ import annotations
@@ -124,8 +127,51 @@ def arch_of(cfg: DictConfig, vocab: int | None = None) -> tuple[Arch, str]:
                 int(m.num_kv_heads), int(m.hidden_size) // heads, True, True), "model.* (built from the config)"
 
 
+def base_counts(cfg: DictConfig, n_roles: int) -> dict[str, int]:
+    """Roles per base (``model.role_base``; the roles it does not name sit on ``default``, ``model.*``)."""
+    from swarm_runtime.policy.bases import DEFAULT, role_bases
+
+    counts: dict[str, int] = {DEFAULT: 0}
+    named = role_bases(cfg.model)
+    for name in named.values():
+        counts[name] = counts.get(name, 0) + 1
+    rest = int(n_roles) - sum(n for b, n in counts.items() if b != DEFAULT) - counts.get(DEFAULT, 0)
+    counts[DEFAULT] = counts.get(DEFAULT, 0) + max(0, rest)
+    return {b: n for b, n in counts.items() if n > 0}
+
+
 def make_plan(cfg: DictConfig, n_roles: int, n_agents: int, vocab: int | None = None) -> MemoryPlan:
-    """The plan of a run with ``n_roles`` models (roles) and ``n_agents`` agents (replicas included)."""
+    """The plan of a run with ``n_roles`` models (roles) and ``n_agents`` agents (replicas included). With
+    several bases (``model.role_base``) each base is counted once, with the roles on it: the rows of each
+    base's plan are added up (the activations of one update chunk are the largest base's: one role is
+    updated at a time)."""
+    from swarm_runtime.policy.bases import base_cfg, multi
+
+    if not multi(cfg.model):
+        return _plan(cfg, n_roles, n_agents, vocab)
+    plans = []
+    for name, r in base_counts(cfg, n_roles).items():
+        sub = OmegaConf.merge(cfg, {"model": base_cfg(cfg.model, name)})
+        plans.append((name, _plan(sub, r, max(1, n_agents * r // max(1, int(n_roles))), vocab)))
+    rows: dict[str, list] = {}
+    for name, p in plans:
+        for what, b, how in p.rows:
+            if what == "runtime":
+                continue
+            row = rows.setdefault(what, [what, 0.0, []])
+            row[1] = max(row[1], b) if what in ("activations", "gradients") else row[1] + b
+            row[2].append(f"{name}: {how}")
+    first = plans[0][1]
+    device = f"{cfg.hardware.get('name', cfg.hardware.get('device', 'cpu'))}, {n_agents} agents, {len(plans)} bases"
+    plan = MemoryPlan([(w, b, "; ".join(h)) for w, b, h in rows.values()], first.budget, device,
+                      list(dict.fromkeys(f for _, p in plans for f in p.fixes)))
+    if str(cfg.hardware.get("device", "cpu")).startswith("cuda"):
+        plan.rows.append(("runtime", 2 * GiB + 0.1 * plan.total, "CUDA context + 10% allocator fragmentation"))
+    return plan
+
+
+def _plan(cfg: DictConfig, n_roles: int, n_agents: int, vocab: int | None = None) -> MemoryPlan:
+    """The plan of ``n_roles`` models on one base (``cfg.model``)."""
     arch, source = arch_of(cfg, vocab)
     m, hw, a = cfg.model, cfg.hardware, cfg.algo
     loaded = source != "model.* (built from the config)"

@@ -59,9 +59,13 @@ class RunContext:
     def credit_fn(self, name: str | None = None):
         return self.registry.get("credit_schemes", name or self.cfg.algo.credit)
 
-    def make_policy(self, seed: int, init_path: str | Path | None = None):
+    def make_policy(self, seed: int, init_path: str | Path | None = None, role: str | None = None):
+        """A full model (``role``: built from its base's settings, ``model.role_base``; None: ``model.*``)."""
+        from swarm_runtime.policy.bases import role_cfg
+
         factory = self.registry.get("policy_backends", self.cfg.model.backend)
-        model_cfg = OmegaConf.merge(self.cfg.model, {"device": self.cfg.hardware.device})
+        model = self.cfg.model if role is None else role_cfg(self.cfg.model, role)
+        model_cfg = OmegaConf.merge(model, {"device": self.cfg.hardware.device})
         hw = self.cfg.hardware
         if hw.get("dtype") or hw.get("attention"):  # a GPU profile: its dtype and attention for loaded checkpoints
             model_cfg = OmegaConf.merge(OmegaConf.to_container(model_cfg),
@@ -116,7 +120,7 @@ class RunContext:
         for i, role in enumerate(self.domain.roles):
             path = init_dir / role.name if init_dir is not None else None
             if role.name not in policies:
-                policies[role.name] = self.make_policy(seeds[i], path)
+                policies[role.name] = self.make_policy(seeds[i], path, role=role.name)
             for k in range(replicas):
                 name = role.name if replicas == 1 else f"{role.name}#{k + 1}"
                 agents.append(Agent(name, role.name, policies[role.name]))

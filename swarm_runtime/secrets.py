@@ -153,8 +153,9 @@ _FOREIGN_ENDPOINTS: dict[str, tuple[str, str]] = {}
 
 
 def is_endpoint_key(key: str) -> bool:
-    """Whether the dotted config ``key`` names a network endpoint (``base_url``, ``url``, ``*_endpoint``)."""
-    return bool(_ENDPOINT_NAME.search(str(key).rsplit(".", 1)[-1]))
+    """Whether the dotted config ``key`` names a network endpoint (``base_url``, ``url``, ``*_endpoint``, and each
+    base's server ``rollout.urls.NAME``)."""
+    return bool(_ENDPOINT_NAME.search(str(key).rsplit(".", 1)[-1])) or str(key).startswith("rollout.urls.")
 
 
 def _leaves(node, prefix: str = ""):

@@ -579,3 +579,61 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
     if cfg.model.get("constrained_actions"):
         raise ConfigError(f"rollout.engine={r.engine} with model.constrained_actions=true is not supported yet; "
                           "valid: model.constrained_actions=false, or rollout.engine=local")
+
+
+#: ``model.bases``, ``model.role_base``, ``rollout.urls``: mappings whose keys the user names (README, "A base per role").
+MAPPING = ((lambda v: isinstance(v, dict)), "a mapping of NAME: value (set one entry as model.bases.NAME.KEY=VALUE)")
+
+register_rules(
+    Rule("model.bases", MAPPING[0], "a mapping NAME -> model settings (model.bases.NAME.path=..., "
+         "model.bases.NAME.hidden_size=...)"),
+    Rule("model.role_base", (lambda v: isinstance(v, dict) and all(isinstance(n, str) for n in v.values())),
+         "a mapping ROLE -> base name (model.role_base.ROLE=NAME)"),
+    Rule("rollout.urls", (lambda v: isinstance(v, dict) and all(HTTP_URL[0](u) for u in v.values())),
+         "a mapping base NAME -> http(s) URL (rollout.urls.NAME=http://host:port)"),
+)
+
+
+@register_check
+def model_bases(cfg: DictConfig, registry) -> None:
+    """``model.bases`` / ``model.role_base`` (a base per role): names, each base's keys and values (the rules of
+    the ``model.*`` keys they replace), the roles (against the domain's), an algorithm that builds a swarm; and
+    ``rollout.urls`` (one server per base)."""
+    from dataclasses import replace
+
+    from swarm_runtime.policy import bases as B
+
+    domains = getattr(registry, "domains", {}) if registry is not None else {}
+    domain = domains.get(cfg.get("domain")) if isinstance(cfg.get("domain"), str) else None
+    roles = [r.name for r in domain.roles] if domain is not None else None
+    B.check(cfg.model, roles)
+    for name, keys in B.bases_of(cfg.model).items():
+        for k, v in keys.items():
+            rule = RULES.get(f"model.{k}")
+            if rule is not None and not (rule.lazy and not _lazy_ok(registry)):
+                check_rule(replace(rule, key=f"model.bases.{name}.{k}"), v)
+        try:  # its shape, as model.*'s
+            model_shape(OmegaConf.create({"model": B.base_cfg(cfg.model, name)}), registry)
+        except ConfigError as exc:
+            raise ConfigError(f"the base {name!r} (model.* with model.bases.{name}.*): {exc}") from None
+    if B.multi(cfg.model) and cfg.algo.name in ONE_MODEL_ALGOS:
+        raise ConfigError(f"model.role_base gives roles their own bases, but algo={cfg.algo.name} trains one model; "
+                          f"valid: algo=mpt, or drop model.role_base")
+    r = cfg.get("rollout")
+    urls = dict(r.get("urls") or {}) if r is not None else {}
+    if urls and r.get("engine") != "openai":
+        raise ConfigError(f"rollout.urls is read by rollout.engine=openai only (got rollout.engine={r.get('engine')}); "
+                          "drop rollout.urls")
+    valid = list(B.bases_of(cfg.model))
+    bad = [n for n in urls if n not in valid]
+    if bad:
+        raise ConfigError(f"rollout.urls.{bad[0]}: no base {bad[0]!r} in model.bases; valid: "
+                          f"{', '.join(valid) or '(none: declare model.bases.NAME first)'} (rollout.url serves the "
+                          "default base)")
+    if r is None or r.get("engine") != "openai":
+        return
+    used = B.groups(cfg.model, roles) if roles is not None else {n: [] for n in B.role_bases(cfg.model).values()}
+    missing = [n for n in used if n != B.DEFAULT and n not in urls]
+    if missing:
+        raise ConfigError(f"rollout.engine=openai with several bases needs one server per base: give "
+                          f"rollout.urls.{missing[0]}=http://host:port (rollout.url serves the default base)")

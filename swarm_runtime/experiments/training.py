@@ -77,8 +77,9 @@ def seed_checkpoint(run_dir: Path, agents_dir: Path, seed: int) -> Path:
         shutil.copytree(role_dir, dst, ignore=shutil.ignore_patterns("training_state.pt"))
         gen = torch.Generator().manual_seed(int(seed))
         torch.save({"policy_rng": gen.get_state()}, dst / "training_state.pt")
-    if (Path(agents_dir).parent / "base").is_dir():  # model.adapter=lora: the trained base the adapters point to
-        shutil.copytree(Path(agents_dir).parent / "base", tmp / "base")
+    for base in sorted(Path(agents_dir).parent.glob("base*")):  # model.adapter=lora: the trained bases the adapters
+        if base.is_dir():  # point to (base/, and base-NAME/ of each other model.bases base)
+            shutil.copytree(base, tmp / base.name)
     torch.save({"run": random.Random(int(seed)).getstate(), "python": random.getstate(),
                 "torch": torch.get_rng_state()}, tmp / "rng.pt")
     import json

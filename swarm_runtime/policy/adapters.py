@@ -42,8 +42,18 @@ from swarm_runtime.policy.transformers_backend import (TransformersPolicy, build
 
 #: File beside each adapter naming its base.
 POINTER = "swarm_base.json"
-#: Where a trained (config-built) base is written, relative to an adapter folder ``checkpoints/<tag>/agents/<role>``.
+#: Where a trained (config-built) base is written, relative to an adapter folder ``checkpoints/<tag>/agents/<role>``
+#: (the ``default`` base; another base of ``model.bases`` is written to ``../../base-NAME``: :func:`trained_base_dir`).
 TRAINED_BASE = "../../base"
+#: The pointer of a trained base: ``../../base`` or ``../../base-NAME``.
+TRAINED_BASE_RE = re.compile(r"\.\./\.\./base(-[A-Za-z0-9_-]{1,40})?")
+
+
+def trained_base_dir(name: str) -> str:
+    """The pointer to base ``name``'s trained copy from an adapter folder (``../../base`` for ``default``)."""
+    from swarm_runtime.policy.bases import base_dir
+
+    return f"../../{base_dir(name)}"
 #: The architecture fields of a config-built base that must match the configured model.
 ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
              "vocab_size")
@@ -120,8 +130,9 @@ class SharedBase:
     the base came from (``source``: a ``model.path`` folder, or None for a base built from the
     config and trained by the cold start)."""
 
-    def __init__(self, model, tok, source: str | None, source_fingerprint: str | None = None):
+    def __init__(self, model, tok, source: str | None, source_fingerprint: str | None = None, name: str = "default"):
         self.model, self.tok, self.source = model, tok, source
+        self.name = name  #: the base's name (``default``: ``model.*``; else a ``model.bases`` name)
         self.source_fingerprint = source_fingerprint
         self._active: str | None = None
         base_params = [p for n, p in model.named_parameters() if "lora_" not in n]
@@ -184,8 +195,9 @@ class SharedBase:
         if self.source is not None:
             return {"base": str(Path(self.source).resolve()), "fingerprint": self.source_fingerprint,
                     "arch": arch_of(self.model.get_base_model().config), "trained_base": False}
-        fp = self.save_base(adapter_dir / TRAINED_BASE)
-        return {"base": TRAINED_BASE, "fingerprint": fp, "arch": arch_of(self.model.get_base_model().config),
+        rel = trained_base_dir(self.name)
+        fp = self.save_base(adapter_dir / rel)
+        return {"base": rel, "fingerprint": fp, "arch": arch_of(self.model.get_base_model().config),
                 "trained_base": True}
 
 
@@ -481,9 +493,9 @@ def read_pointer(adapter_dir: Path) -> dict:
             or not isinstance(ptr.get("trained_base"), bool) or not isinstance(ptr.get("arch"), dict)):
         raise ConfigError(f"{f} is not a base pointer (needs base, a SHA-256 fingerprint, trained_base and arch); "
                           "the adapter checkpoint is damaged")
-    if ptr["trained_base"] and ptr["base"] != TRAINED_BASE:
+    if ptr["trained_base"] and not TRAINED_BASE_RE.fullmatch(ptr["base"]):
         raise ConfigError(f"{f} points to the trained base {ptr['base']!r}; a trained base lives in the checkpoint "
-                          f"({TRAINED_BASE}): the adapter checkpoint is damaged")
+                          f"({TRAINED_BASE} or ../../base-NAME): the adapter checkpoint is damaged")
     return ptr
 
 
@@ -503,7 +515,7 @@ def check_finite(folder: Path) -> None:
 
 def _pointers(init_dir: Path, roles: Sequence[str]) -> dict:
     """The first role's base pointer, after checking that every role's names the same base (path,
-    fingerprint, trained or not): a swarm shares one base."""
+    fingerprint, trained or not): the roles given share one base."""
     ptrs = {r: read_pointer(Path(init_dir) / r) for r in roles}
     first = ptrs[roles[0]]
     for role, ptr in ptrs.items():
@@ -511,16 +523,17 @@ def _pointers(init_dir: Path, roles: Sequence[str]) -> dict:
         if not same:
             raise ConfigError(f"the adapter of {role} in {str(init_dir)!r} records the base {ptr['base']!r} "
                               f"(fingerprint {ptr['fingerprint'][:12]}), but {roles[0]}'s records {first['base']!r} "
-                              f"({first['fingerprint'][:12]}): one base is shared by every role; the checkpoint "
-                              "is damaged")
+                              f"({first['fingerprint'][:12]}): these roles share one base (model.role_base); the "
+                              "checkpoint is damaged, or was trained with other model.role_base settings")
     return first
 
 
-def resolve_base(model_cfg, init_dir: Path | None, roles: Sequence[str]) -> tuple[str | None, Path | None, str | None]:
-    """Which base to load: ``(source, folder, fingerprint)``. ``source`` is ``model.path`` (or None
-    for a config-built base); ``folder`` the Hugging Face folder to load (None = build from the
-    config). An adapter checkpoint whose base differs from the configured one is refused here,
-    before anything loads."""
+def resolve_base(model_cfg, init_dir: Path | None, roles: Sequence[str],
+                 name: str = "default") -> tuple[str | None, Path | None, str | None]:
+    """Which base to load for ``roles`` (those on base ``name``; ``model_cfg``: that base's settings):
+    ``(source, folder, fingerprint)``. ``source`` is ``model.path`` (or None for a config-built base);
+    ``folder`` the Hugging Face folder to load (None = build from the config). An adapter checkpoint whose
+    base differs from the configured one is refused here, before anything loads."""
     path = model_cfg.get("path")
     if init_dir is None:
         if path:
@@ -528,6 +541,10 @@ def resolve_base(model_cfg, init_dir: Path | None, roles: Sequence[str]) -> tupl
         return None, None, None
     first = Path(init_dir) / roles[0]
     ptr = _pointers(init_dir, roles)
+    if ptr.get("trained_base") and ptr["base"] != trained_base_dir(name):
+        raise ConfigError(f"the adapters of {', '.join(roles)} in {str(init_dir)!r} were trained on the base "
+                          f"{ptr['base']!r}, but model.role_base puts them on {name!r} ({trained_base_dir(name)}); use "
+                          "the run's own model.role_base")
     folder = (first / ptr["base"]).resolve() if not Path(ptr["base"]).is_absolute() else Path(ptr["base"])
     if path:
         if ptr.get("trained_base") or not (Path(path) / "config.json").exists() or fingerprint(path) != ptr["fingerprint"]:
@@ -556,10 +573,25 @@ def resolve_base(model_cfg, init_dir: Path | None, roles: Sequence[str]) -> tupl
 def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: Sequence[float], roles: Sequence[str],
                         seeds: Sequence[int], flops: FlopCounter | None = None,
                         init_dir: Path | None = None) -> dict[str, AdapterPolicy]:
-    """One base + one LoRA adapter per role: ``{role: AdapterPolicy}``. ``init_dir``: a checkpoint's
-    ``agents/`` folder (each ``<role>/`` a PEFT adapter with its base pointer)."""
+    """One base per distinct base (``model.*``, and each ``model.bases`` name ``model.role_base`` uses) + one
+    LoRA adapter per role on its base: ``{role: AdapterPolicy}``. ``init_dir``: a checkpoint's ``agents/``
+    folder (each ``<role>/`` a PEFT adapter with its base pointer)."""
+    from swarm_runtime.policy import bases as B
+
+    seed_of = dict(zip(roles, seeds))
+    out: dict[str, AdapterPolicy] = {}
+    for name, members in B.groups(model_cfg, roles).items():
+        out.update(_build_base(B.role_cfg(model_cfg, members[0]), hardware_cfg, words, bid_levels, members,
+                               [seed_of[r] for r in members], flops, init_dir, name))
+    return {r: out[r] for r in roles}
+
+
+def _build_base(model_cfg, hardware_cfg, words: list[str], bid_levels: Sequence[float], roles: Sequence[str],
+                seeds: Sequence[int], flops: FlopCounter | None, init_dir: Path | None,
+                base: str) -> dict[str, AdapterPolicy]:
+    """Base ``base`` (``model_cfg``: its settings) and the adapters of ``roles`` on it."""
     peft = _peft()
-    source, folder, fp = resolve_base(model_cfg, init_dir, roles)
+    source, folder, fp = resolve_base(model_cfg, init_dir, roles, base)
     dtype = str(hardware_cfg.get("dtype") or model_cfg.get("dtype", "float32"))
     if folder is not None:
         model, tok = load_pretrained(folder, bid_levels, dtype if source is not None else "float32",
@@ -592,13 +624,14 @@ def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: S
     for n, p in model.named_parameters():  # the base is frozen; adapters train (one at a time)
         p.requires_grad_("lora_" in n)
     model.eval()
-    shared = SharedBase(model, tok, source, fp)
+    shared = SharedBase(model, tok, source, fp, name=base)
     device = str(model_cfg.get("device", "cpu"))
     kw = policy_kwargs(model_cfg, bid_levels, flops, device)
     policies = {role: AdapterPolicy(shared, name, seed=int(seed), **kw) for role, name, seed in zip(roles, names, seeds)}
     one = next(iter(policies.values()))
-    logger.info("model.adapter=lora: one base of {:.2f}M parameters{}, {} adapters of {:.3f}M parameters each "
-                "(rank {}, {})", shared.n_base / 1e6, f" from {source}" if source else "", len(roles),
+    logger.info("model.adapter=lora: {} of {:.2f}M parameters{}, {} adapters of {:.3f}M parameters each "
+                "(rank {}, {})", "one base" if base == "default" else f"base {base!r} ({', '.join(roles)})",
+                shared.n_base / 1e6, f" from {source}" if source else "", len(roles),
                 (one.n_params - shared.n_base) / 1e6, int(model_cfg.lora.rank), ", ".join(model_cfg.lora.target_modules))
     return policies
 
@@ -618,20 +651,25 @@ def adapter_lr_scale(cfg) -> float:
     return float(cfg.model.lora.get("lr_scale", 1.0))
 
 
-def sft_shared_base(policies: dict, demos: dict, run_sft, seed: int) -> dict | None:
-    """The cold start's first step with a config-built base: fine-tune the base itself (adapters off)
-    on the union of every role's demonstrations, then freeze it; ``run_sft(policy, examples)`` runs
-    :func:`swarm_runtime.train.sft.sft`. None when the base is a loaded checkpoint (kept frozen)."""
-    first = next(iter(policies.values()))
-    shared = getattr(first, "shared_base", None)
-    if shared is None or not shared.trains_base:
-        return None
-    union = [e for role in policies for e in demos.get(role, [])]
-    kw = policy_kwargs_of(first)
-    with shared.training_base(kw) as base:
-        base.gen = torch.Generator().manual_seed(int(seed))
-        m = run_sft(base, union)
-    return m
+def sft_shared_base(policies: dict, demos: dict, run_sft, seed: int) -> dict[str, dict]:
+    """The cold start's first step with config-built bases: fine-tune each base itself (adapters off) on
+    the union of its roles' demonstrations (every role's, with one base), then freeze it;
+    ``run_sft(policy, examples)`` runs :func:`swarm_runtime.train.sft.sft`. The metrics of each base
+    trained, by its checkpoint folder name (``base``, ``base-NAME``); a loaded checkpoint is kept frozen."""
+    from swarm_runtime.policy.bases import base_dir
+
+    by_base: dict[int, tuple] = {}
+    for role, p in policies.items():
+        shared = getattr(p, "shared_base", None)
+        if shared is not None and shared.trains_base:
+            by_base.setdefault(id(shared), (shared, p, []))[2].append(role)
+    out = {}
+    for shared, first, roles in by_base.values():
+        union = [e for role in roles for e in demos.get(role, [])]
+        with shared.training_base(policy_kwargs_of(first)) as base:
+            base.gen = torch.Generator().manual_seed(int(seed))
+            out[base_dir(shared.name)] = run_sft(base, union)
+    return out
 
 
 def policy_kwargs_of(p: TransformersPolicy) -> dict:
@@ -669,11 +707,11 @@ def export_adapters(agents_dir: Path, out_dir: Path, roles: Sequence[str], bid_l
             (dst / "swarm_policy.json").write_text(json.dumps(meta, indent=1))
         else:
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("training_state.pt"))
-            if ptr.get("trained_base"):
-                base_dst = Path(out_dir) / "base"
+            if ptr.get("trained_base"):  # base/ (or base-NAME/ of another model.bases base) beside the adapters
+                base_dst = Path(out_dir) / Path(ptr["base"]).name
                 if not base_dst.exists():
                     shutil.copytree(folder, base_dst)
-                ptr["base"] = "../base"
+                ptr["base"] = f"../{base_dst.name}"
                 (dst / POINTER).write_text(json.dumps(ptr, indent=1))
         out.append(dst)
     return out

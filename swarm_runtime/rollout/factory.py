@@ -23,7 +23,105 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None) -> Sampler:
         return LocalSampler(learner.policies, learner)
     if engine not in ("openai", "vllm"):
         raise ConfigError(f"rollout.engine={engine} is not valid; valid: local, openai, vllm")
-    return engine_sampler(cfg, learner, run_dir)
+    by_base = models_by_base(learner)
+    if len(by_base) == 1:
+        return engine_sampler(cfg, learner, run_dir)
+    samplers: dict[str, Sampler] = {}
+    try:  # one server per base (model.bases), each with the adapters of the roles on it
+        for i, (name, models) in enumerate(by_base.items()):
+            samplers[name] = engine_sampler(cfg, BaseLearner(learner, models), run_dir, base=name, port_offset=i)
+    except BaseException:
+        for s in samplers.values():
+            s.close()
+        raise
+    return RoutedSampler(samplers, {m: name for name, models in by_base.items() for m in models})
+
+
+def models_by_base(learner) -> dict[str, list[str]]:
+    """The learner's models grouped by their shared base (its name: ``default``, or a ``model.bases`` name)."""
+    out: dict[str, list[str]] = {}
+    for m, p in learner.policies.items():
+        shared = getattr(p, "shared_base", None)
+        out.setdefault(getattr(shared, "name", "default"), []).append(m)
+    return out
+
+
+class BaseLearner:
+    """The learner's view of one base's models (what one base's server and its :class:`AdapterSync` see)."""
+
+    def __init__(self, learner, models):
+        self.inner = learner
+        self.policies = {m: learner.policies[m] for m in models}
+
+    def policy(self, model: str):
+        return self.inner.policy(model)
+
+    def models(self) -> list[str]:
+        return list(self.policies)
+
+    def version(self, model: str) -> int:
+        return self.inner.version(model)
+
+    def bump(self, models, version=None) -> None:
+        self.inner.bump(models, version)
+
+    def export(self, model: str, folder: Path) -> Path:
+        return self.inner.export(model, folder)
+
+
+class RoutedSampler:
+    """Several bases (``model.bases``), one engine sampler each: every row goes to its model's base's sampler
+    (one batch per base, the bases' batches in flight together), and the answers come back in the rows' order."""
+
+    def __init__(self, samplers: dict, route: dict[str, str]):
+        self.samplers, self.route = dict(samplers), dict(route)
+        self.name = next(iter(self.samplers.values())).name
+        self.server = next(iter(self.samplers.values())).server  #: the first base's (``servers``: every base's)
+        self.servers = {b: s.server for b, s in self.samplers.items()}
+
+    def _split(self, rows):
+        parts: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            parts.setdefault(self.route[r.model], []).append(i)
+        return parts
+
+    def _call(self, method: str, rows) -> list:
+        parts = self._split(rows)
+        out: list = [None] * len(rows)
+        if len(parts) == 1:
+            (base, idx), = parts.items()
+            return getattr(self.samplers[base], method)([rows[i] for i in idx])
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="base") as pool:
+            futures = {b: pool.submit(getattr(self.samplers[b], method), [rows[i] for i in idx])
+                       for b, idx in parts.items()}
+            for b, idx in parts.items():
+                for i, r in zip(idx, futures[b].result()):
+                    out[i] = r
+        return out
+
+    def bid(self, rows):
+        return self._call("bid", rows)
+
+    def act(self, rows):
+        return self._call("act", rows)
+
+    def bid_levels(self, model: str):
+        return self.samplers[self.route[model]].bid_levels(model)
+
+    def version(self, model: str) -> int:
+        return self.samplers[self.route[model]].version(model)
+
+    def sync(self, learner, models) -> None:
+        for b, s in self.samplers.items():
+            mine = [m for m in models if self.route.get(m) == b]
+            if mine:
+                s.sync(learner, mine)
+
+    def close(self) -> None:
+        for s in self.samplers.values():
+            s.close()
 
 
 def _shared(learner: LocalLearner):
@@ -37,11 +135,12 @@ def _shared(learner: LocalLearner):
     return first, shared
 
 
-def engine_folder(run_dir: Path | None) -> Path:
-    """``<run_dir>/engine`` (the base, the adapter versions, the server's log); a temporary folder without a run."""
+def engine_folder(run_dir: Path | None, base: str = "default") -> Path:
+    """``<run_dir>/engine`` (the base, the adapter versions, the server's log; ``engine/NAME`` for another base
+    of ``model.bases``); a temporary folder without a run."""
     if run_dir is None:
         return Path(tempfile.mkdtemp(prefix="swarm-engine-"))
-    return Path(run_dir) / "engine"
+    return Path(run_dir) / "engine" / ("" if base == "default" else base)
 
 
 def write_base(shared, folder: Path) -> Path:
@@ -60,10 +159,11 @@ def write_base(shared, folder: Path) -> Path:
     return folder
 
 
-def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None):
-    """Write the run's base and start a vLLM server on it (``rollout.vllm.*``); the started
-    :class:`~swarm_runtime.rollout.vllm_server.VLLMServer`. Used by :func:`make_sampler` and by tests
-    that need the server a run would start."""
+def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: str = "default", port_offset: int = 0):
+    """Write the run's base (``base``: the learner's models' base, of ``model.bases``) and start a vLLM server on
+    it (``rollout.vllm.*``; the ``port_offset``-th base's server asks ``rollout.vllm.port`` + that, a fixed port
+    being one per server); the started :class:`~swarm_runtime.rollout.vllm_server.VLLMServer`. Used by
+    :func:`make_sampler` and by tests that need the server a run would start."""
     from swarm_runtime.rollout.sync import check_rank, lora_slots
     from swarm_runtime.rollout.vllm_server import VLLMServer, check_cpu_shape, probe_python, vllm_python
 
@@ -73,23 +173,25 @@ def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None):
     python = vllm_python(v.get("python"))
     info = probe_python(python)
     _, shared = _shared(learner)
-    folder = engine_folder(run_dir)
-    base = write_base(shared, folder / "base")
+    folder = engine_folder(run_dir, base)
+    model = write_base(shared, folder / "base")
     if info.get("cpu"):
-        check_cpu_shape(base)
+        check_cpu_shape(model)
     max_loras, max_cpu = lora_slots(len(learner.models()), int(cfg.rollout.max_staleness))
-    server = VLLMServer(python, base, folder / "vllm.log", host=str(v.host), port=int(v.port),
+    port = int(v.port) + port_offset if int(v.port) else 0
+    server = VLLMServer(python, model, folder / "vllm.log", host=str(v.host), port=port,
                         max_lora_rank=rank, max_loras=max_loras,
                         max_cpu_loras=max_cpu, dtype=str(v.dtype), args=list(v.get("args") or []),
                         startup_timeout_s=float(v.startup_timeout_s))
     return server.start()
 
 
-def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None):
-    """An :class:`~swarm_runtime.rollout.openai.OpenAISampler` on ``rollout.url`` (``openai``) or on a vLLM
-    server the run starts (``vllm``; ``server``: one already started by :func:`start_vllm_server`). The
-    server's base is checked against the run's, every model's current version loaded; closing the
-    sampler stops a server it started."""
+def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None, base: str = "default",
+                   port_offset: int = 0):
+    """An :class:`~swarm_runtime.rollout.openai.OpenAISampler` on ``rollout.url`` (``openai``; base ``base``
+    of ``model.bases``: ``rollout.urls.NAME``) or on a vLLM server the run starts (``vllm``; ``server``: one
+    already started by :func:`start_vllm_server`). The server's base is checked against the run's, every
+    model's current version loaded; closing the sampler stops a server it started."""
     from swarm_runtime.rollout.http import Client, EngineError, Unreachable
     from swarm_runtime.rollout.openai import OpenAISampler
     from swarm_runtime.rollout.sync import AdapterSync, check_base, check_rank
@@ -97,16 +199,23 @@ def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None
     r = cfg.rollout
     check_rank(int(cfg.model.lora.rank))
     first, shared = _shared(learner)
-    folder = engine_folder(run_dir)
+    folder = engine_folder(run_dir, base)
     owned = False
     if str(r.engine) == "vllm":
         if server is None:
-            server, owned = start_vllm_server(cfg, learner, run_dir), True
+            server, owned = start_vllm_server(cfg, learner, run_dir, base, port_offset), True
         url, describe = server.url, f"the vLLM server at {server.url} (log: {server.log})"
     else:
         if shared.source is not None and getattr(shared, "engine_fingerprint", None) is None:
             shared.engine_fingerprint = shared.source_fingerprint
-        url, describe = str(r.url), f"rollout.url={r.url}"
+        if base == "default":
+            url, describe = str(r.url), f"rollout.url={r.url}"
+        else:
+            url = (r.get("urls") or {}).get(base)
+            if not url:
+                raise ConfigError(f"rollout.engine=openai: no server for the base {base!r}; give "
+                                  f"rollout.urls.{base}=http://host:port")
+            url, describe = str(url), f"rollout.urls.{base}={url}"
     key = os.environ.get(str(r.api_key_env)) if r.get("api_key_env") else None
     if key:  # a rollout.url a run folder from elsewhere saved gets no key unless the command line gives it
         from swarm_runtime.secrets import check_endpoint

@@ -292,11 +292,17 @@ def make_app(setup: GatewaySetup):
 
             folders = {r: role_folder(setup.checkpoint, r) for r in roles}
             if any(replicas(r) for r in roles):
-                host = pop.spawn_host(base_of(folders[roles[0]]), [(adapter_name(r), folders[r]) for r in roles])
-                state["host"] = host
+                on: dict[Path, list[str]] = {}  # one worker per base (model.role_base: roles on other bases)
+                for r in roles:
+                    on.setdefault(base_of(folders[r]), []).append(r)
+                hosts = {}
+                for base, members in on.items():
+                    host = pop.spawn_host(base, [(adapter_name(r), folders[r]) for r in members])
+                    hosts.update({r: host for r in members})
+                state["host"], state["hosts"] = hosts[roles[0]], hosts
                 for role in roles:
                     for _ in range(replicas(role)):
-                        pop.add_url(role, host.url, model_id=adapter_name(role))
+                        pop.add_url(role, hosts[role].url, model_id=adapter_name(role))
         else:
             for role in roles:
                 for _ in range(replicas(role)):
@@ -500,7 +506,7 @@ def make_app(setup: GatewaySetup):
         if adapter_run:
             from swarm_runtime.policy.adapters import adapter_name
 
-            host = state.get("host")
+            host = (state.get("hosts") or {}).get(req.role, state.get("host"))
             if req.checkpoint not in (None, setup.checkpoint.name) or host is None or host.status == "failed":
                 raise BadRequest("this run's agents are LoRA adapters on one base, served by one worker: a new agent "
                                  "serves its role's adapter of the checkpoint being served (give no checkpoint), or "

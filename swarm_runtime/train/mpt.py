@@ -156,9 +156,13 @@ class MPTTrainer(PhasedTrainer):
         self.credit = ctx.credit_fn()
         self.writer = MetricsWriter(ctx.run_dir, bool(self.cfg.tensorboard),
                                     truncate_after=self.state["iteration"] if ctx.resume_from else None)
-        n = next(iter(self.policies.values())).n_params
-        logger.info("swarm: {} agents ({}), {:.2f}M parameters each", len(self.agents),
-                    ", ".join(a.name for a in self.agents), n / 1e6)
+        sizes = {role: p.n_params for role, p in self.policies.items()}
+        if len(set(sizes.values())) == 1:
+            logger.info("swarm: {} agents ({}), {:.2f}M parameters each", len(self.agents),
+                        ", ".join(a.name for a in self.agents), next(iter(sizes.values())) / 1e6)
+        else:  # roles on different bases (model.role_base)
+            logger.info("swarm: {} agents ({}); parameters: {}", len(self.agents), ", ".join(a.name for a in self.agents),
+                        ", ".join(f"{r} {n / 1e6:.2f}M" for r, n in sizes.items()))
 
     def _reference_policies(self) -> dict:
         """The reference of ``algo.bid_reference=sft`` and ``algo.kl_coef``: a frozen copy of each
@@ -202,14 +206,14 @@ class MPTTrainer(PhasedTrainer):
         demos = collect_demos(ctx.domain, ctx.task, demo_seeds, list(s.owner_bids), list(s.other_bids),
                               rng=random.Random(int(self.cfg.seed)))
         t0 = time.time()
-        base_m = sft_shared_base(  # model.adapter=lora on a config-built base: the base learns every role's demos first
+        bases_m = sft_shared_base(  # model.adapter=lora on config-built bases: each learns its roles' demos first
             self.policies, demos, lambda policy, examples: sft(
                 policy, examples, int(s.epochs), float(s.lr), int(s.batch_size), int(self.cfg.seed) + 997,
                 desc="SFT base", progress=bool(self.cfg.progress), action_epochs=s.action_epochs), int(self.cfg.seed))
-        if base_m is not None:
-            logger.info("SFT shared base: {} examples (all roles), loss {:.3f} -> {:.3f}", base_m["examples"],
+        for base, base_m in bases_m.items():  # "base" (model.*), "base-NAME" (model.bases)
+            logger.info("SFT shared {}: {} examples (its roles), loss {:.3f} -> {:.3f}", base, base_m["examples"],
                         base_m["first_loss"], base_m["loss"])
-            self.writer.log(0, {f"sft/{k}_base": v for k, v in base_m.items()})
+            self.writer.log(0, {f"sft/{k}_{base}": v for k, v in base_m.items()})
         for i, (role, policy) in enumerate(self.policies.items()):
             m = sft(policy, demos[role], int(s.epochs), float(s.lr) * adapter_lr_scale(self.cfg), int(s.batch_size),
                     int(self.cfg.seed) + i,

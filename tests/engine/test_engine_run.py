@@ -84,3 +84,37 @@ def test_a_run_stopped_with_sigterm_stops_its_server(tmp_path):
     while not port_free("127.0.0.1", port) and time.monotonic() < end:
         time.sleep(0.5)
     assert port_free("127.0.0.1", port), "the vLLM server outlived its run"
+
+
+def test_a_run_with_two_bases_starts_one_server_each(tmp_path):
+    """``model.role_base.Smith=small`` (README, "A base per role"): two vLLM servers, one per base, each with its
+    roles' adapters; the run trains, evaluates through both and stops both."""
+    port = free_port("127.0.0.1")
+    run = tmp_path / "run"
+    small = ["model.bases.small.hidden_size=64", "model.bases.small.intermediate_size=128",
+             "model.bases.small.num_layers=1", "model.bases.small.num_heads=2", "model.bases.small.num_kv_heads=1",
+             "model.role_base.Smith=small"]
+    args = [a for a in TINY_RUN if not a.startswith(("tensorboard",))]
+    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args, *small, "tensorboard=false", "skip_sft_eval=true",
+           "model.adapter=lora", "rollout.engine=vllm", f"rollout.vllm.port={port}", f"run_dir={run}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **vllm_env()}
+    seen: dict[int, set[str]] = {port: set(), port + 1: set()}
+    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        end = time.monotonic() + 1500
+        while proc.poll() is None and time.monotonic() < end:
+            for p in seen:
+                seen[p] |= _models(p)
+            time.sleep(0.3)
+        if proc.poll() is None:
+            proc.kill()
+        out = proc.stdout.read()
+    assert proc.returncode == 0, out[-4000:]
+    assert {"Logger@v0", "Miner@v0"} <= seen[port] and not any(m.startswith("Smith@") for m in seen[port]), seen
+    assert "Smith@v0" in seen[port + 1] and not any(m.startswith(("Logger@", "Miner@")) for m in seen[port + 1]), seen
+    assert (run / "engine" / "base" / "config.json").exists() and (run / "engine" / "small" / "base").is_dir()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    worst = [v for r in rows for k, v in r.items() if k.startswith("mismatch/max_abs_dlogp_")]
+    assert worst and max(worst) < 1e-3, worst  # each role sampled on its own base's server, same weights in fp32
+    assert set(json.loads((run / "eval.json").read_text())["results"]) == {"MPT"}
+    assert port_free("127.0.0.1", port) and port_free("127.0.0.1", port + 1)  # the run stopped both servers
