@@ -170,8 +170,8 @@ def prefetch_steps(steps: list[tuple[ValidatedEnv, str, str | None]]) -> None:
     """Send each ``(env, action, role)`` step to envs that take it ahead (``prefetch_step``: an env worker's
     remote env, :mod:`swarm_runtime.cluster.remote`), so that they run concurrently; ``env.step`` collects it."""
     for env, action, role in steps:
-        prefetch = getattr(env.env, "prefetch_step", None)
-        if prefetch is not None and not env.closed and not env.done:
+        prefetch = getattr(getattr(env, "env", env), "prefetch_step", None)
+        if prefetch is not None and not getattr(env, "closed", False) and not env.done:
             prefetch(action, role)
 
 
