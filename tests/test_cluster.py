@@ -134,7 +134,6 @@ def test_a_worker_killed_mid_update_is_restarted_and_its_episodes_replayed(in_pr
     assert _eval(tmp_path / "run") == _eval(in_process)
 
 
-@pytest.mark.ray
 def test_without_ray_the_run_names_the_extra(tmp_path):
     """Ray not importable: one line naming the extra, exit 2, before a run folder is made."""
     import os
@@ -174,3 +173,14 @@ def test_bad_cluster_keys_are_refused(arg, valid, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert arg.split("=")[0] in last and valid in last, last
+
+
+@pytest.mark.ray
+def test_rlcr_with_env_workers_is_refused(tmp_path):
+    pytest.importorskip("ray")
+    r = swarm("run", "domain=minecraft", "task=wooden_pickaxe", "algo=rlcr", "cluster.kind=ray",
+              f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "swarm: error: cluster.kind=ray: algo.name=rlcr plays its concurrent episodes in process; valid with ray: "
+        "algo.name=mpt or monolithic (or cluster.kind=local)")
