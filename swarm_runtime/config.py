@@ -296,7 +296,8 @@ class ClusterConfig:
     kind: str = "local"  #: ``local`` (in the trainer's process) or ``ray`` (env worker actors on Ray: rollouts,
     #: evaluations and branches step their envs there; the auction, credit and learning stay in the trainer)
     address: Optional[str] = None  #: ``ray``: a running cluster's address (``host:port``); None = start a local
-    #: Ray for the run, bound to 127.0.0.1, and stop it at the end
+    #: Ray for the run on 127.0.0.1 (its gRPC servers still listen on every interface: docs/distributed.md), and
+    #: stop it at the end
     env_workers: int = 2  #: ``ray``: env worker actors (each owns a pool of envs, reused across episodes)
     num_cpus: Optional[int] = None  #: ``ray`` with a local Ray: CPUs it is started with (None = Ray's count)
 
