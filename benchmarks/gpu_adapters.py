@@ -126,7 +126,7 @@ def main() -> int:
         # 1. one SFT step per adapter
         dev.sync()
         t0, tokens = time.perf_counter(), 0
-        for i, (role, p) in enumerate(policies.items()):
+        for i, p in enumerate(policies.values()):
             ex = [Example("act", prompt(), "w1 w2 w3") for _ in range(mb)]
             sft(p, ex, 1, 1e-4, mb, i, progress=False, max_steps=1)
             tokens += sum(len(p.encode_prompt(e.prompt)) + 4 for e in ex)

@@ -3,7 +3,7 @@
     python benchmarks/search.py [--sizes 10000 100000] [--queries 200] [--backends rank_bm25 sparse]
 
 Corpora are generated (Zipf-distributed random words, ~150 words a document,
-see ``domains.openresearcher.corpus.synthetic_corpus``); queries are 3 words
+see ``swarm_domains.openresearcher.corpus.synthetic_corpus``); queries are 3 words
 drawn from random documents. Prints, per corpus size and backend: build time
 (tokenise + index + write the cache), cache load time, and query latency
 (median, p95), then the rank_bm25 / sparse ratio of the medians measured in
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loguru import logger  # noqa: E402
 
-from domains.openresearcher.corpus import synthetic_corpus  # noqa: E402
-from domains.openresearcher.search import build_index, tokenize  # noqa: E402
+from swarm_domains.openresearcher.corpus import synthetic_corpus  # noqa: E402
+from swarm_domains.openresearcher.search import build_index, tokenize  # noqa: E402
 
 
 def percentile(xs: list[float], p: float) -> float:

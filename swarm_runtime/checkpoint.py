@@ -25,8 +25,8 @@ import torch
 from loguru import logger
 
 from swarm_runtime.config import ConfigError
+from swarm_runtime.masters import master_weights
 from swarm_runtime.runfiles import claim, inside
-from swarm_runtime.train.optim import master_weights
 
 #: A checkpoint tag as ``latest`` may name it: one plain folder name inside ``checkpoints/``.
 TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")

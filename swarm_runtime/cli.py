@@ -48,7 +48,7 @@ def _resume_picks(overrides: list[str]) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    from swarm_runtime.validation import precheck
+    from swarm_runtime.config import precheck
 
     args.overrides = expand_recipe(args.overrides)
     precheck(_resume_picks(args.overrides))  # before the plugins (torch) load: a bad value fails fast
@@ -74,7 +74,7 @@ def cmd_config(args) -> int:
 
     from swarm_runtime.config import resolve
     from swarm_runtime.secrets import redacted
-    from swarm_runtime.validation import precheck
+    from swarm_runtime.config import precheck
 
     args.overrides = expand_recipe(args.overrides)
     precheck(args.overrides)
@@ -238,7 +238,7 @@ def cmd_eval(args) -> int:
     if any(o.startswith("serve.url=") for o in args.overrides):
         return cmd_eval_served(args)
     from swarm_runtime.runlock import RunLock
-    from swarm_runtime.validation import precheck
+    from swarm_runtime.config import precheck
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
@@ -286,14 +286,14 @@ def _eval_locked(args, run_dir: Path) -> int:
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     ctx = RunContext(cfg, pm, reg, run_dir)
-    if cfg.algo.name == "rlcr":  # one shared policy acting as a collective (docs/rlcr.md)
-        from swarm_runtime.rlcr.trainer import evaluate_checkpoint
-
-        res, table = evaluate_checkpoint(ctx, ckpt)
+    algorithm = reg.algorithms.get(cfg.algo.name)  # its class: it may evaluate its checkpoints its own way
+    own_eval = getattr(algorithm, "evaluate_checkpoint", None)
+    if own_eval is not None:  # algo=rlcr: one shared policy acting as a collective (docs/rlcr.md)
+        res, table = own_eval(ctx, ckpt)
         out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
         write_json(out, {**res, "overrides": redact_args(args.overrides), "versions": versions()})
-        print(f"{cfg.domain}/{cfg.task_name} (algo=rlcr), checkpoint {ckpt.name}, return at T_max\n{table}\n"
-              f"{versions_line()}\nsaved {out}")
+        print(f"{cfg.domain}/{cfg.task_name} (algo={cfg.algo.name}), checkpoint {ckpt.name}, "
+              f"{getattr(algorithm, 'eval_measure', 'results')}\n{table}\n{versions_line()}\nsaved {out}")
         return 0
     from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic
 
@@ -322,7 +322,7 @@ def _serve_run(run_dir: Path, overrides: list[str]):
     """A run folder's config with ``overrides`` (``checkpoint=TAG`` and ``serve.replicas.ROLE=N``
     included), its registry and the checkpoint folder; raises ConfigError naming bad values."""
     from swarm_runtime.checkpoint import latest_checkpoint
-    from swarm_runtime.config import override, validate, validate_serve
+    from swarm_runtime.config import override, validate
     from swarm_runtime.run import check_hardware, check_task
 
     from swarm_runtime.run import distrust_saved_endpoints
@@ -356,8 +356,7 @@ def _serve_run(run_dir: Path, overrides: list[str]):
     if per_role:
         base = cfg.serve.replicas if isinstance(cfg.serve.replicas, int) else 1
         cfg.serve.replicas = {r: per_role.get(r, base) for r in roles}
-    validate(cfg, reg)
-    validate_serve(cfg, roles)
+    validate(cfg, reg)  # serve.* too, against the run's roles
     distrust_saved_endpoints(cfg, reg, [o for o in overrides if not o.startswith("checkpoint=")],
                              run_dir / "config.yaml")
     check_hardware(cfg)
@@ -436,7 +435,7 @@ def cmd_eval_served(args) -> int:
 
 def cmd_experiment(args) -> int:
     from swarm_runtime.experiments.runner import run_experiment
-    from swarm_runtime.validation import precheck
+    from swarm_runtime.config import precheck
 
     args.overrides = expand_recipe(args.overrides)
     precheck([o for o in args.overrides if "=" in o and o.partition("=")[0] not in ("run_dir", "resume")],

@@ -15,14 +15,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from swarm_runtime.domain import REQUIRED_TASK_KEYS
+from swarm_runtime.errors import ConfigError
+from swarm_runtime.validation import check_key, validate
 
 #: Core presets: ``swarm_runtime/configs/<group>/<name>.yaml``, shipped inside the package.
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 GROUPS = ("domain", "task", "model", "algo", "hardware")
-
-
-class ConfigError(ValueError):
-    """A bad config value; the CLI prints it and exits with code 2."""
 
 
 #: Default LoRA target modules: every projection of a Qwen/Llama-style block (attention and MLP).
@@ -65,9 +63,9 @@ class ModelConfig:
     #: (an instruct model is prompted as it was trained); ``none``: the raw prompt (a tokenizer without a template: raw)
     dtype: str = "float32"  #: weights dtype when loading a checkpoint
     device: str = "cpu"  #: torch device
-    adapter: Optional[str] = "none"  #: ``none`` (or null): one full model per role (the default); ``lora``: one shared base in memory
-    #: and one PEFT LoRA adapter per role, each trained alone with its own optimizer (``model.lora.*``). With
-    #: ``model=local`` the hardware profile's ``local_adapter`` is the default
+    adapter: Optional[str] = "none"  #: ``none`` (or null): one full model per role (the default); ``lora``: one
+    #: shared base in memory and one PEFT LoRA adapter per role, each trained alone with its own optimizer
+    #: (``model.lora.*``). With ``model=local`` the hardware profile's ``local_adapter`` is the default
     lora: LoRAConfig = field(default_factory=LoRAConfig)  #: the adapters of ``model.adapter=lora``
     arch: Optional[dict] = None  #: Hugging Face config values (hidden_size, num_hidden_layers, vocab_size, ...)
     #: the memory plan uses when no checkpoint is on disk yet (recipes); None = ``model.path``'s config.json or
@@ -86,13 +84,15 @@ class SFTConfig:
     demo_episodes: int = 16  #: scripted-expert episodes (train seeds) for the cold start
     epochs: int = 2  #: passes over each agent's demos (paper: 2)
     action_epochs: Optional[int] = None  #: passes over the action demos (None = ``epochs``; bid demos always get
-    #: ``epochs``). Raise it where imitating the actions needs far more passes than the bids do: a tiny model from
-    #: scratch learns to copy names from its prompt (OpenResearcher queries) only after ~10k action examples.
-    lr: float = 2e-3  #: SFT learning rate (tiny models from scratch need far more than the paper's 1e-5)
+    #: ``epochs``), for actions that need far more passes than the bids (docs/config.md)
+    lr: float = 2e-3  #: SFT learning rate (docs/config.md: why far above the paper's 1e-5)
     batch_size: int = 64  #: examples per SFT step
-    owner_bids: list = field(default_factory=lambda: [0.6, 0.8])  #: demo bids of the role owning the expert's action (one drawn per example)
-    other_bids: list = field(default_factory=lambda: [0.0, 0.2, 0.4])  #: demo bids of the other roles (spread, so turns are contested and lower bids can be re-sampled)
-    match: str = "compute"  #: monolithic baseline only: ``compute`` = the swarm's SFT examples x epochs (bids included; docs/method.md, section 5), ``data`` = the same demos for the same epochs
+    owner_bids: list = field(default_factory=lambda: [0.6, 0.8])  #: demo bids of the role owning the expert's
+    #: action (one drawn per example)
+    other_bids: list = field(default_factory=lambda: [0.0, 0.2, 0.4])  #: demo bids of the other roles (spread, so
+    #: turns are contested and lower bids can be re-sampled)
+    match: str = "compute"  #: monolithic baseline only: ``compute`` = the swarm's SFT examples x epochs (bids
+    #: included; docs/method.md, section 5), ``data`` = the same demos for the same epochs
 
 
 @dataclass
@@ -105,15 +105,11 @@ class AlgoConfig:
     envs_per_step: int = 32  #: episodes rolled out per update
     action_steps: int = 4  #: action-learning steps per cycle
     bid_steps: int = 1  #: bid-learning steps per cycle
-    lr: float = 3e-5  #: RL learning rate (paper: 1e-6 for 4-8B models; on the tiny model 1e-4 degrades the swarm, 3e-4+ collapses it)
-    bid_lr: Optional[float] = 3e-4  #: learning rate of the bid (Bradley-Terry) steps; None = ``lr``. Ten times
-    #: ``lr``: the action steps' REINFORCE gradient is noisy at every token, while a bid step's pairs are few
-    #: (~30 decisive per step) but each is a whole-branch comparison; 1e-3 overshoots (one step hands ~90% of
-    #: the turns to one role), 3e-5 leaves the bids where SFT put them (docs/results.md).
+    lr: float = 3e-5  #: RL learning rate (paper: 1e-6 for 4-8B models; the tiny model's range: docs/config.md)
+    bid_lr: Optional[float] = 3e-4  #: learning rate of the bid (Bradley-Terry) steps; None = ``lr``
+    #: (why ten times ``lr``: docs/config.md)
     weight_decay: float = 0.0  #: AdamW weight decay
-    adam_eps: float = 1e-4  #: AdamW epsilon of the RL optimizers. Larger than the usual 1e-8 on purpose: an agent
-    #: whose credits are nearly uniform has a near-zero, pure-noise REINFORCE gradient, which Adam with a tiny eps
-    #: would still turn into full lr-sized (sign-like) steps; eps ~ the gradient scale damps those steps.
+    adam_eps: float = 1e-4  #: AdamW epsilon of the RL optimizers (above the usual 1e-8 on purpose: docs/config.md)
     grad_clip: float = 1.0  #: max gradient norm
     warmup_steps: int = 0  #: linear warm-up before the cosine decay
     min_lr_ratio: float = 0.1  #: cosine floor as a fraction of lr
@@ -125,34 +121,29 @@ class AlgoConfig:
     #: acts again, scores averaged (~1/k of the noise, 2k - 1 branch rollouts per pick)
     branch_horizon: Optional[int] = None  #: decisions a branch pair compares from the branched turn on: None = to
     #: the end of the episode (the paper); H = the rewards of the next H decisions on both sides (branches stop
-    #: there): a shorter, cheaper comparison whose score is not drowned by the sampling of the rest of the episode.
-    #: Measured on VLN-CE (H = 8): a faster collapse into early stops (docs/results.md)
+    #: there): a shorter, cheaper comparison (measured: docs/config.md)
     bid_pairs: str = "selected"  #: whose bid a branch pair trains: ``selected`` (the paper: the agent that won
     #: the turn, its winning bid against a re-sampled lower one) or ``both`` (also the runner-up, its own bid
-    #: against a re-sampled one above the winner's; the same two rollouts, no extra branches). Measured on
-    #: VLN-CE: within the noise of single runs (docs/results.md)
+    #: against a re-sampled one above the winner's; the same two rollouts, no extra branches; docs/config.md)
     kl_coef: float = 0.0  #: action steps: each action's credit is charged ``kl_coef * [log pi(a|h) - log
     #: pi_ref(a|h)]`` (reward units), pi_ref = the models as RL started (``checkpoints/sft``): the KL-penalised
-    #: reward of RLHF, meant to keep a higher ``lr`` from drifting into degenerate actions (no gain measured on
-    #: VLN-CE, docs/results.md). 0 = the paper
+    #: reward of RLHF (docs/config.md). 0 = the paper
     bid_reference: str = "none"  #: what a bid pair's log-odds are measured against: ``none`` (the paper:
-    #: ``log pi(y_w) - log pi(y_l)``, whose optimum sets the bid odds to the pairs' win odds, so pairs that split
-    #: by noise flatten the bids toward uniform) or ``sft`` (minus the same log-odds under the policies at the
-    #: start of RL, ``checkpoints/sft``: the DPO form; noise leaves those bids in place). One frozen copy of
-    #: each role's model more in memory (docs/architecture.md)
+    #: ``log pi(y_w) - log pi(y_l)``) or ``sft`` (minus the same log-odds under the policies at the start of RL,
+    #: ``checkpoints/sft``: the DPO form; one frozen copy of each role's model more in memory; docs/config.md)
     bid_beta: float = 1.0  #: scale of the Bradley-Terry log-odds (``-log sigmoid(beta * z)``; 1 = the paper). With
     #: ``bid_reference=sft`` a preference of win rate p moves the bid odds by ``(p / (1 - p)) ** (1 / beta)``
     bid_pair_weight: str = "uniform"  #: weight of each decisive branch pair in the Bradley-Terry loss: ``uniform``
     #: (the paper: bids follow how often the higher bid's branch scored better) or ``margin`` (|score difference|,
-    #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/results.md VLN-CE)
+    #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/config.md)
     common_random_numbers: bool = False  #: key every sampling draw of an episode by (episode noise id, turn,
     #: agent, kind) and give each counterfactual branch its original's noise id, so the two differ only through
-    #: the forced decision; False = the policies' generators (the paper). Measured: no lower branch-pair variance
-    #: on VLN-CE or Minecraft (benchmarks/branch_noise.py, docs/benchmarks.md)
+    #: the forced decision; False = the policies' generators (the paper; measured: docs/config.md)
     reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
     is_cap: Optional[float] = None  #: truncated importance weights ``min(cap, pi_learner / pi_sampler)`` on each
     #: response's REINFORCE term and bid-pair loss (off-policy rollouts; None = off, the plain on-policy loss)
-    goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the agents most confident in their own proposal respond (their proposals are peer-scored)
+    goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the agents most confident in their own
+    #: proposal respond (their proposals are peer-scored)
     sft: SFTConfig = field(default_factory=SFTConfig)
 
 
@@ -178,7 +169,8 @@ class EvalConfig:
     runs: int = 3  #: sampled runs per held-out seed
     episodes: Optional[int] = None  #: held-out seeds used (None = all of the task's eval seeds)
     temperature: Optional[float] = None  #: sampling temperature at evaluation (None = model.temperature)
-    split: str = "eval"  #: episode seeds held-out evaluations use: ``eval`` (reported numbers) or ``dev`` (tuning; disjoint from train and eval)
+    split: str = "eval"  #: episode seeds held-out evaluations use: ``eval`` (reported numbers) or ``dev`` (tuning;
+    #: disjoint from train and eval)
     common_random_numbers: bool = False  #: key each held-out episode's draws by (eval seed, run, episode seed), so
     #: the SFT and the trained swarm meet the same noise and their paired difference is tighter
 
@@ -188,22 +180,35 @@ class ExperimentConfig:
     """Settings of ``swarm experiment NAME`` (docs/experiments.md); ignored by ``swarm run``."""
 
     name: Optional[str] = None  #: the experiment (set by ``swarm experiment NAME``)
-    base: Any = None  #: a ``swarm run`` folder whose final checkpoint is the trained MPT swarm (its ``sft`` checkpoint the initial one), or a list of them, one per training seed (experiment.train_seeds); None = train one
-    train_seeds: Optional[list] = field(default_factory=lambda: [0, 1, 2])  #: training seeds: every arm is trained and evaluated once per seed (run seed = training seed, in ``seed-<s>/``); tables show the mean over seeds ± SE over seeds, plus paired differences; null = the run's ``seed`` alone, in the folder itself
+    base: Any = None  #: a ``swarm run`` folder whose final checkpoint is the trained MPT swarm (its ``sft``
+    #: checkpoint the initial one), or a list of them, one per training seed (experiment.train_seeds); None = train one
+    train_seeds: Optional[list] = field(default_factory=lambda: [0, 1, 2])  #: training seeds: every arm is trained
+    #: and evaluated once per seed (run seed = training seed, in ``seed-<s>/``); tables show the mean over seeds
+    #: ± SE over seeds, plus paired differences; null = the run's ``seed`` alone, in the folder itself
     iterations: int = 10  #: RL updates of each training inside an experiment (overrides algo.iterations there)
-    eval_episodes: Optional[int] = 16  #: held-out seeds per evaluated condition (eval.episodes wins when set; None = all)
-    sft_eval: bool = False  #: also evaluate each training's SFT checkpoint (one more held-out evaluation per training)
-    budget_factor: float = 3.0  #: a FLOPs-matched training (monolithic, round-robin) may run up to this x iterations before reaching its budget; its cosine schedule spans that cap
-    coordinators: list = field(default_factory=lambda: ["auction", "graph_of_agents", "round_robin", "agentnet"])  #: ``coordination``: compared over the same trained action policies
-    replicas: list = field(default_factory=lambda: [1, 2, 3, 4])  #: ``population``: replicas per role at inference (1..4 = 3..12 agents with 3 roles)
+    eval_episodes: Optional[int] = 16  #: held-out seeds per evaluated condition (eval.episodes wins when set;
+    #: None = all)
+    sft_eval: bool = False  #: also evaluate each training's SFT checkpoint (one more held-out evaluation each)
+    budget_factor: float = 3.0  #: a FLOPs-matched training (monolithic, round-robin) may run up to this x
+    #: iterations before reaching its budget; its cosine schedule spans that cap
+    coordinators: list = field(default_factory=lambda: ["auction", "graph_of_agents", "round_robin", "agentnet"])
+    #: ``coordination``: the coordinators compared over the same trained action policies
+    replicas: list = field(default_factory=lambda: [1, 2, 3, 4])  #: ``population``: replicas per role at
+    #: inference (1..4 = 3..12 agents with 3 roles)
     pass_k: int = 3  #: ``population``: k of pass@k (eval.runs is raised to k when lower)
-    milestones: Optional[list] = None  #: ``population``: milestones scored with pass@k (None = the keys of task.milestones)
+    milestones: Optional[list] = None  #: ``population``: milestones scored with pass@k (None = the keys of
+    #: task.milestones)
     dropout_p: list = field(default_factory=lambda: [0.0, 0.3, 0.6, 0.9])  #: ``dropout``: absence probabilities
-    dropout_replicas: list = field(default_factory=lambda: [1, 4])  #: ``dropout``: replicas per role (1 and 4 = 3 and 12 agents with 3 roles)
-    dropout_per: str = "turn"  #: ``dropout``: ``turn`` (a fresh draw every turn) or ``episode`` (one draw per episode and agent)
-    monolithic_sft: list = field(default_factory=lambda: ["compute"])  #: ``heldout``: one monolithic training per SFT matching (``compute``, ``data``; algo.sft.match)
-    transfer_tasks: list = field(default_factory=list)  #: ``transfer``: tasks of the same domain to adapt to (set in a task's ``overrides:``)
-    transfer_iterations: int = 6  #: ``transfer``: RL updates of the swarm's adaptation (the monolithic one is matched in FLOPs)
+    dropout_replicas: list = field(default_factory=lambda: [1, 4])  #: ``dropout``: replicas per role (1 and 4 =
+    #: 3 and 12 agents with 3 roles)
+    dropout_per: str = "turn"  #: ``dropout``: ``turn`` (a fresh draw every turn) or ``episode`` (one draw per
+    #: episode and agent)
+    monolithic_sft: list = field(default_factory=lambda: ["compute"])  #: ``heldout``: one monolithic training per
+    #: SFT matching (``compute``, ``data``; algo.sft.match)
+    transfer_tasks: list = field(default_factory=list)  #: ``transfer``: tasks of the same domain to adapt to (set
+    #: in a task's ``overrides:``)
+    transfer_iterations: int = 6  #: ``transfer``: RL updates of the swarm's adaptation (the monolithic one is
+    #: matched in FLOPs)
 
 
 @dataclass
@@ -212,13 +217,17 @@ class ServeConfig:
 
     host: str = "127.0.0.1"  #: gateway address; anything but loopback needs the SWARM_API_KEY environment variable
     port: int = 8000  #: gateway port
-    replicas: Any = 1  #: workers per role: one number for every role, or per role (``serve.replicas.Smith=6``); 0 = none
+    replicas: Any = 1  #: workers per role: one number for every role, or per role (``serve.replicas.Smith=6``);
+    #: 0 = none
     agents: list = field(default_factory=list)  #: external agents the gateway admits at start, ``ROLE=URL`` (an
-    #: OpenAI-compatible completions server of that role's checkpoint, e.g. ``Smith=http://gpu1:8000`` from ``vllm serve``)
+    #: OpenAI-compatible completions server of that role's checkpoint, e.g. ``Smith=http://gpu1:8000`` from
+    #: ``vllm serve``)
     bid_deadline_ms: int = 2000  #: an agent whose bid is not in by then does not bid this turn
-    action_timeout_ms: int = 10000  #: a winner whose action is not in by then has failed: the turn goes to the runner-up
-    drop_after_misses: int = 3  #: bid deadlines missed in a row before an agent is dropped (probed, re-admitted when it answers)
-    probe_interval_ms: int = 500  #: how often dropped and starting agents are probed, and dead workers restarted
+    action_timeout_ms: int = 10000  #: a winner whose action is not in by then has failed: the turn goes to the
+    #: runner-up
+    drop_after_misses: int = 3  #: bid deadlines missed in a row before an agent is dropped (probed, re-admitted
+    #: when it answers)
+    probe_interval_ms: int = 500  #: how often dropped and starting agents are probed, dead workers restarted
     restart_workers: bool = True  #: restart a worker process the gateway started when it dies
     agent_wait_s: float = 10.0  #: with no agent up, how long a turn waits for one before the episode fails
     worker_threads: int = 1  #: torch CPU threads of each worker process
@@ -226,7 +235,8 @@ class ServeConfig:
     episode_idle_s: float = 300.0  #: a client-side episode with no turn for this long expires
     max_episodes: int = 64  #: episodes running at once; more are refused with 429
     max_body_bytes: int = 1048576  #: request bodies over this get 413
-    shutdown_grace_s: float = 30.0  #: on SIGTERM/SIGINT, running episodes get this long to finish (the rest are reported)
+    shutdown_grace_s: float = 30.0  #: on SIGTERM/SIGINT, running episodes get this long to finish (the rest are
+    #: reported)
     allow_hosts: list = field(default_factory=list)  #: agent URL hosts allowed besides loopback (``*``: any host)
     client_episodes: int = 16  #: client-side episodes one client (API key or address) may hold open at once
     queue_wait_s: float = 5.0  #: at serve.max_episodes, how long a new episode waits for a slot before 429
@@ -236,26 +246,6 @@ class ServeConfig:
     restart_backoff_max_s: float = 30.0  #: cap of the exponential wait between restarts of one worker
     url: Optional[str] = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
     concurrency: int = 8  #: ``swarm eval`` through a service: episodes in flight at once
-
-
-def validate_serve(cfg: DictConfig, roles: list[str]) -> None:
-    """Check ``cfg.serve``: each key's range (:data:`swarm_runtime.validation.RULES`, which every command
-    checks) and, against the run's roles, the per-role replicas and ``serve.agents``; raise
-    :class:`ConfigError` naming the bad value."""
-    from swarm_runtime.validation import RULES, check_rule
-
-    for key, rule in RULES.items():
-        if key.startswith("serve."):
-            check_rule(rule, OmegaConf.select(cfg, key))
-    rep = cfg.serve.replicas
-    bad = [r for r in rep if r not in roles] if isinstance(rep, (dict, DictConfig)) else []
-    if bad:
-        raise ConfigError(f"serve.replicas.{bad[0]}: no role {bad[0]!r}; valid: {', '.join(roles)}")
-    for spec in cfg.serve.agents or []:
-        role, sep, url = str(spec).partition("=")
-        if not sep or role not in roles or not url.startswith(("http://", "https://")):
-            raise ConfigError(f"serve.agents entry {spec!r} is not ROLE=URL with ROLE one of {', '.join(roles)} "
-                              "and an http(s) URL")
 
 
 @dataclass
@@ -281,11 +271,13 @@ class RolloutConfig:
     url: Optional[str] = None  #: ``openai``: the server's base URL (``http://host:port``)
     urls: dict = field(default_factory=dict)  #: ``openai`` with several bases (``model.bases``): the server of each
     #: other base, ``rollout.urls.NAME=http://host:port`` (``rollout.url`` serves the ``default`` base)
-    api_key_env: Optional[str] = None  #: ``openai``: environment variable holding the server's bearer key (None: none)
+    api_key_env: Optional[str] = None  #: ``openai``: environment variable holding the server's bearer key
+    #: (None: none)
     timeout_s: float = 120.0  #: one completion request's timeout
     concurrency: int = 64  #: completion requests in flight at once
     retries: int = 2  #: a failed request is retried this many times (a restarted server answers the same rows)
-    max_staleness: int = 0  #: updates a rollout's weights may lag the learner (0: on-policy, every update syncs first)
+    max_staleness: int = 0  #: updates a rollout's weights may lag the learner (0: on-policy, every update syncs
+    #: first)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
@@ -304,7 +296,7 @@ class ClusterConfig:
 
 @dataclass
 class TMaxConfig:
-    """``rlcr.t_max``: the wall-clock limit's schedule (seed: 2 h at the start, > 5 h by step 200)."""
+    """``rlcr.t_max``: the wall-clock limit's schedule (docs/config.md: the seed's)."""
 
     start: float = 600.0  #: simulated seconds of the limit at the first update (> 0)
     end: float = 1500.0  #: limit from update ``steps`` on (>= start); held-out evaluation uses it
@@ -318,10 +310,13 @@ class RLCRConfig:
     org: str = "flat"  #: ``flat`` (``agents`` peers) or ``ceo`` (a CEO who hires and fires specialists)
     agents: int = 3  #: flat team size (1..9)
     max_hires: int = 8  #: most specialists a CEO employs at once (0..8); more hires are refused in-episode
-    expert_team: int = 3  #: team size of the scripted collective whose rollouts are the SFT demos (ceo: CEO + hires)
-    seconds_per_token: float = 2.0  #: simulated seconds per generated token (every action also costs the env's own time)
+    expert_team: int = 3  #: team size of the scripted collective whose rollouts are the SFT demos (ceo: CEO +
+    #: hires)
+    seconds_per_token: float = 2.0  #: simulated seconds per generated token (every action also costs the env's
+    #: own time)
     t_max: TMaxConfig = field(default_factory=TMaxConfig)
-    latency_penalty: float = 0.0  #: beta of ``R = R_task - beta * reward_max * mean_pass_rate(q) * T / T_max`` (0 = time limit only)
+    latency_penalty: float = 0.0  #: beta of ``R = R_task - beta * reward_max * mean_pass_rate(q) * T / T_max``
+    #: (0 = time limit only)
     group_size: int = 4  #: G rollouts per task instance (same seed): the group baseline (>= 2)
     instances: int = 4  #: task instances (train seeds) per update
     normalize_std: bool = False  #: divide each advantage by its group's return std
@@ -332,8 +327,8 @@ class RLCRConfig:
     solo_eval: bool = True  #: also evaluate a solo agent (team of 1) with the same policy and T_max
     teams: list = field(default_factory=lambda: [1, 2, 3, 4, 6])  #: ``swarm experiment rlcr_teams``: flat team sizes
     #: trained and compared (6 stands for the seed's "5-8" bucket)
-    eval_runs: Optional[int] = 1  #: sampled runs per held-out seed under algo=rlcr (None = eval.runs); 1 keeps the
-    #: default run (collective and solo, after SFT and after RL, on all 32 held-out seeds) within its time budget
+    eval_runs: Optional[int] = 1  #: sampled runs per held-out seed under algo=rlcr (None = eval.runs; why 1:
+    #: docs/config.md)
 
 
 #: The current version of the config's key set (``RunConfig.config_version``; :data:`ADDED_KEYS`).
@@ -342,9 +337,10 @@ CONFIG_VERSION = 6
 
 @dataclass
 class RunConfig:
-    config_version: int = CONFIG_VERSION  #: version of the config's key set (``CONFIG_VERSION``), written first in config.yaml so that
-    #: loading a run folder tells a file of an earlier version (its newer keys take the values that reproduce that
-    #: version's behaviour, :data:`ADDED_KEYS`) from a truncated one (an error naming the missing keys)
+    config_version: int = CONFIG_VERSION  #: version of the config's key set (``CONFIG_VERSION``), written first
+    #: in config.yaml so that loading a run folder tells a file of an earlier version (its newer keys take the
+    #: values that reproduce that version's behaviour, :data:`ADDED_KEYS`) from a truncated one (an error naming
+    #: the missing keys)
     domain: str = "minecraft"  #: domain plugin (``swarm domains`` lists them)
     task_name: str = "iron_pickaxe"  #: task of the domain (set with ``task=``)
     task: Any = None  #: the task's YAML (domain-specific keys included)
@@ -360,7 +356,8 @@ class RunConfig:
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: Optional[str] = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint
-    overwrite: bool = False  #: a fresh run into a run_dir that already holds a run deletes that run first (else an error)
+    overwrite: bool = False  #: a fresh run into a run_dir that already holds a run deletes that run first (else
+    #: an error)
     checkpoint_every: int = 5  #: RL updates between checkpoints
     keep_checkpoints: int = 2  #: older checkpoints are pruned
     skip_sft_eval: bool = False  #: do not evaluate the SFT checkpoint
@@ -371,9 +368,6 @@ class RunConfig:
 
 #: Whose bids a branch pair trains (``algo.bid_pairs``).
 BID_PAIRS = ("selected", "both")
-
-#: Splits a held-out evaluation may use (``eval.split``): ``eval`` for reported numbers, ``dev`` for tuning.
-EVAL_SPLITS = ("eval", "dev")
 
 #: How the monolithic baseline's SFT is matched to the swarm's (``algo.sft.match``).
 SFT_MATCHES = ("compute", "data")
@@ -394,7 +388,8 @@ def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, st
     dotted: list[tuple[str, str]] = []
     for a in args:
         if "=" not in a:
-            raise ConfigError(f"argument {a!r} is not key=value (groups: {', '.join(GROUPS)}; or dotted keys like algo.lr=1e-4)")
+            raise ConfigError(f"argument {a!r} is not key=value (groups: {', '.join(GROUPS)}; "
+                              "or dotted keys like algo.lr=1e-4)")
         k, v = a.split("=", 1)
         (groups.__setitem__(k, v) if k in GROUPS else dotted.append((k, v)))
     return groups, dotted
@@ -587,7 +582,9 @@ def resolve(args: list[str], registry) -> DictConfig:
                 raise ConfigError(f"task {task_name!r} of {domain_name!r} sets {key} in its overrides: "
                                   f"{', '.join(RUN_CONTROL)} pick and operate a run folder and come from the command "
                                   "line only; remove it from the task file")
-            _set(cfg, key, value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n..."))
+            if not isinstance(value, str):
+                value = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+            _set(cfg, key, value)
     for key, value in dotted:
         override(cfg, key, value)
     if cfg.model.name == "local" and not any(k == "model.adapter" for k, _ in dotted):
@@ -620,95 +617,31 @@ def _flatten(d: dict, prefix: str = ""):
             yield f"{prefix}{k}", v
 
 
-def validate(cfg: DictConfig, registry) -> None:
-    """Check every key's type and range and the cross-key rules (:mod:`swarm_runtime.validation`,
-    where new keys register theirs); raises :class:`ConfigError` naming the key, value and valid ones."""
-    from swarm_runtime.validation import validate as _validate
+def light_registry():
+    """A registry of the plugins' domains only: the registration hooks that import torch and
+    transformers (policy backends, algorithms) are not called. For :func:`precheck`."""
+    from swarm_runtime.plugins import Registry, make_plugin_manager
 
-    _validate(cfg, registry)
-    validate_adapter(cfg)
-    validate_rlcr(cfg, registry)
-    validate_splits(cfg)
-
-
-def validate_rlcr(cfg: DictConfig, registry=None) -> None:
-    """Check ``rlcr.*`` beyond each key's own range (:data:`swarm_runtime.validation.RULES`): the limit's
-    schedule grows; under ``algo.name=rlcr`` also that the domain's concurrent env has an anytime return
-    (``progress()``)."""
-    r = cfg.get("rlcr")
-    if r is None:
-        return
-    t = r.t_max
-    if float(t.end) < float(t.start):
-        raise ConfigError(f"rlcr.t_max.end must be >= rlcr.t_max.start ({t.start}), got {t.end}")
-    if cfg.algo.name != "rlcr" or registry is None or cfg.domain not in registry.domains:
-        return
-    if cfg.model.constrained_actions:
-        raise ConfigError("algo=rlcr: model.constrained_actions=true would forbid the messages (free text); "
-                          "set model.constrained_actions=false")
-    from swarm_runtime.env import close_env, has_progress
-
-    domain = registry.domains[cfg.domain]
-    try:
-        env = domain.concurrent_env(cfg.task)
-    except (ValueError, ImportError) as exc:
-        raise ConfigError(f"algo=rlcr: {cfg.domain} task {cfg.task_name}: {exc}") from exc
-    close_env(env)  # only the check
-    if not has_progress(env):
-        raise ConfigError(f"algo=rlcr needs an anytime return, but domain {cfg.domain!r} has no DomainEnv.progress() "
-                          f"(its concurrent env is {type(env).__name__}); docs/rlcr.md lists the domains that have one and "
-                          "how a domain opts in")
+    reg = Registry()
+    make_plugin_manager().hook.swarm_register_domains(register=lambda d: reg.domains.setdefault(d.name, d))
+    reg.light = True
+    return reg
 
 
-#: ``model.adapter`` values.
-ADAPTERS = ("none", "lora")
-#: Attention implementations of a loaded checkpoint (``hardware.attention``).
-ATTENTION = ("sdpa", "flash_attention_2", "eager")
-#: Weight dtypes a checkpoint can be loaded in.
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-def validate_adapter(cfg: DictConfig) -> None:
-    """Check ``model.adapter``, ``model.lora.*`` and the hardware fields the memory plan and the
-    adapters use (issue 19). A ``target_modules`` name the model lacks is refused when the base is
-    built (:func:`swarm_runtime.policy.adapters.check_targets`), before any training."""
-    m, hw = cfg.model, cfg.hardware
-    adapter = m.adapter or "none"  # the command line's ``none`` arrives as null
-    if adapter not in ADAPTERS:
-        raise ConfigError(f"unknown model.adapter {m.adapter!r}; valid: {', '.join(ADAPTERS)}")
-    if (hw.local_adapter or "none") not in ADAPTERS:
-        raise ConfigError(f"unknown hardware.local_adapter {hw.local_adapter!r}; valid: {', '.join(ADAPTERS)}")
-    if adapter == "none":
-        default = OmegaConf.structured(LoRAConfig)
-        changed = [f"model.lora.{k}={m.lora[k]}" for k in default if m.lora[k] != default[k]]
-        if changed:
-            raise ConfigError(f"{changed[0]} has no effect with model.adapter=none (full copies); set model.adapter=lora "
-                              f"or drop the model.lora.* options")
-    elif m.backend != "transformers":
-        raise ConfigError(f"model.adapter={adapter} needs model.backend=transformers (PEFT), got {m.backend!r}")
-    if hw.attention is not None and hw.attention not in ATTENTION:
-        raise ConfigError(f"unknown hardware.attention {hw.attention!r}; valid: {', '.join(ATTENTION)} (or null)")
-    if hw.attention == "flash_attention_2":
-        import importlib.util
-
-        if importlib.util.find_spec("flash_attn") is None:
-            raise ConfigError("hardware.attention=flash_attention_2 needs the flash-attn package (pip install flash-attn "
-                              "--no-build-isolation); or set hardware.attention=sdpa")
-    for key, value in (("hardware.dtype", hw.dtype), ("model.dtype", m.dtype)):
-        if value is not None and value not in DTYPES:
-            raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(DTYPES)}")
-
-
-def validate_splits(cfg: DictConfig) -> None:
-    """``eval.split`` (the task must define that split's seeds) and ``experiment.train_seeds``."""
-    if cfg.eval.split not in EVAL_SPLITS:
-        raise ConfigError(f"unknown eval.split {cfg.eval.split!r}; valid: {', '.join(EVAL_SPLITS)}")
-    if cfg.get("task") is not None and cfg.task.get(f"{cfg.eval.split}_seeds") is None:
-        raise ConfigError(f"eval.split={cfg.eval.split}, but task {cfg.task_name!r} of {cfg.domain!r} defines no "
-                          f"{cfg.eval.split}_seeds; valid here: "
-                          f"{', '.join(s for s in EVAL_SPLITS if cfg.task.get(f'{s}_seeds') is not None)}")
-    seeds = cfg.experiment.train_seeds
-    if seeds is not None and (not len(seeds) or len(set(int(s) for s in seeds)) != len(seeds)
-                              or any(int(s) < 0 for s in seeds)):
-        raise ConfigError(f"experiment.train_seeds {list(seeds)} must be distinct non-negative integers "
-                          "(or null: the run's seed alone)")
+def precheck(args, resolve_with_domains: bool = True) -> None:
+    """Check a command line before the heavy plugins load: first the core keys given as
+    ``key=value``, each on its own (:func:`swarm_runtime.validation.check_key`); then
+    (``resolve_with_domains``) the whole config resolved with the domains only (task keys and
+    cross-key checks), so a bad value fails in about a second instead of after importing torch and
+    transformers."""
+    cfg = OmegaConf.structured(RunConfig)
+    for a in args or ():
+        k, eq, v = str(a).partition("=")
+        if not eq or k in GROUPS or k in ("checkpoint",) or k.startswith("task.") or "${" in v:
+            continue
+        if "." not in k and k not in cfg:
+            continue  # a bare task key (sim=habitat): the domain's
+        override(cfg, k, v)
+        check_key(cfg, k)
+    if resolve_with_domains:
+        resolve(list(args), light_registry())

@@ -17,6 +17,10 @@ per-token log-probability without gradients, passed as ``info.scores``) and
 ``agent``'s bid prompt; by default the agent's own).
 An :class:`Agent` with ``prompt_kind="single"`` (one monolithic model) acts on
 the domain's ``single_prompt`` and steps the env with ``role=None``.
+
+One turn of one episode is :meth:`Auction.turn` (a generator of turn-engine batches), the auction code
+``swarm serve``'s gateway runs too (:class:`swarm_runtime.serve.turns.ServedTurns`); :class:`AuctionTurns`
+runs one per live slot in lockstep (:func:`lockstep`), then steps the envs (:func:`step_turn`).
 """
 from __future__ import annotations
 
@@ -197,19 +201,46 @@ def _group(pairs):
     return [(_batch(policies), keys) for keys, policies in groups.values()]
 
 
-def _rows(requests: list, model_of: Callable[[tuple], str], prompt_of: Callable[[tuple], str], kind: int) -> list[Row]:
-    """Sampler rows for ``requests`` (each ``(slot, agent, ...)``); when every request's slot has a
-    noise id, each row carries its key ``(noise, turn, agent, kind)``."""
-    keyed_rows = bool(requests) and all(r[0].episode.noise is not None for r in requests)
-    return [Row(model_of(r), prompt_of(r), (r[0].episode.noise, r[0].t, r[1], kind) if keyed_rows else None)
-            for r in requests]
+def coordinator_rng(noise: int, t: int) -> random.Random:
+    """The coordinator's keyed randomness for turn ``t`` of the episode whose noise id is ``noise``
+    (common random numbers: the same in process and served)."""
+    return random.Random(keyed.key_hash(noise, t, keyed.COORDINATOR))
 
 
 def _slot_rng(s: Slot, rng: random.Random) -> random.Random:
     """The coordinator's randomness for this slot's turn: keyed under common random numbers."""
     if s.episode.noise is None:
         return rng
-    return random.Random(keyed.key_hash(s.episode.noise, s.t, keyed.COORDINATOR))
+    return coordinator_rng(s.episode.noise, s.t)
+
+
+def accept_bid(episode: Episode, bid, levels) -> float:
+    """The level ``bid`` (a :class:`~swarm_runtime.policy.base.Bid`) enters the auction with
+    (:func:`checked_bid`); an unparsed one is counted on ``episode``."""
+    level, parsed = checked_bid(bid.level, bid.parsed, levels)
+    episode.unparsed_bids += int(not parsed)
+    return level
+
+
+def step_turn(env, episode: Episode, log: list[Event], turn: Turn, env_role: str | None = None,
+              log_role: str | None = None) -> None:
+    """Settle a decided ``turn``: the env steps with the winner's action as ``env_role`` (the turn's
+    reward and validity, the episode's invalid-action and missing-reward counters, the public log's
+    event by ``log_role``), or the log records a skipped turn."""
+    if turn.winner is not None:
+        res = env.step(turn.action_text, env_role)
+        turn.reward, turn.valid = float(res.reward), res.valid
+        episode.invalid_actions += int(not res.valid)
+        episode.reward_missing |= bool(res.info.get("reward_missing", False))
+        log.append(Event(turn.t, log_role, turn.action_text, res.valid, turn.reward))
+    else:
+        log.append(Event(turn.t, None, ""))
+
+
+def finish_episode(episode: Episode, env) -> None:
+    """An ended episode's return (its turns' rewards) and the env's final metrics."""
+    episode.reward = sum(t.reward for t in episode.turns)
+    episode.metrics = dict(env.metrics())
 
 
 def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, max_decisions: int,
@@ -231,6 +262,189 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
         return TurnEngine(sampler).run(turns.rounds(slots))
 
 
+@dataclass
+class Decided:
+    """What one auction turn decided, before the env steps: the :class:`Turn`, the agents whose bid
+    did not come (an answer ``None``), in the order they were asked, and the winners whose action did not
+    come, in the order they failed (each withdrawn, the coordinator picked again)."""
+
+    turn: Turn
+    missed: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A turn's request for proposal scores (``judge_pairs`` coordinators): entries ``((judge, proposer,
+    prompt, tokens), policy)``, answered by :func:`score_entries` (no sampler: the policies score directly)."""
+
+    entries: list
+
+
+def score_entries(entries: list) -> list[float]:
+    """Each entry's judge's mean per-token log-probability of the proposal on the proposer's prompt,
+    without gradients; one batch per judging model (policies sharing a base together), in order."""
+    out: dict[int, float] = {}
+    for policy, keys in _group([((i, *e[0]), e[1]) for i, e in enumerate(entries)]):
+        with torch.no_grad():
+            lp = policy.logprobs([k[3] for k in keys], [k[4] for k in keys])
+        for k, v in zip(keys, lp.tolist()):
+            out[k[0]] = float(v) / max(1, len(k[4]))
+    return [out[i] for i in range(len(entries))]
+
+
+class Auction:
+    """One auction turn of one episode as a generator of turn-engine batches (:meth:`turn`): the one auction
+    code behind batched rollouts (:class:`AuctionTurns`, a lockstep of these over its slots) and ``swarm
+    serve``'s gateway (:class:`swarm_runtime.serve.turns.ServedTurns`).
+
+    How it reaches agent ``i``: ``bid_prompt(i, observation, log)`` and ``action_prompt(i, ...)``;
+    ``bid_row(i, prompt, key, last_actor)`` / ``act_row(i, prompt, key)`` the sampler rows (``key``:
+    ``(noise, turn, i, kind)``, ``None`` without noise); ``bid_levels(i, last_actor)`` the levels its bid
+    is checked against. ``ask_bids``: ask for bids even when the coordinator does not use them (else
+    present agents bid 0.0 unasked). ``proposals``: the coordinator's ``uses_proposals`` protocol (and
+    ``judge``: ``(j, text) -> (tokens, policy)`` for its ``judge_pairs``); ``wants_info``: ``select``
+    gets :class:`TurnInfo`."""
+
+    def __init__(self, coordinator, *, bid_prompt: Callable, action_prompt: Callable, bid_row: Callable,
+                 act_row: Callable, bid_levels: Callable, ask_bids: bool = True, proposals: bool = False,
+                 wants_info: bool = False, judge: Callable | None = None):
+        self.coordinator = coordinator
+        self.bid_prompt, self.action_prompt, self.bid_row, self.act_row = bid_prompt, action_prompt, bid_row, act_row
+        self.bid_levels, self.ask_bids, self.proposals, self.wants_info = bid_levels, ask_bids, proposals, wants_info
+        self.judge_pairs = getattr(coordinator, "judge_pairs", None) if proposals else None
+        self.judge = judge
+
+    def _select(self, bids, rng, t, last_actor, proposals, scores):
+        if self.wants_info:
+            info = TurnInfo(last_actor, {a: r.text for a, r in proposals.items()}, scores)
+            return self.coordinator.select(bids, rng, t, info=info)
+        return self.coordinator.select(bids, rng, t)
+
+    def turn(self, episode: Episode, n: int, t: int, log: list[Event], observation: str, *,
+             bidders: Sequence[int], rng: Callable[[], random.Random], last_actor: int | None = None,
+             forced: ForcedTurn | None = None, snapshot: Callable | None = None):
+        """Decide turn ``t`` of ``episode`` (``n`` agents; ``bidders`` are asked, unless ``forced``): yields
+        ``Batch("bid")``, ``Batch("act")`` of the proposals (``proposals``) and :class:`Scores`, then one
+        ``Batch("act")`` (empty when the turn is skipped or the action is a proposal) and one more per
+        failed winner; returns :class:`Decided`. ``rng()``: the coordinator's randomness (called once
+        for the proposers and once for the selection, whose failovers go on drawing from it);
+        ``snapshot()``: taken before a contested turn's action. Counts unparsed bids on ``episode``."""
+        noise = episode.noise
+
+        def key(i, kind):
+            return None if noise is None else (noise, t, i, kind)
+
+        bids: list = [None] * n
+        btoks: list = [None] * n
+        bprompts: list = [None] * n
+        asked = []
+        if forced is None:
+            for a in bidders:
+                if self.ask_bids or self.coordinator.uses_bids:
+                    bprompts[a] = self.bid_prompt(a, observation, log)
+                    asked.append(a)
+                else:
+                    bids[a] = 0.0
+        answers = yield Batch("bid", [self.bid_row(a, bprompts[a], key(a, keyed.BID), last_actor) for a in asked])
+        missed = []
+        for a, b in zip(asked, answers):
+            if b is None:
+                missed.append(a)
+                continue
+            bids[a] = accept_bid(episode, b, self.bid_levels(a, last_actor))
+            btoks[a] = b.tokens
+        # proposals: the agents the coordinator names sample an action first
+        proposals: dict = {}
+        if self.proposals:
+            preqs = []
+            if forced is None:
+                preqs = [(a, self.action_prompt(a, observation, log))
+                         for a in self.coordinator.proposers(bids, rng(), t)]
+            answers = yield Batch("act", [self.act_row(a, p, key(a, keyed.ACTION)) for a, p in preqs])
+            for (a, _), r in zip(preqs, answers):
+                proposals[a] = r
+        # proposal scores: the pairs the coordinator names
+        scores: dict = {}
+        if self.judge_pairs is not None:
+            prompts = {p: self.action_prompt(p, observation, log) for p in proposals}
+            pairs, entries = self.judge_pairs(sorted(proposals), last_actor), []
+            for j, p in pairs:
+                tokens, policy = self.judge(j, proposals[p].text)
+                entries.append(((j, p, prompts[p], tokens), policy))
+            values = yield Scores(entries)
+            scores = {(e[0][0], e[0][1]): v for e, v in zip(entries, values)}
+        # the coordinator picks who acts
+        if forced is not None:
+            res = AuctionResult(forced.winner, None, float(forced.bids[forced.winner] or 0.0), 0.0)
+            turn = Turn(t, list(forced.bids), list(forced.bid_tokens), list(forced.bid_prompts), res)
+            if forced.action is not None:
+                proposals[forced.winner] = forced.action
+            sel_rng, live = None, None
+        else:
+            sel_rng, live = rng(), list(bids)
+            turn = Turn(t, bids, btoks, bprompts, self._select(live, sel_rng, t, last_actor, proposals, scores))
+        # the winner acts; a winner whose action does not come is withdrawn and the coordinator picks again
+        failed = []
+        while True:
+            if turn.winner is None:
+                yield Batch("act", [])
+                break
+            turn.action_prompt = self.action_prompt(turn.winner, observation, log)
+            if snapshot is not None and turn.auction.contested:
+                turn.snapshot = snapshot()
+            proposal = proposals.get(turn.winner)
+            if proposal is not None:  # the chosen proposal (or a forced action) is the action, on the same prompt
+                yield Batch("act", [])
+                r = proposal
+            else:
+                (r,) = yield Batch("act", [self.act_row(turn.winner, turn.action_prompt,
+                                                        key(turn.winner, keyed.ACTION))])
+            if r is not None:
+                turn.action_text, turn.action_tokens = r.text, r.tokens
+                turn.action_logprobs, turn.action_version = r.logprobs, r.version
+                break
+            failed.append(turn.winner)
+            live[turn.winner] = None
+            turn.auction = self._select(live, sel_rng, t, last_actor, proposals, scores)
+            turn.action_prompt = None
+        return Decided(turn, missed, failed)
+
+
+def lockstep(turns: list) -> Rounds:
+    """Run per-episode turn generators (:meth:`Auction.turn`) together: each step, their batches of one
+    kind go out as one batch (rows in the generators' order; keyed only if every row is), :class:`Scores`
+    are answered in one pass; returns their results in order."""
+    results: list = [None] * len(turns)
+    pending = {}
+    for i, g in enumerate(turns):
+        pending[i] = g.send(None)
+    while pending:
+        answers: dict[int, Any] = {}
+        groups: dict = {}
+        for i, req in pending.items():
+            groups.setdefault("score" if isinstance(req, Scores) else req.kind, []).append(i)
+        for kind, idx in groups.items():
+            if kind == "score":
+                flat = score_entries([e for i in idx for e in pending[i].entries])
+            else:
+                rows = [r for i in idx for r in pending[i].rows]
+                if any(r.key is None for r in rows):
+                    rows = [Row(r.model, r.prompt, None, r.context) for r in rows]
+                flat = yield Batch(kind, rows)
+            at = 0
+            for i in idx:
+                k = len(pending[i].entries if kind == "score" else pending[i].rows)
+                answers[i], at = flat[at:at + k], at + k
+        for i in list(pending):
+            try:
+                pending[i] = turns[i].send(answers[i])
+            except StopIteration as stop:
+                results[i] = stop.value
+                del pending[i]
+    return results
+
+
 class AuctionTurns:
     """The auction's way of taking turns, as a turn-engine strategy (:mod:`swarm_runtime.rollout.engine`):
     each turn, for every live slot, all present agents bid (one batch across slots and models), the
@@ -244,110 +458,48 @@ class AuctionTurns:
         self.max_decisions, self.rng = max_decisions, rng
         self.record_snapshots, self.presence, self.on_turn = record_snapshots, presence, on_turn
 
+    def auction(self) -> Auction:
+        """The auction turn over these agents: bid rows go to the model of the agent that scores the bid
+        (``bid_scorer``), actions to the agent's own."""
+        agents, models, coordinator, domain = self.agents, self.models, self.coordinator, self.domain
+        scorer = getattr(coordinator, "bid_scorer", None)
+
+        def judge_of(a, last_actor):
+            return scorer(a, last_actor) if scorer is not None else a
+
+        return Auction(
+            coordinator,
+            bid_prompt=lambda a, obs, log: domain.bid_prompt(agents[a].role, obs, log),
+            action_prompt=lambda a, obs, log: agents[a].action_prompt(domain, obs, log),
+            bid_row=lambda a, prompt, key, last: Row(models[judge_of(a, last)], prompt, key),
+            act_row=lambda a, prompt, key: Row(models[a], prompt, key),
+            bid_levels=lambda a, last: getattr(agents[judge_of(a, last)].policy, "bid_levels", None),
+            ask_bids=False, proposals=bool(getattr(coordinator, "uses_proposals", False)),
+            wants_info=bool(getattr(coordinator, "wants_info", False)),
+            judge=lambda j, text: (agents[j].policy.action_target(text), agents[j].policy))
+
     def rounds(self, slots: list[Slot]) -> Rounds:
         """Play ``slots`` to the end, yielding each turn's bid and action batches; returns their episodes."""
-        agents, models, coordinator, domain = self.agents, self.models, self.coordinator, self.domain
-        max_decisions, rng, presence, on_turn = self.max_decisions, self.rng, self.presence, self.on_turn
-        record_snapshots = self.record_snapshots
-        n = len(agents)
-        scorer = getattr(coordinator, "bid_scorer", None)
-        wants_info = bool(getattr(coordinator, "wants_info", False))
-        uses_proposals = bool(getattr(coordinator, "uses_proposals", False))
-        judge_pairs = getattr(coordinator, "judge_pairs", None)
+        agents, max_decisions, rng, presence, on_turn = self.agents, self.max_decisions, self.rng, self.presence, \
+            self.on_turn
+        n, auction = len(agents), self.auction()
         while True:
             live = [s for s in slots if not s.finished]
             if not live:
                 break
             obs = {id(s): s.env.observation() for s in live}
             masks = {id(s): list(presence(s.episode.seed, s.t, n)) if presence else [True] * n for s in live}
-            # 1. sealed bids, one batch per model
-            bids: dict[int, list] = {id(s): [None] * n for s in live}
-            btoks: dict[int, list] = {id(s): [None] * n for s in live}
-            bprompts: dict[int, list] = {id(s): [None] * n for s in live}
-            requests = []
+            gens = []
             for s in live:
-                if s.forced is not None:
-                    continue
-                for a, agent in enumerate(agents):
-                    if not masks[id(s)][a]:
-                        continue
-                    if coordinator.uses_bids:
-                        p = domain.bid_prompt(agent.role, obs[id(s)], s.log)
-                        bprompts[id(s)][a] = p
-                        judge = scorer(a, s.last_actor) if scorer is not None else a
-                        requests.append((s, a, p, judge))
-                    else:
-                        bids[id(s)][a] = 0.0
-            answers = yield Batch("bid", _rows(requests, lambda r: models[r[3]], lambda r: r[2], keyed.BID))
-            for (s, a, _, judge), b in zip(requests, answers):
-                level, parsed = checked_bid(b.level, b.parsed, getattr(agents[judge].policy, "bid_levels", None))
-                bids[id(s)][a], btoks[id(s)][a] = level, b.tokens
-                s.episode.unparsed_bids += int(not parsed)
-            # 1b. proposals: the agents the coordinator names sample an action first (one batch per model)
-            proposals: dict[int, dict] = {id(s): {} for s in live}
-            if uses_proposals:
-                preqs = []
-                for s in live:
-                    if s.forced is None:
-                        for a in coordinator.proposers(bids[id(s)], _slot_rng(s, rng), s.t):
-                            preqs.append((s, a, agents[a].action_prompt(domain, obs[id(s)], s.log)))
-                answers = yield Batch("act", _rows(preqs, lambda r: models[r[1]], lambda r: r[2], keyed.ACTION))
-                for (s, a, _), r in zip(preqs, answers):
-                    proposals[id(s)][a] = r
-            # 1c. proposal scores: the pairs the coordinator names, one batch per judging model
-            scores: dict[int, dict] = {id(s): {} for s in live}
-            if uses_proposals and judge_pairs is not None:
-                sreqs = []
-                for s in live:
-                    props = proposals[id(s)]
-                    prompts = {p: agents[p].action_prompt(domain, obs[id(s)], s.log) for p in props}
-                    for j, p in judge_pairs(sorted(props), s.last_actor):
-                        tokens = agents[j].policy.action_target(props[p].text)
-                        sreqs.append(((s, j, p, prompts[p], tokens), agents[j].policy))
-                for policy, keys in _group(sreqs):
-                    with torch.no_grad():
-                        lp = policy.logprobs([k[3] for k in keys], [k[4] for k in keys])
-                    for (s, j, p, _, tokens), v in zip(keys, lp.tolist()):
-                        scores[id(s)][(j, p)] = float(v) / max(1, len(tokens))
-            # 2. the coordinator picks who acts
-            turns: dict[int, Turn] = {}
-            for s in live:
-                if s.forced is not None:
-                    f = s.forced
-                    res = AuctionResult(f.winner, None, float(f.bids[f.winner] or 0.0), 0.0)
-                    turns[id(s)] = Turn(s.t, list(f.bids), list(f.bid_tokens), list(f.bid_prompts), res)
-                    if f.action is not None:
-                        proposals[id(s)][f.winner] = f.action
-                    s.forced = None
-                else:
-                    if wants_info:
-                        info = TurnInfo(s.last_actor, {a: r.text for a, r in proposals[id(s)].items()}, scores[id(s)])
-                        res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t, info=info)
-                    else:
-                        res = coordinator.select(bids[id(s)], _slot_rng(s, rng), s.t)
-                    turns[id(s)] = Turn(s.t, bids[id(s)], btoks[id(s)], bprompts[id(s)], res)
-            # 3. the winners act, one batch per model
-            acts = []
-            for s in live:
-                turn = turns[id(s)]
-                if turn.winner is None:
-                    continue
-                agent = agents[turn.winner]
-                turn.action_prompt = agent.action_prompt(domain, obs[id(s)], s.log)
-                if record_snapshots and turn.auction.contested:
-                    turn.snapshot = (s.env.snapshot(), list(s.log))
-                proposal = proposals[id(s)].get(turn.winner)
-                if proposal is not None:  # the chosen proposal (or a forced action) is the action, on the same prompt
-                    turn.action_text, turn.action_tokens = proposal.text, proposal.tokens
-                    turn.action_logprobs, turn.action_version = proposal.logprobs, proposal.version
-                    continue
-                acts.append((s, turn.winner, turn))
-            answers = yield Batch("act", _rows(acts, lambda r: models[r[1]], lambda r: r[2].action_prompt,
-                                               keyed.ACTION))
-            for (s, _, turn), r in zip(acts, answers):
-                turn.action_text, turn.action_tokens = r.text, r.tokens
-                turn.action_logprobs, turn.action_version = r.logprobs, r.version
-            # 4. envs step; skipped turns still count toward the cap. Envs that can (remote ones) are sent their
+                forced, s.forced = s.forced, None
+                snap = (lambda s=s: (s.env.snapshot(), list(s.log))) if self.record_snapshots else None
+                gens.append(auction.turn(s.episode, n, s.t, s.log, obs[id(s)],
+                                         bidders=[a for a in range(n) if masks[id(s)][a]],
+                                         rng=lambda s=s: _slot_rng(s, rng), last_actor=s.last_actor, forced=forced,
+                                         snapshot=snap))
+            decided = yield from lockstep(gens)
+            turns: dict[int, Turn] = {id(s): d.turn for s, d in zip(live, decided)}
+            # the envs step; skipped turns still count toward the cap. Envs that can (remote ones) are sent their
             # step first, all at once, and collected below
             prefetch_steps([(s.env, turns[id(s)].action_text, agents[turns[id(s)].winner].env_role) for s in live
                             if turns[id(s)].winner is not None])
@@ -355,20 +507,15 @@ class AuctionTurns:
                 turn = turns[id(s)]
                 if turn.winner is not None:
                     actor = agents[turn.winner]
-                    res = s.env.step(turn.action_text, actor.env_role)
-                    turn.reward, turn.valid = float(res.reward), res.valid
-                    s.episode.invalid_actions += int(not res.valid)
-                    s.episode.reward_missing |= bool(res.info.get("reward_missing", False))
-                    s.log.append(Event(s.t, actor.log_role, turn.action_text, res.valid, turn.reward))
+                    step_turn(s.env, s.episode, s.log, turn, actor.env_role, actor.log_role)
                     s.last_actor = turn.winner
                 else:
-                    s.log.append(Event(s.t, None, ""))
+                    step_turn(s.env, s.episode, s.log, turn)
                 s.episode.turns.append(turn)
                 s.t += 1
                 if s.env.done or s.t >= max_decisions or (s.stop_at is not None and s.t >= s.stop_at):
                     s.finished = True
-                    s.episode.reward = sum(t.reward for t in s.episode.turns)
-                    s.episode.metrics = dict(s.env.metrics())
+                    finish_episode(s.episode, s.env)
             if on_turn is not None:
                 on_turn(live, turns)
         return [s.episode for s in slots]

@@ -63,7 +63,9 @@ def swarm_register_algorithms(register: Callable[[str, Callable[..., Any]], None
     """Register training algorithms (``mpt`` is one; baselines come as plugins).
 
     :param register: ``register(name, factory)``; ``factory(run)`` returns an object with
-        ``train()``.
+        ``train()``. A factory with an ``evaluate_checkpoint(run, checkpoint_dir)`` attribute returning
+        ``(results, markdown table)`` evaluates its runs' checkpoints in ``swarm eval`` (``algo=rlcr``
+        does; ``eval_measure`` names what its table shows); the others are evaluated as swarms.
     """
 
 

@@ -129,7 +129,7 @@ def arch_of(cfg: DictConfig, vocab: int | None = None) -> tuple[Arch, str]:
 
 def base_counts(cfg: DictConfig, n_roles: int) -> dict[str, int]:
     """Roles per base (``model.role_base``; the roles it does not name sit on ``default``, ``model.*``)."""
-    from swarm_runtime.policy.bases import DEFAULT, role_bases
+    from swarm_runtime.bases import DEFAULT, role_bases
 
     counts: dict[str, int] = {DEFAULT: 0}
     named = role_bases(cfg.model)
@@ -145,7 +145,7 @@ def make_plan(cfg: DictConfig, n_roles: int, n_agents: int, vocab: int | None = 
     several bases (``model.role_base``) each base is counted once, with the roles on it: the rows of each
     base's plan are added up (the activations of one update chunk are the largest base's: one role is
     updated at a time)."""
-    from swarm_runtime.policy.bases import base_cfg, multi
+    from swarm_runtime.bases import base_cfg, multi
 
     if not multi(cfg.model):
         return _plan(cfg, n_roles, n_agents, vocab)

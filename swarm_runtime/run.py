@@ -61,7 +61,7 @@ class RunContext:
 
     def make_policy(self, seed: int, init_path: str | Path | None = None, role: str | None = None):
         """A full model (``role``: built from its base's settings, ``model.role_base``; None: ``model.*``)."""
-        from swarm_runtime.policy.bases import role_cfg
+        from swarm_runtime.bases import role_cfg
 
         factory = self.registry.get("policy_backends", self.cfg.model.backend)
         model = self.cfg.model if role is None else role_cfg(self.cfg.model, role)
@@ -377,9 +377,109 @@ def _find_resumable(cfg: DictConfig) -> Path:
     return found[-1]
 
 
+class RunFolder:
+    """The folder a run writes, and how the run starts in it: ``fresh`` (an empty or new folder),
+    ``overwrite`` (``overwrite=true``: the previous run's own files deleted first, :func:`clear_run`) or
+    ``resume`` (``resume=true``: the saved run continued from its latest checkpoint, or started again
+    as configured when it was killed before its first one)."""
+
+    def __init__(self, path: Path, mode: str, command: str = "run"):
+        self.path, self.mode, self.command = Path(path), mode, command
+        self.resume_from: Path | None = None  #: the checkpoint a resumed run continues from
+        self.extended = False  #: a resume changed ``algo.iterations`` (the saved config is rewritten)
+        self.restarted = False  #: a resume found no checkpoint: the run starts again, as configured
+
+    @classmethod
+    def pick(cls, cfg: DictConfig, command: str = "run") -> RunFolder:
+        """``run_dir`` if given; for ``resume=true`` without one, the newest run of this domain and task
+        that has a checkpoint; else a new timestamped folder under ``runs/``. Checked writable."""
+        mode = "resume" if cfg.resume else "overwrite" if cfg.get("overwrite") else "fresh"
+        if cfg.run_dir:
+            path = Path(cfg.run_dir)
+        elif mode == "resume":
+            path = _find_resumable(cfg)
+        else:
+            path = Path("runs") / f"{cfg.domain}-{cfg.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        check_run_dir(path)
+        return cls(path, mode, command)
+
+    def create(self) -> None:
+        """Make the folder (a resumed run's must exist already)."""
+        if self.mode == "resume" and not self.path.is_dir():
+            raise ConfigError(f"resume=true but run_dir {str(self.path)!r} does not exist")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"run_dir {str(self.path)!r} cannot be created: {exc.strerror}") from exc
+
+    def start(self, cfg: DictConfig, registry, args=()) -> DictConfig:
+        """Start the run in the (locked) folder; returns the run's config: ``cfg``, or for a resume the
+        saved one with the command line's allowed settings applied (:func:`refuse_resume_conflicts`).
+        Everything a start refuses is refused before anything in the folder is deleted or rewritten."""
+        runfiles.check_links(self.path)  # nothing below reads or writes through a link out of the folder
+        if self.mode == "resume":
+            cfg = self._resume(cfg, registry, args)
+        else:
+            refuse_fresh_start(self.path, overwrite=self.mode == "overwrite")  # overwrite: clears the old run
+            runfiles.start(self.path)
+        if self.resume_from is not None:
+            clean_spares(self.path)
+            truncate_metrics(self.path, load_state(self.resume_from))
+        elif (self.path / "metrics.jsonl").exists():
+            (self.path / "metrics.jsonl").unlink()  # a fresh start: no row of an earlier attempt survives
+        cfg.run_dir = str(self.path)
+        return cfg
+
+    def _resume(self, cfg: DictConfig, registry, args) -> DictConfig:
+        config = self.path / "config.yaml"
+        if not config.exists() and (self.path / "checkpoints").exists():
+            raise ConfigError(f"resume=true but {str(config)!r} is missing: the run's settings "
+                              "are lost, and resuming its checkpoints under other settings would be another run; "
+                              "restore the file, or start a new run in another run_dir")
+        saved, applied = None, []
+        if config.exists():
+            # Continue the run as it was configured; the command line picks the run, the machine, the
+            # display and (algo.iterations) how many updates to train in all. Any other change is
+            # refused here, before anything in the folder is repaired, cut or rewritten.
+            saved = load_saved(config, registry)
+            saved.resume, saved.run_dir = True, str(self.path)
+            applied = refuse_resume_conflicts(saved, args, config, also=("algo.iterations",))
+        self.resume_from = latest_checkpoint(self.path)
+        if self.resume_from is None and saved is None:
+            raise ConfigError(f"resume=true but {self.path} has no checkpoint to resume from")
+        self.restarted = self.resume_from is None  # killed before its first checkpoint: start again, as configured
+        if saved is not None:
+            self.extended = _apply_resume_overrides(saved, applied, self.resume_from)
+            validate(saved, registry)
+            distrust_saved_endpoints(saved, registry, args, config)
+            cfg = saved
+            check_hardware(cfg)
+        runfiles.start(self.path)
+        check_task(registry.domains[cfg.domain], cfg)
+        return cfg
+
+    def save_config(self, cfg: DictConfig) -> None:
+        """The resolved config, as ``config.yaml`` (``config.<command>.yaml`` for another command); a
+        resume keeps the saved one unless it trains longer (``algo.iterations``)."""
+        path = self.path / ("config.yaml" if self.command == "run" else f"config.{self.command}.yaml")
+        if self.extended or not (self.mode == "resume" and path.exists()):
+            save_config(cfg, path)
+
+    def log_to(self, level: str) -> None:
+        """Log to the terminal at ``level`` and, everything, to the folder's ``run.log``."""
+        logger.remove()
+        logger.add(sys.stderr, level=level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+        logger.add(runfiles.claim(self.path / "run.log"), level="DEBUG")
+        logger.info("run folder {}{}", self.path, f" (resuming from {self.resume_from.name})" if self.resume_from else "")
+        if self.restarted:
+            logger.warning("resume=true: {} has no checkpoint yet (killed before the first one); starting it again",
+                           self.path)
+
+
 def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) -> RunContext:
-    """Pick (or find, for ``resume=true``) the run folder, lock it, save the resolved config, set
-    up logging. ``args``: the command line; when a run is resumed, its :func:`resume_overrides` and
+    """Pick (or find, for ``resume=true``) the run folder, lock it, start the run in it
+    (:class:`RunFolder`: fresh, overwrite or resume), save the resolved config, set up logging.
+    ``args``: the command line; when a run is resumed, its :func:`resume_overrides` and
     ``algo.iterations`` (to train longer) apply and any other change is refused
     (:func:`refuse_resume_conflicts`). The lock (``ctx.lock``) is held until the
     process ends or :meth:`RunLock.release`."""
@@ -387,70 +487,16 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
 
     check_hardware(cfg)
     pin()  # the code's commit as it is now (results are stamped when the run ends)
-    resume_from, extended, restarted = None, False, False
-    if cfg.run_dir:
-        run_dir = Path(cfg.run_dir)
-    elif cfg.resume:
-        run_dir = _find_resumable(cfg)
-    else:
-        run_dir = Path("runs") / f"{cfg.domain}-{cfg.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    check_run_dir(run_dir)
-    if not cfg.resume:
+    folder = RunFolder.pick(cfg, command)
+    if folder.mode != "resume":
         check_task(registry.domains[cfg.domain], cfg)  # before anything is created
-    if cfg.resume and not run_dir.is_dir():
-        raise ConfigError(f"resume=true but run_dir {str(run_dir)!r} does not exist")
+    folder.create()
+    lock = RunLock(folder.path, command).acquire()
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"run_dir {str(run_dir)!r} cannot be created: {exc.strerror}") from exc
-    lock = RunLock(run_dir, command).acquire()
-    try:
-        runfiles.check_links(run_dir)  # nothing below reads or writes through a link out of the folder
-        if cfg.resume:
-            saved, applied = None, []
-            if not (run_dir / "config.yaml").exists() and (run_dir / "checkpoints").exists():
-                raise ConfigError(f"resume=true but {str(run_dir / 'config.yaml')!r} is missing: the run's settings "
-                                  "are lost, and resuming its checkpoints under other settings would be another run; "
-                                  "restore the file, or start a new run in another run_dir")
-            if (run_dir / "config.yaml").exists():
-                # Continue the run as it was configured; the command line picks the run, the machine, the
-                # display and (algo.iterations) how many updates to train in all. Any other change is
-                # refused here, before anything in the folder is repaired, cut or rewritten.
-                saved = load_saved(run_dir / "config.yaml", registry)
-                saved.resume, saved.run_dir = True, str(run_dir)
-                applied = refuse_resume_conflicts(saved, args, run_dir / "config.yaml", also=("algo.iterations",))
-            resume_from = latest_checkpoint(run_dir)
-            if resume_from is None and saved is None:
-                raise ConfigError(f"resume=true but {run_dir} has no checkpoint to resume from")
-            if resume_from is None:  # killed before its first checkpoint: start again, as configured
-                restarted = True
-            if saved is not None:
-                extended = _apply_resume_overrides(saved, applied, resume_from)
-                validate(saved, registry)
-                distrust_saved_endpoints(saved, registry, args, run_dir / "config.yaml")
-                cfg = saved
-                check_hardware(cfg)
-        else:
-            refuse_fresh_start(run_dir, bool(cfg.get("overwrite")))
-        runfiles.start(run_dir)
-        if cfg.resume:
-            check_task(registry.domains[cfg.domain], cfg)
-        if resume_from is not None:
-            clean_spares(run_dir)
-            truncate_metrics(run_dir, load_state(resume_from))
-        elif (run_dir / "metrics.jsonl").exists():
-            (run_dir / "metrics.jsonl").unlink()  # a fresh start: no row of an earlier attempt survives
-        cfg.run_dir = str(run_dir)
-        name = "config.yaml" if command == "run" else f"config.{command}.yaml"
-        if extended or not (cfg.resume and (run_dir / name).exists()):
-            save_config(cfg, run_dir / name)
+        cfg = folder.start(cfg, registry, args)
+        folder.save_config(cfg)
     except BaseException:
         lock.release()
         raise
-    logger.remove()
-    logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
-    logger.add(runfiles.claim(run_dir / "run.log"), level="DEBUG")
-    logger.info("run folder {}{}", run_dir, f" (resuming from {resume_from.name})" if resume_from else "")
-    if restarted:
-        logger.warning("resume=true: {} has no checkpoint yet (killed before the first one); starting it again", run_dir)
-    return RunContext(cfg, pm, registry, run_dir, resume_from, lock=lock)
+    folder.log_to(cfg.log_level)
+    return RunContext(cfg, pm, registry, folder.path, folder.resume_from, lock=lock)

@@ -1,29 +1,33 @@
 """Validation of every config key in one place, before anything is written or loaded.
 
-Two parts, both open to extension (other sections register theirs the same way):
+Two parts, both open to extension (a new section registers its own the same way):
 
 - :data:`RULES`: one :class:`Rule` per key (its type, range or choices, and what is valid, for the
-  message). ``register_rules(Rule(...), ...)`` adds or replaces rules of new keys.
-- :data:`CHECKS`: cross-key checks, ``fn(cfg, registry)`` raising :class:`ConfigError` (``registry``
-  is None when checking the command line before the plugins load; a check that needs it returns).
-  ``register_check(fn)`` adds one.
+  message): ``_rule("key", spec)`` entries in the table, or ``register_rules(Rule(...), ...)``.
+- :data:`CHECKS`: cross-key checks, ``fn(cfg, registry)`` raising :class:`ConfigError`, registered with
+  ``@register_check`` (``registry`` is None, or a light one of the domains only, when a command line is
+  checked before the plugins load; a check that needs more returns).
 
-:func:`validate` runs them all on a resolved (or a loaded run's) config; :func:`precheck` runs the
-rules of the keys given on the command line on their own, before the plugins (torch, transformers)
-are imported, so a bad value fails in a fraction of a second. Each error names the key, the bad
-value and what is valid.
+:func:`validate` runs them all on a resolved (or a loaded run's) config;
+:func:`swarm_runtime.config.precheck` runs the rules of the keys given on the command line on their own
+(:func:`check_key`), before the plugins (torch, transformers) are imported, so a bad value fails in a
+fraction of a second. Each error names the key, the bad value and what is valid.
+
+This module imports nothing of the config (:mod:`swarm_runtime.config` imports it): a section's defaults,
+where a check needs them, are those of the dataclass the config carries (:func:`_schema_default`).
 """
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from typing import Any, Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from swarm_runtime.config import ConfigError
+from swarm_runtime.errors import ConfigError
+from swarm_runtime.schemes import BID_REFERENCES, PAIR_WEIGHTS, check_rank
 
 #: Loguru levels (``log_level``).
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
@@ -121,17 +125,6 @@ def _rule(key, spec, **kw) -> Rule:
     return Rule(key, ok, valid, **kw)
 
 
-def _losses(name: str):
-    def get():
-        from swarm_runtime.train import losses  # torch: only in the full validation
-        return getattr(losses, name)
-    return get
-
-
-def _lazy_rule(key, get) -> Rule:
-    return Rule(key, lambda v: v in get(), lambda: "one of " + ", ".join(get()), lazy=True)
-
-
 def _lazy_ok(registry) -> bool:
     """Whether the lazy rules (which import torch) run: not in a :func:`precheck`."""
     return not getattr(registry, "light", False)
@@ -165,8 +158,7 @@ RULES: dict[str, Rule] = {r.key: r for r in [
     _rule("algo.branch_horizon", ints(1), nullable=True, null_means="to the end of the episode"),
     _rule("algo.bid_pairs", choices("selected", "both")),
     _rule("algo.kl_coef", floats(0.0)), _rule("algo.bid_beta", floats(0.0, lo_open=True)),
-    _lazy_rule("algo.bid_reference", _losses("BID_REFERENCES")),
-    _lazy_rule("algo.bid_pair_weight", _losses("PAIR_WEIGHTS")),
+    _rule("algo.bid_reference", choices(*BID_REFERENCES)), _rule("algo.bid_pair_weight", choices(*PAIR_WEIGHTS)),
     _rule("algo.common_random_numbers", BOOL),
     _rule("algo.reward_scale", floats(0.0, lo_open=True), nullable=True, null_means="task.reward_max"),
     _rule("algo.goa_responders", ints(1, 1000)),
@@ -299,6 +291,14 @@ def check_rule(rule: Rule, value) -> None:
         raise ConfigError(f"{rule.key}={_fmt(value)} is not valid: must be {valid}{null}")
 
 
+def check_key(cfg: DictConfig, key: str) -> None:
+    """``key``'s rule alone on ``cfg`` (a key without a rule, or with a lazy one, passes): the command
+    line's keys, each on its own, before the plugins load (:func:`swarm_runtime.config.precheck`)."""
+    rule = RULES.get(key)
+    if rule is not None and not rule.lazy:
+        check_rule(rule, _value(cfg, key))
+
+
 def _resolve_all(cfg: DictConfig, prefix: str = "") -> None:
     """Resolve every interpolation, so an unresolvable one is an error naming its key."""
     for k in list(cfg.keys()):
@@ -331,45 +331,6 @@ def validate(cfg: DictConfig, registry) -> None:
         check_rule(rule, value)
     for check in CHECKS:
         check(cfg, registry)
-
-
-def light_registry():
-    """A registry of the plugins' domains only: the registration hooks that import torch and
-    transformers (policy backends, algorithms) are not called. For :func:`precheck`."""
-    from swarm_runtime.plugins import Registry, make_plugin_manager
-
-    reg = Registry()
-    make_plugin_manager().hook.swarm_register_domains(register=lambda d: reg.domains.setdefault(d.name, d))
-    reg.light = True
-    return reg
-
-
-def precheck(args, resolve_with_domains: bool = True) -> None:
-    """Check a command line before the heavy plugins load: first the core keys given as
-    ``key=value``, each on its own; then (``resolve_with_domains``) the whole config resolved
-    with the domains only (task keys and cross-key checks), so a bad value fails in about a
-    second instead of after importing torch and transformers."""
-    _precheck_keys(args)
-    if resolve_with_domains:
-        from swarm_runtime.config import resolve
-
-        resolve(list(args), light_registry())
-
-
-def _precheck_keys(args) -> None:
-    from swarm_runtime.config import GROUPS, RunConfig, override
-
-    cfg = OmegaConf.structured(RunConfig)
-    for a in args or ():
-        k, eq, v = str(a).partition("=")
-        if not eq or k in GROUPS or k in ("checkpoint",) or k.startswith("task.") or "${" in v:
-            continue
-        if "." not in k and k not in cfg:
-            continue  # a bare task key (sim=habitat): the domain's
-        override(cfg, k, v)
-        rule = RULES.get(k)
-        if rule is not None and not rule.lazy:
-            check_rule(rule, _value(cfg, k))
 
 
 # ---------------------------------------------------------------- cross-key checks
@@ -451,6 +412,119 @@ def eval_split(cfg: DictConfig, registry) -> None:
                           f"seeds (task.eval_seeds.count); give at most {count} or null (all)")
 
 
+#: Splits a held-out evaluation may use (``eval.split``): ``eval`` for reported numbers, ``dev`` for tuning.
+EVAL_SPLITS = ("eval", "dev")
+#: ``model.adapter`` values.
+ADAPTERS = ("none", "lora")
+#: Attention implementations of a loaded checkpoint (``hardware.attention``).
+ATTENTION = ("sdpa", "flash_attention_2", "eager")
+
+
+def _schema_default(node) -> DictConfig | None:
+    """The defaults of a config section (its dataclass in :mod:`swarm_runtime.config`, which a resolved
+    or loaded config carries), or None for a section of no dataclass."""
+    kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    return OmegaConf.structured(kind) if kind is not None and is_dataclass(kind) else None
+
+
+@register_check
+def splits(cfg: DictConfig, registry) -> None:
+    """``eval.split`` (the task must define that split's seeds) and ``experiment.train_seeds``."""
+    if cfg.eval.split not in EVAL_SPLITS:
+        raise ConfigError(f"unknown eval.split {cfg.eval.split!r}; valid: {', '.join(EVAL_SPLITS)}")
+    if cfg.get("task") is not None and cfg.task.get(f"{cfg.eval.split}_seeds") is None:
+        raise ConfigError(f"eval.split={cfg.eval.split}, but task {cfg.task_name!r} of {cfg.domain!r} defines no "
+                          f"{cfg.eval.split}_seeds; valid here: "
+                          f"{', '.join(s for s in EVAL_SPLITS if cfg.task.get(f'{s}_seeds') is not None)}")
+    seeds = cfg.experiment.train_seeds
+    if seeds is not None and (not len(seeds) or len(set(int(s) for s in seeds)) != len(seeds)
+                              or any(int(s) < 0 for s in seeds)):
+        raise ConfigError(f"experiment.train_seeds {list(seeds)} must be distinct non-negative integers "
+                          "(or null: the run's seed alone)")
+
+
+@register_check
+def adapter(cfg: DictConfig, registry) -> None:
+    """``model.adapter``, ``model.lora.*`` and the hardware fields the memory plan and the adapters use
+    (issue 19). A ``target_modules`` name the model lacks is refused when the base is built
+    (:func:`swarm_runtime.policy.adapters.check_targets`), before any training."""
+    m, hw = cfg.model, cfg.hardware
+    adapter = m.adapter or "none"  # the command line's ``none`` arrives as null
+    if adapter not in ADAPTERS:
+        raise ConfigError(f"unknown model.adapter {m.adapter!r}; valid: {', '.join(ADAPTERS)}")
+    if (hw.local_adapter or "none") not in ADAPTERS:
+        raise ConfigError(f"unknown hardware.local_adapter {hw.local_adapter!r}; valid: {', '.join(ADAPTERS)}")
+    if adapter == "none":
+        default = _schema_default(m.lora)
+        changed = [f"model.lora.{k}={m.lora[k]}" for k in default or () if m.lora[k] != default[k]]
+        if changed:
+            raise ConfigError(f"{changed[0]} has no effect with model.adapter=none (full copies); set model.adapter=lora "
+                              f"or drop the model.lora.* options")
+    elif m.backend != "transformers":
+        raise ConfigError(f"model.adapter={adapter} needs model.backend=transformers (PEFT), got {m.backend!r}")
+    if hw.attention is not None and hw.attention not in ATTENTION:
+        raise ConfigError(f"unknown hardware.attention {hw.attention!r}; valid: {', '.join(ATTENTION)} (or null)")
+    if hw.attention == "flash_attention_2":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("hardware.attention=flash_attention_2 needs the flash-attn package (pip install flash-attn "
+                              "--no-build-isolation); or set hardware.attention=sdpa")
+    for key, value in (("hardware.dtype", hw.dtype), ("model.dtype", m.dtype)):
+        if value is not None and value not in DTYPES:
+            raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(DTYPES)}")
+
+
+@register_check
+def rlcr(cfg: DictConfig, registry) -> None:
+    """``rlcr.*`` beyond each key's own range: the limit's schedule grows; under ``algo.name=rlcr`` also
+    that the domain's concurrent env has an anytime return (``progress()``)."""
+    r = cfg.get("rlcr")
+    if r is None:
+        return
+    t = r.t_max
+    if float(t.end) < float(t.start):
+        raise ConfigError(f"rlcr.t_max.end must be >= rlcr.t_max.start ({t.start}), got {t.end}")
+    if cfg.algo.name != "rlcr" or registry is None or cfg.domain not in registry.domains:
+        return
+    if cfg.model.constrained_actions:
+        raise ConfigError("algo=rlcr: model.constrained_actions=true would forbid the messages (free text); "
+                          "set model.constrained_actions=false")
+    from swarm_runtime.env import close_env, has_progress
+
+    domain = registry.domains[cfg.domain]
+    try:
+        env = domain.concurrent_env(cfg.task)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"algo=rlcr: {cfg.domain} task {cfg.task_name}: {exc}") from exc
+    close_env(env)  # only the check
+    if not has_progress(env):
+        raise ConfigError(f"algo=rlcr needs an anytime return, but domain {cfg.domain!r} has no DomainEnv.progress() "
+                          f"(its concurrent env is {type(env).__name__}); docs/rlcr.md lists the domains that have one and "
+                          "how a domain opts in")
+
+
+def serve_roles(cfg: DictConfig, roles: list[str]) -> None:
+    """``serve.replicas`` per role and ``serve.agents`` (``ROLE=URL``) name the run's ``roles``."""
+    rep = cfg.serve.replicas
+    bad = [r for r in rep if r not in roles] if isinstance(rep, (dict, DictConfig)) else []
+    if bad:
+        raise ConfigError(f"serve.replicas.{bad[0]}: no role {bad[0]!r}; valid: {', '.join(roles)}")
+    for spec in cfg.serve.agents or []:
+        role, sep, url = str(spec).partition("=")
+        if not sep or role not in roles or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"serve.agents entry {spec!r} is not ROLE=URL with ROLE one of {', '.join(roles)} "
+                              "and an http(s) URL")
+
+
+@register_check
+def serve(cfg: DictConfig, registry) -> None:
+    """``serve.*`` against the domain's roles (:func:`serve_roles`; each key's range is its rule's)."""
+    domains = getattr(registry, "domains", None) or {}
+    if cfg.get("serve") is not None and cfg.get("domain") in domains:
+        serve_roles(cfg, [r.name for r in domains[cfg.domain].roles])
+
+
 #: Algorithms that train one model and build no per-role swarm, so they cannot honour ``model.adapter=lora``.
 ONE_MODEL_ALGOS = ("monolithic", "rlcr")  # one full model (RLCR: one policy shared by every agent)
 
@@ -471,10 +545,8 @@ def rlcr_only(cfg: DictConfig, registry) -> None:
     be silently ignored (as ``model.lora.*`` under ``model.adapter=none``), so it is refused."""
     if cfg.algo.name == "rlcr" or cfg.get("rlcr") is None:
         return
-    from swarm_runtime.config import RLCRConfig
-
-    default = OmegaConf.structured(RLCRConfig)
-    for key in _leaf_keys(default):
+    default = _schema_default(cfg.rlcr)
+    for key in _leaf_keys(default) if default is not None else ():
         now, was = OmegaConf.select(cfg.rlcr, key), OmegaConf.select(default, key)
         if _plain(now) != _plain(was):
             raise ConfigError(f"rlcr.{key}={_fmt(now)} has no effect with algo={cfg.algo.name} (only algo=rlcr reads "
@@ -573,8 +645,6 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
                           "(each role's LoRA adapter is reloaded into the server after every update; a full copy "
                           "cannot be swapped into a running vLLM server); valid: model.adapter=lora, or "
                           "rollout.engine=local")
-    from swarm_runtime.rollout.sync import check_rank
-
     check_rank(int(cfg.model.lora.rank))  # vLLM's --max-lora-rank choices
     if cfg.model.get("constrained_actions"):
         raise ConfigError(f"rollout.engine={r.engine} with model.constrained_actions=true is not supported yet; "
@@ -601,7 +671,7 @@ def model_bases(cfg: DictConfig, registry) -> None:
     ``rollout.urls`` (one server per base)."""
     from dataclasses import replace
 
-    from swarm_runtime.policy import bases as B
+    from swarm_runtime import bases as B
 
     domains = getattr(registry, "domains", {}) if registry is not None else {}
     domain = domains.get(cfg.get("domain")) if isinstance(cfg.get("domain"), str) else None

@@ -96,7 +96,7 @@ def test_baseline_coordinators_play_real_episodes_without_bids(ctx, name):
     assert all(len(info.proposals) == 3 for _, info in calls)
     assert all(info.proposals[t.winner] == t.action_text for (_, info), t in zip(calls, turns))
     # the scores are real per-token log-probs of the action models, and the pick follows the rule
-    for (_, info), t in zip(calls, turns):
+    for _, info in calls:
         assert info.scores and all(v < 0 for v in info.scores.values())
     if name == "graph_of_agents":
         assert all(len(info.scores) == 9 for _, info in calls)

@@ -54,7 +54,7 @@ def test_cli_refuses_a_bad_role_in_one_line(tmp_path):
 
 
 def test_defaults_name_no_base_and_roles_keep_model_settings(registry):
-    from swarm_runtime.policy import bases as B
+    from swarm_runtime import bases as B
 
     ctx = run_context(registry, *MC, *SMALL)
     m = ctx.cfg.model
@@ -91,7 +91,7 @@ def test_full_copies_build_each_role_from_its_base(registry):
 
 def test_memory_plan_counts_each_base_once(registry):
     from swarm_runtime.memory_plan import arch_of, make_plan
-    from swarm_runtime.policy.bases import role_cfg
+    from swarm_runtime.bases import role_cfg
 
     cfg = run_context(registry, *MC, *SMALL, "model.adapter=lora").cfg
     plan = dict((w, b) for w, b, _ in make_plan(cfg, 3, 3, vocab=100).rows)

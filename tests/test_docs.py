@@ -12,9 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 #: Top-level folders whose paths the docs name (``swarm_runtime/memory_plan.py``, ``tests/test_credit.py``).
-TOP = ("swarm_runtime", "domains", "tests", "benchmarks", "docs", "plugins", "configs", ".ci")
+TOP = ("swarm_runtime", "swarm_domains", "tests", "benchmarks", "docs", "swarm_plugins", "configs", ".ci")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*)" % "|".join(re.escape(t) for t in TOP))
+PATH = re.compile(r"(?<![\w./-])((?:{})/[\w./-]*)".format("|".join(re.escape(t) for t in TOP)))
 #: A Markdown file named by itself (``results.md``, ``DESIGN.md``): it must be one the repository has.
 MD_NAME = re.compile(r"(?<![\w./-])([\w-]+\.md)(?![\w/])")
 #: Files a run writes into its run folder, named by the docs as outputs.

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from conftest import TINY_RLCR, TINY_RUN, run_context
-from domains.minecraft.task import TaskSpec
-from domains.minecraft.world import CraftWorld
+from swarm_domains.minecraft.task import TaskSpec
+from swarm_domains.minecraft.world import CraftWorld
 from swarm_runtime.env import DomainEnv, EnvContractError, StepResult, ValidatedEnv, close_all
 from swarm_runtime.episode import make_env, new_slots, play
 from swarm_runtime.evaluate import evaluate
@@ -191,21 +191,22 @@ def test_evaluation_demos_and_rlcr_rollouts_close_their_envs(ctx, swarm_agents, 
 
 def test_the_run_checks_close_the_env_they_build(registry, monkeypatch):
     """A run builds one env to check its task (``run.check_task``) and, under ``algo=rlcr``, one concurrent env
-    to check for ``progress()`` (``config.validate_rlcr``); each is closed right after."""
-    from swarm_runtime.config import resolve, validate_rlcr
+    to check for ``progress()`` (``validation.rlcr``); each is closed right after."""
+    from swarm_runtime.config import resolve
     from swarm_runtime.run import check_task
+    from swarm_runtime.validation import rlcr
 
     _, reg = registry
     cfg = resolve(list(TINY_RLCR), reg)
     t = Tracker(monkeypatch, reg.domains["minecraft"])
     check_task(reg.domains["minecraft"], cfg)
-    validate_rlcr(cfg, reg)
+    rlcr(cfg, reg)
     assert len(t.made) == 2 and t.all_closed_once()
 
 
 CLOSE_AUDIT = textwrap.dedent("""
     import json, sys
-    from domains.minecraft import plugin
+    from swarm_domains.minecraft import plugin
     made, closes = [], {}
 
     def tracked(orig):

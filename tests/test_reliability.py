@@ -149,7 +149,7 @@ def test_corrupted_run_files_are_named(sweep, tmp_path):
         "rng-cut": (case("rc", lambda r, c: (cut(c / "rng.pt", 0.5), _set_phase(c, "rl"))), "rng.pt"),
         "weights-cut": (case("wr", lambda r, c: cut(c / "agents" / "Smith" / "model.safetensors", 0.3)), f"{tag}/agents"),
     }
-    for name, (run, needle) in runs.items():
+    for run, needle in runs.values():
         args = ["run", "resume=true", f"run_dir={run}", "algo.iterations=2"]
         _one_line_error(swarm(*args, cwd=tmp_path), needle)
     run = case("mc", lambda r, c: (r / "metrics.jsonl").write_text("{\"step\": 0, \"a\"\n" + (r / "metrics.jsonl").read_text()))

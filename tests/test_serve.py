@@ -456,14 +456,15 @@ def test_seed_carries_the_keyed_draw():
 
 
 def test_serve_config_errors_name_the_valid_values(registry):
-    from swarm_runtime.config import ConfigError, resolve, validate_serve
+    from swarm_runtime.config import ConfigError, resolve
+    from swarm_runtime.validation import serve_roles
 
     roles = ["Logger", "Miner", "Smith"]
     for args, words in ((["serve.replicas=-1"], ">= 0"), (["serve.agents=[Wizard=http://x]"], "Logger, Miner, Smith"),
                         (["serve.agents=[Smith=ftp://x]"], "http(s)"), (["serve.url=localhost:8000"], "http(s) URL"),
                         (["serve.bid_deadline_ms=0"], "at least 1")):
         with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
-            validate_serve(resolve(RUN_ARGS + args, registry[1]), roles)  # ranges: resolve; roles: validate_serve
+            resolve(RUN_ARGS + args, registry[1])  # ranges and roles: every command validates serve.*
     cfg = resolve(RUN_ARGS, registry[1])
     cfg.serve.replicas = {"Smith": 6, "Logger": 0}
-    validate_serve(cfg, roles)
+    serve_roles(cfg, roles)

@@ -151,7 +151,7 @@ def test_no_write_follows_a_link_out_of_the_run_folder(runs, tmp_path):
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda c: swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3",
                                                 cwd=tmp_path), cases))
-    for (run, name), res in zip(cases, results):
+    for (_, name), res in zip(cases, results):
         _error(res, name, "outside the run folder")
     assert victim.read_text() == "precious\n" * 5
 

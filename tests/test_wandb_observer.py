@@ -1,4 +1,4 @@
-"""The shipped cross-cutting plugin (plugins/wandb_observer.py) and plugin load errors.
+"""The shipped cross-cutting plugin (swarm_plugins/wandb_observer.py) and plugin load errors.
 
 With the ``wandb`` extra installed, a real tiny ``swarm run`` is mirrored to an offline W&B run
 (``WANDB_MODE=offline``: no network); without it, the W&B test is skipped and the observer's
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import TINY_RUN
-from plugins import wandb_observer
+from swarm_plugins import wandb_observer
 from swarm_runtime import plugins as plugin_mod
 
 

@@ -51,7 +51,7 @@ TRAINED_BASE_RE = re.compile(r"\.\./\.\./base(-[A-Za-z0-9_-]{1,40})?")
 
 def trained_base_dir(name: str) -> str:
     """The pointer to base ``name``'s trained copy from an adapter folder (``../../base`` for ``default``)."""
-    from swarm_runtime.policy.bases import base_dir
+    from swarm_runtime.bases import base_dir
 
     return f"../../{base_dir(name)}"
 #: The architecture fields of a config-built base that must match the configured model.
@@ -576,7 +576,7 @@ def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: S
     """One base per distinct base (``model.*``, and each ``model.bases`` name ``model.role_base`` uses) + one
     LoRA adapter per role on its base: ``{role: AdapterPolicy}``. ``init_dir``: a checkpoint's ``agents/``
     folder (each ``<role>/`` a PEFT adapter with its base pointer)."""
-    from swarm_runtime.policy import bases as B
+    from swarm_runtime import bases as B
 
     seed_of = dict(zip(roles, seeds))
     out: dict[str, AdapterPolicy] = {}
@@ -656,7 +656,7 @@ def sft_shared_base(policies: dict, demos: dict, run_sft, seed: int) -> dict[str
     the union of its roles' demonstrations (every role's, with one base), then freeze it;
     ``run_sft(policy, examples)`` runs :func:`swarm_runtime.train.sft.sft`. The metrics of each base
     trained, by its checkpoint folder name (``base``, ``base-NAME``); a loaded checkpoint is kept frozen."""
-    from swarm_runtime.policy.bases import base_dir
+    from swarm_runtime.bases import base_dir
 
     by_base: dict[int, tuple] = {}
     for role, p in policies.items():

@@ -60,7 +60,7 @@ def rlcr_teams(x):
             for r in attempts:  # ordered run-major: attempt j of every seed, j = 0 .. runs * k - 1
                 best.setdefault(r.seed, []).append(r.progress)
             per_seed = []
-            for s, vals in best.items():
+            for vals in best.values():
                 groups = [max(vals[j * k:(j + 1) * k]) for j in range(runs)]
                 per_seed.append(sum(groups) / len(groups))
             bm, bse = mean_se(per_seed)

@@ -115,6 +115,8 @@ class RLCRTrainer(PhasedTrainer):
 
     label = "RLCR"
     rl_name = "RLCR"
+    evaluate_checkpoint = staticmethod(evaluate_checkpoint)  #: ``swarm eval`` of its checkpoints (cli.py asks for it)
+    eval_measure = "return at T_max"  #: what that evaluation's table shows
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:

@@ -5,12 +5,15 @@ the models, yields a :class:`Batch` of requests (all the bids of a turn across e
 or all the actions) and is sent back the answers in the rows' order. The strategy never calls a
 model, so the same strategy runs over any sampler (in process, an OpenAI-compatible server, vLLM)
 and any driver: :meth:`TurnEngine.run` answers each batch with one sampler call;
-:meth:`TurnEngine.arun` awaits an async answerer (a gateway asking agents over HTTP).
+:meth:`TurnEngine.arun` awaits an async answerer (``swarm serve``'s gateway asking its agents over HTTP:
+:class:`swarm_runtime.serve.engine.TurnAnswerer`).
 
 Strategies: the auction (:class:`swarm_runtime.episode.AuctionTurns`: every turn all present agents
 bid, the coordinator picks, the winner acts; training rollouts, counterfactual branches and held-out
-evaluation) and the wall clock (:class:`swarm_runtime.rlcr.loop.ClockTurns`: every agent acts as soon
-as its last action completed, against simulated time; ``algo=rlcr``).
+evaluation), the served auction (:class:`swarm_runtime.serve.turns.ServedTurns`: one turn of one
+episode of ``swarm serve``, the agents that are up bid, a failed winner's bid is withdrawn and the
+coordinator picks again) and the wall clock (:class:`swarm_runtime.rlcr.loop.ClockTurns`: every agent
+acts as soon as its last action completed, against simulated time; ``algo=rlcr``).
 """
 from __future__ import annotations
 
@@ -40,9 +43,10 @@ Rounds = Generator[Batch, list, Any]
 
 
 class TurnEngine:
-    """Drives a strategy's rounds over a sampler."""
+    """Drives a strategy's rounds over a sampler (:meth:`run`) or an async answerer (:meth:`arun`; no
+    sampler needed)."""
 
-    def __init__(self, sampler: Sampler):
+    def __init__(self, sampler: Sampler | None = None):
         self.sampler = sampler
         self.batches = 0  #: batches answered (model calls, per kind and sampler)
         self.rows = 0  #: rows answered
@@ -65,13 +69,20 @@ class TurnEngine:
                 return stop.value
             answers = self.answer(batch)
 
-    @staticmethod
-    async def arun(rounds: Rounds, answer: Callable[[Batch], Awaitable[list]]):
-        """:meth:`run` with an async ``answer(batch)`` (rows it could not answer come back as None)."""
+    async def arun(self, rounds: Rounds, answer: Callable[[Batch], Awaitable[list]]):
+        """:meth:`run` with an async ``answer(batch)`` (rows it could not answer come back as None),
+        counted as :meth:`answer` counts."""
         answers = None
         while True:
             try:
                 batch = rounds.send(answers)
             except StopIteration as stop:
                 return stop.value
-            answers = await answer(batch) if batch.rows else []
+            if not batch.rows:
+                answers = []
+                continue
+            self.batches += 1
+            self.rows += len(batch.rows)
+            answers = list(await answer(batch))
+            if len(answers) != len(batch.rows):
+                raise RuntimeError(f"the answerer gave {len(answers)} answers to {len(batch.rows)} {batch.kind} rows")

@@ -14,21 +14,14 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from swarm_runtime.config import ConfigError
 from swarm_runtime.rollout.http import Client, EngineError, HTTPStatusError
+from swarm_runtime.schemes import check_rank
 
-#: LoRA ranks vLLM allows (``--max-lora-rank`` choices: ``vllm/config/lora.py``).
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def version_name(model: str, version: int) -> str:
     """The served name of ``model``'s weights after ``version`` updates: ``Smith@v12``."""
     return f"{model}@v{int(version)}"
-
-
-def check_rank(rank: int, where: str = "model.lora.rank") -> None:
-    if int(rank) not in VLLM_RANKS:
-        raise ConfigError(f"{where}={rank} is not a LoRA rank vLLM allows; valid: {', '.join(map(str, VLLM_RANKS))}")
 
 
 def adapter_rank(folder: Path) -> int:

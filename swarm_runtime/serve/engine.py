@@ -1,13 +1,16 @@
-"""One served episode, turn by turn: the core's episode loop (:func:`swarm_runtime.episode.play`) with
-agents behind HTTP.
+"""One served episode, turn by turn, on the core's turn engine (docs/engine.md) with agents behind HTTP.
 
-Each turn every agent that is up gets its bid prompt (the domain's), concurrently; those that answer
-within ``bid_deadline`` bid, the others are absent (``None``, as a dropped-out agent in process).
-The run's coordinator picks the winner with the same keyed randomness as in process; the winner's
-action prompt goes to its worker; if that fails, its bid is withdrawn and the coordinator picks
-again (the runner-up). The records are the core's :class:`~swarm_runtime.episode.Episode` /
-:class:`~swarm_runtime.episode.Turn`, so credit and summaries are computed by the same functions.
-An episode fails only when no agent is up for ``agent_wait`` seconds (:class:`NoAgentsLeft`).
+Each turn is the :class:`~swarm_runtime.serve.turns.ServedTurns` strategy run by
+:meth:`TurnEngine.arun <swarm_runtime.rollout.engine.TurnEngine.arun>`; this module is its transport,
+the async answerer :class:`TurnAnswerer`. Every agent that is up gets its bid prompt (the domain's),
+concurrently; those that answer within ``bid_deadline`` bid, the others are absent (``None``, as a
+dropped-out agent in process). The run's coordinator picks the winner with the same keyed randomness
+as in process; the winner's action prompt goes to its worker; if that fails, its bid is withdrawn and
+the coordinator picks again (the runner-up). A server-side episode's env steps as in process
+(:func:`swarm_runtime.episode.step_turn`). The records are the core's
+:class:`~swarm_runtime.episode.Episode` / :class:`~swarm_runtime.episode.Turn`, so credit and summaries
+are computed by the same functions. An episode fails only when no agent is up for ``agent_wait``
+seconds (:class:`NoAgentsLeft`).
 """
 from __future__ import annotations
 
@@ -21,15 +24,16 @@ from typing import Any, Callable
 
 from loguru import logger
 
-from swarm_runtime.auction import AuctionResult
 from swarm_runtime.credit import fold_skipped_rewards
-from swarm_runtime.domain import Event
-from swarm_runtime.episode import Episode, Turn
-from swarm_runtime.policy import noise as keyed
+from swarm_runtime.episode import Episode, Turn, finish_episode, step_turn
+from swarm_runtime.policy.base import Bid, Response
 from swarm_runtime.policy.tokenizer import bid_token
 from swarm_runtime.policy.transformers_backend import parse_bid
+from swarm_runtime.rollout.base import Row
+from swarm_runtime.rollout.engine import Batch, TurnEngine
 from swarm_runtime.serve.population import AgentHandle, Population
 from swarm_runtime.serve.protocol import seed_for
+from swarm_runtime.serve.turns import ServedTurn, ServedTurns
 
 
 class NoAgentsLeft(RuntimeError):
@@ -147,46 +151,110 @@ class AgentClients:
             await p.aclose()
 
 
+class TurnAnswerer:
+    """The async answerer of one served turn's batches (:meth:`TurnEngine.arun
+    <swarm_runtime.rollout.engine.TurnEngine.arun>`): each row goes to its agent's worker
+    (``row.context``) as an OpenAI completion with the row's keyed ``seed``.
+
+    Bids: every row at once; those not answered within ``bid_deadline`` are cancelled and answered
+    ``None`` (a missed bid: counted, and the agent marked down after ``drop_after_misses`` in a row), as
+    are those whose request failed (counted as a failure, the agent marked down). Actions: a failed
+    request is ``None`` (counted as a failure and a failover, the agent marked down). Keeps the
+    workers' reported compute on the critical path: the slowest answered bid plus the action."""
+
+    def __init__(self, engine: "Engine", ep: ServedEpisode):
+        self.engine, self.ep = engine, ep
+        #: the episode's own sampling temperature, else the run's
+        self.temperature = float(engine.opts.temperature if ep.temperature is None else ep.temperature)
+        self.bid_compute = 0.0  #: seconds: the slowest answered bid's compute
+        self.act_compute = 0.0  #: seconds: the answered action's compute
+
+    async def __call__(self, batch: Batch) -> list:
+        return await (self.bids(batch.rows) if batch.kind == "bid" else self.acts(batch.rows))
+
+    async def _post(self, row: Row, body: dict, timeout: float) -> tuple[str, float]:
+        a: AgentHandle = row.context
+        body = {"model": a.model_id, "prompt": row.prompt, "temperature": self.temperature,
+                "seed": seed_for(*row.key), **body}
+        a.inflight += 1
+        try:
+            answer, headers = await self.engine.client.post_json(a.url, "/v1/completions", body, timeout)
+            ms = float(headers.get("x-swarm-compute-ms", 0.0))
+            return answer["choices"][0]["text"], ms / 1000
+        finally:
+            a.inflight -= 1
+
+    async def _bid(self, row: Row) -> tuple[Bid, float]:
+        opts = self.engine.opts
+        if opts.bid_mode == "logits":
+            body = {"max_tokens": 1, **choice(self.engine.bid_texts)}
+        else:
+            body = {"max_tokens": opts.max_bid_tokens, "swarm_kind": "bid"}
+        text, compute = await self._post(row, body, opts.bid_deadline_s)
+        level, parsed = parse_bid(text, opts.bid_levels)
+        return Bid(text, None, level=level, parsed=parsed), compute
+
+    async def bids(self, rows: list[Row]) -> list[Bid | None]:
+        eng = self.engine
+        tasks = [asyncio.ensure_future(self._bid(row)) for row in rows]
+        done, pending = await asyncio.wait(tasks, timeout=eng.opts.bid_deadline_s)
+        for task in pending:
+            task.cancel()
+        answers: list[Bid | None] = []
+        for task, row in zip(tasks, rows):
+            a: AgentHandle = row.context
+            if task in done and task.exception() is None:
+                bid, compute = task.result()
+                answers.append(bid)
+                self.bid_compute = max(self.bid_compute, compute)
+                a.misses = 0
+                continue
+            answers.append(None)
+            with eng.metrics.lock:
+                eng.metrics.missed_bids[a.name] += 1
+            if task in pending:
+                eng.pop.note_miss(a)
+            else:
+                with eng.metrics.lock:
+                    eng.metrics.failures[(a.name, "bid")] += 1
+                eng.pop.mark_down(a, f"bid request failed: {type(task.exception()).__name__}: {task.exception()}")
+        return answers
+
+    async def acts(self, rows: list[Row]) -> list[Response | None]:
+        return [await self._act(row) for row in rows]
+
+    async def _act(self, row: Row) -> Response | None:
+        eng, a = self.engine, row.context
+        body = {"max_tokens": eng.opts.max_action_tokens}
+        if eng.opts.constrained_actions:
+            choices = eng.domain.action_choices(self.ep.task, a.role)
+            if choices:
+                body.update(choice(list(choices)))
+        try:
+            text, self.act_compute = await self._post(row, body, eng.opts.action_timeout_s)
+            return Response(text, None)
+        except Exception as exc:  # the winner failed mid-action: the strategy hands the turn to the next bidder
+            with eng.metrics.lock:
+                eng.metrics.failures[(a.name, "action")] += 1
+                eng.metrics.failovers += 1
+            eng.pop.mark_down(a, f"action request failed: {type(exc).__name__}: {exc}")
+            logger.warning("episode {} turn {}: {} failed to act ({}); next bidder", self.ep.id, self.ep.t, a.name,
+                           type(exc).__name__)
+            return None
+
+
 class Engine:
+    """The gateway's episodes: each turn is the :class:`~swarm_runtime.serve.turns.ServedTurns` strategy
+    run by :attr:`turns` (a :class:`~swarm_runtime.rollout.engine.TurnEngine`) with a :class:`TurnAnswerer`."""
+
     def __init__(self, domain, coordinator, population: Population, client, opts: EngineOptions, metrics,
                  credit_fn: Callable):
         """``client``: the :class:`AgentClients` the agents' requests go through."""
         self.domain, self.coordinator, self.pop, self.client = domain, coordinator, population, client
         self.opts, self.metrics, self.credit_fn = opts, metrics, credit_fn
         self.bid_texts = [bid_token(b) for b in opts.bid_levels]
-
-    # ------------------------------------------------------------------ requests
-    async def _post(self, a: AgentHandle, body: dict, timeout: float) -> tuple[str, float]:
-        a.inflight += 1
-        try:
-            answer, headers = await self.client.post_json(a.url, "/v1/completions", {"model": a.model_id, **body},
-                                                          timeout)
-            ms = float(headers.get("x-swarm-compute-ms", 0.0))
-            return answer["choices"][0]["text"], ms / 1000
-        finally:
-            a.inflight -= 1
-
-    def _temperature(self, ep: ServedEpisode) -> float:
-        return float(self.opts.temperature if ep.temperature is None else ep.temperature)
-
-    async def _bid(self, ep: ServedEpisode, a: AgentHandle, prompt: str):
-        body = {"prompt": prompt, "temperature": self._temperature(ep), "seed": seed_for(ep.noise, ep.t, a.index, keyed.BID)}
-        if self.opts.bid_mode == "logits":
-            body.update(max_tokens=1, **choice(self.bid_texts))
-        else:
-            body.update(max_tokens=self.opts.max_bid_tokens, swarm_kind="bid")
-        text, compute = await self._post(a, body, self.opts.bid_deadline_s)
-        level, parsed = parse_bid(text, self.opts.bid_levels)
-        return level, parsed, compute
-
-    async def _act(self, ep: ServedEpisode, a: AgentHandle, prompt: str) -> tuple[str, float]:
-        body = {"prompt": prompt, "temperature": self._temperature(ep), "max_tokens": self.opts.max_action_tokens,
-                "seed": seed_for(ep.noise, ep.t, a.index, keyed.ACTION)}
-        if self.opts.constrained_actions:
-            choices = self.domain.action_choices(ep.task, a.role)
-            if choices:
-                body.update(choice(list(choices)))
-        return await self._post(a, body, self.opts.action_timeout_s)
+        self.strategy = ServedTurns(domain, coordinator, opts.bid_levels)
+        self.turns = TurnEngine()  #: counts the batches (and rows) every served turn asked for
 
     # ------------------------------------------------------------------ one turn
     async def _bidders(self) -> list[AgentHandle]:
@@ -202,70 +270,28 @@ class Engine:
             await asyncio.sleep(0.05)
 
     async def decide(self, ep: ServedEpisode, observation: str) -> tuple[Turn, dict]:
-        """Bids, auction and the winner's action for ``ep``'s turn ``ep.t`` (the log is not touched)."""
+        """Bids, auction and the winner's action for ``ep``'s turn ``ep.t`` (the log is not touched): the
+        :class:`~swarm_runtime.serve.turns.ServedTurns` strategy on the turn engine, answered over HTTP."""
         up = await self._bidders()
         t0 = time.perf_counter()
-        n = len(self.pop.agents)
-        bids: list = [None] * n
-        prompts: list = [None] * n
-        for a in up:
-            prompts[a.index] = self.domain.bid_prompt(a.role, observation, ep.log)
-        tasks = {asyncio.ensure_future(self._bid(ep, a, prompts[a.index])): a for a in up}
-        done, pending = await asyncio.wait(tasks, timeout=self.opts.bid_deadline_s)
-        for task in pending:
-            task.cancel()
-        missed, bid_compute = [], 0.0
-        for task, a in tasks.items():
-            if task in done and task.exception() is None:
-                level, parsed, compute = task.result()
-                bids[a.index] = level
-                ep.episode.unparsed_bids += int(not parsed)
-                bid_compute = max(bid_compute, compute)
-                a.misses = 0
-                continue
-            missed.append(a.name)
-            with self.metrics.lock:
-                self.metrics.missed_bids[a.name] += 1
-            if task in pending:
-                self.pop.note_miss(a)
-            else:
-                with self.metrics.lock:
-                    self.metrics.failures[(a.name, "bid")] += 1
-                self.pop.mark_down(a, f"bid request failed: {type(task.exception()).__name__}: {task.exception()}")
-        rng = random.Random(keyed.key_hash(ep.noise, ep.t, keyed.COORDINATOR))
-        live = list(bids)
-        res: AuctionResult = self.coordinator.select(live, rng, ep.t)
-        failed, action, act_compute, action_prompt = [], "", 0.0, None
-        while res.winner is not None:
-            a = self.pop.agents[res.winner]
-            action_prompt = self.domain.action_prompt(a.role, observation, ep.log)
-            try:
-                action, act_compute = await self._act(ep, a, action_prompt)
-                break
-            except Exception as exc:  # the winner failed mid-action: the turn goes to the next bidder
-                failed.append(a.name)
-                with self.metrics.lock:
-                    self.metrics.failures[(a.name, "action")] += 1
-                    self.metrics.failovers += 1
-                self.pop.mark_down(a, f"action request failed: {type(exc).__name__}: {exc}")
-                logger.warning("episode {} turn {}: {} failed to act ({}); next bidder", ep.id, ep.t, a.name,
-                               type(exc).__name__)
-                live[res.winner] = None
-                res = self.coordinator.select(live, rng, ep.t)
-                action_prompt = None
+        answerer = TurnAnswerer(self, ep)
+        rounds = self.strategy.rounds(ep.episode, ep.t, ep.log, observation, list(self.pop.agents), up)
+        out: ServedTurn = await self.turns.arun(rounds, answerer)
         latency = time.perf_counter() - t0
-        turn = Turn(ep.t, bids, [None] * n, prompts, res, action_prompt=action_prompt, action_text=action)
-        winner = self.pop.agents[res.winner] if res.winner is not None else None
-        record = {"t": ep.t, "bids": {self.pop.agents[i].name: b for i, b in enumerate(bids) if b is not None},
-                  "missed": missed, "failed": failed, "agent": winner.name if winner else None,
-                  "role": winner.role if winner else None, "bid": res.winning_bid if winner else None,
-                  "action": action if winner else None, "latency_ms": round(latency * 1000, 3),
-                  "compute_ms": round((bid_compute + act_compute) * 1000, 3)}
+        turn, res = out.turn, out.turn.auction
+        agents = self.pop.agents
+        winner = agents[res.winner] if res.winner is not None else None
+        compute = answerer.bid_compute + answerer.act_compute
+        record = {"t": ep.t, "bids": {agents[i].name: b for i, b in enumerate(turn.bids) if b is not None},
+                  "missed": [agents[i].name for i in out.missed], "failed": [agents[i].name for i in out.failed],
+                  "agent": winner.name if winner else None, "role": winner.role if winner else None,
+                  "bid": res.winning_bid if winner else None, "action": turn.action_text if winner else None,
+                  "latency_ms": round(latency * 1000, 3), "compute_ms": round(compute * 1000, 3)}
         with self.metrics.lock:
             self.metrics.turns += 1
             self.metrics.skipped_turns += int(winner is None)
             self.metrics.turn_latency.observe(latency)
-            self.metrics.overhead.observe(max(0.0, latency - bid_compute - act_compute))
+            self.metrics.overhead.observe(max(0.0, latency - compute))
         return turn, record
 
     # ------------------------------------------------------------------ bookkeeping
@@ -276,26 +302,19 @@ class Engine:
         ep.last_used = time.monotonic()
 
     async def play(self, ep: ServedEpisode, on_turn: Callable | None = None) -> ServedEpisode:
-        """Play a server-side episode to the end (env done or ``max_decisions``)."""
+        """Play a server-side episode to the end (env done or ``max_decisions``): each turn decided on the
+        turn engine, then settled as in process (:func:`swarm_runtime.episode.step_turn`)."""
         env = ep.env
         while True:
             turn, rec = await self.decide(ep, env.observation())
-            if turn.winner is not None:
-                a = self.pop.agents[turn.winner]
-                res = env.step(turn.action_text, a.role)
-                turn.reward, turn.valid = float(res.reward), res.valid
-                ep.episode.invalid_actions += int(not res.valid)
-                ep.episode.reward_missing |= bool(res.info.get("reward_missing", False))
-                ep.log.append(Event(ep.t, a.role, turn.action_text, res.valid, turn.reward))
-            else:
-                ep.log.append(Event(ep.t, None, ""))
+            role = self.pop.agents[turn.winner].role if turn.winner is not None else None
+            step_turn(env, ep.episode, ep.log, turn, role, role)
             rec.update(reward=turn.reward, valid=turn.valid)
             self.record(ep, turn, rec)
             if on_turn is not None:
                 await on_turn(rec)
             if env.done or ep.t >= ep.max_decisions:
-                ep.episode.reward = sum(t.reward for t in ep.episode.turns)
-                ep.episode.metrics = dict(env.metrics())
+                finish_episode(ep.episode, env)
                 ep.status = "done"
                 return ep
 

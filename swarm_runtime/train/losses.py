@@ -6,6 +6,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from swarm_runtime.schemes import PAIR_WEIGHTS
+
 
 def per_agent_advantages(credit: Sequence[float], agent_ids: Sequence[int]) -> list[float]:
     """``A_k = c_k - mean_i``, where ``mean_i`` is the mean credit of agent i over its turns in the batch."""
@@ -65,10 +67,4 @@ def pair_weights(margins: Sequence[float], scheme: str) -> list[float]:
     return [x / mean for x in m] if mean > 0 else [1.0] * len(m)
 
 
-#: Schemes of :func:`pair_weights` (``algo.bid_pair_weight``).
-PAIR_WEIGHTS = ("uniform", "margin")
-
-#: What the Bradley-Terry log-odds are measured against (``algo.bid_reference``): ``none`` (the
-#: paper) or ``sft`` (the policies at the start of RL, ``checkpoints/sft``; DPO form).
-BID_REFERENCES = ("none", "sft")
 

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from swarm_runtime.masters import master_weights, restore_master_weights  # noqa: F401 (their home before swarm_runtime.masters)
+
 #: Parameter dtypes whose optimizer steps go through an fp32 master copy.
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -24,21 +26,6 @@ def master_weight(p: torch.Tensor) -> torch.Tensor:
         if bool(drift.any()):
             m[drift] = p.detach()[drift].float()
     return m
-
-
-def master_weights(params) -> list[torch.Tensor | None] | None:
-    """The fp32 masters of ``params`` (None where a parameter has none), for a checkpoint; None
-    when no parameter has one."""
-    masters = [getattr(p, "_swarm_master", None) for p in params]
-    return masters if any(m is not None for m in masters) else None
-
-
-def restore_master_weights(params, saved) -> None:
-    """Copy checkpointed masters into the live ones (in place: the optimizers hold them), so a
-    resumed run keeps the sub-bf16 progress the rounded weights in the checkpoint do not show."""
-    for p, m in zip(params, saved or []):
-        if m is not None and getattr(p, "_swarm_master", None) is not None:
-            p._swarm_master.copy_(m)
 
 
 class MasterWeightAdamW(torch.optim.AdamW):

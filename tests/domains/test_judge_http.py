@@ -16,7 +16,7 @@ from loguru import logger
 
 pytest.importorskip("openai")
 
-from domains.openresearcher.judge import DEFAULT_MODEL, LLMJudge, make_judge, parse_grade  # noqa: E402
+from swarm_domains.openresearcher.judge import DEFAULT_MODEL, LLMJudge, make_judge, parse_grade  # noqa: E402
 
 KEY = "sk-test-secret-0123456789"
 SLOW_S, TIMEOUT_S = 1.0, 0.25
@@ -206,7 +206,7 @@ def test_key_and_base_url_from_the_environment(server, monkeypatch):
 def test_env_with_llm_judge(server, tmp_path):
     """An episode graded over HTTP: the expert's answer earns 1; when the grader is
     down the terminal step says reward_missing and pays 0, and nothing is invented."""
-    from domains.openresearcher.plugin import OpenResearcherDomain
+    from swarm_domains.openresearcher.plugin import OpenResearcherDomain
 
     d = OpenResearcherDomain()
     cfg = d.task_config("embedded")

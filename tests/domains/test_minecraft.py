@@ -7,15 +7,15 @@ from importlib.metadata import entry_points
 import pytest
 from omegaconf import OmegaConf
 
-from domains.minecraft import plugin as mc_plugin
-from domains.minecraft import world
-from domains.minecraft.expert import layout_aware_instruction, next_instruction
-from domains.minecraft.instructions import INSTRUCTIONS, OWNER, parse
-from domains.minecraft.minestudio import (
+from swarm_domains.minecraft import plugin as mc_plugin
+from swarm_domains.minecraft import world
+from swarm_domains.minecraft.expert import layout_aware_instruction, next_instruction
+from swarm_domains.minecraft.instructions import INSTRUCTIONS, OWNER, parse
+from swarm_domains.minecraft.minestudio import (
     INSTALL_HINT, craft_commands, domain_inventory, mc_inventory, replay_plan, reward_config,
 )
-from domains.minecraft.plugin import MinecraftDomain
-from domains.minecraft.recipes import DEFAULT_REWARDS, prerequisites, raw_needs
+from swarm_domains.minecraft.plugin import MinecraftDomain
+from swarm_domains.minecraft.recipes import DEFAULT_REWARDS, prerequisites, raw_needs
 from swarm_runtime.plugins import build_registry, make_plugin_manager
 from swarm_runtime.testing import check_domain
 
@@ -333,7 +333,7 @@ def test_entry_point_points_at_the_plugin():
     eps = {e.name: e.value for e in entry_points(group="swarm_runtime")}
     if "minecraft" not in eps:
         pytest.skip("swarm-runtime is not installed (no entry points)")
-    assert eps["minecraft"] == "domains.minecraft.plugin"
+    assert eps["minecraft"] == "swarm_domains.minecraft.plugin"
 
 
 # ---------------------------------------------------------------- MineStudio adapter (no simulator)

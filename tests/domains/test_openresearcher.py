@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from domains.openresearcher.browser import BROWSER_WORDS, Browser
-from domains.openresearcher.corpus import (Corpus, Document, load_corpus, load_questions, render_lines,
+from swarm_domains.openresearcher.browser import BROWSER_WORDS, Browser
+from swarm_domains.openresearcher.corpus import (Corpus, Document, load_corpus, load_questions, render_lines,
                                            split_front_matter, split_questions)
-from domains.openresearcher.encyclopedia import Encyclopedia, vocabulary as enc_vocabulary
-from domains.openresearcher.env import parse_action
-from domains.openresearcher.judge import ExactJudge, Grade, make_judge, normalize_answer, token_f1
-from domains.openresearcher.plugin import OpenResearcherDomain
-from domains.openresearcher.search import build_index, cache_key
+from swarm_domains.openresearcher.encyclopedia import Encyclopedia, vocabulary as enc_vocabulary
+from swarm_domains.openresearcher.env import parse_action
+from swarm_domains.openresearcher.judge import ExactJudge, Grade, make_judge, normalize_answer, token_f1
+from swarm_domains.openresearcher.plugin import OpenResearcherDomain
+from swarm_domains.openresearcher.search import build_index, cache_key
 from swarm_runtime.policy.tokenizer import build_tokenizer, split_words, unknown_words
 from swarm_runtime.testing import check_domain, check_splits
 
@@ -569,7 +569,7 @@ def test_dev_split_is_disjoint_and_leaves_train_eval_and_corpus_unchanged(domain
     """The dev questions (tuning) come from templates no train or eval question uses, over the
     same corpus: the train and eval questions and the documents are those of a world without
     them (so the default run and its documented figures do not change)."""
-    from domains.openresearcher.encyclopedia import DEV_TEMPLATES, TEMPLATES
+    from swarm_domains.openresearcher.encyclopedia import DEV_TEMPLATES, TEMPLATES
 
     with_dev = Encyclopedia(seed=0, dev_questions=50)
     assert with_dev.train_questions == enc.train_questions and with_dev.eval_questions == enc.eval_questions

@@ -15,15 +15,15 @@ from swarm_runtime.domain import Event
 from swarm_runtime.policy.tokenizer import build_tokenizer, split_words, unknown_words
 from swarm_runtime.testing import check_domain
 
-from domains.vln_ce import actions as A
-from domains.vln_ce import metrics as M
-from domains.vln_ce import plugin
-from domains.vln_ce.config import EmbeddedConfig, HabitatConfig, VLNConfigError
-from domains.vln_ce.episodes import layout_key, make_episode
-from domains.vln_ce.habitat_adapter import (HabitatUnavailable, HabitatVLNEnv, check_data, episode_index,
+from swarm_domains.vln_ce import actions as A
+from swarm_domains.vln_ce import metrics as M
+from swarm_domains.vln_ce import plugin
+from swarm_domains.vln_ce.config import EmbeddedConfig, HabitatConfig, VLNConfigError
+from swarm_domains.vln_ce.episodes import layout_key, make_episode
+from swarm_domains.vln_ce.habitat_adapter import (HabitatUnavailable, HabitatVLNEnv, check_data, episode_index,
                                             expert_step, map_metrics)
-from domains.vln_ce.layout import get_layout
-from domains.vln_ce.plugin import VLNDomain
+from swarm_domains.vln_ce.layout import get_layout
+from swarm_domains.vln_ce.plugin import VLNDomain
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +314,7 @@ def test_observation_short_and_in_vocabulary(domain, task):
 
 
 def test_bearings_give_each_seen_item_its_direction(domain, task):
-    from domains.vln_ce.observation import direction
+    from swarm_domains.vln_ce.observation import direction
 
     assert [direction(a) for a in (0, 7, 8, 29, -31, 95, -120)] == [
         "0", "0", "15 left", "30 left", "30 right", "90 left", "120 right"]

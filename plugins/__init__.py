@@ -1,8 +1,0 @@
-"""Cross-cutting plugins that ship with swarm-runtime and use only the public hooks
-(:mod:`swarm_runtime.hookspecs`), exactly as a third-party package would.
-
-- :mod:`plugins.wandb_observer`: a Weights & Biases logger on the observer hooks
-  (``pip install 'swarm-runtime[wandb]'``; inert unless ``SWARM_WANDB`` is set).
-
-A domain plugin example lives in ``tests/test_third_party_plugin.py`` and docs/plugins.md.
-"""
