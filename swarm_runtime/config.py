@@ -282,6 +282,19 @@ class RolloutConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Where a run's envs live (issue 28; docs/distributed.md)."""
+
+    kind: str = "local"  #: ``local`` (in the trainer's process) or ``ray`` (env worker actors on Ray: rollouts,
+    #: evaluations and branches step their envs there; the auction, credit and learning stay in the trainer)
+    address: Optional[str] = None  #: ``ray``: a running cluster's address (``host:port``); None = start a local
+    #: Ray for the run on 127.0.0.1 (its gRPC servers still listen on every interface: docs/distributed.md), and
+    #: stop it at the end
+    env_workers: int = 2  #: ``ray``: env worker actors (each owns a pool of envs, reused across episodes)
+    num_cpus: Optional[int] = None  #: ``ray`` with a local Ray: CPUs it is started with (None = Ray's count)
+
+
+@dataclass
 class TMaxConfig:
     """``rlcr.t_max``: the wall-clock limit's schedule (docs/config.md: the seed's)."""
 
@@ -319,7 +332,7 @@ class RLCRConfig:
 
 
 #: The current version of the config's key set (``RunConfig.config_version``; :data:`ADDED_KEYS`).
-CONFIG_VERSION = 5
+CONFIG_VERSION = 6
 
 
 @dataclass
@@ -339,6 +352,7 @@ class RunConfig:
     serve: ServeConfig = field(default_factory=ServeConfig)  #: ``swarm serve`` / ``swarm eval serve.url=...``
     rlcr: RLCRConfig = field(default_factory=RLCRConfig)  #: ``algo=rlcr`` settings
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  #: who samples rollouts (docs/engine.md)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  #: where the envs live (docs/distributed.md)
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: Optional[str] = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint
@@ -447,6 +461,7 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
     4: {"model.lora.lr_scale": 1.0},  # adapters trained at the algorithm's learning rates
     5: {"rollout.": None, "algo.is_cap": None,  # samplers and learners (docs/engine.md): in process, no IS weights
         "model.chat_template": "none"},  # earlier runs prompted every model with the raw prompt
+    6: {"cluster.": None},  # env workers (docs/distributed.md): earlier runs stepped their envs in process
 }
 
 

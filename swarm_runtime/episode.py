@@ -173,6 +173,15 @@ def new_slots(domain: Domain, task, seeds: Sequence[int]) -> list[Slot]:
     return slots
 
 
+def prefetch_steps(steps: list[tuple[ValidatedEnv, str, str | None]]) -> None:
+    """Send each ``(env, action, role)`` step to envs that take it ahead (``prefetch_step``: an env worker's
+    remote env, :mod:`swarm_runtime.cluster.remote`), so that they run concurrently; ``env.step`` collects it."""
+    for env, action, role in steps:
+        prefetch = getattr(getattr(env, "env", env), "prefetch_step", None)
+        if prefetch is not None and not getattr(env, "closed", False) and not env.done:
+            prefetch(action, role)
+
+
 def checked_bid(level, parsed: bool, levels) -> tuple[float, bool]:
     """A backend's bid as the auction takes it: a configured level, else (NaN, 5.0, -0.5, a
     string...) 0.0 and counted as unparsed, never a crash or a credit from an impossible bid."""
@@ -495,7 +504,10 @@ class AuctionTurns:
                                          snapshot=snap))
             decided = yield from lockstep(gens)
             turns: dict[int, Turn] = {id(s): d.turn for s, d in zip(live, decided)}
-            # the envs step; skipped turns still count toward the cap
+            # the envs step; skipped turns still count toward the cap. Envs that can (remote ones) are sent their
+            # step first, all at once, and collected below
+            prefetch_steps([(s.env, turns[id(s)].action_text, agents[turns[id(s)].winner].env_role) for s in live
+                            if turns[id(s)].winner is not None])
             for s in live:
                 turn = turns[id(s)]
                 if turn.winner is not None:

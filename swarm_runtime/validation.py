@@ -386,6 +386,21 @@ def model_shape(cfg: DictConfig, registry) -> None:
 
 
 @register_check
+def cluster_kind(cfg: DictConfig, registry) -> None:
+    """``cluster.kind=ray``: Ray installed, and an algorithm whose episodes the env workers step."""
+    c = cfg.get("cluster")
+    if c is None or c.kind != "ray":
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError("cluster.kind=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'") from None
+    if cfg.algo.name == "rlcr":
+        raise ConfigError("cluster.kind=ray: algo.name=rlcr plays its concurrent episodes in process; valid with "
+                          "ray: algo.name=mpt or monolithic (or cluster.kind=local)")
+
+
+@register_check
 def eval_split(cfg: DictConfig, registry) -> None:
     """``eval.episodes`` within the task's held-out split (not silently clamped)."""
     task = cfg.get("task")
@@ -593,6 +608,12 @@ register_rules(
     _rule("rollout.timeout_s", floats(0.0, 86400.0, lo_open=True)),
     _rule("rollout.concurrency", ints(1, 4096)), _rule("rollout.retries", ints(0, 100)),
     _rule("rollout.max_staleness", ints(0, 64)),
+    _rule("cluster.kind", choices("local", "ray")),
+    _rule("cluster.address", ((lambda v: isinstance(v, str) and re.fullmatch(r"(ray://)?[^\s:/]+:\d{1,5}", v)
+                               is not None), "host:port of a Ray head (or ray://host:port)"),
+          nullable=True, null_means="start a local Ray for the run (127.0.0.1)"),
+    _rule("cluster.env_workers", ints(1, 1024)),
+    _rule("cluster.num_cpus", ints(1, 4096), nullable=True, null_means="Ray's count of this machine's CPUs"),
     _rule("rollout.vllm.python", STR, nullable=True, null_means="$SWARM_VLLM_PYTHON, else python3 on PATH"),
     _rule("rollout.vllm.host", choices("127.0.0.1", "localhost", "0.0.0.0", "::1")),
     _rule("rollout.vllm.port", ints(0, 65535)), _rule("rollout.vllm.args", lists(STR, nonempty=False)),

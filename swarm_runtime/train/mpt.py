@@ -72,6 +72,17 @@ class MPTTrainer(PhasedTrainer):
         self.sampler = None  #: who draws bids and actions (``rollout.engine``; :meth:`_rollouts`)
         self._ahead: dict | None = None  #: update -> its rollout played ahead (``rollout.max_staleness``)
         self._pool = None
+        self._envs = None  #: (domain whose envs the episodes use, its cluster or None): :meth:`env_domain`
+
+    def env_domain(self):
+        """The domain whose ``make_env`` rollouts, evaluations and branches use: the run's own
+        (``cluster.kind=local``) or one making envs on Ray env workers (``cluster.kind=ray``, started on first
+        use; :mod:`swarm_runtime.cluster`)."""
+        if self._envs is None:
+            from swarm_runtime.cluster import env_domain
+
+            self._envs = env_domain(self.cfg, self.ctx.domain)
+        return self._envs[0]
 
     def _rollouts(self):
         """The sampler of rollouts and evaluations, and each agent's model name; made on first use, after
@@ -92,9 +103,15 @@ class MPTTrainer(PhasedTrainer):
             self.sampler.sync(self.learner, changed)
 
     def train(self) -> dict:
+        """:meth:`PhasedTrainer.train`; the env workers (``cluster.kind=ray``) are started first (a cluster that
+        cannot be reached ends the run before SFT) and closed at the end, also when it raised."""
+        self.env_domain()
         try:
             return super().train()
         finally:
+            cluster = self._envs[1]
+            if cluster is not None:
+                logger.info("env workers closed: {}", cluster.close())
             if self._pool is not None:
                 for f in (self._ahead or {}).values():
                     f.cancel()
@@ -229,7 +246,7 @@ class MPTTrainer(PhasedTrainer):
         ctx.flops.category = "eval"
         t0 = time.time()
         sampler, models = self._rollouts()
-        res, _ = evaluate(self.agents, self.coordinator, ctx.domain, ctx.task, ctx.seeds("eval"),
+        res, _ = evaluate(self.agents, self.coordinator, self.env_domain(), ctx.task, ctx.seeds("eval"),
                           int(self.cfg.eval.runs), int(self.cfg.seed) + 7919, self.cfg.eval.temperature,
                           common_random_numbers=bool(self.cfg.eval.common_random_numbers),
                           sampler=sampler, models=models)
@@ -243,7 +260,8 @@ class MPTTrainer(PhasedTrainer):
         ctx, a = self.ctx, self.cfg.algo
         kind = step_kind(it, int(a.action_steps), int(a.bid_steps))
         seeds = [self.rng.choice(ctx.seeds("train")) for _ in range(int(a.envs_per_step))]
-        slots = new_slots(ctx.domain, ctx.task, seeds)
+        domain = self.env_domain()
+        slots = new_slots(domain, ctx.task, seeds)
         if a.common_random_numbers:
             for s in slots:
                 s.episode.noise = self.rng.getrandbits(63)
@@ -254,7 +272,7 @@ class MPTTrainer(PhasedTrainer):
         def run():
             t0 = time.time()
             with torch.no_grad():
-                episodes = play(slots, self.agents, self.coordinator, ctx.domain, int(ctx.task.max_decisions), rng,
+                episodes = play(slots, self.agents, self.coordinator, domain, int(ctx.task.max_decisions), rng,
                                 record_snapshots=(kind == "bid"), on_turn=self._turn_observer(), sampler=sampler,
                                 models=models)
             return episodes, time.time() - t0
@@ -308,7 +326,7 @@ class MPTTrainer(PhasedTrainer):
             sampler, models = self._rollouts()
             picks = pick_contested(episodes, int(a.branches_per_episode), self.rng)
             with torch.no_grad():
-                pairs = run_branches(self.agents, self.coordinator, ctx.domain, ctx.task, picks,
+                pairs = run_branches(self.agents, self.coordinator, self.env_domain(), ctx.task, picks,
                                      int(a.resample_tries), self.rng, samples=int(a.branch_samples),
                                      horizon=None if a.branch_horizon is None else int(a.branch_horizon),
                                      runner_up_pairs=str(a.bid_pairs) == "both", sampler=sampler, models=models)

@@ -1,0 +1,18 @@
+"""Env workers past the trainer's process (issue 28; docs/distributed.md): ``cluster.kind=ray`` runs a run's
+rollout, evaluation and branch envs in ``cluster.env_workers`` Ray actors (:mod:`.worker`), driven from the
+trainer (:mod:`.remote`). ``cluster.kind=local`` (the default): in process, as before."""
+from __future__ import annotations
+
+KINDS = ("local", "ray")
+
+
+def env_domain(cfg, domain):
+    """``(domain, cluster)``: the domain whose ``make_env`` the run's episodes use, and the cluster to close at
+    the end (None: ``cluster.kind=local``, the domain itself)."""
+    c = cfg.get("cluster")
+    if c is None or c.kind == "local":
+        return domain, None
+    from swarm_runtime.cluster.remote import ClusterDomain, EnvCluster
+
+    cluster = EnvCluster(cfg.domain, cfg.task, int(c.env_workers), c.address, c.get("num_cpus"))
+    return ClusterDomain(domain, cluster), cluster

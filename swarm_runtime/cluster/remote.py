@@ -1,0 +1,232 @@
+"""The driver's side of env workers on Ray: :class:`EnvCluster` (Ray started or joined, the worker actors,
+their end), :class:`RemoteEnv` (one env on a worker, a ``DomainEnv`` that ``ValidatedEnv`` wraps) and
+:class:`ClusterDomain` (the run's domain whose ``make_env`` makes remote envs; prompts and everything else
+stay the driver's domain's). The auction, credit, branches and the turn engine stay on the driver.
+
+Faults: a worker whose process dies (kill -9) is restarted by Ray (``max_restarts``) with no envs. Each
+:class:`RemoteEnv` keeps its episode's journal (the ``reset`` seed or the ``restore`` snapshot, then every
+step's action and role); a call that finds its worker dead or its env lost waits for the restarted worker
+and replays the journal there (envs are deterministic given the seed and the actions: the DomainEnv
+contract), then makes the call again. The episode itself lives on the driver, so nothing is counted twice.
+"""
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+from typing import Any
+
+from loguru import logger
+
+from swarm_runtime.cluster.worker import EnvWorker
+from swarm_runtime.config import ConfigError
+
+#: A dead worker must answer again within this (Ray restarts the actor's process).
+RESTART_TIMEOUT_S = 120.0
+#: Replays of one call before giving up (a worker that dies on every replay is not transient).
+MAX_REPLAYS = 5
+#: Seconds a TCP connect to ``cluster.address`` may take before it counts as unreachable.
+CONNECT_TIMEOUT_S = 5.0
+#: Restarts Ray gives each worker actor.
+MAX_RESTARTS = 8
+RAY_EXTRA = "pip install 'swarm-runtime[ray]'"
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(f"cluster.kind=ray needs Ray, which is not installed: {RAY_EXTRA}") from exc
+    return ray
+
+
+def connect(address: str | None, num_cpus: int | None = None) -> bool:
+    """Join the Ray cluster at ``address``, or (None) start a local one bound to 127.0.0.1. Returns whether
+    this call started Ray (then :meth:`EnvCluster.close` stops it)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    opts = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if address is None:
+        ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
+        return True
+    unreachable = (f"cluster.address={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
+                   "cluster's head (ray start --head prints it), or null to start a local Ray")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:  # ray.init waits minutes for an address where nothing listens; a connect says it at once
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(unreachable.format(f"{type(exc).__name__}: {exc}")) from exc
+    try:
+        ray.init(address=address, **opts)
+    except Exception as exc:  # something listens there, but not a Ray head
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(unreachable.format(f"{type(exc).__name__}: {first}")) from exc
+    return True
+
+
+class EnvCluster:
+    """``n`` env worker actors for one domain and task (envs spread over them in turn)."""
+
+    def __init__(self, domain: str, task, n: int, address: str | None = None, num_cpus: int | None = None,
+                 plugins: tuple[str, ...] = ()):
+        from omegaconf import DictConfig, OmegaConf
+
+        t0 = time.perf_counter()
+        self.ray = import_ray()
+        self.started = connect(address, num_cpus)
+        plain = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(task)
+        actor = self.ray.remote(EnvWorker).options(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
+        self.workers = [actor.remote(domain, plain, tuple(plugins)) for _ in range(int(n))]
+        self.pids = self.ray.get([w.pid.remote() for w in self.workers])
+        self._ids = itertools.count()
+        self._next = itertools.count()
+        self.replayed = 0  #: envs replayed on a restarted worker
+        self.restarts = 0  #: worker deaths seen
+        self.closed = False
+        self.start_s = time.perf_counter() - t0  #: seconds to start (or join) Ray and the workers
+        logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)),
+                    self.start_s)
+
+    def new_env(self) -> "RemoteEnv":
+        return RemoteEnv(self, next(self._next) % len(self.workers), next(self._ids))
+
+    def wait_alive(self, w: int) -> None:
+        """Block until worker ``w`` answers again (restarted by Ray), at most :data:`RESTART_TIMEOUT_S`."""
+        ray, end = self.ray, time.monotonic() + RESTART_TIMEOUT_S
+        while True:
+            try:
+                pid = ray.get(self.workers[w].pid.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                if time.monotonic() > end:
+                    raise RuntimeError(f"env worker {w} did not come back within {RESTART_TIMEOUT_S:.0f} s "
+                                       f"after its process died ({type(exc).__name__})") from exc
+                time.sleep(0.2)
+                continue
+            if pid != self.pids[w]:
+                logger.warning("env worker {} restarted: pid {} -> {}", w, self.pids[w], pid)
+                self.pids[w] = pid
+                self.restarts += 1
+            return
+
+    def close(self) -> dict:
+        """Close every worker's envs (``DomainEnv.close()``), end the actors, and stop Ray if it was started
+        here. Returns the workers' stats (envs made, in use, free) as they were."""
+        if self.closed:
+            return {}
+        self.closed = True
+        ray = self.ray
+        try:
+            stats = ray.get([w.shutdown.remote() for w in self.workers])
+        finally:
+            for w in self.workers:
+                ray.kill(w, no_restart=True)
+            if self.started:
+                ray.shutdown()
+        return {"workers": stats, "replayed": self.replayed, "restarts": self.restarts}
+
+
+class RemoteEnv:
+    """One env on worker ``w`` of ``cluster`` (a duck-typed ``DomainEnv``). The observation comes back with
+    every reset, step and restore and is kept here. :meth:`prefetch_step` sends a step without waiting for
+    it, so that a turn's steps across envs run at once; :meth:`step` with the same action collects it."""
+
+    def __init__(self, cluster: EnvCluster, w: int, eid: int):
+        self.cluster, self.w, self.eid = cluster, w, eid
+        self.start: tuple | None = None  #: ("reset", seed) or ("restore", snapshot): where the journal starts
+        self.steps: list[tuple[str, str | None]] = []  #: the steps since, replayed after a worker died
+        self.obs: str | None = None
+        self.pending = None  #: (action, role, object ref) of a prefetched step
+        self.released = False
+        self._get("open")
+
+    def _ref(self, method: str, *args):
+        return getattr(self.cluster.workers[self.w], method).remote(self.eid, *args)
+
+    def _get(self, method: str, *args, ref=None):
+        ray = self.cluster.ray
+        for _ in range(MAX_REPLAYS):
+            try:
+                ok, value = ray.get(ref if ref is not None else self._ref(method, *args))
+            except ray.exceptions.RayActorError:
+                ok = False
+            ref = None
+            if ok:
+                return value
+            self._replay()
+        raise RuntimeError(f"env worker {self.w}: {method} on env {self.eid} failed {MAX_REPLAYS} times in a row "
+                           "(its process keeps dying)")
+
+    def _replay(self) -> None:
+        """Wait for the worker, make the env again there and bring it back to where the journal says."""
+        ray = self.cluster.ray
+        for _ in range(MAX_REPLAYS):
+            self.cluster.wait_alive(self.w)
+            try:
+                calls = [self._ref("open")]
+                if self.start is not None:
+                    calls.append(self._ref(*self.start))
+                    calls += [self._ref("step", a, r) for a, r in self.steps]
+                if all(ok for ok, _ in ray.get(calls)):
+                    break
+            except ray.exceptions.RayActorError:
+                continue
+        else:
+            raise RuntimeError(f"env worker {self.w}: env {self.eid} could not be replayed")
+        self.cluster.replayed += 1
+        logger.warning("env worker {}: env {} replayed on the restarted worker ({} from {} + {} steps)", self.w,
+                       self.eid, "nothing" if self.start is None else self.start[0],
+                       "" if self.start is None else self.start[1] if self.start[0] == "reset" else "a snapshot",
+                       len(self.steps))
+
+    def reset(self, seed: int) -> str:
+        self.start, self.steps = ("reset", int(seed)), []
+        self.obs = self._get("reset", int(seed))
+        return self.obs
+
+    def prefetch_step(self, action: str, role: str | None = None) -> None:
+        self.pending = (action, role, self._ref("step", action, role))
+
+    def step(self, action: str, role: str | None = None):
+        ref = None
+        if self.pending is not None:
+            a, r, ref = self.pending
+            self.pending = None
+            if (a, r) != (action, role):
+                raise RuntimeError(f"RemoteEnv.step({action!r}, {role!r}) after prefetch_step({a!r}, {r!r})")
+        res = self._get("step", action, role, ref=ref)
+        self.steps.append((action, role))
+        self.obs = res.observation
+        return res
+
+    def observation(self) -> str:
+        return self.obs if self.obs is not None else self._get("observation")
+
+    def snapshot(self) -> Any:
+        return self._get("snapshot")
+
+    def restore(self, snapshot: Any) -> None:
+        self.start, self.steps = ("restore", snapshot), []
+        self.obs = self._get("restore", snapshot)
+
+    def metrics(self) -> dict[str, float]:
+        return self._get("metrics")
+
+    def close(self) -> None:
+        """Give the env back to its worker's pool (the worker closes it at the end of the run)."""
+        if not self.released and not self.cluster.closed:
+            self.released = True
+            self._get("release")
+
+
+class ClusterDomain:
+    """The run's domain, with envs made on the cluster's workers; every other attribute is the domain's."""
+
+    def __init__(self, domain, cluster: EnvCluster):
+        self._domain, self.cluster = domain, cluster
+
+    def make_env(self, task) -> RemoteEnv:
+        return self.cluster.new_env()
+
+    def __getattr__(self, name: str):
+        return getattr(self._domain, name)
