@@ -155,12 +155,13 @@ DISPLAY_KEYS = ("progress", "log_level")
 
 
 def machine_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """The ``hardware=`` / ``hardware.*=`` arguments (the machine, which a resumed run may change),
-    and those whose key is in ``also``."""
+    """The ``hardware=`` / ``hardware.*=`` / ``cluster.*=`` arguments (the machine and where the run's envs
+    live, which a resumed run may change: ``cluster.kind=ray`` writes the in-process run's numbers), and those
+    whose key is in ``also``."""
     out = []
     for a in args:
         k, _, v = a.partition("=")
-        if k == "hardware" or k.startswith("hardware.") or k in also:
+        if k == "hardware" or k.startswith(("hardware.", "cluster.")) or k in also:
             out.append((k, v))
     return out
 

@@ -184,3 +184,17 @@ def test_rlcr_with_env_workers_is_refused(tmp_path):
     assert r.stderr.strip().splitlines()[-1] == (
         "swarm: error: cluster.kind=ray: algo.name=rlcr plays its concurrent episodes in process; valid with ray: "
         "algo.name=mpt or monolithic (or cluster.kind=local)")
+
+
+def test_a_resume_may_move_its_envs():
+    """cluster.* says where the envs live, not what the run computes (the same metrics either way): a resume
+    may change it, as it may change the machine (hardware.*), and it is not a conflict with the saved run."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.run import resume_conflicts, resume_overrides
+
+    args = ["cluster.kind=ray", "cluster.env_workers=4", "algo.lr=0.5"]
+    applied = resume_overrides(args)
+    assert ("cluster.kind", "ray") in applied and ("cluster.env_workers", "4") in applied
+    saved = OmegaConf.create({"cluster": {"kind": "local", "env_workers": 2}, "algo": {"lr": 0.1}})
+    assert [k for k, *_ in resume_conflicts(saved, args, {k for k, _ in applied})] == ["algo.lr"]
