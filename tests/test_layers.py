@@ -11,7 +11,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "swarm_runtime"
 
 #: The subpackages, lowest first: each builds on those before it (policy < rollout < train < rlcr, ...).
-SUBPACKAGES = {"policy": 1, "rollout": 2, "train": 3, "rlcr": 4, "experiments": 4, "serve": 4}
+SUBPACKAGES = {"policy": 1, "cluster": 1, "rollout": 2, "train": 3, "rlcr": 4, "experiments": 4, "serve": 4}
 #: The highest subpackage each core module may import; 0: none (the base every subpackage imports).
 #: The wiring at the top (the command line, the built-in registrations, the conformance kit) imports any.
 TOP = max(SUBPACKAGES.values())
