@@ -1,6 +1,7 @@
 """Shared by the diagnostic benchmarks that measure a trained checkpoint (``branch_noise.py``,
 ``action_signal.py``, ``credit_baselines.py``): the command line they have in common and the
 swarm they load."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,9 @@ def add_batch_options(ap: argparse.ArgumentParser, iterations: int) -> None:
     ap.add_argument("--iterations", type=int, default=iterations, help="batches of episodes")
     ap.add_argument("--envs", type=int, default=32, help="episodes per batch")
     ap.add_argument("--per-episode", type=int, default=2, help="turns picked per episode")
-    ap.add_argument("--horizon", type=int, default=None, help="score H decisions from the picked turn (default: to the end)")
+    ap.add_argument(
+        "--horizon", type=int, default=None, help="score H decisions from the picked turn (default: to the end)"
+    )
 
 
 def load(args, overrides: list[str]):

@@ -23,6 +23,7 @@ of the episode, or over ``--horizon H`` decisions from the turn (as ``algo.branc
 
 ``key=value`` arguments are run config overrides, as for ``swarm run``.
 """
+
 from __future__ import annotations
 
 import random
@@ -31,11 +32,10 @@ import sys
 from collections import defaultdict
 
 import torch
+from _checkpoint import add_batch_options, load, parser  # benchmarks/_checkpoint.py
 
 from swarm_runtime.episode import ForcedTurn, new_slots, play
 from swarm_runtime.train.bid import forced_slot
-
-from _checkpoint import add_batch_options, load, parser  # benchmarks/_checkpoint.py
 
 CONTINUATIONS = 2  #: K: continuations per sampled action (two are what the covariance needs)
 
@@ -44,8 +44,15 @@ def measure(ctx, agents, rng: random.Random, envs: int, per_episode: int, horizo
     """One batch of episodes: ``(role, [[score(a1, j)], [score(a2, j)]])`` per picked turn."""
     coord, cap = ctx.coordinator(), int(ctx.task.max_decisions)
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [rng.choice(ctx.seeds("train")) for _ in range(envs)]),
-                   agents, coord, ctx.domain, cap, rng, record_snapshots=True)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [rng.choice(ctx.seeds("train")) for _ in range(envs)]),
+            agents,
+            coord,
+            ctx.domain,
+            cap,
+            rng,
+            record_snapshots=True,
+        )
         picks = []
         for ep in eps:
             cands = [t for t in ep.acted if t.snapshot is not None]
@@ -57,7 +64,7 @@ def measure(ctx, agents, rng: random.Random, envs: int, per_episode: int, horizo
         for a, idx in by_agent.items():
             out = agents[a].policy.act([picks[i][1].action_prompt for i in idx for _ in range(2)])
             for n, i in enumerate(idx):
-                actions[i] = out[2 * n:2 * n + 2]
+                actions[i] = out[2 * n : 2 * n + 2]
         slots, tags = [], []
         for i, (ep, t) in enumerate(picks):
             for side, action in enumerate(actions[i]):

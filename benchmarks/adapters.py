@@ -21,6 +21,7 @@ action generation (one row per env), for N agents with distinct adapters: one mi
     python benchmarks/adapters.py memory [--agents 3 12] [--threads 1]
     python benchmarks/adapters.py batching [--agents 3 12] [--envs 4] [--threads 1] [--size 100m|tiny]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,10 +65,20 @@ def model_cfg(rank: int):
 
     from swarm_runtime.config import LORA_TARGETS
 
-    return OmegaConf.create({**ARCH, "bid_mode": "logits", "temperature": 1.0, "max_action_tokens": 4,
-                             "max_bid_tokens": 6, "max_prompt_tokens": 96, "dtype": "float32", "device": "cpu",
-                             "path": None, "lora": {"rank": rank, "alpha": 2.0 * rank, "dropout": 0.0,
-                                                    "target_modules": list(LORA_TARGETS)}})
+    return OmegaConf.create(
+        {
+            **ARCH,
+            "bid_mode": "logits",
+            "temperature": 1.0,
+            "max_action_tokens": 4,
+            "max_bid_tokens": 6,
+            "max_prompt_tokens": 96,
+            "dtype": "float32",
+            "device": "cpu",
+            "path": None,
+            "lora": {"rank": rank, "alpha": 2.0 * rank, "dropout": 0.0, "target_modules": list(LORA_TARGETS)},
+        }
+    )
 
 
 def words() -> list[str]:
@@ -142,8 +153,10 @@ def measure_memory(args) -> dict:
     if args.train and args.mode != "base":  # made before the rollout, as the trainer makes them
         for p in policies[:steps]:
             if id(p) not in optimizers:
-                optimizers[id(p)] = [make_optimizer(p.parameters(), 1e-4, 0.0, 10, eager_state=args.eager_state)
-                                     for _ in range(args.optimizers)]
+                optimizers[id(p)] = [
+                    make_optimizer(p.parameters(), 1e-4, 0.0, 10, eager_state=args.eager_state)
+                    for _ in range(args.optimizers)
+                ]
     n_rows = args.rollout_agents or len(policies)  # agents whose bid prompts the rollout scores
     bid_prompts = prompts(args.envs * n_rows, 1)
     act_prompts = prompts(args.envs, 2)
@@ -180,13 +193,28 @@ def measure_memory(args) -> dict:
         phases["trained"] = status_mib()
     distinct = list({id(p): p for p in policies}.values())
     trained = [w for p in distinct for w in p.parameters()] if optimizers else []
-    state = sum(t.numel() * t.element_size() for opts in optimizers.values() for opt, _ in opts
-                for st in opt.state.values() for t in st.values() if torch.is_tensor(t))
-    out = {"mode": args.mode, "agents": len(policies) if args.mode != "base" else 1, "policies": len(distinct),
-           "train": bool(optimizers), "steps": steps if optimizers else 0, "optimizers": args.optimizers,
-           "rollout_rows": len(bid_prompts), "peak_rss": peak_rss(), "peak_rss_rollout": rss_rollout,
-           "phases": phases, "trained_bytes": sum(w.numel() * w.element_size() for w in trained),
-           "optimizer_bytes": state}
+    state = sum(
+        t.numel() * t.element_size()
+        for opts in optimizers.values()
+        for opt, _ in opts
+        for st in opt.state.values()
+        for t in st.values()
+        if torch.is_tensor(t)
+    )
+    out = {
+        "mode": args.mode,
+        "agents": len(policies) if args.mode != "base" else 1,
+        "policies": len(distinct),
+        "train": bool(optimizers),
+        "steps": steps if optimizers else 0,
+        "optimizers": args.optimizers,
+        "rollout_rows": len(bid_prompts),
+        "peak_rss": peak_rss(),
+        "peak_rss_rollout": rss_rollout,
+        "phases": phases,
+        "trained_bytes": sum(w.numel() * w.element_size() for w in trained),
+        "optimizer_bytes": state,
+    }
     if mixed is not None:
         shared = policies[0].shared_base
         out["base_params"] = shared.n_base
@@ -206,31 +234,57 @@ def run_child(argv: list[str]) -> dict:
 
 #: ``memory``'s settings: (label, mode, agents, distinct adapters, agents in the rollout, training steps).
 def memory_settings(hi: int, roles: int, full: bool) -> list[tuple]:
-    out = [("base alone, the same rollout", "base", 1, None, hi, 0),
-           ("one model (base + 1 adapter), the same rollout and steps", "lora", 1, 1, hi, hi),
-           (f"{hi} agents, {hi} distinct adapters (worst case)", "lora", hi, hi, hi, hi),
-           (f"{hi} agents = {roles} roles x {hi // roles} replicas, {roles} adapters (the paper's population)",
-            "lora", hi, roles, hi, hi),
-           (f"{roles} agents, {roles} adapters", "lora", roles, roles, roles, roles)]
+    out = [
+        ("base alone, the same rollout", "base", 1, None, hi, 0),
+        ("one model (base + 1 adapter), the same rollout and steps", "lora", 1, 1, hi, hi),
+        (f"{hi} agents, {hi} distinct adapters (worst case)", "lora", hi, hi, hi, hi),
+        (
+            f"{hi} agents = {roles} roles x {hi // roles} replicas, {roles} adapters (the paper's population)",
+            "lora",
+            hi,
+            roles,
+            hi,
+            hi,
+        ),
+        (f"{roles} agents, {roles} adapters", "lora", roles, roles, roles, roles),
+    ]
     if full:
-        out += [("1 full copy", "full", 1, None, 1, 1), (f"{roles} full copies", "full", roles, None, roles, roles),
-                (f"{hi} full copies, rollout only", "full", hi, None, hi, 0)]
+        out += [
+            ("1 full copy", "full", 1, None, 1, 1),
+            (f"{roles} full copies", "full", roles, None, roles, roles),
+            (f"{hi} full copies, rollout only", "full", hi, None, hi, 0),
+        ]
     return out
 
 
 def memory(args) -> None:
     hi, roles = max(args.agents), min(args.agents)
-    common = ["--threads", str(args.threads), "--rank", str(args.rank), "--envs", str(args.envs),
-              "--optimizers", str(args.optimizers), "--size", args.size] + (["--eager-state"] if args.eager_state else [])
-    print(f"model: {ARCH}, {WORDS} words; LoRA rank {args.rank}; {args.envs} envs (bid rows per agent, action rows); "
-          f"{args.optimizers} AdamW per trained policy (moments allocated "
-          f"{'when made' if args.eager_state else 'at the first step'}); torch threads {args.threads}; "
-          "one fresh process per setting")
+    common = [
+        "--threads",
+        str(args.threads),
+        "--rank",
+        str(args.rank),
+        "--envs",
+        str(args.envs),
+        "--optimizers",
+        str(args.optimizers),
+        "--size",
+        args.size,
+    ] + (["--eager-state"] if args.eager_state else [])
+    print(
+        f"model: {ARCH}, {WORDS} words; LoRA rank {args.rank}; {args.envs} envs (bid rows per agent, action rows); "
+        f"{args.optimizers} AdamW per trained policy (moments allocated "
+        f"{'when made' if args.eager_state else 'at the first step'}); torch threads {args.threads}; "
+        "one fresh process per setting"
+    )
     res = {}
     settings = memory_settings(hi, roles, not args.no_full)
-    argvs = [["_child", "--mode", mode, "--child", str(n), "--rollout-agents", str(rollout), "--steps", str(steps),
-              *common] + (["--adapters", str(k)] if k else []) + (["--train"] if steps else [])
-             for _, mode, n, k, rollout, steps in settings]
+    argvs = [
+        ["_child", "--mode", mode, "--child", str(n), "--rollout-agents", str(rollout), "--steps", str(steps), *common]
+        + (["--adapters", str(k)] if k else [])
+        + (["--train"] if steps else [])
+        for _, mode, n, k, rollout, steps in settings
+    ]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # separate processes: peaks do not mix
@@ -238,29 +292,43 @@ def memory(args) -> None:
         for (label, *_), r in zip(settings, results):
             res[label] = r
             ph = r["phases"]
-            print(f"{label:<72} peak {r['peak_rss'] / MiB:6.0f} MiB (rollout {r['peak_rss_rollout'] / MiB:6.0f}; RSS built "
-                  f"{ph['built'].get('VmRSS', 0):5.0f}, after rollout {ph['rollout'].get('VmRSS', 0):5.0f}"
-                  + (f", after step 1 {ph['step 1'].get('VmRSS', 0):5.0f}, after all {ph['trained'].get('VmRSS', 0):5.0f}"
-                     if "trained" in ph else "") + f"); {r['rollout_rows']} bid rows, {r['steps']} steps, "
-                  f"trained tensors {r['trained_bytes'] / MiB:.1f} MiB + AdamW state {r['optimizer_bytes'] / MiB:.1f} MiB",
-                  flush=True)
+            print(
+                f"{label:<72} peak {r['peak_rss'] / MiB:6.0f} MiB (rollout {r['peak_rss_rollout'] / MiB:6.0f}; RSS built "
+                f"{ph['built'].get('VmRSS', 0):5.0f}, after rollout {ph['rollout'].get('VmRSS', 0):5.0f}"
+                + (
+                    f", after step 1 {ph['step 1'].get('VmRSS', 0):5.0f}, after all {ph['trained'].get('VmRSS', 0):5.0f}"
+                    if "trained" in ph
+                    else ""
+                )
+                + f"); {r['rollout_rows']} bid rows, {r['steps']} steps, "
+                f"trained tensors {r['trained_bytes'] / MiB:.1f} MiB + AdamW state {r['optimizer_bytes'] / MiB:.1f} MiB",
+                flush=True,
+            )
     labels = [x[0] for x in memory_settings(hi, roles, not args.no_full)]
     base, one, worst, pop, few = (res[labels[i]] for i in range(5))
-    print(f"\nbase: {worst['base_params'] / 1e6:.1f}M parameters; one adapter (rank {args.rank}): "
-          f"{worst['adapter_params'] / 1e6:.2f}M ({worst['adapter_params'] / worst['base_params']:.2%} of the base)")
+    print(
+        f"\nbase: {worst['base_params'] / 1e6:.1f}M parameters; one adapter (rank {args.rank}): "
+        f"{worst['adapter_params'] / 1e6:.2f}M ({worst['adapter_params'] / worst['base_params']:.2%} of the base)"
+    )
     for name, r in ((f"{hi} distinct adapters", worst), (f"{roles} adapters x {hi // roles} replicas", pop)):
-        print(f"{hi} agents, {name}: / one model doing the same rollout and steps {r['peak_rss'] / one['peak_rss']:.3f}x "
-              f"(target <= 1.15); / the base alone doing the rollout only {r['peak_rss'] / base['peak_rss']:.3f}x")
+        print(
+            f"{hi} agents, {name}: / one model doing the same rollout and steps {r['peak_rss'] / one['peak_rss']:.3f}x "
+            f"(target <= 1.15); / the base alone doing the rollout only {r['peak_rss'] / base['peak_rss']:.3f}x"
+        )
     state = (worst["trained_bytes"] + worst["optimizer_bytes"]) / hi  # exact tensor bytes per adapter
     rss_per = (worst["peak_rss"] - few["peak_rss"]) / (hi - roles)
-    line = (f"training state per extra adapter agent: {state / MiB:.1f} MiB of tensors (weights + AdamW moments); "
-            f"peak RSS per extra agent {rss_per / MiB:.1f} MiB ({hi} vs {roles} distinct adapters)")
+    line = (
+        f"training state per extra adapter agent: {state / MiB:.1f} MiB of tensors (weights + AdamW moments); "
+        f"peak RSS per extra agent {rss_per / MiB:.1f} MiB ({hi} vs {roles} distinct adapters)"
+    )
     if not args.no_full:
         f1, f3 = res[labels[5]], res[labels[6]]
         full_state = (f3["trained_bytes"] + f3["optimizer_bytes"]) / roles
         full_per = (f3["peak_rss"] - f1["peak_rss"]) / (roles - 1)
-        line += (f"; a full copy: {full_state / MiB:.0f} MiB of tensors, peak RSS {full_per / MiB:.0f} MiB per extra agent"
-                 f" -> {state / full_state:.2%} of a full copy's tensors (target < 5%)")
+        line += (
+            f"; a full copy: {full_state / MiB:.0f} MiB of tensors, peak RSS {full_per / MiB:.0f} MiB per extra agent"
+            f" -> {state / full_state:.2%} of a full copy's tensors (target < 5%)"
+        )
     print(line)
 
 
@@ -277,9 +345,11 @@ def batching(args) -> None:
 
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    print(f"model: {ARCH}, {WORDS} words; LoRA rank {args.rank}; {args.envs} envs; torch threads {args.threads}; "
-          f"{'CPU' if args.clock == 'cpu' else 'wall-clock'} time; "
-          f"best of {args.repeats}; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"model: {ARCH}, {WORDS} words; LoRA rank {args.rank}; {args.envs} envs; torch threads {args.threads}; "
+        f"{'CPU' if args.clock == 'cpu' else 'wall-clock'} time; "
+        f"best of {args.repeats}; load average {os.getloadavg()[0]:.1f}"
+    )
     for n in args.agents:
         policies, _ = build("lora", n, args.rank)
         bid_rows = [p for p in policies for _ in range(args.envs)]
@@ -297,7 +367,7 @@ def batching(args) -> None:
 
         def per_agent_bid():
             for i, p in enumerate(policies):
-                p.bid(bid_prompts[i * args.envs:(i + 1) * args.envs])
+                p.bid(bid_prompts[i * args.envs : (i + 1) * args.envs])
 
         def per_agent_act():
             out = [None] * args.envs
@@ -311,8 +381,12 @@ def batching(args) -> None:
         times = {}
         with torch.no_grad():
             assert mixed_act() == per_agent_act()  # the same tokens both ways
-            for name, fn in (("mixed_bid", mixed_bid), ("per_bid", per_agent_bid), ("mixed_act", mixed_act),
-                             ("per_act", per_agent_act)):
+            for name, fn in (
+                ("mixed_bid", mixed_bid),
+                ("per_bid", per_agent_bid),
+                ("mixed_act", mixed_act),
+                ("per_act", per_agent_act),
+            ):
                 fn()  # warm-up
                 best = float("inf")
                 for _ in range(args.repeats):
@@ -321,11 +395,14 @@ def batching(args) -> None:
                     best = min(best, clock() - t0)
                 times[name] = best
         mixed, per = times["mixed_bid"] + times["mixed_act"], times["per_bid"] + times["per_act"]
-        print(f"{n:>3} agents x {args.envs} envs: one mixed-adapter batch {mixed * 1e3:8.1f} ms, one call per agent "
-              f"{per * 1e3:8.1f} ms: {per / mixed:.2f}x  (bids {times['mixed_bid'] * 1e3:.1f} vs "
-              f"{times['per_bid'] * 1e3:.1f} ms: {times['per_bid'] / times['mixed_bid']:.2f}x; actions "
-              f"{times['mixed_act'] * 1e3:.1f} vs {times['per_act'] * 1e3:.1f} ms: "
-              f"{times['per_act'] / times['mixed_act']:.2f}x)", flush=True)
+        print(
+            f"{n:>3} agents x {args.envs} envs: one mixed-adapter batch {mixed * 1e3:8.1f} ms, one call per agent "
+            f"{per * 1e3:8.1f} ms: {per / mixed:.2f}x  (bids {times['mixed_bid'] * 1e3:.1f} vs "
+            f"{times['per_bid'] * 1e3:.1f} ms: {times['per_bid'] / times['mixed_bid']:.2f}x; actions "
+            f"{times['mixed_act'] * 1e3:.1f} vs {times['per_act'] * 1e3:.1f} ms: "
+            f"{times['per_act'] / times['mixed_act']:.2f}x)",
+            flush=True,
+        )
         del policies
 
 
@@ -336,18 +413,34 @@ def main() -> None:
     ap.add_argument("--envs", type=int, default=4, help="envs per turn (bid rows per agent; action rows)")
     ap.add_argument("--rank", type=int, default=8, help="LoRA rank (model.lora.rank default)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="`batching`: wall-clock seconds, or this process's CPU seconds (time.process_time: with "
-                         "--threads 1 the same on an idle machine, and far less disturbed by other jobs on a shared one)")
-    ap.add_argument("--size", choices=["100m", "20m", "tiny"], default="100m",
-                    help="the ~100M model, a ~21M one, or model=tiny's shape")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="`batching`: wall-clock seconds, or this process's CPU seconds (time.process_time: with "
+        "--threads 1 the same on an idle machine, and far less disturbed by other jobs on a shared one)",
+    )
+    ap.add_argument(
+        "--size",
+        choices=["100m", "20m", "tiny"],
+        default="100m",
+        help="the ~100M model, a ~21M one, or model=tiny's shape",
+    )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--optimizers", type=int, default=1, choices=[1, 2],
-                    help="AdamW per trained policy in `memory` (2: the trainer's action + bid optimizers)")
+    ap.add_argument(
+        "--optimizers",
+        type=int,
+        default=1,
+        choices=[1, 2],
+        help="AdamW per trained policy in `memory` (2: the trainer's action + bid optimizers)",
+    )
     ap.add_argument("--no-full", action="store_true", help="`memory` without the full-copy settings")
     ap.add_argument("--jobs", type=int, default=1, help="`memory`: settings measured at once (each its own process)")
-    ap.add_argument("--eager-state", action="store_true",
-                    help="`memory`: AdamW moments allocated when the optimizers are made (make_optimizer(eager_state=True))")
+    ap.add_argument(
+        "--eager-state",
+        action="store_true",
+        help="`memory`: AdamW moments allocated when the optimizers are made (make_optimizer(eager_state=True))",
+    )
     ap.add_argument("--mode", choices=["base", "full", "lora"], help=argparse.SUPPRESS)
     ap.add_argument("--adapters", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rollout-agents", type=int, default=None, help=argparse.SUPPRESS)

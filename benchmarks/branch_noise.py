@@ -22,6 +22,7 @@ Bradley-Terry step), and the correlation of ``d`` with the estimate.
 ``key=value`` arguments are run config overrides (the run's ``domain=``/``task=``
 and task keys, e.g. ``domain=vln_ce task=r2r task.bearings=true model.temperature=0.4``).
 """
+
 from __future__ import annotations
 
 import random
@@ -29,15 +30,15 @@ import statistics as st
 import sys
 
 import torch
+from _checkpoint import add_batch_options, load, parser  # benchmarks/_checkpoint.py
 
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.train.bid import forced_slot, forced_turns, pick_contested, resample_lower, window_score
 
-from _checkpoint import add_batch_options, load, parser  # benchmarks/_checkpoint.py
 
-
-def measure(ctx, agents, rng: random.Random, samples: int, per_episode: int, envs: int,
-            horizon: int | None = None) -> list[tuple]:
+def measure(
+    ctx, agents, rng: random.Random, samples: int, per_episode: int, envs: int, horizon: int | None = None
+) -> list[tuple]:
     """One batch of episodes: ``(d_ind, d_crn, estimate)`` per pick that found a lower bid."""
     coord, cap = ctx.coordinator(), int(ctx.task.max_decisions)
     slots = new_slots(ctx.domain, ctx.task, [rng.choice(ctx.seeds("train")) for _ in range(envs)])
@@ -97,8 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     if len(rows) < 3:
         raise SystemExit(f"only {len(rows)} picks: raise --iterations or --envs")
     est = [r[2] for r in rows]
-    print(f"{len(rows)} picks, estimate from {args.samples} branches and {args.samples} re-rolls each, "
-          f"scored {'to the end of the episode' if args.horizon is None else f'over {args.horizon} decisions'}")
+    print(
+        f"{len(rows)} picks, estimate from {args.samples} branches and {args.samples} re-rolls each, "
+        f"scored {'to the end of the episode' if args.horizon is None else f'over {args.horizon} decisions'}"
+    )
     print("| pairs | sd of original - branch | ties | correlation with the estimate |")
     print("|---|---|---|---|")
     for name, col in (("own noise (default)", 0), ("common random numbers", 1)):

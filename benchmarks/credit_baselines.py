@@ -21,6 +21,7 @@ noise. Prints one table row per agent and baseline.
 ``key=value`` arguments are run config overrides, as for ``swarm run`` (the run's
 ``domain=``/``task=`` and task keys, ``model.temperature=...``).
 """
+
 from __future__ import annotations
 
 import random
@@ -29,11 +30,10 @@ import zlib
 from collections import defaultdict
 
 import torch
+from _checkpoint import load, parser  # benchmarks/_checkpoint.py
 
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.train.action import credit_samples
-
-from _checkpoint import load, parser  # benchmarks/_checkpoint.py
 
 DIM = 4096  #: hashed feature dimension of the text baseline
 
@@ -43,8 +43,14 @@ def credit_rows(ctx, agents, rng: random.Random, n_seeds: int, group: int) -> li
     ``n_seeds`` training seeds played ``group`` times each."""
     seeds = [rng.choice(ctx.seeds("train")) for _ in range(n_seeds)]
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [s for s in seeds for _ in range(group)]), agents,
-                   ctx.coordinator(), ctx.domain, int(ctx.task.max_decisions), rng)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [s for s in seeds for _ in range(group)]),
+            agents,
+            ctx.coordinator(),
+            ctx.domain,
+            int(ctx.task.max_decisions),
+            rng,
+        )
     credit_fn, rows = ctx.credit_fn(), []
     for i, ep in enumerate(eps):  # one episode at a time, to keep its index
         rows += [(i, ep.seed, a, prompt, c) for a, prompt, _, c in credit_samples([ep], credit_fn, rng)]
@@ -120,8 +126,10 @@ def main(argv: list[str] | None = None) -> None:
         mine_text = text_residuals([rows[k] for k in idx], args.ridge)
         base = st.pvariance(c)
         ratio = (lambda v: f"{v / base:.2f}") if base else (lambda v: "n/a")
-        print(f"| {agents[a].name} | {len(idx)} | {base:.3g} | {ratio(st.pvariance([group[k] for k in idx]))} "
-              f"| {ratio(st.pvariance(mine_text))} |")
+        print(
+            f"| {agents[a].name} | {len(idx)} | {base:.3g} | {ratio(st.pvariance([group[k] for k in idx]))} "
+            f"| {ratio(st.pvariance(mine_text))} |"
+        )
 
 
 if __name__ == "__main__":

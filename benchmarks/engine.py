@@ -8,6 +8,7 @@ learner's scores of the same tokens (same weights, fp32). Needs ``SWARM_VLLM_PYT
 
     SWARM_VLLM_PYTHON=~/.venvs/vllm/bin/python python benchmarks/engine.py --envs 16 --decisions 24
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     pm, reg = get_registry()
-    cfg = resolve([f"domain={args.domain}", f"task={args.task}", "model.adapter=lora", "rollout.engine=vllm",
-                   "progress=false"], reg)
+    cfg = resolve(
+        [f"domain={args.domain}", f"task={args.task}", "model.adapter=lora", "rollout.engine=vllm", "progress=false"],
+        reg,
+    )
     ctx = RunContext(cfg, pm, reg, None)
     agents, policies = ctx.build_swarm()
     torch.manual_seed(1)
@@ -77,7 +80,7 @@ def main() -> None:
         for p in policies.values():
             for w in p.parameters():
                 w.add_(torch.randn_like(w) * 0.05)
-    seeds = ctx.seeds("train")[:args.envs]
+    seeds = ctx.seeds("train")[: args.envs]
     learner = LocalLearner(policies)
     local = play(ctx, agents, LocalSampler(policies, learner), seeds, args.decisions)
     t0 = time.perf_counter()
@@ -88,14 +91,22 @@ def main() -> None:
     finally:
         engine.close()
     worst, tokens = mismatch(agents, remote[4])
-    print(f"{args.domain}/{args.task}, adapter swarm on the tiny base, {args.envs} envs x {args.decisions} decisions, "
-          f"torch threads {args.threads}")
-    print(f"local: {local[3]} decisions in {local[1]:.1f}s = {local[0]:.1f} decisions/s, {local[2]} batches "
-          f"({1000 * local[1] / max(1, local[2]):.1f} ms per batch)")
-    print(f"vllm:  {remote[3]} decisions in {remote[1]:.1f}s = {remote[0]:.1f} decisions/s, {remote[2]} batches "
-          f"({1000 * remote[1] / max(1, remote[2]):.1f} ms per batch); server start and sync {start:.1f}s")
+    print(
+        f"{args.domain}/{args.task}, adapter swarm on the tiny base, {args.envs} envs x {args.decisions} decisions, "
+        f"torch threads {args.threads}"
+    )
+    print(
+        f"local: {local[3]} decisions in {local[1]:.1f}s = {local[0]:.1f} decisions/s, {local[2]} batches "
+        f"({1000 * local[1] / max(1, local[2]):.1f} ms per batch)"
+    )
+    print(
+        f"vllm:  {remote[3]} decisions in {remote[1]:.1f}s = {remote[0]:.1f} decisions/s, {remote[2]} batches "
+        f"({1000 * remote[1] / max(1, remote[2]):.1f} ms per batch); server start and sync {start:.1f}s"
+    )
     print(f"vllm / local decisions per second: {remote[0] / local[0]:.2f}x")
-    print(f"per-token log-prob, server vs learner on the same weights: max |difference| {worst:.2e} over {tokens} tokens")
+    print(
+        f"per-token log-prob, server vs learner on the same weights: max |difference| {worst:.2e} over {tokens} tokens"
+    )
 
 
 if __name__ == "__main__":

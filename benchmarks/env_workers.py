@@ -15,6 +15,7 @@ workers for a domain whose step waits, and a real tiny ``swarm run`` with ``clus
     python benchmarks/env_workers.py --skip-job --latency 0.05
     python benchmarks/env_workers.py --skip-throughput
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,6 +72,7 @@ def sleepy_domain():
 
         def make_env(self, task):
             return SleepyEnv(super().make_env(task), float(task.get("step_latency_s", 0.05)))
+
     return SleepyDomain()
 
 
@@ -119,13 +121,20 @@ def throughput(args) -> None:
     task, domain = _task(args.latency), sleepy_domain()
     role = domain.roles[0].name
     t0 = time.perf_counter()
-    ray.init(num_cpus=args.num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    ray.init(
+        num_cpus=args.num_cpus,
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     print(f"local Ray started in {time.perf_counter() - t0:.1f} s (num_cpus={args.num_cpus})")
     steps, s = step_turns(domain, task, args.envs, args.turns, role)
     base = steps / s
-    print(f"in process: {steps} steps in {s:.2f} s = {base:.1f} steps/s (latency {args.latency * 1e3:.0f} ms, "
-          f"{args.envs} envs x {args.turns} turns)")
+    print(
+        f"in process: {steps} steps in {s:.2f} s = {base:.1f} steps/s (latency {args.latency * 1e3:.0f} ms, "
+        f"{args.envs} envs x {args.turns} turns)"
+    )
     rates = {}
     for n in args.workers:
         cluster = EnvCluster("sleepy", task, n, plugins=("benchmarks.env_workers",))
@@ -133,8 +142,10 @@ def throughput(args) -> None:
         steps, s = step_turns(ClusterDomain(domain, cluster), task, args.envs, args.turns, role)
         rates[n] = steps / s
         cluster.close()
-        print(f"{n} env worker(s): {steps} steps in {s:.2f} s = {rates[n]:.1f} steps/s "
-              f"({rates[n] / rates[min(rates)]:.2f}x {min(rates)} worker, {rates[n] / base:.2f}x in process)")
+        print(
+            f"{n} env worker(s): {steps} steps in {s:.2f} s = {rates[n]:.1f} steps/s "
+            f"({rates[n] / rates[min(rates)]:.2f}x {min(rates)} worker, {rates[n] / base:.2f}x in process)"
+        )
     ray.shutdown()
 
 
@@ -145,22 +156,33 @@ def tiny_job(args) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     walls = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, extra in [("in process", []), ("cluster.kind=ray", ["cluster.kind=ray", "cluster.env_workers=2",
-                                                                        f"cluster.num_cpus={args.num_cpus}"])]:
+        for name, extra in [
+            ("in process", []),
+            ("cluster.kind=ray", ["cluster.kind=ray", "cluster.env_workers=2", f"cluster.num_cpus={args.num_cpus}"]),
+        ]:
             t0 = time.perf_counter()
-            r = subprocess.run([sys.executable, "-m", "swarm_runtime.cli", "run", *TINY_RUN, *extra,
-                                f"run_dir={tmp}/{len(walls)}"], cwd=tmp, env=env, capture_output=True, text=True)
+            r = subprocess.run(
+                [sys.executable, "-m", "swarm_runtime.cli", "run", *TINY_RUN, *extra, f"run_dir={tmp}/{len(walls)}"],
+                cwd=tmp,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             walls[name] = time.perf_counter() - t0
             if r.returncode:
                 raise SystemExit(f"{name}: exit {r.returncode}: {r.stderr[-2000:]}")
             log = (Path(tmp) / str(len(walls) - 1) / "run.log").read_text()
             up = re.search(r"env workers on Ray: .* up in ([0-9.]+) s", log)
             start = float(up.group(1)) if up else 0.0
-            print(f"tiny job {name}: {walls[name]:.1f} s wall" + (f", of which {start:.1f} s starting Ray and "
-                                                                   "the workers" if up else ""))
+            print(
+                f"tiny job {name}: {walls[name]:.1f} s wall"
+                + (f", of which {start:.1f} s starting Ray and the workers" if up else "")
+            )
     ray_s, local_s = walls["cluster.kind=ray"], walls["in process"]
-    print(f"ratio cluster.kind=ray / in process: {ray_s / local_s:.2f}; without the start: "
-          f"{(ray_s - start) / local_s:.2f}")
+    print(
+        f"ratio cluster.kind=ray / in process: {ray_s / local_s:.2f}; without the start: "
+        f"{(ray_s - start) / local_s:.2f}"
+    )
 
 
 def main(argv=None) -> None:

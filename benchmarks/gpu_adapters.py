@@ -16,6 +16,7 @@ Without CUDA it prints why and exits 0 (CI has no GPU). ``--cpu-tiny`` runs the 
 with the tiny model's shape in float32 (``hardware=cpu``; peak memory is then the process's peak RSS): a
 check of the script's logic, not a measurement.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,11 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=512, help="prompt length in tokens")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--profile", default="h200", help="hardware profile whose dtype/micro-batch/memory apply")
-    ap.add_argument("--cpu-tiny", action="store_true", help="the same steps on the CPU, tiny shape, float32 "
-                    "(checks the script's logic; no measurement)")
+    ap.add_argument(
+        "--cpu-tiny",
+        action="store_true",
+        help="the same steps on the CPU, tiny shape, float32 (checks the script's logic; no measurement)",
+    )
     args = ap.parse_args()
     import torch
 
@@ -84,7 +88,7 @@ def main() -> int:
     from loguru import logger
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import LORA_TARGETS, resolve
+    from swarm_runtime.config import resolve
     from swarm_runtime.episode import Agent
     from swarm_runtime.memory_plan import make_plan
     from swarm_runtime.plugins import get_registry
@@ -105,14 +109,26 @@ def main() -> int:
     if args.cpu_tiny:
         print("device: cpu (--cpu-tiny: the tiny shape in float32, a check of the logic)")
     else:
-        print(f"device: {torch.cuda.get_device_name(0)}, "
-              f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+        print(
+            f"device: {torch.cuda.get_device_name(0)}, "
+            f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB"
+        )
     for n in args.agents:
         dev.reset()
-        cfg = resolve([f"hardware={args.profile}", "model.adapter=lora", f"model.lora.rank={args.rank}",
-                       f"model.lora.alpha={2 * args.rank}", f"model.max_prompt_tokens={args.prompt}",
-                       "model.max_action_tokens=8", f"algo.envs_per_step={args.envs}", "algo.branches_per_episode=1",
-                       *[f"model.{k}={v}" for k, v in arch.items()]], reg)
+        cfg = resolve(
+            [
+                f"hardware={args.profile}",
+                "model.adapter=lora",
+                f"model.lora.rank={args.rank}",
+                f"model.lora.alpha={2 * args.rank}",
+                f"model.max_prompt_tokens={args.prompt}",
+                "model.max_action_tokens=8",
+                f"algo.envs_per_step={args.envs}",
+                "algo.branches_per_episode=1",
+                *[f"model.{k}={v}" for k, v in arch.items()],
+            ],
+            reg,
+        )
         hw = cfg.hardware
         model_cfg = OmegaConf.merge(cfg.model, {"device": dev.name})
         roles = [f"agent{i}" for i in range(n)]
@@ -148,7 +164,9 @@ def main() -> int:
         roll_s = time.perf_counter() - t0
         roll_tokens = (len(rows) + args.envs) * args.prompt + sum(len(a.tokens) for a in acts)
         idx = {id(p): i for i, p in enumerate(policies.values())}
-        samples = [(idx[id(p)], q, a.tokens, float(k % 3)) for k, (p, q, a) in enumerate(zip(act_rows, act_prompts, acts))]
+        samples = [
+            (idx[id(p)], q, a.tokens, float(k % 3)) for k, (p, q, a) in enumerate(zip(act_rows, act_prompts, acts))
+        ]
         opts = {r: make_optimizer(p.parameters(), 1e-5, 0.0, 10) for r, p in policies.items()}
         t0 = time.perf_counter()
         action_update(agents, samples, opts, reward_scale=1.0, minibatch=mb, grad_clip=1.0)
@@ -156,11 +174,15 @@ def main() -> int:
         upd_s = time.perf_counter() - t0
         upd_tokens = sum(len(policies[agents[s[0]].role].encode_prompt(s[1])) + len(s[2]) for s in samples)
         peak = dev.peak()
-        print(f"\n{n} adapter agents on one {shared.n_base / 1e9:.2f}B base ({hw.dtype or 'float32'}, rank {args.rank}, "
-              f"micro-batch {mb}, {args.envs} envs, {args.prompt}-token prompts); built in {build_s:.1f}s")
+        print(
+            f"\n{n} adapter agents on one {shared.n_base / 1e9:.2f}B base ({hw.dtype or 'float32'}, rank {args.rank}, "
+            f"micro-batch {mb}, {args.envs} envs, {args.prompt}-token prompts); built in {build_s:.1f}s"
+        )
         print(f"  SFT step of every adapter: {sft_s:.2f}s, {sft_tps:,.0f} tokens/s")
-        print(f"  rollout turn (mixed bid batch of {len(rows)} rows + actions): {roll_s:.2f}s, "
-              f"{roll_tokens / roll_s:,.0f} tokens/s")
+        print(
+            f"  rollout turn (mixed bid batch of {len(rows)} rows + actions): {roll_s:.2f}s, "
+            f"{roll_tokens / roll_s:,.0f} tokens/s"
+        )
         print(f"  REINFORCE step per agent: {upd_s:.2f}s, {upd_tokens / upd_s:,.0f} tokens/s")
         what = "peak RSS of the process" if args.cpu_tiny else "peak CUDA memory"
         print(f"  {what} {peak / 2**30:.2f} GiB; the memory plan's estimate {plan.total / 2**30:.2f} GiB")

@@ -16,6 +16,7 @@ then the ratio of the peaks, 12 agents / 3 agents (issue 5's target: within 10%)
     python benchmarks/population_memory.py [--model tiny|small] [--episodes 32] [--decisions 120]
         [--replicas 1 4] [--checkpoint RUN_DIR/checkpoints/TAG/agents] [--device cpu]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,7 @@ def measure(args) -> dict:
     logger.remove()
     torch.set_num_threads(args.threads)
     pm, reg = get_registry()
-    overrides = [f"domain={args.domain}", f"task={args.task}", f"model={args.model}",
-                 f"hardware.device={args.device}"]
+    overrides = [f"domain={args.domain}", f"task={args.task}", f"model={args.model}", f"hardware.device={args.device}"]
     if args.decisions:
         overrides.append(f"task.max_decisions={args.decisions}")
     cfg = resolve(overrides, reg)
@@ -71,9 +71,18 @@ def measure(args) -> dict:
         # Control: the same swarm with one copy of the weights per agent (same seed or checkpoint, so the
         # same weights), i.e. what population scaling would cost without sharing.
         roles = [r.name for r in ctx.domain.roles]
-        agents = [Agent(a.name, a.role, a.policy if k % args.child == 0 else ctx.make_policy(
-            int(cfg.seed) * 100 + roles.index(a.role), init_dir / a.role if init_dir else None))
-            for k, a in enumerate(agents)]
+        agents = [
+            Agent(
+                a.name,
+                a.role,
+                a.policy
+                if k % args.child == 0
+                else ctx.make_policy(
+                    int(cfg.seed) * 100 + roles.index(a.role), init_dir / a.role if init_dir else None
+                ),
+            )
+            for k, a in enumerate(agents)
+        ]
     unique = {id(a.policy): a.policy for a in agents}
     param_bytes = sum(p.numel() * p.element_size() for pol in unique.values() for p in pol.parameters())
     per_agent_bytes = sum(p.numel() * p.element_size() for a in agents for p in a.policy.parameters())
@@ -85,13 +94,24 @@ def measure(args) -> dict:
     t0 = time.perf_counter()
     summary, episodes = evaluate(agents, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, int(cfg.seed))
     wall = time.perf_counter() - t0
-    out = {"agents": len(agents), "replicas": args.child, "shared": not args.unshared, "policies": len(unique),
-           "params": sum(p.numel() for pol in unique.values() for p in pol.parameters()),
-           "param_bytes": param_bytes, "param_bytes_if_unshared": per_agent_bytes,
-           "rss_built": rss_built, "peak_rss": peak_rss(), "episodes": len(episodes),
-           "decisions": sum(len(e.turns) for e in episodes), "wall_s": wall,
-           "reward_mean": summary["reward_mean"], "model": cfg.model.name,
-           "task": f"{cfg.domain}/{cfg.task_name}", "max_decisions": int(ctx.task.max_decisions)}
+    out = {
+        "agents": len(agents),
+        "replicas": args.child,
+        "shared": not args.unshared,
+        "policies": len(unique),
+        "params": sum(p.numel() for pol in unique.values() for p in pol.parameters()),
+        "param_bytes": param_bytes,
+        "param_bytes_if_unshared": per_agent_bytes,
+        "rss_built": rss_built,
+        "peak_rss": peak_rss(),
+        "episodes": len(episodes),
+        "decisions": sum(len(e.turns) for e in episodes),
+        "wall_s": wall,
+        "reward_mean": summary["reward_mean"],
+        "model": cfg.model.name,
+        "task": f"{cfg.domain}/{cfg.task_name}",
+        "max_decisions": int(ctx.task.max_decisions),
+    }
     if args.device.startswith("cuda"):
         out["cuda_peak"] = torch.cuda.max_memory_allocated()
     return out
@@ -118,8 +138,11 @@ def main() -> None:
     ap.add_argument("--checkpoint", default=None, help="RUN_DIR/checkpoints/TAG/agents: trained weights")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--no-control", action="store_true",
-                    help="skip the control run: the largest swarm with one copy of the weights per agent")
+    ap.add_argument(
+        "--no-control",
+        action="store_true",
+        help="skip the control run: the largest swarm with one copy of the weights per agent",
+    )
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--unshared", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -139,25 +162,33 @@ def main() -> None:
         print(f"measuring replicas={max(args.replicas)} with one weight copy per agent (control) ...", flush=True)
         results.append(run_child(max(args.replicas), argv, unshared=True))
     r0 = results[0]
-    print(f"\n{r0['task']}, model {r0['model']} ({r0['params'] / r0['policies'] / 1e6:.2f}M params per role), "
-          f"{r0['episodes']} held-out episodes per size in one batch, decision cap {r0['max_decisions']}, "
-          f"device {args.device}, torch threads {args.threads}"
-          + (f", weights from {args.checkpoint}" if args.checkpoint else ", fresh weights (same seed)"))
-    head = (f"{'agents':>6} {'weights':>8} {'policies':>8} {'params MiB':>10} {'if unshared':>11} {'RSS built MiB':>13} "
-            f"{'peak RSS MiB':>12} {'decisions':>9} {'play s':>7}")
+    print(
+        f"\n{r0['task']}, model {r0['model']} ({r0['params'] / r0['policies'] / 1e6:.2f}M params per role), "
+        f"{r0['episodes']} held-out episodes per size in one batch, decision cap {r0['max_decisions']}, "
+        f"device {args.device}, torch threads {args.threads}"
+        + (f", weights from {args.checkpoint}" if args.checkpoint else ", fresh weights (same seed)")
+    )
+    head = (
+        f"{'agents':>6} {'weights':>8} {'policies':>8} {'params MiB':>10} {'if unshared':>11} {'RSS built MiB':>13} "
+        f"{'peak RSS MiB':>12} {'decisions':>9} {'play s':>7}"
+    )
     print(head + ("  cuda peak MiB" if "cuda_peak" in r0 else ""))
     for r in results:
-        line = (f"{r['agents']:>6} {'shared' if r['shared'] else 'copied':>8} {r['policies']:>8} {r['param_bytes'] / MiB:>10.2f} "
-                f"{r['param_bytes_if_unshared'] / MiB:>11.2f} {r['rss_built'] / MiB:>13.1f} "
-                f"{r['peak_rss'] / MiB:>12.1f} {r['decisions']:>9} {r['wall_s']:>7.1f}")
+        line = (
+            f"{r['agents']:>6} {'shared' if r['shared'] else 'copied':>8} {r['policies']:>8} {r['param_bytes'] / MiB:>10.2f} "
+            f"{r['param_bytes_if_unshared'] / MiB:>11.2f} {r['rss_built'] / MiB:>13.1f} "
+            f"{r['peak_rss'] / MiB:>12.1f} {r['decisions']:>9} {r['wall_s']:>7.1f}"
+        )
         print(line + (f"  {r['cuda_peak'] / MiB:>13.1f}" if "cuda_peak" in r else ""))
     for r in results[1:]:
         ratio = r["peak_rss"] / r0["peak_rss"]
         what = f"{r['agents']} agents" + ("" if r["shared"] else " (copied weights, control)")
-        print(f"peak RSS {what} / {r0['agents']} agents: {ratio:.3f}"
-              + (f" ({'within' if ratio <= 1.10 else 'NOT within'} the 10% target); " if r["shared"] else "; ")
-              + f"peak {(r['peak_rss'] - r0['peak_rss']) / MiB:+.1f} MiB, "
-              f"after building the swarm {(r['rss_built'] - r0['rss_built']) / MiB:+.1f} MiB")
+        print(
+            f"peak RSS {what} / {r0['agents']} agents: {ratio:.3f}"
+            + (f" ({'within' if ratio <= 1.10 else 'NOT within'} the 10% target); " if r["shared"] else "; ")
+            + f"peak {(r['peak_rss'] - r0['peak_rss']) / MiB:+.1f} MiB, "
+            f"after building the swarm {(r['rss_built'] - r0['rss_built']) / MiB:+.1f} MiB"
+        )
         if "cuda_peak" in r:
             print(f"CUDA peak allocated {r['agents']} / {r0['agents']} agents: {r['cuda_peak'] / r0['cuda_peak']:.3f}")
 

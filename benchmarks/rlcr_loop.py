@@ -32,6 +32,7 @@ loop at its training batch, not the equal-actors comparison the target is about.
 
     python benchmarks/rlcr_loop.py [--actors 32] [--decisions 60] [--threads 2] [--rollouts 16] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,16 +99,32 @@ def main() -> None:
     ap.add_argument("--demo-episodes", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--ticks", type=float, nargs="+", default=[0.0, 10.0], help="rlcr.tick values to measure")
-    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
-                    help="cpu: this process's CPU seconds (time.process_time; robust to other jobs on a shared "
-                         "machine, and the same as wall time on an idle one with --threads 1); wall: elapsed seconds")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="time each loop this many times (interleaved) and keep its fastest run: on a shared, "
-                         "loaded machine the fastest is the least disturbed")
-    ap.add_argument("--mpt", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time today's MPT loop (auction + winner acts) at each team size on the same envs")
-    ap.add_argument("--rollouts", type=int, default=0,
-                    help="also run the exact loop with this many rollouts in flight per team size (0 = no)")
+    ap.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: this process's CPU seconds (time.process_time; robust to other jobs on a shared "
+        "machine, and the same as wall time on an idle one with --threads 1); wall: elapsed seconds",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="time each loop this many times (interleaved) and keep its fastest run: on a shared, "
+        "loaded machine the fastest is the least disturbed",
+    )
+    ap.add_argument(
+        "--mpt",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time today's MPT loop (auction + winner acts) at each team size on the same envs",
+    )
+    ap.add_argument(
+        "--rollouts",
+        type=int,
+        default=0,
+        help="also run the exact loop with this many rollouts in flight per team size (0 = no)",
+    )
     args = ap.parse_args()
     logger.remove()
     if args.threads:
@@ -146,24 +163,43 @@ def main() -> None:
         policy.act = counted_act
         policy.gen.manual_seed(0)
         t0 = clock()
-        eps = play(new_slots(ctx.domain, cfg.task, seeds[:args.actors]), [agent], coordinator, ctx.domain,
-                   args.decisions, random.Random(0))
+        eps = play(
+            new_slots(ctx.domain, cfg.task, seeds[: args.actors]),
+            [agent],
+            coordinator,
+            ctx.domain,
+            args.decisions,
+            random.Random(0),
+        )
         dt = clock() - t0
         del policy.act
         n = sum(len(e.turns) for e in eps)
-        return dt, (f"turn-based loop: {args.actors} envs x 1 model acting every turn, {n} actions in {{dt:.1f}} {unit} = "
-                    f"{{rate:.1f}} actions/{unit} (mean batch per model call {calls['rows'] / calls['n']:.1f} over "
-                    f"{calls['n']} calls; {100 * calls['s'] / dt:.0f}% of the time in model calls, "
-                    f"{1000 * calls['s'] / calls['n']:.1f} ms per call; mean prompt "
-                    f"{calls['tokens'] / calls['rows']:.1f} tokens)"), n, (calls["n"], calls["padded"])
+        return (
+            dt,
+            (
+                f"turn-based loop: {args.actors} envs x 1 model acting every turn, {n} actions in {{dt:.1f}} {unit} = "
+                f"{{rate:.1f}} actions/{unit} (mean batch per model call {calls['rows'] / calls['n']:.1f} over "
+                f"{calls['n']} calls; {100 * calls['s'] / dt:.0f}% of the time in model calls, "
+                f"{1000 * calls['s'] / calls['n']:.1f} ms per call; mean prompt "
+                f"{calls['tokens'] / calls['rows']:.1f} tokens)"
+            ),
+            n,
+            (calls["n"], calls["padded"]),
+        )
 
     def mpt_loop(k, envs):
         """Today's MPT loop at the concurrent run's team and envs: ``k`` agents (the domain's roles in turn,
         replicas as in population scaling) all serving from the one shared model, every turn a sealed-bid
         auction (every present agent bids, one batch) and the winner acts (one batch)."""
         roles = [r.name for r in ctx.domain.roles]
-        team = [Agent(roles[i % len(roles)] + (f"#{i // len(roles) + 1}" if k > len(roles) else ""),
-                      roles[i % len(roles)], policy) for i in range(k)]
+        team = [
+            Agent(
+                roles[i % len(roles)] + (f"#{i // len(roles) + 1}" if k > len(roles) else ""),
+                roles[i % len(roles)],
+                policy,
+            )
+            for i in range(k)
+        ]
         calls = {"n": 0, "s": 0.0, "bid": 0, "act": 0}
         originals = {m: getattr(policy, m) for m in ("act", "bid")}
 
@@ -175,22 +211,36 @@ def main() -> None:
                 out = originals[name](prompts, *a, **kw)
                 calls["s"] += clock() - t
                 return out
+
             return call
 
         for m in originals:
             setattr(policy, m, counted(m))
         policy.gen.manual_seed(0)
         t0 = clock()
-        eps = play(new_slots(ctx.domain, cfg.task, seeds[:envs]), team, auction, ctx.domain,
-                   args.decisions * args.actors // envs, random.Random(0))
+        eps = play(
+            new_slots(ctx.domain, cfg.task, seeds[:envs]),
+            team,
+            auction,
+            ctx.domain,
+            args.decisions * args.actors // envs,
+            random.Random(0),
+        )
         dt = clock() - t0
         for m in originals:
             delattr(policy, m)
         n = sum(1 for e in eps for t in e.turns if t.auction.winner is not None)
-        return dt, (f"MPT turn-based loop, {k} agents: {envs} envs x {k} agents on the one model, every turn an "
-                    f"auction then the winner acts, {n} actions in {{dt:.1f}} {unit} = {{rate:.1f}} actions/{unit} "
-                    f"({calls['bid']} bid calls + {calls['act']} action calls; {100 * calls['s'] / dt:.0f}% of the "
-                    f"time in model calls)"), n, (calls["n"], 0)
+        return (
+            dt,
+            (
+                f"MPT turn-based loop, {k} agents: {envs} envs x {k} agents on the one model, every turn an "
+                f"auction then the winner acts, {n} actions in {{dt:.1f}} {unit} = {{rate:.1f}} actions/{unit} "
+                f"({calls['bid']} bid calls + {calls['act']} action calls; {100 * calls['s'] / dt:.0f}% of the "
+                f"time in model calls)"
+            ),
+            n,
+            (calls["n"], 0),
+        )
 
     def concurrent(tick, k, envs):
         opts = loop_options(cfg, float("inf"), agents=k)
@@ -201,52 +251,81 @@ def main() -> None:
         rs = play_concurrent(ctx.domain, cfg.task, seeds[:envs], dec, opts)
         dt = clock() - t0
         n = sum(len(r.turns) for r in rs)
-        bound = (f", depth bound {depth_bound(rs)} calls; an agent repeats its previous action in "
-                 f"{100 * repeat_share(rs):.0f}% of its turns") if tick == 0 else ""
-        return dt, (f"concurrent loop, {k} agents, tick {tick:g}s: {envs} rollouts x {k} agents, {n} actions in "
-                    f"{{dt:.1f}} {unit} = {{rate:.1f}} actions/{unit} (mean batch per model call {dec.rows / dec.calls:.1f} over "
-                    f"{dec.calls} calls{bound}; {100 * dec.model_s / dt:.0f}% of the time in model calls, "
-                    f"{1000 * dec.model_s / dec.calls:.1f} ms per call; mean prompt "
-                    f"{dec.prompt_tokens / dec.rows:.1f} tokens; mean simulated minutes "
-                    f"{sum(r.duration for r in rs) / len(rs) / 60:.1f})"), n, (dec.calls, dec.padded)
+        bound = (
+            (
+                f", depth bound {depth_bound(rs)} calls; an agent repeats its previous action in "
+                f"{100 * repeat_share(rs):.0f}% of its turns"
+            )
+            if tick == 0
+            else ""
+        )
+        return (
+            dt,
+            (
+                f"concurrent loop, {k} agents, tick {tick:g}s: {envs} rollouts x {k} agents, {n} actions in "
+                f"{{dt:.1f}} {unit} = {{rate:.1f}} actions/{unit} (mean batch per model call {dec.rows / dec.calls:.1f} over "
+                f"{dec.calls} calls{bound}; {100 * dec.model_s / dt:.0f}% of the time in model calls, "
+                f"{1000 * dec.model_s / dec.calls:.1f} ms per call; mean prompt "
+                f"{dec.prompt_tokens / dec.rows:.1f} tokens; mean simulated minutes "
+                f"{sum(r.duration for r in rs) / len(rs) / 60:.1f})"
+            ),
+            n,
+            (dec.calls, dec.padded),
+        )
 
     best: dict = {}  # key -> (fastest seconds, its line, actions, (model calls, padded prompt tokens))
     with torch.no_grad():
         for _ in range(max(1, args.repeats)):
             for key in ["turn", *mpt_runs, *runs]:
-                res = (turn_based() if key == "turn" else mpt_loop(key[1], key[2]) if key[0] == "mpt"
-                       else concurrent(*key))
+                res = (
+                    turn_based() if key == "turn" else mpt_loop(key[1], key[2]) if key[0] == "mpt" else concurrent(*key)
+                )
                 if key not in best or res[0] < best[key][0]:
                     best[key] = res
     rates = {}
     for key, (dt, line, n, _) in best.items():
         rates[key] = n / dt
         print(line.format(dt=dt, rate=rates[key]))
-    print(f"(times are {'this process' + chr(39) + 's CPU seconds' if args.clock == 'cpu' else 'wall-clock seconds'}"
-          + (f"; each loop timed {args.repeats} times, interleaved, the fastest run of each shown)" if args.repeats > 1
-             else ")"))
-    print("(each ratio below: the concurrent loop's time per action over the turn-based loop's; the target is <= 1.5x, "
-          "below 1x the concurrent loop is the faster)")
-    for tick, k, envs in runs[:len(args.ticks) * len(args.agents)]:
-        print(f"per action, turn-based / concurrent with {k} agents, tick {tick:g}s: "
-              f"{rates['turn'] / rates[(tick, k, envs)]:.2f}x (target <= 1.5x)")
+    print(
+        f"(times are {'this process' + chr(39) + 's CPU seconds' if args.clock == 'cpu' else 'wall-clock seconds'}"
+        + (
+            f"; each loop timed {args.repeats} times, interleaved, the fastest run of each shown)"
+            if args.repeats > 1
+            else ")"
+        )
+    )
+    print(
+        "(each ratio below: the concurrent loop's time per action over the turn-based loop's; the target is <= 1.5x, "
+        "below 1x the concurrent loop is the faster)"
+    )
+    for tick, k, envs in runs[: len(args.ticks) * len(args.agents)]:
+        print(
+            f"per action, turn-based / concurrent with {k} agents, tick {tick:g}s: "
+            f"{rates['turn'] / rates[(tick, k, envs)]:.2f}x (target <= 1.5x)"
+        )
     for _, k, envs in mpt_runs:
         conc = (0.0, k, max(1, args.actors // k))
         same = "same envs and team" if envs == conc[2] else f"{envs} agents acting at once in both"
-        print(f"per action, MPT turn-based ({k} agents, {envs} envs) / concurrent with {k} agents, tick 0s "
-              f"({same}): {rates[('mpt', k, envs)] / rates[conc]:.2f}x (target <= 1.5x)")
+        print(
+            f"per action, MPT turn-based ({k} agents, {envs} envs) / concurrent with {k} agents, tick 0s "
+            f"({same}): {rates[('mpt', k, envs)] / rates[conc]:.2f}x (target <= 1.5x)"
+        )
     # Where a ratio comes from: the prefill's work per action (prompt tokens the model runs, rows padded to
     # the longest of their call) and the model calls per action (each call pays the decode steps' fixed cost).
     (_, _, n_turn, (c_turn, p_turn)) = best["turn"]
-    for tick, k, envs in runs[:len(args.ticks) * len(args.agents)]:
+    for tick, k, envs in runs[: len(args.ticks) * len(args.agents)]:
         _, _, n_c, (c_c, p_c) = best[(tick, k, envs)]
-        print(f"  where it comes from, {k} agents, tick {tick:g}s: prefill tokens per action {p_c / n_c:.1f} vs "
-              f"{p_turn / n_turn:.1f} ({(p_c / n_c) / (p_turn / n_turn):.2f}x), model calls per action "
-              f"{c_c / n_c:.3f} vs {c_turn / n_turn:.3f} ({(c_c / n_c) / (c_turn / n_turn):.1f}x)")
-    for tick, k, envs in runs[len(args.ticks) * len(args.agents):]:
-        print(f"per action, turn-based ({args.actors} envs) / concurrent with {k} agents, tick 0s, "
-              f"{envs} rollouts in flight (the training batch, not equal actors): "
-              f"{rates['turn'] / rates[(tick, k, envs)]:.2f}x")
+        print(
+            f"  where it comes from, {k} agents, tick {tick:g}s: prefill tokens per action {p_c / n_c:.1f} vs "
+            f"{p_turn / n_turn:.1f} ({(p_c / n_c) / (p_turn / n_turn):.2f}x), model calls per action "
+            f"{c_c / n_c:.3f} vs {c_turn / n_turn:.3f} ({(c_c / n_c) / (c_turn / n_turn):.1f}x)"
+        )
+    for tick, k, envs in runs[len(args.ticks) * len(args.agents) :]:
+        print(
+            f"per action, turn-based ({args.actors} envs) / concurrent with {k} agents, tick 0s, "
+            f"{envs} rollouts in flight (the training batch, not equal actors): "
+            f"{rates['turn'] / rates[(tick, k, envs)]:.2f}x"
+        )
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"model {policy.n_params / 1e6:.2f}M params, torch threads {torch.get_num_threads()}, commit {rev}")
 

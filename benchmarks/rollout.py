@@ -14,6 +14,7 @@ Prints, from one run on the same models and seeds:
 
     python benchmarks/rollout.py [--envs 32] [--decisions 60] [--domain minecraft --task iron_pickaxe] [--hardware h200]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     pm, reg = get_registry()
-    cfg = resolve([f"domain={args.domain}", f"task={args.task}", f"task.max_decisions={args.decisions}",
-                   f"hardware={args.hardware}"], reg)
+    cfg = resolve(
+        [
+            f"domain={args.domain}",
+            f"task={args.task}",
+            f"task.max_decisions={args.decisions}",
+            f"hardware={args.hardware}",
+        ],
+        reg,
+    )
     ctx = RunContext(cfg, pm, reg, None)
     agents, policies = ctx.build_swarm()
     # A short SFT so the models emit real actions (the same models serve both loops).
@@ -99,16 +107,20 @@ def main() -> None:
     nn, wn, fn = run([[s] for s in seeds[: args.naive_envs]])
     nk, wk, _ = run([seeds[: args.envs]], keyed=True)
     rate_b, rate_n = nb / wb, nn / wn
-    print(f"domain {args.domain}/{args.task}, model {cfg.model.name} on {cfg.hardware.device} "
-          f"({next(iter(policies.values())).n_params / 1e6:.2f}M params x {len(policies)} agents), "
-          f"torch threads {torch.get_num_threads()}, decision cap {cap}")
+    print(
+        f"domain {args.domain}/{args.task}, model {cfg.model.name} on {cfg.hardware.device} "
+        f"({next(iter(policies.values())).n_params / 1e6:.2f}M params x {len(policies)} agents), "
+        f"torch threads {torch.get_num_threads()}, decision cap {cap}"
+    )
     print(f"batched loop: {args.envs} envs, {nb} decisions in {wb:.1f}s = {rate_b:.1f} decisions/s")
     print(f"naive loop:   {args.naive_envs} envs one at a time, {nn} decisions in {wn:.1f}s = {rate_n:.1f} decisions/s")
     print(f"speed-up batched / naive: {rate_b / rate_n:.1f}x (target >= 10x)")
     print(f"batched loop time outside model forward passes: {100 * (wb - fb) / wb:.1f}% (target <= 20%)")
     print(f"naive loop time outside model forward passes:   {100 * (wn - fn) / wn:.1f}%")
-    print(f"batched loop with common random numbers: {nk} decisions in {wk:.1f}s = {nk / wk:.1f} decisions/s, "
-          f"{(nk / wk) / rate_b:.2f}x the generators' rate")
+    print(
+        f"batched loop with common random numbers: {nk} decisions in {wk:.1f}s = {nk / wk:.1f} decisions/s, "
+        f"{(nk / wk) / rate_b:.2f}x the generators' rate"
+    )
     choices = {role: ctx.domain.action_choices(ctx.task, role) for role in policies}
     if any(choices.values()):
         spent = {False: 0.0, True: 0.0}  # constrained? -> seconds of action generation
@@ -123,10 +135,12 @@ def main() -> None:
                         pol.constrain_actions(texts)
                     t0 = time.perf_counter()
                     for _ in range(3):
-                        pol.act(ps[:args.envs])
+                        pol.act(ps[: args.envs])
                     spent[constrain] += time.perf_counter() - t0
-        print(f"action generation with constrained decoding: {spent[True]:.2f}s against {spent[False]:.2f}s free "
-              f"on the same prompts, {spent[True] / spent[False]:.2f}x the free-text time")
+        print(
+            f"action generation with constrained decoding: {spent[True]:.2f}s against {spent[False]:.2f}s free "
+            f"on the same prompts, {spent[True] / spent[False]:.2f}x the free-text time"
+        )
 
 
 if __name__ == "__main__":

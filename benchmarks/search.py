@@ -9,6 +9,7 @@ drawn from random documents. Prints, per corpus size and backend: build time
 (median, p95), then the rank_bm25 / sparse ratio of the medians measured in
 this one run (the machine is shared and noisy: compare ratios, not absolutes).
 """
+
 from __future__ import annotations
 
 import argparse

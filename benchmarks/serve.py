@@ -24,6 +24,7 @@ source run is never written to), it prints:
     python benchmarks/serve.py --run RUN_DIR [--checkpoint sft] [--episodes 8] [--concurrency 8]
         [--fault-episodes 16] [--chaos-interval 3] [--kill-gateway-at 0.5] [--skip-population] [--out results.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,16 @@ class Gateway:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [sys.executable, "-m", "swarm_runtime.cli", "serve", str(run), f"checkpoint={tag}",
-                     f"serve.port={self.port}", *args]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "swarm_runtime.cli",
+            "serve",
+            str(run),
+            f"checkpoint={tag}",
+            f"serve.port={self.port}",
+            *args,
+        ]
         self.log = log
         self.start()
 
@@ -155,8 +164,7 @@ async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s
     stop = asyncio.Event()
     up = asyncio.Event()
     up.set()
-    gk: dict = {"killed_at_s": None, "back_after_s": None, "cut": 0, "interrupted": [], "resent": 0,
-                "replayed": []}
+    gk: dict = {"killed_at_s": None, "back_after_s": None, "cut": 0, "interrupted": [], "resent": 0, "replayed": []}
     t0 = time.perf_counter()
 
     async def chaos():
@@ -207,6 +215,7 @@ async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s
     grid = [(r, s) for r in range(runs) for s in seeds]
     sem = asyncio.Semaphore(concurrency)
     async with SwarmClient(gw.url, timeout=max_s) as client:
+
         async def one(r, s):
             noise = str(key_hash(seed, r, s))
             async with sem:
@@ -249,15 +258,26 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=8, help="held-out seeds")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--fault-episodes", type=int, default=16, help="episodes of the fault run (runs x seeds)")
-    ap.add_argument("--fault-concurrency", type=int, default=None,
-                    help="episodes of the fault run in flight at once (default: all of them)")
+    ap.add_argument(
+        "--fault-concurrency",
+        type=int,
+        default=None,
+        help="episodes of the fault run in flight at once (default: all of them)",
+    )
     ap.add_argument("--chaos-interval", type=float, default=3.0)
-    ap.add_argument("--kill-gateway-at", type=float, default=0.5,
-                    help="kill -9 the gateway once when this share of the fault run's decisions is made (negative: never)")
+    ap.add_argument(
+        "--kill-gateway-at",
+        type=float,
+        default=0.5,
+        help="kill -9 the gateway once when this share of the fault run's decisions is made (negative: never)",
+    )
     ap.add_argument("--overhead-episodes", type=int, default=2)
     ap.add_argument("--skip-population", action="store_true")
-    ap.add_argument("--throughput-only", action="store_true",
-                    help="in process and the fault-free served grid only (no overhead, fault or population phase)")
+    ap.add_argument(
+        "--throughput-only",
+        action="store_true",
+        help="in process and the fault-free served grid only (no overhead, fault or population phase)",
+    )
     ap.add_argument("--max-seconds", type=float, default=1800, help="bound on each served phase")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -279,73 +299,130 @@ def main() -> None:
     ctx = RunContext(cfg, pm, reg, run)
     seeds = ctx.domain.episode_seeds(ctx.task, "eval")[: a.episodes]
     eval_seed = int(cfg.seed) + 7919
-    out: dict = {"run": str(a.run), "checkpoint": a.checkpoint, "task": f"{cfg.domain}/{cfg.task_name}",
-                 "seeds": len(seeds)}
+    out: dict = {
+        "run": str(a.run),
+        "checkpoint": a.checkpoint,
+        "task": f"{cfg.domain}/{cfg.task_name}",
+        "seeds": len(seeds),
+    }
 
     # 1. in process
     agents, _ = ctx.build_swarm(run / "checkpoints" / a.checkpoint / "agents")
     t0 = time.perf_counter()
-    res, eps = evaluate(agents, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, eval_seed, cfg.eval.temperature,
-                        common_random_numbers=True)
+    res, eps = evaluate(
+        agents,
+        ctx.coordinator(),
+        ctx.domain,
+        ctx.task,
+        seeds,
+        1,
+        eval_seed,
+        cfg.eval.temperature,
+        common_random_numbers=True,
+    )
     wall = time.perf_counter() - t0
-    out["in_process"] = {"reward": (res["reward_mean"], res["reward_se"]), "wall_s": wall,
-                         "decisions_per_s": sum(len(e.turns) for e in eps) / wall}
-    print(f"in process: reward {res['reward_mean']:.2f} ± {res['reward_se']:.2f} over {len(seeds)} seeds, "
-          f"{out['in_process']['decisions_per_s']:.1f} decisions/s", flush=True)
+    out["in_process"] = {
+        "reward": (res["reward_mean"], res["reward_se"]),
+        "wall_s": wall,
+        "decisions_per_s": sum(len(e.turns) for e in eps) / wall,
+    }
+    print(
+        f"in process: reward {res['reward_mean']:.2f} ± {res['reward_se']:.2f} over {len(seeds)} seeds, "
+        f"{out['in_process']['decisions_per_s']:.1f} decisions/s",
+        flush=True,
+    )
 
-    gw = Gateway(run, a.checkpoint, ["serve.probe_interval_ms=200", f"serve.max_episodes={max(64, a.fault_episodes)}"],
-                 tmp / "gateway.log").wait()
+    gw = Gateway(
+        run,
+        a.checkpoint,
+        ["serve.probe_interval_ms=200", f"serve.max_episodes={max(64, a.fault_episodes)}"],
+        tmp / "gateway.log",
+    ).wait()
     try:
         # 2. served, fault-free: equality and throughput
         b0, m0 = batching(gw), scrape(gw.url)
         sres, seps, bodies, swall = asyncio.run(served_grid(gw.url, seeds, 1, eval_seed, a.concurrency))
         b1, m1 = batching(gw), scrape(gw.url)
-        same = sum([(t.winner, t.bids, t.action_text, t.reward) for t in x.turns] ==
-                   [(t.winner, t.bids, t.action_text, t.reward) for t in y.turns] for x, y in zip(eps, seps))
+        same = sum(
+            [(t.winner, t.bids, t.action_text, t.reward) for t in x.turns]
+            == [(t.winner, t.bids, t.action_text, t.reward) for t in y.turns]
+            for x, y in zip(eps, seps)
+        )
         lat, _ = turn_stats(bodies)
-        out["served"] = {"reward": (sres["reward_mean"], sres["reward_se"]), "identical_episodes": same,
-                         "wall_s": swall, "decisions_per_s": sum(len(e.turns) for e in seps) / swall,
-                         "concurrency": a.concurrency, "missed_bids": sum(b["missed_bids"] for b in bodies),
-                         "failovers": sum(b["failovers"] for b in bodies), "turn_latency_ms_p50": pct(lat, 50),
-                         "turn_latency_ms_p99": pct(lat, 99),
-                         "worker_requests": b1["requests"] - b0["requests"],
-                         "worker_batches": b1["batches"] - b0["batches"],
-                         "gateway_cpu_ms_per_turn": (m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"])
-                         / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"]) * 1000,
-                         "workers_cpu_ms_per_turn": (b1["cpu_s"] - b0["cpu_s"])
-                         / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"]) * 1000}
-        print(f"served: reward {sres['reward_mean']:.2f} ± {sres['reward_se']:.2f}, {same}/{len(seeds)} episodes "
-              f"identical to in process ({out['served']['missed_bids']} missed bids, {out['served']['failovers']} "
-              f"failovers); {out['served']['decisions_per_s']:.1f} decisions/s at concurrency "
-              f"{a.concurrency} ({out['served']['decisions_per_s'] / out['in_process']['decisions_per_s']:.2f}x "
-              f"in process); workers answered {out['served']['worker_requests']} requests in "
-              f"{out['served']['worker_batches']} batches "
-              f"({out['served']['worker_requests'] / max(1, out['served']['worker_batches']):.2f} per batch); "
-              f"gateway CPU {out['served']['gateway_cpu_ms_per_turn']:.1f} ms per turn, workers' CPU "
-              f"{out['served']['workers_cpu_ms_per_turn']:.1f} ms per turn", flush=True)
+        out["served"] = {
+            "reward": (sres["reward_mean"], sres["reward_se"]),
+            "identical_episodes": same,
+            "wall_s": swall,
+            "decisions_per_s": sum(len(e.turns) for e in seps) / swall,
+            "concurrency": a.concurrency,
+            "missed_bids": sum(b["missed_bids"] for b in bodies),
+            "failovers": sum(b["failovers"] for b in bodies),
+            "turn_latency_ms_p50": pct(lat, 50),
+            "turn_latency_ms_p99": pct(lat, 99),
+            "worker_requests": b1["requests"] - b0["requests"],
+            "worker_batches": b1["batches"] - b0["batches"],
+            "gateway_cpu_ms_per_turn": (m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"])
+            / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"])
+            * 1000,
+            "workers_cpu_ms_per_turn": (b1["cpu_s"] - b0["cpu_s"])
+            / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"])
+            * 1000,
+        }
+        print(
+            f"served: reward {sres['reward_mean']:.2f} ± {sres['reward_se']:.2f}, {same}/{len(seeds)} episodes "
+            f"identical to in process ({out['served']['missed_bids']} missed bids, {out['served']['failovers']} "
+            f"failovers); {out['served']['decisions_per_s']:.1f} decisions/s at concurrency "
+            f"{a.concurrency} ({out['served']['decisions_per_s'] / out['in_process']['decisions_per_s']:.2f}x "
+            f"in process); workers answered {out['served']['worker_requests']} requests in "
+            f"{out['served']['worker_batches']} batches "
+            f"({out['served']['worker_requests'] / max(1, out['served']['worker_batches']):.2f} per batch); "
+            f"gateway CPU {out['served']['gateway_cpu_ms_per_turn']:.1f} ms per turn, workers' CPU "
+            f"{out['served']['workers_cpu_ms_per_turn']:.1f} ms per turn",
+            flush=True,
+        )
         if a.throughput_only:
             return finish(a, out, tmp)
         # 3. overhead, one episode at a time
         m0 = scrape(gw.url)
         _, _, ob, _ = asyncio.run(served_grid(gw.url, seeds[: a.overhead_episodes], 1, eval_seed, 1))
         m1 = scrape(gw.url)
-        cpu_turn = (m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"]) / max(
-            1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"]) * 1000
+        cpu_turn = (
+            (m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"])
+            / max(1.0, m1["swarm_turns_total"] - m0["swarm_turns_total"])
+            * 1000
+        )
         lat1, over1 = turn_stats(ob)
         comp1 = [r["compute_ms"] for b in ob for r in b["turns"]]
-        out["overhead"] = {"turns": len(over1), "overhead_ms_p50": pct(over1, 50), "overhead_ms_p99": pct(over1, 99),
-                           "turn_latency_ms_p50": pct(lat1, 50), "compute_ms_p50": pct(comp1, 50),
-                           "gateway_cpu_ms_per_turn": cpu_turn}
-        print(f"gateway overhead per turn beyond model compute (one episode at a time, {len(over1)} turns): "
-              f"p50 {pct(over1, 50):.1f} ms, p99 {pct(over1, 99):.1f} ms (turn latency p50 {pct(lat1, 50):.1f} ms, "
-              f"model compute p50 {pct(comp1, 50):.1f} ms); gateway CPU {cpu_turn:.1f} ms per turn "
-              f"(env steps included)", flush=True)
+        out["overhead"] = {
+            "turns": len(over1),
+            "overhead_ms_p50": pct(over1, 50),
+            "overhead_ms_p99": pct(over1, 99),
+            "turn_latency_ms_p50": pct(lat1, 50),
+            "compute_ms_p50": pct(comp1, 50),
+            "gateway_cpu_ms_per_turn": cpu_turn,
+        }
+        print(
+            f"gateway overhead per turn beyond model compute (one episode at a time, {len(over1)} turns): "
+            f"p50 {pct(over1, 50):.1f} ms, p99 {pct(over1, 99):.1f} ms (turn latency p50 {pct(lat1, 50):.1f} ms, "
+            f"model compute p50 {pct(comp1, 50):.1f} ms); gateway CPU {cpu_turn:.1f} ms per turn "
+            f"(env steps included)",
+            flush=True,
+        )
         # 4. fault run
         runs = max(1, -(-a.fault_episodes // len(seeds)))
-        fb, kills, fwall, gk = asyncio.run(fault_run(gw, seeds, runs, eval_seed, a.fault_concurrency or a.fault_episodes,
-                                                     a.chaos_interval,
-                                                     a.max_seconds, a.kill_gateway_at if a.kill_gateway_at >= 0
-                                                     else None, runs * len(seeds) * int(cfg.task.max_decisions)))
+        fb, kills, fwall, gk = asyncio.run(
+            fault_run(
+                gw,
+                seeds,
+                runs,
+                eval_seed,
+                a.fault_concurrency or a.fault_episodes,
+                a.chaos_interval,
+                a.max_seconds,
+                a.kill_gateway_at if a.kill_gateway_at >= 0 else None,
+                runs * len(seeds) * int(cfg.task.max_decisions),
+            )
+        )
         ok = [b for b in fb if isinstance(b, dict) and b.get("status") == "done"]
         ends = [b for b in fb if isinstance(b, dict) and b.get("status") in ("done", "degraded", "interrupted")]
         ids = [b["id"] for b in fb if isinstance(b, dict)]
@@ -359,33 +436,54 @@ def main() -> None:
         free = {(b["seed"], b["noise"]): b["reward"] for b in bodies}
         paired = [(b["reward"], free[(b["seed"], b["noise"])]) for b in ok if (b["seed"], b["noise"]) in free]
         fr = [b["reward"] for b in ok]
-        out["fault"] = {"episodes": len(fb), "completed": len(ok),
-                        "ended": {st: sum(1 for b in fb if isinstance(b, dict) and b.get("status") == st)
-                                  for st in ("done", "degraded", "interrupted", "failed")},
-                        "lost": len(fb) - len(ends), "transcript_duplicates": len(logged) - len(set(logged)),
-                        "gateway_kill": gk,
-                        "errors": [str(b)[:200] for b in fb if not isinstance(b, dict) or b.get("status") not in ("done", "degraded", "interrupted")],
-                        "duplicated_ids": len(ids) - len(set(ids)), "duplicated_episodes": len(keys) - len(set(keys)),
-                        "kills": len(kills), "wall_s": fwall, "reward_mean": statistics.mean(fr) if fr else None,
-                        "reward_fault_free_same_noise": statistics.mean(f for _, f in paired) if paired else None,
-                        "reward_faulty_same_noise": statistics.mean(x for x, _ in paired) if paired else None,
-                        "missed_bids": sum(b["missed_bids"] for b in ok), "failovers": sum(b["failovers"] for b in ok),
-                        "decisions": sum(b["decisions"] for b in ok),
-                        "turn_latency_ms_p50": pct(flat, 50), "turn_latency_ms_p99": pct(flat, 99)}
+        out["fault"] = {
+            "episodes": len(fb),
+            "completed": len(ok),
+            "ended": {
+                st: sum(1 for b in fb if isinstance(b, dict) and b.get("status") == st)
+                for st in ("done", "degraded", "interrupted", "failed")
+            },
+            "lost": len(fb) - len(ends),
+            "transcript_duplicates": len(logged) - len(set(logged)),
+            "gateway_kill": gk,
+            "errors": [
+                str(b)[:200]
+                for b in fb
+                if not isinstance(b, dict) or b.get("status") not in ("done", "degraded", "interrupted")
+            ],
+            "duplicated_ids": len(ids) - len(set(ids)),
+            "duplicated_episodes": len(keys) - len(set(keys)),
+            "kills": len(kills),
+            "wall_s": fwall,
+            "reward_mean": statistics.mean(fr) if fr else None,
+            "reward_fault_free_same_noise": statistics.mean(f for _, f in paired) if paired else None,
+            "reward_faulty_same_noise": statistics.mean(x for x, _ in paired) if paired else None,
+            "missed_bids": sum(b["missed_bids"] for b in ok),
+            "failovers": sum(b["failovers"] for b in ok),
+            "decisions": sum(b["decisions"] for b in ok),
+            "turn_latency_ms_p50": pct(flat, 50),
+            "turn_latency_ms_p99": pct(flat, 99),
+        }
         f = out["fault"]
-        print(f"fault run: of {f['episodes']} episodes {f['ended']['done']} done, {f['ended']['degraded']} degraded, "
-              f"{f['ended']['interrupted']} interrupted by the gateway kill at {gk['killed_at_s']}s, after "
-              f"{gk.get('turns_before_kill')} turns (listed by the "
-              f"restarted gateway, back after {gk['back_after_s']}s, and replayed: "
-              f"{[r[2] for r in gk['replayed']]}), {gk['resent']} not yet started and sent again, {f['lost']} lost, "
-              f"{f['transcript_duplicates']} duplicated in episodes.jsonl", flush=True)
+        print(
+            f"fault run: of {f['episodes']} episodes {f['ended']['done']} done, {f['ended']['degraded']} degraded, "
+            f"{f['ended']['interrupted']} interrupted by the gateway kill at {gk['killed_at_s']}s, after "
+            f"{gk.get('turns_before_kill')} turns (listed by the "
+            f"restarted gateway, back after {gk['back_after_s']}s, and replayed: "
+            f"{[r[2] for r in gk['replayed']]}), {gk['resent']} not yet started and sent again, {f['lost']} lost, "
+            f"{f['transcript_duplicates']} duplicated in episodes.jsonl",
+            flush=True,
+        )
         num = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
-        print(f"fault run: {f['completed']}/{f['episodes']} episodes completed, {f['duplicated_episodes']} duplicated, "
-              f"{f['kills']} workers killed (every {a.chaos_interval:g}s, {fwall:.0f}s); reward "
-              f"{num(f['reward_faulty_same_noise'])} vs {num(f['reward_fault_free_same_noise'])} fault-free on the same "
-              f"{len(paired)} (seed, noise) pairs; {f['missed_bids']} missed bids, {f['failovers']} failovers in "
-              f"{f['decisions']} decisions; turn latency p50 {f['turn_latency_ms_p50']:.0f} ms, "
-              f"p99 {f['turn_latency_ms_p99']:.0f} ms", flush=True)
+        print(
+            f"fault run: {f['completed']}/{f['episodes']} episodes completed, {f['duplicated_episodes']} duplicated, "
+            f"{f['kills']} workers killed (every {a.chaos_interval:g}s, {fwall:.0f}s); reward "
+            f"{num(f['reward_faulty_same_noise'])} vs {num(f['reward_fault_free_same_noise'])} fault-free on the same "
+            f"{len(paired)} (seed, noise) pairs; {f['missed_bids']} missed bids, {f['failovers']} failovers in "
+            f"{f['decisions']} decisions; turn latency p50 {f['turn_latency_ms_p50']:.0f} ms, "
+            f"p99 {f['turn_latency_ms_p99']:.0f} ms",
+            flush=True,
+        )
     finally:
         gw.stop()
 
@@ -397,16 +495,47 @@ def main() -> None:
             ag, _ = ctx.build_swarm(run / "checkpoints" / a.checkpoint / "agents", replicas=k)
             victims = sorted(random.Random(n).sample(range(n), n // 3))
             mask = [i not in victims for i in range(n)]
-            r_all, _ = evaluate(ag, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, eval_seed,
-                                cfg.eval.temperature, common_random_numbers=True)
-            r_abs, e_abs = evaluate(ag, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, eval_seed,
-                                    cfg.eval.temperature, presence=lambda _s, _t, _n: mask,
-                                    common_random_numbers=True)
-            r_drop, _ = evaluate(ag, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, eval_seed,
-                                 cfg.eval.temperature, presence=dropout_presence(1 / 3, n, per="episode"),
-                                 common_random_numbers=True)
-            g = Gateway(run, a.checkpoint, [f"serve.replicas={k}", "serve.restart_workers=false",
-                                            "serve.probe_interval_ms=200"], tmp / f"gateway-{n}.log").wait()
+            r_all, _ = evaluate(
+                ag,
+                ctx.coordinator(),
+                ctx.domain,
+                ctx.task,
+                seeds,
+                1,
+                eval_seed,
+                cfg.eval.temperature,
+                common_random_numbers=True,
+            )
+            r_abs, e_abs = evaluate(
+                ag,
+                ctx.coordinator(),
+                ctx.domain,
+                ctx.task,
+                seeds,
+                1,
+                eval_seed,
+                cfg.eval.temperature,
+                presence=lambda _s, _t, _n: mask,
+                common_random_numbers=True,
+            )
+            r_drop, _ = evaluate(
+                ag,
+                ctx.coordinator(),
+                ctx.domain,
+                ctx.task,
+                seeds,
+                1,
+                eval_seed,
+                cfg.eval.temperature,
+                presence=dropout_presence(1 / 3, n, per="episode"),
+                common_random_numbers=True,
+            )
+            g = Gateway(
+                run,
+                a.checkpoint,
+                [f"serve.replicas={k}", "serve.restart_workers=false", "serve.probe_interval_ms=200"],
+                tmp / f"gateway-{n}.log",
+            ).wait()
             try:
                 agents_now = g.agents()
                 for i in victims:
@@ -415,21 +544,29 @@ def main() -> None:
                 r_sv, e_sv, b_sv, _ = asyncio.run(served_grid(g.url, seeds, 1, eval_seed, a.concurrency))
             finally:
                 g.stop()
-            same = sum([(t.winner, t.action_text, t.reward) for t in x.turns] ==
-                       [(t.winner, t.action_text, t.reward) for t in y.turns] for x, y in zip(e_abs, e_sv))
-            out["population"][n] = {"killed": [agents_now[i]["name"] for i in victims],
-                                    "served_killed": (r_sv["reward_mean"], r_sv["reward_se"]),
-                                    "in_process_same_absent": (r_abs["reward_mean"], r_abs["reward_se"]),
-                                    "identical_episodes": same,
-                                    "in_process_all_present": (r_all["reward_mean"], r_all["reward_se"]),
-                                    "in_process_dropout_episode_p1/3": (r_drop["reward_mean"], r_drop["reward_se"]),
-                                    "missed_bids": sum(b["missed_bids"] for b in b_sv)}
-            print(f"{n} agents, {n // 3} workers killed ({', '.join(out['population'][n]['killed'])}): served reward "
-                  f"{r_sv['reward_mean']:.2f} ± {r_sv['reward_se']:.2f}; in process with the same agents absent "
-                  f"{r_abs['reward_mean']:.2f} ± {r_abs['reward_se']:.2f} ({same}/{len(seeds)} episodes identical); "
-                  f"in process, all present {r_all['reward_mean']:.2f} ± {r_all['reward_se']:.2f}, per-episode "
-                  f"dropout p = 1/3 (swarm experiment dropout's draw) {r_drop['reward_mean']:.2f} ± "
-                  f"{r_drop['reward_se']:.2f}", flush=True)
+            same = sum(
+                [(t.winner, t.action_text, t.reward) for t in x.turns]
+                == [(t.winner, t.action_text, t.reward) for t in y.turns]
+                for x, y in zip(e_abs, e_sv)
+            )
+            out["population"][n] = {
+                "killed": [agents_now[i]["name"] for i in victims],
+                "served_killed": (r_sv["reward_mean"], r_sv["reward_se"]),
+                "in_process_same_absent": (r_abs["reward_mean"], r_abs["reward_se"]),
+                "identical_episodes": same,
+                "in_process_all_present": (r_all["reward_mean"], r_all["reward_se"]),
+                "in_process_dropout_episode_p1/3": (r_drop["reward_mean"], r_drop["reward_se"]),
+                "missed_bids": sum(b["missed_bids"] for b in b_sv),
+            }
+            print(
+                f"{n} agents, {n // 3} workers killed ({', '.join(out['population'][n]['killed'])}): served reward "
+                f"{r_sv['reward_mean']:.2f} ± {r_sv['reward_se']:.2f}; in process with the same agents absent "
+                f"{r_abs['reward_mean']:.2f} ± {r_abs['reward_se']:.2f} ({same}/{len(seeds)} episodes identical); "
+                f"in process, all present {r_all['reward_mean']:.2f} ± {r_all['reward_se']:.2f}, per-episode "
+                f"dropout p = 1/3 (swarm experiment dropout's draw) {r_drop['reward_mean']:.2f} ± "
+                f"{r_drop['reward_se']:.2f}",
+                flush=True,
+            )
     finish(a, out, tmp)
 
 

@@ -12,6 +12,7 @@ the worker's CPU (``/proc/PID/stat``, Linux) and the wall time:
 
     python benchmarks/serve_http.py --model RUN/checkpoints/TAG/agents/ROLE [--requests 400] [--rounds 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,13 @@ async def via_httpcore(url: str, body: dict, n: int) -> None:
     ext = {"timeout": {"connect": 30, "read": 30, "write": 30, "pool": 30}}
     async with httpcore.AsyncConnectionPool() as pool:
         for _ in range(n):
-            r = await pool.request("POST", url, content=json.dumps(body).encode(), extensions=ext,
-                                   headers=[(b"content-type", b"application/json")])
+            r = await pool.request(
+                "POST",
+                url,
+                content=json.dumps(body).encode(),
+                extensions=ext,
+                headers=[(b"content-type", b"application/json")],
+            )
             assert r.status == 200, r.content
             json.loads(r.content)
 
@@ -77,10 +83,17 @@ def main() -> None:
 
     meta = json.loads((Path(a.model) / "swarm_policy.json").read_text())
     port, name = free_port(), Path(a.model).name
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    worker = subprocess.Popen([sys.executable, "-m", "swarm_runtime.serve.worker", "--model", a.model, "--name", name,
-                               "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "swarm_runtime.serve.worker", "--model", a.model, "--name", name, "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     try:
         import httpx
 
@@ -94,9 +107,14 @@ def main() -> None:
                 raise SystemExit(f"the worker exited with {worker.returncode}")
             time.sleep(0.5)
         url = f"http://127.0.0.1:{port}/v1/completions"
-        body = {"model": name, "prompt": f"you are {name} . goal iron_pickaxe . inventory : none . bid :",
-                "max_tokens": 1, "temperature": 1.0, "seed": seed_for(7, 0, 0, 0),
-                "guided_choice": [bid_token(b) for b in meta["bid_levels"]]}
+        body = {
+            "model": name,
+            "prompt": f"you are {name} . goal iron_pickaxe . inventory : none . bid :",
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "seed": seed_for(7, 0, 0, 0),
+            "guided_choice": [bid_token(b) for b in meta["bid_levels"]],
+        }
         clients = {"httpx": via_httpx, "httpcore": via_httpcore}
         if importlib.util.find_spec("aiohttp") is not None:
             clients["aiohttp"] = via_aiohttp
@@ -108,8 +126,11 @@ def main() -> None:
                 asyncio.run(fn(url, body, a.requests))
                 s1, c1, w1 = proc_cpu(worker.pid), time.process_time(), time.perf_counter()
                 n = a.requests
-                print(f"round {r + 1} {kind:9s} client CPU {(c1 - c0) / n * 1000:.2f} ms, worker CPU "
-                      f"{(s1 - s0) / n * 1000:.2f} ms, wall {(w1 - w0) / n * 1000:.2f} ms", flush=True)
+                print(
+                    f"round {r + 1} {kind:9s} client CPU {(c1 - c0) / n * 1000:.2f} ms, worker CPU "
+                    f"{(s1 - s0) / n * 1000:.2f} ms, wall {(w1 - w0) / n * 1000:.2f} ms",
+                    flush=True,
+                )
     finally:
         worker.send_signal(signal.SIGTERM)
         try:

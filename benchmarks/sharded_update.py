@@ -11,6 +11,7 @@ norm of both, each rank's share of the parameters, and the seconds (docs/distrib
     python benchmarks/sharded_update.py --engine fsdp --world 2
     DS_ACCELERATOR=cpu /path/to/venv-with-deepspeed/bin/python benchmarks/sharded_update.py --engine deepspeed
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,11 +46,21 @@ def main(argv=None) -> None:
     demos = collect_demos(domain, cfg.task, list(range(args.seeds)))
     pol = make()
     rng = random.Random(0)
-    batch = [(e.prompt, pol.action_target(e.target), rng.uniform(-1.0, 1.0))
-             for role in demos for e in demos[role] if e.kind == "act"]
+    batch = [
+        (e.prompt, pol.action_target(e.target), rng.uniform(-1.0, 1.0))
+        for role in demos
+        for e in demos[role]
+        if e.kind == "act"
+    ]
     a = cfg.algo
-    s = OptimSettings(lr=float(a.lr), weight_decay=float(a.weight_decay), total_steps=int(a.iterations),
-                      eps=float(a.adam_eps), minibatch=args.minibatch, grad_clip=float(a.grad_clip))
+    s = OptimSettings(
+        lr=float(a.lr),
+        weight_decay=float(a.weight_decay),
+        total_steps=int(a.iterations),
+        eps=float(a.adam_eps),
+        minibatch=args.minibatch,
+        grad_clip=float(a.grad_clip),
+    )
     before = {n: p.detach().clone() for n, p in pol.model.named_parameters()}
     opt, sched = make_optimizer(pol.parameters(), s.lr, s.weight_decay, s.total_steps, s.warmup, eps=s.eps)
     t0 = time.perf_counter()
@@ -63,13 +74,17 @@ def main(argv=None) -> None:
     diff = max(float((state[n] - one[n].detach()).abs().max()) for n in names)
     moved = max(float((before[n] - one[n].detach()).abs().max()) for n in names)
     total = sum(p.numel() for p in one.values())
-    print(f"engine {args.engine}, {args.world} ranks, {len(batch)} samples, minibatch {args.minibatch}, "
-          f"{total} parameters ({len(names)} tensors compared)")
+    print(
+        f"engine {args.engine}, {args.world} ranks, {len(batch)} samples, minibatch {args.minibatch}, "
+        f"{total} parameters ({len(names)} tensors compared)"
+    )
     print(f"max abs diff vs 1 process: {diff:.3g} (the update moved parameters by up to {moved:.3g})")
     print(f"loss {m['loss']:.6g} vs {loss:.6g}; grad norm {m['grad_norm']:.6g} vs {norm:.6g}")
     print(f"parameters held per rank: {m.get('shard_params_by_rank')}")
-    print(f"seconds: 1 process {one_s:.2f}; sharded update in rank 0 {m['seconds']:.2f} "
-          f"(with model build and sharding); wall with process start {wall:.1f}")
+    print(
+        f"seconds: 1 process {one_s:.2f}; sharded update in rank 0 {m['seconds']:.2f} "
+        f"(with model build and sharding); wall with process start {wall:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ while this process trains. From each run's ``metrics.jsonl`` and ``eval.json`` i
 Each run starts its own vLLM server (``rollout.engine=vllm``); ``--engine openai`` with
 ``rollout.url=...`` in the overrides samples on a server you started instead (docs/engine.md, section 3).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,23 @@ from pathlib import Path
 
 def run_args(k: int, a, run_dir: Path) -> list[str]:
     """The ``swarm run`` arguments of the run with ``rollout.max_staleness=k``."""
-    return [f"domain={a.domain}", f"task={a.task}", "model.adapter=lora", f"rollout.engine={a.engine}",
-            f"rollout.max_staleness={k}", f"algo.iterations={a.iterations}", f"algo.envs_per_step={a.envs}",
-            f"eval.episodes={a.eval_episodes}", "eval.runs=1", "skip_sft_eval=true", "progress=false",
-            "hardware.threads=1", f"seed={a.seed}", f"run_dir={run_dir}", *a.overrides]
+    return [
+        f"domain={a.domain}",
+        f"task={a.task}",
+        "model.adapter=lora",
+        f"rollout.engine={a.engine}",
+        f"rollout.max_staleness={k}",
+        f"algo.iterations={a.iterations}",
+        f"algo.envs_per_step={a.envs}",
+        f"eval.episodes={a.eval_episodes}",
+        "eval.runs=1",
+        "skip_sft_eval=true",
+        "progress=false",
+        "hardware.threads=1",
+        f"seed={a.seed}",
+        f"run_dir={run_dir}",
+        *a.overrides,
+    ]
 
 
 def summarize(run_dir: Path, envs: int) -> dict:
@@ -50,25 +64,56 @@ def summarize(run_dir: Path, envs: int) -> dict:
 
     def worst(prefix: str) -> float:
         return max([v for r in steps for k, v in r.items() if k.startswith(prefix)], default=float("nan"))
-    return {"updates": len(steps), "decisions": decisions, "decisions_per_s": decisions / wall,
-            "rollout_decisions_per_s": decisions / rollout, "s_per_update": wall / len(steps),
-            "staleness": sum(stale) / len(stale), "action_kl": worst("mismatch/approx_kl_"),
-            "bid_kl": worst("mismatch/bid_approx_kl_"),
-            "train_return": sum(r["charts/episode_reward"] for r in steps) / len(steps),
-            "eval": ev["reward_mean"], "eval_se": ev["reward_se"]}
+
+    return {
+        "updates": len(steps),
+        "decisions": decisions,
+        "decisions_per_s": decisions / wall,
+        "rollout_decisions_per_s": decisions / rollout,
+        "s_per_update": wall / len(steps),
+        "staleness": sum(stale) / len(stale),
+        "action_kl": worst("mismatch/approx_kl_"),
+        "bid_kl": worst("mismatch/bid_approx_kl_"),
+        "train_return": sum(r["charts/episode_reward"] for r in steps) / len(steps),
+        "eval": ev["reward_mean"],
+        "eval_se": ev["reward_se"],
+    }
 
 
 def table(results: dict[int, dict]) -> str:
-    head = ("k", "decisions/s", "vs k=0", "rollout dec/s", "s/update", "staleness", "action KL", "bid KL",
-            "train return", "eval (± se)", "run wall s")
+    head = (
+        "k",
+        "decisions/s",
+        "vs k=0",
+        "rollout dec/s",
+        "s/update",
+        "staleness",
+        "action KL",
+        "bid KL",
+        "train return",
+        "eval (± se)",
+        "run wall s",
+    )
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     base = results[min(results)]["decisions_per_s"]
     for k, r in sorted(results.items()):
-        lines.append(" | ".join([str(k), f"{r['decisions_per_s']:.1f}", f"{r['decisions_per_s'] / base:.2f}x",
-                                 f"{r['rollout_decisions_per_s']:.1f}", f"{r['s_per_update']:.1f}",
-                                 f"{r['staleness']:.2f}", f"{r['action_kl']:.1e}", f"{r['bid_kl']:.1e}",
-                                 f"{r['train_return']:.2f}", f"{r['eval']:.2f} ± {r['eval_se']:.2f}",
-                                 "-" if r.get("wall") is None else f"{r['wall']:.0f}"]))
+        lines.append(
+            " | ".join(
+                [
+                    str(k),
+                    f"{r['decisions_per_s']:.1f}",
+                    f"{r['decisions_per_s'] / base:.2f}x",
+                    f"{r['rollout_decisions_per_s']:.1f}",
+                    f"{r['s_per_update']:.1f}",
+                    f"{r['staleness']:.2f}",
+                    f"{r['action_kl']:.1e}",
+                    f"{r['bid_kl']:.1e}",
+                    f"{r['train_return']:.2f}",
+                    f"{r['eval']:.2f} ± {r['eval_se']:.2f}",
+                    "-" if r.get("wall") is None else f"{r['wall']:.0f}",
+                ]
+            )
+        )
     return "\n".join("| " + x + " |" for x in lines)
 
 
@@ -93,19 +138,25 @@ def main(argv=None) -> int:
         print(table({k: summarize(Path(a.out) / f"k{k}", a.envs) for k in a.ks}))
         return 0
     if a.engine == "vllm" and not os.environ.get("SWARM_VLLM_PYTHON"):
-        print("benchmarks/staleness.py: set SWARM_VLLM_PYTHON to the python of a virtualenv with vLLM "
-              "(docs/engine.md), or give --engine openai rollout.url=...", file=sys.stderr)
+        print(
+            "benchmarks/staleness.py: set SWARM_VLLM_PYTHON to the python of a virtualenv with vLLM "
+            "(docs/engine.md), or give --engine openai rollout.url=...",
+            file=sys.stderr,
+        )
         return 2
     out = Path(a.out or tempfile.mkdtemp(prefix="staleness-"))
     results = {}
     for k in a.ks:
         run_dir = out / f"k{k}"
         t0 = time.perf_counter()
-        res = subprocess.run([sys.executable, "-m", "swarm_runtime.cli", "run", *run_args(k, a, run_dir)],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "-m", "swarm_runtime.cli", "run", *run_args(k, a, run_dir)], capture_output=True, text=True
+        )
         if res.returncode != 0:
-            print(f"rollout.max_staleness={k}: the run failed (exit {res.returncode}):\n{res.stderr[-3000:]}",
-                  file=sys.stderr)
+            print(
+                f"rollout.max_staleness={k}: the run failed (exit {res.returncode}):\n{res.stderr[-3000:]}",
+                file=sys.stderr,
+            )
             return 1
         results[k] = {**summarize(run_dir, a.envs), "wall": time.perf_counter() - t0}
         print(f"k={k}: {json.dumps(results[k])}", flush=True)

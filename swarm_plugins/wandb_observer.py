@@ -15,6 +15,7 @@ What is logged: every ``swarm_on_train_step`` metric that is a number (``losses/
 rewards as ``rollout/episode_reward`` (a running count as the x axis); the held-out table's
 numbers into the run summary (``eval/...``); the resolved config as the run config.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,10 @@ def _wandb():
     try:
         import wandb
     except ImportError as exc:
-        raise ImportError(f"{ENV} is set but the wandb package is not installed: pip install 'swarm-runtime[wandb]' "
-                          f"(or unset {ENV}, or SWARM_DISABLE_PLUGINS=wandb)") from exc
+        raise ImportError(
+            f"{ENV} is set but the wandb package is not installed: pip install 'swarm-runtime[wandb]' "
+            f"(or unset {ENV}, or SWARM_DISABLE_PLUGINS=wandb)"
+        ) from exc
     return wandb
 
 
@@ -68,9 +71,14 @@ def swarm_on_run_start(config: Any, run_dir: str) -> None:
     cfg = OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else dict(config)
     if _state["run"] is not None:  # a previous run in this process (an experiment's trainings)
         _state["run"].finish()
-    _state["run"] = wandb.init(project=project, dir=str(run_dir), config=cfg, reinit=True,
-                               name=os.path.basename(os.path.normpath(str(run_dir))),
-                               group=str(cfg.get("experiment", {}).get("name") or "") or None)
+    _state["run"] = wandb.init(
+        project=project,
+        dir=str(run_dir),
+        config=cfg,
+        reinit=True,
+        name=os.path.basename(os.path.normpath(str(run_dir))),
+        group=str(cfg.get("experiment", {}).get("name") or "") or None,
+    )
     _state["episodes"] = 0
 
 

@@ -2,6 +2,7 @@
 
 The core knows no domain by name; domains arrive through :mod:`swarm_runtime.hookspecs`.
 """
+
 import pluggy
 
 __version__ = "0.1.0"

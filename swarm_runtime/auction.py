@@ -5,11 +5,12 @@ absent this turn (dropout, or not part of the swarm). The highest bid wins, ties
 are broken uniformly at random with the caller's seeded ``rng``, and a turn
 where every present bid is 0 is skipped.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)

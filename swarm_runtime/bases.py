@@ -7,10 +7,11 @@ it. Roles on one base share it: with ``model.adapter=lora`` one copy of it in me
 role, and one engine server per base (``rollout.engine=openai|vllm``); with full copies each role has
 its own model anyway, built from its base's settings. Pure functions over the model section.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,8 +20,17 @@ from swarm_runtime.errors import ConfigError
 #: The name of the base ``model.*`` describes (roles ``model.role_base`` does not name sit on it).
 DEFAULT = "default"
 #: The ``model.*`` keys a base of ``model.bases`` may set (the rest are the run's: sampling, adapters, ...).
-BASE_KEYS = ("path", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "max_positions",
-             "dtype", "arch")
+BASE_KEYS = (
+    "path",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "max_positions",
+    "dtype",
+    "arch",
+)
 #: A base name: it names a checkpoint folder (``base-NAME``) and a ``rollout.urls`` key.
 NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,40}")
 
@@ -93,23 +103,33 @@ def check(model_cfg, roles: Sequence[str] | None = None) -> None:
     bases, role_base = bases_of(model_cfg), _section(model_cfg, "role_base")
     for name, keys in bases.items():
         if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name == DEFAULT:
-            raise ConfigError(f"model.bases.{name}: a base name is 1-40 letters, digits, '-' or '_', and not "
-                              f"{DEFAULT!r} (the base model.* describes)")
+            raise ConfigError(
+                f"model.bases.{name}: a base name is 1-40 letters, digits, '-' or '_', and not "
+                f"{DEFAULT!r} (the base model.* describes)"
+            )
         if not isinstance(keys, dict) or not keys:
-            raise ConfigError(f"model.bases.{name}={keys!r} is not valid: must set some of {', '.join(BASE_KEYS)} "
-                              f"(e.g. model.bases.{name}.path=/models/qwen3-8b)")
+            raise ConfigError(
+                f"model.bases.{name}={keys!r} is not valid: must set some of {', '.join(BASE_KEYS)} "
+                f"(e.g. model.bases.{name}.path=/models/qwen3-8b)"
+            )
         bad = [k for k in keys if k not in BASE_KEYS]
         if bad:
-            raise ConfigError(f"model.bases.{name}.{bad[0]} is not a base setting; valid: {', '.join(BASE_KEYS)} "
-                              "(the other model.* keys are the run's, shared by every base)")
+            raise ConfigError(
+                f"model.bases.{name}.{bad[0]} is not a base setting; valid: {', '.join(BASE_KEYS)} "
+                "(the other model.* keys are the run's, shared by every base)"
+            )
     valid = [DEFAULT, *bases]
     for role, name in role_base.items():
         if roles is not None and role not in roles:
             raise ConfigError(f"model.role_base.{role}: no role {role!r}; valid: {', '.join(roles)}")
         if str(name) not in valid:
-            raise ConfigError(f"model.role_base.{role}={name!r}: no base {name!r}; valid: {', '.join(valid)} "
-                              f"(declare one with model.bases.{name}.path=... or model.bases.{name}.hidden_size=...)")
+            raise ConfigError(
+                f"model.role_base.{role}={name!r}: no base {name!r}; valid: {', '.join(valid)} "
+                f"(declare one with model.bases.{name}.path=... or model.bases.{name}.hidden_size=...)"
+            )
     unused = [n for n in bases if n not in {str(v) for v in role_base.values()}]
     if unused:
-        raise ConfigError(f"model.bases.{unused[0]} is given to no role; put a role on it "
-                          f"(model.role_base.ROLE={unused[0]}) or drop it")
+        raise ConfigError(
+            f"model.bases.{unused[0]} is given to no role; put a role on it "
+            f"(model.role_base.ROLE={unused[0]}) or drop it"
+        )

@@ -2,6 +2,7 @@
 the auction, round-robin, Graph-of-Agents and AgentNet coordinators, the credit
 schemes, the transformers policy backend, the MPT and monolithic algorithms and
 the experiments of ``swarm experiment``."""
+
 from __future__ import annotations
 
 from swarm_runtime import hookimpl
@@ -10,7 +11,6 @@ from swarm_runtime import hookimpl
 @hookimpl
 def swarm_register_coordinators(register):
     from swarm_runtime.auction import AuctionCoordinator, RoundRobinCoordinator
-
     from swarm_runtime.coordinators import AgentNetCoordinator, GraphOfAgentsCoordinator
 
     register("auction", AuctionCoordinator)
@@ -39,9 +39,8 @@ def swarm_register_policy_backends(register):
 
 @hookimpl
 def swarm_register_algorithms(register):
-    from swarm_runtime.train.mpt import MPTTrainer
-
     from swarm_runtime.train.monolithic import MonolithicTrainer
+    from swarm_runtime.train.mpt import MPTTrainer
 
     register("mpt", MPTTrainer)
     register("monolithic", MonolithicTrainer)

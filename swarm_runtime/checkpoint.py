@@ -11,6 +11,7 @@ and plain Python values, loaded with ``torch.load(weights_only=True)``, which re
 (a planted pickle payload is an error naming the file, never run). ``state.json`` is written last:
 a folder with it is complete. ``state.json`` also records ``metrics_rows``, the number of
 ``metrics.jsonl`` rows the checkpoint covers, so a resumed run drops the rows written after it."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ def loading_models(agents_dir: Path):
         raise
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise CheckpointError(f"the models in {agents_dir} cannot be loaded ({type(exc).__name__}: {first}); "
-                              "resume or evaluate another checkpoint (checkpoint=TAG)") from exc
+        raise CheckpointError(
+            f"the models in {agents_dir} cannot be loaded ({type(exc).__name__}: {first}); "
+            "resume or evaluate another checkpoint (checkpoint=TAG)"
+        ) from exc
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -63,8 +66,9 @@ def metrics_rows(run_dir: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-def save_checkpoint(run_dir: Path, tag: str, agents_by_role: dict, optimizers: dict, state: dict,
-                    run_rng: random.Random, keep: int = 2) -> Path:
+def save_checkpoint(
+    run_dir: Path, tag: str, agents_by_role: dict, optimizers: dict, state: dict, run_rng: random.Random, keep: int = 2
+) -> Path:
     """Write ``checkpoints/<tag>/`` with one Hugging Face folder per agent model
     (``agents/<role>/``), optimizer/scheduler/RNG state, and ``state.json``."""
     root = claim(run_dir / "checkpoints")
@@ -135,19 +139,24 @@ def latest_checkpoint(run_dir: Path, repair: bool = True) -> Path | None:
         return None
     for p in (root, pointer):
         if p.is_symlink() and not inside(run_dir, p):
-            raise CheckpointError(f"{p} is a link out of the run folder {str(run_dir)!r}; swarm does not read through "
-                                  f"it: delete it. {_what_to_do(run_dir)}")
+            raise CheckpointError(
+                f"{p} is a link out of the run folder {str(run_dir)!r}; swarm does not read through "
+                f"it: delete it. {_what_to_do(run_dir)}"
+            )
     try:
         tag = pointer.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{pointer} cannot be read ({exc}); {_what_to_do(run_dir)}") from exc
     if not TAG_RE.fullmatch(tag) or tag in (".", ".."):
-        raise CheckpointError(f"{pointer} holds {tag[:60]!r}, not a checkpoint folder name inside {root}; "
-                              f"{_what_to_do(run_dir)}")
+        raise CheckpointError(
+            f"{pointer} holds {tag[:60]!r}, not a checkpoint folder name inside {root}; {_what_to_do(run_dir)}"
+        )
     path = root / tag
     if path.is_symlink() and not inside(run_dir, path):
-        raise CheckpointError(f"{path} is a link out of the run folder {str(run_dir)!r}; swarm does not load "
-                              "checkpoints through it: delete the link")
+        raise CheckpointError(
+            f"{path} is a link out of the run folder {str(run_dir)!r}; swarm does not load "
+            "checkpoints through it: delete the link"
+        )
     if complete(path):
         return path
     for spare in (root / f".tmp-{tag}", root / f".old-{tag}"):
@@ -155,8 +164,9 @@ def latest_checkpoint(run_dir: Path, repair: bool = True) -> Path | None:
             if not repair:
                 return spare
             os.replace(spare, path)
-            logger.warning("checkpoints/latest named {}, which a crash left at {}; renamed it back into place",
-                           tag, spare.name)
+            logger.warning(
+                "checkpoints/latest named {}, which a crash left at {}; renamed it back into place", tag, spare.name
+            )
             return path
     raise CheckpointError(f"{pointer} names {tag!r}, but {path} is incomplete or missing; {_what_to_do(run_dir)}")
 
@@ -173,8 +183,10 @@ def _what_to_do(run_dir: Path) -> str:
     tags = complete_tags(run_dir)
     if not tags:
         return "the run has no complete checkpoint: start it again with overwrite=true"
-    return (f"complete checkpoints: {', '.join(tags)}; write one of these names into "
-            f"{Path(run_dir) / 'checkpoints' / 'latest'} to continue from it")
+    return (
+        f"complete checkpoints: {', '.join(tags)}; write one of these names into "
+        f"{Path(run_dir) / 'checkpoints' / 'latest'} to continue from it"
+    )
 
 
 def load_state(ckpt: Path) -> dict:
@@ -187,8 +199,10 @@ def load_state(ckpt: Path) -> dict:
         raise CheckpointError(f"{path} is not valid JSON ({exc}); the checkpoint is corrupted") from exc
     problem = state_problem(state, Path(ckpt).name)
     if problem:
-        raise CheckpointError(f"{path} is not a valid checkpoint state: {problem}; the checkpoint is damaged (resume "
-                              f"or evaluate another one: {_what_to_do(Path(ckpt).parent.parent)})")
+        raise CheckpointError(
+            f"{path} is not a valid checkpoint state: {problem}; the checkpoint is damaged (resume "
+            f"or evaluate another one: {_what_to_do(Path(ckpt).parent.parent)})"
+        )
     return state
 
 
@@ -274,8 +288,10 @@ def load_tensors(path: Path) -> dict:
     except Exception as exc:  # UnpicklingError (unsafe object), RuntimeError/EOFError (truncated, garbage)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            raise CheckpointError(f"{path} holds pickled objects other than tensors and plain values; refusing "
-                                  "to load it (it could run code). Use a checkpoint written by swarm") from exc
+            raise CheckpointError(
+                f"{path} holds pickled objects other than tensors and plain values; refusing "
+                "to load it (it could run code). Use a checkpoint written by swarm"
+            ) from exc
         raise CheckpointError(f"{path} is corrupted or truncated ({type(exc).__name__}: {first[:160]})") from exc
     if not isinstance(out, dict):
         raise CheckpointError(f"{path} does not hold a dict of training state")

@@ -1,13 +1,14 @@
 """The ``swarm`` command line.
 
-    swarm run domain=minecraft task=iron_pickaxe [key=value ...]
-    swarm eval RUN_DIR [checkpoint=TAG] [eval.runs=3 ...] [serve.url=http://HOST:PORT]
-    swarm serve RUN_DIR [checkpoint=TAG] [serve.replicas=K] [serve.port=P ...]
-    swarm experiment NAME [key=value ...] | swarm experiment --list
-    swarm domains | swarm plugins | swarm config [key=value ...] [--plan]
-    swarm export RUN_DIR [checkpoint=TAG] [merged=true]
-    recipe=NAME (any of run, config, experiment): a shipped recipe's settings (or recipe=PATH.yaml), the command line winning
+swarm run domain=minecraft task=iron_pickaxe [key=value ...]
+swarm eval RUN_DIR [checkpoint=TAG] [eval.runs=3 ...] [serve.url=http://HOST:PORT]
+swarm serve RUN_DIR [checkpoint=TAG] [serve.replicas=K] [serve.port=P ...]
+swarm experiment NAME [key=value ...] | swarm experiment --list
+swarm domains | swarm plugins | swarm config [key=value ...] [--plan]
+swarm export RUN_DIR [checkpoint=TAG] [merged=true]
+recipe=NAME (any of run, config, experiment): a shipped recipe's settings (or recipe=PATH.yaml), the command line winning
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,11 @@ def _resume_picks(overrides: list[str]) -> list[str]:
         return overrides
     if not isinstance(data, dict):
         return overrides
-    extra = [f"{k}={data[s]}" for k, s in (("domain", "domain"), ("task", "task_name"))
-             if k not in kv and isinstance(data.get(s), str)]
+    extra = [
+        f"{k}={data[s]}"
+        for k, s in (("domain", "domain"), ("task", "task_name"))
+        if k not in kv and isinstance(data.get(s), str)
+    ]
     return extra + overrides
 
 
@@ -72,9 +76,8 @@ def cmd_run(args) -> int:
 def cmd_config(args) -> int:
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import resolve
+    from swarm_runtime.config import precheck, resolve
     from swarm_runtime.secrets import redacted
-    from swarm_runtime.config import precheck
 
     args.overrides = expand_recipe(args.overrides)
     precheck(args.overrides)
@@ -108,8 +111,10 @@ def find_recipe(given: str):
         shipped = files("swarm_runtime").joinpath("recipes", f"{name}.yaml")
         if shipped.is_file():
             return shipped
-    raise ConfigError(f"recipe {given!r} is neither a file nor a shipped recipe; shipped recipes: "
-                      f"{', '.join(recipe_names()) or '(none)'}")
+    raise ConfigError(
+        f"recipe {given!r} is neither a file nor a shipped recipe; shipped recipes: "
+        f"{', '.join(recipe_names()) or '(none)'}"
+    )
 
 
 def expand_recipe(overrides: list[str]) -> list[str]:
@@ -128,14 +133,17 @@ def expand_recipe(overrides: list[str]) -> list[str]:
             data = yaml.safe_load(find_recipe(given).read_text()) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
-            raise ConfigError(f"recipe {given!r} is not YAML ({first}); a recipe is a YAML mapping of key: value "
-                              "(configs/*.yaml)") from exc
+            raise ConfigError(
+                f"recipe {given!r} is not YAML ({first}); a recipe is a YAML mapping of key: value (configs/*.yaml)"
+            ) from exc
         if not isinstance(data, dict):
             raise ConfigError(f"recipe {given!r} must be a mapping of key: value")
         control = [str(k) for k in data if str(k) in RUN_CONTROL]
         if control:
-            raise ConfigError(f"recipe {given!r} sets {control[0]}: {', '.join(RUN_CONTROL)} pick and operate a run "
-                              f"folder and come from the command line only; remove {control[0]} from the recipe")
+            raise ConfigError(
+                f"recipe {given!r} sets {control[0]}: {', '.join(RUN_CONTROL)} pick and operate a run "
+                f"folder and come from the command line only; remove {control[0]} from the recipe"
+            )
         for k, v in data.items():
             if isinstance(v, (dict, list)):
                 v = yaml.safe_dump(v, default_flow_style=True).strip()
@@ -155,8 +163,10 @@ def print_plan(cfg, reg) -> int:
     plan = make_plan(cfg, roles, roles, vocab)
     print(plan.format())
     if not plan.fits:
-        raise ConfigError(f"does not fit: ~{plan.total / 2 ** 30:.1f} GiB needed, {plan.budget / 2 ** 30:.1f} GiB on "
-                          f"hardware {cfg.hardware.name!r}; try {'; or '.join(plan.fixes)}")
+        raise ConfigError(
+            f"does not fit: ~{plan.total / 2**30:.1f} GiB needed, {plan.budget / 2**30:.1f} GiB on "
+            f"hardware {cfg.hardware.name!r}; try {'; or '.join(plan.fixes)}"
+        )
     return 0
 
 
@@ -164,9 +174,7 @@ def cmd_export(args) -> int:
     """``swarm export RUN [checkpoint=TAG] [merged=true] [out=DIR]``: one Hugging Face folder per role."""
     import shutil
 
-    from swarm_runtime.checkpoint import latest_checkpoint
-
-    from swarm_runtime.checkpoint import TAG_RE, loading_models
+    from swarm_runtime.checkpoint import TAG_RE, latest_checkpoint, loading_models
     from swarm_runtime.runfiles import check_link, check_links, claim, inside
 
     run_dir = Path(args.run_dir)
@@ -184,26 +192,33 @@ def cmd_export(args) -> int:
         raise ConfigError(f"merged={opts['merged']!r} is not valid; valid: true, false")
     tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
     if opts["checkpoint"] is not None and not TAG_RE.fullmatch(opts["checkpoint"]):
-        raise ConfigError(f"checkpoint {opts['checkpoint']!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}")
+        raise ConfigError(
+            f"checkpoint {opts['checkpoint']!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}"
+        )
     ckpt = run_dir / "checkpoints" / opts["checkpoint"] if opts["checkpoint"] else latest_checkpoint(run_dir)
     if ckpt is None or not (ckpt / "state.json").exists():
-        raise ConfigError(f"checkpoint {opts['checkpoint'] or 'latest'!r} not found in {run_dir}; valid: "
-                          f"{', '.join(tags) or '(none)'}")
+        raise ConfigError(
+            f"checkpoint {opts['checkpoint'] or 'latest'!r} not found in {run_dir}; valid: "
+            f"{', '.join(tags) or '(none)'}"
+        )
     if opts["out"] == "":
         raise ConfigError("out= is empty; give a folder (default RUN/export/TAG)")
     check_link(run_dir, run_dir / "export")
     out = Path(opts["out"]) if opts["out"] else claim(run_dir / "export") / ckpt.name
     if inside(run_dir / "checkpoints", out):
-        raise ConfigError(f"out={str(out)!r} is inside the run's checkpoints ({str(run_dir / 'checkpoints')!r}): swarm "
-                          "export never writes into or deletes from a checkpoint; give another folder (default "
-                          "RUN/export/TAG)")
+        raise ConfigError(
+            f"out={str(out)!r} is inside the run's checkpoints ({str(run_dir / 'checkpoints')!r}): swarm "
+            "export never writes into or deletes from a checkpoint; give another folder (default "
+            "RUN/export/TAG)"
+        )
     roles = sorted(p.name for p in (ckpt / "agents").iterdir() if p.is_dir())
     with loading_models(ckpt / "agents"):
         if cfg.model.get("adapter", "none") == "lora":
             from swarm_runtime.policy.adapters import export_adapters
 
-            written = export_adapters(ckpt / "agents", out, roles, [float(b) for b in cfg.algo.bid_levels],
-                                      merged=opts["merged"] == "true")
+            written = export_adapters(
+                ckpt / "agents", out, roles, [float(b) for b in cfg.algo.bid_levels], merged=opts["merged"] == "true"
+            )
         else:  # full copies are Hugging Face folders already
             from swarm_runtime.policy.adapters import check_finite
 
@@ -237,8 +252,8 @@ def eval_file_name(tag: str, overrides: list[str]) -> str:
 def cmd_eval(args) -> int:
     if any(o.startswith("serve.url=") for o in args.overrides):
         return cmd_eval_served(args)
-    from swarm_runtime.runlock import RunLock
     from swarm_runtime.config import precheck
+    from swarm_runtime.runlock import RunLock
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
@@ -254,11 +269,9 @@ def _eval_locked(args, run_dir: Path) -> int:
     from swarm_runtime.evaluate import evaluate
     from swarm_runtime.outputs import format_table, write_json
     from swarm_runtime.provenance import versions, versions_line
-    from swarm_runtime.run import RunContext, check_hardware, check_task
-    from swarm_runtime.secrets import redact_args
-
-    from swarm_runtime.run import distrust_saved_endpoints
+    from swarm_runtime.run import RunContext, check_hardware, check_task, distrust_saved_endpoints
     from swarm_runtime.runfiles import check_links
+    from swarm_runtime.secrets import redact_args
 
     pm, reg = _registry()
     check_links(run_dir)
@@ -270,8 +283,9 @@ def _eval_locked(args, run_dir: Path) -> int:
             tag = v
         else:
             override(cfg, k, v)
-    distrust_saved_endpoints(cfg, reg, [o for o in args.overrides if not o.startswith("checkpoint=")],
-                             run_dir / "config.yaml")
+    distrust_saved_endpoints(
+        cfg, reg, [o for o in args.overrides if not o.startswith("checkpoint=")], run_dir / "config.yaml"
+    )
     from swarm_runtime.checkpoint import TAG_RE, complete_tags
 
     tags = complete_tags(run_dir)
@@ -279,9 +293,13 @@ def _eval_locked(args, run_dir: Path) -> int:
         raise CheckpointError(f"checkpoint {tag!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}")
     ckpt = (run_dir / "checkpoints" / tag) if tag else latest_checkpoint(run_dir)
     if ckpt is None:
-        raise CheckpointError(f"{run_dir} has no checkpoint yet (no checkpoints/latest); valid: {', '.join(tags) or '(none)'}")
+        raise CheckpointError(
+            f"{run_dir} has no checkpoint yet (no checkpoints/latest); valid: {', '.join(tags) or '(none)'}"
+        )
     if cfg.domain not in reg.domains:
-        raise ConfigError(f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}")
+        raise ConfigError(
+            f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}"
+        )
     validate(cfg, reg)
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
@@ -292,8 +310,10 @@ def _eval_locked(args, run_dir: Path) -> int:
         res, table = own_eval(ctx, ckpt)
         out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
         write_json(out, {**res, "overrides": redact_args(args.overrides), "versions": versions()})
-        print(f"{cfg.domain}/{cfg.task_name} (algo={cfg.algo.name}), checkpoint {ckpt.name}, "
-              f"{getattr(algorithm, 'eval_measure', 'results')}\n{table}\n{versions_line()}\nsaved {out}")
+        print(
+            f"{cfg.domain}/{cfg.task_name} (algo={cfg.algo.name}), checkpoint {ckpt.name}, "
+            f"{getattr(algorithm, 'eval_measure', 'results')}\n{table}\n{versions_line()}\nsaved {out}"
+        )
         return 0
     from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic
 
@@ -304,16 +324,26 @@ def _eval_locked(args, run_dir: Path) -> int:
         with loading_models(ckpt / "agents"):
             agents, _ = ctx.build_swarm(ckpt / "agents")
         coordinator = ctx.coordinator()
-    res, _ = evaluate(agents, coordinator, ctx.domain, ctx.task, ctx.seeds("eval"), int(cfg.eval.runs),
-                      int(cfg.seed) + 7919, cfg.eval.temperature,
-                      common_random_numbers=bool(cfg.eval.common_random_numbers))
+    res, _ = evaluate(
+        agents,
+        coordinator,
+        ctx.domain,
+        ctx.task,
+        ctx.seeds("eval"),
+        int(cfg.eval.runs),
+        int(cfg.seed) + 7919,
+        cfg.eval.temperature,
+        common_random_numbers=bool(cfg.eval.common_random_numbers),
+    )
     table = format_table([(ckpt.name, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
     out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
     res["overrides"] = redact_args(args.overrides)  # what produced this file
     res["eval_split"], res["versions"] = str(cfg.eval.split), versions()
     write_json(out, res)
-    print(f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds ({cfg.eval.split} split) "
-          f"x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}")
+    print(
+        f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds ({cfg.eval.split} split) "
+        f"x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}"
+    )
     return 0
 
 
@@ -323,9 +353,7 @@ def _serve_run(run_dir: Path, overrides: list[str]):
     included), its registry and the checkpoint folder; raises ConfigError naming bad values."""
     from swarm_runtime.checkpoint import latest_checkpoint
     from swarm_runtime.config import override, validate
-    from swarm_runtime.run import check_hardware, check_task
-
-    from swarm_runtime.run import distrust_saved_endpoints
+    from swarm_runtime.run import check_hardware, check_task, distrust_saved_endpoints
     from swarm_runtime.runfiles import check_links
 
     if not (run_dir / "config.yaml").exists():
@@ -334,7 +362,9 @@ def _serve_run(run_dir: Path, overrides: list[str]):
     cfg = load_saved(run_dir / "config.yaml")
     pm, reg = _registry()
     if cfg.domain not in reg.domains:
-        raise ConfigError(f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}")
+        raise ConfigError(
+            f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}"
+        )
     roles = [r.name for r in reg.domains[cfg.domain].roles]
     tag, per_role = None, {}
     for item in overrides:
@@ -357,14 +387,17 @@ def _serve_run(run_dir: Path, overrides: list[str]):
         base = cfg.serve.replicas if isinstance(cfg.serve.replicas, int) else 1
         cfg.serve.replicas = {r: per_role.get(r, base) for r in roles}
     validate(cfg, reg)  # serve.* too, against the run's roles
-    distrust_saved_endpoints(cfg, reg, [o for o in overrides if not o.startswith("checkpoint=")],
-                             run_dir / "config.yaml")
+    distrust_saved_endpoints(
+        cfg, reg, [o for o in overrides if not o.startswith("checkpoint=")], run_dir / "config.yaml"
+    )
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
     ckpt = (run_dir / "checkpoints" / tag) if tag else latest_checkpoint(run_dir)
     if ckpt is None or not (ckpt / "state.json").exists():
-        raise ConfigError(f"checkpoint {tag or 'latest'!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}")
+        raise ConfigError(
+            f"checkpoint {tag or 'latest'!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}"
+        )
     return cfg, pm, reg, ckpt
 
 
@@ -407,10 +440,19 @@ def cmd_eval_served(args) -> int:
         async with SwarmClient(url) as c:
             health = await c.health()
         if (health.get("domain"), health.get("task")) != (cfg.domain, cfg.task_name):
-            raise ConfigError(f"the service at {url} serves {health.get('domain')}/{health.get('task')}, "
-                              f"this run is {cfg.domain}/{cfg.task_name}")
-        res, _, _ = await evaluate_served(url, ctx.seeds("eval"), int(cfg.eval.runs), int(cfg.seed) + 7919,
-                                          cfg.eval.temperature, None, int(cfg.serve.concurrency))
+            raise ConfigError(
+                f"the service at {url} serves {health.get('domain')}/{health.get('task')}, "
+                f"this run is {cfg.domain}/{cfg.task_name}"
+            )
+        res, _, _ = await evaluate_served(
+            url,
+            ctx.seeds("eval"),
+            int(cfg.eval.runs),
+            int(cfg.seed) + 7919,
+            cfg.eval.temperature,
+            None,
+            int(cfg.serve.concurrency),
+        )
         return health, res
 
     try:
@@ -428,18 +470,22 @@ def cmd_eval_served(args) -> int:
     out = run_dir / eval_file_name(tag, [o for o in args.overrides if not o.startswith(("checkpoint=", "serve.url="))])
     res["overrides"], res["served_by"], res["versions"] = redact_args(args.overrides), url, versions()
     write_json(out, res)
-    print(f"{cfg.domain}/{cfg.task_name}, served checkpoint {health['checkpoint']} at {url}, {res['seeds']} held-out "
-          f"seeds x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}")
+    print(
+        f"{cfg.domain}/{cfg.task_name}, served checkpoint {health['checkpoint']} at {url}, {res['seeds']} held-out "
+        f"seeds x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}"
+    )
     return 0
 
 
 def cmd_experiment(args) -> int:
-    from swarm_runtime.experiments.runner import run_experiment
     from swarm_runtime.config import precheck
+    from swarm_runtime.experiments.runner import run_experiment
 
     args.overrides = expand_recipe(args.overrides)
-    precheck([o for o in args.overrides if "=" in o and o.partition("=")[0] not in ("run_dir", "resume")],
-             resolve_with_domains=False)
+    precheck(
+        [o for o in args.overrides if "=" in o and o.partition("=")[0] not in ("run_dir", "resume")],
+        resolve_with_domains=False,
+    )
 
     pm, reg = _registry()
     if args.list or not args.name:
@@ -474,19 +520,27 @@ def cmd_plugins(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    epilog = (f"config groups: {', '.join(GROUPS)}; presets: model={'|'.join(presets('model'))}, "
-              f"algo={'|'.join(presets('algo'))}, hardware={'|'.join(presets('hardware'))}. "
-              "Any config key can be set with dotted key=value (see `swarm config`).")
+    epilog = (
+        f"config groups: {', '.join(GROUPS)}; presets: model={'|'.join(presets('model'))}, "
+        f"algo={'|'.join(presets('algo'))}, hardware={'|'.join(presets('hardware'))}. "
+        "Any config key can be set with dotted key=value (see `swarm config`)."
+    )
     p = argparse.ArgumentParser(prog="swarm", description="Train and deploy swarms of LLM agents (MPT).", epilog=epilog)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="SFT cold start + MPT training + held-out evaluation", epilog=epilog)
-    r.add_argument("overrides", nargs="*", help="domain=NAME task=NAME model=NAME algo=NAME hardware=NAME key=value ...")
+    r.add_argument(
+        "overrides", nargs="*", help="domain=NAME task=NAME model=NAME algo=NAME hardware=NAME key=value ..."
+    )
     r.set_defaults(func=cmd_run)
     c = sub.add_parser("config", help="print the resolved config without running")
     c.add_argument("overrides", nargs="*")
-    c.add_argument("--plan", action="store_true", help="print the memory plan (weights, adapters, optimizer "
-                   "states, activations, KV cache) against hardware.memory_gb instead")
+    c.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the memory plan (weights, adapters, optimizer "
+        "states, activations, KV cache) against hardware.memory_gb instead",
+    )
     c.set_defaults(func=cmd_config)
     e = sub.add_parser("eval", help="evaluate a run's checkpoint on the held-out seeds")
     e.add_argument("run_dir", help="a run folder written by `swarm run`")
@@ -494,19 +548,31 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_eval)
     sv = sub.add_parser("serve", help="serve a trained swarm: agent workers + a gateway running the auction")
     sv.add_argument("run_dir", help="a run folder written by `swarm run`")
-    sv.add_argument("overrides", nargs="*", help="checkpoint=TAG (default latest), serve.replicas=K or "
-                    "serve.replicas.ROLE=K, serve.port=P, serve.host=ADDR (needs SWARM_API_KEY), serve.* (docs/deploy.md)")
+    sv.add_argument(
+        "overrides",
+        nargs="*",
+        help="checkpoint=TAG (default latest), serve.replicas=K or "
+        "serve.replicas.ROLE=K, serve.port=P, serve.host=ADDR (needs SWARM_API_KEY), serve.* (docs/deploy.md)",
+    )
     sv.set_defaults(func=cmd_serve)
     x = sub.add_parser("experiment", help="run one of the paper's experiments (see --list)", epilog=epilog)
     x.add_argument("name", nargs="?", help="experiment name (swarm experiment --list)")
-    x.add_argument("overrides", nargs="*", help="same config as `swarm run` (domain=, task=, key=value), plus "
-                   "experiment.* keys; resume=true run_dir=DIR continues a killed experiment")
+    x.add_argument(
+        "overrides",
+        nargs="*",
+        help="same config as `swarm run` (domain=, task=, key=value), plus "
+        "experiment.* keys; resume=true run_dir=DIR continues a killed experiment",
+    )
     x.add_argument("--list", action="store_true", help="list the registered experiments")
     x.set_defaults(func=cmd_experiment)
     ex = sub.add_parser("export", help="write one Hugging Face folder per role of a run's checkpoint")
     ex.add_argument("run_dir", help="a run folder written by `swarm run`")
-    ex.add_argument("overrides", nargs="*", help="checkpoint=TAG (default latest), merged=true|false (adapter runs: "
-                    "the base with each adapter folded in, or the PEFT adapters), out=DIR (default RUN/export/TAG)")
+    ex.add_argument(
+        "overrides",
+        nargs="*",
+        help="checkpoint=TAG (default latest), merged=true|false (adapter runs: "
+        "the base with each adapter folded in, or the PEFT adapters), out=DIR (default RUN/export/TAG)",
+    )
     ex.set_defaults(func=cmd_export)
     sub.add_parser("domains", help="list domains, their roles and tasks").set_defaults(func=cmd_domains)
     sub.add_parser("plugins", help="list loaded plugins and what each registered").set_defaults(func=cmd_plugins)

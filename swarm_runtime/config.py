@@ -4,12 +4,13 @@ plus group resolution for ``domain=``, ``task=``, ``model=``, ``algo=``, ``hardw
 Resolution order (later wins): dataclass defaults -> ``swarm_runtime/configs/<group>/<name>.yaml``
 presets -> the task YAML's ``overrides:`` block -> ``key=value`` arguments.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -44,7 +45,7 @@ class LoRAConfig:
 class ModelConfig:
     backend: str = "transformers"  #: policy backend (see ``swarm plugins``)
     name: str = "tiny"  #: preset name
-    path: Optional[str] = None  #: local Hugging Face checkpoint; None = build the tiny model from this config
+    path: str | None = None  #: local Hugging Face checkpoint; None = build the tiny model from this config
     hidden_size: int = 128  #: tiny model width
     intermediate_size: int = 256  #: tiny model MLP width
     num_layers: int = 2  #: tiny model depth
@@ -63,11 +64,11 @@ class ModelConfig:
     #: (an instruct model is prompted as it was trained); ``none``: the raw prompt (a tokenizer without a template: raw)
     dtype: str = "float32"  #: weights dtype when loading a checkpoint
     device: str = "cpu"  #: torch device
-    adapter: Optional[str] = "none"  #: ``none`` (or null): one full model per role (the default); ``lora``: one
+    adapter: str | None = "none"  #: ``none`` (or null): one full model per role (the default); ``lora``: one
     #: shared base in memory and one PEFT LoRA adapter per role, each trained alone with its own optimizer
     #: (``model.lora.*``). With ``model=local`` the hardware profile's ``local_adapter`` is the default
     lora: LoRAConfig = field(default_factory=LoRAConfig)  #: the adapters of ``model.adapter=lora``
-    arch: Optional[dict] = None  #: Hugging Face config values (hidden_size, num_hidden_layers, vocab_size, ...)
+    arch: dict | None = None  #: Hugging Face config values (hidden_size, num_hidden_layers, vocab_size, ...)
     #: the memory plan uses when no checkpoint is on disk yet (recipes); None = ``model.path``'s config.json or
     #: the built model's fields
     bases: dict = field(default_factory=dict)  #: more base models beside the one ``model.*`` describes (named
@@ -83,7 +84,7 @@ class ModelConfig:
 class SFTConfig:
     demo_episodes: int = 16  #: scripted-expert episodes (train seeds) for the cold start
     epochs: int = 2  #: passes over each agent's demos (paper: 2)
-    action_epochs: Optional[int] = None  #: passes over the action demos (None = ``epochs``; bid demos always get
+    action_epochs: int | None = None  #: passes over the action demos (None = ``epochs``; bid demos always get
     #: ``epochs``), for actions that need far more passes than the bids (docs/config.md)
     lr: float = 2e-3  #: SFT learning rate (docs/config.md: why far above the paper's 1e-5)
     batch_size: int = 64  #: examples per SFT step
@@ -106,7 +107,7 @@ class AlgoConfig:
     action_steps: int = 4  #: action-learning steps per cycle
     bid_steps: int = 1  #: bid-learning steps per cycle
     lr: float = 3e-5  #: RL learning rate (paper: 1e-6 for 4-8B models; the tiny model's range: docs/config.md)
-    bid_lr: Optional[float] = 3e-4  #: learning rate of the bid (Bradley-Terry) steps; None = ``lr``
+    bid_lr: float | None = 3e-4  #: learning rate of the bid (Bradley-Terry) steps; None = ``lr``
     #: (why ten times ``lr``: docs/config.md)
     weight_decay: float = 0.0  #: AdamW weight decay
     adam_eps: float = 1e-4  #: AdamW epsilon of the RL optimizers (above the usual 1e-8 on purpose: docs/config.md)
@@ -119,7 +120,7 @@ class AlgoConfig:
     branch_samples: int = 1  #: continuations per side of a branch pair: 1 = the paper (one branch against the
     #: original episode); k > 1 = k branches against the original and k - 1 re-rolls where the selected agent
     #: acts again, scores averaged (~1/k of the noise, 2k - 1 branch rollouts per pick)
-    branch_horizon: Optional[int] = None  #: decisions a branch pair compares from the branched turn on: None = to
+    branch_horizon: int | None = None  #: decisions a branch pair compares from the branched turn on: None = to
     #: the end of the episode (the paper); H = the rewards of the next H decisions on both sides (branches stop
     #: there): a shorter, cheaper comparison (measured: docs/config.md)
     bid_pairs: str = "selected"  #: whose bid a branch pair trains: ``selected`` (the paper: the agent that won
@@ -139,8 +140,8 @@ class AlgoConfig:
     common_random_numbers: bool = False  #: key every sampling draw of an episode by (episode noise id, turn,
     #: agent, kind) and give each counterfactual branch its original's noise id, so the two differ only through
     #: the forced decision; False = the policies' generators (the paper; measured: docs/config.md)
-    reward_scale: Optional[float] = None  #: advantages are divided by this (None = task.reward_max)
-    is_cap: Optional[float] = None  #: truncated importance weights ``min(cap, pi_learner / pi_sampler)`` on each
+    reward_scale: float | None = None  #: advantages are divided by this (None = task.reward_max)
+    is_cap: float | None = None  #: truncated importance weights ``min(cap, pi_learner / pi_sampler)`` on each
     #: response's REINFORCE term and bid-pair loss (off-policy rollouts; None = off, the plain on-policy loss)
     goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the agents most confident in their own
     #: proposal respond (their proposals are peer-scored)
@@ -152,23 +153,23 @@ class HardwareConfig:
     name: str = "cpu"  #: preset name
     device: str = "cpu"  #: torch device
     threads: int = 0  #: torch CPU threads (0 = all cores)
-    memory_gb: Optional[float] = None  #: device memory the memory plan must fit (None = not checked: the CPU)
-    dtype: Optional[str] = None  #: weights dtype of a loaded checkpoint (None = ``model.dtype``)
-    attention: Optional[str] = None  #: attention implementation of a loaded checkpoint (``sdpa``,
+    memory_gb: float | None = None  #: device memory the memory plan must fit (None = not checked: the CPU)
+    dtype: str | None = None  #: weights dtype of a loaded checkpoint (None = ``model.dtype``)
+    attention: str | None = None  #: attention implementation of a loaded checkpoint (``sdpa``,
     #: ``flash_attention_2`` where flash-attn is installed, ``eager``; None = transformers' default)
     tf32: bool = False  #: allow TF32 matmuls on CUDA (Ampere and later)
     gradient_checkpointing: bool = False  #: recompute activations in the backward pass (less memory, ~1/3 more
     #: compute in updates); applied to loaded checkpoints
-    micro_batch: Optional[int] = None  #: rows per forward/backward chunk in updates (caps ``algo.minibatch``;
+    micro_batch: int | None = None  #: rows per forward/backward chunk in updates (caps ``algo.minibatch``;
     #: None = ``algo.minibatch``)
-    local_adapter: Optional[str] = "none"  #: ``model.adapter`` default for ``model=local`` on this machine
+    local_adapter: str | None = "none"  #: ``model.adapter`` default for ``model=local`` on this machine
 
 
 @dataclass
 class EvalConfig:
     runs: int = 3  #: sampled runs per held-out seed
-    episodes: Optional[int] = None  #: held-out seeds used (None = all of the task's eval seeds)
-    temperature: Optional[float] = None  #: sampling temperature at evaluation (None = model.temperature)
+    episodes: int | None = None  #: held-out seeds used (None = all of the task's eval seeds)
+    temperature: float | None = None  #: sampling temperature at evaluation (None = model.temperature)
     split: str = "eval"  #: episode seeds held-out evaluations use: ``eval`` (reported numbers) or ``dev`` (tuning;
     #: disjoint from train and eval)
     common_random_numbers: bool = False  #: key each held-out episode's draws by (eval seed, run, episode seed), so
@@ -179,14 +180,14 @@ class EvalConfig:
 class ExperimentConfig:
     """Settings of ``swarm experiment NAME`` (docs/experiments.md); ignored by ``swarm run``."""
 
-    name: Optional[str] = None  #: the experiment (set by ``swarm experiment NAME``)
+    name: str | None = None  #: the experiment (set by ``swarm experiment NAME``)
     base: Any = None  #: a ``swarm run`` folder whose final checkpoint is the trained MPT swarm (its ``sft``
     #: checkpoint the initial one), or a list of them, one per training seed (experiment.train_seeds); None = train one
-    train_seeds: Optional[list] = field(default_factory=lambda: [0, 1, 2])  #: training seeds: every arm is trained
+    train_seeds: list | None = field(default_factory=lambda: [0, 1, 2])  #: training seeds: every arm is trained
     #: and evaluated once per seed (run seed = training seed, in ``seed-<s>/``); tables show the mean over seeds
     #: ± SE over seeds, plus paired differences; null = the run's ``seed`` alone, in the folder itself
     iterations: int = 10  #: RL updates of each training inside an experiment (overrides algo.iterations there)
-    eval_episodes: Optional[int] = 16  #: held-out seeds per evaluated condition (eval.episodes wins when set;
+    eval_episodes: int | None = 16  #: held-out seeds per evaluated condition (eval.episodes wins when set;
     #: None = all)
     sft_eval: bool = False  #: also evaluate each training's SFT checkpoint (one more held-out evaluation each)
     budget_factor: float = 3.0  #: a FLOPs-matched training (monolithic, round-robin) may run up to this x
@@ -196,7 +197,7 @@ class ExperimentConfig:
     replicas: list = field(default_factory=lambda: [1, 2, 3, 4])  #: ``population``: replicas per role at
     #: inference (1..4 = 3..12 agents with 3 roles)
     pass_k: int = 3  #: ``population``: k of pass@k (eval.runs is raised to k when lower)
-    milestones: Optional[list] = None  #: ``population``: milestones scored with pass@k (None = the keys of
+    milestones: list | None = None  #: ``population``: milestones scored with pass@k (None = the keys of
     #: task.milestones)
     dropout_p: list = field(default_factory=lambda: [0.0, 0.3, 0.6, 0.9])  #: ``dropout``: absence probabilities
     dropout_replicas: list = field(default_factory=lambda: [1, 4])  #: ``dropout``: replicas per role (1 and 4 =
@@ -244,7 +245,7 @@ class ServeConfig:
     max_restarts: int = 5  #: restarts of one worker within serve.restart_window_s before it is marked ``failed``
     restart_window_s: float = 60.0  #: the window of serve.max_restarts
     restart_backoff_max_s: float = 30.0  #: cap of the exponential wait between restarts of one worker
-    url: Optional[str] = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
+    url: str | None = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
     concurrency: int = 8  #: ``swarm eval`` through a service: episodes in flight at once
 
 
@@ -252,7 +253,7 @@ class ServeConfig:
 class VLLMConfig:
     """``rollout.vllm``: the vLLM OpenAI servers ``rollout.engine=vllm`` starts, one per base (docs/engine.md)."""
 
-    python: Optional[str] = None  #: the Python of a virtualenv that has vLLM (e.g. ``~/.venvs/vllm/bin/python``);
+    python: str | None = None  #: the Python of a virtualenv that has vLLM (e.g. ``~/.venvs/vllm/bin/python``);
     #: None = the ``SWARM_VLLM_PYTHON`` environment variable, else ``python3`` on PATH
     host: str = "127.0.0.1"  #: address the server binds to and is asked at
     port: int = 0  #: the server's port (0 = a free port picked at start); with several bases (``model.bases``)
@@ -268,10 +269,10 @@ class RolloutConfig:
 
     engine: str = "local"  #: ``local`` (in process, the learner's own modules), ``openai`` (an OpenAI-compatible
     #: completions server at ``rollout.url``), ``vllm`` (servers the run starts and stops)
-    url: Optional[str] = None  #: ``openai``: the server's base URL (``http://host:port``)
+    url: str | None = None  #: ``openai``: the server's base URL (``http://host:port``)
     urls: dict = field(default_factory=dict)  #: ``openai`` with several bases (``model.bases``): the server of each
     #: other base, ``rollout.urls.NAME=http://host:port`` (``rollout.url`` serves the ``default`` base)
-    api_key_env: Optional[str] = None  #: ``openai``: environment variable holding the server's bearer key
+    api_key_env: str | None = None  #: ``openai``: environment variable holding the server's bearer key
     #: (None: none)
     timeout_s: float = 120.0  #: one completion request's timeout
     concurrency: int = 64  #: completion requests in flight at once
@@ -287,11 +288,11 @@ class ClusterConfig:
 
     kind: str = "local"  #: ``local`` (in the trainer's process) or ``ray`` (env worker actors on Ray: rollouts,
     #: evaluations and branches step their envs there; the auction, credit and learning stay in the trainer)
-    address: Optional[str] = None  #: ``ray``: a running cluster's address (``host:port``); None = start a local
+    address: str | None = None  #: ``ray``: a running cluster's address (``host:port``); None = start a local
     #: Ray for the run on 127.0.0.1 (its gRPC servers still listen on every interface: docs/distributed.md), and
     #: stop it at the end
     env_workers: int = 2  #: ``ray``: env worker actors (each owns a pool of envs, reused across episodes)
-    num_cpus: Optional[int] = None  #: ``ray`` with a local Ray: CPUs it is started with (None = Ray's count)
+    num_cpus: int | None = None  #: ``ray`` with a local Ray: CPUs it is started with (None = Ray's count)
 
 
 @dataclass
@@ -327,7 +328,7 @@ class RLCRConfig:
     solo_eval: bool = True  #: also evaluate a solo agent (team of 1) with the same policy and T_max
     teams: list = field(default_factory=lambda: [1, 2, 3, 4, 6])  #: ``swarm experiment rlcr_teams``: flat team sizes
     #: trained and compared (6 stands for the seed's "5-8" bucket)
-    eval_runs: Optional[int] = 1  #: sampled runs per held-out seed under algo=rlcr (None = eval.runs; why 1:
+    eval_runs: int | None = 1  #: sampled runs per held-out seed under algo=rlcr (None = eval.runs; why 1:
     #: docs/config.md)
 
 
@@ -354,7 +355,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  #: who samples rollouts (docs/engine.md)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  #: where the envs live (docs/distributed.md)
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
-    run_dir: Optional[str] = None  #: output folder (None = runs/<domain>-<task>-<time>)
+    run_dir: str | None = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint
     overwrite: bool = False  #: a fresh run into a run_dir that already holds a run deletes that run first (else
     #: an error)
@@ -388,8 +389,9 @@ def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, st
     dotted: list[tuple[str, str]] = []
     for a in args:
         if "=" not in a:
-            raise ConfigError(f"argument {a!r} is not key=value (groups: {', '.join(GROUPS)}; "
-                              "or dotted keys like algo.lr=1e-4)")
+            raise ConfigError(
+                f"argument {a!r} is not key=value (groups: {', '.join(GROUPS)}; or dotted keys like algo.lr=1e-4)"
+            )
         k, v = a.split("=", 1)
         (groups.__setitem__(k, v) if k in GROUPS else dotted.append((k, v)))
     return groups, dotted
@@ -449,18 +451,35 @@ RUN_CONTROL = ("overwrite", "resume", "run_dir")
 #: the earlier versions' behaviour where it is not the default: a run folder written by an earlier version lacks
 #: them and gets these values; a file of this version that lacks a key is truncated (an error).
 ADDED_KEYS: dict[int, dict[str, Any]] = {
-    2: {"experiment.train_seeds": None,  # earlier experiments trained on the run's seed alone
-        "eval.split": "eval", "model.adapter": "none", "model.arch": None, "model.lora.": None,
-        "hardware.attention": None, "hardware.dtype": None, "hardware.gradient_checkpointing": False,
-        "hardware.local_adapter": "none", "hardware.memory_gb": None, "hardware.micro_batch": None,
-        "hardware.tf32": False, "rlcr.": None, "serve.": None,
-        "task.dev_seeds.": None},  # an earlier run has no dev split (eval.split=dev is refused for it)
-    3: {"task.dev_seeds.": None, "task.dev_seeds": None,  # openresearcher's dev split (issue 18): an earlier
+    2: {
+        "experiment.train_seeds": None,  # earlier experiments trained on the run's seed alone
+        "eval.split": "eval",
+        "model.adapter": "none",
+        "model.arch": None,
+        "model.lora.": None,
+        "hardware.attention": None,
+        "hardware.dtype": None,
+        "hardware.gradient_checkpointing": False,
+        "hardware.local_adapter": "none",
+        "hardware.memory_gb": None,
+        "hardware.micro_batch": None,
+        "hardware.tf32": False,
+        "rlcr.": None,
+        "serve.": None,
+        "task.dev_seeds.": None,
+    },  # an earlier run has no dev split (eval.split=dev is refused for it)
+    3: {
+        "task.dev_seeds.": None,
+        "task.dev_seeds": None,  # openresearcher's dev split (issue 18): an earlier
         # openresearcher run has none (task=embedded: a {start, count} section; task=local: null, opt-in)
-        "task.habitat.dev_split": None},  # vln_ce sim=habitat: the split behind dev seeds (default val_seen)
+        "task.habitat.dev_split": None,
+    },  # vln_ce sim=habitat: the split behind dev seeds (default val_seen)
     4: {"model.lora.lr_scale": 1.0},  # adapters trained at the algorithm's learning rates
-    5: {"rollout.": None, "algo.is_cap": None,  # samplers and learners (docs/engine.md): in process, no IS weights
-        "model.chat_template": "none"},  # earlier runs prompted every model with the raw prompt
+    5: {
+        "rollout.": None,
+        "algo.is_cap": None,  # samplers and learners (docs/engine.md): in process, no IS weights
+        "model.chat_template": "none",
+    },  # earlier runs prompted every model with the raw prompt
     6: {"cluster.": None},  # env workers (docs/distributed.md): earlier runs stepped their envs in process
 }
 
@@ -469,8 +488,9 @@ def _legacy_values(saved: DictConfig, missing: list[str]) -> tuple[list[str], di
     """Split ``missing`` into the keys a file of its ``config_version`` may lack (with their legacy values,
     None = the default) and the rest (which only a truncated file lacks)."""
     version = saved.get("config_version", 1)
-    allowed = {k: v for ver, keys in ADDED_KEYS.items() if isinstance(version, int) and ver > version
-               for k, v in keys.items()}
+    allowed = {
+        k: v for ver, keys in ADDED_KEYS.items() if isinstance(version, int) and ver > version for k, v in keys.items()
+    }
     legacy, rest = {}, []
     for key in missing:
         hit = next((a for a in allowed if key == a or (a.endswith(".") and key.startswith(a))), None)
@@ -511,8 +531,13 @@ def load_saved(path, registry=None) -> DictConfig:
     defaults = OmegaConf.structured(RunConfig)
     # serve.* are deployment settings (swarm serve's command line), not the run's: a run saved before a key
     # existed is served with its default
-    missing = [k for k in _leaf_keys(defaults) if k not in FOLDER_KEYS and not k.startswith("serve.")
-               and OmegaConf.select(saved, k, default="\0missing") == "\0missing"]
+    missing = [
+        k
+        for k in _leaf_keys(defaults)
+        if k not in FOLDER_KEYS
+        and not k.startswith("serve.")
+        and OmegaConf.select(saved, k, default="\0missing") == "\0missing"
+    ]
     task = saved.get("task") if "task" in saved else None
     if isinstance(task, DictConfig):
         missing += [f"task.{k}" for k in REQUIRED_TASK_KEYS if k not in task]
@@ -521,15 +546,20 @@ def load_saved(path, registry=None) -> DictConfig:
         if domain is not None and saved.get("task_name") in domain.task_names():
             ref = domain.task_config(saved.task_name)
             ref.pop("overrides", None)
-            missing += [f"task.{k}" for k in _leaf_keys(ref) if f"task.{k}" not in missing
-                        and OmegaConf.select(task, k, default="\0missing") == "\0missing"]
+            missing += [
+                f"task.{k}"
+                for k in _leaf_keys(ref)
+                if f"task.{k}" not in missing and OmegaConf.select(task, k, default="\0missing") == "\0missing"
+            ]
     elif "task" not in missing:
         missing.append("task")
     missing, legacy = _legacy_values(saved, missing)
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise ConfigError(f"{str(path)!r} lacks {shown}: it is truncated, or was written by a version without "
-                          "these keys; restore the file (add each key with the value the run used)")
+        raise ConfigError(
+            f"{str(path)!r} lacks {shown}: it is truncated, or was written by a version without "
+            "these keys; restore the file (add each key with the value the run used)"
+        )
     try:
         merged = OmegaConf.merge(defaults, saved)
         for key, value in legacy.items():  # an earlier version's run: its behaviour, not this version's default
@@ -543,9 +573,13 @@ def load_saved(path, registry=None) -> DictConfig:
     if legacy:
         from loguru import logger
 
-        logger.info("{} was written by config version {}: {} keys added since take the values of that version's "
-                    "behaviour ({})", path, saved.get("config_version", 1), len(legacy), ", ".join(sorted(legacy)[:6])
-                    + (" ..." if len(legacy) > 6 else ""))
+        logger.info(
+            "{} was written by config version {}: {} keys added since take the values of that version's behaviour ({})",
+            path,
+            saved.get("config_version", 1),
+            len(legacy),
+            ", ".join(sorted(legacy)[:6]) + (" ..." if len(legacy) > 6 else ""),
+        )
     return unredact(merged)
 
 
@@ -579,9 +613,11 @@ def resolve(args: list[str], registry) -> DictConfig:
     if overrides is not None:
         for key, value in _flatten(OmegaConf.to_container(overrides)):
             if key in RUN_CONTROL:
-                raise ConfigError(f"task {task_name!r} of {domain_name!r} sets {key} in its overrides: "
-                                  f"{', '.join(RUN_CONTROL)} pick and operate a run folder and come from the command "
-                                  "line only; remove it from the task file")
+                raise ConfigError(
+                    f"task {task_name!r} of {domain_name!r} sets {key} in its overrides: "
+                    f"{', '.join(RUN_CONTROL)} pick and operate a run folder and come from the command "
+                    "line only; remove it from the task file"
+                )
             if not isinstance(value, str):
                 value = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
             _set(cfg, key, value)
@@ -601,8 +637,9 @@ def override(cfg: DictConfig, key: str, value: str) -> None:
         valid = presets("hardware")
         if value not in valid:
             raise ConfigError(f"unknown hardware {value!r}; valid: {', '.join(valid)}")
-        cfg.hardware = OmegaConf.merge(OmegaConf.structured(HardwareConfig),
-                                       OmegaConf.load(CONFIG_DIR / "hardware" / f"{value}.yaml"))
+        cfg.hardware = OmegaConf.merge(
+            OmegaConf.structured(HardwareConfig), OmegaConf.load(CONFIG_DIR / "hardware" / f"{value}.yaml")
+        )
         return
     if "." not in key and key not in cfg and cfg.get("task") is not None and key in cfg.task:
         key = f"task.{key}"

@@ -37,10 +37,11 @@ What they simplify from their papers:
   acts. No capability memory, no evolving agent graph, no retrieval of past
   trajectories; it never skips a turn.
 """
+
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from swarm_runtime.auction import AuctionResult
 
@@ -63,7 +64,7 @@ def most_relevant(confidence: dict[int, float], k: int, rng: random.Random) -> l
     """The ``k`` agents with the highest self-confidence (ties in random order), most relevant first."""
     order = list(confidence)
     rng.shuffle(order)  # random tie order, then a stable sort by relevance
-    return sorted(order, key=lambda i: -confidence[i])[:max(1, int(k))]
+    return sorted(order, key=lambda i: -confidence[i])[: max(1, int(k))]
 
 
 def goa_choice(scores: Scores, proposers: Sequence[int], k: int, rng: random.Random) -> int | None:
@@ -77,15 +78,13 @@ def goa_choice(scores: Scores, proposers: Sequence[int], k: int, rng: random.Ran
     if len(responders) == 1:
         return responders[0]
     rank = {p: i for i, p in enumerate(responders)}
-    peer = {p: sum(float(scores[(j, p)]) for j in responders if j != p) / (len(responders) - 1)
-            for p in responders}
+    peer = {p: sum(float(scores[(j, p)]) for j in responders if j != p) / (len(responders) - 1) for p in responders}
     top = max(peer.values())
     tied = [p for p in responders if peer[p] == top]
     return min(tied, key=lambda p: rank[p])
 
 
-def agentnet_choice(scores: Scores, proposers: Sequence[int], router: int | None,
-                    rng: random.Random) -> int | None:
+def agentnet_choice(scores: Scores, proposers: Sequence[int], router: int | None, rng: random.Random) -> int | None:
     """AgentNet's pick: the router's best-scored proposal (its own included), ties random; without
     a present router, the most self-confident proposer."""
     if not proposers:
@@ -142,6 +141,10 @@ class AgentNetCoordinator:
 
     def select(self, bids, rng, turn, info=None) -> AuctionResult:
         proposals = info.proposals if info is not None else {}
-        winner = agentnet_choice(info.scores if info is not None else {}, sorted(proposals),
-                                 info.last_actor if info is not None else None, rng)
+        winner = agentnet_choice(
+            info.scores if info is not None else {},
+            sorted(proposals),
+            info.last_actor if info is not None else None,
+            rng,
+        )
         return AuctionResult(winner, None)

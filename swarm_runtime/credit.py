@@ -1,8 +1,9 @@
 """Credit assignment as pure functions over lists of floats (docs/method.md, section 2)."""
+
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def bucket_brigade(rewards: Sequence[float], bids: Sequence[float]) -> list[float]:
@@ -49,8 +50,12 @@ def fold_skipped_rewards(turn_rewards: Sequence[float], acted: Sequence[bool]) -
     return out
 
 
-def random_bid_credit(rewards: Sequence[float], bids: Sequence[float], rng: random.Random,
-                      levels: Sequence[float] = (0.0, 0.2, 0.4, 0.6, 0.8)) -> list[float]:
+def random_bid_credit(
+    rewards: Sequence[float],
+    bids: Sequence[float],
+    rng: random.Random,
+    levels: Sequence[float] = (0.0, 0.2, 0.4, 0.6, 0.8),
+) -> list[float]:
     """Credit ablation: bucket brigade with random levels in place of the bids."""
     return bucket_brigade(rewards, [rng.choice(list(levels)) for _ in bids])
 

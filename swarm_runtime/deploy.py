@@ -14,6 +14,7 @@
 
 Everything here is pure (no shared RNG is consumed) and names no domain.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,8 @@ import numbers
 import random
 import struct
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from swarm_runtime.config import ConfigError
 from swarm_runtime.episode import Agent, Episode, Presence
@@ -109,8 +110,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def milestone_pass_at_k(episodes: Sequence[Episode], milestones: Sequence[str], k: int
-                        ) -> dict[str, tuple[float, float]]:
+def milestone_pass_at_k(
+    episodes: Sequence[Episode], milestones: Sequence[str], k: int
+) -> dict[str, tuple[float, float]]:
     """Per milestone, mean ± standard error over seeds of pass@k.
 
     An episode reached milestone ``m`` when ``episode.metrics.get(f"has_{m}", 0) > 0``.
@@ -134,19 +136,23 @@ def milestone_pass_at_k(episodes: Sequence[Episode], milestones: Sequence[str], 
     reported = {key[4:] for ep in episodes for key in ep.metrics if key.startswith("has_")}
     unknown = [m for m in milestones if m not in reported]
     if episodes and unknown:
-        raise ValueError(f"no episode reports a has_<milestone> metric for {unknown}; "
-                         f"valid: {', '.join(sorted(reported)) or 'none'}")
+        raise ValueError(
+            f"no episode reports a has_<milestone> metric for {unknown}; valid: {', '.join(sorted(reported)) or 'none'}"
+        )
     out = {}
     for m in milestones:
-        values = [pass_at_k(len(eps), sum(float(e.metrics.get(f"has_{m}", 0)) > 0 for e in eps), k)
-                  for eps in per_seed.values()]
+        values = [
+            pass_at_k(len(eps), sum(float(e.metrics.get(f"has_{m}", 0)) > 0 for e in eps), k)
+            for eps in per_seed.values()
+        ]
         out[m] = mean_se(values)
     return out
 
 
 # ---------------------------------------------------------------------------- participation
-def participation_by_decision(episodes: Sequence[Episode], agents: Sequence[Agent], max_decisions: int,
-                              by: str = "role") -> dict[str, list[float]]:
+def participation_by_decision(
+    episodes: Sequence[Episode], agents: Sequence[Agent], max_decisions: int, by: str = "role"
+) -> dict[str, list[float]]:
     """Share of episodes in which each role (or agent, ``by="name"``) won the turn at
     decision index ``t``, for ``t = 0 .. max_decisions - 1``, among the episodes still
     running at ``t`` (those with more than ``t`` turns).
@@ -226,8 +232,9 @@ def plot_participation(series: Mapping[str, Mapping[str, Sequence[float]]], path
     return _save(plt, fig, path)
 
 
-def plot_dropout(curves: Mapping[str, Mapping[float, tuple[float, float]]], path, title: str,
-                 ylabel: str = "held-out reward") -> Path:
+def plot_dropout(
+    curves: Mapping[str, Mapping[float, tuple[float, float]]], path, title: str, ylabel: str = "held-out reward"
+) -> Path:
     """Reward against the dropout probability, one line per swarm (e.g. ``"3 agents"``,
     ``"12 agents"``), with standard-error bars.
 
@@ -241,8 +248,7 @@ def plot_dropout(curves: Mapping[str, Mapping[float, tuple[float, float]]], path
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, points in curves.items():
         ps = sorted(points)
-        ax.errorbar(ps, [points[p][0] for p in ps], yerr=[points[p][1] for p in ps], marker="o", capsize=3,
-                    label=label)
+        ax.errorbar(ps, [points[p][0] for p in ps], yerr=[points[p][1] for p in ps], marker="o", capsize=3, label=label)
     ax.set_xlabel("dropout probability p (each agent absent per turn)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -251,8 +257,9 @@ def plot_dropout(curves: Mapping[str, Mapping[float, tuple[float, float]]], path
     return _save(plt, fig, path)
 
 
-def plot_population(bars: Mapping[str, Mapping[str, tuple[float, float]]], path, title: str,
-                    ylabel: str = "pass@k") -> Path:
+def plot_population(
+    bars: Mapping[str, Mapping[str, tuple[float, float]]], path, title: str, ylabel: str = "pass@k"
+) -> Path:
     """Grouped bars: pass@k per milestone (x), one bar per population size, SE as error bars.
 
     :param bars: label (e.g. ``"3 agents"``) -> :func:`milestone_pass_at_k` output
@@ -269,8 +276,7 @@ def plot_population(bars: Mapping[str, Mapping[str, tuple[float, float]]], path,
     fig, ax = plt.subplots(figsize=(max(5, 1.5 * len(milestones) + 2), 4))
     for j, (label, res) in enumerate(bars.items()):
         xs = [i + (j - (len(bars) - 1) / 2) * width for i in range(len(milestones))]
-        ax.bar(xs, [res[m][0] for m in milestones], width, yerr=[res[m][1] for m in milestones], capsize=3,
-               label=label)
+        ax.bar(xs, [res[m][0] for m in milestones], width, yerr=[res[m][1] for m in milestones], capsize=3, label=label)
     ax.set_xticks(range(len(milestones)), milestones)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel(ylabel)

@@ -3,12 +3,14 @@
 A domain subclasses :class:`Domain` and registers an instance from its
 ``swarm_register_domains`` hook. The core only talks to this interface.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -101,8 +103,10 @@ class Domain(ABC):
             raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
         spec = task.get(f"{split}_seeds")
         if spec is None:
-            raise ValueError(f"task {task.get('name', '?')!r} of domain {self.name!r} defines no {split}_seeds "
-                             "({start: N, count: M} in its YAML)")
+            raise ValueError(
+                f"task {task.get('name', '?')!r} of domain {self.name!r} defines no {split}_seeds "
+                "({start: N, count: M} in its YAML)"
+            )
         return list(range(int(spec.start), int(spec.start) + int(spec.count)))
 
     def action_choices(self, task: DictConfig, role: str | None) -> list[str] | None:
@@ -115,7 +119,7 @@ class Domain(ABC):
 
     # ---- prompts ---------------------------------------------------------------
     def render_log(self, log: Sequence[Event]) -> str:
-        tail = [e.render() for e in log[-self.log_window:]] if self.log_window else []
+        tail = [e.render() for e in log[-self.log_window :]] if self.log_window else []
         return " ; ".join(tail) if tail else "none"
 
     def bid_prompt(self, role: str, observation: str, log: Sequence[Event]) -> str:

@@ -6,6 +6,7 @@ A :class:`DomainEnv` is one episode world. The core drives it turn by turn:
 world so counterfactual branches can be rolled from any turn; ``close()`` releases
 what the env holds (a simulator process, a socket) once the runtime is done with it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -168,8 +169,9 @@ class ValidatedEnv:
     """Wraps a :class:`DomainEnv` and checks the contract on every call, with
     messages that name the domain (and task), the seed, the step and the action."""
 
-    def __init__(self, env: DomainEnv, name: str, reward_bounds: tuple[float, float] | None = None,
-                 task: str | None = None):
+    def __init__(
+        self, env: DomainEnv, name: str, reward_bounds: tuple[float, float] | None = None, task: str | None = None
+    ):
         self.env, self.name, self.reward_bounds, self.task = env, name, reward_bounds, task
         self.done = False
         self.total_reward = 0.0
@@ -179,8 +181,10 @@ class ValidatedEnv:
 
     def _open(self, what: str, action: str | None = None, role: str | None = None) -> None:
         if self.closed:
-            raise EnvContractError(f"{self._where(action, role)}: {what} called after close() (a closed env is "
-                                   "not used again; make a new one)")
+            raise EnvContractError(
+                f"{self._where(action, role)}: {what} called after close() (a closed env is "
+                "not used again; make a new one)"
+            )
 
     def _where(self, action: str | None = None, role: str | None = None) -> str:
         at = self.name + (f"/{self.task}" if self.task else "")
@@ -205,7 +209,9 @@ class ValidatedEnv:
             raise EnvContractError(f"{self._where(action, role)}: step() called after the episode ended")
         res = self.env.step(action, role)
         if not isinstance(res, StepResult):
-            raise EnvContractError(f"{self._where(action, role)}: step() must return StepResult, got {type(res).__name__}")
+            raise EnvContractError(
+                f"{self._where(action, role)}: step() must return StepResult, got {type(res).__name__}"
+            )
         if not isinstance(res.reward, (int, float)) or not math.isfinite(res.reward):
             raise EnvContractError(f"{self._where(action, role)}: step() returned a non-finite reward {res.reward!r}")
         self.total_reward += float(res.reward)
@@ -214,7 +220,8 @@ class ValidatedEnv:
             if not (lo - 1e-6 <= self.total_reward <= hi + 1e-6):
                 raise EnvContractError(
                     f"{self._where(action, role)}: episode reward {self.total_reward} left its bounds [{lo}, {hi}] "
-                    f"(this step's reward {float(res.reward)})")
+                    f"(this step's reward {float(res.reward)})"
+                )
         self.done = bool(res.done)
         self.t += 1
         return res

@@ -22,11 +22,13 @@ One turn of one episode is :meth:`Auction.turn` (a generator of turn-engine batc
 ``swarm serve``'s gateway runs too (:class:`swarm_runtime.serve.turns.ServedTurns`); :class:`AuctionTurns`
 runs one per live slot in lockstep (:func:`lockstep`), then steps the envs (:func:`step_turn`).
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -187,8 +189,7 @@ def checked_bid(level, parsed: bool, levels) -> tuple[float, bool]:
     string...) 0.0 and counted as unparsed, never a crash or a credit from an impossible bid."""
     if levels is None:
         return level, parsed
-    ok = (isinstance(level, (int, float)) and not isinstance(level, bool)
-          and any(level == float(b) for b in levels))
+    ok = isinstance(level, (int, float)) and not isinstance(level, bool) and any(level == float(b) for b in levels)
     return (level, parsed) if ok else (0.0, False)
 
 
@@ -225,8 +226,9 @@ def accept_bid(episode: Episode, bid, levels) -> float:
     return level
 
 
-def step_turn(env, episode: Episode, log: list[Event], turn: Turn, env_role: str | None = None,
-              log_role: str | None = None) -> None:
+def step_turn(
+    env, episode: Episode, log: list[Event], turn: Turn, env_role: str | None = None, log_role: str | None = None
+) -> None:
     """Settle a decided ``turn``: the env steps with the winner's action as ``env_role`` (the turn's
     reward and validity, the episode's invalid-action and missing-reward counters, the public log's
     event by ``log_role``), or the log records a skipped turn."""
@@ -246,10 +248,20 @@ def finish_episode(episode: Episode, env) -> None:
     episode.metrics = dict(env.metrics())
 
 
-def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, max_decisions: int,
-         rng: random.Random, *, record_snapshots: bool = False, presence: Presence | None = None,
-         on_turn: Callable | None = None, sampler: Sampler | None = None,
-         models: Sequence[str] | None = None) -> list[Episode]:
+def play(
+    slots: list[Slot],
+    agents: list[Agent],
+    coordinator,
+    domain: Domain,
+    max_decisions: int,
+    rng: random.Random,
+    *,
+    record_snapshots: bool = False,
+    presence: Presence | None = None,
+    on_turn: Callable | None = None,
+    sampler: Sampler | None = None,
+    models: Sequence[str] | None = None,
+) -> list[Episode]:
     """Play every slot to the end (env done, ``max_decisions``, or the slot's ``stop_at``) and return
     their episodes: the :class:`AuctionTurns` strategy on the turn engine. Bids and actions come from
     ``sampler`` (default: in process, from the agents' own policies), agent ``i`` from the weights
@@ -259,8 +271,17 @@ def play(slots: list[Slot], agents: list[Agent], coordinator, domain: Domain, ma
         sampler, models = LocalSampler.for_agents(agents)
     elif models is None:
         models = model_names(agents)
-    turns = AuctionTurns(agents, models, coordinator, domain, max_decisions, rng, record_snapshots=record_snapshots,
-                         presence=presence, on_turn=on_turn)
+    turns = AuctionTurns(
+        agents,
+        models,
+        coordinator,
+        domain,
+        max_decisions,
+        rng,
+        record_snapshots=record_snapshots,
+        presence=presence,
+        on_turn=on_turn,
+    )
     with closing_all([s.env for s in slots]):  # the slots' envs end with the batch; snapshots taken stay restorable
         return TurnEngine(sampler).run(turns.rounds(slots))
 
@@ -309,9 +330,20 @@ class Auction:
     ``judge``: ``(j, text) -> (tokens, policy)`` for its ``judge_pairs``); ``wants_info``: ``select``
     gets :class:`TurnInfo`."""
 
-    def __init__(self, coordinator, *, bid_prompt: Callable, action_prompt: Callable, bid_row: Callable,
-                 act_row: Callable, bid_levels: Callable, ask_bids: bool = True, proposals: bool = False,
-                 wants_info: bool = False, judge: Callable | None = None):
+    def __init__(
+        self,
+        coordinator,
+        *,
+        bid_prompt: Callable,
+        action_prompt: Callable,
+        bid_row: Callable,
+        act_row: Callable,
+        bid_levels: Callable,
+        ask_bids: bool = True,
+        proposals: bool = False,
+        wants_info: bool = False,
+        judge: Callable | None = None,
+    ):
         self.coordinator = coordinator
         self.bid_prompt, self.action_prompt, self.bid_row, self.act_row = bid_prompt, action_prompt, bid_row, act_row
         self.bid_levels, self.ask_bids, self.proposals, self.wants_info = bid_levels, ask_bids, proposals, wants_info
@@ -324,9 +356,20 @@ class Auction:
             return self.coordinator.select(bids, rng, t, info=info)
         return self.coordinator.select(bids, rng, t)
 
-    def turn(self, episode: Episode, n: int, t: int, log: list[Event], observation: str, *,
-             bidders: Sequence[int], rng: Callable[[], random.Random], last_actor: int | None = None,
-             forced: ForcedTurn | None = None, snapshot: Callable | None = None):
+    def turn(
+        self,
+        episode: Episode,
+        n: int,
+        t: int,
+        log: list[Event],
+        observation: str,
+        *,
+        bidders: Sequence[int],
+        rng: Callable[[], random.Random],
+        last_actor: int | None = None,
+        forced: ForcedTurn | None = None,
+        snapshot: Callable | None = None,
+    ):
         """Decide turn ``t`` of ``episode`` (``n`` agents; ``bidders`` are asked, unless ``forced``): yields
         ``Batch("bid")``, ``Batch("act")`` of the proposals (``proposals``) and :class:`Scores`, then one
         ``Batch("act")`` (empty when the turn is skipped or the action is a proposal) and one more per
@@ -363,8 +406,9 @@ class Auction:
         if self.proposals:
             preqs = []
             if forced is None:
-                preqs = [(a, self.action_prompt(a, observation, log))
-                         for a in self.coordinator.proposers(bids, rng(), t)]
+                preqs = [
+                    (a, self.action_prompt(a, observation, log)) for a in self.coordinator.proposers(bids, rng(), t)
+                ]
             answers = yield Batch("act", [self.act_row(a, p, key(a, keyed.ACTION)) for a, p in preqs])
             for (a, _), r in zip(preqs, answers):
                 proposals[a] = r
@@ -387,8 +431,14 @@ class Auction:
             sel_rng, live = None, None
         else:
             sel_rng, live = rng(), list(bids)
-            turn = Turn(t, bids, btoks, bprompts, self._select(live, sel_rng, t, last_actor, proposals, scores),
-                        bid_logprobs=blps)
+            turn = Turn(
+                t,
+                bids,
+                btoks,
+                bprompts,
+                self._select(live, sel_rng, t, last_actor, proposals, scores),
+                bid_logprobs=blps,
+            )
         # the winner acts; a winner whose action does not come is withdrawn and the coordinator picks again
         failed = []
         while True:
@@ -403,8 +453,9 @@ class Auction:
                 yield Batch("act", [])
                 r = proposal
             else:
-                (r,) = yield Batch("act", [self.act_row(turn.winner, turn.action_prompt,
-                                                        key(turn.winner, keyed.ACTION))])
+                (r,) = yield Batch(
+                    "act", [self.act_row(turn.winner, turn.action_prompt, key(turn.winner, keyed.ACTION))]
+                )
             if r is not None:
                 turn.action_text, turn.action_tokens = r.text, r.tokens
                 turn.action_logprobs, turn.action_version = r.logprobs, r.version
@@ -440,7 +491,7 @@ def lockstep(turns: list) -> Rounds:
             at = 0
             for i in idx:
                 k = len(pending[i].entries if kind == "score" else pending[i].rows)
-                answers[i], at = flat[at:at + k], at + k
+                answers[i], at = flat[at : at + k], at + k
         for i in list(pending):
             try:
                 pending[i] = turns[i].send(answers[i])
@@ -456,9 +507,19 @@ class AuctionTurns:
     coordinator picks the actor, the winners act (one batch), the envs step. ``models[i]``: the weights
     agent ``i`` samples from (a row's model)."""
 
-    def __init__(self, agents: list[Agent], models: Sequence[str], coordinator, domain: Domain, max_decisions: int,
-                 rng: random.Random, *, record_snapshots: bool = False, presence: Presence | None = None,
-                 on_turn: Callable | None = None):
+    def __init__(
+        self,
+        agents: list[Agent],
+        models: Sequence[str],
+        coordinator,
+        domain: Domain,
+        max_decisions: int,
+        rng: random.Random,
+        *,
+        record_snapshots: bool = False,
+        presence: Presence | None = None,
+        on_turn: Callable | None = None,
+    ):
         self.agents, self.models, self.coordinator, self.domain = agents, list(models), coordinator, domain
         self.max_decisions, self.rng = max_decisions, rng
         self.record_snapshots, self.presence, self.on_turn = record_snapshots, presence, on_turn
@@ -479,14 +540,21 @@ class AuctionTurns:
             bid_row=lambda a, prompt, key, last: Row(models[judge_of(a, last)], prompt, key),
             act_row=lambda a, prompt, key: Row(models[a], prompt, key),
             bid_levels=lambda a, last: getattr(agents[judge_of(a, last)].policy, "bid_levels", None),
-            ask_bids=False, proposals=bool(getattr(coordinator, "uses_proposals", False)),
+            ask_bids=False,
+            proposals=bool(getattr(coordinator, "uses_proposals", False)),
             wants_info=bool(getattr(coordinator, "wants_info", False)),
-            judge=lambda j, text: (agents[j].policy.action_target(text), agents[j].policy))
+            judge=lambda j, text: (agents[j].policy.action_target(text), agents[j].policy),
+        )
 
     def rounds(self, slots: list[Slot]) -> Rounds:
         """Play ``slots`` to the end, yielding each turn's bid and action batches; returns their episodes."""
-        agents, max_decisions, rng, presence, on_turn = self.agents, self.max_decisions, self.rng, self.presence, \
-            self.on_turn
+        agents, max_decisions, rng, presence, on_turn = (
+            self.agents,
+            self.max_decisions,
+            self.rng,
+            self.presence,
+            self.on_turn,
+        )
         n, auction = len(agents), self.auction()
         while True:
             live = [s for s in slots if not s.finished]
@@ -498,16 +566,31 @@ class AuctionTurns:
             for s in live:
                 forced, s.forced = s.forced, None
                 snap = (lambda s=s: (s.env.snapshot(), list(s.log))) if self.record_snapshots else None
-                gens.append(auction.turn(s.episode, n, s.t, s.log, obs[id(s)],
-                                         bidders=[a for a in range(n) if masks[id(s)][a]],
-                                         rng=lambda s=s: _slot_rng(s, rng), last_actor=s.last_actor, forced=forced,
-                                         snapshot=snap))
+                gens.append(
+                    auction.turn(
+                        s.episode,
+                        n,
+                        s.t,
+                        s.log,
+                        obs[id(s)],
+                        bidders=[a for a in range(n) if masks[id(s)][a]],
+                        rng=lambda s=s: _slot_rng(s, rng),
+                        last_actor=s.last_actor,
+                        forced=forced,
+                        snapshot=snap,
+                    )
+                )
             decided = yield from lockstep(gens)
             turns: dict[int, Turn] = {id(s): d.turn for s, d in zip(live, decided)}
             # the envs step; skipped turns still count toward the cap. Envs that can (remote ones) are sent their
             # step first, all at once, and collected below
-            prefetch_steps([(s.env, turns[id(s)].action_text, agents[turns[id(s)].winner].env_role) for s in live
-                            if turns[id(s)].winner is not None])
+            prefetch_steps(
+                [
+                    (s.env, turns[id(s)].action_text, agents[turns[id(s)].winner].env_role)
+                    for s in live
+                    if turns[id(s)].winner is not None
+                ]
+            )
             for s in live:
                 turn = turns[id(s)]
                 if turn.winner is not None:

@@ -1,10 +1,11 @@
 """Held-out evaluation: every eval seed, several sampled runs, mean ± standard error."""
+
 from __future__ import annotations
 
 import math
 import random
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -41,16 +42,21 @@ def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -
     per_seed: dict[int, list[Episode]] = defaultdict(list)
     for ep in episodes:
         per_seed[ep.seed].append(ep)
-    out: dict = {"episodes": len(episodes), "seeds": len(per_seed), "runs": runs,
-                 "reward_missing": sum(ep.reward_missing for ep in episodes)}
+    out: dict = {
+        "episodes": len(episodes),
+        "seeds": len(per_seed),
+        "runs": runs,
+        "reward_missing": sum(ep.reward_missing for ep in episodes),
+    }
     known = {s: [e for e in eps if not e.reward_missing] for s, eps in per_seed.items()}
     seed_means = [sum(e.reward for e in eps) / len(eps) for eps in known.values() if eps]
     out["reward_mean"], out["reward_se"] = mean_se(seed_means)
     out["seed_rewards"] = {str(s): sum(e.reward for e in eps) / len(eps) for s, eps in known.items() if eps}
     metric_names = sorted({k for ep in episodes for k in ep.metrics})
     for name in metric_names:
-        per_seed_metric = {str(s): sum(float(e.metrics.get(name, 0.0)) for e in eps) / len(eps)
-                           for s, eps in known.items() if eps}
+        per_seed_metric = {
+            str(s): sum(float(e.metrics.get(name, 0.0)) for e in eps) / len(eps) for s, eps in known.items() if eps
+        }
         out[f"{name}_mean"], out[f"{name}_se"] = mean_se(list(per_seed_metric.values()))
         if name == "success":  # kept per seed, like the reward, for the paired test of a success rate
             out["seed_success"] = per_seed_metric
@@ -68,9 +74,20 @@ def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -
     return out
 
 
-def evaluate(agents: list[Agent], coordinator, domain, task, seeds: Sequence[int], runs: int, seed: int,
-             temperature: float | None = None, presence=None,
-             common_random_numbers: bool = False, sampler=None, models=None) -> tuple[dict, list[Episode]]:
+def evaluate(
+    agents: list[Agent],
+    coordinator,
+    domain,
+    task,
+    seeds: Sequence[int],
+    runs: int,
+    seed: int,
+    temperature: float | None = None,
+    presence=None,
+    common_random_numbers: bool = False,
+    sampler=None,
+    models=None,
+) -> tuple[dict, list[Episode]]:
     """Play ``runs`` sampled episodes on every seed (one batch) and summarise. The
     policies' sampling RNG and temperature are restored afterwards, so evaluation
     never perturbs training. ``common_random_numbers``: run ``r`` on held-out seed ``s``
@@ -90,8 +107,17 @@ def evaluate(agents: list[Agent], coordinator, domain, task, seeds: Sequence[int
             for i, s in enumerate(slots):
                 s.episode.noise = key_hash(seed, i // max(1, len(seeds)), s.episode.seed)
         with torch.no_grad():
-            episodes = play(slots, agents, coordinator, domain, int(task.max_decisions), random.Random(seed),
-                            presence=presence, sampler=sampler, models=models)
+            episodes = play(
+                slots,
+                agents,
+                coordinator,
+                domain,
+                int(task.max_decisions),
+                random.Random(seed),
+                presence=presence,
+                sampler=sampler,
+                models=models,
+            )
     finally:
         for p, state, temp in saved:
             p.set_rng_state(state)

@@ -11,6 +11,7 @@ computes weight gradients only for the adapter, so a training token costs
 ``= 4 N_base + 6 N_adapter``. Gradient checkpointing recomputes the forward pass once more in
 the backward pass (``+ 2 N``); it is not counted (the same learning, more wall time).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -5,9 +5,11 @@ callable; the core owns the registries and rejects duplicates. *Observer* hooks
 are told about events and return nothing. Implement hooks with
 ``@swarm_runtime.hookimpl``; a misspelled hook name fails loudly at load time.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pluggy
 

@@ -27,6 +27,7 @@ are added up, so each base is counted once (activations and gradients: the large
 
 An estimate, not a measurement: ``benchmarks/gpu_adapters.py`` prints it beside the measured peak.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from swarm_runtime.config import ConfigError
 
-GiB = 1024 ** 3
+GiB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -56,20 +57,38 @@ class Arch:
     qkv_bias: bool = False  #: biases on q/k/v (Qwen2 has them; Qwen3 and Llama do not)
 
     @classmethod
-    def from_hf(cls, d: dict) -> "Arch":
+    def from_hf(cls, d: dict) -> Arch:
         heads = int(d.get("num_attention_heads", 1))
         hidden = int(d["hidden_size"])
-        return cls(int(d["vocab_size"]), hidden, int(d.get("intermediate_size", 4 * hidden)),
-                   int(d["num_hidden_layers"]), heads, int(d.get("num_key_value_heads") or heads),
-                   int(d.get("head_dim") or hidden // heads), bool(d.get("tie_word_embeddings", False)),
-                   bool(d.get("attention_bias", d.get("model_type") == "qwen2")))
+        return cls(
+            int(d["vocab_size"]),
+            hidden,
+            int(d.get("intermediate_size", 4 * hidden)),
+            int(d["num_hidden_layers"]),
+            heads,
+            int(d.get("num_key_value_heads") or heads),
+            int(d.get("head_dim") or hidden // heads),
+            bool(d.get("tie_word_embeddings", False)),
+            bool(d.get("attention_bias", d.get("model_type") == "qwen2")),
+        )
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each projection of one block."""
-        h, i, q, kv = self.hidden_size, self.intermediate_size, self.num_heads * self.head_dim, \
-            self.num_kv_heads * self.head_dim
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        h, i, q, kv = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     def n_params(self) -> int:
         shapes = self.linear_shapes()
@@ -120,11 +139,22 @@ def arch_of(cfg: DictConfig, vocab: int | None = None) -> tuple[Arch, str]:
         d = d.get("text_config", d)
         return Arch.from_hf(d), f"{path}/config.json"
     if path or OmegaConf.is_missing(m, "path"):
-        raise ConfigError(f"the memory plan needs the model's shape: model.path={path or '???'} has no config.json; "
-                          "give model.path=<a Hugging Face folder> or model.arch={hidden_size: ..., ...}")
+        raise ConfigError(
+            f"the memory plan needs the model's shape: model.path={path or '???'} has no config.json; "
+            "give model.path=<a Hugging Face folder> or model.arch={hidden_size: ..., ...}"
+        )
     heads = int(m.num_heads)
-    return Arch(int(vocab or 1024), int(m.hidden_size), int(m.intermediate_size), int(m.num_layers), heads,
-                int(m.num_kv_heads), int(m.hidden_size) // heads, True, True), "model.* (built from the config)"
+    return Arch(
+        int(vocab or 1024),
+        int(m.hidden_size),
+        int(m.intermediate_size),
+        int(m.num_layers),
+        heads,
+        int(m.num_kv_heads),
+        int(m.hidden_size) // heads,
+        True,
+        True,
+    ), "model.* (built from the config)"
 
 
 def base_counts(cfg: DictConfig, n_roles: int) -> dict[str, int]:
@@ -163,8 +193,12 @@ def make_plan(cfg: DictConfig, n_roles: int, n_agents: int, vocab: int | None = 
             row[2].append(f"{name}: {how}")
     first = plans[0][1]
     device = f"{cfg.hardware.get('name', cfg.hardware.get('device', 'cpu'))}, {n_agents} agents, {len(plans)} bases"
-    plan = MemoryPlan([(w, b, "; ".join(h)) for w, b, h in rows.values()], first.budget, device,
-                      list(dict.fromkeys(f for _, p in plans for f in p.fixes)))
+    plan = MemoryPlan(
+        [(w, b, "; ".join(h)) for w, b, h in rows.values()],
+        first.budget,
+        device,
+        list(dict.fromkeys(f for _, p in plans for f in p.fixes)),
+    )
     if str(cfg.hardware.get("device", "cpu")).startswith("cuda"):
         plan.rows.append(("runtime", 2 * GiB + 0.1 * plan.total, "CUDA context + 10% allocator fragmentation"))
     return plan
@@ -191,8 +225,13 @@ def _plan(cfg: DictConfig, n_roles: int, n_agents: int, vocab: int | None = None
         rows.append(("weights", R * N * b, f"{R} full copies of {N / 1e9:.3g}B parameters in {dtype} ({source})"))
         rows.append(("gradients", N * b, "one role's at a time"))
         master = 4 if b < 4 else 0
-        rows.append(("optimizer states", R * N * (16 + master),
-                     f"{R} roles x 2 AdamW x 2 moments fp32" + (" + fp32 masters" if master else "")))
+        rows.append(
+            (
+                "optimizer states",
+                R * N * (16 + master),
+                f"{R} roles x 2 AdamW x 2 moments fp32" + (" + fp32 masters" if master else ""),
+            )
+        )
     if str(a.get("bid_reference", "none")) == "sft" or float(a.get("kl_coef", 0.0)) > 0:
         rows.append(("reference models", (N * b + R * A * 4) if lora else R * N * b, "frozen RL-start copy"))
     S = int(m.max_prompt_tokens) + int(m.max_action_tokens)
@@ -205,8 +244,13 @@ def _plan(cfg: DictConfig, n_roles: int, n_agents: int, vocab: int | None = None
     else:
         layers = arch.num_layers * per_layer
         how = f"{arch.num_layers} layers"
-    rows.append(("activations", mb * S * (layers + 12 * arch.vocab_size),
-                 f"update chunk of {mb} rows x {S} tokens, {how}, fp32 logits"))
+    rows.append(
+        (
+            "activations",
+            mb * S * (layers + 12 * arch.vocab_size),
+            f"update chunk of {mb} rows x {S} tokens, {how}, fp32 logits",
+        )
+    )
     kv_rows = int(a.envs_per_step) * max(1, int(a.get("branches_per_episode", 1))) * int(n_agents)
     kv = kv_rows * S * 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * b
     rows.append(("KV cache", kv, f"{kv_rows} rollout rows (envs x branches x {n_agents} agents) x {S} tokens"))
@@ -235,7 +279,9 @@ def check_plan(cfg: DictConfig, n_agents: int, vocab: int | None = None, n_roles
     plan = make_plan(cfg, roles, n_agents, vocab)
     (logger.info if plan.budget is not None else logger.debug)(plan.format())
     if not plan.fits:
-        raise ConfigError(f"the run needs ~{plan.total / GiB:.1f} GiB but hardware {cfg.hardware.name!r} has "
-                          f"{plan.budget / GiB:.1f} GiB ({plan.budget / 1e9:.0f} GB); try {'; or '.join(plan.fixes)}. "
-                          f"`swarm config ... --plan` prints the plan")
+        raise ConfigError(
+            f"the run needs ~{plan.total / GiB:.1f} GiB but hardware {cfg.hardware.name!r} has "
+            f"{plan.budget / GiB:.1f} GiB ({plan.budget / 1e9:.0f} GB); try {'; or '.join(plan.fixes)}. "
+            f"`swarm config ... --plan` prints the plan"
+        )
     return plan

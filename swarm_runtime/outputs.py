@@ -1,4 +1,5 @@
 """Run outputs: ``metrics.jsonl``, TensorBoard event files, PNG plots, result tables."""
+
 from __future__ import annotations
 
 import json

@@ -5,12 +5,14 @@ Environment variables:
 - ``SWARM_DISABLE_PLUGINS``: comma-separated plugin names to block.
 - ``SWARM_LOAD_PLUGINS``: comma-separated allow-list; when set, only these load.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 from loguru import logger
@@ -71,8 +73,10 @@ def make_plugin_manager(extra_plugins: list[tuple[Any, str]] | None = None) -> p
         try:
             pm.register(ep.load(), name=ep.name)
         except Exception as exc:  # a broken plugin must say who it is
-            raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {exc}; skip it with "
-                              f"SWARM_DISABLE_PLUGINS={ep.name} (comma-separated names)") from exc
+            raise PluginError(
+                f"plugin {ep.name!r} ({ep.value}) failed to load: {exc}; skip it with "
+                f"SWARM_DISABLE_PLUGINS={ep.name} (comma-separated names)"
+            ) from exc
     for obj, name in extra_plugins or []:
         if wanted(name):
             pm.register(obj, name=name)
@@ -115,7 +119,8 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
                 table = getattr(reg, _kind)
                 if name in table:
                     raise PluginError(
-                        f"{_kind[:-1]} {name!r} registered twice: by {owners[(_kind, name)]!r} and by {_p!r}")
+                        f"{_kind[:-1]} {name!r} registered twice: by {owners[(_kind, name)]!r} and by {_p!r}"
+                    )
                 table[name] = obj
                 owners[(_kind, name)] = _p
                 reg.provenance.setdefault(_p, []).append(f"{_kind[:-1]}:{name}")

@@ -5,6 +5,7 @@ Every ``eval.json`` (``swarm run``, ``swarm eval``) and experiment ``results.jso
 library release (an unpinned transformers release once changed a documented figure) or to the
 code that ran; the printed footers show :func:`versions_line`.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,16 +40,23 @@ def code_commit(where: Path | None = None) -> str | None:
     missing, or when the package merely sits inside some other repository."""
     pkg = Path(where or Path(__file__).resolve().parent)
     try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=pkg, capture_output=True, text=True,
-                             timeout=10)
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=pkg, capture_output=True, text=True, timeout=10
+        )
         if top.returncode or Path(top.stdout.strip()).resolve() != pkg.parent.resolve():
             return None
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=pkg, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=pkg, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         if not head:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=pkg,
-                               capture_output=True, text=True, timeout=20).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=pkg,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -84,8 +92,10 @@ def given_commit() -> str | None:
     if not COMMIT_PATTERN.fullmatch(value.lower()):
         from swarm_runtime.config import ConfigError
 
-        raise ConfigError(f"{COMMIT_ENV}={value!r} is not a commit: give the hash of the code's commit, 7 to 40 hex "
-                          f"digits (optionally with +dirty), e.g. {COMMIT_ENV}=$(git rev-parse --short HEAD), or unset it")
+        raise ConfigError(
+            f"{COMMIT_ENV}={value!r} is not a commit: give the hash of the code's commit, 7 to 40 hex "
+            f"digits (optionally with +dirty), e.g. {COMMIT_ENV}=$(git rev-parse --short HEAD), or unset it"
+        )
     return value.lower()
 
 

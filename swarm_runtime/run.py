@@ -1,4 +1,5 @@
 """A run: its folder, its swarm of agents and the shared services (FLOPs, metrics, hooks)."""
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,14 @@ from loguru import logger
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from swarm_runtime.config import ConfigError, load_saved, override, validate
-from swarm_runtime.checkpoint import clean_spares, has_checkpoint, latest_checkpoint, load_state
 from swarm_runtime import runfiles
-from swarm_runtime.runlock import RunLock
-from swarm_runtime.secrets import save_config
+from swarm_runtime.checkpoint import clean_spares, has_checkpoint, latest_checkpoint, load_state
+from swarm_runtime.config import ConfigError, load_saved, override, validate
 from swarm_runtime.env import close_env
 from swarm_runtime.episode import Agent
 from swarm_runtime.flops import FlopCounter
+from swarm_runtime.runlock import RunLock
+from swarm_runtime.secrets import save_config
 
 
 @dataclass
@@ -68,11 +69,19 @@ class RunContext:
         model_cfg = OmegaConf.merge(model, {"device": self.cfg.hardware.device})
         hw = self.cfg.hardware
         if hw.get("dtype") or hw.get("attention"):  # a GPU profile: its dtype and attention for loaded checkpoints
-            model_cfg = OmegaConf.merge(OmegaConf.to_container(model_cfg),
-                                        {"dtype": hw.get("dtype") or model_cfg.dtype, "attention": hw.get("attention")})
+            model_cfg = OmegaConf.merge(
+                OmegaConf.to_container(model_cfg),
+                {"dtype": hw.get("dtype") or model_cfg.dtype, "attention": hw.get("attention")},
+            )
         words = self.domain.all_words(self.task)
-        return factory(model_cfg, words, [float(b) for b in self.cfg.algo.bid_levels], seed,
-                       flops=self.flops, init_path=str(init_path) if init_path else None)
+        return factory(
+            model_cfg,
+            words,
+            [float(b) for b in self.cfg.algo.bid_levels],
+            seed,
+            flops=self.flops,
+            init_path=str(init_path) if init_path else None,
+        )
 
     def constrain_actions(self, policies: dict, roles: dict) -> None:
         """With ``model.constrained_actions``: restrict each policy's actions to the texts the domain
@@ -81,16 +90,20 @@ class RunContext:
             return
         listed = {name: self.domain.action_choices(self.task, role) for name, role in roles.items()}
         if not any(listed.values()):
-            raise ConfigError(f"model.constrained_actions=true, but domain {self.cfg.domain!r} lists no action "
-                              f"choices for {', '.join(str(r) for r in roles.values())} (Domain.action_choices); "
-                              "set model.constrained_actions=false")
+            raise ConfigError(
+                f"model.constrained_actions=true, but domain {self.cfg.domain!r} lists no action "
+                f"choices for {', '.join(str(r) for r in roles.values())} (Domain.action_choices); "
+                "set model.constrained_actions=false"
+            )
         for name, choices in listed.items():
             if not choices:
                 logger.info("model.constrained_actions: {} has no listed action choices; it samples freely", name)
                 continue
             if not hasattr(policies[name], "constrain_actions"):
-                raise ConfigError(f"model.backend {self.cfg.model.backend!r} cannot constrain actions; "
-                                  "set model.constrained_actions=false")
+                raise ConfigError(
+                    f"model.backend {self.cfg.model.backend!r} cannot constrain actions; "
+                    "set model.constrained_actions=false"
+                )
             try:
                 policies[name].constrain_actions(choices)
             except ValueError as e:
@@ -107,16 +120,27 @@ class RunContext:
         if lora or self.cfg.hardware.get("memory_gb") is not None:  # the memory plan, before anything loads
             from swarm_runtime.memory_plan import check_plan
 
-            check_plan(self.cfg, len(self.domain.roles) * replicas, vocab=len(self.domain.all_words(self.task)) + 16,
-                       n_roles=len(self.domain.roles))
+            check_plan(
+                self.cfg,
+                len(self.domain.roles) * replicas,
+                vocab=len(self.domain.all_words(self.task)) + 16,
+                n_roles=len(self.domain.roles),
+            )
         if lora:  # one base, one PEFT adapter per role (docs/method.md, section 8)
             from swarm_runtime.policy.adapters import build_adapter_swarm
 
             words = self.domain.all_words(self.task)
             model_cfg = OmegaConf.merge(self.cfg.model, {"device": self.cfg.hardware.device})
-            policies = build_adapter_swarm(model_cfg, self.cfg.hardware, words,
-                                           [float(b) for b in self.cfg.algo.bid_levels],
-                                           [r.name for r in self.domain.roles], seeds, self.flops, init_dir)
+            policies = build_adapter_swarm(
+                model_cfg,
+                self.cfg.hardware,
+                words,
+                [float(b) for b in self.cfg.algo.bid_levels],
+                [r.name for r in self.domain.roles],
+                seeds,
+                self.flops,
+                init_dir,
+            )
         for i, role in enumerate(self.domain.roles):
             path = init_dir / role.name if init_dir is not None else None
             if role.name not in policies:
@@ -144,8 +168,10 @@ def check_hardware(cfg: DictConfig) -> None:
     """Refuse a CUDA device on a machine where torch sees no GPU (a run trained on a GPU and
     evaluated or resumed elsewhere, say), naming the way out; set the CPU threads."""
     if cfg.hardware.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"hardware {cfg.hardware.name!r} needs a CUDA GPU (device {cfg.hardware.device!r}), "
-                          "but torch sees none; use hardware=cpu")
+        raise ConfigError(
+            f"hardware {cfg.hardware.name!r} needs a CUDA GPU (device {cfg.hardware.device!r}), "
+            "but torch sees none; use hardware=cpu"
+        )
     if int(cfg.hardware.threads) > 0:
         torch.set_num_threads(int(cfg.hardware.threads))
 
@@ -187,14 +213,20 @@ def _apply_resume_overrides(saved: DictConfig, applied: list[tuple[str, str]], r
     n = int(saved.algo.iterations)
     done = int(load_state(resume_from).get("iteration", 0)) if resume_from is not None else 0
     if n < done:
-        raise ConfigError(f"algo.iterations={n} on resume, but the run has already made {done} updates; "
-                          f"give at least {done}")
+        raise ConfigError(
+            f"algo.iterations={n} on resume, but the run has already made {done} updates; give at least {done}"
+        )
     return n != before
 
 
 #: Config groups the command line picks by name (``task=wooden_pickaxe``), with the key that records the pick.
-GROUP_PICKS = {"domain": "domain", "task": "task_name", "model": "model.name", "algo": "algo.name",
-               "hardware": "hardware.name"}
+GROUP_PICKS = {
+    "domain": "domain",
+    "task": "task_name",
+    "model": "model.name",
+    "algo": "algo.name",
+    "hardware": "hardware.name",
+}
 
 
 def config_key(cfg: DictConfig, k: str) -> str:
@@ -254,7 +286,9 @@ def resume_conflicts(saved: DictConfig, args, applied=()) -> list[tuple[str, obj
     return out
 
 
-def refuse_resume_conflicts(saved: DictConfig, args, saved_in: Path, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+def refuse_resume_conflicts(
+    saved: DictConfig, args, saved_in: Path, also: tuple[str, ...] = ()
+) -> list[tuple[str, str]]:
     """What a resume's command line ``args`` apply on top of the run saved in ``saved_in`` (its
     ``config.yaml`` or ``experiment.json``; ``saved``: that run's resolved config):
     :func:`resume_overrides` (with the keys in ``also``). Any other setting that would change the saved
@@ -267,10 +301,13 @@ def refuse_resume_conflicts(saved: DictConfig, args, saved_in: Path, also: tuple
     changed = resume_conflicts(saved, args, {k for k, _ in applied})
     if changed:
         them = "it" if len(changed) == 1 else "them"
-        raise ConfigError(f"resume=true continues the run as saved in {str(saved_in)!r}, but the command line "
-                          "changes " + "; ".join(f"{k}: saved {was}, given {v}" for k, was, v in changed)
-                          + f"; drop {them} to resume the run as saved, or give a new run_dir to start a run "
-                          f"with {them}")
+        raise ConfigError(
+            f"resume=true continues the run as saved in {str(saved_in)!r}, but the command line "
+            "changes "
+            + "; ".join(f"{k}: saved {was}, given {v}" for k, was, v in changed)
+            + f"; drop {them} to resume the run as saved, or give a new run_dir to start a run "
+            f"with {them}"
+        )
     return applied
 
 
@@ -292,8 +329,10 @@ def check_run_dir(run_dir: Path) -> None:
 
 
 def _not_ours(run_dir: Path, others: list[str]) -> str:
-    return (f"run_dir {str(run_dir)!r} holds {runfiles.shown(others)}, which swarm did not write (not in its "
-            f"{runfiles.MANIFEST}; a run of a version before the manifest has none either)")
+    return (
+        f"run_dir {str(run_dir)!r} holds {runfiles.shown(others)}, which swarm did not write (not in its "
+        f"{runfiles.MANIFEST}; a run of a version before the manifest has none either)"
+    )
 
 
 def clear_run(run_dir: Path) -> None:
@@ -302,8 +341,10 @@ def clear_run(run_dir: Path) -> None:
     (naming it) before anything is deleted; a listed link is removed, never followed."""
     others = runfiles.foreign(run_dir)
     if others:
-        raise ConfigError(_not_ours(run_dir, others) + "; overwrite=true deletes only a run's own files: move "
-                          "those away, or give another run_dir")
+        raise ConfigError(
+            _not_ours(run_dir, others) + "; overwrite=true deletes only a run's own files: move "
+            "those away, or give another run_dir"
+        )
     for name in sorted(runfiles.owned(run_dir)):
         p = run_dir / name
         if p.is_symlink() or p.is_file():
@@ -325,17 +366,23 @@ def refuse_fresh_start(run_dir: Path, overwrite: bool) -> None:
         if not overwrite:
             others = runfiles.foreign(run_dir)
             if others:
-                raise ConfigError(f"run_dir {str(run_dir)!r} already holds a run, and files swarm did not write "
-                                  f"({runfiles.shown(others)}), which it never deletes; continue the run with "
-                                  "resume=true or give another run_dir")
-            raise ConfigError(f"run_dir {str(run_dir)!r} already holds a run; continue it with resume=true, "
-                              "give another run_dir, or replace it with overwrite=true")
+                raise ConfigError(
+                    f"run_dir {str(run_dir)!r} already holds a run, and files swarm did not write "
+                    f"({runfiles.shown(others)}), which it never deletes; continue the run with "
+                    "resume=true or give another run_dir"
+                )
+            raise ConfigError(
+                f"run_dir {str(run_dir)!r} already holds a run; continue it with resume=true, "
+                "give another run_dir, or replace it with overwrite=true"
+            )
         clear_run(run_dir)
         return
     clash = runfiles.run_named(run_dir)
     if clash:
-        raise ConfigError(_not_ours(run_dir, clash) + "; a run would replace or append to them: move them "
-                          "away, or give another run_dir")
+        raise ConfigError(
+            _not_ours(run_dir, clash) + "; a run would replace or append to them: move them "
+            "away, or give another run_dir"
+        )
 
 
 def truncate_metrics(run_dir: Path, state: dict) -> None:
@@ -348,23 +395,29 @@ def truncate_metrics(run_dir: Path, state: dict) -> None:
     lines = path.read_text().split("\n")
     complete, keep = lines[:-1], []  # the part after the last newline is a cut row (or empty)
     limit = state.get("metrics_rows")
-    for i, ln in enumerate(complete if limit is None else complete[:int(limit)]):
+    for i, ln in enumerate(complete if limit is None else complete[: int(limit)]):
         try:
             row = json.loads(ln)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path} line {i + 1} is not a JSON row ({exc.msg}); delete that line "
-                              "(and the ones after it) to resume") from exc
+            raise ConfigError(
+                f"{path} line {i + 1} is not a JSON row ({exc.msg}); delete that line (and the ones after it) to resume"
+            ) from exc
         if limit is None and row.get("step", -1) > int(state.get("iteration", 0)):
             continue
         keep.append(ln)
     if limit is not None and len(complete) < int(limit):
-        raise ConfigError(f"{path} has {len(complete)} rows, fewer than the {limit} its checkpoint's state.json "
-                          "(metrics_rows) covers: one of the two is damaged; restore the file to resume")
+        raise ConfigError(
+            f"{path} has {len(complete)} rows, fewer than the {limit} its checkpoint's state.json "
+            "(metrics_rows) covers: one of the two is damaged; restore the file to resume"
+        )
     steps = [row.get("step") for row in map(json.loads, keep)]
-    if any(not isinstance(st, int) or isinstance(st, bool) or not 0 <= st <= int(state.get("iteration", 0))
-           for st in steps):
-        raise ConfigError(f"{path} holds a row whose step is not a whole number from 0 to the checkpoint's iteration "
-                          f"{state.get('iteration', 0)}: it does not belong to this checkpoint; restore the file to resume")
+    if any(
+        not isinstance(st, int) or isinstance(st, bool) or not 0 <= st <= int(state.get("iteration", 0)) for st in steps
+    ):
+        raise ConfigError(
+            f"{path} holds a row whose step is not a whole number from 0 to the checkpoint's iteration "
+            f"{state.get('iteration', 0)}: it does not belong to this checkpoint; restore the file to resume"
+        )
     tmp = path.with_name(f".{path.name}.tmp")  # atomically: a kill here leaves the rows as they were
     tmp.write_text("".join(k + "\n" for k in keep))
     os.replace(tmp, path)
@@ -434,9 +487,11 @@ class RunFolder:
     def _resume(self, cfg: DictConfig, registry, args) -> DictConfig:
         config = self.path / "config.yaml"
         if not config.exists() and (self.path / "checkpoints").exists():
-            raise ConfigError(f"resume=true but {str(config)!r} is missing: the run's settings "
-                              "are lost, and resuming its checkpoints under other settings would be another run; "
-                              "restore the file, or start a new run in another run_dir")
+            raise ConfigError(
+                f"resume=true but {str(config)!r} is missing: the run's settings "
+                "are lost, and resuming its checkpoints under other settings would be another run; "
+                "restore the file, or start a new run in another run_dir"
+            )
         saved, applied = None, []
         if config.exists():
             # Continue the run as it was configured; the command line picks the run, the machine, the
@@ -469,12 +524,17 @@ class RunFolder:
     def log_to(self, level: str) -> None:
         """Log to the terminal at ``level`` and, everything, to the folder's ``run.log``."""
         logger.remove()
-        logger.add(sys.stderr, level=level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+        logger.add(
+            sys.stderr, level=level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}"
+        )
         logger.add(runfiles.claim(self.path / "run.log"), level="DEBUG")
-        logger.info("run folder {}{}", self.path, f" (resuming from {self.resume_from.name})" if self.resume_from else "")
+        logger.info(
+            "run folder {}{}", self.path, f" (resuming from {self.resume_from.name})" if self.resume_from else ""
+        )
         if self.restarted:
-            logger.warning("resume=true: {} has no checkpoint yet (killed before the first one); starting it again",
-                           self.path)
+            logger.warning(
+                "resume=true: {} has no checkpoint yet (killed before the first one); starting it again", self.path
+            )
 
 
 def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) -> RunContext:

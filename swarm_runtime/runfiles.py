@@ -10,6 +10,7 @@
   linked to a user's file would be truncated or appended to, a ``checkpoints/latest`` linked to a file
   elsewhere would be read. Such a link is an error naming it; nothing is read or written through it.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -22,8 +23,18 @@ from swarm_runtime.config import ConfigError
 #: The manifest's file name in a run folder.
 MANIFEST = ".swarm-manifest.json"
 #: Names a run writes at the top of its folder (patterns): a user's file of such a name is refused, never replaced.
-RUN_FILES = ("config.yaml", "config.*.yaml", "metrics.jsonl", "run.log", "eval.json", "eval.md", "eval-*.json",
-             "*.png", "tb", "checkpoints")
+RUN_FILES = (
+    "config.yaml",
+    "config.*.yaml",
+    "metrics.jsonl",
+    "run.log",
+    "eval.json",
+    "eval.md",
+    "eval-*.json",
+    "*.png",
+    "tb",
+    "checkpoints",
+)
 #: Kept by the runtime itself while it holds the folder (never deleted by overwrite, never foreign).
 _OWN = (MANIFEST, ".lock")
 
@@ -38,8 +49,11 @@ def owned(run_dir: Path) -> set[str]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return set()
     names = data.get("files") if isinstance(data, dict) else None
-    return {n for n in names if isinstance(n, str) and n and "/" not in n and n not in (".", "..")} \
-        if isinstance(names, list) else set()
+    return (
+        {n for n in names if isinstance(n, str) and n and "/" not in n and n not in (".", "..")}
+        if isinstance(names, list)
+        else set()
+    )
 
 
 def _write(run_dir: Path, names: set[str]) -> None:
@@ -87,8 +101,11 @@ def run_named(run_dir: Path) -> list[str]:
     """Entries of ``run_dir`` named like a run's files (:data:`RUN_FILES`) that the manifest does not list:
     a fresh run would overwrite or append to them."""
     names = owned(run_dir)
-    return sorted(p.name for p in Path(run_dir).iterdir()
-                  if not is_own(p.name, names) and any(fnmatch.fnmatch(p.name, pat) for pat in RUN_FILES))
+    return sorted(
+        p.name
+        for p in Path(run_dir).iterdir()
+        if not is_own(p.name, names) and any(fnmatch.fnmatch(p.name, pat) for pat in RUN_FILES)
+    )
 
 
 def shown(names: list[str], n: int = 6) -> str:
@@ -112,8 +129,10 @@ def check_link(run_dir: Path, path: Path) -> None:
             target = os.readlink(path)
         except OSError:
             target = "?"
-        raise ConfigError(f"{path} is a link to {target!r}, outside the run folder {str(run_dir)!r}; swarm neither "
-                          "reads nor writes through it: delete the link (or copy the file into the run folder)")
+        raise ConfigError(
+            f"{path} is a link to {target!r}, outside the run folder {str(run_dir)!r}; swarm neither "
+            "reads nor writes through it: delete the link (or copy the file into the run folder)"
+        )
 
 
 def check_links(run_dir: Path) -> None:

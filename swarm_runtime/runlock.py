@@ -3,6 +3,7 @@ one run at once. The lock is an OS file lock (``fcntl.flock``), which the kernel
 holder dies, so a lock left by a killed run (``kill -9``, a lost machine) is stale and taken over
 with a warning; the file names the holder (pid, host, command) for the message the second
 command prints."""
+
 from __future__ import annotations
 
 import fcntl
@@ -34,8 +35,10 @@ def _holder(path: Path) -> dict:
 def describe(info: dict) -> str:
     if not info:
         return "another process"
-    return (f"pid {info.get('pid', '?')} on host {info.get('host', '?')} "
-            f"(swarm {info.get('command', '?')}, since {info.get('started', '?')})")
+    return (
+        f"pid {info.get('pid', '?')} on host {info.get('host', '?')} "
+        f"(swarm {info.get('command', '?')}, since {info.get('started', '?')})"
+    )
 
 
 class RunLock:
@@ -46,15 +49,17 @@ class RunLock:
         self.command = command
         self._fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         for _ in range(10):  # retry when the holder released (and deleted) the file under us
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise RunLockedError(f"run folder {self.path.parent} is in use by {describe(_holder(self.path))}; "
-                                     "wait for it to finish (or stop it) and try again") from None
+                raise RunLockedError(
+                    f"run folder {self.path.parent} is in use by {describe(_holder(self.path))}; "
+                    "wait for it to finish (or stop it) and try again"
+                ) from None
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(self.path))
             except FileNotFoundError:
@@ -64,10 +69,17 @@ class RunLock:
                 continue
             stale = _holder(self.path)
             if stale.get("pid") and stale.get("pid") != os.getpid():
-                logger.warning("run folder {}: taking over the stale lock of {}, which is no longer running",
-                               self.path.parent, describe(stale))
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                logger.warning(
+                    "run folder {}: taking over the stale lock of {}, which is no longer running",
+                    self.path.parent,
+                    describe(stale),
+                )
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "command": self.command,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
             self._fd = fd
@@ -84,7 +96,7 @@ class RunLock:
         os.close(self._fd)
         self._fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -4,6 +4,7 @@ through its environment variable (``OPENAI_API_KEY`` for the LLM judge): a value
 command line is used by this process but written nowhere: config.yaml, ``swarm config``, logs,
 error messages and eval file names show :data:`REDACTED` instead (and a saved ``<redacted>``
 reads back as null, so a resumed or evaluated run takes the key from the environment)."""
+
 from __future__ import annotations
 
 import re
@@ -12,8 +13,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 #: What a secret value is replaced by wherever it would be written or shown.
 REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"(^|_)(api_key|apikey|secret|password)$|^((hf|api|auth|access|bearer)_)?token$",
-                          re.IGNORECASE)  # ``token`` alone or with a credential prefix: not ``seconds_per_token``
+_SECRET_NAME = re.compile(
+    r"(^|_)(api_key|apikey|secret|password)$|^((hf|api|auth|access|bearer)_)?token$", re.IGNORECASE
+)  # ``token`` alone or with a credential prefix: not ``seconds_per_token``
 #: Secret values seen in this process (command-line arguments), scrubbed from every log line.
 _SEEN: set[str] = set()
 
@@ -102,22 +104,28 @@ def redacted(cfg: DictConfig) -> DictConfig:
 
     def fix(node, k):
         value = node._get_node(k)
-        empty = value is None or value._is_none() or (not isinstance(value, (DictConfig, ListConfig))
-                                                      and node[k] in ("", REDACTED))
+        empty = (
+            value is None
+            or value._is_none()
+            or (not isinstance(value, (DictConfig, ListConfig)) and node[k] in ("", REDACTED))
+        )
         if is_secret_key(str(k)) and not empty:
             flag = node._get_flag("struct")
             OmegaConf.set_struct(node, False)
             node[k] = REDACTED
             OmegaConf.set_struct(node, flag)
+
     _walk(out, fix)
     return out
 
 
 def unredact(cfg: DictConfig) -> DictConfig:
     """A saved config's :data:`REDACTED` values read back as null (the key comes from the environment)."""
+
     def fix(node, k):
         if is_secret_key(str(k)) and not isinstance(node[k], (DictConfig, ListConfig)) and node[k] == REDACTED:
             node[k] = None
+
     _walk(cfg, fix)
     return cfg
 
@@ -142,6 +150,7 @@ def install_log_scrubber() -> None:
     def patch(record):
         if _SEEN:
             record["message"] = scrub(record["message"])
+
     logger.configure(patcher=patch)
 
 
@@ -196,6 +205,8 @@ def check_endpoint(url, what: str) -> None:
     hit = _FOREIGN_ENDPOINTS.get(str(url).rstrip("/")) if url else None
     if hit is not None:
         key, source = hit
-        raise ConfigError(f"{key}={url!r} comes from {source}, not from the command line or the shipped defaults; "
-                          f"swarm does not send {what} to an endpoint a run folder names: give {key}={url} on the "
-                          "command line if you trust it, or another endpoint")
+        raise ConfigError(
+            f"{key}={url!r} comes from {source}, not from the command line or the shipped defaults; "
+            f"swarm does not send {what} to an endpoint a run folder names: give {key}={url} on the "
+            "command line if you trust it, or another endpoint"
+        )

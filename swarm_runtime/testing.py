@@ -28,6 +28,7 @@ Every failure is a :class:`ConformanceError` naming the domain, task, seed,
 step, action, role and what differed; an exception raised by the domain's own
 code is reported the same way (chained to the original).
 """
+
 from __future__ import annotations
 
 import base64
@@ -39,9 +40,10 @@ import random
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -54,9 +56,30 @@ GARBAGE = "zzqx florp"
 #: no-op (``valid=False``, no reward, no state change) or, where a domain does accept one, stay within
 #: the reward bounds; none may raise. The kit's own words (:data:`KIT_WORDS`) never count as missing
 #: from a domain's vocabulary.
-GARBAGE_TEXTS = (GARBAGE, "", "   ", "\n\t", ".", ";", ":", "0", "-1", "3.5", "99999999999999999999",
-                 "None", "null", "( ) [ ] { }", "'", '"', "\\", "%s {0} {}", "ünï ☃ 字", "zzqx " * 60,
-                 "action :", "bid : <bid_0.4>")
+GARBAGE_TEXTS = (
+    GARBAGE,
+    "",
+    "   ",
+    "\n\t",
+    ".",
+    ";",
+    ":",
+    "0",
+    "-1",
+    "3.5",
+    "99999999999999999999",
+    "None",
+    "null",
+    "( ) [ ] { }",
+    "'",
+    '"',
+    "\\",
+    "%s {0} {}",
+    "ünï ☃ 字",
+    "zzqx " * 60,
+    "action :",
+    "bid : <bid_0.4>",
+)
 #: Words of the kit's garbage texts (a log of garbage actions shows them in a prompt; the policy never
 #: generates them, so a prompt check leaves them out).
 KIT_WORDS = frozenset(w for t in GARBAGE_TEXTS for w in split_words(t))
@@ -106,7 +129,7 @@ class Where:
     action: str | None = None
     role: str | None = None
 
-    def at(self, step: int | None, action: str | None = None, role: str | None = None) -> "Where":
+    def at(self, step: int | None, action: str | None = None, role: str | None = None) -> Where:
         self.step, self.action, self.role = step, action, role
         return self
 
@@ -197,8 +220,7 @@ def freeze(obj: Any, shared: set[int] = frozenset(), depth: int = 0) -> Any:
     if isinstance(obj, random.Random):
         return ("Random", obj.getstate())
     if isinstance(obj, dict):
-        return {"__dict__": type(obj).__name__,
-                **{str(k): freeze(v, shared, depth + 1) for k, v in obj.items()}}
+        return {"__dict__": type(obj).__name__, **{str(k): freeze(v, shared, depth + 1) for k, v in obj.items()}}
     if isinstance(obj, (list, tuple)):
         return [type(obj).__name__] + [freeze(v, shared, depth + 1) for v in obj]
     if isinstance(obj, (set, frozenset)):
@@ -210,8 +232,10 @@ def freeze(obj: Any, shared: set[int] = frozenset(), depth: int = 0) -> Any:
     if hasattr(obj, "__dict__"):
         return {"__class__": type(obj).__name__, **{k: freeze(v, shared, depth + 1) for k, v in vars(obj).items()}}
     if hasattr(obj, "__slots__"):
-        return {"__class__": type(obj).__name__,
-                **{k: freeze(getattr(obj, k, None), shared, depth + 1) for k in obj.__slots__}}
+        return {
+            "__class__": type(obj).__name__,
+            **{k: freeze(getattr(obj, k, None), shared, depth + 1) for k in obj.__slots__},
+        }
     return repr(obj)
 
 
@@ -273,8 +297,7 @@ class Probe:
     finite reward, no reward for an invalid action, the episode reward within ``[reward_min,
     reward_max]``). ``env`` is the domain's own env object (its state is compared directly)."""
 
-    def __init__(self, domain: Domain, cfg: DictConfig, task_name: str, env: Any = None,
-                 concurrent: bool = False):
+    def __init__(self, domain: Domain, cfg: DictConfig, task_name: str, env: Any = None, concurrent: bool = False):
         self.w = Where(domain.name, task_name)
         make = domain.concurrent_env if concurrent else domain.make_env
         self.env = env if env is not None else self.w.call(f"{make.__name__}()", make, cfg)
@@ -311,10 +334,12 @@ class Probe:
 
     def expert(self) -> ExpertStep | None:
         exp = self.here().call("expert_action()", self.env.expert_action)
-        if exp is not None and not (isinstance(getattr(exp, "action", None), str)
-                                    and isinstance(getattr(exp, "role", None), str)):
-            self.here().fail(f"expert_action() returned {_short(exp)}; it must be None or ExpertStep(role, action) "
-                        "with two strings")
+        if exp is not None and not (
+            isinstance(getattr(exp, "action", None), str) and isinstance(getattr(exp, "role", None), str)
+        ):
+            self.here().fail(
+                f"expert_action() returned {_short(exp)}; it must be None or ExpertStep(role, action) with two strings"
+            )
         return exp
 
     def step(self, action: str, role: str | None, bounds: bool = True) -> StepResult:
@@ -330,8 +355,10 @@ class Probe:
             w.fail(f"an invalid action earned reward {r} (it must be a no-op: 0, or a penalty)")
         self.total += float(r)
         if bounds and not self.lo - 1e-6 <= self.total <= self.hi + 1e-6:
-            w.fail(f"the episode reward {self.total:g} left the task's bounds [reward_min {self.lo:g}, reward_max "
-                   f"{self.hi:g}] (this step's reward {float(r):g})")
+            w.fail(
+                f"the episode reward {self.total:g} left the task's bounds [reward_min {self.lo:g}, reward_max "
+                f"{self.hi:g}] (this step's reward {float(r):g})"
+            )
         self.done = bool(res.done)
         self.t += 1
         return res
@@ -382,8 +409,9 @@ def action_pool(domain: Domain, cfg: DictConfig, seed: int, name: str | None = N
     return pool
 
 
-def choose(p: Probe, rng: random.Random, roles: list[str], pool: dict, mix: Mix,
-           garbage: tuple[str, ...] = GARBAGE_TEXTS) -> tuple[str, str | None]:
+def choose(
+    p: Probe, rng: random.Random, roles: list[str], pool: dict, mix: Mix, garbage: tuple[str, ...] = GARBAGE_TEXTS
+) -> tuple[str, str | None]:
     """The next ``(action, role)`` of a ``mix`` trajectory (garbage drawn from ``garbage``)."""
     u = rng.random()
     exp = p.expert()
@@ -424,8 +452,10 @@ def trace(domain: Domain, cfg: DictConfig, seed: int, n: int, name: str | None =
 
 
 def _metrics(p: Probe) -> dict:
-    return {str(k): (round(float(v), 9) if isinstance(v, (int, float)) else repr(v))
-            for k, v in sorted(p.metrics().items(), key=lambda kv: str(kv[0]))}
+    return {
+        str(k): (round(float(v), 9) if isinstance(v, (int, float)) else repr(v))
+        for k, v in sorted(p.metrics().items(), key=lambda kv: str(kv[0]))
+    }
 
 
 def _first_mismatch(domain: Domain, task: str, seed: int, a: list, b: list, what: str) -> None:
@@ -441,13 +471,15 @@ def _first_mismatch(domain: Domain, task: str, seed: int, a: list, b: list, what
     if isinstance(x, dict) or isinstance(y, dict):
         w.at(i - 1).fail(f"{what}: metrics() at the episode's end differ ({_short(x)} vs {_short(y)})")
     step = x if isinstance(x, list) else y
-    w.at(i - 1, step[0], step[1]).fail(f"{what}: [action, role, observation, reward, done, valid] "
-                                       f"{_short(x, 240)} vs {_short(y, 240)}")
+    w.at(i - 1, step[0], step[1]).fail(
+        f"{what}: [action, role, observation, reward, done, valid] {_short(x, 240)} vs {_short(y, 240)}"
+    )
 
 
 # ------------------------------------------------------------------ determinism, in this process and across processes
-def check_determinism(domain: Domain, task: str | DictConfig, seeds=(0, 1, 2), steps: int = 60,
-                      processes: bool = True) -> dict[int, list]:
+def check_determinism(
+    domain: Domain, task: str | DictConfig, seeds=(0, 1, 2), steps: int = 60, processes: bool = True
+) -> dict[int, list]:
     """Two episodes from one seed with the same actions are identical, in this process and (with
     ``processes``) in two other Python processes with other ``PYTHONHASHSEED`` values: a ``reset`` or
     ``step`` that iterates a ``set`` of strings or uses ``hash()`` gives another world in another
@@ -459,14 +491,19 @@ def check_determinism(domain: Domain, task: str | DictConfig, seeds=(0, 1, 2), s
     with alongside_children(domain, task, processes, seeds, steps) as out:
         here = out["here"] = {int(s): trace(domain, cfg, int(s), n, name) for s in seeds}
         for s in seeds:
-            _first_mismatch(domain, name, int(s), here[int(s)], trace(domain, cfg, int(s), n, name),
-                            "two episodes from the same seed with the same actions differ")
+            _first_mismatch(
+                domain,
+                name,
+                int(s),
+                here[int(s)],
+                trace(domain, cfg, int(s), n, name),
+                "two episodes from the same seed with the same actions differ",
+            )
     return here
 
 
 @contextmanager
-def alongside_children(domain: Domain, task: str | DictConfig, enabled: bool = True, seeds=(0, 1, 2),
-                       steps: int = 60):
+def alongside_children(domain: Domain, task: str | DictConfig, enabled: bool = True, seeds=(0, 1, 2), steps: int = 60):
     """Start the other processes (:func:`start_children`), run the body, which stores this process's
     traces under ``"here"`` of the dict it gets, then compare (:func:`finish_children`); a body that
     fails ends the children first."""
@@ -504,8 +541,10 @@ def _payload(domain: Domain, task: str | DictConfig) -> bytes | str:
             pass
         if how is None:
             where = "__main__" if cls.__module__ == "__main__" else "a function"
-            return (f"its class {cls.__qualname__} is defined in {where}, so another process cannot import it "
-                    "(define it at module level)")
+            return (
+                f"its class {cls.__qualname__} is defined in {where}, so another process cannot import it "
+                "(define it at module level)"
+            )
     try:
         return pickle.dumps({"how": how, "task": task if isinstance(task, str) else OmegaConf.to_container(task)})
     except Exception as exc:
@@ -529,16 +568,29 @@ def start_children(domain: Domain, task: str | DictConfig, seeds=(0, 1, 2), step
     cfg = _task(domain, task)
     body = _payload(domain, task)
     if isinstance(body, str):
-        warnings.warn(f"{domain.name}/{_task_name(task)}: determinism across processes not checked: {body}",
-                      ConformanceWarning, stacklevel=2)
+        warnings.warn(
+            f"{domain.name}/{_task_name(task)}: determinism across processes not checked: {body}",
+            ConformanceWarning,
+            stacklevel=2,
+        )
         return None
-    header = json.dumps({"path": [p for p in sys.path if isinstance(p, str)], "seeds": [int(s) for s in seeds],
-                         "steps": min(int(steps), int(cfg.max_decisions))})
+    header = json.dumps(
+        {
+            "path": [p for p in sys.path if isinstance(p, str)],
+            "seeds": [int(s) for s in seeds],
+            "steps": min(int(steps), int(cfg.max_decisions)),
+        }
+    )
     procs = []
     for hs in _hash_seeds():
         env = {**os.environ, "PYTHONHASHSEED": hs, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-c", "from swarm_runtime.testing import _child; _child()"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from swarm_runtime.testing import _child; _child()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
         proc.stdin.write(header.encode() + b"\n" + base64.b64encode(body))
         proc.stdin.close()
         proc.stdin = None  # written in full; communicate() later only reads
@@ -567,8 +619,10 @@ def finish_children(children: Children, here: dict[int, list], timeout: float = 
             try:
                 out, err = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
-                Where(domain.name, name).fail(f"another process (PYTHONHASHSEED={hs}) did not replay seeds "
-                                              f"{list(children.seeds)} within {timeout:g} s")
+                Where(domain.name, name).fail(
+                    f"another process (PYTHONHASHSEED={hs}) did not replay seeds "
+                    f"{list(children.seeds)} within {timeout:g} s"
+                )
             results.append((hs, proc.returncode, out, err))
     finally:
         stop_children(children)
@@ -579,17 +633,29 @@ def finish_children(children: Children, here: dict[int, list], timeout: float = 
         except (IndexError, ValueError):
             got = {"error": "crash", "message": err.decode(errors="replace").strip()[-400:] or f"exit code {rc}"}
         if got.get("error") == "load":
-            warnings.warn(f"{domain.name}/{name}: determinism across processes not checked: another process could "
-                          f"not rebuild the domain ({got['message']})", ConformanceWarning, stacklevel=2)
+            warnings.warn(
+                f"{domain.name}/{name}: determinism across processes not checked: another process could "
+                f"not rebuild the domain ({got['message']})",
+                ConformanceWarning,
+                stacklevel=2,
+            )
             return
         if "error" in got:
-            Where(domain.name, name).fail(f"in another process (PYTHONHASHSEED={hs}) replaying seeds "
-                                          f"{list(children.seeds)} failed where this process passes: {got['message']}")
+            Where(domain.name, name).fail(
+                f"in another process (PYTHONHASHSEED={hs}) replaying seeds "
+                f"{list(children.seeds)} failed where this process passes: {got['message']}"
+            )
         for s in children.seeds:
-            _first_mismatch(domain, name, s, json.loads(json.dumps(here[s])), got["traces"][str(s)],
-                            f"another process (PYTHONHASHSEED={hs}) gave another episode for the same seed and "
-                            "actions (this process vs that one): the env depends on the hash seed (iterating a "
-                            "set() of strings, hash()); use sorted(), a seeded random.Random or hashlib")
+            _first_mismatch(
+                domain,
+                name,
+                s,
+                json.loads(json.dumps(here[s])),
+                got["traces"][str(s)],
+                f"another process (PYTHONHASHSEED={hs}) gave another episode for the same seed and "
+                "actions (this process vs that one): the env depends on the hash seed (iterating a "
+                "set() of strings, hash()); use sorted(), a seeded random.Random or hashlib",
+            )
 
 
 def _child() -> None:
@@ -630,8 +696,10 @@ def check_fresh_env(domain: Domain, task: str | DictConfig, steps: int = 12) -> 
     w = Where(domain.name, name, 0, 0)
     a, b = w.call("make_env()", domain.make_env, cfg), w.call("make_env()", domain.make_env, cfg)
     if a is b:
-        w.fail("make_env() returned the same env object twice: parallel episodes would share one world "
-               "(return a fresh env per call; share only read-only data such as a corpus)")
+        w.fail(
+            "make_env() returned the same env object twice: parallel episodes would share one world "
+            "(return a fresh env per call; share only read-only data such as a corpus)"
+        )
     alone = trace(domain, cfg, 0, min(int(steps), int(cfg.max_decisions)), name)
     pa, pb = Probe(domain, cfg, name, a), Probe(domain, cfg, name, b)
     pa.reset(0)
@@ -647,9 +715,15 @@ def check_fresh_env(domain: Domain, task: str | DictConfig, steps: int = 12) -> 
     beside.append(_metrics(pa))
     pa.close()
     pb.close()
-    _first_mismatch(domain, name, 0, alone, beside,
-                    "the episode played beside another env of the task (seed 1) differs from the same episode played "
-                    "alone (alone vs beside): the envs share state (a cached env, class attributes, module globals)")
+    _first_mismatch(
+        domain,
+        name,
+        0,
+        alone,
+        beside,
+        "the episode played beside another env of the task (seed 1) differs from the same episode played "
+        "alone (alone vs beside): the envs share state (a cached env, class attributes, module globals)",
+    )
 
 
 # ------------------------------------------------------------------ close()
@@ -681,20 +755,30 @@ def check_close(domain: Domain, task: str | DictConfig, seed: int = 0, steps: in
     q.restore(snap)
     d = first_difference(state_of(q.env, shared), state)
     if d:
-        q.here().fail(f"a snapshot taken before close() restored into another env of the task differs from the "
-                      f"state it was taken in: {d} (restored vs taken); a snapshot must not share what close() "
-                      "drops")
+        q.here().fail(
+            f"a snapshot taken before close() restored into another env of the task differs from the "
+            f"state it was taken in: {d} (restored vs taken); a snapshot must not share what close() "
+            "drops"
+        )
     if q.observation() != obs:
-        q.here().fail(f"a snapshot taken before close() restored into another env shows {_short(q.observation())}, "
-                      f"not {_short(obs)}")
+        q.here().fail(
+            f"a snapshot taken before close() restored into another env shows {_short(q.observation())}, "
+            f"not {_short(obs)}"
+        )
     for _ in range(n):  # it plays on
         exp = q.expert()
         if exp is None or q.step(exp.action, exp.role, bounds=False).done:
             break
     q.close()
-    _first_mismatch(domain, name, seed, before_closes, trace(domain, cfg, seed, 2 * n, name),
-                    "the episode played after other envs of the task were closed differs from the one played before "
-                    "(before vs after): close() tore down something the task's envs share")
+    _first_mismatch(
+        domain,
+        name,
+        seed,
+        before_closes,
+        trace(domain, cfg, seed, 2 * n, name),
+        "the episode played after other envs of the task were closed differs from the one played before "
+        "(before vs after): close() tore down something the task's envs share",
+    )
 
 
 # ------------------------------------------------------------------ invalid actions, snapshots, rare paths
@@ -702,15 +786,19 @@ def _bookkeeping(env: Any) -> tuple[str, ...]:
     return tuple(getattr(env, "bookkeeping", ()) or ())
 
 
-def _noop(w: Where, p: Probe, shared: set[int], before_kept: Any, res: StepResult, what: str = "an invalid action") -> None:
+def _noop(
+    w: Where, p: Probe, shared: set[int], before_kept: Any, res: StepResult, what: str = "an invalid action"
+) -> None:
     """After an invalid step: the state (``bookkeeping`` aside) is the one before it."""
     if res.valid or res.done:
         return
     keep = _bookkeeping(p.env)
     d = first_difference(state_of(p.env, shared, keep), before_kept)
     if d:
-        w.fail(f"{what} changed the state (it must be a no-op; counters may be listed in the env's "
-               f"`bookkeeping`): {d} (after vs before)")
+        w.fail(
+            f"{what} changed the state (it must be a no-op; counters may be listed in the env's "
+            f"`bookkeeping`): {d} (after vs before)"
+        )
 
 
 def check_invalid_is_noop(domain: Domain, task: str | DictConfig, seed: int = 0) -> None:
@@ -731,14 +819,17 @@ def check_invalid_is_noop(domain: Domain, task: str | DictConfig, seed: int = 0)
             res = p.step(text, role)
             w = p.w.at(0, text, role)
             if res.valid and text == GARBAGE:
-                w.fail("a garbage text was accepted as a valid action (any role may send any text; text that is no "
-                       "action of the role must be a no-op with valid=False)")
+                w.fail(
+                    "a garbage text was accepted as a valid action (any role may send any text; text that is no "
+                    "action of the role must be a no-op with valid=False)"
+                )
             _noop(w, p, shared, before, res, "a garbage text")
     p.restore(start)
 
 
-def check_snapshots(domain: Domain, task: str | DictConfig, trajectories=TRAJECTORIES,
-                    max_steps: int | None = None) -> int:
+def check_snapshots(
+    domain: Domain, task: str | DictConfig, trajectories=TRAJECTORIES, max_steps: int | None = None
+) -> int:
     """Snapshot / step / restore / replay at every step of each ``(seed, mix)`` trajectory (to the
     episode's end or ``max_decisions``), comparing the full state; invalid actions as no-ops, reward
     bounds, exceptions from env code and ``step()``/``observation()`` agreement on the way. Returns the
@@ -758,8 +849,10 @@ def check_snapshots(domain: Domain, task: str | DictConfig, trajectories=TRAJECT
         shared = shared_objects(p.env, twin.env)
         keep = _bookkeeping(p.env)
         if obs != p.observation():
-            w.fail("reset() returned an observation that observation() does not show: "
-                   f"{_short(obs)} vs {_short(p.observation())}")
+            w.fail(
+                "reset() returned an observation that observation() does not show: "
+                f"{_short(obs)} vs {_short(p.observation())}"
+            )
         rng = random.Random(1000 * m + int(seed))
         for t in range(cap):
             if p.done:
@@ -773,20 +866,26 @@ def check_snapshots(domain: Domain, task: str | DictConfig, trajectories=TRAJECT
             res = p.step(action, role)
             w.at(t, action, role)
             if res.observation != p.observation():
-                w.fail("step() returned an observation that observation() then does not show: "
-                       f"{_short(res.observation)} vs {_short(p.observation())}")
+                w.fail(
+                    "step() returned an observation that observation() then does not show: "
+                    f"{_short(res.observation)} vs {_short(p.observation())}"
+                )
             _noop(w, p, shared, before_kept, res)
             after = state_of(p.env, shared)
             d = first_difference(freeze(snap[0], shared), frozen_snap)
             if d:
-                w.fail(f"stepping changed the snapshot taken before it (it shares live state with the env): {d} "
-                       "(after vs at snapshot time)")
+                w.fail(
+                    f"stepping changed the snapshot taken before it (it shares live state with the env): {d} "
+                    "(after vs at snapshot time)"
+                )
             p.restore(snap)
             w.at(t, action, role)
             d = first_difference(state_of(p.env, shared), before)
             if d:
-                w.fail("restore() did not bring back the state of snapshot time (state kept outside the snapshot, "
-                       f"or a restore that forgets part of it): {d} (after restore vs at snapshot time)")
+                w.fail(
+                    "restore() did not bring back the state of snapshot time (state kept outside the snapshot, "
+                    f"or a restore that forgets part of it): {d} (after restore vs at snapshot time)"
+                )
             if p.observation() != obs0:
                 w.fail(f"observation after restore differs: {_short(p.observation())} vs {_short(obs0)}")
             res2 = p.step(action, role)
@@ -794,7 +893,9 @@ def check_snapshots(domain: Domain, task: str | DictConfig, trajectories=TRAJECT
             one = (res.observation, round(float(res.reward), 9), bool(res.done), bool(res.valid))
             two = (res2.observation, round(float(res2.reward), 9), bool(res2.done), bool(res2.valid))
             if one != two:
-                w.fail(f"the same action from the restored snapshot gave another result: {_short(two)} vs {_short(one)}")
+                w.fail(
+                    f"the same action from the restored snapshot gave another result: {_short(two)} vs {_short(one)}"
+                )
             d = first_difference(state_of(p.env, shared), after)
             if d:
                 w.fail(f"the same action from the restored snapshot left another state: {d} (replayed vs first)")
@@ -869,7 +970,9 @@ def check_rare_paths(domain: Domain, task: str | DictConfig, points=BRANCH_POINT
     return tried
 
 
-def check_snapshot_roundtrip(domain: Domain, task: str | DictConfig, seed: int = 0, at: int = 5, steps: int = 30) -> None:
+def check_snapshot_roundtrip(
+    domain: Domain, task: str | DictConfig, seed: int = 0, at: int = 5, steps: int = 30
+) -> None:
     """One seed of :func:`check_snapshots` (kept for callers of the earlier kit)."""
     check_snapshots(domain, task, trajectories=((seed, EXPERT_LED),), max_steps=at + steps)
 
@@ -877,7 +980,6 @@ def check_snapshot_roundtrip(domain: Domain, task: str | DictConfig, seed: int =
 def check_reward_bounds(domain: Domain, task: str | DictConfig, seeds: range = range(3)) -> None:
     """Episode reward within ``[reward_min, reward_max]`` under mostly random valid actions."""
     check_snapshots(domain, task, trajectories=tuple((s, MOSTLY_RANDOM) for s in seeds))
-
 
 
 def check_splits(domain: Domain, task: str | DictConfig) -> None:
@@ -895,12 +997,13 @@ def check_splits(domain: Domain, task: str | DictConfig) -> None:
             if split != "dev":
                 raise
     for i, a in enumerate(got):
-        for b in list(got)[i + 1:]:
+        for b in list(got)[i + 1 :]:
             both = got[a] & got[b]
             if both:
                 Where(domain.name, name).fail(
                     f"{a} and {b} seeds overlap ({len(both)} shared, e.g. {sorted(both)[:5]}); tuning on dev or "
-                    "training on held-out worlds would leak into the reported numbers")
+                    "training on held-out worlds would leak into the reported numbers"
+                )
     instances = getattr(domain, "instances", None)
     if not callable(instances):
         return
@@ -911,15 +1014,15 @@ def check_splits(domain: Domain, task: str | DictConfig) -> None:
         for seed, inst in zip(order, instances(cfg, order)):
             picked[split].setdefault(inst, seed)
     for i, a in enumerate(picked):
-        for b in list(picked)[i + 1:]:
+        for b in list(picked)[i + 1 :]:
             both = picked[a].keys() & picked[b].keys()
             if both:
                 inst = sorted(both, key=repr)[0]
                 Where(domain.name, name, picked[b][inst]).fail(
                     f"{a} and {b} seeds pick the same instances ({len(both)} shared, e.g. {_short(inst)} by {a} seed "
                     f"{picked[a][inst]} and {b} seed {picked[b][inst]}); the seeds are disjoint but what they "
-                    "pick is not")
-
+                    "pick is not"
+                )
 
 
 def check_fresh_task_config(domain: Domain, task: str | DictConfig) -> None:
@@ -953,7 +1056,8 @@ def check_max_decisions(domain: Domain, task: str | DictConfig, seeds: range = r
             exp = p.expert()
             if exp is not None:
                 p.w.at(cap, exp.action, exp.role).fail(
-                    f"max_decisions={cap} cut the expert off: it still has this action to take; raise max_decisions")
+                    f"max_decisions={cap} cut the expert off: it still has this action to take; raise max_decisions"
+                )
 
 
 def max_prompt_tokens(cfg: DictConfig) -> int:
@@ -965,8 +1069,9 @@ def max_prompt_tokens(cfg: DictConfig) -> int:
     return int(n) if n is not None else DEFAULT_MAX_PROMPT_TOKENS
 
 
-def prompt_problem(tok, text: str, limit: int, ids: list[int] | None = None,
-                   vocab: set[str] | None = None) -> str | None:
+def prompt_problem(
+    tok, text: str, limit: int, ids: list[int] | None = None, vocab: set[str] | None = None
+) -> str | None:
     """What is wrong with a prompt for the in-process word-level tokenizer ``tok``: empty, words
     missing from the vocabulary (the kit's own garbage words aside), or longer than ``limit`` tokens
     (the beginning of sequence included), as the policy would encode it; ``None`` when it is fine.
@@ -982,15 +1087,22 @@ def prompt_problem(tok, text: str, limit: int, ids: list[int] | None = None,
             return f"prompt words missing from vocabulary(): {unk[:10]} in {_short(text)}"
     n = len(ids) + 1
     if n > limit:
-        return (f"the prompt is {n} tokens long (beginning of sequence included), more than model.max_prompt_tokens="
-                f"{limit}: the policy refuses it at run time (SWARM_PROMPT_OVERFLOW=warn would cut it from the left, "
-                f"losing its opening {_short(' '.join(text.split()[:6]))}); shorten the observation or log_window, "
-                "or raise max_prompt_tokens in the task's overrides")
+        return (
+            f"the prompt is {n} tokens long (beginning of sequence included), more than model.max_prompt_tokens="
+            f"{limit}: the policy refuses it at run time (SWARM_PROMPT_OVERFLOW=warn would cut it from the left, "
+            f"losing its opening {_short(' '.join(text.split()[:6]))}); shorten the observation or log_window, "
+            "or raise max_prompt_tokens in the task's overrides"
+        )
     return None
 
 
-def check_prompts(domain: Domain, task: str | DictConfig, trajectories=((0, EXPERT_LED), (2, MOSTLY_RANDOM)),
-                  bid_levels=(0, 0.2, 0.4, 0.6, 0.8), max_tokens: int | None = None) -> int:
+def check_prompts(
+    domain: Domain,
+    task: str | DictConfig,
+    trajectories=((0, EXPERT_LED), (2, MOSTLY_RANDOM)),
+    bid_levels=(0, 0.2, 0.4, 0.6, 0.8),
+    max_tokens: int | None = None,
+) -> int:
     """At every step of each ``(seed, mix)`` trajectory, the observation and every prompt the core
     would build from it (bid and action prompt of every role, the single model's prompt, with the log
     so far) use only vocabulary words and fit ``max_tokens`` (default: :func:`max_prompt_tokens` of the
@@ -1015,9 +1127,17 @@ def check_prompts(domain: Domain, task: str | DictConfig, trajectories=((0, EXPE
             shown.append((t, *last, "the observation", obs))
             shown.append((t, *last, "the single prompt", w.call("single_prompt()", domain.single_prompt, obs, log)))
             for role in roles:
-                shown.append((t, *last, f"{role}'s bid prompt", w.call("bid_prompt()", domain.bid_prompt, role, obs, log)))
-                shown.append((t, *last, f"{role}'s action prompt",
-                              w.call("action_prompt()", domain.action_prompt, role, obs, log)))
+                shown.append(
+                    (t, *last, f"{role}'s bid prompt", w.call("bid_prompt()", domain.bid_prompt, role, obs, log))
+                )
+                shown.append(
+                    (
+                        t,
+                        *last,
+                        f"{role}'s action prompt",
+                        w.call("action_prompt()", domain.action_prompt, role, obs, log),
+                    )
+                )
             if p.done or t == int(cfg.max_decisions):
                 break
             action, role = choose(p, rng, roles, pool, mix, garbage=(GARBAGE,))
@@ -1053,12 +1173,19 @@ def check_expert(domain: Domain, task: str | DictConfig, seeds: range = range(3)
                     w.fail(f"the expert names role {exp.role!r}, not one of {sorted(roles)}")
                 if not p.step(exp.action, None if monolithic else exp.role).valid:
                     w.at(t, exp.action, None if monolithic else exp.role).fail(
-                        "the expert's action was invalid" + (
+                        "the expert's action was invalid"
+                        + (
                             f" when stepped with role=None (it is {exp.role}'s; algo=monolithic and algo=rlcr step "
-                            "the env with role=None, and one model may take any role's action)" if monolithic else ""))
+                            "the env with role=None, and one model may take any role's action)"
+                            if monolithic
+                            else ""
+                        )
+                    )
             if p.total <= 0:
-                p.w.at(None).fail("the expert earned no reward" + (" when its actions were stepped with role=None"
-                                                                    if monolithic else ""))
+                p.w.at(None).fail(
+                    "the expert earned no reward"
+                    + (" when its actions were stepped with role=None" if monolithic else "")
+                )
 
 
 def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = range(3)) -> None:
@@ -1085,14 +1212,18 @@ def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = 
                 w.fail(f"action_choices() listed {text!r} for {role}; choices must be non-empty strings")
             unk = unknown_words(tok, text)
             if unk:
-                w.fail(f"the listed action choice has words missing from vocabulary(): {sorted(set(unk))[:10]} "
-                       "(a constrained model could not spell it)")
+                w.fail(
+                    f"the listed action choice has words missing from vocabulary(): {sorted(set(unk))[:10]} "
+                    "(a constrained model could not spell it)"
+                )
             env.restore(start)
             res = env.step(text, role, bounds=False)
             if not res.valid:
-                w.fail(f"the listed action choice is not a valid action of {role} at the start of the episode "
-                       "(valid means well-formed and the role's, even when it cannot succeed now); step() returned "
-                       f"valid=False, observation {_short(res.observation)}")
+                w.fail(
+                    f"the listed action choice is not a valid action of {role} at the start of the episode "
+                    "(valid means well-formed and the role's, even when it cannot succeed now); step() returned "
+                    f"valid=False, observation {_short(res.observation)}"
+                )
     words = {role: {tuple(split_words(t)) for t in c} for role, c in listed.items() if c}
     mono_list = list(domain.action_choices(cfg, None) or ())
     mono = {tuple(split_words(t)) for t in mono_list}
@@ -1104,18 +1235,26 @@ def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = 
                 break
             w = Where(domain.name, name, int(seed), t, exp.action, exp.role)
             if exp.role in words and tuple(split_words(exp.action)) not in words[exp.role]:
-                w.fail(f"the expert's action is not among {exp.role}'s {len(words[exp.role])} listed action choices "
-                       f"(e.g. {_short(sorted(listed[exp.role])[:4])}): with model.constrained_actions=true its "
-                       "model could never take it")
+                w.fail(
+                    f"the expert's action is not among {exp.role}'s {len(words[exp.role])} listed action choices "
+                    f"(e.g. {_short(sorted(listed[exp.role])[:4])}): with model.constrained_actions=true its "
+                    "model could never take it"
+                )
             if mono and tuple(split_words(exp.action)) not in mono:
-                w.fail(f"the expert's action is not among the monolithic model's {len(mono)} listed action choices "
-                       f"(action_choices(task, None), e.g. {_short(sorted(mono_list)[:4])})")
+                w.fail(
+                    f"the expert's action is not among the monolithic model's {len(mono)} listed action choices "
+                    f"(action_choices(task, None), e.g. {_short(sorted(mono_list)[:4])})"
+                )
             env.step(exp.action, exp.role, bounds=False)
 
 
-
-def check_domain(domain: Domain, task: str | DictConfig, trajectories=TRAJECTORIES, max_tokens: int | None = None,
-                 processes: bool = True) -> None:
+def check_domain(
+    domain: Domain,
+    task: str | DictConfig,
+    trajectories=TRAJECTORIES,
+    max_tokens: int | None = None,
+    processes: bool = True,
+) -> None:
     """Run every conformance check on ``domain``/``task``; raises :class:`ConformanceError`.
     ``max_tokens``: the ``model.max_prompt_tokens`` prompts must fit (default: the task's overrides, else
     256); ``processes=False`` skips the determinism check in other processes (about a second)."""

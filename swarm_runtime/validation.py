@@ -16,12 +16,14 @@ fraction of a second. Each error names the key, the bad value and what is valid.
 This module imports nothing of the config (:mod:`swarm_runtime.config` imports it): a section's defaults,
 where a check needs them, are those of the dataclass the config carries (:func:`_schema_default`).
 """
+
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, is_dataclass
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -38,7 +40,7 @@ DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?|mps")
 #: A bound on run lengths: beyond it a value is a typo, not a plan.
 MAX_COUNT = 10_000_000
 #: Largest run seed: seeds are combined (``seed * 100 + role``, ``seed + 7919``) and must stay a torch seed.
-MAX_SEED = 2 ** 31 - 1
+MAX_SEED = 2**31 - 1
 #: Most workers per role ``swarm serve`` starts (each a process holding a model).
 MAX_REPLICAS = 64
 
@@ -62,15 +64,17 @@ def _num(v) -> bool:
 
 
 def ints(lo: int, hi: int = MAX_COUNT) -> tuple[Callable, str]:
-    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi,
-            f"an integer in [{lo}, {hi}]")
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"an integer in [{lo}, {hi}]")
 
 
-def floats(lo: float = -math.inf, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False) -> tuple[Callable, str]:
+def floats(
+    lo: float = -math.inf, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False
+) -> tuple[Callable, str]:
     def ok(v):
         if not _num(v) or not math.isfinite(v):
             return False
         return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+
     lo_s = "" if lo == -math.inf else f"{'>' if lo_open else '>='} {lo:g}"
     hi_s = "" if hi == math.inf else f"{'<' if hi_open else '<='} {hi:g}"
     return ok, "a finite number " + " and ".join(s for s in (lo_s, hi_s) if s)
@@ -82,8 +86,10 @@ def choices(*values) -> tuple[Callable, str]:
 
 def lists(item: tuple[Callable, str], nonempty: bool = True) -> tuple[Callable, str]:
     ok, what = item
-    return ((lambda v: isinstance(v, (list, ListConfig)) and (len(v) > 0 or not nonempty) and all(ok(x) for x in v)),
-            f"a {'non-empty ' if nonempty else ''}list, each item {what}")
+    return (
+        (lambda v: isinstance(v, (list, ListConfig)) and (len(v) > 0 or not nonempty) and all(ok(x) for x in v)),
+        f"a {'non-empty ' if nonempty else ''}list, each item {what}",
+    )
 
 
 def at_least(lo: int, hi: int) -> tuple[Callable, str]:
@@ -102,8 +108,12 @@ def _replicas_ok(v) -> bool:
 
 #: ``model.arch``: the keys the memory plan reads, each a whole number in its range (required / optional).
 ARCH_REQUIRED = {"vocab_size": 1 << 24, "hidden_size": 1 << 17, "num_hidden_layers": 1024}
-ARCH_OPTIONAL = {"intermediate_size": 1 << 20, "num_attention_heads": 4096, "num_key_value_heads": 4096,
-                 "head_dim": 1 << 14}
+ARCH_OPTIONAL = {
+    "intermediate_size": 1 << 20,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "head_dim": 1 << 14,
+}
 
 
 def _arch_ok(v) -> bool:
@@ -130,109 +140,193 @@ def _lazy_ok(registry) -> bool:
     return not getattr(registry, "light", False)
 
 
-RULES: dict[str, Rule] = {r.key: r for r in [
-    # model
-    _rule("model.backend", STR), _rule("model.name", STR),
-    _rule("model.path", STR, nullable=True, null_means="build the tiny model from this config"),
-    _rule("model.hidden_size", ints(1, 1 << 16)), _rule("model.intermediate_size", ints(1, 1 << 18)),
-    _rule("model.num_layers", ints(1, 1024)), _rule("model.num_heads", ints(1, 1024)),
-    _rule("model.num_kv_heads", ints(1, 1024)), _rule("model.max_positions", ints(2, 1 << 22)),
-    _rule("model.bid_mode", choices("logits", "generate")),
-    _rule("model.temperature", floats(0.0, 100.0)),
-    _rule("model.max_action_tokens", ints(1, 1 << 16)), _rule("model.max_bid_tokens", ints(1, 1 << 16)),
-    _rule("model.max_prompt_tokens", ints(1, 1 << 22)),
-    _rule("model.constrained_actions", BOOL),
-    _rule("model.dtype", choices(*DTYPES)), _rule("model.device", DEVICE),
-    # algo
-    _rule("algo.name", STR), _rule("algo.coordinator", STR), _rule("algo.credit", STR),
-    _rule("algo.bid_levels", lists(floats(0.0, 1.0, hi_open=True))),
-    _rule("algo.iterations", ints(0)), _rule("algo.envs_per_step", ints(1, 1_000_000)),
-    _rule("algo.action_steps", ints(1, 1_000_000)), _rule("algo.bid_steps", ints(0, 1_000_000)),
-    _rule("algo.lr", floats(0.0, 10.0)),  # 0 freezes the action steps (a control)
-    _rule("algo.bid_lr", floats(0.0, 10.0), nullable=True, null_means="algo.lr"),
-    _rule("algo.weight_decay", floats(0.0, 10.0)), _rule("algo.adam_eps", floats(0.0, 1.0, lo_open=True)),
-    _rule("algo.grad_clip", floats(0.0, lo_open=True)), _rule("algo.warmup_steps", ints(0)),
-    _rule("algo.min_lr_ratio", floats(0.0, 1.0)), _rule("algo.minibatch", ints(1)),
-    _rule("algo.branches_per_episode", ints(1, 1_000_000)), _rule("algo.resample_tries", ints(1, 1000)),
-    _rule("algo.branch_samples", ints(1, 1000)),
-    _rule("algo.branch_horizon", ints(1), nullable=True, null_means="to the end of the episode"),
-    _rule("algo.bid_pairs", choices("selected", "both")),
-    _rule("algo.kl_coef", floats(0.0)), _rule("algo.bid_beta", floats(0.0, lo_open=True)),
-    _rule("algo.bid_reference", choices(*BID_REFERENCES)), _rule("algo.bid_pair_weight", choices(*PAIR_WEIGHTS)),
-    _rule("algo.common_random_numbers", BOOL),
-    _rule("algo.reward_scale", floats(0.0, lo_open=True), nullable=True, null_means="task.reward_max"),
-    _rule("algo.goa_responders", ints(1, 1000)),
-    _rule("algo.sft.demo_episodes", ints(1, 1_000_000)), _rule("algo.sft.epochs", ints(1, 100_000)),
-    _rule("algo.sft.action_epochs", ints(1, 100_000), nullable=True, null_means="algo.sft.epochs"),
-    _rule("algo.sft.lr", floats(0.0, 10.0)), _rule("algo.sft.batch_size", ints(1)),
-    _rule("algo.sft.owner_bids", lists(floats(0.0, 1.0, hi_open=True))),
-    _rule("algo.sft.other_bids", lists(floats(0.0, 1.0, hi_open=True))),
-    _rule("algo.sft.match", choices("compute", "data")),
-    # hardware, eval
-    _rule("hardware.name", STR), _rule("hardware.device", DEVICE), _rule("hardware.threads", ints(0, 4096)),
-    _rule("eval.runs", ints(1, 100_000)),
-    _rule("eval.episodes", ints(1), nullable=True, null_means="all held-out seeds"),
-    _rule("eval.temperature", floats(0.0, 100.0), nullable=True, null_means="model.temperature"),
-    _rule("eval.common_random_numbers", BOOL),
-    # experiment
-    _rule("experiment.name", STR, nullable=True), Rule("experiment.base", lambda v: STR[0](v) or lists(STR)[0](v), "a run folder, or a list of them (one per experiment.train_seeds)", nullable=True, null_means="train one"),
-    _rule("experiment.train_seeds", lists(ints(0, MAX_SEED)), nullable=True, null_means="the run's seed alone"),
-    _rule("eval.split", choices("eval", "dev")),
-    _rule("experiment.iterations", ints(0)), _rule("experiment.eval_episodes", ints(1), nullable=True),
-    _rule("experiment.sft_eval", BOOL), _rule("experiment.budget_factor", floats(1.0, 1000.0)),
-    _rule("experiment.coordinators", lists(STR)), _rule("experiment.replicas", lists(ints(1, 1000))),
-    _rule("experiment.pass_k", ints(1, 10_000)), _rule("experiment.milestones", lists(STR), nullable=True),
-    _rule("experiment.dropout_p", lists(floats(0.0, 1.0, hi_open=True))),
-    _rule("experiment.dropout_replicas", lists(ints(1, 1000))),
-    _rule("experiment.dropout_per", choices("turn", "episode")),
-    _rule("experiment.monolithic_sft", lists(choices("compute", "data"))),
-    _rule("experiment.transfer_tasks", lists(STR, nonempty=False)), _rule("experiment.transfer_iterations", ints(1)),
-    # adapters (model.adapter=lora) and the memory plan
-    _rule("model.lora.rank", ints(1, 4096)), _rule("model.lora.alpha", floats(0.0, 1e6, lo_open=True)),
-    _rule("model.lora.dropout", floats(0.0, 1.0, hi_open=True)),
-    _rule("model.lora.lr_scale", floats(0.0, 1000.0, lo_open=True)),
-    _rule("model.lora.target_modules", lists(STR)),
-    Rule("model.arch", _arch_ok, "a mapping of the model's config values with vocab_size, hidden_size and "
-         "num_hidden_layers (whole numbers >= 1; intermediate_size, num_attention_heads, num_key_value_heads and "
-         "head_dim too when given)", nullable=True, null_means="model.path's config.json or the built model"),
-    _rule("hardware.memory_gb", floats(0.0, 1e6, lo_open=True), nullable=True, null_means="not checked"),
-    _rule("hardware.micro_batch", ints(1), nullable=True, null_means="algo.minibatch"),
-    _rule("hardware.tf32", BOOL), _rule("hardware.gradient_checkpointing", BOOL),
-    # rlcr (algo=rlcr; refused under the other algorithms: rlcr_only)
-    _rule("rlcr.org", choices("flat", "ceo")), _rule("rlcr.agents", ints(1, 9)), _rule("rlcr.max_hires", ints(0, 8)),
-    _rule("rlcr.expert_team", ints(1, 9)), _rule("rlcr.seconds_per_token", floats(0.0, 3600.0, lo_open=True)),
-    _rule("rlcr.t_max.start", floats(0.0, 1e8, lo_open=True)), _rule("rlcr.t_max.end", floats(0.0, 1e8, lo_open=True)),
-    _rule("rlcr.t_max.steps", ints(1)), _rule("rlcr.latency_penalty", floats(0.0, 1000.0)),
-    _rule("rlcr.group_size", ints(2, 1024)), _rule("rlcr.instances", ints(1, 100_000)),
-    _rule("rlcr.normalize_std", BOOL), _rule("rlcr.max_turns_per_agent", ints(1, 1_000_000)),
-    _rule("rlcr.window", ints(0, 1000)), _rule("rlcr.tick", floats(0.0, 1e8)), _rule("rlcr.solo_eval", BOOL),
-    _rule("rlcr.teams", lists(ints(1, 9))),
-    _rule("rlcr.eval_runs", ints(1, 100_000), nullable=True, null_means="eval.runs"),
-    # serve (swarm serve, swarm eval serve.url=...): checked by every command, so swarm run saves none bad
-    _rule("serve.host", STR), _rule("serve.port", ints(0, 65535)),
-    Rule("serve.replicas", _replicas_ok, f"a whole number >= 0 and at most {MAX_REPLICAS}, or one per role "
-         "(serve.replicas.ROLE=N)"),
-    _rule("serve.agents", ((lambda v: isinstance(v, list) and all(
-        isinstance(a, str) and "=" in a and _http(a.partition("=")[2]) for a in v)),
-        "a list of ROLE=URL entries, each URL http(s)")),
-    _rule("serve.bid_deadline_ms", at_least(1, 3_600_000)), _rule("serve.action_timeout_ms", at_least(1, 3_600_000)),
-    _rule("serve.drop_after_misses", at_least(1, 1_000_000)), _rule("serve.probe_interval_ms", at_least(1, 3_600_000)),
-    _rule("serve.restart_workers", BOOL), _rule("serve.worker_threads", at_least(1, 1024)),
-    _rule("serve.max_episodes", at_least(1, 1_000_000)), _rule("serve.max_body_bytes", at_least(1, 1 << 30)),
-    _rule("serve.concurrency", at_least(1, 10_000)),
-    *(_rule(f"serve.{k}", floats(0.0, 1e7)) for k in ("agent_wait_s", "startup_timeout_s", "episode_idle_s",
-                                                      "shutdown_grace_s")),
-    Rule("serve.url", _http, "an http(s) URL (e.g. http://127.0.0.1:8000)", nullable=True,
-         null_means="evaluate in process"),
-    # top level
-    _rule("domain", STR), _rule("task_name", STR), _rule("seed", ints(0, MAX_SEED)),
-    _rule("run_dir", STR, nullable=True, null_means="runs/<domain>-<task>-<time>"),
-    _rule("resume", BOOL), _rule("overwrite", BOOL), _rule("checkpoint_every", ints(1)),
-    _rule("keep_checkpoints", ints(0, 1_000_000)), _rule("skip_sft_eval", BOOL), _rule("progress", BOOL),
-    _rule("tensorboard", BOOL), _rule("log_level", choices(*LOG_LEVELS)),
-    # the task keys the core reads (domains check their own in make_env)
-    _rule("task.max_decisions", ints(1, 1_000_000)), _rule("task.reward_max", floats(0.0, lo_open=True)),
-]}
+RULES: dict[str, Rule] = {
+    r.key: r
+    for r in [
+        # model
+        _rule("model.backend", STR),
+        _rule("model.name", STR),
+        _rule("model.path", STR, nullable=True, null_means="build the tiny model from this config"),
+        _rule("model.hidden_size", ints(1, 1 << 16)),
+        _rule("model.intermediate_size", ints(1, 1 << 18)),
+        _rule("model.num_layers", ints(1, 1024)),
+        _rule("model.num_heads", ints(1, 1024)),
+        _rule("model.num_kv_heads", ints(1, 1024)),
+        _rule("model.max_positions", ints(2, 1 << 22)),
+        _rule("model.bid_mode", choices("logits", "generate")),
+        _rule("model.temperature", floats(0.0, 100.0)),
+        _rule("model.max_action_tokens", ints(1, 1 << 16)),
+        _rule("model.max_bid_tokens", ints(1, 1 << 16)),
+        _rule("model.max_prompt_tokens", ints(1, 1 << 22)),
+        _rule("model.constrained_actions", BOOL),
+        _rule("model.dtype", choices(*DTYPES)),
+        _rule("model.device", DEVICE),
+        # algo
+        _rule("algo.name", STR),
+        _rule("algo.coordinator", STR),
+        _rule("algo.credit", STR),
+        _rule("algo.bid_levels", lists(floats(0.0, 1.0, hi_open=True))),
+        _rule("algo.iterations", ints(0)),
+        _rule("algo.envs_per_step", ints(1, 1_000_000)),
+        _rule("algo.action_steps", ints(1, 1_000_000)),
+        _rule("algo.bid_steps", ints(0, 1_000_000)),
+        _rule("algo.lr", floats(0.0, 10.0)),  # 0 freezes the action steps (a control)
+        _rule("algo.bid_lr", floats(0.0, 10.0), nullable=True, null_means="algo.lr"),
+        _rule("algo.weight_decay", floats(0.0, 10.0)),
+        _rule("algo.adam_eps", floats(0.0, 1.0, lo_open=True)),
+        _rule("algo.grad_clip", floats(0.0, lo_open=True)),
+        _rule("algo.warmup_steps", ints(0)),
+        _rule("algo.min_lr_ratio", floats(0.0, 1.0)),
+        _rule("algo.minibatch", ints(1)),
+        _rule("algo.branches_per_episode", ints(1, 1_000_000)),
+        _rule("algo.resample_tries", ints(1, 1000)),
+        _rule("algo.branch_samples", ints(1, 1000)),
+        _rule("algo.branch_horizon", ints(1), nullable=True, null_means="to the end of the episode"),
+        _rule("algo.bid_pairs", choices("selected", "both")),
+        _rule("algo.kl_coef", floats(0.0)),
+        _rule("algo.bid_beta", floats(0.0, lo_open=True)),
+        _rule("algo.bid_reference", choices(*BID_REFERENCES)),
+        _rule("algo.bid_pair_weight", choices(*PAIR_WEIGHTS)),
+        _rule("algo.common_random_numbers", BOOL),
+        _rule("algo.reward_scale", floats(0.0, lo_open=True), nullable=True, null_means="task.reward_max"),
+        _rule("algo.goa_responders", ints(1, 1000)),
+        _rule("algo.sft.demo_episodes", ints(1, 1_000_000)),
+        _rule("algo.sft.epochs", ints(1, 100_000)),
+        _rule("algo.sft.action_epochs", ints(1, 100_000), nullable=True, null_means="algo.sft.epochs"),
+        _rule("algo.sft.lr", floats(0.0, 10.0)),
+        _rule("algo.sft.batch_size", ints(1)),
+        _rule("algo.sft.owner_bids", lists(floats(0.0, 1.0, hi_open=True))),
+        _rule("algo.sft.other_bids", lists(floats(0.0, 1.0, hi_open=True))),
+        _rule("algo.sft.match", choices("compute", "data")),
+        # hardware, eval
+        _rule("hardware.name", STR),
+        _rule("hardware.device", DEVICE),
+        _rule("hardware.threads", ints(0, 4096)),
+        _rule("eval.runs", ints(1, 100_000)),
+        _rule("eval.episodes", ints(1), nullable=True, null_means="all held-out seeds"),
+        _rule("eval.temperature", floats(0.0, 100.0), nullable=True, null_means="model.temperature"),
+        _rule("eval.common_random_numbers", BOOL),
+        # experiment
+        _rule("experiment.name", STR, nullable=True),
+        Rule(
+            "experiment.base",
+            lambda v: STR[0](v) or lists(STR)[0](v),
+            "a run folder, or a list of them (one per experiment.train_seeds)",
+            nullable=True,
+            null_means="train one",
+        ),
+        _rule("experiment.train_seeds", lists(ints(0, MAX_SEED)), nullable=True, null_means="the run's seed alone"),
+        _rule("eval.split", choices("eval", "dev")),
+        _rule("experiment.iterations", ints(0)),
+        _rule("experiment.eval_episodes", ints(1), nullable=True),
+        _rule("experiment.sft_eval", BOOL),
+        _rule("experiment.budget_factor", floats(1.0, 1000.0)),
+        _rule("experiment.coordinators", lists(STR)),
+        _rule("experiment.replicas", lists(ints(1, 1000))),
+        _rule("experiment.pass_k", ints(1, 10_000)),
+        _rule("experiment.milestones", lists(STR), nullable=True),
+        _rule("experiment.dropout_p", lists(floats(0.0, 1.0, hi_open=True))),
+        _rule("experiment.dropout_replicas", lists(ints(1, 1000))),
+        _rule("experiment.dropout_per", choices("turn", "episode")),
+        _rule("experiment.monolithic_sft", lists(choices("compute", "data"))),
+        _rule("experiment.transfer_tasks", lists(STR, nonempty=False)),
+        _rule("experiment.transfer_iterations", ints(1)),
+        # adapters (model.adapter=lora) and the memory plan
+        _rule("model.lora.rank", ints(1, 4096)),
+        _rule("model.lora.alpha", floats(0.0, 1e6, lo_open=True)),
+        _rule("model.lora.dropout", floats(0.0, 1.0, hi_open=True)),
+        _rule("model.lora.lr_scale", floats(0.0, 1000.0, lo_open=True)),
+        _rule("model.lora.target_modules", lists(STR)),
+        Rule(
+            "model.arch",
+            _arch_ok,
+            "a mapping of the model's config values with vocab_size, hidden_size and "
+            "num_hidden_layers (whole numbers >= 1; intermediate_size, num_attention_heads, num_key_value_heads and "
+            "head_dim too when given)",
+            nullable=True,
+            null_means="model.path's config.json or the built model",
+        ),
+        _rule("hardware.memory_gb", floats(0.0, 1e6, lo_open=True), nullable=True, null_means="not checked"),
+        _rule("hardware.micro_batch", ints(1), nullable=True, null_means="algo.minibatch"),
+        _rule("hardware.tf32", BOOL),
+        _rule("hardware.gradient_checkpointing", BOOL),
+        # rlcr (algo=rlcr; refused under the other algorithms: rlcr_only)
+        _rule("rlcr.org", choices("flat", "ceo")),
+        _rule("rlcr.agents", ints(1, 9)),
+        _rule("rlcr.max_hires", ints(0, 8)),
+        _rule("rlcr.expert_team", ints(1, 9)),
+        _rule("rlcr.seconds_per_token", floats(0.0, 3600.0, lo_open=True)),
+        _rule("rlcr.t_max.start", floats(0.0, 1e8, lo_open=True)),
+        _rule("rlcr.t_max.end", floats(0.0, 1e8, lo_open=True)),
+        _rule("rlcr.t_max.steps", ints(1)),
+        _rule("rlcr.latency_penalty", floats(0.0, 1000.0)),
+        _rule("rlcr.group_size", ints(2, 1024)),
+        _rule("rlcr.instances", ints(1, 100_000)),
+        _rule("rlcr.normalize_std", BOOL),
+        _rule("rlcr.max_turns_per_agent", ints(1, 1_000_000)),
+        _rule("rlcr.window", ints(0, 1000)),
+        _rule("rlcr.tick", floats(0.0, 1e8)),
+        _rule("rlcr.solo_eval", BOOL),
+        _rule("rlcr.teams", lists(ints(1, 9))),
+        _rule("rlcr.eval_runs", ints(1, 100_000), nullable=True, null_means="eval.runs"),
+        # serve (swarm serve, swarm eval serve.url=...): checked by every command, so swarm run saves none bad
+        _rule("serve.host", STR),
+        _rule("serve.port", ints(0, 65535)),
+        Rule(
+            "serve.replicas",
+            _replicas_ok,
+            f"a whole number >= 0 and at most {MAX_REPLICAS}, or one per role (serve.replicas.ROLE=N)",
+        ),
+        _rule(
+            "serve.agents",
+            (
+                (
+                    lambda v: (
+                        isinstance(v, list)
+                        and all(isinstance(a, str) and "=" in a and _http(a.partition("=")[2]) for a in v)
+                    )
+                ),
+                "a list of ROLE=URL entries, each URL http(s)",
+            ),
+        ),
+        _rule("serve.bid_deadline_ms", at_least(1, 3_600_000)),
+        _rule("serve.action_timeout_ms", at_least(1, 3_600_000)),
+        _rule("serve.drop_after_misses", at_least(1, 1_000_000)),
+        _rule("serve.probe_interval_ms", at_least(1, 3_600_000)),
+        _rule("serve.restart_workers", BOOL),
+        _rule("serve.worker_threads", at_least(1, 1024)),
+        _rule("serve.max_episodes", at_least(1, 1_000_000)),
+        _rule("serve.max_body_bytes", at_least(1, 1 << 30)),
+        _rule("serve.concurrency", at_least(1, 10_000)),
+        *(
+            _rule(f"serve.{k}", floats(0.0, 1e7))
+            for k in ("agent_wait_s", "startup_timeout_s", "episode_idle_s", "shutdown_grace_s")
+        ),
+        Rule(
+            "serve.url",
+            _http,
+            "an http(s) URL (e.g. http://127.0.0.1:8000)",
+            nullable=True,
+            null_means="evaluate in process",
+        ),
+        # top level
+        _rule("domain", STR),
+        _rule("task_name", STR),
+        _rule("seed", ints(0, MAX_SEED)),
+        _rule("run_dir", STR, nullable=True, null_means="runs/<domain>-<task>-<time>"),
+        _rule("resume", BOOL),
+        _rule("overwrite", BOOL),
+        _rule("checkpoint_every", ints(1)),
+        _rule("keep_checkpoints", ints(0, 1_000_000)),
+        _rule("skip_sft_eval", BOOL),
+        _rule("progress", BOOL),
+        _rule("tensorboard", BOOL),
+        _rule("log_level", choices(*LOG_LEVELS)),
+        # the task keys the core reads (domains check their own in make_env)
+        _rule("task.max_decisions", ints(1, 1_000_000)),
+        _rule("task.reward_max", floats(0.0, lo_open=True)),
+    ]
+}
 
 #: Cross-key checks ``fn(cfg, registry)``; see :func:`register_check`.
 CHECKS: list[Callable[[DictConfig, Any], None]] = []
@@ -287,7 +381,11 @@ def check_rule(rule: Rule, value) -> None:
         value = OmegaConf.to_container(value)
     if not rule.ok(value):
         valid = _valid(rule)
-        null = f" (or null: {rule.null_means})" if rule.nullable and rule.null_means else (" or null" if rule.nullable else "")
+        null = (
+            f" (or null: {rule.null_means})"
+            if rule.nullable and rule.null_means
+            else (" or null" if rule.nullable else "")
+        )
         raise ConfigError(f"{rule.key}={_fmt(value)} is not valid: must be {valid}{null}")
 
 
@@ -363,9 +461,11 @@ def bid_levels(cfg: DictConfig, registry) -> None:
     for key in ("owner_bids", "other_bids"):
         bad = [b for b in cfg.algo.sft[key] if float(b) not in levels]
         if bad:
-            raise ConfigError(f"algo.sft.{key}={_fmt(cfg.algo.sft[key])} is not valid: SFT bid targets must be among "
-                              f"algo.bid_levels {_fmt(cfg.algo.bid_levels)} ({', '.join(map(str, bad))} are not); "
-                              f"set algo.sft.{key} to levels of algo.bid_levels")
+            raise ConfigError(
+                f"algo.sft.{key}={_fmt(cfg.algo.sft[key])} is not valid: SFT bid targets must be among "
+                f"algo.bid_levels {_fmt(cfg.algo.bid_levels)} ({', '.join(map(str, bad))} are not); "
+                f"set algo.sft.{key} to levels of algo.bid_levels"
+            )
 
 
 @register_check
@@ -378,11 +478,15 @@ def model_shape(cfg: DictConfig, registry) -> None:
     if int(m.hidden_size) % int(m.num_heads):
         raise ConfigError(f"model.num_heads={m.num_heads} is not valid: must divide model.hidden_size={m.hidden_size}")
     if int(m.num_heads) % int(m.num_kv_heads):
-        raise ConfigError(f"model.num_kv_heads={m.num_kv_heads} is not valid: must divide model.num_heads={m.num_heads}")
+        raise ConfigError(
+            f"model.num_kv_heads={m.num_kv_heads} is not valid: must divide model.num_heads={m.num_heads}"
+        )
     longest = int(m.max_prompt_tokens) + max(int(m.max_action_tokens), int(m.max_bid_tokens))
     if longest > int(m.max_positions):
-        raise ConfigError(f"model.max_positions={m.max_positions} is not valid: must be at least model.max_prompt_tokens "
-                          f"+ the longest response (max(model.max_action_tokens, model.max_bid_tokens)) = {longest}")
+        raise ConfigError(
+            f"model.max_positions={m.max_positions} is not valid: must be at least model.max_prompt_tokens "
+            f"+ the longest response (max(model.max_action_tokens, model.max_bid_tokens)) = {longest}"
+        )
 
 
 @register_check
@@ -394,10 +498,14 @@ def cluster_kind(cfg: DictConfig, registry) -> None:
     try:
         import ray  # noqa: F401
     except ImportError:
-        raise ConfigError("cluster.kind=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'") from None
+        raise ConfigError(
+            "cluster.kind=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"
+        ) from None
     if cfg.algo.name == "rlcr":
-        raise ConfigError("cluster.kind=ray: algo.name=rlcr plays its concurrent episodes in process; valid with "
-                          "ray: algo.name=mpt or monolithic (or cluster.kind=local)")
+        raise ConfigError(
+            "cluster.kind=ray: algo.name=rlcr plays its concurrent episodes in process; valid with "
+            "ray: algo.name=mpt or monolithic (or cluster.kind=local)"
+        )
 
 
 @register_check
@@ -408,8 +516,10 @@ def eval_split(cfg: DictConfig, registry) -> None:
         return
     count = int(task.eval_seeds.count)
     if int(cfg.eval.episodes) > count:
-        raise ConfigError(f"eval.episodes={cfg.eval.episodes} is not valid: task {cfg.task_name!r} has {count} held-out "
-                          f"seeds (task.eval_seeds.count); give at most {count} or null (all)")
+        raise ConfigError(
+            f"eval.episodes={cfg.eval.episodes} is not valid: task {cfg.task_name!r} has {count} held-out "
+            f"seeds (task.eval_seeds.count); give at most {count} or null (all)"
+        )
 
 
 #: Splits a held-out evaluation may use (``eval.split``): ``eval`` for reported numbers, ``dev`` for tuning.
@@ -433,14 +543,19 @@ def splits(cfg: DictConfig, registry) -> None:
     if cfg.eval.split not in EVAL_SPLITS:
         raise ConfigError(f"unknown eval.split {cfg.eval.split!r}; valid: {', '.join(EVAL_SPLITS)}")
     if cfg.get("task") is not None and cfg.task.get(f"{cfg.eval.split}_seeds") is None:
-        raise ConfigError(f"eval.split={cfg.eval.split}, but task {cfg.task_name!r} of {cfg.domain!r} defines no "
-                          f"{cfg.eval.split}_seeds; valid here: "
-                          f"{', '.join(s for s in EVAL_SPLITS if cfg.task.get(f'{s}_seeds') is not None)}")
+        raise ConfigError(
+            f"eval.split={cfg.eval.split}, but task {cfg.task_name!r} of {cfg.domain!r} defines no "
+            f"{cfg.eval.split}_seeds; valid here: "
+            f"{', '.join(s for s in EVAL_SPLITS if cfg.task.get(f'{s}_seeds') is not None)}"
+        )
     seeds = cfg.experiment.train_seeds
-    if seeds is not None and (not len(seeds) or len(set(int(s) for s in seeds)) != len(seeds)
-                              or any(int(s) < 0 for s in seeds)):
-        raise ConfigError(f"experiment.train_seeds {list(seeds)} must be distinct non-negative integers "
-                          "(or null: the run's seed alone)")
+    if seeds is not None and (
+        not len(seeds) or len(set(int(s) for s in seeds)) != len(seeds) or any(int(s) < 0 for s in seeds)
+    ):
+        raise ConfigError(
+            f"experiment.train_seeds {list(seeds)} must be distinct non-negative integers "
+            "(or null: the run's seed alone)"
+        )
 
 
 @register_check
@@ -458,8 +573,10 @@ def adapter(cfg: DictConfig, registry) -> None:
         default = _schema_default(m.lora)
         changed = [f"model.lora.{k}={m.lora[k]}" for k in default or () if m.lora[k] != default[k]]
         if changed:
-            raise ConfigError(f"{changed[0]} has no effect with model.adapter=none (full copies); set model.adapter=lora "
-                              f"or drop the model.lora.* options")
+            raise ConfigError(
+                f"{changed[0]} has no effect with model.adapter=none (full copies); set model.adapter=lora "
+                f"or drop the model.lora.* options"
+            )
     elif m.backend != "transformers":
         raise ConfigError(f"model.adapter={adapter} needs model.backend=transformers (PEFT), got {m.backend!r}")
     if hw.attention is not None and hw.attention not in ATTENTION:
@@ -468,8 +585,10 @@ def adapter(cfg: DictConfig, registry) -> None:
         import importlib.util
 
         if importlib.util.find_spec("flash_attn") is None:
-            raise ConfigError("hardware.attention=flash_attention_2 needs the flash-attn package (pip install flash-attn "
-                              "--no-build-isolation); or set hardware.attention=sdpa")
+            raise ConfigError(
+                "hardware.attention=flash_attention_2 needs the flash-attn package (pip install flash-attn "
+                "--no-build-isolation); or set hardware.attention=sdpa"
+            )
     for key, value in (("hardware.dtype", hw.dtype), ("model.dtype", m.dtype)):
         if value is not None and value not in DTYPES:
             raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(DTYPES)}")
@@ -488,8 +607,10 @@ def rlcr(cfg: DictConfig, registry) -> None:
     if cfg.algo.name != "rlcr" or registry is None or cfg.domain not in registry.domains:
         return
     if cfg.model.constrained_actions:
-        raise ConfigError("algo=rlcr: model.constrained_actions=true would forbid the messages (free text); "
-                          "set model.constrained_actions=false")
+        raise ConfigError(
+            "algo=rlcr: model.constrained_actions=true would forbid the messages (free text); "
+            "set model.constrained_actions=false"
+        )
     from swarm_runtime.env import close_env, has_progress
 
     domain = registry.domains[cfg.domain]
@@ -499,9 +620,11 @@ def rlcr(cfg: DictConfig, registry) -> None:
         raise ConfigError(f"algo=rlcr: {cfg.domain} task {cfg.task_name}: {exc}") from exc
     close_env(env)  # only the check
     if not has_progress(env):
-        raise ConfigError(f"algo=rlcr needs an anytime return, but domain {cfg.domain!r} has no DomainEnv.progress() "
-                          f"(its concurrent env is {type(env).__name__}); docs/rlcr.md lists the domains that have one and "
-                          "how a domain opts in")
+        raise ConfigError(
+            f"algo=rlcr needs an anytime return, but domain {cfg.domain!r} has no DomainEnv.progress() "
+            f"(its concurrent env is {type(env).__name__}); docs/rlcr.md lists the domains that have one and "
+            "how a domain opts in"
+        )
 
 
 def serve_roles(cfg: DictConfig, roles: list[str]) -> None:
@@ -513,8 +636,9 @@ def serve_roles(cfg: DictConfig, roles: list[str]) -> None:
     for spec in cfg.serve.agents or []:
         role, sep, url = str(spec).partition("=")
         if not sep or role not in roles or not url.startswith(("http://", "https://")):
-            raise ConfigError(f"serve.agents entry {spec!r} is not ROLE=URL with ROLE one of {', '.join(roles)} "
-                              "and an http(s) URL")
+            raise ConfigError(
+                f"serve.agents entry {spec!r} is not ROLE=URL with ROLE one of {', '.join(roles)} and an http(s) URL"
+            )
 
 
 @register_check
@@ -534,9 +658,11 @@ def adapter_algo(cfg: DictConfig, registry) -> None:
     """``model.adapter=lora`` (one adapter per role on a shared base) needs an algorithm that builds
     the per-role swarm; ``algo=monolithic`` and ``algo=rlcr`` train one full model and would silently ignore it."""
     if (cfg.model.get("adapter") or "none") != "none" and cfg.algo.name in ONE_MODEL_ALGOS:
-        raise ConfigError(f"model.adapter={cfg.model.adapter} is not valid with algo={cfg.algo.name}, which trains one "
-                          f"full model; valid: model.adapter=lora with algo=mpt, or algo={cfg.algo.name} with "
-                          "model.adapter=none")
+        raise ConfigError(
+            f"model.adapter={cfg.model.adapter} is not valid with algo={cfg.algo.name}, which trains one "
+            f"full model; valid: model.adapter=lora with algo=mpt, or algo={cfg.algo.name} with "
+            "model.adapter=none"
+        )
 
 
 @register_check
@@ -549,8 +675,10 @@ def rlcr_only(cfg: DictConfig, registry) -> None:
     for key in _leaf_keys(default) if default is not None else ():
         now, was = OmegaConf.select(cfg.rlcr, key), OmegaConf.select(default, key)
         if _plain(now) != _plain(was):
-            raise ConfigError(f"rlcr.{key}={_fmt(now)} has no effect with algo={cfg.algo.name} (only algo=rlcr reads "
-                              "rlcr.*); set algo=rlcr or drop the rlcr.* options")
+            raise ConfigError(
+                f"rlcr.{key}={_fmt(now)} has no effect with algo={cfg.algo.name} (only algo=rlcr reads "
+                "rlcr.*); set algo=rlcr or drop the rlcr.* options"
+            )
 
 
 def _plain(v):
@@ -573,9 +701,11 @@ def bid_steps_need_bids(cfg: DictConfig, registry) -> None:
         return
     coordinator = registry.coordinators.get(cfg.algo.coordinator)
     if coordinator is not None and not getattr(coordinator, "uses_bids", True) and int(cfg.algo.bid_steps) > 0:
-        raise ConfigError(f"algo.bid_steps={cfg.algo.bid_steps} trains no bid pairs with algo.coordinator="
-                          f"{cfg.algo.coordinator}, which asks for no bids; set algo.bid_steps=0 or a coordinator "
-                          "that runs auctions (algo.coordinator=auction)")
+        raise ConfigError(
+            f"algo.bid_steps={cfg.algo.bid_steps} trains no bid pairs with algo.coordinator="
+            f"{cfg.algo.coordinator}, which asks for no bids; set algo.bid_steps=0 or a coordinator "
+            "that runs auctions (algo.coordinator=auction)"
+        )
 
 
 @register_check
@@ -588,16 +718,20 @@ def adapter_rates(cfg: DictConfig, registry) -> None:
     for key in ("algo.lr", "algo.bid_lr", "algo.sft.lr"):
         v = OmegaConf.select(cfg, key)
         if v is not None and float(v) * scale > 10.0:
-            raise ConfigError(f"model.lora.lr_scale={scale:g} trains the adapters at {key} x {scale:g} = "
-                              f"{float(v) * scale:g}, over 10 (the bound of every learning rate); lower "
-                              f"model.lora.lr_scale or {key}")
+            raise ConfigError(
+                f"model.lora.lr_scale={scale:g} trains the adapters at {key} x {scale:g} = "
+                f"{float(v) * scale:g}, over 10 (the bound of every learning rate); lower "
+                f"model.lora.lr_scale or {key}"
+            )
 
 
 #: Who samples rollouts (``rollout.engine``; docs/engine.md).
 ROLLOUT_ENGINES = ("local", "openai", "vllm")
 #: URLs the engine samplers speak to.
-HTTP_URL = ((lambda v: isinstance(v, str) and re.fullmatch(r"https?://[^\s/]+(/\S*)?", v) is not None),
-            "an http(s) URL such as http://127.0.0.1:8000")
+HTTP_URL = (
+    (lambda v: isinstance(v, str) and re.fullmatch(r"https?://[^\s/]+(/\S*)?", v) is not None),
+    "an http(s) URL such as http://127.0.0.1:8000",
+)
 
 register_rules(
     _rule("model.chat_template", choices("auto", "none")),
@@ -606,17 +740,25 @@ register_rules(
     _rule("rollout.url", HTTP_URL, nullable=True, null_means="none (rollout.engine=openai needs one)"),
     _rule("rollout.api_key_env", STR, nullable=True, null_means="no bearer key"),
     _rule("rollout.timeout_s", floats(0.0, 86400.0, lo_open=True)),
-    _rule("rollout.concurrency", ints(1, 4096)), _rule("rollout.retries", ints(0, 100)),
+    _rule("rollout.concurrency", ints(1, 4096)),
+    _rule("rollout.retries", ints(0, 100)),
     _rule("rollout.max_staleness", ints(0, 64)),
     _rule("cluster.kind", choices("local", "ray")),
-    _rule("cluster.address", ((lambda v: isinstance(v, str) and re.fullmatch(r"(ray://)?[^\s:/]+:\d{1,5}", v)
-                               is not None), "host:port of a Ray head (or ray://host:port)"),
-          nullable=True, null_means="start a local Ray for the run (127.0.0.1)"),
+    _rule(
+        "cluster.address",
+        (
+            (lambda v: isinstance(v, str) and re.fullmatch(r"(ray://)?[^\s:/]+:\d{1,5}", v) is not None),
+            "host:port of a Ray head (or ray://host:port)",
+        ),
+        nullable=True,
+        null_means="start a local Ray for the run (127.0.0.1)",
+    ),
     _rule("cluster.env_workers", ints(1, 1024)),
     _rule("cluster.num_cpus", ints(1, 4096), nullable=True, null_means="Ray's count of this machine's CPUs"),
     _rule("rollout.vllm.python", STR, nullable=True, null_means="$SWARM_VLLM_PYTHON, else python3 on PATH"),
     _rule("rollout.vllm.host", choices("127.0.0.1", "localhost", "0.0.0.0", "::1")),
-    _rule("rollout.vllm.port", ints(0, 65535)), _rule("rollout.vllm.args", lists(STR, nonempty=False)),
+    _rule("rollout.vllm.port", ints(0, 65535)),
+    _rule("rollout.vllm.args", lists(STR, nonempty=False)),
     _rule("rollout.vllm.startup_timeout_s", floats(1.0, 86400.0)),
     _rule("rollout.vllm.dtype", choices("float32", "float16", "bfloat16", "auto")),
 )
@@ -633,34 +775,49 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
         return
     if r.get("engine", "local") == "local":
         if int(r.get("max_staleness", 0) or 0) > 0:
-            raise ConfigError(f"rollout.max_staleness={r.max_staleness} needs an engine sampler (rollouts played ahead on "
-                              "the server's weights while this process trains); valid: rollout.max_staleness=0, or "
-                              "rollout.engine=openai|vllm")
+            raise ConfigError(
+                f"rollout.max_staleness={r.max_staleness} needs an engine sampler (rollouts played ahead on "
+                "the server's weights while this process trains); valid: rollout.max_staleness=0, or "
+                "rollout.engine=openai|vllm"
+            )
         return
     if r.engine == "openai" and not r.get("url"):
         raise ConfigError("rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000)")
     adapter = cfg.model.get("adapter") or "none"
     if adapter != "lora":
-        raise ConfigError(f"rollout.engine={r.engine} with model.adapter={adapter}: the engine path trains adapters "
-                          "(each role's LoRA adapter is reloaded into the server after every update; a full copy "
-                          "cannot be swapped into a running vLLM server); valid: model.adapter=lora, or "
-                          "rollout.engine=local")
+        raise ConfigError(
+            f"rollout.engine={r.engine} with model.adapter={adapter}: the engine path trains adapters "
+            "(each role's LoRA adapter is reloaded into the server after every update; a full copy "
+            "cannot be swapped into a running vLLM server); valid: model.adapter=lora, or "
+            "rollout.engine=local"
+        )
     check_rank(int(cfg.model.lora.rank))  # vLLM's --max-lora-rank choices
     if cfg.model.get("constrained_actions"):
-        raise ConfigError(f"rollout.engine={r.engine} with model.constrained_actions=true is not supported yet; "
-                          "valid: model.constrained_actions=false, or rollout.engine=local")
+        raise ConfigError(
+            f"rollout.engine={r.engine} with model.constrained_actions=true is not supported yet; "
+            "valid: model.constrained_actions=false, or rollout.engine=local"
+        )
 
 
 #: ``model.bases``, ``model.role_base``, ``rollout.urls``: mappings whose keys the user names (README, "A base per role").
 MAPPING = ((lambda v: isinstance(v, dict)), "a mapping of NAME: value (set one entry as model.bases.NAME.KEY=VALUE)")
 
 register_rules(
-    Rule("model.bases", MAPPING[0], "a mapping NAME -> model settings (model.bases.NAME.path=..., "
-         "model.bases.NAME.hidden_size=...)"),
-    Rule("model.role_base", (lambda v: isinstance(v, dict) and all(isinstance(n, str) for n in v.values())),
-         "a mapping ROLE -> base name (model.role_base.ROLE=NAME)"),
-    Rule("rollout.urls", (lambda v: isinstance(v, dict) and all(HTTP_URL[0](u) for u in v.values())),
-         "a mapping base NAME -> http(s) URL (rollout.urls.NAME=http://host:port)"),
+    Rule(
+        "model.bases",
+        MAPPING[0],
+        "a mapping NAME -> model settings (model.bases.NAME.path=..., model.bases.NAME.hidden_size=...)",
+    ),
+    Rule(
+        "model.role_base",
+        (lambda v: isinstance(v, dict) and all(isinstance(n, str) for n in v.values())),
+        "a mapping ROLE -> base name (model.role_base.ROLE=NAME)",
+    ),
+    Rule(
+        "rollout.urls",
+        (lambda v: isinstance(v, dict) and all(HTTP_URL[0](u) for u in v.values())),
+        "a mapping base NAME -> http(s) URL (rollout.urls.NAME=http://host:port)",
+    ),
 )
 
 
@@ -687,23 +844,31 @@ def model_bases(cfg: DictConfig, registry) -> None:
         except ConfigError as exc:
             raise ConfigError(f"the base {name!r} (model.* with model.bases.{name}.*): {exc}") from None
     if B.multi(cfg.model) and cfg.algo.name in ONE_MODEL_ALGOS:
-        raise ConfigError(f"model.role_base gives roles their own bases, but algo={cfg.algo.name} trains one model; "
-                          f"valid: algo=mpt, or drop model.role_base")
+        raise ConfigError(
+            f"model.role_base gives roles their own bases, but algo={cfg.algo.name} trains one model; "
+            f"valid: algo=mpt, or drop model.role_base"
+        )
     r = cfg.get("rollout")
     urls = dict(r.get("urls") or {}) if r is not None else {}
     if urls and r.get("engine") != "openai":
-        raise ConfigError(f"rollout.urls is read by rollout.engine=openai only (got rollout.engine={r.get('engine')}); "
-                          "drop rollout.urls")
+        raise ConfigError(
+            f"rollout.urls is read by rollout.engine=openai only (got rollout.engine={r.get('engine')}); "
+            "drop rollout.urls"
+        )
     valid = list(B.bases_of(cfg.model))
     bad = [n for n in urls if n not in valid]
     if bad:
-        raise ConfigError(f"rollout.urls.{bad[0]}: no base {bad[0]!r} in model.bases; valid: "
-                          f"{', '.join(valid) or '(none: declare model.bases.NAME first)'} (rollout.url serves the "
-                          "default base)")
+        raise ConfigError(
+            f"rollout.urls.{bad[0]}: no base {bad[0]!r} in model.bases; valid: "
+            f"{', '.join(valid) or '(none: declare model.bases.NAME first)'} (rollout.url serves the "
+            "default base)"
+        )
     if r is None or r.get("engine") != "openai":
         return
     used = B.groups(cfg.model, roles) if roles is not None else {n: [] for n in B.role_bases(cfg.model).values()}
     missing = [n for n in used if n != B.DEFAULT and n not in urls]
     if missing:
-        raise ConfigError(f"rollout.engine=openai with several bases needs one server per base: give "
-                          f"rollout.urls.{missing[0]}=http://host:port (rollout.url serves the default base)")
+        raise ConfigError(
+            f"rollout.engine=openai with several bases needs one server per base: give "
+            f"rollout.urls.{missing[0]}=http://host:port (rollout.url serves the default base)"
+        )

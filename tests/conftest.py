@@ -8,23 +8,57 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Small budget for runs in tests: a few demo episodes, short episodes, two updates.
-TINY_RUN = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=16", "algo.sft.demo_episodes=2",
-            "algo.sft.epochs=1", "algo.envs_per_step=2", "algo.iterations=2", "algo.action_steps=1",
-            "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "tensorboard=true"]
+TINY_RUN = [
+    "domain=minecraft",
+    "task=wooden_pickaxe",
+    "task.max_decisions=16",
+    "algo.sft.demo_episodes=2",
+    "algo.sft.epochs=1",
+    "algo.envs_per_step=2",
+    "algo.iterations=2",
+    "algo.action_steps=1",
+    "algo.bid_steps=1",
+    "eval.episodes=2",
+    "eval.runs=1",
+    "progress=false",
+    "tensorboard=true",
+]
 #: The smallest ``algo=rlcr`` run: 1 instance x G=2 rollouts, ``T_max`` 2 -> 4 simulated minutes, 3 demos.
-TINY_RLCR = ["domain=minecraft", "task=wooden_pickaxe", "algo=rlcr", "rlcr.instances=1", "rlcr.group_size=2",
-             "rlcr.t_max.start=120", "rlcr.t_max.end=240", "algo.sft.demo_episodes=3", "algo.sft.epochs=1",
-             "progress=false"]
+TINY_RLCR = [
+    "domain=minecraft",
+    "task=wooden_pickaxe",
+    "algo=rlcr",
+    "rlcr.instances=1",
+    "rlcr.group_size=2",
+    "rlcr.t_max.start=120",
+    "rlcr.t_max.end=240",
+    "algo.sft.demo_episodes=3",
+    "algo.sft.epochs=1",
+    "progress=false",
+]
 #: ... as an RLCR experiment (one training seed, one update per arm, 2 held-out seeds).
-TINY_RLCR_EXPERIMENT = [*TINY_RLCR, "experiment.iterations=1", "experiment.train_seeds=[0]", "rlcr.t_max.steps=1",
-                        "experiment.eval_episodes=2", "hardware.threads=1"]
+TINY_RLCR_EXPERIMENT = [
+    *TINY_RLCR,
+    "experiment.iterations=1",
+    "experiment.train_seeds=[0]",
+    "rlcr.t_max.steps=1",
+    "experiment.eval_episodes=2",
+    "hardware.threads=1",
+]
 
 
 def swarm(*args: str, cwd: Path, timeout: int = 300, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
     """Run the real ``swarm`` CLI in a subprocess (``env``: variables to add or change)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "swarm_runtime.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, **popen)
+    return subprocess.run(
+        [sys.executable, "-m", "swarm_runtime.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **popen,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,15 +87,32 @@ def make_local_checkpoint(out: Path) -> Path:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    text = ["you are Logger . goal wooden_pickaxe . inventory : none . action :", "chop tree craft planks stick",
-            "mine stone smelt iron explore", "bid : 0.2 0.4 0.6 0.8", "The next action is turn left 30 degree."]
-    bpe.train_from_iterator(text * 40, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    text = [
+        "you are Logger . goal wooden_pickaxe . inventory : none . action :",
+        "chop tree craft planks stick",
+        "mine stone smelt iron explore",
+        "bid : 0.2 0.4 0.6 0.8",
+        "The next action is turn left 30 degree.",
+    ]
+    bpe.train_from_iterator(
+        text * 40,
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
     assert tok.pad_token is None and "<bid_0.2>" not in tok.get_vocab()
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=True,
+    )
     Qwen2ForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out

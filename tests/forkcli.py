@@ -10,6 +10,7 @@ in ``WORKDIR/kill-N`` is SIGKILLed just before its N-th such operation and resum
 CLI (``resume=true``, no injection). ``WORKDIR/sweep.json`` records every exit code. No hook in the
 production code: the operations are wrapped here, in the child, before ``main`` runs.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,9 @@ def _inject(kill_at: int | None, counter: list) -> None:
                 if kill_at is not None and counter[0] == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
             return fn(*a, **k)
+
         return op
+
     os.replace, os.rename, shutil.rmtree = wrap(os.replace), wrap(os.rename), wrap(shutil.rmtree)
 
 
@@ -92,9 +95,10 @@ if __name__ == "__main__":
     from swarm_runtime.plugins import get_registry
 
     get_registry()  # every plugin imported once, before the forks
+    import matplotlib
+
     import swarm_runtime.cli  # noqa: F401
     import swarm_runtime.train.mpt  # noqa: F401
-    import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401  (the run's plots)

@@ -1,18 +1,21 @@
 """model.adapter=lora (issue 19): one shared base, one PEFT LoRA adapter per role; isolation of each
 role's training, PEFT round trips, the mixed-adapter batch against per-agent calls, the memory plan,
 recipes, FLOPs with a frozen base, export, and every bad input."""
+
 import json
 import random
 import re
 
 import pytest
 import torch
-
 from conftest import ROOT, TINY_RUN, make_local_checkpoint, run_context, swarm
 
 LORA = ("domain=minecraft", "task=wooden_pickaxe", "model.adapter=lora")
-PROMPTS = {"Logger": "you are Logger . craft wooden_pickaxe . bid :", "Miner": "you are Miner . inventory : none . action :",
-           "Smith": "you are Smith . craft stick . action :"}
+PROMPTS = {
+    "Logger": "you are Logger . craft wooden_pickaxe . bid :",
+    "Miner": "you are Miner . inventory : none . action :",
+    "Smith": "you are Smith . craft stick . action :",
+}
 
 
 def _swarm(registry, *extra):
@@ -90,8 +93,10 @@ def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
     roles = ["Logger", "Miner", "Smith", "Miner", "Logger", "Smith"]  # interleaved, as the episode loop sends them
     rows = [policies[r] for r in roles]
     prompts = [PROMPTS[r] if i < 3 else PROMPTS[roles[(i + 1) % 3]] for i, r in enumerate(roles)]
-    resp = [rows[0].action_target(t) for t in ("chop tree", "mine stone", "craft stick", "craft planks",
-                                               "mine stone", "chop tree")]
+    resp = [
+        rows[0].action_target(t)
+        for t in ("chop tree", "mine stone", "craft stick", "craft planks", "mine stone", "chop tree")
+    ]
     lead, batch = rows[0], MixedBatch(rows)
     order = batch.order
     assert [roles[i] for i in order] == ["Logger", "Logger", "Miner", "Miner", "Smith", "Smith"]
@@ -110,19 +115,22 @@ def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
         torch.testing.assert_close(probs, per_probs, atol=1e-6, rtol=1e-5)
         monkeypatch.setattr(adapters, "MIXED_IMPL", "peft")  # against PEFT's own adapter_names= (any row order)
         with lead.routed(grouped):
-            torch.testing.assert_close(lead.logprobs([prompts[i] for i in order], [resp[i] for i in order]), mixed,
-                                       atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                lead.logprobs([prompts[i] for i in order], [resp[i] for i in order]), mixed, atol=1e-5, rtol=1e-5
+            )
         with lead.routed([p.adapter for p in rows]):
-            torch.testing.assert_close(lead.bid_distribution(prompts), per_probs[torch.tensor(order).argsort()],
-                                       atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(
+                lead.bid_distribution(prompts), per_probs[torch.tensor(order).argsort()], atol=1e-6, rtol=1e-5
+            )
         monkeypatch.setattr(adapters, "MIXED_IMPL", "grouped")
     assert not torch.allclose(per[2], per[4])  # the rows really went through different adapters
     with lead.routed(grouped):  # with a gradient: the same scores, and each adapter gets its rows' gradient
         scored = lead.logprobs([prompts[i] for i in order], [resp[i] for i in order])
     torch.testing.assert_close(scored.detach(), mixed, atol=1e-5, rtol=1e-5)
     scored.sum().backward()
-    assert entered[-1] == 3 and all(w.grad is not None and bool(w.grad.abs().sum() > 0)
-                                    for p in set(rows) for w in p.parameters())
+    assert entered[-1] == 3 and all(
+        w.grad is not None and bool(w.grad.abs().sum() > 0) for p in set(rows) for w in p.parameters()
+    )
     for p in set(rows):
         for w in p.parameters():
             w.grad = None
@@ -137,8 +145,9 @@ def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
     for p in rows:
         p.temperature = 1.0
     keys = [(7, 0, i, 1) for i in range(len(rows))]  # keyed noise: a row's draw depends on its key, not on the batch
-    assert [r.tokens for r in batch.act(prompts, keys=keys)] == [p.act([q], keys=[k])[0].tokens
-                                                                 for p, q, k in zip(rows, prompts, keys)]
+    assert [r.tokens for r in batch.act(prompts, keys=keys)] == [
+        p.act([q], keys=[k])[0].tokens for p, q, k in zip(rows, prompts, keys)
+    ]
 
 
 def test_the_episode_loop_makes_one_bid_call_per_turn_for_all_roles(registry, monkeypatch):
@@ -152,6 +161,7 @@ def test_the_episode_loop_makes_one_bid_call_per_turn_for_all_roles(registry, mo
     def counted(self, prompts, **kw):
         calls.append((len(prompts), tuple(self.route or [self.adapter])))
         return real(self, prompts, **kw)
+
     monkeypatch.setattr(TransformersPolicy, "bid_distribution", counted)
     slots = new_slots(ctx.domain, ctx.task, [0, 1])
     play(slots, agents, ctx.coordinator(), ctx.domain, 3, random.Random(0))
@@ -231,20 +241,34 @@ def _main(capsys, *argv) -> tuple[int, str]:
     return rc, err[-1] if err else ""
 
 
-@pytest.mark.parametrize("args,needle", [
-    (("model.lora.rank=4",), "model.adapter=none"),
-    (("model.adapter=lora", "model.lora.rank=0"), "model.lora.rank=0 is not valid"),
-    (("model.adapter=lora", "model.lora.lr_scale=0"), "model.lora.lr_scale=0.0 is not valid: must be a finite number > 0"),
-    (("model.lora.lr_scale=10",), "model.lora.lr_scale=10.0 has no effect with model.adapter=none"),
-    (("model.adapter=qlora",), "valid: none, lora"),
-    (("model.adapter=lora", "model.lora.target_modules=[q_proj,qkv_proj]"), "'qkv_proj', which the base model lacks"),
-    (("hardware=h200",), "use hardware=cpu"),
-    (("recipe=configs/nope.yaml",), "shipped recipes: minecraft-qwen3-4b-rtx_pro_6000, "),
-    (("model.adapter=lora", "algo=monolithic"), "valid: model.adapter=lora with algo=mpt, or algo=monolithic with "
-                                                "model.adapter=none"),
-    (("model.adapter=lora", "algo=rlcr"), "model.adapter=lora is not valid with algo=rlcr, which trains one full model"),
-    (("hardware.attention=flash",), "valid: sdpa, flash_attention_2, eager"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("model.lora.rank=4",), "model.adapter=none"),
+        (("model.adapter=lora", "model.lora.rank=0"), "model.lora.rank=0 is not valid"),
+        (
+            ("model.adapter=lora", "model.lora.lr_scale=0"),
+            "model.lora.lr_scale=0.0 is not valid: must be a finite number > 0",
+        ),
+        (("model.lora.lr_scale=10",), "model.lora.lr_scale=10.0 has no effect with model.adapter=none"),
+        (("model.adapter=qlora",), "valid: none, lora"),
+        (
+            ("model.adapter=lora", "model.lora.target_modules=[q_proj,qkv_proj]"),
+            "'qkv_proj', which the base model lacks",
+        ),
+        (("hardware=h200",), "use hardware=cpu"),
+        (("recipe=configs/nope.yaml",), "shipped recipes: minecraft-qwen3-4b-rtx_pro_6000, "),
+        (
+            ("model.adapter=lora", "algo=monolithic"),
+            "valid: model.adapter=lora with algo=mpt, or algo=monolithic with model.adapter=none",
+        ),
+        (
+            ("model.adapter=lora", "algo=rlcr"),
+            "model.adapter=lora is not valid with algo=rlcr, which trains one full model",
+        ),
+        (("hardware.attention=flash",), "valid: sdpa, flash_attention_2, eager"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_2(capsys, tmp_path, args, needle):
     if args == ("hardware=h200",) and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -253,11 +277,15 @@ def test_bad_input_is_one_clear_line_and_exit_2(capsys, tmp_path, args, needle):
 
 
 def test_a_plan_that_does_not_fit_names_the_fix(capsys):
-    arch = ("model.arch={hidden_size: 4096, intermediate_size: 12288, num_hidden_layers: 36, num_attention_heads: 32,"
-            " num_key_value_heads: 8, head_dim: 128, vocab_size: 151936}")
+    arch = (
+        "model.arch={hidden_size: 4096, intermediate_size: 12288, num_hidden_layers: 36, num_attention_heads: 32,"
+        " num_key_value_heads: 8, head_dim: 128, vocab_size: 151936}"
+    )
     rc, line = _main(capsys, "config", "model=local", "hardware=rtx_pro_6000", "model.adapter=none", arch, "--plan")
     assert rc == 2 and "model.adapter=lora" in line and "rtx_pro_6000" in line and "GiB" in line
-    rc, line = _main(capsys, "config", "model=local", "hardware=rtx_pro_6000", arch, "--plan")  # adapters: the profile's
+    rc, line = _main(
+        capsys, "config", "model=local", "hardware=rtx_pro_6000", arch, "--plan"
+    )  # adapters: the profile's
     assert rc == 2 and "algo.envs_per_step (now 32)" in line  # default; the rollout's KV cache is what is left
     rc, _ = _main(capsys, "config", "model=local", "hardware=rtx_pro_6000", arch, "algo.envs_per_step=8", "--plan")
     assert rc == 0
@@ -266,8 +294,17 @@ def test_a_plan_that_does_not_fit_names_the_fix(capsys):
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("lora")
-    res = swarm("run", *TINY_RUN, "model.adapter=lora", "skip_sft_eval=true", "tensorboard=false", "eval.episodes=1",
-                "algo.sft.demo_episodes=1", f"run_dir={d / 'run'}", cwd=d)
+    res = swarm(
+        "run",
+        *TINY_RUN,
+        "model.adapter=lora",
+        "skip_sft_eval=true",
+        "tensorboard=false",
+        "eval.episodes=1",
+        "algo.sft.demo_episodes=1",
+        f"run_dir={d / 'run'}",
+        cwd=d,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return d, d / "run"
 
@@ -314,12 +351,27 @@ def test_the_gpu_script_exits_cleanly_without_cuda():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: test_gpu_adapters_script runs the script")
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py")], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py")], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0 and "no CUDA device" in res.stdout and "skipped" in res.stdout
     # its steps (SFT of every adapter, a mixed-batch rollout turn, a REINFORCE step per agent) on the CPU, tiny shape
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py"), "--cpu-tiny", "--agents", "3",
-                          "--envs", "2", "--prompt", "16"], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_adapters.py"),
+            "--cpu-tiny",
+            "--agents",
+            "3",
+            "--envs",
+            "2",
+            "--prompt",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout
     assert "3 adapter agents" in out and "mixed bid batch of 6 rows" in out and "REINFORCE step per agent" in out
@@ -333,8 +385,21 @@ def test_gpu_adapters_script():
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_adapters.py"), "--agents", "3", "--envs", "4",
-                          "--prompt", "128"], capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_adapters.py"),
+            "--agents",
+            "3",
+            "--envs",
+            "4",
+            "--prompt",
+            "128",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "peak CUDA memory" in res.stdout and "memory plan's estimate" in res.stdout
 
@@ -391,7 +456,10 @@ def test_eager_adam_state_steps_exactly_as_the_lazy_one(dtype):
     a = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(dtype)
     b = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(dtype)
     b.load_state_dict(a.state_dict())
-    lazy, eager = make_optimizer(a.parameters(), 1e-2, 0.01, 5), make_optimizer(b.parameters(), 1e-2, 0.01, 5, eager_state=True)
+    lazy, eager = (
+        make_optimizer(a.parameters(), 1e-2, 0.01, 5),
+        make_optimizer(b.parameters(), 1e-2, 0.01, 5, eager_state=True),
+    )
     assert not lazy[0].state and len(eager[0].state) == 4  # eager: moments before any step
     for step in range(3):
         x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step)).to(dtype)
@@ -400,8 +468,9 @@ def test_eager_adam_state_steps_exactly_as_the_lazy_one(dtype):
             clip_and_step(list(m.parameters()), opt, sched, 1.0)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     sa, sb = lazy[0].state_dict()["state"], eager[0].state_dict()["state"]
-    assert sa.keys() == sb.keys() and all(torch.equal(sa[k][n], sb[k][n]) and sa[k][n].dtype == sb[k][n].dtype
-                                          for k in sa for n in sa[k])
+    assert sa.keys() == sb.keys() and all(
+        torch.equal(sa[k][n], sb[k][n]) and sa[k][n].dtype == sb[k][n].dtype for k in sa for n in sa[k]
+    )
 
 
 def test_lr_scale_multiplies_the_rates_the_adapters_train_at(registry):

@@ -1,15 +1,21 @@
 """Baselines registered through the public hooks: the Graph-of-Agents and AgentNet coordinators
 (hand-made inputs and a real batch of episodes), the monolithic REINFORCE trainer (its SFT matching
 and a real gradient step) and the bid/action split policy."""
+
 import random
 
 import pytest
 import torch
-
 from conftest import run_context
+
 from swarm_runtime.config import resolve
-from swarm_runtime.coordinators import (AgentNetCoordinator, GraphOfAgentsCoordinator, agentnet_choice,
-                                        goa_choice, most_relevant)
+from swarm_runtime.coordinators import (
+    AgentNetCoordinator,
+    GraphOfAgentsCoordinator,
+    agentnet_choice,
+    goa_choice,
+    most_relevant,
+)
 from swarm_runtime.episode import SINGLE_ACTOR, TurnInfo, new_slots, play
 from swarm_runtime.policy.split import SplitPolicy
 from swarm_runtime.run import RunContext
@@ -28,9 +34,17 @@ def test_most_relevant_takes_the_most_confident():
 
 def test_goa_peer_review_picks_what_the_other_responders_rate_best():
     # self-confidence: 0 > 1 > 2; responders (k=2) are 0 and 1
-    sc = {(0, 0): -0.1, (1, 1): -0.2, (2, 2): -0.3,
-          (0, 1): -0.5, (1, 0): -2.0,  # agent 0 rates 1's proposal higher than 1 rates 0's
-          (0, 2): -0.1, (2, 0): -0.1, (1, 2): -0.1, (2, 1): -0.1}
+    sc = {
+        (0, 0): -0.1,
+        (1, 1): -0.2,
+        (2, 2): -0.3,
+        (0, 1): -0.5,
+        (1, 0): -2.0,  # agent 0 rates 1's proposal higher than 1 rates 0's
+        (0, 2): -0.1,
+        (2, 0): -0.1,
+        (1, 2): -0.1,
+        (2, 1): -0.1,
+    }
     assert goa_choice(sc, [0, 1, 2], 2, random.Random(0)) == 1  # not the most confident one
     # three responders: mean of the other two
     assert goa_choice(sc, [0, 1, 2], 3, random.Random(0)) == 2  # (-0.1 -0.1)/2 beats 1's and 0's
@@ -160,8 +174,9 @@ def test_monolithic_acts_every_turn_on_single_prompts_and_learns(ctx):
     assert all(SINGLE_ACTOR in e.prompt for e in demos[1:])  # its own turns are logged as "you"
     rng = random.Random(0)
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [0, 1, 2]), agents, ctx.coordinator("round_robin"), ctx.domain,
-                   6, rng)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [0, 1, 2]), agents, ctx.coordinator("round_robin"), ctx.domain, 6, rng
+        )
     assert all(t.winner == 0 for e in eps for t in e.turns)
     assert all(t.action_prompt == ctx.domain.single_prompt(*_obs_log(t)) for e in eps for t in e.turns[:1])
     from swarm_runtime.train.action import action_update, credit_samples
@@ -190,8 +205,19 @@ def test_monolithic_trainer_rl_step_updates_the_model(registry, tmp_path):
     from swarm_runtime.train.monolithic import MonolithicTrainer
 
     pm, reg = registry
-    cfg = resolve(["domain=minecraft", "task=wooden_pickaxe", "algo=monolithic", "task.max_decisions=6",
-                   "algo.envs_per_step=2", "algo.iterations=2", "tensorboard=false", "progress=false"], reg)
+    cfg = resolve(
+        [
+            "domain=minecraft",
+            "task=wooden_pickaxe",
+            "algo=monolithic",
+            "task.max_decisions=6",
+            "algo.envs_per_step=2",
+            "algo.iterations=2",
+            "tensorboard=false",
+            "progress=false",
+        ],
+        reg,
+    )
     trainer = MonolithicTrainer(RunContext(cfg, pm, reg, tmp_path))
     trainer._setup()
     assert [a.name for a in trainer.agents] == [MONOLITHIC] and trainer.coordinator.uses_bids is False

@@ -2,6 +2,7 @@
 config and its errors, the swarm built with one base per distinct base (adapters and full copies), the memory
 plan counting each base once, and real ``swarm run`` / ``eval`` / resume through the CLI with two tiny bases of
 different shapes."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,14 @@ from conftest import TINY_RUN, run_context, swarm
 from swarm_runtime.config import ConfigError
 
 #: Smith on a smaller base than model.* (hidden 128, 2 layers): hidden 64, 1 layer, 2 heads (head size 32).
-SMALL = ("model.bases.small.hidden_size=64", "model.bases.small.intermediate_size=128",
-         "model.bases.small.num_layers=1", "model.bases.small.num_heads=2", "model.bases.small.num_kv_heads=1",
-         "model.role_base.Smith=small")
+SMALL = (
+    "model.bases.small.hidden_size=64",
+    "model.bases.small.intermediate_size=128",
+    "model.bases.small.num_layers=1",
+    "model.bases.small.num_heads=2",
+    "model.bases.small.num_kv_heads=1",
+    "model.role_base.Smith=small",
+)
 MC = ("domain=minecraft", "task=wooden_pickaxe")
 
 
@@ -24,23 +30,46 @@ def _hidden(policy) -> tuple[int, int]:
     return int(c.hidden_size), int(c.num_hidden_layers)
 
 
-@pytest.mark.parametrize("args, says", [
-    (("model.role_base.Smithy=small", "model.bases.small.hidden_size=64"), "no role 'Smithy'; valid: Logger, Miner, Smith"),
-    (("model.role_base.Smith=big",), "no base 'big'; valid: default"),
-    (("model.bases.small.hidden_size=64",), "model.bases.small is given to no role"),
-    (("model.bases.small.temperature=0.5", "model.role_base.Smith=small"),
-     "model.bases.small.temperature is not a base setting; valid: path, hidden_size"),
-    (("model.bases.small.hidden_size=-4", "model.role_base.Smith=small"), "model.bases.small.hidden_size=-4 is not valid"),
-    (("model.bases.default.hidden_size=64", "model.role_base.Smith=default"), "model.bases.default: a base name"),
-    ((*SMALL, "rollout.urls.small=http://127.0.0.1:9"), "rollout.urls is read by rollout.engine=openai only"),
-    ((*SMALL, "model.adapter=lora", "rollout.engine=openai", "rollout.url=http://127.0.0.1:9"),
-     "give rollout.urls.small=http://host:port"),
-    ((*SMALL, "model.adapter=lora", "rollout.engine=openai", "rollout.url=http://127.0.0.1:9",
-      "rollout.urls.big=http://127.0.0.1:9"), "rollout.urls.big: no base 'big' in model.bases; valid: small"),
-    ((*SMALL, "algo=monolithic"), "algo=monolithic trains one model"),
-    ((*SMALL, "model.bases.small.num_heads=3"),
-     "the base 'small' (model.* with model.bases.small.*): model.num_heads=3 is not valid: must divide"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ("model.role_base.Smithy=small", "model.bases.small.hidden_size=64"),
+            "no role 'Smithy'; valid: Logger, Miner, Smith",
+        ),
+        (("model.role_base.Smith=big",), "no base 'big'; valid: default"),
+        (("model.bases.small.hidden_size=64",), "model.bases.small is given to no role"),
+        (
+            ("model.bases.small.temperature=0.5", "model.role_base.Smith=small"),
+            "model.bases.small.temperature is not a base setting; valid: path, hidden_size",
+        ),
+        (
+            ("model.bases.small.hidden_size=-4", "model.role_base.Smith=small"),
+            "model.bases.small.hidden_size=-4 is not valid",
+        ),
+        (("model.bases.default.hidden_size=64", "model.role_base.Smith=default"), "model.bases.default: a base name"),
+        ((*SMALL, "rollout.urls.small=http://127.0.0.1:9"), "rollout.urls is read by rollout.engine=openai only"),
+        (
+            (*SMALL, "model.adapter=lora", "rollout.engine=openai", "rollout.url=http://127.0.0.1:9"),
+            "give rollout.urls.small=http://host:port",
+        ),
+        (
+            (
+                *SMALL,
+                "model.adapter=lora",
+                "rollout.engine=openai",
+                "rollout.url=http://127.0.0.1:9",
+                "rollout.urls.big=http://127.0.0.1:9",
+            ),
+            "rollout.urls.big: no base 'big' in model.bases; valid: small",
+        ),
+        ((*SMALL, "algo=monolithic"), "algo=monolithic trains one model"),
+        (
+            (*SMALL, "model.bases.small.num_heads=3"),
+            "the base 'small' (model.* with model.bases.small.*): model.num_heads=3 is not valid: must divide",
+        ),
+    ],
+)
 def test_bad_bases_are_refused_naming_the_valid_ones(registry, args, says):
     with pytest.raises(ConfigError, match=None) as e:
         run_context(registry, *MC, *args)
@@ -90,8 +119,8 @@ def test_full_copies_build_each_role_from_its_base(registry):
 
 
 def test_memory_plan_counts_each_base_once(registry):
-    from swarm_runtime.memory_plan import arch_of, make_plan
     from swarm_runtime.bases import role_cfg
+    from swarm_runtime.memory_plan import arch_of, make_plan
 
     cfg = run_context(registry, *MC, *SMALL, "model.adapter=lora").cfg
     plan = dict((w, b) for w, b, _ in make_plan(cfg, 3, 3, vocab=100).rows)
@@ -111,8 +140,18 @@ def test_memory_plan_counts_each_base_once(registry):
 @pytest.fixture(scope="module")
 def two_base_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("bases")
-    res = swarm("run", *TINY_RUN, *SMALL, "model.adapter=lora", "skip_sft_eval=true", "tensorboard=false",
-                "algo.sft.demo_episodes=1", "eval.episodes=1", f"run_dir={d / 'run'}", cwd=d)
+    res = swarm(
+        "run",
+        *TINY_RUN,
+        *SMALL,
+        "model.adapter=lora",
+        "skip_sft_eval=true",
+        "tensorboard=false",
+        "algo.sft.demo_episodes=1",
+        "eval.episodes=1",
+        f"run_dir={d / 'run'}",
+        cwd=d,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return d, d / "run"
 
@@ -153,8 +192,18 @@ def test_adapters_refuse_a_checkpoint_of_other_role_bases(two_base_run, registry
 def test_cli_run_and_eval_with_two_bases_and_full_copies(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    res = swarm("run", *TINY_RUN, *SMALL, "skip_sft_eval=true", "tensorboard=false", "algo.sft.demo_episodes=1",
-                "eval.episodes=1", "algo.iterations=1", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    res = swarm(
+        "run",
+        *TINY_RUN,
+        *SMALL,
+        "skip_sft_eval=true",
+        "tensorboard=false",
+        "algo.sft.demo_episodes=1",
+        "eval.episodes=1",
+        "algo.iterations=1",
+        f"run_dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     agents = tmp_path / "run" / "checkpoints" / "iter-000001" / "agents"
     assert AutoModelForCausalLM.from_pretrained(agents / "Smith").config.hidden_size == 64
@@ -181,8 +230,9 @@ def test_old_one_base_layout_still_loads(registry, tmp_path):
     assert len({id(p.shared_base) for p in again.values()}) == 1
     ids = torch.tensor([[2, 5, 7]])
     with torch.no_grad():
-        torch.testing.assert_close(again["Smith"]._forward(input_ids=ids).logits,
-                                   policies["Smith"]._forward(input_ids=ids).logits)
+        torch.testing.assert_close(
+            again["Smith"]._forward(input_ids=ids).logits, policies["Smith"]._forward(input_ids=ids).logits
+        )
 
 
 def test_serve_starts_one_worker_per_base(two_base_run):
@@ -204,8 +254,10 @@ def test_serve_starts_one_worker_per_base(two_base_run):
         assert len(hosts) == 2 and all(h["status"] == "up" for h in hosts), hosts
         at = {a["name"]: a["url"] for a in swarm_state["agents"]}
         assert at["Logger"] == at["Miner"] != at["Smith"] and {at["Logger"], at["Smith"]} == {h["url"] for h in hosts}
-        served = {h["url"]: {m["id"] for m in httpx.get(f"{h['url']}/v1/models").json()["data"] if m.get("parent")}
-                  for h in hosts}
+        served = {
+            h["url"]: {m["id"] for m in httpx.get(f"{h['url']}/v1/models").json()["data"] if m.get("parent")}
+            for h in hosts
+        }
         assert served[at["Smith"]] == {"Smith"} and served[at["Logger"]] == {"Logger", "Miner"}
         body = httpx.post(f"{url}/v1/episodes", json={"noise": "4"}, timeout=120).json()
         assert body["status"] == "done" and body["decisions"] > 0, body
@@ -232,8 +284,9 @@ def test_bases_with_different_tokenizers_each_tokenize_their_roles(registry, tmp
     from swarm_runtime.rollout.local import LocalSampler
 
     local = make_local_checkpoint(tmp_path / "local")
-    ctx = run_context(registry, *MC, f"model.adapter={adapter}", f"model.bases.loc.path={local}",
-                      "model.role_base.Smith=loc")
+    ctx = run_context(
+        registry, *MC, f"model.adapter={adapter}", f"model.bases.loc.path={local}", "model.role_base.Smith=loc"
+    )
     _, policies = ctx.build_swarm()
     assert len(policies["Smith"].tok) != len(policies["Logger"].tok)
     rows = [Row(r, f"you are {r} . inventory : none . action :", (3, i, 0, 1)) for i, r in enumerate(policies)]

@@ -1,12 +1,12 @@
 """The diagnostic benchmarks: their estimators on data whose answer is known, and each script end
 to end on a tiny run's checkpoint."""
+
 import importlib.util
 import random
 import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, TINY_RUN, swarm
 
 
@@ -49,8 +49,10 @@ def test_credit_baselines_remove_what_the_state_predicts_and_nothing_else():
     group = mod.group_residuals(rows)
     assert _var(group) < 0.3 * _var(plain)
     # credit set by a word of the prompt: the cross-fitted text baseline removes it
-    rows = [(i, i, 0, f"you see a {w} ahead", (1.0 if w == "door" else -1.0) + rng.gauss(0, 0.3))
-            for i, w in enumerate(rng.choice(("door", "wall")) for _ in range(200))]
+    rows = [
+        (i, i, 0, f"you see a {w} ahead", (1.0 if w == "door" else -1.0) + rng.gauss(0, 0.3))
+        for i, w in enumerate(rng.choice(("door", "wall")) for _ in range(200))
+    ]
     assert _var(mod.text_residuals(rows, 1.0)) < 0.3 * _var([r[4] for r in rows])
     # pure noise: neither baseline helps (they can only add variance)
     rows = [(i, i // 4, 0, f"you see item {rng.randrange(50)}", rng.gauss(0, 1)) for i in range(200)]
@@ -72,15 +74,32 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script, args, header", [
-    ("action_signal.py", ["--iterations", "1", "--envs", "4"], "| role | turns | signal"),
-    ("credit_baselines.py", ["--seeds", "3", "--group-size", "2"], "| agent | turns | var(c - mean)"),
-])
+@pytest.mark.parametrize(
+    "script, args, header",
+    [
+        ("action_signal.py", ["--iterations", "1", "--envs", "4"], "| role | turns | signal"),
+        ("credit_baselines.py", ["--seeds", "3", "--group-size", "2"], "| agent | turns | var(c - mean)"),
+    ],
+)
 def test_diagnostic_benchmarks_run_on_a_checkpoint(tiny_checkpoint, script, args, header):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), str(tiny_checkpoint), *args,
-                           "domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=16"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / script),
+            str(tiny_checkpoint),
+            *args,
+            "domain=minecraft",
+            "task=wooden_pickaxe",
+            "task.max_decisions=16",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert header in proc.stdout
-    assert any(line.startswith("| Logger") or line.startswith("| Miner") or line.startswith("| Smith")
-               for line in proc.stdout.splitlines()), proc.stdout
+    assert any(
+        line.startswith("| Logger") or line.startswith("| Miner") or line.startswith("| Smith")
+        for line in proc.stdout.splitlines()
+    ), proc.stdout

@@ -1,4 +1,5 @@
 """The real CLI in a subprocess: a smoke run, bad input, kill-and-resume, eval."""
+
 import json
 import signal
 import subprocess
@@ -6,7 +7,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import TINY_RUN, swarm
 
 
@@ -21,8 +21,15 @@ def smoke_run(tmp_path_factory):
 def test_run_writes_everything(smoke_run):
     run, res = smoke_run
     assert "Held-out evaluation" in res.stdout and "SFT only" in res.stdout and "MPT" in res.stdout
-    for name in ("config.yaml", "metrics.jsonl", "eval.json", "eval.md", "run.log", "reward_vs_flops.png",
-                 "turn_share.png"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "eval.json",
+        "eval.md",
+        "run.log",
+        "reward_vs_flops.png",
+        "turn_share.png",
+    ):
         assert (run / name).exists(), name
     assert list((run / "tb").glob("events.out.tfevents.*"))
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -40,8 +47,10 @@ def test_run_writes_everything(smoke_run):
     assert set(ev["results"]) == {"SFT only", "MPT"}
     assert ev["results"]["MPT"]["seeds"] == 2
     assert "MPT - SFT: " in res.stdout and ev["mpt_minus_sft"]["seeds"] == 2
-    assert f"Run folder: {run} (eval.json, metrics.jsonl, tb/, reward_vs_flops.png, turn_share.png, checkpoints/)" \
+    assert (
+        f"Run folder: {run} (eval.json, metrics.jsonl, tb/, reward_vs_flops.png, turn_share.png, checkpoints/)"
         in res.stdout
+    )
 
 
 def test_zero_updates_say_so_instead_of_an_empty_plot_list_and_a_difference_with_itself(tmp_path):
@@ -53,8 +62,10 @@ def test_zero_updates_say_so_instead_of_an_empty_plot_list_and_a_difference_with
     assert res.returncode == 0, res.stderr[-3000:]
     assert "| SFT only |" in res.stdout and "| MPT |" not in res.stdout
     assert "MPT - SFT:" not in res.stdout
-    assert ("MPT: 0 training updates (algo.iterations=0), so the MPT checkpoint is the SFT one, evaluated once "
-            "(the SFT figures above); no MPT - SFT difference is reported") in res.stdout
+    assert (
+        "MPT: 0 training updates (algo.iterations=0), so the MPT checkpoint is the SFT one, evaluated once "
+        "(the SFT figures above); no MPT - SFT difference is reported"
+    ) in res.stdout
     assert f"Run folder: {run} (eval.json, metrics.jsonl, checkpoints/; no plots: 0 training updates)" in res.stdout
     log = (run / "run.log").read_text()
     assert log.count("held-out after SFT: reward") == 1 and "held-out after MPT: reward" not in log
@@ -196,8 +207,16 @@ def test_resume_with_more_iterations_extends_a_finished_run(smoke_run, tmp_path)
     """``swarm run resume=true run_dir=RUN algo.iterations=N`` trains a finished run on to N updates
     (and saves N in its config, so a later resume continues to N); fewer than done is refused."""
     run = _copy_with_config(smoke_run[0], tmp_path / "longer", "  iterations: 2\n", "  iterations: 2\n")
-    res = swarm("run", "resume=true", f"run_dir={run}", "algo.iterations=3", "domain=minecraft",
-                "task.max_decisions=16", "algo.lr=0.00003", cwd=tmp_path)  # other settings as saved: fine
+    res = swarm(
+        "run",
+        "resume=true",
+        f"run_dir={run}",
+        "algo.iterations=3",
+        "domain=minecraft",
+        "task.max_decisions=16",
+        "algo.lr=0.00003",
+        cwd=tmp_path,
+    )  # other settings as saved: fine
     assert res.returncode == 0, res.stderr[-3000:]
     log = (run / "run.log").read_text()
     assert "extending the finished run from 2 to 3 updates" in log
@@ -217,10 +236,10 @@ def test_a_gpu_trained_run_is_evaluated_and_resumed_on_the_cpu_by_naming_the_har
 
     if torch.cuda.is_available():
         pytest.skip("torch sees a GPU here")
-    gpu_run = _copy_with_config(smoke_run[0], tmp_path / "gpu_run", "  name: cpu\n  device: cpu\n",
-                                "  name: h200\n  device: cuda\n")
-    for cmd in (["eval", str(gpu_run), "checkpoint=sft", "eval.runs=1"],
-                ["run", "resume=true", f"run_dir={gpu_run}"]):
+    gpu_run = _copy_with_config(
+        smoke_run[0], tmp_path / "gpu_run", "  name: cpu\n  device: cpu\n", "  name: h200\n  device: cuda\n"
+    )
+    for cmd in (["eval", str(gpu_run), "checkpoint=sft", "eval.runs=1"], ["run", "resume=true", f"run_dir={gpu_run}"]):
         bad = swarm(*cmd, cwd=tmp_path)
         assert bad.returncode == 2 and "hardware 'h200' needs a CUDA GPU" in bad.stderr, bad.stderr[-2000:]
         assert "use hardware=cpu" in bad.stderr and "Traceback" not in bad.stderr
@@ -230,15 +249,18 @@ def test_a_gpu_trained_run_is_evaluated_and_resumed_on_the_cpu_by_naming_the_har
     assert bad.returncode == 2 and "unknown hardware 'tpu'" in bad.stderr and "h200" in bad.stderr
 
 
-@pytest.mark.parametrize("args, needle, valid", [
-    (["domain=nosuch"], "unknown domain 'nosuch'", "minecraft"),
-    (["domain=minecraft", "task=nosuch"], "unknown task 'nosuch'", "iron_pickaxe"),
-    (["domain=minecraft", "algo.nosuch=1"], "unknown config key 'algo.nosuch'", "lr"),
-    (["domain=minecraft", "nosuch=1"], "unknown config key 'nosuch'", "algo"),
-    (["domain=minecraft", "model=nosuch"], "unknown model 'nosuch'", "tiny"),
-    (["domain=minecraft", "algo.coordinator=nosuch"], "unknown algo.coordinator 'nosuch'", "auction"),
-    (["domain=vln_ce", "task=r2r", "sim=gazebo"], "vln_ce task r2r: vln_ce: unknown sim 'gazebo'", "habitat"),
-])
+@pytest.mark.parametrize(
+    "args, needle, valid",
+    [
+        (["domain=nosuch"], "unknown domain 'nosuch'", "minecraft"),
+        (["domain=minecraft", "task=nosuch"], "unknown task 'nosuch'", "iron_pickaxe"),
+        (["domain=minecraft", "algo.nosuch=1"], "unknown config key 'algo.nosuch'", "lr"),
+        (["domain=minecraft", "nosuch=1"], "unknown config key 'nosuch'", "algo"),
+        (["domain=minecraft", "model=nosuch"], "unknown model 'nosuch'", "tiny"),
+        (["domain=minecraft", "algo.coordinator=nosuch"], "unknown algo.coordinator 'nosuch'", "auction"),
+        (["domain=vln_ce", "task=r2r", "sim=gazebo"], "vln_ce task r2r: vln_ce: unknown sim 'gazebo'", "habitat"),
+    ],
+)
 def test_bad_input_exits_2_naming_valid_values(tmp_path, args, needle, valid):
     res = swarm("run", *args, cwd=tmp_path, timeout=120)
     assert res.returncode == 2, (res.stdout, res.stderr)
@@ -271,7 +293,10 @@ def test_listing_commands(tmp_path):
 def test_kill_and_resume(tmp_path):
     run = tmp_path / "run"
     args = [a for a in TINY_RUN if not a.startswith("algo.iterations")] + [
-        "algo.iterations=6", "checkpoint_every=1", f"run_dir={run}"]
+        "algo.iterations=6",
+        "checkpoint_every=1",
+        f"run_dir={run}",
+    ]
     env_cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args]
     proc = subprocess.Popen(env_cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = run / "checkpoints" / "iter-000002" / "state.json"
@@ -281,7 +306,9 @@ def test_kill_and_resume(tmp_path):
     assert target.exists(), "no checkpoint appeared before the deadline"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    state = json.loads((run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "state.json").read_text())
+    state = json.loads(
+        (run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "state.json").read_text()
+    )
     done_before = state["iteration"]
     assert 2 <= done_before < 6
     res = swarm("run", *args, "resume=true", cwd=tmp_path)
@@ -299,16 +326,29 @@ def test_bid_reference_is_the_sft_checkpoint_also_after_a_resume(tmp_path):
     of exactly 0; a run resumed from its middle checkpoint loads the same reference and repeats the
     uninterrupted run's last update."""
     run = tmp_path / "ref"
-    args = ["domain=minecraft", "task=iron_pickaxe", "task.max_decisions=24", "algo.sft.demo_episodes=4",
-            "algo.sft.epochs=2", "algo.envs_per_step=4", "algo.iterations=4", "algo.action_steps=1",
-            "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "algo.bid_reference=sft",
-            "algo.lr=0", "checkpoint_every=2", f"run_dir={run}"]
+    args = [
+        "domain=minecraft",
+        "task=iron_pickaxe",
+        "task.max_decisions=24",
+        "algo.sft.demo_episodes=4",
+        "algo.sft.epochs=2",
+        "algo.envs_per_step=4",
+        "algo.iterations=4",
+        "algo.action_steps=1",
+        "algo.bid_steps=1",
+        "eval.episodes=2",
+        "eval.runs=1",
+        "progress=false",
+        "algo.bid_reference=sft",
+        "algo.lr=0",
+        "checkpoint_every=2",
+        f"run_dir={run}",
+    ]
     res = swarm("run", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
 
     def rows(d):
-        return {r["step"]: r for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
-                if "kind" in r}
+        return {r["step"]: r for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "kind" in r}
 
     first = rows(run)
     assert first[2]["kind"] == "bid" and first[2]["charts/bid_pairs"] >= 1
@@ -322,5 +362,6 @@ def test_bid_reference_is_the_sft_checkpoint_also_after_a_resume(tmp_path):
     assert f"reference policies: {again / 'checkpoints'}" in (again / "run.log").read_text()
     second = rows(again)
     assert sorted(second) == [1, 2, 3, 4]
-    assert {k: v for k, v in second[4].items() if not k.startswith("time/")} == \
-        {k: v for k, v in first[4].items() if not k.startswith("time/")}
+    assert {k: v for k, v in second[4].items() if not k.startswith("time/")} == {
+        k: v for k, v in first[4].items() if not k.startswith("time/")
+    }

@@ -1,6 +1,7 @@
 """Env workers (``cluster.kind=ray``, swarm_runtime/cluster/): the worker's env pool, then on a local Ray bound to
 127.0.0.1: a real ``swarm run`` writes the same metrics.jsonl and eval.json as in process, also when env workers
 are killed with kill -9 in the middle of an update's rollout; bad input is one line and exit 2."""
+
 import json
 import sys
 import textwrap
@@ -48,8 +49,10 @@ def test_env_worker_reuses_released_envs_and_closes_every_env_once(monkeypatch):
 
 
 def _rows(run_dir):
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def _eval(run_dir):
@@ -124,8 +127,14 @@ def test_a_worker_killed_mid_update_is_restarted_and_its_episodes_replayed(in_pr
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(script), "run", *TINY_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(script), "run", *TINY_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "KILLS 4" in r.stderr  # in the evaluation after SFT, in both updates, in the final evaluation
     assert r.stderr.count("restarted: pid") == 4
@@ -141,12 +150,18 @@ def test_without_ray_the_run_names_the_extra(tmp_path):
 
     code = "import sys; sys.modules['ray'] = None; from swarm_runtime.cli import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", code, "run", *TINY_RUN, "cluster.kind=ray",
-                        f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", code, "run", *TINY_RUN, "cluster.kind=ray", f"run_dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines()[-1] == ("swarm: error: cluster.kind=ray needs Ray, which is not installed: "
-                                                 "pip install 'swarm-runtime[ray]'")
+    assert r.stderr.strip().splitlines()[-1] == (
+        "swarm: error: cluster.kind=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -158,16 +173,25 @@ def test_an_unreachable_cluster_address_is_one_line(tmp_path):
     with socket.socket() as s:  # a port on loopback where nothing listens
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = swarm("run", *TINY_RUN, "cluster.kind=ray", f"cluster.address=127.0.0.1:{port}",
-              f"run_dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
+    r = swarm(
+        "run",
+        *TINY_RUN,
+        "cluster.kind=ray",
+        f"cluster.address=127.0.0.1:{port}",
+        f"run_dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith(f"swarm: error: cluster.address='127.0.0.1:{port}': no Ray cluster answers there")
     assert "checkpoints" not in {p.name for p in (tmp_path / "run").iterdir()}  # ended before SFT
 
 
-@pytest.mark.parametrize("arg, valid", [("cluster.kind=slurm", "local, ray"), ("cluster.env_workers=0", "1"),
-                                        ("cluster.address=nohost", "host:port")])
+@pytest.mark.parametrize(
+    "arg, valid",
+    [("cluster.kind=slurm", "local, ray"), ("cluster.env_workers=0", "1"), ("cluster.address=nohost", "host:port")],
+)
 def test_bad_cluster_keys_are_refused(arg, valid, tmp_path):
     r = swarm("run", *TINY_RUN, arg, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -178,12 +202,20 @@ def test_bad_cluster_keys_are_refused(arg, valid, tmp_path):
 @pytest.mark.ray
 def test_rlcr_with_env_workers_is_refused(tmp_path):
     pytest.importorskip("ray")
-    r = swarm("run", "domain=minecraft", "task=wooden_pickaxe", "algo=rlcr", "cluster.kind=ray",
-              f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    r = swarm(
+        "run",
+        "domain=minecraft",
+        "task=wooden_pickaxe",
+        "algo=rlcr",
+        "cluster.kind=ray",
+        f"run_dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
         "swarm: error: cluster.kind=ray: algo.name=rlcr plays its concurrent episodes in process; valid with ray: "
-        "algo.name=mpt or monolithic (or cluster.kind=local)")
+        "algo.name=mpt or monolithic (or cluster.kind=local)"
+    )
 
 
 def test_a_resume_may_move_its_envs():

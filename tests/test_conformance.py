@@ -1,6 +1,7 @@
 """The conformance kit catches each failure class it promises (docs/plugins.md), on deliberately
 broken tiny domains, with a message naming the seed, the step and the action; a correct tiny
 domain passes; run-time contract errors (``EnvContractError``) name the same."""
+
 from __future__ import annotations
 
 import copy
@@ -12,12 +13,27 @@ from omegaconf import OmegaConf
 
 from swarm_runtime.domain import Domain, Role
 from swarm_runtime.env import DomainEnv, EnvContractError, ExpertStep, StepResult, ValidatedEnv
-from swarm_runtime.testing import (ConformanceError, ConformanceWarning, check_action_choices, check_determinism,
-                                   check_domain, check_fresh_task_config, check_max_decisions, check_prompts,
-                                   check_snapshots, check_splits)
+from swarm_runtime.testing import (
+    ConformanceError,
+    ConformanceWarning,
+    check_action_choices,
+    check_determinism,
+    check_domain,
+    check_fresh_task_config,
+    check_max_decisions,
+    check_prompts,
+    check_snapshots,
+    check_splits,
+)
 
-TASK = {"max_decisions": 30, "reward_max": 6, "reward_min": 0, "train_seeds": {"start": 0, "count": 100},
-        "dev_seeds": {"start": 500, "count": 8}, "eval_seeds": {"start": 1000, "count": 8}}
+TASK = {
+    "max_decisions": 30,
+    "reward_max": 6,
+    "reward_min": 0,
+    "train_seeds": {"start": 0, "count": 100},
+    "dev_seeds": {"start": 500, "count": 8},
+    "eval_seeds": {"start": 1000, "count": 8},
+}
 
 
 class StackEnv(DomainEnv):
@@ -190,16 +206,25 @@ class StaleObservation(StackEnv):
         return res
 
 
-@pytest.mark.parametrize("env_cls,what", [
-    (ForgetfulRestore, r"restore\(\) did not bring back the state of snapshot time .*\.stack"),
-    (SharedSnapshot, r"stepping changed the snapshot taken before it \(it shares live state"),
-    (OutsideSnapshot, r"restore\(\) did not bring back the state .*\.paid|the same action from the restored snapshot"),
-    (GlobalState, r"the same action from the restored snapshot gave another result|two episodes from the same seed|"
-                  r"the envs share state"),
-    (InvalidChangesState, r"an invalid action changed the state .*\.stack"),
-    (NegativeReward, r"the episode reward -1 left the task's bounds \[reward_min 0, reward_max 6\]"),
-    (StaleObservation, r"step\(\) returned an observation that observation\(\) then does not show"),
-])
+@pytest.mark.parametrize(
+    "env_cls,what",
+    [
+        (ForgetfulRestore, r"restore\(\) did not bring back the state of snapshot time .*\.stack"),
+        (SharedSnapshot, r"stepping changed the snapshot taken before it \(it shares live state"),
+        (
+            OutsideSnapshot,
+            r"restore\(\) did not bring back the state .*\.paid|the same action from the restored snapshot",
+        ),
+        (
+            GlobalState,
+            r"the same action from the restored snapshot gave another result|two episodes from the same seed|"
+            r"the envs share state",
+        ),
+        (InvalidChangesState, r"an invalid action changed the state .*\.stack"),
+        (NegativeReward, r"the episode reward -1 left the task's bounds \[reward_min 0, reward_max 6\]"),
+        (StaleObservation, r"step\(\) returned an observation that observation\(\) then does not show"),
+    ],
+)
 def test_each_broken_snapshot_contract_is_caught_with_seed_step_and_action(env_cls, what):
     with pytest.raises(ConformanceError) as err:
         check_domain(domain_with(env_cls), "tower")
@@ -383,35 +408,89 @@ LOC = r"stack/tower, seed \d+, step \d+, action '[^']*' by (\w+|role=None): "
 LOC_NO_ACTION = r"stack/tower, seed \d+, step \d+: "
 
 
-@pytest.mark.parametrize("domain,where,what", [
-    (domain_with(SetOrderReset), LOC_NO_ACTION + "|" + LOC,
-     r"another process \(PYTHONHASHSEED=\d\) gave another episode for the same seed and actions .*set\(\)"),
-    (domain_with(HashSeeded), LOC_NO_ACTION + "|" + LOC,
-     r"another process \(PYTHONHASHSEED=\d\) gave another episode for the same seed and actions"),
-    (domain_with(EarlyRestBonus), LOC, r"the episode reward 10 left the task's bounds \[reward_min 0, reward_max 6\]"),
-    (domain_with(UselessKnockPenalty), LOC,
-     r"the episode reward -0\.5 left the task's bounds \[reward_min 0, reward_max 6\]"),
-    (domain_with(CrashOnEmptyText), r"stack/tower, seed \d+, step \d+, action '\s*' by (\w+|role=None): ",
-     r"step\(\) raised IndexError: list index out of range"),
-    (domain_with(CrashOnRoleNone), r"stack/tower, seed \d+, step \d+, action '[^']*' by role=None: ",
-     r"step\(\) raised AttributeError: 'NoneType' object has no attribute 'lower'"),
-    (domain_with(NoneIsInvalid), r"stack/tower, seed 0, step 0, action 'stack' by role=None: ",
-     r"the expert's action was invalid when stepped with role=None \(it is Builder's; algo=monolithic and "
-     r"algo=rlcr step the env with role=None"),
-    (domain_with(ExpertOffPlan), LOC_NO_ACTION + "|" + LOC, r"expert_action\(\) raised IndexError: tuple index out of range"),
-    (HistoryDomain(), LOC_NO_ACTION + "|" + LOC,
-     r"'s (bid|action) prompt: the prompt is \d+ tokens long \(beginning of sequence included\), more than "
-     r"model\.max_prompt_tokens=40: the policy refuses it at run time"),
-    (domain_with(ProgressAsFraction), r"stack/tower, seed \d+, step \d+, action '[^']*' by role=None: ",
-     r"progress\(\) is 0\.1\d* but the step rewards so far sum to 1 .*in reward units"),
-    (domain_with(ProgressOutsideSnapshot), r"stack/tower, seed \d+, step \d+, action '[^']*' by role=None: ",
-     r"progress\(\) after snapshot, \d more steps and restore is \d, not \d as at snapshot time"),
-    (CachedEnvDomain(), r"stack/tower, seed 0, step 0: ", r"make_env\(\) returned the same env object twice"),
-    (domain_with(ClassListState), LOC_NO_ACTION + "|" + LOC,
-     r"the episode played beside another env of the task \(seed 1\) differs from the same episode played alone"),
-], ids=["set-order", "hash", "rare-bonus", "rare-penalty", "crash-on-blank-text", "crash-on-role-None",
-        "role-None-invalid", "expert-raises", "prompt-overflow", "progress-units", "progress-restore",
-        "cached-env", "class-list"])
+@pytest.mark.parametrize(
+    "domain,where,what",
+    [
+        (
+            domain_with(SetOrderReset),
+            LOC_NO_ACTION + "|" + LOC,
+            r"another process \(PYTHONHASHSEED=\d\) gave another episode for the same seed and actions .*set\(\)",
+        ),
+        (
+            domain_with(HashSeeded),
+            LOC_NO_ACTION + "|" + LOC,
+            r"another process \(PYTHONHASHSEED=\d\) gave another episode for the same seed and actions",
+        ),
+        (
+            domain_with(EarlyRestBonus),
+            LOC,
+            r"the episode reward 10 left the task's bounds \[reward_min 0, reward_max 6\]",
+        ),
+        (
+            domain_with(UselessKnockPenalty),
+            LOC,
+            r"the episode reward -0\.5 left the task's bounds \[reward_min 0, reward_max 6\]",
+        ),
+        (
+            domain_with(CrashOnEmptyText),
+            r"stack/tower, seed \d+, step \d+, action '\s*' by (\w+|role=None): ",
+            r"step\(\) raised IndexError: list index out of range",
+        ),
+        (
+            domain_with(CrashOnRoleNone),
+            r"stack/tower, seed \d+, step \d+, action '[^']*' by role=None: ",
+            r"step\(\) raised AttributeError: 'NoneType' object has no attribute 'lower'",
+        ),
+        (
+            domain_with(NoneIsInvalid),
+            r"stack/tower, seed 0, step 0, action 'stack' by role=None: ",
+            r"the expert's action was invalid when stepped with role=None \(it is Builder's; algo=monolithic and "
+            r"algo=rlcr step the env with role=None",
+        ),
+        (
+            domain_with(ExpertOffPlan),
+            LOC_NO_ACTION + "|" + LOC,
+            r"expert_action\(\) raised IndexError: tuple index out of range",
+        ),
+        (
+            HistoryDomain(),
+            LOC_NO_ACTION + "|" + LOC,
+            r"'s (bid|action) prompt: the prompt is \d+ tokens long \(beginning of sequence included\), more than "
+            r"model\.max_prompt_tokens=40: the policy refuses it at run time",
+        ),
+        (
+            domain_with(ProgressAsFraction),
+            r"stack/tower, seed \d+, step \d+, action '[^']*' by role=None: ",
+            r"progress\(\) is 0\.1\d* but the step rewards so far sum to 1 .*in reward units",
+        ),
+        (
+            domain_with(ProgressOutsideSnapshot),
+            r"stack/tower, seed \d+, step \d+, action '[^']*' by role=None: ",
+            r"progress\(\) after snapshot, \d more steps and restore is \d, not \d as at snapshot time",
+        ),
+        (CachedEnvDomain(), r"stack/tower, seed 0, step 0: ", r"make_env\(\) returned the same env object twice"),
+        (
+            domain_with(ClassListState),
+            LOC_NO_ACTION + "|" + LOC,
+            r"the episode played beside another env of the task \(seed 1\) differs from the same episode played alone",
+        ),
+    ],
+    ids=[
+        "set-order",
+        "hash",
+        "rare-bonus",
+        "rare-penalty",
+        "crash-on-blank-text",
+        "crash-on-role-None",
+        "role-None-invalid",
+        "expert-raises",
+        "prompt-overflow",
+        "progress-units",
+        "progress-restore",
+        "cached-env",
+        "class-list",
+    ],
+)
 def test_each_plugin_author_bug_is_caught_naming_domain_task_seed_step_action_and_role(domain, where, what):
     with pytest.raises(ConformanceError) as err:
         check_domain(domain, "tower")
@@ -446,8 +525,11 @@ def test_a_domain_another_process_cannot_rebuild_is_warned_about_not_passed_sile
     class Local(StackDomain):  # defined in a function: no other process can import it
         pass
 
-    with pytest.warns(ConformanceWarning, match=r"stack/tower: determinism across processes not checked: its class "
-                                                 r".*Local is defined in a function"):
+    with pytest.warns(
+        ConformanceWarning,
+        match=r"stack/tower: determinism across processes not checked: its class "
+        r".*Local is defined in a function",
+    ):
         check_domain(Local(), "tower")
 
 
@@ -475,8 +557,11 @@ class SeedModuloDomain(StackDomain):
 
 
 def test_splits_that_pick_the_same_instances_are_caught():
-    with pytest.raises(ConformanceError, match=r"^stack/tower, seed 500: train and dev seeds pick the same instances "
-                                               r"\(8 shared, e\.g\. 'tower 0' by train seed 0 and dev seed 500\)"):
+    with pytest.raises(
+        ConformanceError,
+        match=r"^stack/tower, seed 500: train and dev seeds pick the same instances "
+        r"\(8 shared, e\.g\. 'tower 0' by train seed 0 and dev seed 500\)",
+    ):
         check_splits(SeedModuloDomain(), "tower")
     d = SeedModuloDomain()
     d.task = {**TASK, "dev_seeds": {"start": 250, "count": 8}, "eval_seeds": {"start": 1, "count": 0}}
@@ -501,16 +586,29 @@ class ChoicesDomain(StackDomain):
         return choices.get(role)
 
 
-@pytest.mark.parametrize("broken,where,what", [
-    ("missing", r"stack/tower, seed 0, step 0, action 'stack' by Builder: ",
-     r"the expert's action is not among Builder's 1 listed action choices \(e\.g\. \['knock'\]\): with "
-     r"model\.constrained_actions=true its model could never take it"),
-    ("invalid", r"stack/tower, seed 0, step 0, action 'knock' by Digger: ",
-     r"the listed action choice is not a valid action of Digger at the start of the episode .*valid=False, "
-     r"observation 'loose 1 stack 0 of 6'"),
-    ("unspelled", r"stack/tower, seed 0, step 0, action 'nap' by Digger: ",
-     r"the listed action choice has words missing from vocabulary\(\): \['nap'\]"),
-], ids=["expert-not-listed", "invalid-choice", "unspelled-choice"])
+@pytest.mark.parametrize(
+    "broken,where,what",
+    [
+        (
+            "missing",
+            r"stack/tower, seed 0, step 0, action 'stack' by Builder: ",
+            r"the expert's action is not among Builder's 1 listed action choices \(e\.g\. \['knock'\]\): with "
+            r"model\.constrained_actions=true its model could never take it",
+        ),
+        (
+            "invalid",
+            r"stack/tower, seed 0, step 0, action 'knock' by Digger: ",
+            r"the listed action choice is not a valid action of Digger at the start of the episode .*valid=False, "
+            r"observation 'loose 1 stack 0 of 6'",
+        ),
+        (
+            "unspelled",
+            r"stack/tower, seed 0, step 0, action 'nap' by Digger: ",
+            r"the listed action choice has words missing from vocabulary\(\): \['nap'\]",
+        ),
+    ],
+    ids=["expert-not-listed", "invalid-choice", "unspelled-choice"],
+)
 def test_broken_action_choices_are_caught_with_seed_step_and_action(broken, where, what):
     d = ChoicesDomain()
     d.broken = broken
@@ -545,8 +643,11 @@ def test_runtime_contract_errors_name_seed_step_and_action():
     env.reset(3)
     for a in ("stack", "knock", "stack"):  # +1, -1, 0 (height 1 was paid)
         env.step(a, "Builder")
-    with pytest.raises(EnvContractError, match=r"^stack/tower, seed 3, step 3, action 'knock' by Builder: episode "
-                                               r"reward -1.0 left its bounds \[0.0, 6.0\]"):
+    with pytest.raises(
+        EnvContractError,
+        match=r"^stack/tower, seed 3, step 3, action 'knock' by Builder: episode "
+        r"reward -1.0 left its bounds \[0.0, 6.0\]",
+    ):
         env.step("knock", "Builder")
     env.reset(3)
     snap = env.snapshot()
@@ -558,6 +659,7 @@ def test_runtime_contract_errors_name_seed_step_and_action():
 # ------------------------------------------------------------------ dev split of the built-in tasks
 def test_builtin_tasks_have_a_disjoint_dev_split_and_eval_split_selects_it(registry):
     from conftest import run_context
+
     from swarm_runtime.config import ConfigError, resolve
 
     mc = registry[1].domains["minecraft"]
@@ -575,6 +677,7 @@ def test_builtin_tasks_have_a_disjoint_dev_split_and_eval_split_selects_it(regis
     orr = registry[1].domains["openresearcher"]
     assert orr.episode_seeds(orr.task_config("embedded"), "dev") == list(range(2_000_000, 2_000_050))
     check_splits(orr, "embedded")  # seeds and the questions they pick
-    with pytest.raises(ConfigError, match="eval.split=dev, but task 'local' of 'openresearcher' defines no "
-                                          "dev_seeds; valid here: eval"):
+    with pytest.raises(
+        ConfigError, match="eval.split=dev, but task 'local' of 'openresearcher' defines no dev_seeds; valid here: eval"
+    ):
         resolve(["domain=openresearcher", "task=local", "eval.split=dev"], registry[1])

@@ -1,13 +1,14 @@
 """Constrained action decoding (``model.constrained_actions``): the trie, a real tiny policy
 sampling and scoring under it, the run wiring, and a short real VLN-CE training run."""
+
 import json
 import math
 from collections import Counter
 
 import pytest
 import torch
-
 from conftest import run_context, swarm
+
 from swarm_runtime.config import ConfigError, resolve
 from swarm_runtime.policy.base import sampled_logprobs
 from swarm_runtime.policy.constrain import ActionTrie
@@ -112,27 +113,49 @@ def test_vln_choices_pass_the_conformance_check_and_bad_lists_fail_it(registry):
         def action_choices(self, task, role):
             return super().action_choices(task, role) + self.extra.get(role, [])
 
-    with pytest.raises(AssertionError, match=r"^vln_ce/r2r, seed 0, step 0, action 'The next action is stop\.' by "
-                                             r"Turner: the listed action choice is not a valid action of Turner"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^vln_ce/r2r, seed 0, step 0, action 'The next action is stop\.' by "
+        r"Turner: the listed action choice is not a valid action of Turner",
+    ):
         check_action_choices(Listing({"Turner": ["The next action is stop."]}), "r2r")
-    with pytest.raises(AssertionError, match=r"^vln_ce/r2r, seed 0, step 0, action 'zigzag' by Mover: the listed "
-                                             r"action choice has words missing from vocabulary\(\): \['zigzag'\]"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^vln_ce/r2r, seed 0, step 0, action 'zigzag' by Mover: the listed "
+        r"action choice has words missing from vocabulary\(\): \['zigzag'\]",
+    ):
         check_action_choices(Listing({"Mover": ["zigzag"]}), "r2r")
 
     class Narrow(type(domain)):
         def action_choices(self, task, role):
             return super().action_choices(task, role)[:1]  # the Turner may only turn left 15
 
-    with pytest.raises(AssertionError, match=r"^vln_ce/r2r, seed 0, step \d+, action '[^']+' by Turner: the "
-                                             r"expert's action is not among Turner's 1 listed action choices"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^vln_ce/r2r, seed 0, step \d+, action '[^']+' by Turner: the "
+        r"expert's action is not among Turner's 1 listed action choices",
+    ):
         check_action_choices(Narrow(), "r2r")
 
 
 def test_a_constrained_vln_run_trains_without_invalid_actions(tmp_path):
     run = tmp_path / "run"
-    res = swarm("run", "domain=vln_ce", "task=r2r", f"run_dir={run}", "model.constrained_actions=true",
-                "algo.sft.demo_episodes=4", "algo.iterations=2", "algo.envs_per_step=4", "algo.lr=1e-3",
-                "eval.episodes=4", "eval.runs=1", "progress=false", cwd=tmp_path, timeout=600)
+    res = swarm(
+        "run",
+        "domain=vln_ce",
+        "task=r2r",
+        f"run_dir={run}",
+        "model.constrained_actions=true",
+        "algo.sft.demo_episodes=4",
+        "algo.iterations=2",
+        "algo.envs_per_step=4",
+        "algo.lr=1e-3",
+        "eval.episodes=4",
+        "eval.runs=1",
+        "progress=false",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "losses/action_Turner" in r or "losses/action_Mover" in r]

@@ -2,8 +2,13 @@ import random
 
 import pytest
 
-from swarm_runtime.credit import (bucket_brigade, discarded_passback, fold_skipped_rewards, random_bid_credit,
-                                  reward_to_go)
+from swarm_runtime.credit import (
+    bucket_brigade,
+    discarded_passback,
+    fold_skipped_rewards,
+    random_bid_credit,
+    reward_to_go,
+)
 
 
 def test_design_worked_example():

@@ -1,6 +1,7 @@
 """The docs stay true to the repository: every relative link in README.md and docs/ points at a file
 (and, for a Markdown heading anchor, a heading) the repository has; every repository path they name
 exists; every commit hash they name is in the history. Runs without a model or the network."""
+
 from __future__ import annotations
 
 import re
@@ -67,8 +68,11 @@ def outside_code(path: Path) -> str:
 
 def placeholder(path: str) -> bool:
     """A pattern rather than a path: ``checkpoints/<tag>/``, ``docs/*.md``, ``configs/algo/NAME.yaml``."""
-    return (any(c in path for c in "<>*{}") or "..." in path
-            or any(re.fullmatch(r"[A-Z][A-Z_]+", Path(part).stem) for part in path.split("/")))
+    return (
+        any(c in path for c in "<>*{}")
+        or "..." in path
+        or any(re.fullmatch(r"[A-Z][A-Z_]+", Path(part).stem) for part in path.split("/"))
+    )
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=rel)
@@ -104,14 +108,16 @@ def test_every_repository_path_named_exists(doc):
 def history() -> set[str] | str:
     """Every commit reachable from HEAD, or why the history cannot be read."""
     try:
-        shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True,
-                                 text=True, timeout=60)
+        shallow = subprocess.run(
+            ["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
         if shallow.returncode != 0:
             return "not a git checkout"
         if shallow.stdout.strip() == "true":
             return "a shallow clone: the history the docs cite is not here (CI runs in a full clone)"
-        log = subprocess.run(["git", "log", "--format=%H", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120, check=True)
+        log = subprocess.run(
+            ["git", "log", "--format=%H", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"git is not usable here ({exc})"
     return set(log.stdout.split())
@@ -140,6 +146,8 @@ def test_the_checks_fail_on_what_they_should(tmp_path):
     assert HASH.findall(text) == ["0badc0de1"]
     assert placeholder("swarm_runtime/configs/algo/NAME.yaml") and not placeholder("swarm_runtime/config.py")
     assert slug("1. The auction", {}) == "1-the-auction"
-    assert slug("Held-out: MPT vs monolithic REINFORCE (matched FLOPs)", {}) == \
-        "held-out-mpt-vs-monolithic-reinforce-matched-flops"
+    assert (
+        slug("Held-out: MPT vs monolithic REINFORCE (matched FLOPs)", {})
+        == "held-out-mpt-vs-monolithic-reinforce-matched-flops"
+    )
     assert slug("VLN-CE (`swarm run domain=vln_ce task=r2r`)", {}) == "vln-ce-swarm-run-domainvln_ce-taskr2r"

@@ -1,6 +1,7 @@
 """``DomainEnv.close()``: optional in the contract, forwarded once by ValidatedEnv (which refuses a closed
 env's use), called by the runtime on every env it made when an episode batch, an evaluation, the SFT demos,
 an RLCR batch or a run ends (also when it raised), and checked by the conformance kit."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ import textwrap
 
 import pytest
 import torch
-
 from conftest import TINY_RLCR, TINY_RUN, run_context
+
 from swarm_domains.minecraft.task import TaskSpec
 from swarm_domains.minecraft.world import CraftWorld
 from swarm_runtime.env import DomainEnv, EnvContractError, StepResult, ValidatedEnv, close_all
@@ -43,6 +44,7 @@ class Tracker:
             if all(e is not env for e in self.made):
                 self._track(env)
             return env
+
         return make
 
     def _track(self, env):
@@ -101,9 +103,12 @@ def test_close_is_optional_and_validated_env_forwards_it_once_then_refuses_the_e
     env.close()
     env.close()
     assert t.counts() == [1]
-    with pytest.raises(EnvContractError, match=r"^minecraft, seed 3, step 1, action 'chop tree' by "
-                                               r"Logger: step\(\) called after close\(\) \(a closed env is not used "
-                                               r"again; make a new one\)$"):
+    with pytest.raises(
+        EnvContractError,
+        match=r"^minecraft, seed 3, step 1, action 'chop tree' by "
+        r"Logger: step\(\) called after close\(\) \(a closed env is not used "
+        r"again; make a new one\)$",
+    ):
         env.step("chop tree", "Logger")
     for call in (lambda: env.reset(0), lambda: env.restore(snap)):
         with pytest.raises(EnvContractError, match=r"called after close\(\)"):
@@ -137,8 +142,15 @@ def test_a_batch_closes_its_envs_and_branches_restore_the_closed_episodes_snapsh
     t = Tracker(monkeypatch, ctx.domain)
     rng = random.Random(1)
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [0, 1]), swarm_agents, ctx.coordinator(), ctx.domain, 24, rng,
-                   record_snapshots=True)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [0, 1]),
+            swarm_agents,
+            ctx.coordinator(),
+            ctx.domain,
+            24,
+            rng,
+            record_snapshots=True,
+        )
     assert len(t.made) == 2 and t.all_closed_once()
     picks = pick_contested(eps, 2, rng)
     assert picks
@@ -160,8 +172,16 @@ def test_a_batch_that_raises_and_a_reset_that_raises_leave_no_env_open(ctx, swar
     t = Tracker(monkeypatch, ctx.domain, fail_reset_seed=7)
     sampler, models = Broken.for_agents(swarm_agents)
     with pytest.raises(RuntimeError, match="sampler lost"), torch.no_grad():
-        play(new_slots(ctx.domain, ctx.task, [0, 1, 2]), swarm_agents, ctx.coordinator(), ctx.domain, 24,
-             random.Random(0), sampler=sampler, models=models)
+        play(
+            new_slots(ctx.domain, ctx.task, [0, 1, 2]),
+            swarm_agents,
+            ctx.coordinator(),
+            ctx.domain,
+            24,
+            random.Random(0),
+            sampler=sampler,
+            models=models,
+        )
     assert len(t.made) == 3 and t.all_closed_once()
     with pytest.raises(ValueError, match="no world for seed 7"):
         new_slots(ctx.domain, ctx.task, [4, 5, 7, 8])
@@ -234,8 +254,14 @@ def test_a_real_run_closes_every_env_it_made(tmp_path):
     """``swarm run`` (SFT demos, rollouts, counterfactual branches, held-out evaluation) in a subprocess whose
     minecraft domain counts every env it makes and every close."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", CLOSE_AUDIT, "run", *TINY_RUN, f"run_dir={tmp_path / 'run'}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", CLOSE_AUDIT, "run", *TINY_RUN, f"run_dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("CLOSE_AUDIT ")]
     assert line, out.stdout[-2000:] + out.stderr[-3000:]
     audit = json.loads(line[-1].split(" ", 1)[1])
@@ -262,6 +288,7 @@ def _mutant(ctx, monkeypatch, **methods):
 
 class Server:
     """Something every env of a task shares (a simulator server, a corpus)."""
+
     up = True
 
 
@@ -272,8 +299,11 @@ def test_the_kit_catches_a_close_that_raises_twice_tears_down_shared_state_or_sh
         self._gone = True
 
     _mutant(ctx, monkeypatch, close=once)
-    with pytest.raises(ConformanceError, match=r"a second close\(\) \(of an env never reset\) raised RuntimeError: "
-                                               r"already closed"):
+    with pytest.raises(
+        ConformanceError,
+        match=r"a second close\(\) \(of an env never reset\) raised RuntimeError: "
+        r"already closed",
+    ):
         check_close(ctx.domain, "iron_pickaxe")
 
     def stop_server(self):
@@ -284,8 +314,11 @@ def test_the_kit_catches_a_close_that_raises_twice_tears_down_shared_state_or_sh
 
     _mutant(ctx, monkeypatch, close=stop_server, _render=render)
     Server.up = True
-    with pytest.raises(ConformanceError, match=r"played after other envs of the task were closed differs .*close\(\) "
-                                               r"tore down something the task's envs share"):
+    with pytest.raises(
+        ConformanceError,
+        match=r"played after other envs of the task were closed differs .*close\(\) "
+        r"tore down something the task's envs share",
+    ):
         check_close(ctx.domain, "iron_pickaxe")
     Server.up = True
 
@@ -296,6 +329,9 @@ def test_the_kit_catches_a_close_that_raises_twice_tears_down_shared_state_or_sh
         self.inventory.clear()
 
     _mutant(ctx, monkeypatch, snapshot=shallow, close=drop)
-    with pytest.raises(ConformanceError, match=r"a snapshot taken before close\(\) restored into another env of the "
-                                               r"task differs .*inventory"):
+    with pytest.raises(
+        ConformanceError,
+        match=r"a snapshot taken before close\(\) restored into another env of the "
+        r"task differs .*inventory",
+    ):
         check_close(ctx.domain, "iron_pickaxe")

@@ -1,4 +1,5 @@
 """Held-out statistics: mean ± SE over seeds, and the paired MPT - SFT difference."""
+
 import math
 
 import pytest
@@ -37,8 +38,12 @@ def test_paired_difference_removes_seed_spread():
 
 def test_paired_success_difference():
     def eps(success_by_seed):
-        return [Episode(seed, reward=0.5 * s, metrics={"success": float(s)})
-                for seed, ss in success_by_seed.items() for s in ss]
+        return [
+            Episode(seed, reward=0.5 * s, metrics={"success": float(s)})
+            for seed, ss in success_by_seed.items()
+            for s in ss
+        ]
+
     before = summarize(eps({1: [0, 0], 2: [1, 0], 3: [0, 0]}), runs=2, agents=[])
     after = summarize(eps({1: [1, 0], 2: [1, 1], 3: [0, 0]}), runs=2, agents=[])
     assert after["seed_success"] == {"1": 0.5, "2": 1.0, "3": 0.0}

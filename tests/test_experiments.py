@@ -1,19 +1,34 @@
 """`swarm experiment ...` at smoke scale: the real CLI in a subprocess for `heldout` (which also
 trains the tiny MPT swarm the other experiments reuse through experiment.base), every other
 experiment in process, resuming, and bad input."""
+
 import json
 import re
 
 import pytest
 from conftest import swarm
+
 from swarm_runtime.config import ConfigError
 from swarm_runtime.experiments.runner import run_experiment
 
 #: Smoke budget: tiny episodes, two updates per training, 2 held-out seeds x 1 run.
-SMOKE = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=12", "algo.sft.demo_episodes=2",
-         "algo.sft.epochs=1", "algo.envs_per_step=2", "experiment.iterations=2", "algo.action_steps=1",
-         "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "tensorboard=false",
-         "hardware.threads=1", "experiment.train_seeds=null"]
+SMOKE = [
+    "domain=minecraft",
+    "task=wooden_pickaxe",
+    "task.max_decisions=12",
+    "algo.sft.demo_episodes=2",
+    "algo.sft.epochs=1",
+    "algo.envs_per_step=2",
+    "experiment.iterations=2",
+    "algo.action_steps=1",
+    "algo.bid_steps=1",
+    "eval.episodes=2",
+    "eval.runs=1",
+    "progress=false",
+    "tensorboard=false",
+    "hardware.threads=1",
+    "experiment.train_seeds=null",
+]
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +132,16 @@ def test_list(capsys):
 
     assert main(["experiment", "--list"]) == 0
     out = capsys.readouterr().out
-    for name in ("heldout", "coordination", "bid_action_ablation", "credit_ablation", "population", "dropout",
-                 "transfer", "participation"):
+    for name in (
+        "heldout",
+        "coordination",
+        "bid_action_ablation",
+        "credit_ablation",
+        "population",
+        "dropout",
+        "transfer",
+        "participation",
+    ):
         assert f"{name}:" in out
 
 
@@ -154,8 +177,12 @@ def test_coordination_and_resume(registry, tmp_path, base):
 
 def test_bid_action_ablation(registry, tmp_path, base):
     out, res = run(registry, "bid_action_ablation", tmp_path, *base)
-    assert [r["label"] for r in res["rows"]] == ["trained bids x trained actions", "initial bids x trained actions",
-                                                 "trained bids x initial actions", "initial bids x initial actions"]
+    assert [r["label"] for r in res["rows"]] == [
+        "trained bids x trained actions",
+        "initial bids x trained actions",
+        "trained bids x initial actions",
+        "initial bids x initial actions",
+    ]
     assert (out / "bid_action_ablation.png").exists()
 
 
@@ -170,7 +197,9 @@ def test_population_pass_at_k(registry, tmp_path, base):
 
 
 def test_dropout_per_episode(registry, tmp_path, base):
-    out, res = run(registry, "dropout", tmp_path, *base, "experiment.dropout_p=[0,0.9]", "experiment.dropout_per=episode")
+    out, res = run(
+        registry, "dropout", tmp_path, *base, "experiment.dropout_p=[0,0.9]", "experiment.dropout_per=episode"
+    )
     labels = [r["label"] for r in res["rows"]]
     assert labels == ["3 agents, p=0", "3 agents, p=0.9", "12 agents, p=0", "12 agents, p=0.9"]
     skipped = {r["label"]: r["skipped turns / episode"] for r in res["rows"]}
@@ -206,8 +235,9 @@ def test_transfer_needs_tasks_then_adapts(registry, tmp_path, base):
         run(registry, "transfer", tmp_path / "none", *base)
     with pytest.raises(ConfigError, match="unknown transfer task"):
         run(registry, "transfer", tmp_path / "bad", *base, "experiment.transfer_tasks=[nosuch]")
-    out, res = run(registry, "transfer", tmp_path, *base, "experiment.transfer_tasks=[torch]",
-                   "experiment.transfer_iterations=1")
+    out, res = run(
+        registry, "transfer", tmp_path, *base, "experiment.transfer_tasks=[torch]", "experiment.transfer_iterations=1"
+    )
     assert [r["label"] for r in res["rows"]] == ["torch: MPT swarm", "torch: monolithic REINFORCE"]
     sw = res["tasks"]["torch"]["MPT"]
     assert sw["final_eval"]["seeds"] == 2 and sw["flops_by_category"]["sft"] == 0  # adapted, no SFT counted
@@ -245,8 +275,13 @@ def test_third_party_experiment_of_the_docs(tmp_path, base):
 
 # ---------------------------------------------------------------------- replication over training seeds
 def test_coordination_over_training_seeds_with_paired_differences(registry, tmp_path):
-    out, res = run(registry, "coordination", tmp_path, "experiment.train_seeds=[0,1]",
-                   "experiment.coordinators=[auction,round_robin]")
+    out, res = run(
+        registry,
+        "coordination",
+        tmp_path,
+        "experiment.train_seeds=[0,1]",
+        "experiment.coordinators=[auction,round_robin]",
+    )
     assert res["train_seeds"] == [0, 1]
     for s in (0, 1):  # every arm trained and evaluated per training seed, in its own folder
         saved = json.loads((out / f"seed-{s}" / "cells" / "train-mpt.json").read_text())
@@ -272,13 +307,19 @@ def test_coordination_over_training_seeds_with_paired_differences(registry, tmp_
     # every row of the markdown table has as many cells as its header (per-seed texts joined without "|")
     lines = md.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("| label |"))
-    table = lines[start:lines.index("", start)]
+    table = lines[start : lines.index("", start)]
     assert len({ln.count("|") for ln in table}) == 1, table
 
 
 def test_one_training_seed_pairs_over_heldout_seeds(registry, tmp_path, base):
-    _, res = run(registry, "coordination", tmp_path, "experiment.train_seeds=[0]", *base,
-                 "experiment.coordinators=[auction,round_robin]")
+    _, res = run(
+        registry,
+        "coordination",
+        tmp_path,
+        "experiment.train_seeds=[0]",
+        *base,
+        "experiment.coordinators=[auction,round_robin]",
+    )
     p = res["paired"]["round_robin"]
     assert p["n"] == 2 and "held-out seeds" in p["how"]  # eval.episodes=2 shared held-out seeds
     sr = res["per_seed"]["0"]["seed_rewards"]
@@ -292,9 +333,17 @@ def test_base_must_give_one_swarm_per_training_seed(registry, tmp_path, base):
         run(registry, "coordination", tmp_path / "b", "experiment.train_seeds=[1]", *base)
 
 
-@pytest.mark.parametrize("arg,match", [("experiment.train_seeds=[0,0]", "distinct non-negative"),
-                                       ("experiment.train_seeds=[-1]", "experiment.train_seeds=[-1] is not valid: must be a non-empty list, each item an integer in [0,"),
-                                       ("eval.split=test", "eval.split='test' is not valid: must be one of eval, dev")])
+@pytest.mark.parametrize(
+    "arg,match",
+    [
+        ("experiment.train_seeds=[0,0]", "distinct non-negative"),
+        (
+            "experiment.train_seeds=[-1]",
+            "experiment.train_seeds=[-1] is not valid: must be a non-empty list, each item an integer in [0,",
+        ),
+        ("eval.split=test", "eval.split='test' is not valid: must be one of eval, dev"),
+    ],
+)
 def test_bad_train_seeds_and_split_are_refused(registry, tmp_path, arg, match):
     pm, reg = registry
     with pytest.raises(ConfigError, match=re.escape(match)):
@@ -310,8 +359,16 @@ def test_bad_train_seeds_exit_2_on_the_cli(tmp_path):
 def test_notes_of_several_training_seeds_say_which_seed_wrote_a_per_seed_note():
     from swarm_runtime.experiments.replicate import seed_notes
 
-    notes = seed_notes({0: ["T_max 25", "team 2: useful work 0.65"], 1: ["T_max 25", "team 2: useful work 0.63"],
-                        2: ["T_max 25", "team 2: useful work 0.65"]})
-    assert notes == ["T_max 25", "training seeds 0, 2: team 2: useful work 0.65",
-                     "training seed 1: team 2: useful work 0.63"]
+    notes = seed_notes(
+        {
+            0: ["T_max 25", "team 2: useful work 0.65"],
+            1: ["T_max 25", "team 2: useful work 0.63"],
+            2: ["T_max 25", "team 2: useful work 0.65"],
+        }
+    )
+    assert notes == [
+        "T_max 25",
+        "training seeds 0, 2: team 2: useful work 0.65",
+        "training seed 1: team 2: useful work 0.63",
+    ]
     assert seed_notes({3: ["a", "b"]}) == ["a", "b"]

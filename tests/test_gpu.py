@@ -4,12 +4,13 @@ the CLI on a GPU, and a GPU run's checkpoints on a machine without one.
 Marked ``gpu`` and skipped where torch sees no CUDA device (CI). Run them on a GPU machine with
 ``python -m pytest -m gpu tests/test_gpu.py``.
 """
+
 import random
 
 import pytest
 import torch
-
 from conftest import TINY_RUN, make_local_checkpoint, swarm
+
 from swarm_runtime.config import resolve
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.run import RunContext
@@ -31,8 +32,9 @@ def contexts(registry):
 
 def _episodes(ctx, agents, seeds, **kw):
     with torch.no_grad():
-        return play(new_slots(ctx.domain, ctx.task, seeds), agents, ctx.coordinator(), ctx.domain, 24,
-                    random.Random(0), **kw)
+        return play(
+            new_slots(ctx.domain, ctx.task, seeds), agents, ctx.coordinator(), ctx.domain, 24, random.Random(0), **kw
+        )
 
 
 def test_policy_on_the_gpu_scores_and_samples_as_on_the_cpu(contexts):
@@ -46,13 +48,15 @@ def test_policy_on_the_gpu_scores_and_samples_as_on_the_cpu(contexts):
     turns = [t for e in eps for t in e.acted][:8]
     assert turns, "no agent acted"
     prompts = [t.action_prompt for t in turns]
-    responses = [g.action_target("chop tree"), g.action_target("explore")] * (len(prompts) // 2) + \
-        [g.action_target("chop tree")] * (len(prompts) % 2)
+    responses = [g.action_target("chop tree"), g.action_target("explore")] * (len(prompts) // 2) + [
+        g.action_target("chop tree")
+    ] * (len(prompts) % 2)
     for temperature in (1.0, 0.4):
         lg = g.logprobs(prompts, responses, temperature=temperature)
         assert lg.is_cuda
-        torch.testing.assert_close(lg.detach().cpu(), c.logprobs(prompts, responses, temperature=temperature).detach(),
-                                   atol=2e-3, rtol=1e-4)
+        torch.testing.assert_close(
+            lg.detach().cpu(), c.logprobs(prompts, responses, temperature=temperature).detach(), atol=2e-3, rtol=1e-4
+        )
     bids = g.bid(prompts)
     assert all(b.level in g.bid_levels for b in bids)
     acts = g.act(prompts)
@@ -87,8 +91,13 @@ def test_sft_action_and_bid_steps_train_on_the_gpu(contexts):
     p = agents[sel].policy
     with torch.no_grad():
         lw0 = float(p.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]]))
-    bid_update(agents, [BranchPair(sel, turn.bid_prompts[sel], turn.bid_tokens[sel], p.bid_target(0.0), 5.0, 0.0)],
-               opts, minibatch=16, grad_clip=1.0)
+    bid_update(
+        agents,
+        [BranchPair(sel, turn.bid_prompts[sel], turn.bid_tokens[sel], p.bid_target(0.0), 5.0, 0.0)],
+        opts,
+        minibatch=16,
+        grad_clip=1.0,
+    )
     with torch.no_grad():
         assert float(p.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]])) > lw0
 
@@ -117,8 +126,7 @@ def test_a_bf16_local_checkpoint_trains_on_the_gpu(tmp_path):
     """``model=local`` (bfloat16 weights, fp32 masters) with ``hardware=h200``: the paper's setting."""
     ckpt = make_local_checkpoint(tmp_path / "ckpt")
     run = tmp_path / "run"
-    res = swarm("run", *TINY_RUN, "model=local", f"model.path={ckpt}", "hardware=h200", f"run_dir={run}",
-                cwd=tmp_path)
+    res = swarm("run", *TINY_RUN, "model=local", f"model.path={ckpt}", "hardware=h200", f"run_dir={run}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
     state = torch.load(latest / "agents" / "Logger" / "training_state.pt", weights_only=False, map_location="cpu")

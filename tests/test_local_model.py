@@ -1,11 +1,11 @@
 """``model=local model.path=DIR``: a Hugging Face checkpoint of the kind users bring (a byte-level
 BPE tokenizer with no pad token and no bid tokens, bfloat16 by the preset), built here in process
 since nothing can be downloaded, trained by the real CLI and evaluated from its run folder."""
+
 import json
 
 import pytest
 import torch
-
 from conftest import TINY_RUN, make_local_checkpoint, swarm
 
 
@@ -17,8 +17,17 @@ def local_checkpoint(tmp_path_factory):
 def test_a_local_bpe_checkpoint_trains_and_evaluates(local_checkpoint, tmp_path):
     run = tmp_path / "run"
     args = [a for a in TINY_RUN if not a.startswith(("algo.sft.", "algo.iterations"))]
-    res = swarm("run", *args, "model=local", f"model.path={local_checkpoint}", "algo.sft.demo_episodes=4",
-                "algo.sft.epochs=6", "algo.iterations=1", f"run_dir={run}", cwd=tmp_path)
+    res = swarm(
+        "run",
+        *args,
+        "model=local",
+        f"model.path={local_checkpoint}",
+        "algo.sft.demo_episodes=4",
+        "algo.sft.epochs=6",
+        "algo.iterations=1",
+        f"run_dir={run}",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     log = (run / "run.log").read_text()
     assert "resized embeddings" in log  # the bid-level tokens were added to the tokenizer and the model

@@ -36,7 +36,8 @@ def test_weighted_bradley_terry_and_pair_weights():
     per_pair = [math.log(2), -math.log(1 / (1 + math.exp(1.0)))]
     assert float(bradley_terry_loss(lw, ll, torch.tensor([1.0, 1.0]))) == pytest.approx(sum(per_pair) / 2)
     assert float(bradley_terry_loss(lw, ll, torch.tensor([0.5, 1.5]))) == pytest.approx(
-        (0.5 * per_pair[0] + 1.5 * per_pair[1]) / 2)
+        (0.5 * per_pair[0] + 1.5 * per_pair[1]) / 2
+    )
     assert pair_weights([0.3, -2.0], "uniform") == [1.0, 1.0]
     # margin: |score difference| normalised to mean 1, so one +1.2 win outweighs three -0.2 losses
     w = pair_weights([1.2, -0.2, -0.2, -0.2], "margin")
@@ -53,7 +54,8 @@ def test_bradley_terry_against_a_reference_is_the_dpo_form():
     z = (-0.5 - -1.5) - (-0.7 - -1.2)
     for beta in (1.0, 0.5):
         assert float(bradley_terry_loss(lw, ll, None, rw, rl, beta=beta)) == pytest.approx(
-            math.log1p(math.exp(-beta * z)))
+            math.log1p(math.exp(-beta * z))
+        )
     # the policy at the reference: every pair sits at log 2, whatever its log-odds
     assert float(bradley_terry_loss(lw, ll, None, lw, ll)) == pytest.approx(math.log(2))
     with pytest.raises(ValueError, match="both reference log-probs"):

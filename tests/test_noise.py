@@ -1,10 +1,11 @@
 """Common random numbers: keyed Gumbel noise, Gumbel-max picks, and a real policy sampling by key."""
+
 import math
 
 import pytest
 import torch
-
 from conftest import run_context
+
 from swarm_runtime.policy.noise import gumbel, gumbel_max, key_hash
 
 
@@ -19,7 +20,7 @@ def test_keyed_gumbels_are_a_function_of_the_key_alone():
     assert key_hash(1, 2) != key_hash(2, 1)
     g = torch.cat([gumbel((42, i), 100) for i in range(200)])
     assert g.mean().item() == pytest.approx(0.5772, abs=0.02)  # Euler-Mascheroni: the Gumbel mean
-    assert g.var().item() == pytest.approx(math.pi ** 2 / 6, rel=0.05)
+    assert g.var().item() == pytest.approx(math.pi**2 / 6, rel=0.05)
 
 
 def test_gumbel_max_samples_the_softmax_and_never_a_banned_token():
@@ -32,7 +33,7 @@ def test_gumbel_max_samples_the_softmax_and_never_a_banned_token():
     # several rows at once, each with its own key: the same as one at a time
     rows = torch.randn(4, 7)
     keys = [(1, i) for i in range(4)]
-    assert gumbel_max(rows, keys).tolist() == [gumbel_max(rows[i:i + 1], keys[i:i + 1]).item() for i in range(4)]
+    assert gumbel_max(rows, keys).tolist() == [gumbel_max(rows[i : i + 1], keys[i : i + 1]).item() for i in range(4)]
     # the coupling: a small change of the logits keeps most picks (inverse CDF would shift every boundary)
     base = torch.randn(1, 50)
     moved = base.clone()
@@ -52,7 +53,9 @@ def test_keyed_sampling_depends_on_the_key_not_the_batch(ctx):
     alone = pol.act(prompts[2:], keys=keys[2:])
     assert batch[2].tokens == alone[0].tokens
     assert [r.tokens for r in pol.act(prompts[::-1], keys=keys[::-1])] == [r.tokens for r in batch[::-1]]
-    assert [b.level for b in pol.bid(bprompts, keys=keys)][1:] == [b.level for b in pol.bid(bprompts[1:], keys=keys[1:])]
+    assert [b.level for b in pol.bid(bprompts, keys=keys)][1:] == [
+        b.level for b in pol.bid(bprompts[1:], keys=keys[1:])
+    ]
     assert torch.equal(pol.rng_state(), state)  # keyed draws leave the generator alone
     # other keys, other samples (an untrained model samples nearly uniformly)
     many = {tuple(pol.act(prompts[:1], keys=[(k, 0, 0, 1)])[0].tokens) for k in range(8)}
@@ -73,8 +76,9 @@ def test_keyed_bids_follow_the_bid_distribution(ctx):
 def test_evaluation_with_common_random_numbers_pairs_episodes_across_batches(ctx):
     """eval.common_random_numbers: a held-out episode's outcome depends on (eval seed, run, episode
     seed) alone, not on which other seeds share its batch; the generators give no such pairing."""
-    from swarm_runtime.evaluate import evaluate
     from omegaconf import OmegaConf
+
+    from swarm_runtime.evaluate import evaluate
 
     agents, _ = ctx.build_swarm()
     task = OmegaConf.merge(ctx.task, {"max_decisions": 12})

@@ -1,4 +1,5 @@
 """fp32 master weights for models loaded in bfloat16 (``model=local``'s default dtype)."""
+
 import math
 
 import torch
@@ -95,6 +96,7 @@ def test_a_resumed_optimizer_keeps_the_configured_lr_and_eps_but_the_saved_momen
     opt2, sched2 = make_optimizer([q], 3e-4, 0.0, 10, eps=1e-8)
     changed = load_optimizer_state(opt2, sched2, saved_opt, saved_sched)
     assert changed == {"lr": (3e-5, 3e-4), "eps": (1e-4, 1e-8)}
+
     def cosine(step):  # make_optimizer's schedule over 10 steps, floor 0.1
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / 10))
 

@@ -1,4 +1,5 @@
 """Plugin system: a tiny plugin class registered in a fixture, never relying on what is installed."""
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -34,8 +35,14 @@ class CounterDomain(Domain):
         return ["count"]
 
     def task_config(self, task):
-        return OmegaConf.create({"max_decisions": 5, "reward_max": 3, "train_seeds": {"start": 0, "count": 4},
-                                 "eval_seeds": {"start": 10, "count": 2}})
+        return OmegaConf.create(
+            {
+                "max_decisions": 5,
+                "reward_max": 3,
+                "train_seeds": {"start": 0, "count": 4},
+                "eval_seeds": {"start": 10, "count": 2},
+            }
+        )
 
     def make_env(self, task):
         return CounterEnv()
@@ -140,23 +147,40 @@ def test_the_built_wheel_is_self_contained(tmp_path):
     root = Path(swarm_runtime.__file__).resolve().parent.parent
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(root)], check=True, timeout=300,
-                   capture_output=True)
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "-w", str(wheels), str(root)], check=True, timeout=300, capture_output=True
+    )
     (wheel,) = wheels.glob("swarm_runtime-*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True,
-                   timeout=120, capture_output=True)
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = tmp_path / "elsewhere"
     out.mkdir()
 
     def cli(*args):
-        res = subprocess.run([sys.executable, "-m", "swarm_runtime.cli", *args], cwd=out, env=env,
-                             capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [sys.executable, "-m", "swarm_runtime.cli", *args],
+            cwd=out,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         return res.stdout
 
-    where = subprocess.run([sys.executable, "-c", "import swarm_runtime; print(swarm_runtime.__file__)"], cwd=out,
-                           env=env, capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [sys.executable, "-c", "import swarm_runtime; print(swarm_runtime.__file__)"],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(str(site))
     assert "minecraft" in cli("domains") and "vln_ce" in cli("domains")
     for domain, task in (("minecraft", "iron_pickaxe"), ("vln_ce", "r2r"), ("openresearcher", "embedded")):

@@ -1,5 +1,6 @@
 """Library versions and the code's commit in results files (issue 18): what :mod:`swarm_runtime.provenance`
 records, that it never fails outside a checkout, and that it does not take another repository's commit."""
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,9 @@ def test_commit_of_a_checkout_only_its_own_and_marked_dirty(tmp_path):
     git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "x", "--allow-empty")
     git("add", "-A")
     git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "y")
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=pkg, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=pkg, capture_output=True, text=True
+    ).stdout.strip()
     assert code_commit(pkg) == head
     (pkg / "x.py").write_text("a = 2\n")
     assert code_commit(pkg) == head + "+dirty"
@@ -72,21 +75,32 @@ def test_a_copy_without_git_says_so_and_takes_the_commit_from_swarm_commit(tmp_p
     import swarm_runtime
 
     copy = tmp_path / "export"
-    shutil.copytree(Path(swarm_runtime.__file__).parent, copy / "swarm_runtime",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    show = ("import json; from swarm_runtime import provenance; from swarm_runtime.provenance import versions, "
-            "versions_line; print(json.dumps(versions())); print(versions_line()); print(provenance.__file__)")
+    shutil.copytree(
+        Path(swarm_runtime.__file__).parent, copy / "swarm_runtime", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    show = (
+        "import json; from swarm_runtime import provenance; from swarm_runtime.provenance import versions, "
+        "versions_line; print(json.dumps(versions())); print(versions_line()); print(provenance.__file__)"
+    )
     env = {k: v for k, v in os.environ.items() if k != "SWARM_COMMIT"}
     for given in (None, "abc1234"):
-        res = subprocess.run([sys.executable, "-c", show], cwd=tmp_path, capture_output=True, text=True,
-                             env={**env, "PYTHONPATH": str(copy), **({"SWARM_COMMIT": given} if given else {})})
+        res = subprocess.run(
+            [sys.executable, "-c", show],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**env, "PYTHONPATH": str(copy), **({"SWARM_COMMIT": given} if given else {})},
+        )
         assert res.returncode == 0, res.stderr
         v, line, ran = json.loads(res.stdout.splitlines()[0]), *res.stdout.splitlines()[1:3]
         assert Path(ran).is_relative_to(copy)  # the copy ran, not the installed package
         assert list(v) == ["python", "torch", "transformers", "peft", "swarm-runtime", "commit"]
         assert v["commit"] == given and v["swarm-runtime"] == __version__
-        assert line.endswith(f"swarm-runtime {__version__} (commit abc1234)" if given
-                             else f"swarm-runtime {__version__} (not a git checkout)"), line
+        assert line.endswith(
+            f"swarm-runtime {__version__} (commit abc1234)"
+            if given
+            else f"swarm-runtime {__version__} (not a git checkout)"
+        ), line
         assert "unknown" not in line
 
 
@@ -98,7 +112,8 @@ def fresh_versions():
 
 
 def test_experiment_results_name_no_checkout_instead_of_unknown_and_git_wins_over_the_variable(
-        monkeypatch, fresh_versions):
+    monkeypatch, fresh_versions
+):
     from swarm_runtime import provenance
     from swarm_runtime.experiments import runner
 
@@ -114,8 +129,9 @@ def test_experiment_results_name_no_checkout_instead_of_unknown_and_git_wins_ove
     assert versions()["commit"] == "d2e87f1"
 
 
-def test_a_run_carries_the_commit_it_started_from_not_the_one_at_its_end(monkeypatch, fresh_versions, tmp_path,
-                                                                          registry):
+def test_a_run_carries_the_commit_it_started_from_not_the_one_at_its_end(
+    monkeypatch, fresh_versions, tmp_path, registry
+):
     """``prepare_run`` pins the versions when a run starts; a checkout that moves on while it trains
     (a commit made during a long run) does not relabel its results."""
     from swarm_runtime import provenance

@@ -1,6 +1,7 @@
 """Run folders that cannot be poisoned, lost or silently misconfigured (issue 17): a kill at every
 checkpoint file operation resumes to the uninterrupted run; planted pickles never run; a run folder
 is locked; corrupted files are named; secrets given on the command line are written nowhere."""
+
 import json
 import os
 import shutil
@@ -10,22 +11,39 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, swarm
 
 #: The smallest real run: SFT, the SFT evaluation, one RL update, the final evaluation; a checkpoint
 #: at every step and one kept, so the sweep meets every kind of checkpoint file operation (write,
 #: replace-aside, rename-in, move `latest`, delete the old copy, prune).
-KILL_RUN = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=6", "algo.iterations=1",
-            "algo.envs_per_step=2", "checkpoint_every=1", "keep_checkpoints=1", "eval.episodes=1", "eval.runs=1",
-            "algo.sft.demo_episodes=1", "algo.sft.epochs=1", "algo.action_steps=1", "algo.bid_steps=1",
-            "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "hardware.threads=1",
-            "progress=false", "tensorboard=false"]
+KILL_RUN = [
+    "domain=minecraft",
+    "task=wooden_pickaxe",
+    "task.max_decisions=6",
+    "algo.iterations=1",
+    "algo.envs_per_step=2",
+    "checkpoint_every=1",
+    "keep_checkpoints=1",
+    "eval.episodes=1",
+    "eval.runs=1",
+    "algo.sft.demo_episodes=1",
+    "algo.sft.epochs=1",
+    "algo.action_steps=1",
+    "algo.bid_steps=1",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_layers=1",
+    "hardware.threads=1",
+    "progress=false",
+    "tensorboard=false",
+]
 
 
 def _rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(ln).items() if not k.startswith("time/")}
-            for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(ln).items() if not k.startswith("time/")}
+        for ln in (run / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def _weights(run: Path) -> dict:
@@ -43,8 +61,14 @@ def _results(run: Path) -> dict:
 def sweep(tmp_path_factory):
     work = tmp_path_factory.mktemp("sweep")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, str(ROOT / "tests" / "forkcli.py"), "sweep", str(work), *KILL_RUN],
-                         cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "forkcli.py"), "sweep", str(work), *KILL_RUN],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return work, json.loads((work / "sweep.json").read_text())
 
@@ -142,19 +166,27 @@ def test_corrupted_run_files_are_named(sweep, tmp_path):
         path.write_bytes(data[: int(len(data) * keep)])
 
     runs = {
-        "latest-garbage": (case("lg", lambda r, c: (r / "checkpoints" / "latest").write_bytes(b"\x00\xffzz/..")), "latest"),
+        "latest-garbage": (
+            case("lg", lambda r, c: (r / "checkpoints" / "latest").write_bytes(b"\x00\xffzz/..")),
+            "latest",
+        ),
         "latest-outside": (case("lo", lambda r, c: (r / "checkpoints" / "latest").write_text("../../..")), "latest"),
         "state-garbage": (case("sg", lambda r, c: (c / "state.json").write_text("{nope")), "state.json"),
         "config-cut": (case("cc", lambda r, c: cut(r / "config.yaml", 0.5)), "config.yaml"),
         "rng-cut": (case("rc", lambda r, c: (cut(c / "rng.pt", 0.5), _set_phase(c, "rl"))), "rng.pt"),
-        "weights-cut": (case("wr", lambda r, c: cut(c / "agents" / "Smith" / "model.safetensors", 0.3)), f"{tag}/agents"),
+        "weights-cut": (
+            case("wr", lambda r, c: cut(c / "agents" / "Smith" / "model.safetensors", 0.3)),
+            f"{tag}/agents",
+        ),
     }
     for run, needle in runs.values():
         args = ["run", "resume=true", f"run_dir={run}", "algo.iterations=2"]
         _one_line_error(swarm(*args, cwd=tmp_path), needle)
-    run = case("mc", lambda r, c: (r / "metrics.jsonl").write_text("{\"step\": 0, \"a\"\n" + (r / "metrics.jsonl").read_text()))
-    from swarm_runtime.outputs import read_metrics
+    run = case(
+        "mc", lambda r, c: (r / "metrics.jsonl").write_text('{"step": 0, "a"\n' + (r / "metrics.jsonl").read_text())
+    )
     from swarm_runtime.config import ConfigError
+    from swarm_runtime.outputs import read_metrics
 
     with pytest.raises(ConfigError, match="metrics.jsonl line 1"):
         read_metrics(run)
@@ -175,10 +207,18 @@ def test_a_locked_run_folder_refuses_a_second_run_naming_the_first(sweep, tmp_pa
     from swarm_runtime.runlock import RunLock
 
     run = _copy(sweep[0] / "ref", tmp_path / "locked")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from swarm_runtime.runlock import RunLock; "
-                               f"RunLock(Path({str(run)!r}), 'run').acquire(); print('locked', flush=True); time.sleep(120)"],
-                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from swarm_runtime.runlock import RunLock; "
+            f"RunLock(Path({str(run)!r}), 'run').acquire(); print('locked', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         res = swarm("run", "resume=true", f"run_dir={run}", "algo.iterations=2", cwd=tmp_path)
@@ -206,10 +246,23 @@ def test_secrets_given_on_the_command_line_are_written_nowhere(tmp_path):
     res = swarm("run", *args, "algo.nosuch=1", cwd=tmp_path)
     assert res.returncode == 2 and secret not in res.stderr
     run = tmp_path / "run"
-    tiny = ["task.max_decisions=3", "algo.iterations=1", "algo.envs_per_step=1", "eval.episodes=1", "eval.runs=1",
-            "algo.sft.demo_episodes=1", "algo.sft.epochs=1", "algo.sft.action_epochs=1", "model.hidden_size=32",
-            "model.intermediate_size=64", "model.num_layers=1", "progress=false", "tensorboard=false",
-            f"task.search.cache_dir={tmp_path / 'bm25'}", "hardware.threads=1"]
+    tiny = [
+        "task.max_decisions=3",
+        "algo.iterations=1",
+        "algo.envs_per_step=1",
+        "eval.episodes=1",
+        "eval.runs=1",
+        "algo.sft.demo_episodes=1",
+        "algo.sft.epochs=1",
+        "algo.sft.action_epochs=1",
+        "model.hidden_size=32",
+        "model.intermediate_size=64",
+        "model.num_layers=1",
+        "progress=false",
+        "tensorboard=false",
+        f"task.search.cache_dir={tmp_path / 'bm25'}",
+        "hardware.threads=1",
+    ]
     res = swarm("run", *args, *tiny, f"run_dir={run}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     res2 = swarm("eval", str(run), "checkpoint=sft", f"task.llm_judge.api_key={secret}", cwd=tmp_path)
@@ -262,8 +315,14 @@ def test_a_backend_bid_that_is_not_a_level_is_unparsed_not_a_crash():
 
 def test_listing_commands_survive_a_closed_pipe(tmp_path):
     for cmd in ("domains", "config"):
-        res = subprocess.run(f"{sys.executable} -m swarm_runtime.cli {cmd} | head -1", shell=True, cwd=tmp_path,
-                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        res = subprocess.run(
+            f"{sys.executable} -m swarm_runtime.cli {cmd} | head -1",
+            shell=True,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
 
 
@@ -289,18 +348,33 @@ def test_overwrite_deletes_only_the_previous_runs_files(tmp_path):
     """``clear_run`` deletes the names the run folder's manifest lists (what the runtime wrote) and
     refuses, before deleting anything, a folder holding anything else (issue 31)."""
     from swarm_runtime import runfiles
-    from swarm_runtime.run import check_run_dir, clear_run, holds_run
     from swarm_runtime.config import ConfigError
+    from swarm_runtime.run import check_run_dir, clear_run, holds_run
 
     run = tmp_path / "run"
     (run / "checkpoints" / "sft").mkdir(parents=True)
     (run / "tb").mkdir()
     runfiles.start(run)
-    for name in ("config.yaml", "metrics.jsonl", "run.log", "eval.json", "eval-sft--eval.runs=2.json", "turn_share.png",
-                 "notes.txt"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "run.log",
+        "eval.json",
+        "eval-sft--eval.runs=2.json",
+        "turn_share.png",
+        "notes.txt",
+    ):
         (run / name).write_text("x")
-    for name in ("checkpoints", "tb", "config.yaml", "metrics.jsonl", "run.log", "eval.json",
-                 "eval-sft--eval.runs=2.json", "turn_share.png"):
+    for name in (
+        "checkpoints",
+        "tb",
+        "config.yaml",
+        "metrics.jsonl",
+        "run.log",
+        "eval.json",
+        "eval-sft--eval.runs=2.json",
+        "turn_share.png",
+    ):
         runfiles.claim(run / name)
     assert holds_run(run)
     with pytest.raises(ConfigError, match="notes.txt"):

@@ -2,6 +2,7 @@
 refused (exit 2, naming it, nothing in the run folder touched) by ``swarm experiment`` and ``swarm run``
 alike, never silently dropped; one equal to the saved value (in any spelling) and the machine
 (``hardware=...``) are fine. The real CLI in a subprocess on a smoke-sized experiment and run."""
+
 import json
 from pathlib import Path
 
@@ -9,11 +10,25 @@ import pytest
 from conftest import TINY_RUN, swarm
 
 #: One training (SFT + 2 updates) and one evaluated coordinator, on training seed 0.
-EXP = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=12", "algo.sft.demo_episodes=2",
-       "algo.sft.epochs=1", "algo.envs_per_step=2", "experiment.iterations=2", "algo.action_steps=1",
-       "algo.bid_steps=1", "eval.episodes=2", "eval.runs=1", "progress=false", "tensorboard=false",
-       "hardware.threads=1", "experiment.train_seeds=[0]", "experiment.coordinators=[auction]",
-       "model.lora.lr_scale=1"]
+EXP = [
+    "domain=minecraft",
+    "task=wooden_pickaxe",
+    "task.max_decisions=12",
+    "algo.sft.demo_episodes=2",
+    "algo.sft.epochs=1",
+    "algo.envs_per_step=2",
+    "experiment.iterations=2",
+    "algo.action_steps=1",
+    "algo.bid_steps=1",
+    "eval.episodes=2",
+    "eval.runs=1",
+    "progress=false",
+    "tensorboard=false",
+    "hardware.threads=1",
+    "experiment.train_seeds=[0]",
+    "experiment.coordinators=[auction]",
+    "model.lora.lr_scale=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +47,17 @@ def resume(folder, *args):
     return swarm("experiment", "coordination", "resume=true", f"run_dir={folder}", *args, cwd=folder.parent)
 
 
-@pytest.mark.parametrize("args, named", [
-    (["experiment.train_seeds=[0,1,2]", "experiment.iterations=12", "hardware=cpu"],
-     ["experiment.train_seeds: saved [0], given [0,1,2]", "experiment.iterations: saved 2, given 12"]),
-    (["task=stone_pickaxe"], ["task: saved wooden_pickaxe, given stone_pickaxe"]),
-    (["max_decisions=20"], ["max_decisions: saved 12, given 20"]),  # a bare task key
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (
+            ["experiment.train_seeds=[0,1,2]", "experiment.iterations=12", "hardware=cpu"],
+            ["experiment.train_seeds: saved [0], given [0,1,2]", "experiment.iterations: saved 2, given 12"],
+        ),
+        (["task=stone_pickaxe"], ["task: saved wooden_pickaxe, given stone_pickaxe"]),
+        (["max_decisions=20"], ["max_decisions: saved 12, given 20"]),  # a bare task key
+    ],
+)
 def test_a_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(experiment, args, named):
     before = files(experiment)
     res = resume(experiment, *args)
@@ -55,8 +75,16 @@ def test_a_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(ex
 
 def test_a_resume_with_the_saved_values_in_other_spellings_proceeds(experiment):
     cells = {k: v for k, v in files(experiment).items() if "/cells/" in f"/{k}"}
-    res = resume(experiment, "experiment.iterations=2", "experiment.train_seeds=[ 0 ]", "task.max_decisions=12",
-                 "domain=minecraft", "task=wooden_pickaxe", "algo.lr=0.00003", "experiment.coordinators=[auction]")
+    res = resume(
+        experiment,
+        "experiment.iterations=2",
+        "experiment.train_seeds=[ 0 ]",
+        "task.max_decisions=12",
+        "domain=minecraft",
+        "task=wooden_pickaxe",
+        "algo.lr=0.00003",
+        "experiment.coordinators=[auction]",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     log = (experiment / "run.log").read_text().split("(resuming)")[-1]
     assert "cell train-mpt: done before, skipped" in log and "cell coordination-auction: done before, skipped" in log
@@ -90,13 +118,17 @@ def test_without_resume_the_same_arguments_in_other_spellings_are_the_same_run(e
     log = (copy / "run.log").read_text().split("experiment coordination in")[-1]
     assert "cell train-mpt: done before, skipped" in log and "cell coordination-auction: done before, skipped" in log
     before = files(copy)
-    changed = [a.replace("experiment.iterations=2", "experiment.iterations=3") for a in same if "max_decisions" not in a]
+    changed = [
+        a.replace("experiment.iterations=2", "experiment.iterations=3") for a in same if "max_decisions" not in a
+    ]
     bad = swarm("experiment", "coordination", *changed, f"run_dir={copy}", cwd=tmp_path)
     assert bad.returncode == 2, bad.stderr[-3000:]
     lines = bad.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
-    assert lines[0].startswith(f"swarm: error: {str(copy)!r} already holds this experiment run with other arguments "
-                               "(experiment.iterations: saved 2, given 3; task.max_decisions: saved 12, not given, so ")
+    assert lines[0].startswith(
+        f"swarm: error: {str(copy)!r} already holds this experiment run with other arguments "
+        "(experiment.iterations: saved 2, given 3; task.max_decisions: saved 12, not given, so "
+    )
     assert lines[0].endswith("); continue it with resume=true or pick another run_dir")
     assert "lr_scale" not in lines[0]
     assert files(copy) == before
@@ -110,9 +142,20 @@ def test_swarm_run_refuses_what_resuming_would_change_with_the_same_comparison(r
 
     _, reg = registry
     saved = resolve(["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=16"], reg)
-    same = ["domain=minecraft", "task=wooden_pickaxe", "max_decisions=16", "algo.lr=0.00003", "model=tiny",
-            "hardware=cpu", "hardware.threads=3", "algo.iterations=9", "run_dir=x", "resume=true", "progress=false",
-            "log_level=DEBUG"]
+    same = [
+        "domain=minecraft",
+        "task=wooden_pickaxe",
+        "max_decisions=16",
+        "algo.lr=0.00003",
+        "model=tiny",
+        "hardware=cpu",
+        "hardware.threads=3",
+        "algo.iterations=9",
+        "run_dir=x",
+        "resume=true",
+        "progress=false",
+        "log_level=DEBUG",
+    ]
     applied = refuse_resume_conflicts(saved, same, tmp_path / "config.yaml", also=("algo.iterations",))
     assert [k for k, _ in applied] == ["hardware", "hardware.threads", "algo.iterations", "progress", "log_level"]
     changed = ["task=stone_pickaxe", "model=small", "algo.lr=1e-4", "max_decisions=20", "task.llm_judge.api_key=sk-1"]
@@ -122,7 +165,8 @@ def test_swarm_run_refuses_what_resuming_would_change_with_the_same_comparison(r
         f"resume=true continues the run as saved in {str(tmp_path / 'config.yaml')!r}, but the command line changes "
         "task: saved wooden_pickaxe, given stone_pickaxe; model: saved tiny, given small; algo.lr: saved 3e-05, "
         "given 1e-4; max_decisions: saved 16, given 20; drop them to resume the run as saved, or give a new run_dir "
-        "to start a run with them")
+        "to start a run with them"
+    )
     assert resume_conflicts(saved, ["algo.iterations=9"]) == [("algo.iterations", int(saved.algo.iterations), "9")]
 
 
@@ -138,11 +182,16 @@ def resume_run(folder, *args):
     return swarm("run", "resume=true", f"run_dir={folder}", *args, cwd=folder.parent)
 
 
-@pytest.mark.parametrize("args, named", [
-    (["algo.lr=1e-4", "algo.iterations=3", "hardware.threads=1"], ["algo.lr: saved 3e-05, given 1e-4"]),
-    (["task=stone_pickaxe", "max_decisions=20"],
-     ["task: saved wooden_pickaxe, given stone_pickaxe", "max_decisions: saved 16, given 20"]),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["algo.lr=1e-4", "algo.iterations=3", "hardware.threads=1"], ["algo.lr: saved 3e-05, given 1e-4"]),
+        (
+            ["task=stone_pickaxe", "max_decisions=20"],
+            ["task: saved wooden_pickaxe, given stone_pickaxe", "max_decisions: saved 16, given 20"],
+        ),
+    ],
+)
 def test_swarm_run_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(tiny_run, args, named):
     """The same refusal (and words) as ``swarm experiment ... resume=true``, where it used to warn
     and continue with the saved value."""
@@ -161,8 +210,16 @@ def test_swarm_run_resume_that_would_change_the_saved_run_exits_2_and_touches_no
 
 
 def test_swarm_run_resume_with_the_saved_values_in_other_spellings_proceeds(tiny_run):
-    res = resume_run(tiny_run, "algo.lr=0.00003", "task.max_decisions=16", "domain=minecraft", "task=wooden_pickaxe",
-                     "algo.iterations=2", "hardware=cpu", "log_level=DEBUG")
+    res = resume_run(
+        tiny_run,
+        "algo.lr=0.00003",
+        "task.max_decisions=16",
+        "domain=minecraft",
+        "task=wooden_pickaxe",
+        "algo.iterations=2",
+        "hardware=cpu",
+        "log_level=DEBUG",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "(resuming from iter-000002)" in (tiny_run / "run.log").read_text()
     assert "Held-out evaluation" in res.stdout
@@ -173,11 +230,21 @@ def test_a_saved_secret_is_not_read_back_as_the_literal_redacted_marker(tmp_path
     on as the key: it is dropped, so the environment variable (or the value given again) applies."""
     from swarm_runtime.experiments.runner import _saved_args
 
-    saved = {"experiment": "coordination", "args": ["domain=openresearcher", "task.llm_judge.api_key=<redacted>",
-                                                     "task.llm_judge.model=gpt-4o-mini", "algo.lr=1e-4"]}
+    saved = {
+        "experiment": "coordination",
+        "args": [
+            "domain=openresearcher",
+            "task.llm_judge.api_key=<redacted>",
+            "task.llm_judge.model=gpt-4o-mini",
+            "algo.lr=1e-4",
+        ],
+    }
     (tmp_path / "experiment.json").write_text(json.dumps(saved))
     assert _saved_args(tmp_path / "experiment.json", "coordination") == [
-        "domain=openresearcher", "task.llm_judge.model=gpt-4o-mini", "algo.lr=1e-4"]
+        "domain=openresearcher",
+        "task.llm_judge.model=gpt-4o-mini",
+        "algo.lr=1e-4",
+    ]
 
 
 def test_swarm_run_resume_applies_a_secret_given_again(registry):

@@ -1,5 +1,6 @@
 """RLCR (``algo=rlcr``): the simulated clock and event loop, messages, organisation, the flat collective
 advantage, the Minecraft parallel form, the conformance checks, bad inputs and one real CLI run."""
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,17 @@ from swarm_runtime.rlcr.learn import collective_returns, flat_samples, group_adv
 from swarm_runtime.rlcr.loop import LoopOptions, Rollout, Turn, play_concurrent, policy_decider
 from swarm_runtime.rlcr.messages import Board, parse_command
 from swarm_runtime.rlcr.org import Organisation
-
 from tests.conftest import ROOT, TINY_RLCR, swarm
 
-TICK_TASK = OmegaConf.create({"max_decisions": 50, "reward_max": 10, "reward_min": 0,
-                              "train_seeds": {"start": 0, "count": 4}, "eval_seeds": {"start": 100, "count": 2}})
+TICK_TASK = OmegaConf.create(
+    {
+        "max_decisions": 50,
+        "reward_max": 10,
+        "reward_min": 0,
+        "train_seeds": {"start": 0, "count": 4},
+        "eval_seeds": {"start": 100, "count": 2},
+    }
+)
 
 
 class Tick(DomainEnv):
@@ -120,8 +127,9 @@ def test_time_accounting_and_the_env_sees_actions_in_time_order():
 
 def test_tick_makes_agents_decide_together_at_its_multiples():
     decide = scripted({}, {"alpha": 1, "bravo": 3})
-    (r,) = play_concurrent(TickDomain(), TICK_TASK, [0], decide,
-                           LoopOptions(t_max=1000, seconds_per_token=2.0, agents=2, tick=10.0))
+    (r,) = play_concurrent(
+        TickDomain(), TICK_TASK, [0], decide, LoopOptions(t_max=1000, seconds_per_token=2.0, agents=2, tick=10.0)
+    )
     # alpha's 12 s and bravo's 16 s actions both end before 20: both decide at 0, 20, 40, ...
     assert [t.t for t in r.turns][:6] == [0.0, 0.0, 20.0, 20.0, 40.0, 40.0]
 
@@ -136,8 +144,13 @@ def test_t_max_stops_the_rollout_with_the_progress_at_that_moment():
 
 def test_token_budget_and_turn_cap_stop_deciding():
     decide = scripted({})
-    (r,) = play_concurrent(TickDomain(), TICK_TASK, [0], decide,
-                           LoopOptions(t_max=math.inf, seconds_per_token=1.0, agents=1, token_budget=4))
+    (r,) = play_concurrent(
+        TickDomain(),
+        TICK_TASK,
+        [0],
+        decide,
+        LoopOptions(t_max=math.inf, seconds_per_token=1.0, agents=1, token_budget=4),
+    )
     assert len(r.turns) == 4 and r.progress == 4.0 and r.duration == 44.0
 
 
@@ -157,7 +170,7 @@ def test_parse_command():
     assert parse_command("post chop tree").kind == "post"
     assert parse_command("hire mine iron").body == "mine iron"
     assert (parse_command("fire alpha").kind, parse_command("fire alpha").target) == ("fire", "alpha")
-    assert parse_command("chop tree") .kind == "env" and parse_command("chop tree").body == "chop tree"
+    assert parse_command("chop tree").kind == "env" and parse_command("chop tree").body == "chop tree"
     for bad in ("", "say", "say bravo", "post", "fire", "search"):
         assert parse_command(bad).kind == "unparsed", bad
 
@@ -175,22 +188,34 @@ def test_board_shows_each_agent_what_is_new_since_its_last_action():
 
 
 def test_messages_in_the_loop_reach_inbox_channel_and_archive():
-    decide = scripted({"alpha": ["post hello", "write iron coal", "work"], "bravo": ["say alpha hi", "search iron",
-                                                                                     "say zulu hi", "say"]})
-    (r,) = play_concurrent(TickDomain(), TICK_TASK, [0], decide, LoopOptions(t_max=200, seconds_per_token=1.0, agents=2))
+    decide = scripted(
+        {
+            "alpha": ["post hello", "write iron coal", "work"],
+            "bravo": ["say alpha hi", "search iron", "say zulu hi", "say"],
+        }
+    )
+    (r,) = play_concurrent(
+        TickDomain(), TICK_TASK, [0], decide, LoopOptions(t_max=200, seconds_per_token=1.0, agents=2)
+    )
     a2, b2, b3 = decide.seen["alpha"][1], decide.seen["bravo"][1], decide.seen["bravo"][2]
     assert "inbox : bravo hi" in a2 and "channel : alpha hello" in b2
     assert "found : alpha iron coal" in b3
     assert r.counts["bad_messages"] == 1 and r.counts["unparsed"] == 1  # zulu does not exist; a bare "say"
-    assert r.message_tokens == 5 and r.counts["messages"] == 4 and r.env_tokens == len([t for t in r.turns if t.kind == "env"])
+    assert (
+        r.message_tokens == 5
+        and r.counts["messages"] == 4
+        and r.env_tokens == len([t for t in r.turns if t.kind == "env"])
+    )
     assert all(t.seconds == 1.0 for t in r.turns if t.kind != "env")  # a message costs its tokens' time
 
 
 def test_ceo_hires_fires_and_hires_beyond_the_cap_are_refused():
-    decide = scripted({"ceo": ["hire work hard", "hire more", "fire alpha", "say alpha hi", "fire ceo"],
-                       "alpha": ["work"] * 50})
-    (r,) = play_concurrent(TickDomain(), TICK_TASK, [0], decide,
-                           LoopOptions(t_max=300, seconds_per_token=1.0, org="ceo", max_hires=1))
+    decide = scripted(
+        {"ceo": ["hire work hard", "hire more", "fire alpha", "say alpha hi", "fire ceo"], "alpha": ["work"] * 50}
+    )
+    (r,) = play_concurrent(
+        TickDomain(), TICK_TASK, [0], decide, LoopOptions(t_max=300, seconds_per_token=1.0, org="ceo", max_hires=1)
+    )
     c = r.counts
     assert (c["hires"], c["refused_hires"], c["fires"], c["bad_messages"], c["bad_fires"]) == (1, 1, 1, 1, 1)
     assert "you are alpha . brief work hard" in decide.seen["alpha"][0]
@@ -213,13 +238,17 @@ def test_flat_advantage_on_every_token_of_every_agent():
     rollouts = []
     for i, p in enumerate((10.0, 30.0, 50.0)):
         r = Rollout(seed=7, group=0, t_max=600.0, progress=p, duration=300.0 * (i + 1))
-        r.turns = [Turn(a, 0.0, f"p{i}{a}", "work", [1] * (k + 1), "env") for k, a in enumerate(("alpha", "bravo", "ceo"))]
+        r.turns = [
+            Turn(a, 0.0, f"p{i}{a}", "work", [1] * (k + 1), "env") for k, a in enumerate(("alpha", "bravo", "ceo"))
+        ]
         rollouts.append(r)
     returns = collective_returns(rollouts, 0.0, 100.0)
     adv = group_advantages(returns, [r.group for r in rollouts])
     samples = flat_samples(rollouts, adv)
     assert adv == [-20.0, 0.0, 20.0]
-    assert [(s[0][:2], s[2]) for s in samples] == [("p0", -20.0)] * 3 + [("p2", 20.0)] * 3  # zero-advantage rollout left out
+    assert [(s[0][:2], s[2]) for s in samples] == [("p0", -20.0)] * 3 + [
+        ("p2", 20.0)
+    ] * 3  # zero-advantage rollout left out
     # latency penalty: mean pass rate 0.3, T/T_max = 0.5, 1, 1 (capped)
     # beta is relative to reward_max: 0.1 x 100 = 10 return units at pass rate 1 and T = T_max
     assert collective_returns(rollouts, 0.1, 100.0) == pytest.approx([10 - 1.5, 30 - 3.0, 50 - 3.0])
@@ -230,8 +259,9 @@ def tiny_policy():
     from swarm_runtime.policy.transformers_backend import make_transformers_policy
     from swarm_runtime.rlcr.trainer import RLCR_WORDS
 
-    cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), {"hidden_size": 32, "intermediate_size": 64,
-                                                               "max_action_tokens": 4})
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(ModelConfig), {"hidden_size": 32, "intermediate_size": 64, "max_action_tokens": 4}
+    )
     return make_transformers_policy(cfg, TickDomain().all_words(TICK_TASK) + list(RLCR_WORDS), [0.0, 0.5], seed=3)
 
 
@@ -239,8 +269,10 @@ def test_reinforce_step_moves_each_rollouts_tokens_by_its_sign(tiny_policy):
     from swarm_runtime.train.optim import make_optimizer
 
     p = tiny_policy
-    good, bad = ("you are alpha . count 1 . action :", p.action_target("work")), \
-                ("you are alpha . count 1 . action :", p.action_target("say bravo hi"))
+    good, bad = (
+        ("you are alpha . count 1 . action :", p.action_target("work")),
+        ("you are alpha . count 1 . action :", p.action_target("say bravo hi")),
+    )
     with torch.no_grad():
         before = p.logprobs([good[0], bad[0]], [good[1], bad[1]]).tolist()
     params = [q.detach().clone() for q in p.parameters()]
@@ -258,9 +290,14 @@ def test_concurrent_loop_with_a_real_policy_is_batched_and_deterministic(tiny_po
     runs = []
     for _ in range(2):
         tiny_policy.gen.manual_seed(11)
-        rs = play_concurrent(TickDomain(), TICK_TASK, [0, 0, 1], policy_decider(tiny_policy),
-                             LoopOptions(t_max=120, seconds_per_token=1.0, agents=3),
-                             on_round=lambda n, reqs: sizes.append(len(reqs)))
+        rs = play_concurrent(
+            TickDomain(),
+            TICK_TASK,
+            [0, 0, 1],
+            policy_decider(tiny_policy),
+            LoopOptions(t_max=120, seconds_per_token=1.0, agents=3),
+            on_round=lambda n, reqs: sizes.append(len(reqs)),
+        )
         runs.append([[(t.agent, t.t, t.text) for t in r.turns] for r in rs])
     assert runs[0] == runs[1]
     assert sizes[0] == 9  # 3 rollouts x 3 agents free at t = 0 go to the model in one batch
@@ -270,9 +307,9 @@ def test_concurrent_loop_with_a_real_policy_is_batched_and_deterministic(tiny_po
 
 
 def test_minecraft_parallel_form_split_work_finishes_sooner(registry):
-    from swarm_runtime.rlcr.trainer import loop_options
-    from swarm_runtime.rlcr.loop import expert_decider
     from swarm_runtime.rlcr.conformance import _WordCount
+    from swarm_runtime.rlcr.loop import expert_decider
+    from swarm_runtime.rlcr.trainer import loop_options
 
     _, reg = registry
     d = reg.domains["minecraft"]
@@ -328,27 +365,33 @@ def test_rlcr_success_comes_from_the_envs_metrics_not_from_done():
     from swarm_runtime.rlcr.signs import rollout_metrics, summarize_rollouts
 
     opts = LoopOptions(t_max=1e6, seconds_per_token=1.0, agents=1)
-    quit_, solve = (play_concurrent(GiveUpDomain(), TICK_TASK, [0], scripted({"alpha": script}), opts)[0]
-                    for script in (["work", "quit"], []))
+    quit_, solve = (
+        play_concurrent(GiveUpDomain(), TICK_TASK, [0], scripted({"alpha": script}), opts)[0]
+        for script in (["work", "quit"], [])
+    )
     assert quit_.done and quit_.success == 0.0 and solve.done and solve.success == 1.0
     assert rollout_metrics([quit_, solve])["charts/success"] == 0.5
     assert summarize_rollouts([quit_], runs=1)["success_mean"] == 0.0
     tick = play_concurrent(TickDomain(), TICK_TASK, [0], scripted({}), opts)[0]  # no success metric: done counts
     assert tick.done and tick.metrics == {} and tick.success == 1.0
 
+
 # ----------------------------------------------------------------------------- bad input and the CLI
 
 
-@pytest.mark.parametrize("arg, words", [
-    ("rlcr.org=mesh", ["rlcr.org", "'mesh'", "flat, ceo"]),
-    ("rlcr.t_max.end=100", ["rlcr.t_max.end", ">= rlcr.t_max.start"]),
-    ("rlcr.t_max.start=0", ["rlcr.t_max.start", "> 0"]),
-    ("rlcr.t_max.steps=0", ["rlcr.t_max.steps=0", "[1, "]),
-    ("rlcr.group_size=1", ["rlcr.group_size=1", "[2, 1024]"]),
-    ("rlcr.agents=12", ["rlcr.agents", "[1, 9]"]),
-    ("rlcr.max_hires=9", ["rlcr.max_hires", "[0, 8]"]),
-    ("rlcr.seconds_per_token=0", ["rlcr.seconds_per_token", "> 0"]),
-])
+@pytest.mark.parametrize(
+    "arg, words",
+    [
+        ("rlcr.org=mesh", ["rlcr.org", "'mesh'", "flat, ceo"]),
+        ("rlcr.t_max.end=100", ["rlcr.t_max.end", ">= rlcr.t_max.start"]),
+        ("rlcr.t_max.start=0", ["rlcr.t_max.start", "> 0"]),
+        ("rlcr.t_max.steps=0", ["rlcr.t_max.steps=0", "[1, "]),
+        ("rlcr.group_size=1", ["rlcr.group_size=1", "[2, 1024]"]),
+        ("rlcr.agents=12", ["rlcr.agents", "[1, 9]"]),
+        ("rlcr.max_hires=9", ["rlcr.max_hires", "[0, 8]"]),
+        ("rlcr.seconds_per_token=0", ["rlcr.seconds_per_token", "> 0"]),
+    ],
+)
 def test_bad_rlcr_values_name_the_valid_range(registry, arg, words):
     _, reg = registry
     with pytest.raises(ConfigError) as e:
@@ -372,8 +415,9 @@ def test_a_domain_without_progress_is_a_config_error_naming_it(registry):
 
 def test_cli_rlcr_run_trains_evaluates_and_plots(tmp_path):
     out = tmp_path / "run"
-    res = swarm("run", *TINY_RLCR, "algo.iterations=2", "rlcr.t_max.steps=2", "eval.episodes=2", f"run_dir={out}",
-                cwd=ROOT)
+    res = swarm(
+        "run", *TINY_RLCR, "algo.iterations=2", "rlcr.t_max.steps=2", "eval.episodes=2", f"run_dir={out}", cwd=ROOT
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "RLCR: flat team of 3" in res.stdout and "RLCR: solo" in res.stdout and "RLCR - SFT" in res.stdout
     ev = json.loads((out / "eval.json").read_text())
@@ -398,8 +442,9 @@ def test_cli_rlcr_run_without_updates_labels_its_figures_sft(tmp_path):
     """``algo.iterations=0`` under ``algo=rlcr``: the SFT checkpoint is the final one, evaluated once, and
     the collective-vs-solo line says SFT (no RLCR policy exists)."""
     out = tmp_path / "run"
-    res = swarm("run", *TINY_RLCR, "algo.iterations=0", "eval.episodes=2", "tensorboard=false", f"run_dir={out}",
-                cwd=ROOT)
+    res = swarm(
+        "run", *TINY_RLCR, "algo.iterations=0", "eval.episodes=2", "tensorboard=false", f"run_dir={out}", cwd=ROOT
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "SFT flat team of 3 - solo (same policy, same T_max)" in res.stdout
     assert "RLCR flat team" not in res.stdout and "| RLCR:" not in res.stdout

@@ -1,12 +1,12 @@
 """RLCR and the observer hooks: ``swarm_on_turn`` sees every action of a training rollout (one entry
 per decision of each round of the concurrent loop), as it sees every turn of an MPT rollout."""
+
 from __future__ import annotations
 
 from swarm_runtime import hookimpl
 from swarm_runtime.config import resolve
 from swarm_runtime.rlcr.loop import LoopOptions, play_concurrent, turn_report
 from swarm_runtime.run import RunContext
-
 from tests.test_rlcr import TICK_TASK, TickDomain, scripted
 
 
@@ -27,8 +27,14 @@ class TurnObserver:
 def test_turn_report_has_one_entry_per_decision_and_follows_hires():
     rounds = []
     decide = scripted({"ceo": ["hire work hard", "work"]}, {"ceo": 2, "alpha": 1})
-    (r,) = play_concurrent(TickDomain(), TICK_TASK, [0], decide, LoopOptions(t_max=60, seconds_per_token=1.0, org="ceo"),
-                           on_round=lambda n, reqs: rounds.append((n, [q.agent for q in reqs], turn_report(reqs))))
+    (r,) = play_concurrent(
+        TickDomain(),
+        TICK_TASK,
+        [0],
+        decide,
+        LoopOptions(t_max=60, seconds_per_token=1.0, org="ceo"),
+        on_round=lambda n, reqs: rounds.append((n, [q.agent for q in reqs], turn_report(reqs))),
+    )
     assert [n for n, _, _ in rounds] == list(range(len(rounds)))
     assert rounds[0] == (0, ["ceo"], ([[0.0]], [0]))  # the CEO alone at t = 0
     # the hire lands at t = 2 (2 tokens): the CEO and its new hire decide together, each one entry
@@ -53,9 +59,21 @@ def test_observers_see_every_action_of_an_rlcr_training_rollout(tmp_path, regist
 def _one_update(pm, reg, tmp_path, obs):
     from swarm_runtime.rlcr.trainer import RLCRTrainer
 
-    cfg = resolve(["domain=minecraft", "task=wooden_pickaxe", "algo=rlcr", "rlcr.instances=1", "rlcr.group_size=2",
-                   "rlcr.t_max.start=90", "rlcr.t_max.end=90", "tensorboard=false", "progress=false",
-                   f"run_dir={tmp_path}"], reg)
+    cfg = resolve(
+        [
+            "domain=minecraft",
+            "task=wooden_pickaxe",
+            "algo=rlcr",
+            "rlcr.instances=1",
+            "rlcr.group_size=2",
+            "rlcr.t_max.start=90",
+            "rlcr.t_max.end=90",
+            "tensorboard=false",
+            "progress=false",
+            f"run_dir={tmp_path}",
+        ],
+        reg,
+    )
     trainer = RLCRTrainer(RunContext(cfg, pm, reg, tmp_path))
     trainer._setup()
     played = []

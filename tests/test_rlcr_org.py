@@ -1,5 +1,6 @@
 """``swarm experiment rlcr_org``: the flat team, the CEO organisation and the latency penalty, each its
 own RLCR training, run end to end by the real CLI at a tiny budget."""
+
 from __future__ import annotations
 
 import json
@@ -22,5 +23,7 @@ def test_rlcr_org_trains_three_arms_and_tabulates_them(tmp_path):
     arms = [OmegaConf.load(out / "seed-0" / "trainings" / f"rlcr-org{i}" / "config.yaml").rlcr for i in range(3)]
     assert [(a.org, a.latency_penalty) for a in arms] == [("flat", 0.0), ("ceo", 0.0), ("flat", 0.5)]
     assert arms[1].max_hires == 2
-    rows = [json.loads(x) for x in (out / "seed-0" / "trainings" / "rlcr-org1" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x) for x in (out / "seed-0" / "trainings" / "rlcr-org1" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert any("charts/team_peak" in r and r["charts/team_peak"] >= 1 for r in rows)

@@ -1,5 +1,6 @@
 """``swarm experiment rlcr_teams``: per team size its own RLCR training, the solo agent with the team's
 tokens, best-of-k and the signs of life, run end to end by the real CLI at a tiny budget."""
+
 from __future__ import annotations
 
 import json

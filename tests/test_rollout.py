@@ -1,14 +1,15 @@
 """Samplers and learners (swarm_runtime/rollout): the in-process sampler's responses carry the log-probs the
 learner recomputes, importance weights and mismatch metrics from real model scores, engine settings refused
 with a clear line, and the chat template of an instruct tokenizer."""
+
 import math
 import random
 from dataclasses import replace
 
 import pytest
 import torch
-
 from conftest import run_context, swarm
+
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.policy.base import sampled_logprobs
 from swarm_runtime.rollout.base import Learner, Row, Sampler
@@ -18,8 +19,9 @@ from swarm_runtime.rollout.mismatch import Mismatch, importance_weight, token_de
 
 @pytest.fixture(scope="module", params=["none", "lora"])
 def swarm_ctx(registry, request):
-    ctx = run_context(registry, "domain=minecraft", "task=iron_pickaxe", "task.max_decisions=12",
-                      f"model.adapter={request.param}")
+    ctx = run_context(
+        registry, "domain=minecraft", "task=iron_pickaxe", "task.max_decisions=12", f"model.adapter={request.param}"
+    )
     agents, policies = ctx.build_swarm(replicas=2)
     return ctx, agents, policies
 
@@ -55,13 +57,18 @@ def test_sampler_logprobs_are_the_learners_on_the_same_weights(swarm_ctx):
     for kind, answers in (("act", acts), ("bid", bids)):
         for row, res in zip(rows, answers):
             pol = policies[row.model]
-            prompt = row.prompt if kind == "act" else ctx.domain.bid_prompt(row.model, obs[rows.index(row) // len(agents)], [])
+            prompt = (
+                row.prompt
+                if kind == "act"
+                else ctx.domain.bid_prompt(row.model, obs[rows.index(row) // len(agents)], [])
+            )
             assert res.logprobs is not None and len(res.logprobs) == len(res.tokens) > 0
             out: list = []
             with torch.no_grad():
                 total = sampled_logprobs(pol, [prompt], [res.tokens], per_token_out=out)
-            torch.testing.assert_close(out[0].double(), torch.tensor(res.logprobs, dtype=torch.float64),
-                                       atol=2e-5, rtol=0)
+            torch.testing.assert_close(
+                out[0].double(), torch.tensor(res.logprobs, dtype=torch.float64), atol=2e-5, rtol=0
+            )
             assert abs(float(total) - sum(res.logprobs)) < 1e-4
 
 
@@ -93,10 +100,16 @@ def test_play_through_an_explicit_sampler_is_play_by_default(swarm_ctx):
     b, _ = run(True)
     assert a == b
     acted = [t for e in eps for t in e.acted]
-    assert acted and all(t.action_logprobs is not None and len(t.action_logprobs) == len(t.action_tokens)
-                         for t in acted)
-    bidders = [(t.bid_tokens[a], t.bid_logprobs[a]) for e in eps for t in e.turns for a in range(len(agents))
-               if t.bid_tokens[a] is not None]
+    assert acted and all(
+        t.action_logprobs is not None and len(t.action_logprobs) == len(t.action_tokens) for t in acted
+    )
+    bidders = [
+        (t.bid_tokens[a], t.bid_logprobs[a])
+        for e in eps
+        for t in e.turns
+        for a in range(len(agents))
+        if t.bid_tokens[a] is not None
+    ]
     assert bidders and all(lp is not None and len(lp) == len(tok) for tok, lp in bidders)
 
 
@@ -118,8 +131,9 @@ def test_mismatch_and_importance_weights_from_real_scores(registry):
     shifted = [[float(x) - 1.0 for x in lt] for lt in out]
     plain = _reinforce_chunk(pol, [(prompt, r.tokens, 1.0) for r in res])
     stats = Mismatch(cap=1.5)
-    weighted = _reinforce_chunk(pol, [(prompt, r.tokens, 1.0, s) for r, s in zip(res, shifted)], stats=stats,
-                                is_cap=1.5)
+    weighted = _reinforce_chunk(
+        pol, [(prompt, r.tokens, 1.0, s) for r, s in zip(res, shifted)], stats=stats, is_cap=1.5
+    )
     torch.testing.assert_close(weighted, 1.5 * plain)
     m = stats.metrics("Logger")
     n = sum(len(r.tokens) for r in res)
@@ -132,17 +146,21 @@ def test_mismatch_and_importance_weights_from_real_scores(registry):
     assert importance_weight(d, 2.0) == pytest.approx(1.0) and float(d.abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("args, words", [
-    (["rollout.engine=vllm"], ["rollout.engine=vllm", "model.adapter=none", "model.adapter=lora"]),
-    (["rollout.engine=openai", "model.adapter=lora"], ["rollout.url"]),
-    (["rollout.engine=sglang"], ["rollout.engine='sglang'", "local, openai, vllm"]),
-    (["rollout.url=ftp://x"], ["rollout.url", "http(s) URL"]),
-    (["algo.is_cap=0.5"], ["algo.is_cap=0.5", ">= 1"]),
-    (["model.chat_template=yes"], ["model.chat_template", "auto, none"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["rollout.engine=vllm"], ["rollout.engine=vllm", "model.adapter=none", "model.adapter=lora"]),
+        (["rollout.engine=openai", "model.adapter=lora"], ["rollout.url"]),
+        (["rollout.engine=sglang"], ["rollout.engine='sglang'", "local, openai, vllm"]),
+        (["rollout.url=ftp://x"], ["rollout.url", "http(s) URL"]),
+        (["algo.is_cap=0.5"], ["algo.is_cap=0.5", ">= 1"]),
+        (["model.chat_template=yes"], ["model.chat_template", "auto, none"]),
+    ],
+)
 def test_engine_settings_are_checked_before_anything_runs(tmp_path, args, words):
-    res = swarm("run", "domain=minecraft", "task=wooden_pickaxe", *args, f"run_dir={tmp_path / 'r'}", cwd=tmp_path,
-                timeout=120)
+    res = swarm(
+        "run", "domain=minecraft", "task=wooden_pickaxe", *args, f"run_dir={tmp_path / 'r'}", cwd=tmp_path, timeout=120
+    )
     assert res.returncode == 2, res.stderr[-2000:]
     line = res.stderr.strip().splitlines()[-1]
     assert all(w in line for w in words), line
@@ -160,8 +178,10 @@ def test_chat_template_auto_prompts_an_instruct_tokenizer_in_its_template(regist
     assert not raw.templated
     prompt = "you are Logger . inventory : none"
     plain = raw.encode_prompt(prompt)
-    tok.chat_template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}" \
-                        "{% if add_generation_prompt %}assistant{% endif %}"
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}assistant{% endif %}"
+    )
     inst = TransformersPolicy(model, tok, [0.0, 0.5], chat_template="auto")
     assert inst.templated
     ids = inst.encode_prompt(prompt)
@@ -199,14 +219,16 @@ def test_bid_mismatch_and_importance_weights_from_real_scores(registry):
     weighted = _bradley_terry_chunk(pol, tracked, stats=stats, is_cap=1.5)
     torch.testing.assert_close(weighted, 1.5 * plain)
     m = stats.metrics("Logger", prefix="bid_")
-    assert stats.tokens == 2 and set(m) == {f"mismatch/bid_{k}_Logger" for k in
-                                            ("approx_kl", "max_abs_dlogp", "past_cap", "is_weight_mean")}
+    assert stats.tokens == 2 and set(m) == {
+        f"mismatch/bid_{k}_Logger" for k in ("approx_kl", "max_abs_dlogp", "past_cap", "is_weight_mean")
+    }
     assert abs(m["mismatch/bid_approx_kl_Logger"] - (math.e - 2)) < 1e-5
     assert abs(m["mismatch/bid_max_abs_dlogp_Logger"] - 1.0) < 1e-5 and m["mismatch/bid_past_cap_Logger"] == 1.0
     assert m["mismatch/bid_is_weight_mean_Logger"] == 1.5
     # a sampler ten nats more sure than the learner: the ratio e^-10 is not capped from below
-    low = _bradley_terry_chunk(pol, [replace(tracked[0], behaviour=[x + 10.0 for x in bids[0].logprobs])],
-                               stats=Mismatch(cap=1.5), is_cap=1.5)
+    low = _bradley_terry_chunk(
+        pol, [replace(tracked[0], behaviour=[x + 10.0 for x in bids[0].logprobs])], stats=Mismatch(cap=1.5), is_cap=1.5
+    )
     torch.testing.assert_close(low, math.exp(-10.0) * _bradley_terry_chunk(pol, rows[:1]), rtol=1e-4, atol=0)
 
 

@@ -4,6 +4,7 @@ One tiny checkpoint is built in process (no training: the service's job is to se
 trained), one gateway with three workers is shared by the module, and a fourth worker with injected
 faults is started by the tests themselves. Every process started here is stopped by pid.
 """
+
 import asyncio
 import json
 import os
@@ -22,8 +23,15 @@ httpx = pytest.importorskip("httpx")
 
 from conftest import ROOT  # noqa: E402
 
-RUN_ARGS = ["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=12", "eval.episodes=2", "eval.runs=1",
-            "hardware.threads=1", "progress=false"]
+RUN_ARGS = [
+    "domain=minecraft",
+    "task=wooden_pickaxe",
+    "task.max_decisions=12",
+    "eval.episodes=2",
+    "eval.runs=1",
+    "hardware.threads=1",
+    "progress=false",
+]
 
 
 def _free_port() -> int:
@@ -37,8 +45,9 @@ def _env(**extra) -> dict:
 
 
 def _start(args: list[str], log: Path, **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=_env(**env), stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", *args], cwd=ROOT, env=_env(**env), stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
 
 
 def _stop(proc: subprocess.Popen, sig=signal.SIGTERM, wait: float = 30) -> None:
@@ -105,12 +114,34 @@ def served(registry, tmp_path_factory):
     run = build_run(registry, tmp / "run")
     port, wport = _free_port(), _free_port()
     glog, wlog = tmp / "gateway.log", tmp / "faulty.log"
-    gateway = _start(["swarm_runtime.cli", "serve", str(run), f"serve.port={port}", "serve.probe_interval_ms=200",
-                      "serve.agent_wait_s=3"], glog)
+    gateway = _start(
+        [
+            "swarm_runtime.cli",
+            "serve",
+            str(run),
+            f"serve.port={port}",
+            "serve.probe_interval_ms=200",
+            "serve.agent_wait_s=3",
+        ],
+        glog,
+    )
     # a Smith that always bids 0.8 and fails every action after its first two: joins the swarm later by URL
-    faulty = _start(["swarm_runtime.serve.worker", "--model", str(run / "checkpoints/final/agents/Smith"),
-                     "--name", "Smith-faulty", "--port", str(wport), "--fault-bid", "0.8",
-                     "--fault-act-error-after", "2"], wlog)
+    faulty = _start(
+        [
+            "swarm_runtime.serve.worker",
+            "--model",
+            str(run / "checkpoints/final/agents/Smith"),
+            "--name",
+            "Smith-faulty",
+            "--port",
+            str(wport),
+            "--fault-bid",
+            "0.8",
+            "--fault-act-error-after",
+            "2",
+        ],
+        wlog,
+    )
     pids: list[int] = []
     try:
         url = f"http://127.0.0.1:{port}"
@@ -146,13 +177,25 @@ def test_served_episode_equals_in_process(served, registry, capsys):
     agents, _ = ctx.build_swarm(served.run / "checkpoints/final/agents")
     seeds = ctx.seeds("eval")
     torch.set_num_threads(1)
-    res, eps = evaluate(agents, ctx.coordinator(), ctx.domain, ctx.task, seeds, 1, int(cfg.seed) + 7919,
-                        cfg.eval.temperature, common_random_numbers=True)
+    res, eps = evaluate(
+        agents,
+        ctx.coordinator(),
+        ctx.domain,
+        ctx.task,
+        seeds,
+        1,
+        int(cfg.seed) + 7919,
+        cfg.eval.temperature,
+        common_random_numbers=True,
+    )
     sres, seps, bodies = asyncio.run(evaluate_served(served.url, seeds, 1, int(cfg.seed) + 7919, None, None))
-    assert [b["status"] for b in bodies] == ["done"] * len(seeds), [(b["error"], [(r["missed"], r["bids"], r["latency_ms"]) for r in b["turns"]]) for b in bodies]
+    assert [b["status"] for b in bodies] == ["done"] * len(seeds), [
+        (b["error"], [(r["missed"], r["bids"], r["latency_ms"]) for r in b["turns"]]) for b in bodies
+    ]
     for a, b in zip(eps, seps):
-        assert [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in a.turns] == \
-               [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in b.turns]
+        assert [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in a.turns] == [
+            (t.winner, t.bids, t.action_text, t.reward, t.valid) for t in b.turns
+        ]
         assert a.metrics == b.metrics
     assert sres["reward_mean"] == res["reward_mean"] and sres["turn_share"] == res["turn_share"]
     # the CLI branch: the same table through the service
@@ -167,9 +210,14 @@ def test_client_side_episode_and_bad_requests(served):
     u = served.url
     ep = httpx.post(f"{u}/v1/episodes", json={"env": "client", "seed": 5, "split": "train"}).json()
     assert ep["status"] == "running" and ep["agents"] == ["Logger", "Miner", "Smith"]
-    moves = [httpx.post(f"{u}/v1/episodes/{ep['id']}/turns", timeout=30,
-                        json={"observation": "goal wooden_pickaxe . inventory : none", "reward": r}).json()
-             for r in (0.0, 1.0, 2.0)]
+    moves = [
+        httpx.post(
+            f"{u}/v1/episodes/{ep['id']}/turns",
+            timeout=30,
+            json={"observation": "goal wooden_pickaxe . inventory : none", "reward": r},
+        ).json()
+        for r in (0.0, 1.0, 2.0)
+    ]
     assert [m["t"] for m in moves] == [0, 1, 2]
     assert all(set(m) >= {"agent", "role", "bid", "action"} for m in moves)
     assert all(m["role"] in (None, "Logger", "Miner", "Smith") for m in moves)
@@ -179,7 +227,11 @@ def test_client_side_episode_and_bad_requests(served):
     assert again.status_code == 409 and "done" in again.json()["detail"]
     # malformed JSON, a wrong field, an unknown episode, an oversized body, an unknown role or task
     bad = httpx.post(f"{u}/v1/episodes", content=b'{"seed": 1', headers={"content-type": "application/json"})
-    assert bad.status_code == 400 and "JSON" in bad.json()["detail"] and bad.json()["error"]["type"] == "invalid_request_error"
+    assert (
+        bad.status_code == 400
+        and "JSON" in bad.json()["detail"]
+        and bad.json()["error"]["type"] == "invalid_request_error"
+    )
     assert httpx.post(f"{u}/v1/episodes", json={"sede": 1}).status_code == 422
     missing = httpx.post(f"{u}/v1/episodes/ep-nope/turns", json={"observation": "x"})
     assert missing.status_code == 404 and "ep-nope" in missing.json()["detail"]
@@ -190,8 +242,13 @@ def test_client_side_episode_and_bad_requests(served):
     task = httpx.post(f"{u}/v1/episodes", json={"task": "nope"})
     assert task.status_code == 422 and "wooden_pickaxe" in task.json()["detail"]
     metrics = httpx.get(f"{u}/metrics").text
-    for name in ("swarm_turns_total", "swarm_bids_missed_total", "swarm_agent_failures_total",
-                 'swarm_turn_latency_seconds_bucket{le="+Inf"}', "swarm_agents_up 3"):
+    for name in (
+        "swarm_turns_total",
+        "swarm_bids_missed_total",
+        "swarm_agent_failures_total",
+        'swarm_turn_latency_seconds_bucket{le="+Inf"}',
+        "swarm_agents_up 3",
+    ):
         assert name in metrics
 
 
@@ -208,7 +265,7 @@ def test_added_worker_gets_turns_and_failing_winner_hands_over(served):
     handed = [r for r in body["turns"] if "Smith-faulty" in r["failed"]]
     assert handed and all(r["agent"] not in (None, "Smith-faulty") for r in handed)
     assert body["failovers"] == len(handed)
-    assert 'swarm_failovers_total' in httpx.get(f"{u}/metrics").text
+    assert "swarm_failovers_total" in httpx.get(f"{u}/metrics").text
     gone = httpx.delete(f"{u}/v1/swarm/agents/Smith-faulty", timeout=60)
     assert gone.status_code == 200 and gone.json()["status"] == "removed"
     assert httpx.delete(f"{u}/v1/swarm/agents/Smith-faulty").status_code == 404
@@ -220,7 +277,9 @@ def test_worker_killed_mid_episode_does_not_fail_it(served):
     u = served.url
     victim = next(a for a in served.agents() if a["name"] == "Logger")
     lines = []
-    with httpx.stream("POST", f"{u}/v1/episodes", json={"seed": 100001, "noise": "8", "stream": True}, timeout=120) as r:
+    with httpx.stream(
+        "POST", f"{u}/v1/episodes", json={"seed": 100001, "noise": "8", "stream": True}, timeout=120
+    ) as r:
         for line in r.iter_lines():
             lines.append(json.loads(line))
             if len(lines) == 3:
@@ -244,7 +303,7 @@ def _token_scores(policy, prompt: str, resp: list[int], temperature: float, allo
 
     ids = policy.encode_prompt(prompt) + resp
     with torch.no_grad():
-        logits = policy.model(input_ids=torch.tensor([ids])).logits[0, len(ids) - len(resp) - 1:-1].float()
+        logits = policy.model(input_ids=torch.tensor([ids])).logits[0, len(ids) - len(resp) - 1 : -1].float()
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     else:
@@ -267,16 +326,28 @@ def test_worker_logprobs_are_the_models_token_scores(served, registry):
     policy = load_policy(WorkerOptions(model=str(served.run / "checkpoints/final/agents/Miner")))
     ctx = RunContext(load_saved(served.run / "config.yaml"), *registry, served.run)
     choices = list(ctx.domain.action_choices(ctx.task, "Miner"))
-    free = httpx.post(f"{url}/v1/completions", timeout=60, json={
-        "prompt": PROMPT, "max_tokens": 6, "temperature": 0.7, "seed": 11, "logprobs": 3}).json()["choices"][0]
-    guided = httpx.post(f"{url}/v1/completions", timeout=60, json={
-        "prompt": PROMPT, "max_tokens": 12, "temperature": 1.3, "seed": 12, "logprobs": 2,
-        "guided_choice": choices}).json()["choices"][0]
+    free = httpx.post(
+        f"{url}/v1/completions",
+        timeout=60,
+        json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0.7, "seed": 11, "logprobs": 3},
+    ).json()["choices"][0]
+    guided = httpx.post(
+        f"{url}/v1/completions",
+        timeout=60,
+        json={
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "temperature": 1.3,
+            "seed": 12,
+            "logprobs": 2,
+            "guided_choice": choices,
+        },
+    ).json()["choices"][0]
     assert guided["text"] in choices and guided["finish_reason"] == "stop"
     policy.constrain_actions(choices)
     for ch, T, k in ((free, 0.7, 3), (guided, 1.3, 2)):
         lp = ch["logprobs"]
-        resp = policy.action_target(ch["text"])[:len(lp["tokens"])]  # the eos too, when it stopped
+        resp = policy.action_target(ch["text"])[: len(lp["tokens"])]  # the eos too, when it stopped
         assert len(resp) == len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"])
         assert "".join(lp["tokens"]) == ch["text"]
         assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(resp))]
@@ -287,16 +358,24 @@ def test_worker_logprobs_are_the_models_token_scores(served, registry):
         for row, top, tok in zip(scores, lp["top_logprobs"], lp["tokens"]):
             finite = row[torch.isfinite(row)]
             best = finite.topk(min(k, len(finite))).values
-            assert torch.allclose(torch.tensor(sorted(top.values(), reverse=True)[:len(best)]), best, atol=1e-4)
+            assert torch.allclose(torch.tensor(sorted(top.values(), reverse=True)[: len(best)]), best, atol=1e-4)
             assert tok in top and len(top) <= k + 1 and all(v > float("-inf") for v in top.values())
     # the score the training losses give the guided action is the sum of its token log-probs
     with torch.no_grad():
         total = policy.logprobs([PROMPT], [resp], temperature=1.3, actions=True)
     assert abs(float(total) - sum(guided["logprobs"]["token_logprobs"])) < 1e-4
     # a bid (logits mode) still carries every level's log-probability
-    bid = httpx.post(f"{url}/v1/completions", timeout=60, json={
-        "prompt": PROMPT, "max_tokens": 1, "seed": 3, "logprobs": 1,
-        "guided_choice": policy.tok.convert_ids_to_tokens(policy.bid_ids)}).json()["choices"][0]
+    bid = httpx.post(
+        f"{url}/v1/completions",
+        timeout=60,
+        json={
+            "prompt": PROMPT,
+            "max_tokens": 1,
+            "seed": 3,
+            "logprobs": 1,
+            "guided_choice": policy.tok.convert_ids_to_tokens(policy.bid_ids),
+        },
+    ).json()["choices"][0]
     assert len(bid["logprobs"]["top_logprobs"][0]) == len(policy.bid_ids)
 
 
@@ -312,8 +391,11 @@ def test_worker_n_samples_keyed_and_bounded(served):
     url = next(a["url"] for a in served.agents() if a["name"] == "Miner")
 
     def ask(**kw):
-        r = httpx.post(f"{url}/v1/completions", timeout=60,
-                       json={"prompt": [PROMPT, "goal stick"], "max_tokens": 5, "temperature": 1.0, **kw})
+        r = httpx.post(
+            f"{url}/v1/completions",
+            timeout=60,
+            json={"prompt": [PROMPT, "goal stick"], "max_tokens": 5, "temperature": 1.0, **kw},
+        )
         assert r.status_code == 200, r.text
         return [c["text"] for c in r.json()["choices"]], r.json()
 
@@ -339,16 +421,17 @@ def test_logprob_pieces_with_a_byte_level_tokenizer(tmp_path):
     """With a byte-level BPE checkpoint (tokens that split characters), the pieces still concatenate
     to the text and the offsets follow them; n rows per prompt, one logprobs object each."""
     import torch
-
     from conftest import make_local_checkpoint
+
     from swarm_runtime.serve.protocol import completion_models
     from swarm_runtime.serve.worker import Completer, WorkerOptions, load_policy
 
     torch.set_num_threads(1)
     opts = WorkerOptions(model=str(make_local_checkpoint(tmp_path / "bpe")))
     completer = Completer(load_policy(opts), "bpe", opts)
-    req = completion_models()(prompt="you are Logger . goal wooden_pickaxe . action :", max_tokens=8, seed=5,
-                              logprobs=2, n=3)
+    req = completion_models()(
+        prompt="you are Logger . goal wooden_pickaxe . action :", max_tokens=8, seed=5, logprobs=2, n=3
+    )
     (body,), _ = completer.run([completer.plan(req)])
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     n_tokens = 0
@@ -356,7 +439,9 @@ def test_logprob_pieces_with_a_byte_level_tokenizer(tmp_path):
         lp = c["logprobs"]
         assert "".join(lp["tokens"]) == c["text"] and len(lp["token_logprobs"]) == len(lp["tokens"])
         assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
-        assert all(t <= 0 for t in lp["token_logprobs"]) and all(tok in top for tok, top in zip(lp["tokens"], lp["top_logprobs"]))
+        assert all(t <= 0 for t in lp["token_logprobs"]) and all(
+            tok in top for tok, top in zip(lp["tokens"], lp["top_logprobs"])
+        )
         n_tokens += len(lp["tokens"])
     assert body["usage"]["completion_tokens"] == n_tokens
     # a generated bid (model.bid_mode=generate) is the policy's own keyed bid, with its token log-probs
@@ -378,9 +463,21 @@ def bare(served, tmp_path_factory):
     API key, and client-side episodes that expire after 1 s without a turn: (url, auth headers)."""
     port, dead = _free_port(), _free_port()
     log = tmp_path_factory.mktemp("bare") / "gateway.log"
-    gateway = _start(["swarm_runtime.cli", "serve", str(served.run), "serve.host=0.0.0.0", f"serve.port={port}",
-                      "serve.replicas=0", f"serve.agents=[Logger=http://127.0.0.1:{dead}]", "serve.agent_wait_s=1",
-                      "serve.episode_idle_s=1"], log, SWARM_API_KEY="s3cret-key")
+    gateway = _start(
+        [
+            "swarm_runtime.cli",
+            "serve",
+            str(served.run),
+            "serve.host=0.0.0.0",
+            f"serve.port={port}",
+            "serve.replicas=0",
+            f"serve.agents=[Logger=http://127.0.0.1:{dead}]",
+            "serve.agent_wait_s=1",
+            "serve.episode_idle_s=1",
+        ],
+        log,
+        SWARM_API_KEY="s3cret-key",
+    )
     try:
         url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer s3cret-key"}
         health = _wait_health(url, [gateway], 120, headers=auth, logs=[log])
@@ -438,9 +535,8 @@ def test_idle_client_episode_expires(served, bare):
 
 def test_seed_carries_the_keyed_draw():
     """The request seed continues the in-process key's hash chain: same Gumbel noise, token by token."""
-    from swarm_runtime.policy.noise import gumbel, key_hash
+    from swarm_runtime.policy.noise import _splitmix64, gumbel, key_hash
     from swarm_runtime.serve.protocol import key_from_seed, seed_for, unsplitmix64
-    from swarm_runtime.policy.noise import _splitmix64
 
     rng = random.Random(0)
     for _ in range(200):
@@ -460,9 +556,13 @@ def test_serve_config_errors_name_the_valid_values(registry):
     from swarm_runtime.validation import serve_roles
 
     roles = ["Logger", "Miner", "Smith"]
-    for args, words in ((["serve.replicas=-1"], ">= 0"), (["serve.agents=[Wizard=http://x]"], "Logger, Miner, Smith"),
-                        (["serve.agents=[Smith=ftp://x]"], "http(s)"), (["serve.url=localhost:8000"], "http(s) URL"),
-                        (["serve.bid_deadline_ms=0"], "at least 1")):
+    for args, words in (
+        (["serve.replicas=-1"], ">= 0"),
+        (["serve.agents=[Wizard=http://x]"], "Logger, Miner, Smith"),
+        (["serve.agents=[Smith=ftp://x]"], "http(s)"),
+        (["serve.url=localhost:8000"], "http(s) URL"),
+        (["serve.bid_deadline_ms=0"], "at least 1"),
+    ):
         with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
             resolve(RUN_ARGS + args, registry[1])  # ranges and roles: every command validates serve.*
     cfg = resolve(RUN_ARGS, registry[1])

@@ -2,6 +2,7 @@
 adapter, each agent's requests routed to its adapter by ``model`` name, rows of several adapters in
 one batch; vLLM's runtime LoRA endpoints load a PEFT adapter folder onto the base (new weights under
 a loaded name replace the old ones: adapter sync) and unload one. Real processes on 127.0.0.1."""
+
 import asyncio
 import random
 import shutil
@@ -40,7 +41,9 @@ def _perturbed(src, dst, seed: int):
 
     shutil.copytree(src, dst)
     g = torch.Generator().manual_seed(seed)
-    state = {k: torch.randn(v.shape, generator=g) * 0.5 for k, v in load_file(str(dst / "adapter_model.safetensors")).items()}
+    state = {
+        k: torch.randn(v.shape, generator=g) * 0.5 for k, v in load_file(str(dst / "adapter_model.safetensors")).items()
+    }
     save_file(state, str(dst / "adapter_model.safetensors"), metadata={"format": "pt"})
     return dst
 
@@ -51,8 +54,17 @@ def served(registry, tmp_path_factory):
     run = _adapter_run(registry, tmp / "run")
     port = _free_port()
     log = tmp / "gateway.log"
-    g = _start(["swarm_runtime.cli", "serve", str(run), f"serve.port={port}", "serve.replicas=2",
-                "serve.probe_interval_ms=200"], log)
+    g = _start(
+        [
+            "swarm_runtime.cli",
+            "serve",
+            str(run),
+            f"serve.port={port}",
+            "serve.replicas=2",
+            "serve.probe_interval_ms=200",
+        ],
+        log,
+    )
     pids = []
     try:
         url = f"http://127.0.0.1:{port}"
@@ -91,8 +103,11 @@ def test_runtime_lora_endpoints_load_route_and_sync(served):
     new = _perturbed(agents / "Smith", tmp / "smith-v2", seed=1)
 
     def ask(model, seed=5):
-        r = httpx.post(f"{worker}/v1/completions", timeout=60,
-                       json={"model": model, "prompt": PROMPT, "max_tokens": 8, "seed": seed, "logprobs": 1})
+        r = httpx.post(
+            f"{worker}/v1/completions",
+            timeout=60,
+            json={"model": model, "prompt": PROMPT, "max_tokens": 8, "seed": seed, "logprobs": 1},
+        )
         assert r.status_code == 200, r.text
         return r.json()["choices"][0]
 
@@ -107,9 +122,15 @@ def test_runtime_lora_endpoints_load_route_and_sync(served):
     # rows of several adapters in one batch: each row gets what its adapter alone gives
     async def together():
         async with httpx.AsyncClient(timeout=60) as c:
-            rs = await asyncio.gather(*(c.post(f"{worker}/v1/completions", json={
-                "model": m, "prompt": PROMPT, "max_tokens": 8, "seed": s, "logprobs": 1})
-                for m, s in [("Smith", 5), ("Smith-v2", 5), ("Logger", 6), ("Smith-v2", 7)] * 2))
+            rs = await asyncio.gather(
+                *(
+                    c.post(
+                        f"{worker}/v1/completions",
+                        json={"model": m, "prompt": PROMPT, "max_tokens": 8, "seed": s, "logprobs": 1},
+                    )
+                    for m, s in [("Smith", 5), ("Smith-v2", 5), ("Logger", 6), ("Smith-v2", 7)] * 2
+                )
+            )
             return [r.json()["choices"][0] for r in rs]
 
     stats0 = httpx.get(f"{worker}/health").json()["batching"]

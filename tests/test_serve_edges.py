@@ -7,6 +7,7 @@ One run folder (its checkpoint in the RLCR layout: one model under ``agents/Shar
 gateways: ``main`` (three workers), ``bare`` (no worker of its own, 0.0.0.0 with an API key, tight
 limits) and one the journal and SIGTERM tests start and stop themselves. Every process is stopped by pid.
 """
+
 import asyncio
 import json
 import shutil
@@ -29,8 +30,13 @@ HELD_OUT = 100000  # wooden_pickaxe's first eval seed
 
 
 def _post_raw(url: str, body: bytes, **kw) -> httpx.Response:
-    return httpx.post(url, content=body, headers={"content-type": "application/json", **kw.pop("headers", {})},
-                      timeout=kw.pop("timeout", 30), **kw)
+    return httpx.post(
+        url,
+        content=body,
+        headers={"content-type": "application/json", **kw.pop("headers", {})},
+        timeout=kw.pop("timeout", 30),
+        **kw,
+    )
 
 
 def _until(fn, timeout: float, what: str):
@@ -78,9 +84,11 @@ class Gateway:
 def main(run, tmp_path_factory):
     """Three workers, all from agents/Shared; two client-side episodes per client; a worker restarted
     twice within a minute fails."""
-    g = Gateway(run, ["serve.probe_interval_ms=200", "serve.agent_wait_s=3", "serve.client_episodes=2",
-                      "serve.max_restarts=2"],
-                tmp_path_factory.mktemp("main") / "gateway.log")
+    g = Gateway(
+        run,
+        ["serve.probe_interval_ms=200", "serve.agent_wait_s=3", "serve.client_episodes=2", "serve.max_restarts=2"],
+        tmp_path_factory.mktemp("main") / "gateway.log",
+    )
     try:
         _wait_health(g.url, [g.proc], 240, logs=[g.log])
         g.pids = [a["pid"] for a in g.agents() if a["pid"]]
@@ -95,10 +103,21 @@ def bare(run, tmp_path_factory):
     """No worker of its own, one dead agent URL; on 0.0.0.0 with a key; one episode at a time (1 s of
     queueing); agents that do not answer within 2 s fail."""
     dead = _free_port()
-    g = Gateway(run, ["serve.host=0.0.0.0", "serve.replicas=0", f"serve.agents=[Logger=http://127.0.0.1:{dead}]",
-                      "serve.agent_wait_s=2", "serve.startup_timeout_s=2", "serve.max_episodes=1",
-                      "serve.queue_wait_s=1", "serve.probe_interval_ms=200"],
-                tmp_path_factory.mktemp("bare") / "gateway.log", SWARM_API_KEY=KEY)
+    g = Gateway(
+        run,
+        [
+            "serve.host=0.0.0.0",
+            "serve.replicas=0",
+            f"serve.agents=[Logger=http://127.0.0.1:{dead}]",
+            "serve.agent_wait_s=2",
+            "serve.startup_timeout_s=2",
+            "serve.max_episodes=1",
+            "serve.queue_wait_s=1",
+            "serve.probe_interval_ms=200",
+        ],
+        tmp_path_factory.mktemp("bare") / "gateway.log",
+        SWARM_API_KEY=KEY,
+    )
     try:
         _until(lambda: _probe(g.url + "/health/live"), 120, "bare gateway live")
         yield g
@@ -119,9 +138,12 @@ def _probe(url: str, **kw):
 def test_non_finite_numbers_are_a_400_naming_the_field(main):
     """NaN, Infinity and 1e999 anywhere: 400 naming the field (was: 500, or a reset connection)."""
     u = main.url
-    for raw, field in ((b'{"temperature": NaN}', "temperature"), (b'{"temperature": Infinity}', "temperature"),
-                       (b'{"temperature": -Infinity, "seed": 100000}', "temperature"),
-                       (b'{"temperature": 1e999}', "temperature")):
+    for raw, field in (
+        (b'{"temperature": NaN}', "temperature"),
+        (b'{"temperature": Infinity}', "temperature"),
+        (b'{"temperature": -Infinity, "seed": 100000}', "temperature"),
+        (b'{"temperature": 1e999}', "temperature"),
+    ):
         r = _post_raw(f"{u}/v1/episodes", raw)
         assert r.status_code == 400, (raw, r.status_code, r.text)
         body = r.json()
@@ -159,14 +181,23 @@ def test_episodes_jsonl_stays_json(run, main):
 
 def test_seeds_outside_the_held_out_split_are_refused(main):
     u = main.url
-    for seed, why in ((-5, "greater than or equal"), (2**70, "less than"), (10**400, "less than"),
-                      (5, "not in the eval split"), (True, "integer"), (1.5, "integer"), ("100000", "integer")):
+    for seed, why in (
+        (-5, "greater than or equal"),
+        (2**70, "less than"),
+        (10**400, "less than"),
+        (5, "not in the eval split"),
+        (True, "integer"),
+        (1.5, "integer"),
+        ("100000", "integer"),
+    ):
         r = httpx.post(f"{u}/v1/episodes", json={"seed": seed, "env": "client"})
         assert r.status_code == 422, (seed, r.text)
         assert r.json()["error"]["param"] == "seed" and why in r.json()["detail"], (seed, r.json())
     assert "split" in httpx.post(f"{u}/v1/episodes", json={"seed": 5, "env": "client"}).json()["detail"]
-    ok = [httpx.post(f"{u}/v1/episodes", json={"env": "client", **body}) for body in
-          ({"seed": 5, "split": "train"}, {"seed": HELD_OUT})]
+    ok = [
+        httpx.post(f"{u}/v1/episodes", json={"env": "client", **body})
+        for body in ({"seed": 5, "split": "train"}, {"seed": HELD_OUT})
+    ]
     assert [r.status_code for r in ok] == [200, 200], [r.text for r in ok]
     for r in ok:
         assert httpx.delete(f"{u}/v1/episodes/{r.json()['id']}").status_code == 200
@@ -206,8 +237,16 @@ def test_worker_prompt_lists_rows_and_context(main):
 def test_agent_names_are_safe_unique_and_url_safe(run, main):
     u = main.url
     outside = run.parent / "outside"
-    for name in ("../../../../../outside/traversal", str(outside / "abs"), "a/b", "Smith#2", "..", ".hidden",
-                 "x" * 65, "sp ace"):
+    for name in (
+        "../../../../../outside/traversal",
+        str(outside / "abs"),
+        "a/b",
+        "Smith#2",
+        "..",
+        ".hidden",
+        "x" * 65,
+        "sp ace",
+    ):
         r = httpx.post(f"{u}/v1/swarm/agents", json={"role": "Smith", "name": name})
         assert r.status_code == 422 and r.json()["error"]["param"] == "name", (name, r.text)
     assert not outside.exists() and not list(run.parent.glob("**/traversal.log"))
@@ -228,9 +267,14 @@ def test_agent_names_are_safe_unique_and_url_safe(run, main):
 
 def test_agent_urls_http_loopback_or_allowed(main):
     u = main.url
-    for url, why in (("file:///etc/passwd", "http(s)"), ("not a url", "http(s)"), ("http://10.1.2.3:8001", "allow_hosts"),
-                     ("http://169.254.169.254", "allow_hosts"), ("http://u:p@127.0.0.1:1", "base URL"),
-                     ("http://127.0.0.1:1/admin", "base URL")):
+    for url, why in (
+        ("file:///etc/passwd", "http(s)"),
+        ("not a url", "http(s)"),
+        ("http://10.1.2.3:8001", "allow_hosts"),
+        ("http://169.254.169.254", "allow_hosts"),
+        ("http://u:p@127.0.0.1:1", "base URL"),
+        ("http://127.0.0.1:1/admin", "base URL"),
+    ):
         r = httpx.post(f"{u}/v1/swarm/agents", json={"role": "Smith", "url": url})
         assert r.status_code == 422 and r.json()["error"]["param"] == "url" and why in r.json()["detail"], (url, r.text)
     assert all(a["url"].startswith("http://127.0.0.1") for a in main.agents())
@@ -238,8 +282,11 @@ def test_agent_urls_http_loopback_or_allowed(main):
 
 def test_silent_agent_url_fails_instead_of_starting_forever(bare):
     """An agent URL that never answers is failed after serve.startup_timeout_s, with the reason."""
-    a = _until(lambda: next((a for a in bare.agents(AUTH) if a["name"] == "Logger" and a["status"] == "failed"),
-                            None), 30, "dead Logger URL failed")
+    a = _until(
+        lambda: next((a for a in bare.agents(AUTH) if a["name"] == "Logger" and a["status"] == "failed"), None),
+        30,
+        "dead Logger URL failed",
+    )
     assert "within 2s" in a["error"]
     metrics = httpx.get(f"{bare.url}/metrics", headers=AUTH).text
     assert 'swarm_agent_state{agent="Logger",role="Logger",state="failed"} 1' in metrics
@@ -250,11 +297,15 @@ def test_crash_looping_worker_backs_off_then_gives_up(main):
     """A worker that cannot load is restarted with growing waits and failed after serve.max_restarts."""
     u = main.url
     t0 = time.time()
-    r = httpx.post(f"{u}/v1/swarm/agents", json={"role": "Miner", "name": "Miner-broken",
-                                                 "checkpoint": "checkpoints/final/broken"})
+    r = httpx.post(
+        f"{u}/v1/swarm/agents", json={"role": "Miner", "name": "Miner-broken", "checkpoint": "checkpoints/final/broken"}
+    )
     assert r.status_code == 201, r.text
-    a = _until(lambda: next((x for x in main.agents() if x["name"] == "Miner-broken" and x["status"] == "failed"),
-                            None), 180, "crash-looping worker failed")
+    a = _until(
+        lambda: next((x for x in main.agents() if x["name"] == "Miner-broken" and x["status"] == "failed"), None),
+        180,
+        "crash-looping worker failed",
+    )
     assert a["restarts"] == 2 and "serve.max_restarts=2" in a["error"]
     assert time.time() - t0 > 1.5  # waited 0.5 s, then 1 s, between restarts
     time.sleep(1.0)
@@ -285,9 +336,14 @@ def test_health_probes_for_a_load_balancer(main, bare):
 def test_metrics_count_answers_states_and_durations(main):
     httpx.post(f"{main.url}/v1/episodes", json={"seed": -1})
     text = httpx.get(f"{main.url}/metrics").text
-    for name in ('swarm_http_responses_total{code="422"}', "swarm_http_client_errors_total",
-                 "swarm_http_throttled_total", 'swarm_agent_restarts_total{agent="Logger"} 0',
-                 'swarm_agent_state{agent="Logger",role="Logger",state="up"} 1', "swarm_episode_duration_seconds_count"):
+    for name in (
+        'swarm_http_responses_total{code="422"}',
+        "swarm_http_client_errors_total",
+        "swarm_http_throttled_total",
+        'swarm_agent_restarts_total{agent="Logger"} 0',
+        'swarm_agent_state{agent="Logger",role="Logger",state="up"} 1',
+        "swarm_episode_duration_seconds_count",
+    ):
         assert name in text, name
     errors = next(float(l.split()[-1]) for l in text.splitlines() if l.startswith("swarm_http_client_errors_total "))
     assert errors >= 1
@@ -314,8 +370,12 @@ def test_client_episode_cap_per_client_and_cancel(main):
     assert again.status_code == 200
     for e in (mine[1], again):
         assert httpx.delete(f"{u}/v1/episodes/{e.json()['id']}").status_code == 200
-    assert httpx.delete(f"{u}/v1/episodes/{other.json()['id']}",
-                        headers={"Authorization": "Bearer someone-else"}).status_code == 200
+    assert (
+        httpx.delete(
+            f"{u}/v1/episodes/{other.json()['id']}", headers={"Authorization": "Bearer someone-else"}
+        ).status_code
+        == 200
+    )
 
 
 def test_overload_waits_a_bounded_time_then_429(bare):
@@ -339,15 +399,34 @@ def test_overload_waits_a_bounded_time_then_429(bare):
 def test_episode_losing_turns_to_faults_is_degraded(run, bare, tmp_path):
     """Every action of the only agent fails: no turn is acted on, so the episode is degraded, not done."""
     port = _free_port()
-    w = _start(["swarm_runtime.serve.worker", "--model", str(run / "checkpoints/final/agents/Shared"),
-                "--name", "Smith-broken", "--port", str(port), "--fault-act-error-after", "0"], tmp_path / "w.log")
+    w = _start(
+        [
+            "swarm_runtime.serve.worker",
+            "--model",
+            str(run / "checkpoints/final/agents/Shared"),
+            "--name",
+            "Smith-broken",
+            "--port",
+            str(port),
+            "--fault-act-error-after",
+            "0",
+        ],
+        tmp_path / "w.log",
+    )
     try:
         _wait_health(f"http://127.0.0.1:{port}", [w], 240, logs=[tmp_path / "w.log"])
-        r = httpx.post(f"{bare.url}/v1/swarm/agents", headers=AUTH,
-                       json={"role": "Smith", "url": f"http://127.0.0.1:{port}", "name": "Smith-broken"})
+        r = httpx.post(
+            f"{bare.url}/v1/swarm/agents",
+            headers=AUTH,
+            json={"role": "Smith", "url": f"http://127.0.0.1:{port}", "name": "Smith-broken"},
+        )
         assert r.status_code == 201 and r.json()["status"] == "up", r.text
-        body = httpx.post(f"{bare.url}/v1/episodes", headers=AUTH, timeout=120,
-                          json={"seed": HELD_OUT, "noise": "3", "max_decisions": 4}).json()
+        body = httpx.post(
+            f"{bare.url}/v1/episodes",
+            headers=AUTH,
+            timeout=120,
+            json={"seed": HELD_OUT, "noise": "3", "max_decisions": 4},
+        ).json()
         assert body["status"] == "degraded", body
         assert "serve.degraded_share" in body["error"] and body["decisions"] == 4
         assert 'swarm_episodes_total{status="degraded"} 1' in httpx.get(f"{bare.url}/metrics", headers=AUTH).text
@@ -363,8 +442,20 @@ def slow_worker(run, tmp_path_factory):
     things); the light gateways below serve it as every role."""
     port = _free_port()
     log = tmp_path_factory.mktemp("slow") / "w.log"
-    w = _start(["swarm_runtime.serve.worker", "--model", str(run / "checkpoints/final/agents/Shared"),
-                "--name", "Smith", "--port", str(port), "--fault-delay-ms", "150"], log)
+    w = _start(
+        [
+            "swarm_runtime.serve.worker",
+            "--model",
+            str(run / "checkpoints/final/agents/Shared"),
+            "--name",
+            "Smith",
+            "--port",
+            str(port),
+            "--fault-delay-ms",
+            "150",
+        ],
+        log,
+    )
     try:
         _wait_health(f"http://127.0.0.1:{port}", [w], 240, logs=[log])
         yield f"http://127.0.0.1:{port}"
@@ -373,9 +464,17 @@ def slow_worker(run, tmp_path_factory):
 
 
 def _light(run, worker, log, **env):
-    return Gateway(run, ["serve.replicas=0", f"serve.agents=[Logger={worker},Miner={worker},Smith={worker}]",
-                         "serve.probe_interval_ms=200",
-                         "serve.shutdown_grace_s=60"], log, **env)
+    return Gateway(
+        run,
+        [
+            "serve.replicas=0",
+            f"serve.agents=[Logger={worker},Miner={worker},Smith={worker}]",
+            "serve.probe_interval_ms=200",
+            "serve.shutdown_grace_s=60",
+        ],
+        log,
+        **env,
+    )
 
 
 def test_gateway_killed_mid_episode_reports_it_interrupted(run, slow_worker, tmp_path):
@@ -387,8 +486,14 @@ def test_gateway_killed_mid_episode_reports_it_interrupted(run, slow_worker, tmp
         httpx.post(f"{g.url}/v1/episodes/{done['id']}/turns", json={"observation": "x", "done": True})
         ep = httpx.post(f"{g.url}/v1/episodes", json={"env": "client", "noise": "77"}).json()
         for r in (0.0, 1.0):
-            assert httpx.post(f"{g.url}/v1/episodes/{ep['id']}/turns", timeout=60,
-                              json={"observation": "goal wooden_pickaxe", "reward": r}).status_code == 200
+            assert (
+                httpx.post(
+                    f"{g.url}/v1/episodes/{ep['id']}/turns",
+                    timeout=60,
+                    json={"observation": "goal wooden_pickaxe", "reward": r},
+                ).status_code
+                == 200
+            )
         _until(lambda: "journal compacted to the 1 running" in g.log.read_text(), 30, "a compaction")
         journal = (run / "serve/journal.jsonl").read_text()
         assert ep["id"] in journal and done["id"] not in journal  # only what is still running
@@ -419,8 +524,12 @@ def test_sigterm_drains_with_503_and_finishes_running_episodes(run, slow_worker,
     try:
         _until(lambda: _probe(g.url + "/health/ready"), 120, "gateway ready")
         lines = []
-        with httpx.stream("POST", f"{g.url}/v1/episodes", timeout=120,
-                          json={"seed": HELD_OUT, "noise": "5", "stream": True, "max_decisions": 8}) as r:
+        with httpx.stream(
+            "POST",
+            f"{g.url}/v1/episodes",
+            timeout=120,
+            json={"seed": HELD_OUT, "noise": "5", "stream": True, "max_decisions": 8},
+        ) as r:
             for line in r.iter_lines():
                 lines.append(json.loads(line))
                 if len(lines) == 2:
@@ -456,15 +565,25 @@ def test_port_in_use_is_reported_before_any_model_loads(run):
 def test_bad_settings_at_start_are_a_config_error(run):
     from conftest import swarm
 
-    for args, word in ((["serve.agents=[Smith=http://10.9.9.9:8001]"], "serve.allow_hosts"),
-                       (["serve.degraded_share=2"], "serve.degraded_share"),
-                       (["serve.client_episodes=0"], "serve.client_episodes")):
+    for args, word in (
+        (["serve.agents=[Smith=http://10.9.9.9:8001]"], "serve.allow_hosts"),
+        (["serve.degraded_share=2"], "serve.degraded_share"),
+        (["serve.client_episodes=0"], "serve.client_episodes"),
+    ):
         r = swarm("serve", str(run), "serve.replicas=0", *args, cwd=ROOT, timeout=120)
         assert r.returncode == 2 and word in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
     with socket.socket() as s:  # allowed: the URL passes, and the next check (the port, held here) speaks
         s.bind(("127.0.0.1", 0))
         s.listen()
-        ok = swarm("serve", str(run), "serve.replicas=0", "serve.agents=[Smith=http://10.9.9.9:8001]",
-                   "serve.allow_hosts=[10.9.9.9]", f"serve.port={s.getsockname()[1]}", cwd=ROOT, timeout=120)
+        ok = swarm(
+            "serve",
+            str(run),
+            "serve.replicas=0",
+            "serve.agents=[Smith=http://10.9.9.9:8001]",
+            "serve.allow_hosts=[10.9.9.9]",
+            f"serve.port={s.getsockname()[1]}",
+            cwd=ROOT,
+            timeout=120,
+        )
     assert ok.returncode == 2 and "in use" in ok.stderr and "allow_hosts" not in ok.stderr, ok.stderr

@@ -3,12 +3,13 @@
 (``serve.engine.TurnAnswerer``), here over an in-process transport that answers as workers do, so
 missed bids, a failed winner and the records are checked exactly and fast. (Real workers over real
 HTTP: tests/test_serve.py, whose served episodes equal the in-process ones.)"""
+
 import asyncio
 
 import httpcore
 import pytest
-
 from conftest import run_context
+
 from swarm_runtime.episode import make_env
 from swarm_runtime.policy import noise as keyed
 from swarm_runtime.policy.base import Bid, Response
@@ -46,10 +47,13 @@ def _setup(registry, workers, names, *, deadline=0.2, **opts):
     ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe")
     roles = list(ctx.domain.roles)
     pop = Population(PopulationOptions(drop_after_misses=3))
-    pop.agents = [AgentHandle(i, n, roles[i % len(roles)], f"http://agents/{n}", model_id=f"m-{n}", status="up")
-                  for i, n in enumerate(names)]
-    eopts = EngineOptions(bid_levels=[float(b) for b in ctx.cfg.algo.bid_levels], bid_deadline_s=deadline,
-                          agent_wait_s=0.5, **opts)
+    pop.agents = [
+        AgentHandle(i, n, roles[i % len(roles)], f"http://agents/{n}", model_id=f"m-{n}", status="up")
+        for i, n in enumerate(names)
+    ]
+    eopts = EngineOptions(
+        bid_levels=[float(b) for b in ctx.cfg.algo.bid_levels], bid_deadline_s=deadline, agent_wait_s=0.5, **opts
+    )
     engine = Engine(ctx.domain, ctx.coordinator("auction"), pop, workers, eopts, Metrics(), ctx.credit_fn())
     return ctx, engine
 
@@ -97,8 +101,12 @@ def test_gateway_turns_run_on_the_turn_engine_with_missed_bids_and_failover(regi
     for r, turn, event in zip(recs, ep.episode.turns, ep.log):
         assert (r["t"], r["reward"], r["valid"]) == (turn.t, turn.reward, turn.valid)
         assert turn.winner == 2 and turn.action_text == r["action"]
-        assert (event.turn, event.role, event.action, event.valid) == \
-            (turn.t, engine.pop.agents[2].role, "chop tree", turn.valid)
+        assert (event.turn, event.role, event.action, event.valid) == (
+            turn.t,
+            engine.pop.agents[2].role,
+            "chop tree",
+            turn.valid,
+        )
     assert ep.episode.reward == sum(t.reward for t in ep.episode.turns)
 
 
@@ -109,8 +117,9 @@ def test_answerer_requests_text_bids_constrained_actions_and_the_episodes_temper
     from swarm_runtime.serve.engine import NoAgentsLeft
 
     workers = Workers({"A": 0.4, "B": 0.8})
-    ctx, engine = _setup(registry, workers, ["A", "B"], bid_mode="text", constrained_actions=True,
-                         max_bid_tokens=5, max_action_tokens=7)
+    ctx, engine = _setup(
+        registry, workers, ["A", "B"], bid_mode="text", constrained_actions=True, max_bid_tokens=5, max_action_tokens=7
+    )
     ep = ServedEpisode("ep-c", 0, 77, ctx.cfg.task_name, ctx.task, 3, temperature=0.3)
     turn, rec = asyncio.run(engine.decide(ep, "goal wooden_pickaxe . inventory : none"))
     assert (rec["agent"], rec["bids"], turn.winner) == ("B", {"A": 0.4, "B": 0.8}, 1)
@@ -163,8 +172,7 @@ def test_served_strategy_plays_the_auction_strategys_episode(registry):
     from swarm_runtime.episode import Episode, finish_episode, new_slots, play, step_turn
     from swarm_runtime.rollout.local import LocalSampler
 
-    ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=6",
-                      "hardware.threads=1")
+    ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=6", "hardware.threads=1")
     agents, _ = ctx.build_swarm()
     coordinator, seed, noise = ctx.coordinator(), ctx.domain.episode_seeds(ctx.task, "eval")[0], 4242
     (slot,) = new_slots(ctx.domain, ctx.task, [seed])
@@ -185,8 +193,9 @@ def test_served_strategy_plays_the_auction_strategys_episode(registry):
     finish_episode(got, env)
     assert len(want.turns) >= 2 and want.acted
     assert engine.batches == 2 * len(got.turns) - sum(t.winner is None for t in got.turns)
-    assert [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in got.turns] == \
-        [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in want.turns]
+    assert [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in got.turns] == [
+        (t.winner, t.bids, t.action_text, t.reward, t.valid) for t in want.turns
+    ]
     assert (got.reward, got.metrics, got.unparsed_bids) == (want.reward, want.metrics, want.unparsed_bids)
 
 
@@ -224,8 +233,11 @@ def test_lockstep_sends_each_steps_batches_together_in_order():
             break
         answers, n = answer(batch), n + 1
         assert n < 10
-    assert sent == [("bid", [("x-b0", None), ("x-b1", None), ("y-b0", None), ("z-b0", None)]),  # y unkeyed: none
-                    ("act", [("x-a", None), ("y-a", None), ("z-a", None)]), ("act", [("y-a2", None)])]
+    assert sent == [
+        ("bid", [("x-b0", None), ("x-b1", None), ("y-b0", None), ("z-b0", None)]),  # y unkeyed: none
+        ("act", [("x-a", None), ("y-a", None), ("z-a", None)]),
+        ("act", [("y-a2", None)]),
+    ]
     assert got["x", "bid"] == ["bid:x-b0", "bid:x-b1"] and got["z", "bid"] == ["bid:z-b0"] and got["y", "score"] == []
     assert result == [("x", ["act:x-a"]), ("y", ["act:y-a", "act:y-a2"]), ("z", ["act:z-a"])]
     keyed_only = lockstep([turn("k", [(5,)])])

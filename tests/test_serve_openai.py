@@ -1,6 +1,7 @@
 """A worker as an OpenAI-compatible server (issue 29): chat completions over the model's chat template,
 server-sent events, ``stop``, ``top_p``, ``echo``, token-id prompts, and a prompt beyond the context
 refused. One worker process on a byte-level BPE checkpoint with a chat template, real HTTP on 127.0.0.1."""
+
 import json
 
 import pytest
@@ -11,8 +12,10 @@ httpx = pytest.importorskip("httpx")
 from conftest import make_local_checkpoint  # noqa: E402
 from test_serve import _free_port, _start, _stop, _wait_health  # noqa: E402
 
-TEMPLATE = ("{% for m in messages %}<|endoftext|>{{ m['role'] }} : {{ m['content'] }} . {% endfor %}"
-            "{% if add_generation_prompt %}assistant :{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|endoftext|>{{ m['role'] }} : {{ m['content'] }} . {% endfor %}"
+    "{% if add_generation_prompt %}assistant :{% endif %}"
+)
 PROMPT = "you are Logger . goal wooden_pickaxe . action :"
 
 
@@ -23,8 +26,9 @@ def worker(tmp_path_factory):
     cfg = json.loads((ckpt / "tokenizer_config.json").read_text())
     (ckpt / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": TEMPLATE}))
     port = _free_port()
-    proc = _start(["swarm_runtime.serve.worker", "--model", str(ckpt), "--name", "bpe", "--port", str(port)],
-                  tmp / "w.log")
+    proc = _start(
+        ["swarm_runtime.serve.worker", "--model", str(ckpt), "--name", "bpe", "--port", str(port)], tmp / "w.log"
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_health(url, [proc], 240, logs=[tmp / "w.log"])
@@ -42,8 +46,9 @@ def _events(r: httpx.Response) -> list:
 
 def test_completions_stream_stop_echo_and_token_ids(worker):
     def ask(**body):
-        r = httpx.post(f"{worker}/v1/completions", timeout=60, json={"prompt": PROMPT, "max_tokens": 8, "seed": 3,
-                                                                     **body})
+        r = httpx.post(
+            f"{worker}/v1/completions", timeout=60, json={"prompt": PROMPT, "max_tokens": 8, "seed": 3, **body}
+        )
         assert r.status_code == 200, r.text
         return r
 
@@ -57,7 +62,7 @@ def test_completions_stream_stop_echo_and_token_ids(worker):
     # stop: cut before the first stop string found
     stop = full["text"][2:4]
     cut = ask(stop=[stop, "never-there"]).json()["choices"][0]
-    assert cut["text"] == full["text"][:full["text"].find(stop)] and cut["finish_reason"] == "stop"
+    assert cut["text"] == full["text"][: full["text"].find(stop)] and cut["finish_reason"] == "stop"
     assert cut["stop_reason"] == stop
     lp = ask(stop=stop, logprobs=1).json()["choices"][0]["logprobs"]
     assert "".join(lp["tokens"]) == cut["text"]
@@ -84,9 +89,11 @@ def _ckpt_of(worker: str) -> str:
 
 def test_top_p_keeps_the_nucleus(worker):
     """A tiny top_p keeps one token per step: the answer is the greedy one whatever the seed."""
+
     def ask(**body):
-        return httpx.post(f"{worker}/v1/completions", timeout=60,
-                          json={"prompt": PROMPT, "max_tokens": 6, **body}).json()["choices"][0]["text"]
+        return httpx.post(
+            f"{worker}/v1/completions", timeout=60, json={"prompt": PROMPT, "max_tokens": 6, **body}
+        ).json()["choices"][0]["text"]
 
     greedy = ask(temperature=0)
     assert {ask(seed=s, top_p=1e-9) for s in range(4)} == {greedy}
@@ -97,21 +104,29 @@ def test_top_p_keeps_the_nucleus(worker):
 
 def test_chat_completions_with_the_template(worker):
     msgs = [{"role": "system", "content": "you are Logger"}, {"role": "user", "content": "goal wooden_pickaxe"}]
-    r = httpx.post(f"{worker}/v1/chat/completions", timeout=60,
-                   json={"messages": msgs, "max_tokens": 6, "seed": 9})
+    r = httpx.post(f"{worker}/v1/chat/completions", timeout=60, json={"messages": msgs, "max_tokens": 6, "seed": 9})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
     # it is the completion of the rendered template
     rendered = "".join(f"<|endoftext|>{m['role']} : {m['content']} . " for m in msgs) + "assistant :"
-    same = httpx.post(f"{worker}/v1/completions", timeout=60,
-                      json={"prompt": rendered, "max_tokens": 6, "seed": 9}).json()["choices"][0]["text"]
+    same = httpx.post(
+        f"{worker}/v1/completions", timeout=60, json={"prompt": rendered, "max_tokens": 6, "seed": 9}
+    ).json()["choices"][0]["text"]
     assert body["choices"][0]["message"]["content"] == same
-    chunks = _events(httpx.post(f"{worker}/v1/chat/completions", timeout=60,
-                                json={"messages": msgs, "max_tokens": 6, "seed": 9, "stream": True}))
+    chunks = _events(
+        httpx.post(
+            f"{worker}/v1/chat/completions",
+            timeout=60,
+            json={"messages": msgs, "max_tokens": 6, "seed": 9, "stream": True},
+        )
+    )
     assert chunks[0]["object"] == "chat.completion.chunk" and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == same
-    for bad, param in (({"messages": []}, "messages"), ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
-                       ({"messages": msgs, "temperature": "hot"}, "temperature")):
+    for bad, param in (
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"messages": msgs, "temperature": "hot"}, "temperature"),
+    ):
         r = httpx.post(f"{worker}/v1/chat/completions", json=bad)
         assert r.status_code == 422 and r.json()["error"]["param"] == param, r.text

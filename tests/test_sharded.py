@@ -1,12 +1,12 @@
 """The sharded learner (swarm_runtime/train/sharded.py): FSDP2 over 2 gloo processes on 127.0.0.1 takes the
 update the in-process learner takes (a real tiny Qwen2 TransformersPolicy, the REINFORCE loss, real AdamW)."""
+
 from __future__ import annotations
 
 import functools
 import time
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from swarm_runtime.policy.transformers_backend import make_transformers_policy
@@ -14,11 +14,41 @@ from swarm_runtime.train.action import _reinforce_chunk
 from swarm_runtime.train.optim import accumulate_and_step, make_optimizer
 from swarm_runtime.train.sharded import OptimSettings, rank_chunks, shard_slices, spawn_update
 
-WORDS = ["chop", "tree", "craft", "planks", "stick", "table", "goal", "inventory", "you", "are", "log", "none",
-         "bid", "action", ":", ".", "Logger", "Smith"]
-MODEL = OmegaConf.create(dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                              max_positions=128, bid_mode="logits", temperature=1.0, max_action_tokens=4,
-                              max_bid_tokens=2, max_prompt_tokens=64))
+WORDS = [
+    "chop",
+    "tree",
+    "craft",
+    "planks",
+    "stick",
+    "table",
+    "goal",
+    "inventory",
+    "you",
+    "are",
+    "log",
+    "none",
+    "bid",
+    "action",
+    ":",
+    ".",
+    "Logger",
+    "Smith",
+]
+MODEL = OmegaConf.create(
+    dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_positions=128,
+        bid_mode="logits",
+        temperature=1.0,
+        max_action_tokens=4,
+        max_bid_tokens=2,
+        max_prompt_tokens=64,
+    )
+)
 make_policy = functools.partial(make_transformers_policy, MODEL, WORDS, (0.0, 0.2, 0.4, 0.6, 0.8), 0)
 
 
@@ -45,8 +75,10 @@ def test_fsdp_on_two_gloo_processes_takes_the_one_process_update():
     pol = make_policy()
     texts = ["chop tree", "craft planks", "craft stick", "chop tree", "craft table", "craft planks", "chop tree"]
     adv = [1.0, -0.5, 0.3, 2.0, -1.0, 0.7, -0.2]
-    batch = [(f"you are {r} . goal {w} . action :", pol.action_target(t), a)
-             for r, w, t, a in zip(["Logger", "Smith"] * 4, WORDS[:7], texts, adv)]
+    batch = [
+        (f"you are {r} . goal {w} . action :", pol.action_target(t), a)
+        for r, w, t, a in zip(["Logger", "Smith"] * 4, WORDS[:7], texts, adv)
+    ]
     s = OptimSettings(lr=1e-2, weight_decay=0.01, total_steps=10, eps=1e-3, minibatch=3, grad_clip=1.0)
     before = {k: v.clone() for k, v in pol.model.state_dict().items()}
     opt, sched = make_optimizer(pol.parameters(), s.lr, s.weight_decay, s.total_steps, s.warmup, eps=s.eps)
@@ -79,8 +111,14 @@ def test_the_benchmark_compares_the_engines_update_on_a_real_role_model(capsys):
     spec.loader.exec_module(mod)
     mod.main(["--engine", "fsdp", "--world", "2", "--seeds", "1"])
     out = capsys.readouterr().out
-    diff, moved = map(float, re.search(r"max abs diff vs 1 process: (\S+) \(the update moved parameters by up to "
-                                       r"(\S+)\)", out).groups())
+    diff, moved = map(
+        float,
+        re.search(
+            r"max abs diff vs 1 process: (\S+) \(the update moved parameters by up to "
+            r"(\S+)\)",
+            out,
+        ).groups(),
+    )
     assert moved > 1e-6 and diff < 1e-3 * moved, out
     loss, loss1, norm, norm1 = map(float, re.search(r"loss (\S+) vs (\S+); grad norm (\S+) vs (\S+)", out).groups())
     assert loss == pytest.approx(loss1, rel=1e-5) and norm == pytest.approx(norm1, rel=1e-5), out

@@ -1,6 +1,7 @@
 """On resume, TensorBoard shows each step once, as the resumed run wrote it (issue 17's leftover):
 the resumed writer starts its event file with ``purge_step``, so TensorBoard hides the earlier
 files' events from the step after the checkpoint on (as ``metrics.jsonl`` is cut back)."""
+
 from __future__ import annotations
 
 import pytest
@@ -51,8 +52,17 @@ def test_a_value_that_is_not_a_finite_number_is_written_as_null(tmp_path):
     import torch
 
     w = MetricsWriter(tmp_path)
-    w.log(0, {"sft/demo_action_accuracy_Miner": float("nan"), "sft/loss": 0.5, "x/inf": float("inf"),
-              "x/tensor_nan": torch.tensor(float("nan")), "note": "text", "flag": True})
+    w.log(
+        0,
+        {
+            "sft/demo_action_accuracy_Miner": float("nan"),
+            "sft/loss": 0.5,
+            "x/inf": float("inf"),
+            "x/tensor_nan": torch.tensor(float("nan")),
+            "note": "text",
+            "flag": True,
+        },
+    )
     w.close()
 
     def refuse(name):
@@ -60,8 +70,15 @@ def test_a_value_that_is_not_a_finite_number_is_written_as_null(tmp_path):
 
     line = (tmp_path / "metrics.jsonl").read_text().strip()
     row = json.loads(line, parse_constant=refuse)
-    assert row == {"step": 0, "sft/demo_action_accuracy_Miner": None, "sft/loss": 0.5, "x/inf": None,
-                   "x/tensor_nan": None, "note": "text", "flag": True}
+    assert row == {
+        "step": 0,
+        "sft/demo_action_accuracy_Miner": None,
+        "sft/loss": 0.5,
+        "x/inf": None,
+        "x/tensor_nan": None,
+        "note": "text",
+        "flag": True,
+    }
     back = read_metrics(tmp_path)[0]  # read back as NaN, as plots and tables expect a number
     assert back["sft/loss"] == 0.5 and back["note"] == "text" and back["x/inf"] != back["x/inf"]
     assert _scalars(tmp_path, "sft/loss") == [(0, 0.5)]

@@ -7,6 +7,7 @@ the way tests register plugins (``make_plugin_manager(extra_plugins=...)``),
 checked with the conformance kit, resolved into a run config and played with
 real tiny models built by ``RunContext.build_swarm``.
 """
+
 from __future__ import annotations
 
 import random
@@ -79,12 +80,17 @@ class ColorsDomain(Domain):
     def task_config(self, task: str):
         if task not in self.task_names():
             raise KeyError(task)
-        return OmegaConf.create({  # a fresh object each call: resolve() pops ``overrides``
-            "max_decisions": 8, "reward_max": 4, "reward_min": 0,
-            "train_seeds": {"start": 0, "count": 100}, "eval_seeds": {"start": 1000, "count": 4},
-            "length": 4,  # a domain-specific key: `swarm run domain=colors length=3` sets it
-            "overrides": {"model": {"max_action_tokens": 3}, "algo": {"envs_per_step": 4}},
-        })
+        return OmegaConf.create(
+            {  # a fresh object each call: resolve() pops ``overrides``
+                "max_decisions": 8,
+                "reward_max": 4,
+                "reward_min": 0,
+                "train_seeds": {"start": 0, "count": 100},
+                "eval_seeds": {"start": 1000, "count": 4},
+                "length": 4,  # a domain-specific key: `swarm run domain=colors length=3` sets it
+                "overrides": {"model": {"max_action_tokens": 3}, "algo": {"envs_per_step": 4}},
+            }
+        )
 
     def make_env(self, task) -> DomainEnv:
         return ColorsEnv(int(task.length))  # int(): command-line values may arrive as strings
@@ -171,8 +177,17 @@ def test_config_resolves_task_overrides_and_bare_domain_keys(plugin):
 
 def test_tiny_swarm_plays_and_learns_with_plugin_parts(plugin, tmp_path):
     pm, reg = plugin
-    cfg = resolve(["domain=colors", "task=place", "algo.coordinator=lowest_index", "algo.credit=immediate",
-                   "progress=false", "tensorboard=false"], reg)
+    cfg = resolve(
+        [
+            "domain=colors",
+            "task=place",
+            "algo.coordinator=lowest_index",
+            "algo.credit=immediate",
+            "progress=false",
+            "tensorboard=false",
+        ],
+        reg,
+    )
     ctx = RunContext(cfg, pm, reg, tmp_path)
     agents, policies = ctx.build_swarm()
     assert [a.role for a in agents] == ["Red", "Blue"] and set(policies) == {"Red", "Blue"}
@@ -180,8 +195,9 @@ def test_tiny_swarm_plays_and_learns_with_plugin_parts(plugin, tmp_path):
     coordinator, rng = ctx.coordinator(), random.Random(0)
     seeds = ctx.seeds("train")[: int(cfg.algo.envs_per_step)]
     with torch.no_grad():
-        episodes = play(new_slots(ctx.domain, ctx.task, seeds), agents, coordinator, ctx.domain,
-                        int(ctx.task.max_decisions), rng)
+        episodes = play(
+            new_slots(ctx.domain, ctx.task, seeds), agents, coordinator, ctx.domain, int(ctx.task.max_decisions), rng
+        )
     assert [e.seed for e in episodes] == seeds
     assert ctx.flops.by_category["rollout"] > 0
     for ep in episodes:
@@ -190,8 +206,11 @@ def test_tiny_swarm_plays_and_learns_with_plugin_parts(plugin, tmp_path):
             assert turn.auction == LowestIndexCoordinator().select(turn.bids, rng, turn.t)
 
     samples = credit_samples(episodes, ctx.credit_fn(), rng)
-    expected = [r for ep in episodes for r in fold_skipped_rewards(
-        [t.reward for t in ep.turns], [t.winner is not None for t in ep.turns])]
+    expected = [
+        r
+        for ep in episodes
+        for r in fold_skipped_rewards([t.reward for t in ep.turns], [t.winner is not None for t in ep.turns])
+    ]
     assert [s[3] for s in samples] == expected  # the plugin credit scheme was used
 
     # One REINFORCE step on the plugin-made credit moves the weights of an agent that acted.
@@ -200,8 +219,6 @@ def test_tiny_swarm_plays_and_learns_with_plugin_parts(plugin, tmp_path):
     opts = {r: make_optimizer(p.parameters(), 1e-3, 0.0, 10) for r, p in policies.items()}
     role = agents[samples[0][0]].role
     before = [p.detach().clone() for p in policies[role].parameters()]
-    metrics = action_update(agents, samples, opts, reward_scale=float(cfg.task.reward_max), minibatch=16,
-                            grad_clip=1.0)
+    metrics = action_update(agents, samples, opts, reward_scale=float(cfg.task.reward_max), minibatch=16, grad_clip=1.0)
     assert f"losses/action_{role}" in metrics
     assert any(not torch.equal(a, b) for a, b in zip(before, policies[role].parameters()))
-

@@ -1,10 +1,11 @@
 """A real tiny model takes real SFT, action (REINFORCE) and bid (Bradley-Terry) steps."""
+
 import random
 
 import pytest
 import torch
-
 from conftest import run_context
+
 from swarm_runtime.config import resolve
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.run import RunContext
@@ -77,8 +78,15 @@ def test_action_and_bid_steps_change_parameters(ctx):
     opts = {r: make_optimizer(p.parameters(), 1e-3, 0.0, 10) for r, p in policies.items()}
     rng = random.Random(0)
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [0, 1, 2]), agents, ctx.coordinator(), ctx.domain, 24, rng,
-                   record_snapshots=True)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [0, 1, 2]),
+            agents,
+            ctx.coordinator(),
+            ctx.domain,
+            24,
+            rng,
+            record_snapshots=True,
+        )
     assert all(len(e.turns) == 24 or e.metrics.get("success") for e in eps)
     samples = credit_samples(eps, ctx.credit_fn(), rng)
     assert len(samples) == sum(len(e.acted) for e in eps)
@@ -101,8 +109,17 @@ def test_action_and_bid_steps_change_parameters(ctx):
     ep, turn = picks[0]
     sel = turn.winner
     pol = agents[sel].policy
-    pairs.append(BranchPair(sel, turn.bid_prompts[sel], turn.bid_tokens[sel], pol.bid_target(0.0), 5.0, 0.0,
-                            original_logprobs=turn.bid_logprobs[sel]))
+    pairs.append(
+        BranchPair(
+            sel,
+            turn.bid_prompts[sel],
+            turn.bid_tokens[sel],
+            pol.bid_target(0.0),
+            5.0,
+            0.0,
+            original_logprobs=turn.bid_logprobs[sel],
+        )
+    )
     before = snapshot(pol)
     with torch.no_grad():
         lw0 = float(pol.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]]))
@@ -120,8 +137,9 @@ def test_counterfactual_branch_starts_from_exact_state(ctx):
     agents, _ = ctx.build_swarm()
     rng = random.Random(3)
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [5]), agents, ctx.coordinator(), ctx.domain, 24, rng,
-                   record_snapshots=True)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [5]), agents, ctx.coordinator(), ctx.domain, 24, rng, record_snapshots=True
+        )
     picks = pick_contested(eps, 1, rng)
     assert picks
     ep, turn = picks[0]
@@ -247,8 +265,11 @@ def test_a_bid_reference_keeps_confident_bids_under_noise_and_follows_a_consiste
     reference = {r: copy.deepcopy(p) for r, p in policies.items()}
     split = [BranchPair(0, prompt, high, low, 1.0, 0.0), BranchPair(0, prompt, high, low, 0.0, 1.0)]
     after = {}
-    for name, ref, pairs in (("paper", None, split), ("reference", reference, split),
-                             ("reference, high keeps winning", reference, split[:1] * 2)):
+    for name, ref, pairs in (
+        ("paper", None, split),
+        ("reference", reference, split),
+        ("reference, high keeps winning", reference, split[:1] * 2),
+    ):
         restore(pol, start)
         m = bid_update(agents, pairs, plain_sgd(policies, 0.05), 16, 100.0, reference=ref)
         after[name] = gap()
@@ -298,8 +319,15 @@ def test_branch_samples_average_several_continuations_per_side(ctx, monkeypatch)
     agents, _ = ctx.build_swarm()
     rng = random.Random(1)
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [0, 1]), agents, ctx.coordinator(), ctx.domain, 24, rng,
-                   record_snapshots=True)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [0, 1]),
+            agents,
+            ctx.coordinator(),
+            ctx.domain,
+            24,
+            rng,
+            record_snapshots=True,
+        )
     picks = pick_contested(eps, 2, rng)
     assert picks
     seen = {}
@@ -315,13 +343,13 @@ def test_branch_samples_average_several_continuations_per_side(ctx, monkeypatch)
     kept = [(ep, t) for ep, t in picks if t.auction.runner_up_bid > 0]
     assert len(seen["forced"]) == 5 * len(pairs) and len(pairs) >= 1
     for k, pair in enumerate(pairs):
-        forced = seen["forced"][5 * k:5 * k + 5]
+        forced = seen["forced"][5 * k : 5 * k + 5]
         ep, turn = next((e, t) for e, t in kept if (e.seed, t.t) == forced[0][:2])
         assert turn.winner == pair.agent
         assert [w for *_, w in forced] == [turn.auction.runner_up] * 3 + [turn.winner] * 2
-        rewards = [e.reward for e in seen["episodes"][5 * k:5 * k + 5]]
+        rewards = [e.reward for e in seen["episodes"][5 * k : 5 * k + 5]]
         assert pair.branch_score == pytest.approx(sum(rewards[:3]) / 3)
-        original = sum(t.reward for t in ep.turns[turn.t:])
+        original = sum(t.reward for t in ep.turns[turn.t :])
         assert pair.original_score == pytest.approx((original + rewards[3] + rewards[4]) / 3)
 
 
@@ -333,8 +361,15 @@ def test_branch_horizon_compares_the_same_window_on_both_sides(ctx, monkeypatch)
     agents, _ = ctx.build_swarm()
     rng = random.Random(2)
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [0, 1, 2]), agents, ctx.coordinator(), ctx.domain, 24, rng,
-                   record_snapshots=True)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [0, 1, 2]),
+            agents,
+            ctx.coordinator(),
+            ctx.domain,
+            24,
+            rng,
+            record_snapshots=True,
+        )
     picks = [(e, t) for e, t in pick_contested(eps, 3, rng) if t.t + 3 < len(e.turns)]
     assert picks
     seen = {}
@@ -352,7 +387,7 @@ def test_branch_horizon_compares_the_same_window_on_both_sides(ctx, monkeypatch)
     for pair, (seed, t0), br in zip(pairs, seen["starts"], seen["episodes"]):
         ep = next(e for e in eps if e.seed == seed)
         assert pair.branch_score == pytest.approx(br.reward)
-        assert pair.original_score == pytest.approx(sum(t.reward for t in ep.turns[t0:t0 + 3]))
+        assert pair.original_score == pytest.approx(sum(t.reward for t in ep.turns[t0 : t0 + 3]))
 
 
 def test_runner_up_pairs_train_the_runner_ups_bid_on_the_same_two_outcomes(ctx, monkeypatch):
@@ -364,8 +399,15 @@ def test_runner_up_pairs_train_the_runner_ups_bid_on_the_same_two_outcomes(ctx, 
     agents, policies = ctx.build_swarm()
     rng = random.Random(4)
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [0, 1, 2]), agents, ctx.coordinator(), ctx.domain, 24, rng,
-                   record_snapshots=True)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [0, 1, 2]),
+            agents,
+            ctx.coordinator(),
+            ctx.domain,
+            24,
+            rng,
+            record_snapshots=True,
+        )
     picks = pick_contested(eps, 3, rng)
     calls = []
     real_play = bid_mod.play
@@ -376,6 +418,7 @@ def test_runner_up_pairs_train_the_runner_ups_bid_on_the_same_two_outcomes(ctx, 
     assert calls == [len(selected)]  # one rollout per pick, as without runner-up pairs
     ups = [p for p in pairs if p.runner_up]
     assert ups
+
     def level(p):
         pol = agents[p.agent].policy
         return pol.bid_levels[pol.bid_ids.index(p.counterfactual[0])]
@@ -385,9 +428,13 @@ def test_runner_up_pairs_train_the_runner_ups_bid_on_the_same_two_outcomes(ctx, 
             continue
         sel = pairs[i - 1]  # its selected agent's pair comes first
         assert not sel.runner_up and (p.original_score, p.branch_score) == (sel.original_score, sel.branch_score)
-        assert any((p.agent, p.prompt, p.original) == (t.auction.runner_up, t.bid_prompts[t.auction.runner_up],
-                                                       t.bid_tokens[t.auction.runner_up])
-                   and level(p) > t.auction.winning_bid and t.bid_prompts[t.winner] == sel.prompt for _, t in picks)
+        assert any(
+            (p.agent, p.prompt, p.original)
+            == (t.auction.runner_up, t.bid_prompts[t.auction.runner_up], t.bid_tokens[t.auction.runner_up])
+            and level(p) > t.auction.winning_bid
+            and t.bid_prompts[t.winner] == sel.prompt
+            for _, t in picks
+        )
     # the branch (runner-up acting) scored better: the runner-up's higher bid becomes more likely
     p = ups[0]
     pol = agents[p.agent].policy
@@ -434,13 +481,17 @@ def test_common_random_numbers_make_a_branch_differ_only_by_its_forced_decision(
             eps = play(slots, agents, ctx.coordinator(), ctx.domain, 24, rng, record_snapshots=True)
         picks = pick_contested(eps, 3, rng)
         assert len(picks) >= 3
-        again = [forced_slot(ctx.domain, ctx.task, ep, t, ForcedTurn(t.bids, t.bid_tokens, t.bid_prompts, t.winner), 0)
-                 for ep, t in picks]
+        again = [
+            forced_slot(ctx.domain, ctx.task, ep, t, ForcedTurn(t.bids, t.bid_tokens, t.bid_prompts, t.winner), 0)
+            for ep, t in picks
+        ]
         with torch.no_grad():
             reruns = play(again, agents, ctx.coordinator(), ctx.domain, 24, rng)
-        return [[x.action_text for x in r.turns] == [x.action_text for x in ep.turns[t.t:]]
-                and r.reward == pytest.approx(sum(x.reward for x in ep.turns[t.t:]))
-                for r, (ep, t) in zip(reruns, picks)]
+        return [
+            [x.action_text for x in r.turns] == [x.action_text for x in ep.turns[t.t :]]
+            and r.reward == pytest.approx(sum(x.reward for x in ep.turns[t.t :]))
+            for r, (ep, t) in zip(reruns, picks)
+        ]
 
     assert all(replays(1000))
     assert not all(replays(None))
@@ -455,14 +506,27 @@ def test_a_forced_turn_can_also_force_the_winners_action(ctx):
     agents, _ = ctx.build_swarm()
     rng = random.Random(3)
     with torch.no_grad():
-        eps = play(new_slots(ctx.domain, ctx.task, [0, 1]), agents, ctx.coordinator(), ctx.domain, 24, rng,
-                   record_snapshots=True)
+        eps = play(
+            new_slots(ctx.domain, ctx.task, [0, 1]),
+            agents,
+            ctx.coordinator(),
+            ctx.domain,
+            24,
+            rng,
+            record_snapshots=True,
+        )
     ep, t = pick_contested(eps, 1, rng)[0]
     action = Response("craft planks", agents[t.winner].policy.action_target("craft planks"))
     forced = ForcedTurn(t.bids, t.bid_tokens, t.bid_prompts, t.winner, action=action)
     with torch.no_grad():
-        (again,) = play([forced_slot(ctx.domain, ctx.task, ep, t, forced, 0, horizon=2)], agents,
-                        ctx.coordinator(), ctx.domain, 24, rng)
+        (again,) = play(
+            [forced_slot(ctx.domain, ctx.task, ep, t, forced, 0, horizon=2)],
+            agents,
+            ctx.coordinator(),
+            ctx.domain,
+            24,
+            rng,
+        )
     first = again.turns[0]
     assert (first.winner, first.action_text, first.action_tokens) == (t.winner, "craft planks", action.tokens)
     assert first.action_prompt == t.action_prompt and len(again.turns) <= 2
@@ -475,9 +539,21 @@ def test_mpt_bid_step_passes_noise_ids_to_its_branches(registry, tmp_path, monke
     import swarm_runtime.train.mpt as mpt_mod
 
     pm, reg = registry
-    cfg = resolve(["domain=minecraft", "task=iron_pickaxe", "task.max_decisions=16", "algo.envs_per_step=3",
-                   "algo.action_steps=1", "algo.bid_steps=1", "algo.branch_samples=2",
-                   "algo.common_random_numbers=true", "tensorboard=false", "progress=false"], reg)
+    cfg = resolve(
+        [
+            "domain=minecraft",
+            "task=iron_pickaxe",
+            "task.max_decisions=16",
+            "algo.envs_per_step=3",
+            "algo.action_steps=1",
+            "algo.bid_steps=1",
+            "algo.branch_samples=2",
+            "algo.common_random_numbers=true",
+            "tensorboard=false",
+            "progress=false",
+        ],
+        reg,
+    )
     trainer = mpt_mod.MPTTrainer(RunContext(cfg, pm, reg, tmp_path))
     trainer._setup()
     seen = {}
@@ -486,6 +562,7 @@ def test_mpt_bid_step_passes_noise_ids_to_its_branches(registry, tmp_path, monke
         def wrapped(slots, *args, **kw):
             seen.setdefault(name, []).append([(s.episode.noise, s.forced and s.forced.winner) for s in slots])
             return real(slots, *args, **kw)
+
         return wrapped
 
     monkeypatch.setattr(mpt_mod, "play", spy("rollout", play))
@@ -497,6 +574,6 @@ def test_mpt_bid_step_passes_noise_ids_to_its_branches(registry, tmp_path, monke
     branch = seen["branch"][0]
     assert branch and len(branch) % 3 == 0  # per pick: 2 runner-up branches, 1 re-roll of the selected agent
     for k in range(0, len(branch), 3):
-        (cf0, w0), (cf1, w1), (again1, w_sel) = branch[k:k + 3]
+        (cf0, w0), (cf1, w1), (again1, w_sel) = branch[k : k + 3]
         assert cf0 in rollout and cf1 == again1 and cf1 not in rollout
         assert w0 == w1 != w_sel

@@ -1,6 +1,7 @@
 """A run folder, recipe or checkpoint from elsewhere cannot delete a user's files, run code or leak a
 key (issue 31): real run folders trained once per module, copied per test, damaged the way a folder
 from elsewhere could be, then handed to the real CLI in a subprocess."""
+
 import json
 import shutil
 import threading
@@ -9,14 +10,27 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_RUN, swarm
 
 #: An OpenResearcher run as small as it gets, trained with a secret given as a list (item 7).
-RESEARCH = ["domain=openresearcher", "task=embedded", "task.max_decisions=3", "algo.iterations=1",
-            "algo.envs_per_step=1", "eval.episodes=1", "eval.runs=1", "algo.sft.demo_episodes=1", "algo.sft.epochs=1",
-            "algo.sft.action_epochs=1", "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
-            "progress=false", "tensorboard=false", "hardware.threads=1"]
+RESEARCH = [
+    "domain=openresearcher",
+    "task=embedded",
+    "task.max_decisions=3",
+    "algo.iterations=1",
+    "algo.envs_per_step=1",
+    "eval.episodes=1",
+    "eval.runs=1",
+    "algo.sft.demo_episodes=1",
+    "algo.sft.epochs=1",
+    "algo.sft.action_epochs=1",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_layers=1",
+    "progress=false",
+    "tensorboard=false",
+    "hardware.threads=1",
+]
 LIST_SECRET = "sk-LISTSECRET-0123456789"
 
 
@@ -26,10 +40,21 @@ def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("trust")
     jobs = {
         "full": [*TINY_RUN, f"run_dir={d / 'full'}"],
-        "lora": [*TINY_RUN, "model.adapter=lora", "skip_sft_eval=true", "tensorboard=false", "eval.episodes=1",
-                 "algo.sft.demo_episodes=1", f"run_dir={d / 'lora'}"],
-        "research": [*RESEARCH, f"task.llm_judge.api_key=[{LIST_SECRET}]", f"task.search.cache_dir={d / 'bm25'}",
-                     f"run_dir={d / 'research'}"],
+        "lora": [
+            *TINY_RUN,
+            "model.adapter=lora",
+            "skip_sft_eval=true",
+            "tensorboard=false",
+            "eval.episodes=1",
+            "algo.sft.demo_episodes=1",
+            f"run_dir={d / 'lora'}",
+        ],
+        "research": [
+            *RESEARCH,
+            f"task.llm_judge.api_key=[{LIST_SECRET}]",
+            f"task.search.cache_dir={d / 'bm25'}",
+            f"run_dir={d / 'research'}",
+        ],
     }
     with ThreadPoolExecutor(3) as pool:
         done = dict(zip(jobs, pool.map(lambda a: swarm("run", *a, cwd=d, timeout=600), jobs.values())))
@@ -149,8 +174,9 @@ def test_no_write_follows_a_link_out_of_the_run_folder(runs, tmp_path):
         (run / name).symlink_to(victim)
         cases.append((run, name))
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda c: swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3",
-                                                cwd=tmp_path), cases))
+        results = list(
+            pool.map(lambda c: swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3", cwd=tmp_path), cases)
+        )
     for (_, name), res in zip(cases, results):
         _error(res, name, "outside the run folder")
     assert victim.read_text() == "precious\n" * 5
@@ -166,8 +192,9 @@ def test_export_never_writes_into_a_checkpoint(runs, tmp_path):
         (tmp_path / f"{name}-link").symlink_to(run / "checkpoints")
         outs = [ckpt / "agents"] + ([tmp_path / f"{name}-link" / ckpt.name] if name == "full" else [])
         for out in outs:
-            _error(swarm("export", str(run), f"checkpoint={ckpt.name}", f"out={out}", cwd=tmp_path),
-                   "never writes into")
+            _error(
+                swarm("export", str(run), f"checkpoint={ckpt.name}", f"out={out}", cwd=tmp_path), "never writes into"
+            )
         assert _tree(ckpt) == before
 
 
@@ -178,10 +205,12 @@ def test_a_model_folder_asking_for_custom_code_is_refused(runs, tmp_path):
     run = _copy(runs, "full", tmp_path / "run")
     agent = _latest(run) / "agents" / "Logger"
     marker = tmp_path / "RAN"
-    (agent / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
-                                   "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
-                                   "class EvilConfig(Qwen2Config):\n    model_type = 'qwen2'\n"
-                                   "class EvilModel(Qwen2ForCausalLM):\n    config_class = EvilConfig\n")
+    (agent / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+        "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
+        "class EvilConfig(Qwen2Config):\n    model_type = 'qwen2'\n"
+        "class EvilModel(Qwen2ForCausalLM):\n    config_class = EvilConfig\n"
+    )
     config = json.loads((agent / "config.json").read_text())
     config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
     (agent / "config.json").write_text(json.dumps(config))
@@ -198,8 +227,17 @@ class _Judge(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length") or 0))
         type(self).seen.append(self.headers.get("authorization"))
-        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "correct: yes"}}]})
+        body = json.dumps(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "correct: yes"}}
+                ],
+            }
+        )
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -222,8 +260,9 @@ def test_a_judge_endpoint_saved_in_a_run_folder_gets_no_key(runs, tmp_path):
         run = _copy(runs, "research", tmp_path / "run")
         text = (run / "config.yaml").read_text()
         assert "  judge: exact\n" in text and "    base_url: null\n" in text
-        (run / "config.yaml").write_text(text.replace("  judge: exact\n", "  judge: llm\n")
-                                         .replace("    base_url: null\n", f"    base_url: {url}\n"))
+        (run / "config.yaml").write_text(
+            text.replace("  judge: exact\n", "  judge: llm\n").replace("    base_url: null\n", f"    base_url: {url}\n")
+        )
         env = {"OPENAI_API_KEY": "sk-ENVKEY-0123456789"}
         res = swarm("eval", str(run), "checkpoint=sft", cwd=tmp_path, env=env)
         _error(res, "task.llm_judge.base_url", url, "OPENAI_API_KEY")
@@ -257,14 +296,22 @@ def test_resume_without_its_config_is_refused(runs, tmp_path):
     default config and writing that config as the run's."""
     run = _copy(runs, "full", tmp_path / "run")
     (run / "config.yaml").unlink()
-    _error(swarm("run", "resume=true", f"run_dir={run}", "domain=minecraft", "task=wooden_pickaxe", cwd=tmp_path),
-           "config.yaml", "is missing")
+    _error(
+        swarm("run", "resume=true", f"run_dir={run}", "domain=minecraft", "task=wooden_pickaxe", cwd=tmp_path),
+        "config.yaml",
+        "is missing",
+    )
     assert not (run / "config.yaml").exists()
 
 
 #: (key, damaged value, what the error names): through the CLI; the rest of the schema in process.
-STATE_DAMAGE = [("iteration", -7, "iteration"), ("phase", "banana", "phase"), ("flops", "lots", "flops"),
-                ("metrics_rows", 999, "metrics.jsonl"), ("sft_eval", "garbage", "sft_eval")]
+STATE_DAMAGE = [
+    ("iteration", -7, "iteration"),
+    ("phase", "banana", "phase"),
+    ("flops", "lots", "flops"),
+    ("metrics_rows", 999, "metrics.jsonl"),
+    ("sft_eval", "garbage", "sft_eval"),
+]
 
 
 def test_a_damaged_state_json_is_named_before_anything_resumes(runs, tmp_path):
@@ -281,17 +328,22 @@ def test_a_damaged_state_json_is_named_before_anything_resumes(runs, tmp_path):
         state.write_text(json.dumps({**json.loads(state.read_text()), key: value}))
         cases.append((run, needle, (run / "metrics.jsonl").read_bytes()))
     with ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(lambda c: swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3",
-                                                cwd=tmp_path), cases))
+        results = list(
+            pool.map(lambda c: swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3", cwd=tmp_path), cases)
+        )
     for (run, needle, metrics), res in zip(cases, results):
         _error(res, needle, "metrics.jsonl" if needle == "metrics.jsonl" else "state.json")
         assert (run / "metrics.jsonl").read_bytes() == metrics
     good = json.loads((_latest(runs[0] / "full") / "state.json").read_text())
     assert state_problem(good, _latest(runs[0] / "full").name) == ""
-    for key, value, tag, needle in [("iteration", 5, "iter-000002", "iteration 5"), ("flops", {"sft": 1e400}, "", "flops"),
-                                    ("metrics_rows", "7", "", "metrics_rows"), ("final_eval", {"reward_mean": "high"}, "",
-                                                                                 "final_eval.reward_mean"),
-                                    ("phase", "rl", "sft", "checkpoint sft"), ("iteration", True, "", "iteration")]:
+    for key, value, tag, needle in [
+        ("iteration", 5, "iter-000002", "iteration 5"),
+        ("flops", {"sft": 1e400}, "", "flops"),
+        ("metrics_rows", "7", "", "metrics_rows"),
+        ("final_eval", {"reward_mean": "high"}, "", "final_eval.reward_mean"),
+        ("phase", "rl", "sft", "checkpoint sft"),
+        ("iteration", True, "", "iteration"),
+    ]:
         assert needle in state_problem({**good, key: value}, tag), (key, value)
 
 
@@ -315,7 +367,7 @@ def test_silent_nonsense_is_one_line(runs, tmp_path):
     _error(swarm("export", str(run), cwd=tmp_path), "Miner", "NaN")
     assert not (run / "export" / _latest(run).name / "Miner").exists()
     run = _copy(runs, "lora", tmp_path / "ptr")
-    (_latest(run) / "agents" / "Smith" / "swarm_base.json").write_text("{\"base\": 3")
+    (_latest(run) / "agents" / "Smith" / "swarm_base.json").write_text('{"base": 3')
     _error(swarm("export", str(run), cwd=tmp_path), "swarm_base.json")
 
 

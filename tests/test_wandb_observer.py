@@ -3,13 +3,14 @@
 With the ``wandb`` extra installed, a real tiny ``swarm run`` is mirrored to an offline W&B run
 (``WANDB_MODE=offline``: no network); without it, the W&B test is skipped and the observer's
 install message is still checked."""
+
 from __future__ import annotations
 
 import sys
 
 import pytest
-
 from conftest import TINY_RUN
+
 from swarm_plugins import wandb_observer
 from swarm_runtime import plugins as plugin_mod
 
@@ -43,9 +44,12 @@ def test_a_broken_plugin_names_itself_and_the_way_to_skip_it(monkeypatch):
             raise ImportError("No module named 'brokenthing'")
 
     monkeypatch.setattr(plugin_mod, "entry_points", lambda group: [BrokenEntryPoint()])
-    with pytest.raises(plugin_mod.PluginError, match=r"plugin 'brokenthing' \(brokenthing.plugin\) failed to load: "
-                                                     r"No module named 'brokenthing'; skip it with "
-                                                     r"SWARM_DISABLE_PLUGINS=brokenthing"):
+    with pytest.raises(
+        plugin_mod.PluginError,
+        match=r"plugin 'brokenthing' \(brokenthing.plugin\) failed to load: "
+        r"No module named 'brokenthing'; skip it with "
+        r"SWARM_DISABLE_PLUGINS=brokenthing",
+    ):
         plugin_mod.make_plugin_manager()
     monkeypatch.setenv("SWARM_DISABLE_PLUGINS", "brokenthing")
     plugin_mod.make_plugin_manager()  # skipped: loads
@@ -69,7 +73,14 @@ def test_a_real_run_is_mirrored_to_an_offline_wandb_run(monkeypatch, tmp_path):
     assert len(found) == 1, list((run_dir / "wandb").rglob("*"))
     data = found[0].read_bytes()
     # the training metrics, the rollouts, the held-out summary and the config reached the W&B run
-    for key in (b"losses/", b"charts/episode_reward", b"flops/total", b"rollout/episode_reward", b"eval/",
-                b"sft/Logger/", b"wooden_pickaxe"):
+    for key in (
+        b"losses/",
+        b"charts/episode_reward",
+        b"flops/total",
+        b"rollout/episode_reward",
+        b"eval/",
+        b"sft/Logger/",
+        b"wooden_pickaxe",
+    ):
         assert key in data, key
     assert wandb_observer._state["run"] is None  # finished at run end

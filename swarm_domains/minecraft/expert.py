@@ -8,13 +8,19 @@ down. :func:`layout_aware_instruction` is a reference for what RL can learn:
 it gathers every log first, explores away from poor areas and digs down for
 stone, coal and iron. The docs report both on the eval seeds.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from swarm_domains.minecraft.recipes import (
-    CANONICAL_FUEL, GATHERS, PICKAXE_FOR_TIER, RECIPES, pickaxe_tier, raw_needs,
+    CANONICAL_FUEL,
+    GATHERS,
+    PICKAXE_FOR_TIER,
+    RECIPES,
+    pickaxe_tier,
+    raw_needs,
 )
 
 
@@ -61,8 +67,9 @@ def scripted_instruction(target: str, inventory: Mapping[str, int], depth: int) 
     return instr
 
 
-def layout_aware_instruction(target: str, inventory: Mapping[str, int], depth: int,
-                             area: Mapping[str, int]) -> str | None:
+def layout_aware_instruction(
+    target: str, inventory: Mapping[str, int], depth: int, area: Mapping[str, int]
+) -> str | None:
     """A reference layout-aware policy (not used for SFT): every log first, from a
     wooded area; then mine deep underground, exploring away from poor areas."""
     if inventory.get(target, 0) > 0:

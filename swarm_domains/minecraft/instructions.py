@@ -1,9 +1,10 @@
 """The instruction set (the action texts agents emit), its parser and role ownership."""
+
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 from swarm_domains.minecraft.recipes import GATHERS, RECIPES
 

@@ -15,23 +15,26 @@ last outcome) over the replayed inventory.
 Needs ``pip install 'swarm-runtime[minestudio]'``, a CUDA GPU, Java 8 (JDK) and
 the MineStudio engine (downloaded by MineStudio on first use).
 """
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from loguru import logger
-
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
 from swarm_domains.minecraft import expert
 from swarm_domains.minecraft.instructions import OWNER, parse
 from swarm_domains.minecraft.recipes import FUELS, GATHERS, ITEMS, RECIPES
 from swarm_domains.minecraft.task import TaskSpec
 from swarm_domains.minecraft.world import missing_for
+from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
-INSTALL_HINT = ("the minestudio backend needs the 'minestudio' package: pip install 'swarm-runtime[minestudio]'; "
-                "it also needs a CUDA GPU, Java 8 (JDK) and MineStudio's simulator engine")
+INSTALL_HINT = (
+    "the minestudio backend needs the 'minestudio' package: pip install 'swarm-runtime[minestudio]'; "
+    "it also needs a CUDA GPU, Java 8 (JDK) and MineStudio's simulator engine"
+)
 
 #: Backend settings (override under ``minestudio:`` in the task YAML).
 DEFAULTS: Mapping[str, Any] = {
@@ -46,8 +49,13 @@ CRAFT_MODES = ("steve", "commands")
 
 #: STEVE-1 text prompt of each instruction (short, goal-oriented, MineCLIP-style).
 PROMPTS: Mapping[str, str] = {
-    "chop tree": "chop a tree", "explore": "explore", "mine stone": "mine stone", "mine coal": "mine coal",
-    "mine iron": "mine iron ore", "dig down": "dig down", "climb up": "climb up and get out of the hole",
+    "chop tree": "chop a tree",
+    "explore": "explore",
+    "mine stone": "mine stone",
+    "mine coal": "mine coal",
+    "mine iron": "mine iron ore",
+    "dig down": "dig down",
+    "climb up": "climb up and get out of the hole",
     **{r.instruction: f"{r.verb} {r.output.replace('_', ' ')}" for r in RECIPES.values()},
 }
 
@@ -67,9 +75,16 @@ _CRAFTS = frozenset(r.instruction for r in RECIPES.values())
 def reward_config(milestones: Mapping[str, float]) -> list[dict]:
     """``RewardsCallback`` config: gathered items pay on ``pickup``, made ones on ``craft_item``
     (Minecraft's crafted statistic also counts smelted items), each at most once."""
-    return [{"event": "pickup" if item in GATHERS else "craft_item", "identity": item,
-             "objects": list(MC_IDS[item]), "reward": float(r), "max_reward_times": 1}
-            for item, r in milestones.items()]
+    return [
+        {
+            "event": "pickup" if item in GATHERS else "craft_item",
+            "identity": item,
+            "objects": list(MC_IDS[item]),
+            "reward": float(r),
+            "max_reward_times": 1,
+        }
+        for item, r in milestones.items()
+    ]
 
 
 def mc_inventory(info: Mapping[str, Any]) -> Counter:
@@ -115,8 +130,8 @@ def replay_plan(current: Sequence[str], target: Sequence[str]) -> tuple[bool, li
     """How to bring a world whose instruction history is ``current`` to ``target``:
     ``(reset_first, instructions_to_replay)``. Minecraft cannot go back, so anything
     but an extension of ``current`` needs a reseed and a full replay."""
-    if len(target) >= len(current) and list(target[:len(current)]) == list(current):
-        return False, list(target[len(current):])
+    if len(target) >= len(current) and list(target[: len(current)]) == list(current):
+        return False, list(target[len(current) :])
     return True, list(target)
 
 
@@ -144,8 +159,9 @@ class _Runtime:
             if self.sim is not None:
                 self.sim.close()
             self.rewards = self.rewards_cls(reward_config(self.milestones))
-            self.sim = self.sim_cls(action_type="agent", seed=seed, obs_size=tuple(self.cfg["obs_size"]),
-                                    callbacks=[self.rewards])
+            self.sim = self.sim_cls(
+                action_type="agent", seed=seed, obs_size=tuple(self.cfg["obs_size"]), callbacks=[self.rewards]
+            )
             self.seed = seed
         self.obs, self.info = self.sim.reset()
 
@@ -158,8 +174,9 @@ class _Runtime:
         memory, reward = None, 0.0
         with self.torch.inference_mode():
             for _ in range(int(self.cfg["frames"])):
-                action, memory = self.policy.get_action({"image": self.obs["image"], "condition": cond},
-                                                        memory, input_shape="*")
+                action, memory = self.policy.get_action(
+                    {"image": self.obs["image"], "condition": cond}, memory, input_shape="*"
+                )
                 self.obs, r, terminated, truncated, self.info = self.sim.step(action)
                 reward += float(r)
                 if terminated or truncated:
@@ -190,7 +207,9 @@ class MineStudioEnv(DomainEnv):
         if unknown:
             raise ValueError(f"unknown minestudio settings {unknown}; valid: {', '.join(DEFAULTS)}")
         if self.cfg["craft_via"] not in CRAFT_MODES:
-            raise ValueError(f"minestudio.craft_via {self.cfg['craft_via']!r} is unknown; valid: {', '.join(CRAFT_MODES)}")
+            raise ValueError(
+                f"minestudio.craft_via {self.cfg['craft_via']!r} is unknown; valid: {', '.join(CRAFT_MODES)}"
+            )
         self._rt: _Runtime | None = None
         self.state: dict[str, Any] = self._blank(0)
         self._live_history: list[str] = []  #: what the simulator has actually executed since its reset
@@ -221,8 +240,9 @@ class MineStudioEnv(DomainEnv):
         self._runtime().run(instr, st["seed"] * 1000 + len(st["history"]), self.cfg["craft_via"])
         st["history"].append(instr)
         self._live_history.append(instr)
-        new = [m for m in self.spec.milestones if self._runtime().rewards.reward_memory.get(m)
-               and m not in st["obtained"]]
+        new = [
+            m for m in self.spec.milestones if self._runtime().rewards.reward_memory.get(m) and m not in st["obtained"]
+        ]
         st["obtained"] += new
         reward = sum(self.spec.milestones[m] for m in new)
         st["last"] = f"{instr} {'ok' if new or self._inventory() != before else 'failed'}"

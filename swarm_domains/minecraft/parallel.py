@@ -9,10 +9,11 @@ The anytime return (:meth:`SharedCraftWorld.progress`) is the milestone reward
 paid so far. The turn-based :class:`~swarm_domains.minecraft.world.CraftWorld` is not
 changed; this class only adds the concurrent hooks on top of it.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 from swarm_domains.minecraft.expert import scripted_instruction
 from swarm_domains.minecraft.instructions import parse
@@ -21,8 +22,9 @@ from swarm_domains.minecraft.world import CraftWorld, missing_for
 
 #: Simulated seconds each kind of instruction takes (a gather is a 40-frame controller run, a craft
 #: a few clicks); an unparsable instruction costs :data:`FUMBLE_SECONDS`.
-SECONDS: Mapping[str, float] = MappingProxyType({"gather": 20.0, "craft": 10.0, "explore": 30.0,
-                                                 "dig down": 30.0, "climb up": 20.0})
+SECONDS: Mapping[str, float] = MappingProxyType(
+    {"gather": 20.0, "craft": 10.0, "explore": 30.0, "dig down": 30.0, "climb up": 20.0}
+)
 FUMBLE_SECONDS = 5.0
 
 

@@ -1,18 +1,18 @@
 """Plugin entry point of the minecraft domain: registers :class:`MinecraftDomain`."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from swarm_runtime import hookimpl
-from swarm_runtime.domain import Domain, Role
-from swarm_runtime.env import DomainEnv
-
 from swarm_domains.minecraft.instructions import INSTRUCTIONS
 from swarm_domains.minecraft.recipes import ITEMS
 from swarm_domains.minecraft.task import TaskSpec
 from swarm_domains.minecraft.world import BIOME_NAMES, FEATURES, LEVELS, MAX_DEPTH
+from swarm_runtime import hookimpl
+from swarm_runtime.domain import Domain, Role
+from swarm_runtime.env import DomainEnv
 
 #: Words of the observation template (besides items, biomes, features, levels, digits).
 OBS_WORDS = ("goal", "biome", "depth", "inventory", "empty", "last", "ok", "failed", "none", ".")
@@ -22,8 +22,10 @@ class MinecraftDomain(Domain):
     """Text crafting world with the real recipe tree; Logger, Miner and Smith."""
 
     name = "minecraft"
-    description = ("Craft up the Minecraft tech tree (log -> ... -> iron_pickaxe) in seeded worlds "
-                   "whose layout changes what works; embedded text world or MineStudio + STEVE-1.")
+    description = (
+        "Craft up the Minecraft tech tree (log -> ... -> iron_pickaxe) in seeded worlds "
+        "whose layout changes what works; embedded text world or MineStudio + STEVE-1."
+    )
     roles = (
         Role("Logger", "chops trees and explores for better areas"),
         Role("Miner", "mines stone, coal and iron, digs down and climbs up"),
@@ -46,7 +48,9 @@ class MinecraftDomain(Domain):
         anytime return = milestone reward so far; :mod:`swarm_domains.minecraft.parallel`)."""
         spec = TaskSpec.from_config(task)
         if spec.sim != "embedded":
-            raise ValueError(f"minecraft task: algo=rlcr runs the embedded world only (sim=embedded), got sim {spec.sim!r}")
+            raise ValueError(
+                f"minecraft task: algo=rlcr runs the embedded world only (sim=embedded), got sim {spec.sim!r}"
+            )
         from swarm_domains.minecraft.parallel import SharedCraftWorld
 
         return SharedCraftWorld(spec)
@@ -57,8 +61,15 @@ class MinecraftDomain(Domain):
 
     def vocabulary(self, task: DictConfig) -> list[str]:
         words: dict[str, None] = {}
-        for phrase in (*INSTRUCTIONS, *ITEMS, *BIOME_NAMES, *FEATURES, *LEVELS, *OBS_WORDS,
-                       *(str(d) for d in range(MAX_DEPTH + 1))):
+        for phrase in (
+            *INSTRUCTIONS,
+            *ITEMS,
+            *BIOME_NAMES,
+            *FEATURES,
+            *LEVELS,
+            *OBS_WORDS,
+            *(str(d) for d in range(MAX_DEPTH + 1)),
+        ):
             for w in phrase.split():
                 words.setdefault(w, None)
         return list(words)

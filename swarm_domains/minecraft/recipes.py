@@ -4,16 +4,30 @@ Items are gathered (``log``, ``cobblestone``, ``coal``, ``iron_ore``), crafted
 (optionally at a ``crafting_table``) or smelted in a ``furnace`` with one fuel
 (``coal`` or, failing that, ``planks``). Mining needs a pickaxe of a given tier.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
 
 ITEMS: tuple[str, ...] = (
-    "log", "planks", "stick", "crafting_table", "wooden_pickaxe", "cobblestone", "stone_pickaxe",
-    "furnace", "coal", "iron_ore", "iron_ingot", "iron_pickaxe", "stone", "stone_bricks", "torch",
+    "log",
+    "planks",
+    "stick",
+    "crafting_table",
+    "wooden_pickaxe",
+    "cobblestone",
+    "stone_pickaxe",
+    "furnace",
+    "coal",
+    "iron_ore",
+    "iron_ingot",
+    "iron_pickaxe",
+    "stone",
+    "stone_bricks",
+    "torch",
 )
 
 #: Pickaxe tier of each pickaxe (mining needs a tier at least the resource's).
@@ -52,39 +66,69 @@ class Recipe:
         return self.verb == "smelt"
 
 
-GATHERS: Mapping[str, Gather] = MappingProxyType({g.item: g for g in (
-    Gather("log", "chop tree", "trees", 0),
-    Gather("cobblestone", "mine stone", "stone", 1),
-    Gather("coal", "mine coal", "coal", 1),
-    Gather("iron_ore", "mine iron", "iron", 2),
-)})
+GATHERS: Mapping[str, Gather] = MappingProxyType(
+    {
+        g.item: g
+        for g in (
+            Gather("log", "chop tree", "trees", 0),
+            Gather("cobblestone", "mine stone", "stone", 1),
+            Gather("coal", "mine coal", "coal", 1),
+            Gather("iron_ore", "mine iron", "iron", 2),
+        )
+    }
+)
 
 
-def _r(output: str, count: int, inputs: dict[str, int], station: str | None, verb: str = "craft",
-       instruction: str | None = None) -> Recipe:
+def _r(
+    output: str,
+    count: int,
+    inputs: dict[str, int],
+    station: str | None,
+    verb: str = "craft",
+    instruction: str | None = None,
+) -> Recipe:
     return Recipe(output, count, MappingProxyType(inputs), station, verb, instruction or f"craft {output}")
 
 
-RECIPES: Mapping[str, Recipe] = MappingProxyType({r.output: r for r in (
-    _r("planks", 4, {"log": 1}, None),
-    _r("stick", 4, {"planks": 2}, None),
-    _r("crafting_table", 1, {"planks": 4}, None),
-    _r("wooden_pickaxe", 1, {"planks": 3, "stick": 2}, "crafting_table"),
-    _r("stone_pickaxe", 1, {"cobblestone": 3, "stick": 2}, "crafting_table"),
-    _r("furnace", 1, {"cobblestone": 8}, "crafting_table"),
-    _r("iron_ingot", 1, {"iron_ore": 1}, "furnace", "smelt", "smelt iron"),
-    _r("iron_pickaxe", 1, {"iron_ingot": 3, "stick": 2}, "crafting_table"),
-    _r("torch", 4, {"coal": 1, "stick": 1}, None),
-    _r("stone", 1, {"cobblestone": 1}, "furnace", "smelt", "smelt stone"),
-    _r("stone_bricks", 4, {"stone": 4}, "crafting_table"),
-)})
+RECIPES: Mapping[str, Recipe] = MappingProxyType(
+    {
+        r.output: r
+        for r in (
+            _r("planks", 4, {"log": 1}, None),
+            _r("stick", 4, {"planks": 2}, None),
+            _r("crafting_table", 1, {"planks": 4}, None),
+            _r("wooden_pickaxe", 1, {"planks": 3, "stick": 2}, "crafting_table"),
+            _r("stone_pickaxe", 1, {"cobblestone": 3, "stick": 2}, "crafting_table"),
+            _r("furnace", 1, {"cobblestone": 8}, "crafting_table"),
+            _r("iron_ingot", 1, {"iron_ore": 1}, "furnace", "smelt", "smelt iron"),
+            _r("iron_pickaxe", 1, {"iron_ingot": 3, "stick": 2}, "crafting_table"),
+            _r("torch", 4, {"coal": 1, "stick": 1}, None),
+            _r("stone", 1, {"cobblestone": 1}, "furnace", "smelt", "smelt stone"),
+            _r("stone_bricks", 4, {"stone": 4}, "crafting_table"),
+        )
+    }
+)
 
 #: Default milestone rewards; the iron-pickaxe tree sums to exactly 140.
-DEFAULT_REWARDS: Mapping[str, float] = MappingProxyType({
-    "log": 10, "planks": 10, "stick": 10, "crafting_table": 10, "wooden_pickaxe": 15, "cobblestone": 15,
-    "stone_pickaxe": 15, "furnace": 10, "coal": 10, "iron_ore": 15, "iron_ingot": 10, "iron_pickaxe": 10,
-    "stone": 10, "stone_bricks": 15, "torch": 15,
-})
+DEFAULT_REWARDS: Mapping[str, float] = MappingProxyType(
+    {
+        "log": 10,
+        "planks": 10,
+        "stick": 10,
+        "crafting_table": 10,
+        "wooden_pickaxe": 15,
+        "cobblestone": 15,
+        "stone_pickaxe": 15,
+        "furnace": 10,
+        "coal": 10,
+        "iron_ore": 15,
+        "iron_ingot": 10,
+        "iron_pickaxe": 10,
+        "stone": 10,
+        "stone_bricks": 15,
+        "torch": 15,
+    }
+)
 
 
 def pickaxe_tier(inventory: Mapping[str, int]) -> int:

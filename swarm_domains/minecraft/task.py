@@ -1,9 +1,11 @@
 """Task spec of the minecraft domain: the validated, plain-Python view of a task YAML."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from swarm_domains.minecraft.recipes import ITEMS
 
@@ -25,7 +27,7 @@ class TaskSpec:
     sim: str = "embedded"
     backend: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
-    def __deepcopy__(self, memo: dict) -> "TaskSpec":  # immutable: snapshots share it
+    def __deepcopy__(self, memo: dict) -> TaskSpec:  # immutable: snapshots share it
         return self
 
     @property
@@ -33,7 +35,7 @@ class TaskSpec:
         return float(sum(self.milestones.values()))
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "TaskSpec":
+    def from_config(cls, cfg: Any) -> TaskSpec:
         """Validate a task config (DictConfig or dict); errors name the bad value and the valid ones."""
         from omegaconf import DictConfig, OmegaConf
 
@@ -55,9 +57,15 @@ class TaskSpec:
                 raise ValueError(f"minecraft task: milestone {k!r} reward must be a positive number, got {v!r}")
         if target not in raw:
             raise ValueError(f"minecraft task: milestones must include the target {target!r}")
-        spec = cls(target, MappingProxyType({k: float(v) for k, v in raw.items()}), sim,
-                   MappingProxyType(dict(data.get("minestudio") or {})))
+        spec = cls(
+            target,
+            MappingProxyType({k: float(v) for k, v in raw.items()}),
+            sim,
+            MappingProxyType(dict(data.get("minestudio") or {})),
+        )
         if "reward_max" in data and abs(float(data["reward_max"]) - spec.reward_max) > 1e-9:
-            raise ValueError(f"minecraft task: reward_max {data['reward_max']!r} must equal the sum of the "
-                             f"milestone rewards ({spec.reward_max:g})")
+            raise ValueError(
+                f"minecraft task: reward_max {data['reward_max']!r} must equal the sum of the "
+                f"milestone rewards ({spec.reward_max:g})"
+            )
         return spec

@@ -7,18 +7,18 @@ and the depth. A layout-aware policy explores away from a treeless desert and
 digs down for iron; the scripted expert (see :mod:`swarm_domains.minecraft.expert`)
 does neither.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
-
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
 from swarm_domains.minecraft import expert
 from swarm_domains.minecraft.instructions import OWNER, parse
 from swarm_domains.minecraft.recipes import FUELS, GATHERS, ITEMS, RECIPES, pickaxe_tier
 from swarm_domains.minecraft.task import TaskSpec
+from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
 LEVELS: tuple[str, ...] = ("none", "few", "some", "many")
 FEATURES: tuple[str, ...] = ("trees", "stone", "coal", "iron")
@@ -26,28 +26,76 @@ FEATURES: tuple[str, ...] = ("trees", "stone", "coal", "iron")
 GATHER_P: tuple[float, ...] = (0.0, 0.2, 0.5, 0.85)
 #: Extra success per pickaxe tier above the minimum, and the cap.
 TOOL_BONUS, P_CAP = 0.1, 0.95
-CRAFT_P = 0.95   #: crafting / smelting with everything at hand
+CRAFT_P = 0.95  #: crafting / smelting with everything at hand
 EXPLORE_P = 0.85  #: finding a new area
-DIG_P = 0.75     #: digging one level down (needs a wooden pickaxe; yields a cobblestone)
-CLIMB_P = 0.85   #: climbing one level up
+DIG_P = 0.75  #: digging one level down (needs a wooden pickaxe; yields a cobblestone)
+CLIMB_P = 0.85  #: climbing one level up
 MAX_DEPTH = 2
 
 _W = MappingProxyType
 #: Surface feature distributions per biome: feature -> weights over LEVELS.
-BIOMES: Mapping[str, Mapping[str, tuple[float, ...]]] = _W({
-    "forest": _W({"trees": (0, 0, .4, .6), "stone": (.05, .6, .35, 0), "coal": (.03, .6, .37, 0), "iron": (.03, .85, .12, 0)}),
-    "plains": _W({"trees": (.05, .6, .35, 0), "stone": (.05, .6, .35, 0), "coal": (.03, .6, .37, 0), "iron": (.03, .85, .12, 0)}),
-    "desert": _W({"trees": (.2, .8, 0, 0), "stone": (0, .4, .6, 0), "coal": (.05, .7, .25, 0), "iron": (.05, .8, .15, 0)}),
-    "mountains": _W({"trees": (.05, .65, .3, 0), "stone": (0, 0, .3, .7), "coal": (0, .3, .5, .2), "iron": (0, .6, .35, .05)}),
-    "swamp": _W({"trees": (0, .2, .6, .2), "stone": (.1, .9, 0, 0), "coal": (.05, .75, .2, 0), "iron": (.05, .85, .1, 0)}),
-    "taiga": _W({"trees": (0, .1, .4, .5), "stone": (0, .5, .5, 0), "coal": (.05, .55, .4, 0), "iron": (.05, .85, .1, 0)}),
-})
+BIOMES: Mapping[str, Mapping[str, tuple[float, ...]]] = _W(
+    {
+        "forest": _W(
+            {
+                "trees": (0, 0, 0.4, 0.6),
+                "stone": (0.05, 0.6, 0.35, 0),
+                "coal": (0.03, 0.6, 0.37, 0),
+                "iron": (0.03, 0.85, 0.12, 0),
+            }
+        ),
+        "plains": _W(
+            {
+                "trees": (0.05, 0.6, 0.35, 0),
+                "stone": (0.05, 0.6, 0.35, 0),
+                "coal": (0.03, 0.6, 0.37, 0),
+                "iron": (0.03, 0.85, 0.12, 0),
+            }
+        ),
+        "desert": _W(
+            {
+                "trees": (0.2, 0.8, 0, 0),
+                "stone": (0, 0.4, 0.6, 0),
+                "coal": (0.05, 0.7, 0.25, 0),
+                "iron": (0.05, 0.8, 0.15, 0),
+            }
+        ),
+        "mountains": _W(
+            {
+                "trees": (0.05, 0.65, 0.3, 0),
+                "stone": (0, 0, 0.3, 0.7),
+                "coal": (0, 0.3, 0.5, 0.2),
+                "iron": (0, 0.6, 0.35, 0.05),
+            }
+        ),
+        "swamp": _W(
+            {
+                "trees": (0, 0.2, 0.6, 0.2),
+                "stone": (0.1, 0.9, 0, 0),
+                "coal": (0.05, 0.75, 0.2, 0),
+                "iron": (0.05, 0.85, 0.1, 0),
+            }
+        ),
+        "taiga": _W(
+            {
+                "trees": (0, 0.1, 0.4, 0.5),
+                "stone": (0, 0.5, 0.5, 0),
+                "coal": (0.05, 0.55, 0.4, 0),
+                "iron": (0.05, 0.85, 0.1, 0),
+            }
+        ),
+    }
+)
 BIOME_NAMES: tuple[str, ...] = tuple(BIOMES)
 #: Underground feature distributions per depth (no trees below the surface).
-UNDERGROUND: Mapping[int, Mapping[str, tuple[float, ...]]] = _W({
-    1: _W({"trees": (1, 0, 0, 0), "stone": (0, 0, .2, .8), "coal": (0, .1, .5, .4), "iron": (0, .3, .5, .2)}),
-    2: _W({"trees": (1, 0, 0, 0), "stone": (0, 0, 0, 1), "coal": (0, .3, .5, .2), "iron": (0, 0, .4, .6)}),
-})
+UNDERGROUND: Mapping[int, Mapping[str, tuple[float, ...]]] = _W(
+    {
+        1: _W(
+            {"trees": (1, 0, 0, 0), "stone": (0, 0, 0.2, 0.8), "coal": (0, 0.1, 0.5, 0.4), "iron": (0, 0.3, 0.5, 0.2)}
+        ),
+        2: _W({"trees": (1, 0, 0, 0), "stone": (0, 0, 0, 1), "coal": (0, 0.3, 0.5, 0.2), "iron": (0, 0, 0.4, 0.6)}),
+    }
+)
 #: Chance that exploring on the surface leads into another biome.
 NEW_BIOME_P = 0.5
 
@@ -102,7 +150,7 @@ class CraftWorld(DomainEnv):
         self.biome, self.depth = BIOME_NAMES[0], 0
         self.area: dict[str, int] = {}
         self.inventory: dict[str, int] = {}
-        self.obtained: list[str] = []   #: milestones paid, in order
+        self.obtained: list[str] = []  #: milestones paid, in order
         self.last = "none"
         self.steps = 0
         self.done = False
@@ -123,8 +171,13 @@ class CraftWorld(DomainEnv):
         self.steps += 1
         instr = parse(action)
         if instr is None or self.done:
-            return StepResult(self._obs, 0.0, self.done, valid=False,
-                              info={"reason": "episode over" if self.done else "not an instruction"})
+            return StepResult(
+                self._obs,
+                0.0,
+                self.done,
+                valid=False,
+                info={"reason": "episode over" if self.done else "not an instruction"},
+            )
         gained = self._apply(instr)
         self.last = f"{instr} {'ok' if gained is not None else 'failed'}"
         reward = 0.0
@@ -134,8 +187,7 @@ class CraftWorld(DomainEnv):
                 reward += self.spec.milestones[item]
         self.done = self.spec.target in self.obtained
         self._obs = self._render()
-        return StepResult(self._obs, reward, self.done, True,
-                          {"instruction": instr, "success": gained is not None})
+        return StepResult(self._obs, reward, self.done, True, {"instruction": instr, "success": gained is not None})
 
     def observation(self) -> str:
         return self._obs
@@ -185,8 +237,10 @@ class CraftWorld(DomainEnv):
     def _render(self) -> str:
         area = " ".join(f"{f} {LEVELS[self.area[f]]}" for f in FEATURES)
         inv = " ".join(f"{i} {self.inventory[i]}" for i in ITEMS if self.inventory.get(i, 0) > 0) or "empty"
-        return (f"goal {self.spec.target} . biome {self.biome} depth {self.depth} {area} . "
-                f"inventory {inv} . last {self.last}")
+        return (
+            f"goal {self.spec.target} . biome {self.biome} depth {self.depth} {area} . "
+            f"inventory {inv} . last {self.last}"
+        )
 
     # ---- expert and metrics ------------------------------------------------------
     def expert_action(self) -> ExpertStep | None:

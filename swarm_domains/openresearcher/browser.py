@@ -21,6 +21,7 @@ State (:attr:`Browser.stack`) is plain lists and dicts; the corpus and index are
 shared (deep copy returns them), so ``copy.deepcopy(browser)`` is an exact,
 cheap snapshot.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,10 +29,48 @@ from dataclasses import dataclass
 from swarm_domains.openresearcher.corpus import Corpus, unlink_line
 
 #: Every word the browser itself writes (headers, errors), for vocabulary().
-BROWSER_WORDS = ("page", "lines", "of", "results", "for", "find", "in", "no", "matches", "error", "link", "on",
-                 "valid", "url", "document", "at", "cursor", "out", "range", "line", "beyond", "last", "empty",
-                 "query", "pattern", "only", "documents", "pages", "yet", "has", "not", "leads", "corpus", "works",
-                 "[", "]", "-", ":", ",", ".")
+BROWSER_WORDS = (
+    "page",
+    "lines",
+    "of",
+    "results",
+    "for",
+    "find",
+    "in",
+    "no",
+    "matches",
+    "error",
+    "link",
+    "on",
+    "valid",
+    "url",
+    "document",
+    "at",
+    "cursor",
+    "out",
+    "range",
+    "line",
+    "beyond",
+    "last",
+    "empty",
+    "query",
+    "pattern",
+    "only",
+    "documents",
+    "pages",
+    "yet",
+    "has",
+    "not",
+    "leads",
+    "corpus",
+    "works",
+    "[",
+    "]",
+    "-",
+    ":",
+    ",",
+    ".",
+)
 
 
 @dataclass
@@ -45,8 +84,9 @@ class ToolResult:
 class Browser:
     """The page stack and the three tools. ``index`` is a search index over ``corpus``."""
 
-    def __init__(self, corpus: Corpus, index, topn: int = 3, view_lines: int = 3, view_chars: int = 0,
-                 max_find_results: int = 10):
+    def __init__(
+        self, corpus: Corpus, index, topn: int = 3, view_lines: int = 3, view_chars: int = 0, max_find_results: int = 10
+    ):
         if view_lines < 1 and view_chars < 1:
             raise ValueError(f"view_lines={view_lines} and view_chars={view_chars}: one must be >= 1")
         self.corpus, self.index = corpus, index

@@ -12,6 +12,7 @@ Real data: a corpus from a local parquet or JSONL file (columns ``docid``,
 ``text``) and questions from a local JSONL or parquet file (``qid``,
 ``question``, ``answer``). pyarrow is imported lazily, only for parquet.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,15 +20,18 @@ import json
 import random
 import re
 import textwrap
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 CORPUS_COLUMNS = ("docid", "url", "text")
 QUESTION_COLUMNS = ("qid", "question", "answer")
 #: ``[[url|anchor]]`` (generated corpora) or Markdown ``[anchor](url)`` (real pages).
-LINK_RE = re.compile(r"\[\[(?P<url>[^\]|]+)\|(?P<anchor>[^\]]+)\]\]"
-                     r"|\[(?P<md_anchor>[^\[\]]+)\]\((?P<md_url>[^()\s]+)\)")
+LINK_RE = re.compile(
+    r"\[\[(?P<url>[^\]|]+)\|(?P<anchor>[^\]]+)\]\]"
+    r"|\[(?P<md_anchor>[^\[\]]+)\]\((?P<md_url>[^()\s]+)\)"
+)
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(?P<body>.*?)\n---[ \t]*(?:\n|\Z)", re.S)
 
 
@@ -68,7 +72,7 @@ def split_front_matter(text: str) -> tuple[dict[str, str], str]:
         if ":" in line:
             k, v = line.split(":", 1)
             meta[k.strip().lower()] = v.strip().strip("\"'")
-    return meta, text[m.end():]
+    return meta, text[m.end() :]
 
 
 def strip_links(text: str) -> str:
@@ -127,7 +131,7 @@ class Corpus:
     def __len__(self) -> int:
         return len(self.docs)
 
-    def __deepcopy__(self, memo: dict) -> "Corpus":
+    def __deepcopy__(self, memo: dict) -> Corpus:
         return self  # read-only and shared: snapshots never copy the corpus
 
     def content_hash(self) -> str:
@@ -185,8 +189,8 @@ def _read_rows(path: str | Path, what: str) -> tuple[list[dict[str, Any]], list[
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise ImportError(
-                f"reading {what} file {str(p)!r} needs pyarrow: pip install pyarrow "
-                "(or convert it to JSONL)") from exc
+                f"reading {what} file {str(p)!r} needs pyarrow: pip install pyarrow (or convert it to JSONL)"
+            ) from exc
         table = pq.read_table(p)
         return table.to_pylist(), list(table.column_names)
     raise ValueError(f"{what} file {str(p)!r}: unsupported extension {suffix!r}; valid: .jsonl, .json, .parquet")
@@ -195,8 +199,7 @@ def _read_rows(path: str | Path, what: str) -> tuple[list[dict[str, Any]], list[
 def _check_columns(rows: list[dict], cols: list[str], need: tuple[str, ...], path, what: str) -> None:
     missing = [c for c in need if c not in cols]
     if missing:
-        raise ValueError(f"{what} file {str(path)!r} lacks column(s) {missing}; "
-                         f"required: {list(need)}; found: {cols}")
+        raise ValueError(f"{what} file {str(path)!r} lacks column(s) {missing}; required: {list(need)}; found: {cols}")
     for i, r in enumerate(rows):
         empty = [c for c in need if r.get(c) is None]
         if empty:
@@ -236,8 +239,10 @@ def split_questions(questions: list[Question], eval_count: int, seed: int = 0) -
     """Deterministic (train, eval) split: ``eval_count`` questions chosen by a
     seeded shuffle of the qids; both keep file order."""
     if not 0 < eval_count < len(questions):
-        raise ValueError(f"eval_count={eval_count} must be between 1 and {len(questions) - 1} "
-                         f"(the file has {len(questions)} questions)")
+        raise ValueError(
+            f"eval_count={eval_count} must be between 1 and {len(questions) - 1} "
+            f"(the file has {len(questions)} questions)"
+        )
     order = sorted(range(len(questions)), key=lambda i: questions[i].qid)
     random.Random(seed).shuffle(order)
     held = set(order[:eval_count])
@@ -257,13 +262,13 @@ def synthetic_corpus(n_docs: int, seed: int = 0, vocab_size: int = 50_000, doc_l
     rng = np.random.default_rng(seed)
     words = [f"w{i}" for i in range(vocab_size)]
     ranks = np.arange(1, vocab_size + 1)
-    p = 1.0 / ranks ** 1.07
+    p = 1.0 / ranks**1.07
     p /= p.sum()
     lens = rng.integers(doc_len // 2, doc_len * 3 // 2, size=n_docs)
     ids = rng.choice(vocab_size, size=int(lens.sum()), p=p)
     docs, pos = [], 0
     for i, n in enumerate(lens):
-        chunk = ids[pos:pos + n]
+        chunk = ids[pos : pos + n]
         pos += n
         docs.append(Document(f"d{i}", f"synthetic/{i}", f"doc {i}", " ".join(words[j] for j in chunk)))
     return Corpus(docs, name=f"synthetic-{n_docs}-{seed}")

@@ -21,6 +21,7 @@ group base (based)     ``based in <place> .``
 event group            ``organised by <group> .``  (keyword ``organised``)
 =====================  ============================================================
 """
+
 from __future__ import annotations
 
 import random
@@ -49,12 +50,30 @@ def _made_up_words(n: int, seed: int) -> list[str]:
 PLACE_PREFIXES = ["north", "south", "east", "west", "upper", "lower", "new", "old"]
 GROUP_KINDS = ["guild", "bank", "company", "order", "league", "school", "press", "club"]
 EVENT_KINDS = ["battle", "treaty", "flood", "fair", "council", "festival", "strike", "fire"]
-JOBS = ["smith", "baker", "miner", "sailor", "painter", "scholar", "farmer", "weaver",
-        "potter", "mason", "doctor", "singer"]
-ENGLISH = set(PLACE_PREFIXES + GROUP_KINDS + EVENT_KINDS + JOBS + """
+JOBS = [
+    "smith",
+    "baker",
+    "miner",
+    "sailor",
+    "painter",
+    "scholar",
+    "farmer",
+    "weaver",
+    "potter",
+    "mason",
+    "doctor",
+    "singer",
+]
+ENGLISH = set(
+    PLACE_PREFIXES
+    + GROUP_KINDS
+    + EVENT_KINDS
+    + JOBS
+    + """
 is a an the person place group event born in works as child of lies realm mayor founded by based
 organised held founder near where was who what when which job birthplace parent that ?  .
-""".split())
+""".split()
+)
 
 _POOL = _made_up_words(36 + 36 + 30 + 40 + 10, seed=20240601)
 FIRST_NAMES, LAST_NAMES = _POOL[:36], _POOL[36:72]
@@ -67,12 +86,20 @@ TEMPLATES = [
     ("founder_year", "when was the founder of {x} born ?", "group", ("founder", "born_year")),
     ("founder_job", "what is the job of the founder of {x} ?", "group", ("founder", "job")),
     ("founder_realm", "in which realm was the founder of {x} born ?", "group", ("founder", "born_place", "realm")),
-    ("founder_mayor", "who is the mayor of the birthplace of the founder of {x} ?", "group",
-     ("founder", "born_place", "mayor")),
+    (
+        "founder_mayor",
+        "who is the mayor of the birthplace of the founder of {x} ?",
+        "group",
+        ("founder", "born_place", "mayor"),
+    ),
     ("event_base", "where is the group that organised the {x} based ?", "event", ("group", "base")),
     ("event_founder", "who founded the group that organised the {x} ?", "event", ("group", "founder")),
-    ("event_born", "where was the founder of the group that organised the {x} born ?", "event",
-     ("group", "founder", "born_place")),
+    (
+        "event_born",
+        "where was the founder of the group that organised the {x} born ?",
+        "event",
+        ("group", "founder", "born_place"),
+    ),
     ("event_realm", "in which realm is the group that organised the {x} based ?", "event", ("group", "base", "realm")),
     ("person_realm", "in which realm was {x} born ?", "person", ("born_place", "realm")),
     ("person_mayor", "who is the mayor of the birthplace of {x} ?", "person", ("born_place", "mayor")),
@@ -88,19 +115,40 @@ TEMPLATES = [
 DEV_TEMPLATES = [
     ("parent_year", "when was the parent of {x} born ?", "person", ("parent", "born_year")),
     ("parent_realm", "in which realm was the parent of {x} born ?", "person", ("parent", "born_place", "realm")),
-    ("parent_mayor", "who is the mayor of the birthplace of the parent of {x} ?", "person",
-     ("parent", "born_place", "mayor")),
+    (
+        "parent_mayor",
+        "who is the mayor of the birthplace of the parent of {x} ?",
+        "person",
+        ("parent", "born_place", "mayor"),
+    ),
     ("founder_parent", "who is the parent of the founder of {x} ?", "group", ("founder", "parent")),
     ("base_realm", "in which realm is {x} based ?", "group", ("base", "realm")),
     ("base_mayor", "who is the mayor of the place where {x} is based ?", "group", ("base", "mayor")),
-    ("event_job", "what is the job of the founder of the group that organised the {x} ?", "event",
-     ("group", "founder", "job")),
-    ("event_year", "when was the founder of the group that organised the {x} born ?", "event",
-     ("group", "founder", "born_year")),
+    (
+        "event_job",
+        "what is the job of the founder of the group that organised the {x} ?",
+        "event",
+        ("group", "founder", "job"),
+    ),
+    (
+        "event_year",
+        "when was the founder of the group that organised the {x} born ?",
+        "event",
+        ("group", "founder", "born_year"),
+    ),
 ]
 #: relation -> find keyword
-KEYWORDS = {"born_place": "born", "born_year": "born", "job": "works", "parent": "child", "realm": "realm",
-            "mayor": "mayor", "founder": "founded", "base": "based", "group": "organised"}
+KEYWORDS = {
+    "born_place": "born",
+    "born_year": "born",
+    "job": "works",
+    "parent": "child",
+    "realm": "realm",
+    "mayor": "mayor",
+    "founder": "founded",
+    "base": "based",
+    "group": "organised",
+}
 
 #: relations that share another relation's line
 _LINE_OF = {"born_year": "born_place"}
@@ -110,8 +158,12 @@ DEFAULT_SIZES = {"people": 1200, "places": 240, "groups": 300, "events": 600}
 
 def _max_sizes() -> dict[str, int]:
     places = len(PLACE_PREFIXES) * len(PLACE_STEMS)
-    return {"people": len(FIRST_NAMES) * len(LAST_NAMES), "places": places,
-            "groups": len(GROUP_STEMS) * len(GROUP_KINDS), "events": len(EVENT_KINDS) * places}
+    return {
+        "people": len(FIRST_NAMES) * len(LAST_NAMES),
+        "places": places,
+        "groups": len(GROUP_STEMS) * len(GROUP_KINDS),
+        "events": len(EVENT_KINDS) * places,
+    }
 
 
 @dataclass
@@ -138,8 +190,10 @@ class Encyclopedia:
             if not isinstance(v, int) or not 2 <= v <= limits[k]:
                 raise ValueError(f"corpus size {k}={v!r} must be an integer in [2, {limits[k]}]")
         if sizes["people"] < sizes["places"] + sizes["groups"]:
-            raise ValueError(f"corpus sizes: people ({sizes['people']}) must be at least places + groups "
-                             f"({sizes['places'] + sizes['groups']}) so mayors and founders are distinct")
+            raise ValueError(
+                f"corpus sizes: people ({sizes['people']}) must be at least places + groups "
+                f"({sizes['places'] + sizes['groups']}) so mayors and founders are distinct"
+            )
         self.seed, self.sizes = seed, sizes
         rng = random.Random(seed)
         self.entities: dict[str, Entity] = {}
@@ -186,23 +240,26 @@ class Encyclopedia:
         for place, mayor in zip(places, officials[: s["places"]]):
             self.entities[place].facts["mayor"] = mayor
             self.entities[mayor].facts["mayor_of"] = place
-        for g, founder in zip(groups, officials[s["places"]:]):
+        for g, founder in zip(groups, officials[s["places"] :]):
             year = years[founder] + rng.randint(20, 50)
             self.entities[g] = Entity("group", g, {"founder": founder, "year": year, "base": rng.choice(places)})
             self.entities[founder].facts["founded"] = g
         for e in events:
             g = rng.choice(groups)
             where = e.split(" of ", 1)[1]
-            self.entities[e] = Entity("event", e, {"place": where, "group": g,
-                                                  "year": self.entities[g].facts["year"] + rng.randint(1, 60)})
+            self.entities[e] = Entity(
+                "event", e, {"place": where, "group": g, "year": self.entities[g].facts["year"] + rng.randint(1, 60)}
+            )
             self.entities[g].facts.setdefault("organised", []).append(e)
 
     def fact_lines(self, ent: Entity) -> list[tuple[str, str]]:
         """(relation, line text with ``[[url|anchor]]`` links) of an entity's document, unshuffled."""
         f, L = ent.facts, (lambda t: f"[[{_url(t)}|{t}]]")
         if ent.kind == "person":
-            out = [("born_place", f"born in {L(f['born_place'])} in {f['born_year']} ."),
-                   ("job", f"works as a {f['job']} .")]
+            out = [
+                ("born_place", f"born in {L(f['born_place'])} in {f['born_year']} ."),
+                ("job", f"works as a {f['job']} ."),
+            ]
             if "parent" in f:
                 out.append(("parent", f"child of {L(f['parent'])} ."))
             if "founded" in f:
@@ -211,11 +268,16 @@ class Encyclopedia:
                 out.append(("mayor_of", f"mayor of {L(f['mayor_of'])} ."))
             return out
         if ent.kind == "place":
-            return [("realm", f"lies in the realm of {f['realm']} ."), ("mayor", f"mayor is {L(f['mayor'])} ."),
-                    ("near", f"near {L(f['near'])} .")]
+            return [
+                ("realm", f"lies in the realm of {f['realm']} ."),
+                ("mayor", f"mayor is {L(f['mayor'])} ."),
+                ("near", f"near {L(f['near'])} ."),
+            ]
         if ent.kind == "group":
-            out = [("founder", f"founded by {L(f['founder'])} in {f['year']} ."),
-                   ("base", f"based in {L(f['base'])} .")]
+            out = [
+                ("founder", f"founded by {L(f['founder'])} in {f['year']} ."),
+                ("base", f"based in {L(f['base'])} ."),
+            ]
             out += [("organised", f"organised the {L(e)} .") for e in f.get("organised", [])[:3]]
             return out
         return [("place", f"held in {L(f['place'])} in {f['year']} ."), ("group", f"organised by {L(f['group'])} .")]
@@ -241,8 +303,14 @@ class Encyclopedia:
             ent = self.entities[cur]
             if rel not in ent.facts:
                 return None
-            hops.append({"title": cur, "query": f"{cur} {ent.kind}", "keyword": KEYWORDS[rel],
-                         "line": self.fact_line_index[(cur, _LINE_OF.get(rel, rel))]})
+            hops.append(
+                {
+                    "title": cur,
+                    "query": f"{cur} {ent.kind}",
+                    "keyword": KEYWORDS[rel],
+                    "line": self.fact_line_index[(cur, _LINE_OF.get(rel, rel))],
+                }
+            )
             cur = str(ent.facts[rel])
         return cur, hops
 

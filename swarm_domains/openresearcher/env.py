@@ -27,14 +27,14 @@ rest (``1 - paid``). A correct episode still totals exactly 1 and every return
 stays in [0, 1]; a wrong answer keeps the evidence credit it earned. It gives
 RL a signal where tiny models almost never answer right (docs/results.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
-
 from swarm_domains.openresearcher.browser import Browser
 from swarm_domains.openresearcher.corpus import Question
+from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
 ROLE_OF_TOOL = {"search": "Searcher", "open": "Opener", "find": "Finder"}
 ROLES = tuple(ROLE_OF_TOOL.values())
@@ -103,8 +103,14 @@ def parse_action(text: str) -> Action | None:
             return None
         if isinstance(target, str) and "cursor" in opts:
             return None  # a url names its page itself
-        return Action("open", target if isinstance(target, str) else "", id=target if isinstance(target, int) else -1,
-                      cursor=opts.get("cursor", -1), loc=opts.get("at", -1), num_lines=opts.get("lines", -1))
+        return Action(
+            "open",
+            target if isinstance(target, str) else "",
+            id=target if isinstance(target, int) else -1,
+            cursor=opts.get("cursor", -1),
+            loc=opts.get("at", -1),
+            num_lines=opts.get("lines", -1),
+        )
     return None
 
 
@@ -117,8 +123,10 @@ class ResearchEnv(DomainEnv):
 
     def __init__(self, world, max_decisions: int, browser_cfg: dict | None = None, evidence_credit: float = 0.0):
         if not 0.0 <= float(evidence_credit) < 1.0:
-            raise ValueError(f"evidence_credit {evidence_credit!r} must be in [0, 1): the share of the answer's "
-                             "reward paid for evidence hops (0 = the paper's binary reward)")
+            raise ValueError(
+                f"evidence_credit {evidence_credit!r} must be in [0, 1): the share of the answer's "
+                "reward paid for evidence hops (0 = the paper's binary reward)"
+            )
         self.world = world
         self.max_decisions = int(max_decisions)
         self.evidence_credit = float(evidence_credit)
@@ -226,7 +234,7 @@ class ResearchEnv(DomainEnv):
         if page["kind"] == "doc":
             shown = range(page["loc"], page["end"])
         else:
-            shown = page["matches"][page["loc"]:page["end"]] if page["kind"] == "find" else []
+            shown = page["matches"][page["loc"] : page["end"]] if page["kind"] == "find" else []
         if hop["line"] in shown:
             self.progress += 1
 
@@ -254,7 +262,13 @@ class ResearchEnv(DomainEnv):
         return ExpertStep("Searcher", f"search {hop['query']}")
 
     def metrics(self) -> dict[str, float]:
-        return {"success": float(bool(self.correct)), "answered": float(self.answer is not None),
-                "f1": float(self.f1), "decisions": float(self.decisions),
-                "tool_calls": float(self.counts["tool_calls"]), "tool_errors": float(self.counts["tool_errors"]),
-                "invalid_actions": float(self.counts["invalid"]), "reward_missing": float(self.reward_missing)}
+        return {
+            "success": float(bool(self.correct)),
+            "answered": float(self.answer is not None),
+            "f1": float(self.f1),
+            "decisions": float(self.decisions),
+            "tool_calls": float(self.counts["tool_calls"]),
+            "tool_errors": float(self.counts["tool_errors"]),
+            "invalid_actions": float(self.counts["invalid"]),
+            "reward_missing": float(self.reward_missing),
+        }

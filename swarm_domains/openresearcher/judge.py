@@ -11,6 +11,7 @@
   grades are cached on disk, keyed by model + question + reference + answer.
   The API key is never logged.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,9 +21,9 @@ import re
 import string
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from loguru import logger
 
@@ -75,7 +76,7 @@ class ExactJudge:
             raise ValueError(f"judge f1_threshold={f1_threshold!r} must be in (0, 1]")
         self.f1_threshold = float(f1_threshold)
 
-    def __deepcopy__(self, memo: dict) -> "ExactJudge":
+    def __deepcopy__(self, memo: dict) -> ExactJudge:
         return self
 
     def grade(self, question: str, reference: str, answer: str) -> Grade:
@@ -166,10 +167,20 @@ class LLMJudge:
 
     name = "llm"
 
-    def __init__(self, model: str = DEFAULT_MODEL, base_url: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 60.0, max_attempts: int = 4, backoff_s: float = 1.0, backoff_max_s: float = 30.0,
-                 cache_dir: str | Path | None = None, temperature: float = 0.0, max_tokens: int = 512,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_attempts: int = 4,
+        backoff_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        cache_dir: str | Path | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         if int(max_attempts) < 1:
             raise ValueError(f"llm judge max_attempts={max_attempts!r} must be >= 1")
         if float(timeout_s) <= 0:
@@ -197,10 +208,16 @@ class LLMJudge:
         self._client = openai.OpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout_s, max_retries=0)
         #: counters: requests sent, failed requests (any cause), missing grades, cache hits
         self.stats: Counter = Counter()
-        logger.info("llm judge: model={} base_url={} timeout={}s attempts={} cache={}", self.model,
-                    self.base_url or "(openai default)", self.timeout_s, self.max_attempts, cache_dir or "off")
+        logger.info(
+            "llm judge: model={} base_url={} timeout={}s attempts={} cache={}",
+            self.model,
+            self.base_url or "(openai default)",
+            self.timeout_s,
+            self.max_attempts,
+            cache_dir or "off",
+        )
 
-    def __deepcopy__(self, memo: dict) -> "LLMJudge":
+    def __deepcopy__(self, memo: dict) -> LLMJudge:
         return self  # shared: an env snapshot never copies the client
 
     def __repr__(self) -> str:  # never shows the key
@@ -208,8 +225,11 @@ class LLMJudge:
 
     def _ask(self, prompt: str) -> str:
         resp = self._client.chat.completions.create(
-            model=self.model, messages=[{"role": "user", "content": prompt}],
-            temperature=self.temperature, max_tokens=self.max_tokens)
+            model=self.model,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+        )
         if not resp.choices:
             return ""
         return resp.choices[0].message.content or ""
@@ -240,8 +260,9 @@ class LLMJudge:
             self.stats["failures"] += 1
             if attempt < self.max_attempts:
                 delay = min(self.backoff_s * 2 ** (attempt - 1), self.backoff_max_s)
-                logger.debug("llm judge attempt {}/{} failed ({}); retrying in {:.2f}s", attempt,
-                             self.max_attempts, error, delay)
+                logger.debug(
+                    "llm judge attempt {}/{} failed ({}); retrying in {:.2f}s", attempt, self.max_attempts, error, delay
+                )
                 self._sleep(delay)
         self.stats["missing"] += 1
         logger.warning("llm judge: grade missing after {} attempt(s): {}", self.max_attempts, error)
@@ -257,10 +278,9 @@ def make_judge(kind: str, exact_cfg: dict | None = None, llm_cfg: dict | None = 
         return ExactJudge(**{k: v for k, v in (exact_cfg or {}).items() if v is not None})
     if kind == "llm":
         cfg = dict(llm_cfg or {})
-        known = set(LLMJudge.__init__.__code__.co_varnames[1:LLMJudge.__init__.__code__.co_argcount]) - {"sleep"}
+        known = set(LLMJudge.__init__.__code__.co_varnames[1 : LLMJudge.__init__.__code__.co_argcount]) - {"sleep"}
         bad = sorted(set(cfg) - known)
         if bad:
             raise ValueError(f"unknown llm_judge key(s) {bad}; valid: {sorted(known)}")
         return LLMJudge(**{k: v for k, v in cfg.items() if v is not None})
     raise ValueError(f"unknown judge {kind!r}; valid: {', '.join(JUDGES)}")
-

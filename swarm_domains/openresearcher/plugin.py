@@ -1,17 +1,17 @@
 """Plugin entry point of the openresearcher domain: Searcher / Opener / Finder
 research a question with a BM25 browser over a corpus and answer it."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from swarm_runtime import hookimpl
-from swarm_runtime.domain import Domain, Role
-
 from swarm_domains.openresearcher.browser import BROWSER_WORDS
 from swarm_domains.openresearcher.env import ENV_WORDS, ResearchEnv
 from swarm_domains.openresearcher.world import corpus_words, get_world
+from swarm_runtime import hookimpl
+from swarm_runtime.domain import Domain, Role
 
 BROWSER_KEYS = ("view_lines", "view_chars", "max_find_results", "line_width")
 
@@ -20,8 +20,10 @@ class OpenResearcherDomain(Domain):
     """Deep research over a corpus (OpenResearcher, BrowseComp-style questions)."""
 
     name = "openresearcher"
-    description = ("Answer multi-hop questions with browser tools over a corpus: the Searcher searches, the "
-                   "Opener opens links and scrolls, the Finder finds words in a page; any role may answer.")
+    description = (
+        "Answer multi-hop questions with browser tools over a corpus: the Searcher searches, the "
+        "Opener opens links and scrolls, the Finder finds words in a page; any role may answer."
+    )
     roles = (
         Role("Searcher", "calls browser.search: search <words>"),
         Role("Opener", "calls browser.open: open <id> | open <url> | open at <line>"),
@@ -38,10 +40,13 @@ class OpenResearcherDomain(Domain):
         topn = (task.get("search") or {}).get("topn", 3)
         credit = float(task.get("evidence_credit", 0.0))
         if credit and task.get("source", "embedded") != "embedded":
-            raise ValueError(f"evidence_credit {credit} needs questions with evidence hops, which only the embedded "
-                             "corpus has (source: embedded); real questions get the binary reward: set evidence_credit 0")
-        return ResearchEnv(get_world(task), int(task.max_decisions), {**browser, "topn": int(topn)},
-                           evidence_credit=credit)
+            raise ValueError(
+                f"evidence_credit {credit} needs questions with evidence hops, which only the embedded "
+                "corpus has (source: embedded); real questions get the binary reward: set evidence_credit 0"
+            )
+        return ResearchEnv(
+            get_world(task), int(task.max_decisions), {**browser, "topn": int(topn)}, evidence_credit=credit
+        )
 
     def instances(self, task: DictConfig, seeds) -> list[str]:
         """The question each seed picks (its text): the conformance kit checks that no question is

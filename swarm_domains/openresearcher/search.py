@@ -14,6 +14,7 @@ Two backends behind one interface (:class:`SearchIndex`), with identical scores
 its parameters: a changed corpus gets a new key (the old entry is never read).
 Cache files are JSON and ``.npy`` arrays (no pickle); writes are atomic.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -98,7 +99,7 @@ class RankBM25Index(_Base):
         self.bm25 = bm25
 
     @classmethod
-    def build(cls, tokens: list[list[str]], k1: float, b: float, epsilon: float) -> "RankBM25Index":
+    def build(cls, tokens: list[list[str]], k1: float, b: float, epsilon: float) -> RankBM25Index:
         from rank_bm25 import BM25Okapi
 
         return cls(BM25Okapi(tokens, k1=k1, b=b, epsilon=epsilon))
@@ -109,17 +110,27 @@ class RankBM25Index(_Base):
     def hits(self, query: str) -> np.ndarray:
         """Which documents hold at least one query word."""
         words = set(tokenize(query))
-        return np.fromiter((not words.isdisjoint(d) for d in self.bm25.doc_freqs), dtype=bool,
-                           count=self.bm25.corpus_size)
+        return np.fromiter(
+            (not words.isdisjoint(d) for d in self.bm25.doc_freqs), dtype=bool, count=self.bm25.corpus_size
+        )
 
     def save(self, d: Path) -> None:
         m = self.bm25
-        state = {"k1": m.k1, "b": m.b, "epsilon": m.epsilon, "corpus_size": m.corpus_size, "avgdl": m.avgdl,
-                 "average_idf": m.average_idf, "idf": m.idf, "doc_len": m.doc_len, "doc_freqs": m.doc_freqs}
+        state = {
+            "k1": m.k1,
+            "b": m.b,
+            "epsilon": m.epsilon,
+            "corpus_size": m.corpus_size,
+            "avgdl": m.avgdl,
+            "average_idf": m.average_idf,
+            "idf": m.idf,
+            "doc_len": m.doc_len,
+            "doc_freqs": m.doc_freqs,
+        }
         (d / "rank_bm25.json").write_text(json.dumps(state))
 
     @classmethod
-    def load(cls, d: Path) -> "RankBM25Index":
+    def load(cls, d: Path) -> RankBM25Index:
         from rank_bm25 import BM25Okapi
 
         state = json.loads((d / "rank_bm25.json").read_text())
@@ -140,7 +151,7 @@ class SparseBM25Index(_Base):
         self.vocab, self.ptr, self.postings, self.weights, self.n_docs = vocab, ptr, postings, weights, n_docs
 
     @classmethod
-    def build(cls, tokens: list[list[str]], k1: float, b: float, epsilon: float) -> "SparseBM25Index":
+    def build(cls, tokens: list[list[str]], k1: float, b: float, epsilon: float) -> SparseBM25Index:
         vocab: dict[str, int] = {}
         doc_ids, term_ids, tfs = [], [], []
         doc_len = np.zeros(len(tokens), dtype=np.float64)
@@ -200,7 +211,7 @@ class SparseBM25Index(_Base):
         (d / "sparse.json").write_text(json.dumps({"n_docs": self.n_docs}))
 
     @classmethod
-    def load(cls, d: Path) -> "SparseBM25Index":
+    def load(cls, d: Path) -> SparseBM25Index:
         vocab = json.loads((d / "vocab.json").read_text())
         n = json.loads((d / "sparse.json").read_text())["n_docs"]
         return cls(vocab, np.load(d / "ptr.npy"), np.load(d / "postings.npy"), np.load(d / "weights.npy"), n)
@@ -215,8 +226,15 @@ def cache_key(corpus: Corpus, backend: str, k1: float, b: float, epsilon: float)
     return hashlib.sha256(spec.encode()).hexdigest()[:24]
 
 
-def build_index(corpus: Corpus, backend: str = "rank_bm25", cache_dir: str | Path | None = None,
-                k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25, use_cache: bool = True):
+def build_index(
+    corpus: Corpus,
+    backend: str = "rank_bm25",
+    cache_dir: str | Path | None = None,
+    k1: float = 1.5,
+    b: float = 0.75,
+    epsilon: float = 0.25,
+    use_cache: bool = True,
+):
     """The BM25 index of ``corpus``: loaded from ``<cache_dir>/<key>`` when present, else
     built and saved there. ``cache_dir`` ``None`` = :func:`default_cache_dir`.
 
@@ -234,8 +252,9 @@ def build_index(corpus: Corpus, backend: str = "rank_bm25", cache_dir: str | Pat
             t0 = time.perf_counter()
             idx = cls.load(d)
             idx.loaded_from_cache = True
-            logger.debug("bm25 {} index of {} loaded from {} in {:.2f}s", backend, corpus.name, d,
-                         time.perf_counter() - t0)
+            logger.debug(
+                "bm25 {} index of {} loaded from {} in {:.2f}s", backend, corpus.name, d, time.perf_counter() - t0
+            )
             return idx
         except (OSError, ValueError, KeyError) as exc:  # a damaged entry is rebuilt, never fatal
             logger.warning("bm25 cache entry {} unreadable ({}); rebuilding", d, exc)
@@ -245,8 +264,17 @@ def build_index(corpus: Corpus, backend: str = "rank_bm25", cache_dir: str | Pat
     secs = time.perf_counter() - t0
     logger.info("bm25 {} index of {} ({} docs) built in {:.2f}s", backend, corpus.name, len(corpus), secs)
     if use_cache:
-        _save_atomically(idx, d, {"backend": backend, "docs": len(corpus), "corpus": corpus.name,
-                                  "corpus_hash": corpus.content_hash(), "build_s": round(secs, 3)})
+        _save_atomically(
+            idx,
+            d,
+            {
+                "backend": backend,
+                "docs": len(corpus),
+                "corpus": corpus.name,
+                "corpus_hash": corpus.content_hash(),
+                "build_s": round(secs, 3),
+            },
+        )
     return idx
 
 

@@ -1,5 +1,6 @@
 """The shared, read-only part of every env of a task: corpus, search index,
 question splits and judge, built once per process per task config."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,7 +31,7 @@ class World:
     dev_start: int = 0
     dev_count: int = 0
 
-    def __deepcopy__(self, memo: dict) -> "World":
+    def __deepcopy__(self, memo: dict) -> World:
         return self  # shared by every env and snapshot
 
     def question_for(self, seed: int) -> Question:
@@ -45,8 +46,21 @@ class World:
 
 _WORLDS: dict[str, World] = {}
 #: task keys the world depends on (others, e.g. max_decisions, share one world)
-_WORLD_KEYS = ("source", "seed", "sizes", "eval_questions", "corpus_path", "questions_path", "search", "judge",
-               "exact_judge", "llm_judge", "browser", "eval_seeds", "dev_seeds")
+_WORLD_KEYS = (
+    "source",
+    "seed",
+    "sizes",
+    "eval_questions",
+    "corpus_path",
+    "questions_path",
+    "search",
+    "judge",
+    "exact_judge",
+    "llm_judge",
+    "browser",
+    "eval_seeds",
+    "dev_seeds",
+)
 
 
 def _plain(cfg) -> dict:
@@ -67,8 +81,9 @@ def get_world(task) -> World:
 def _need(cfg: dict, key: str) -> Any:
     v = cfg.get(key)
     if v in (None, "", "???"):
-        raise ValueError(f"openresearcher task with source=local needs {key}: pass task.{key}=/path/to/file "
-                         "(.parquet or .jsonl)")
+        raise ValueError(
+            f"openresearcher task with source=local needs {key}: pass task.{key}=/path/to/file (.parquet or .jsonl)"
+        )
     return v
 
 
@@ -84,8 +99,9 @@ def _build(cfg: dict) -> World:
     if source == "embedded":
         from swarm_domains.openresearcher.encyclopedia import Encyclopedia
 
-        enc = Encyclopedia(seed=int(cfg.get("seed", 0)), sizes=cfg.get("sizes"), eval_questions=n_eval,
-                           dev_questions=n_dev)
+        enc = Encyclopedia(
+            seed=int(cfg.get("seed", 0)), sizes=cfg.get("sizes"), eval_questions=n_eval, dev_questions=n_dev
+        )
         corpus, train, ev, dev = enc.corpus, enc.train_questions, enc.eval_questions, enc.dev_questions
     else:
         corpus = load_corpus(_need(cfg, "corpus_path"), line_width=width)
@@ -97,15 +113,28 @@ def _build(cfg: dict) -> World:
     unknown = sorted(set(search) - {"backend", "cache_dir", "k1", "b", "epsilon", "topn"})
     if unknown:
         raise ValueError(f"unknown search key(s) {unknown}; valid: backend, cache_dir, k1, b, epsilon, topn")
-    index = build_index(corpus, backend=search.get("backend", "rank_bm25"), cache_dir=search.get("cache_dir"),
-                        k1=float(search.get("k1", 1.5)), b=float(search.get("b", 0.75)),
-                        epsilon=float(search.get("epsilon", 0.25)))
+    index = build_index(
+        corpus,
+        backend=search.get("backend", "rank_bm25"),
+        cache_dir=search.get("cache_dir"),
+        k1=float(search.get("k1", 1.5)),
+        b=float(search.get("b", 0.75)),
+        epsilon=float(search.get("epsilon", 0.25)),
+    )
     judge = make_judge(str(cfg.get("judge", "exact")), cfg.get("exact_judge"), cfg.get("llm_judge"))
     spec = cfg.get("eval_seeds") or {"start": 1_000_000, "count": len(ev)}
-    logger.info("openresearcher world: {} docs, {} train / {} eval / {} dev questions, search={}, judge={}",
-                len(corpus), len(train), len(ev), len(dev), index.backend, judge.name)
-    return World(corpus, index, train, ev, judge, int(spec["start"]), int(spec["count"]), dev,
-                 int(dev_spec["start"]), n_dev)
+    logger.info(
+        "openresearcher world: {} docs, {} train / {} eval / {} dev questions, search={}, judge={}",
+        len(corpus),
+        len(train),
+        len(ev),
+        len(dev),
+        index.backend,
+        judge.name,
+    )
+    return World(
+        corpus, index, train, ev, judge, int(spec["start"]), int(spec["count"]), dev, int(dev_spec["start"]), n_dev
+    )
 
 
 def corpus_words(world: World, limit: int) -> list[str]:

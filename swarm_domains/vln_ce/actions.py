@@ -10,6 +10,7 @@ Parsing is robust to case, punctuation, a missing ``"The next action is"`` prefi
 ``degree``/``degrees``/``deg``, ``cm``/``centimeters``/``m``/``meters`` and a missing
 amount (one primitive step); anything else is rejected (``None``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,22 @@ ROLE_KINDS: dict[str, tuple[str, ...]] = {
 }
 
 #: Words of the action texts (for the domain vocabulary).
-ACTION_WORDS = ("The", "the", "next", "action", "is", "turn", "left", "right", "degree",
-                "move", "forward", "cm", "stop", ".")
+ACTION_WORDS = (
+    "The",
+    "the",
+    "next",
+    "action",
+    "is",
+    "turn",
+    "left",
+    "right",
+    "degree",
+    "move",
+    "forward",
+    "cm",
+    "stop",
+    ".",
+)
 
 _PREFIX = re.compile(r"^(?:the\s+)?(?:next\s+)?(?:action\s+)?(?:is\s+)?")
 _TURN = re.compile(r"^turn\s+(left|right)(?:\s+(\d+)(?:\s*(?:degrees?|deg))?)?$")
@@ -147,7 +162,7 @@ def role_choices(role: str | None) -> list[str]:
     if role is not None and role not in ROLE_KINDS:
         raise ValueError(f"unknown role {role!r}; valid: {', '.join(ROLE_KINDS)}")
     out = []
-    for kind in (ROLE_KINDS[role] if role is not None else (TURN_LEFT, TURN_RIGHT, MOVE_FORWARD, STOP)):
+    for kind in ROLE_KINDS[role] if role is not None else (TURN_LEFT, TURN_RIGHT, MOVE_FORWARD, STOP):
         amounts = {TURN_LEFT: NAVILA_TURN_DEG, TURN_RIGHT: NAVILA_TURN_DEG, MOVE_FORWARD: NAVILA_FORWARD_CM}
         out += [ParsedAction(kind, a).navila_text() for a in amounts.get(kind, (0,))]
     return out

@@ -2,6 +2,7 @@
 
 Bad values raise :class:`VLNConfigError` naming the key, the bad value and what is valid.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ class EmbeddedConfig:
     invalid_penalty: float = 0.0  #: reward -invalid_penalty for each invalid action (0 = a free no-op)
 
     @classmethod
-    def from_task(cls, task: Any) -> "EmbeddedConfig":
+    def from_task(cls, task: Any) -> EmbeddedConfig:
         c = cls(
             max_decisions=_num(task, "max_decisions", 64, 1, int),
             success_distance=_num(task, "success_distance", 3.0, 0.01),
@@ -85,11 +86,13 @@ class EmbeddedConfig:
             if end > self.unseen_seed_start:
                 raise VLNConfigError(
                     f"vln_ce: train_seeds end at {end} but seeds >= unseen_seed_start={self.unseen_seed_start} "
-                    "are val_unseen layouts; lower train_seeds.count or raise unseen_seed_start")
+                    "are val_unseen layouts; lower train_seeds.count or raise unseen_seed_start"
+                )
         if ev is not None and int(_get(ev, "start", 0)) < self.unseen_seed_start:
             raise VLNConfigError(
                 f"vln_ce: eval_seeds.start={int(_get(ev, 'start', 0))} is below "
-                f"unseen_seed_start={self.unseen_seed_start}; eval episodes must use unseen layouts")
+                f"unseen_seed_start={self.unseen_seed_start}; eval episodes must use unseen layouts"
+            )
 
     def check_reward_bounds(self, task: Any) -> None:
         """``reward_min``/``reward_max`` must contain the episode reward range
@@ -100,7 +103,8 @@ class EmbeddedConfig:
             raise VLNConfigError(
                 f"vln_ce: reward bounds [{rmin}, {rmax}] do not contain the episode reward range "
                 f"[{lo}, {hi}] (success_bonus={self.success_bonus}, invalid_penalty={self.invalid_penalty}, "
-                f"max_decisions={self.max_decisions}); set reward_min: {lo}, reward_max: {hi}")
+                f"max_decisions={self.max_decisions}); set reward_min: {lo}, reward_max: {hi}"
+            )
 
 
 def _seed_range(spec: Any) -> tuple[int, int] | None:
@@ -130,7 +134,7 @@ class HabitatConfig:
     overrides: tuple[str, ...] = field(default_factory=tuple)  #: extra habitat config overrides
 
     @classmethod
-    def from_task(cls, task: Any) -> "HabitatConfig":
+    def from_task(cls, task: Any) -> HabitatConfig:
         h = _get(task, "habitat", {}) or {}
         d = cls()
         restore = str(_get(h, "restore", d.restore))

@@ -6,6 +6,7 @@ seeds from ``unseen_seed_start`` on are val_unseen episodes on layouts
 so the two splits never share a layout (R2R's val_unseen likewise uses 11
 scenes never seen in training; 88 episodes / 8 per layout = 11 layouts).
 """
+
 from __future__ import annotations
 
 import random
@@ -107,8 +108,16 @@ def make_episode(seed: int, unseen_seed_start: int, episodes_per_layout: int, ma
     waypoints.append(goal)
     polyline = [start] + [layout.doors[d].mid for d in route] + [goal]
     return Episode(
-        seed=seed, split=split_of(seed, unseen_seed_start), layout_key=key, start=start,
-        start_heading=heading, goal=goal, goal_name=goal_name, route=route, shortest=d0,
-        reference=tuple(resample(polyline, 0.25)), waypoints=tuple(waypoints),
+        seed=seed,
+        split=split_of(seed, unseen_seed_start),
+        layout_key=key,
+        start=start,
+        start_heading=heading,
+        goal=goal,
+        goal_name=goal_name,
+        route=route,
+        shortest=d0,
+        reference=tuple(resample(polyline, 0.25)),
+        waypoints=tuple(waypoints),
         instruction=route_instruction(layout, start, heading, route, goal, goal_name, max_words),
     )

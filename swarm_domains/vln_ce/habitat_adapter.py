@@ -18,22 +18,23 @@ env refuses with an error naming what is missing and how to get it. Everything t
 does not need habitat (action expansion, metric mapping, reward, bookkeeping) is
 plain Python and tested with fakes.
 """
+
 from __future__ import annotations
 
 import copy
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from loguru import logger
-
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
 from swarm_domains.vln_ce import actions as A
 from swarm_domains.vln_ce.config import EmbeddedConfig, HabitatConfig
 from swarm_domains.vln_ce.metrics import dedup, is_success, ndtw, resample, spl
 from swarm_domains.vln_ce.stepping import finish_decision, start_decision
+from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
 INSTALL_HINT = (
     "install habitat-sim (conda install habitat-sim headless -c conda-forge -c aihabitat) and "
@@ -46,8 +47,20 @@ DATA_HINT = (
 )
 
 #: Measure attributes that reference simulator objects rather than measure state.
-_MEASURE_SKIP = {"_sim", "_config", "_task", "_dataset", "config", "sim", "task", "dataset", "gt_json",
-                 "_gt_json", "dtw_func", "_env"}
+_MEASURE_SKIP = {
+    "_sim",
+    "_config",
+    "_task",
+    "_dataset",
+    "config",
+    "sim",
+    "task",
+    "dataset",
+    "gt_json",
+    "_gt_json",
+    "dtw_func",
+    "_env",
+}
 _ROLE_OF = {A.TURN_LEFT: "Turner", A.TURN_RIGHT: "Turner", A.MOVE_FORWARD: "Mover", A.STOP: "Stopper"}
 
 
@@ -60,8 +73,9 @@ def require_habitat() -> Any:
     try:
         import habitat  # noqa: F401
     except ImportError as exc:
-        raise HabitatUnavailable(f"vln_ce sim=habitat needs habitat-lab, which is not installed ({exc}); "
-                                 f"{INSTALL_HINT}") from exc
+        raise HabitatUnavailable(
+            f"vln_ce sim=habitat needs habitat-lab, which is not installed ({exc}); {INSTALL_HINT}"
+        ) from exc
     return habitat
 
 
@@ -100,7 +114,9 @@ def expert_step(primitive: str | None) -> ExpertStep:
     kind = primitive or A.STOP
     if kind not in _ROLE_OF:
         raise ValueError(f"unknown habitat action {primitive!r}; valid: {', '.join(A.PRIMITIVES)}")
-    amount = {A.TURN_LEFT: A.TURN_STEP_DEG, A.TURN_RIGHT: A.TURN_STEP_DEG, A.MOVE_FORWARD: A.FORWARD_STEP_CM}.get(kind, 0)
+    amount = {A.TURN_LEFT: A.TURN_STEP_DEG, A.TURN_RIGHT: A.TURN_STEP_DEG, A.MOVE_FORWARD: A.FORWARD_STEP_CM}.get(
+        kind, 0
+    )
     return ExpertStep(_ROLE_OF[kind], A.expert_text(kind, amount))
 
 
@@ -124,8 +140,10 @@ def _plain(v: Any) -> bool:
 
 def measure_state(measures: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A deep copy of every measure's plain attributes (its metric and bookkeeping)."""
-    return {name: {k: copy.deepcopy(v) for k, v in vars(m).items() if k not in _MEASURE_SKIP and _plain(v)}
-            for name, m in measures.items()}
+    return {
+        name: {k: copy.deepcopy(v) for k, v in vars(m).items() if k not in _MEASURE_SKIP and _plain(v)}
+        for name, m in measures.items()
+    }
 
 
 def restore_measure_state(measures: dict[str, Any], state: dict[str, dict[str, Any]]) -> None:
@@ -142,8 +160,9 @@ def which_split(seed: int, unseen_seed_start: int, dev_seeds: tuple[int, int] | 
     return "eval" if seed >= unseen_seed_start else "train"
 
 
-def episode_index(seed: int, unseen_seed_start: int, count: int,
-                  dev_seeds: tuple[int, int] | None = None) -> tuple[str, int]:
+def episode_index(
+    seed: int, unseen_seed_start: int, count: int, dev_seeds: tuple[int, int] | None = None
+) -> tuple[str, int]:
     """Map a seed to (``train`` | ``dev`` | ``eval``, episode index) like the embedded splits:
     dev seeds index the dev split (val_seen) from its first episode, other seeds from
     ``unseen_seed_start`` on the eval split (val_unseen), the rest the train split."""
@@ -195,9 +214,13 @@ class HabitatVLNEnv(DomainEnv):
     """VLN-CE on habitat-lab. ``env_factory(split)`` builds the habitat env of a split
     (the default makes a ``habitat.Env``; tests pass fakes)."""
 
-    def __init__(self, cfg: HabitatConfig, emb: EmbeddedConfig,
-                 env_factory: Callable[[str], Any] | None = None,
-                 follower_factory: Callable[[Any], Any] | None = None):
+    def __init__(
+        self,
+        cfg: HabitatConfig,
+        emb: EmbeddedConfig,
+        env_factory: Callable[[str], Any] | None = None,
+        follower_factory: Callable[[Any], Any] | None = None,
+    ):
         self.cfg, self.emb = cfg, emb
         self._check_splits = env_factory is None  # real habitat: the dev split's files are checked when first used
         if env_factory is None:
@@ -218,9 +241,13 @@ class HabitatVLNEnv(DomainEnv):
         habitat = require_habitat()
         from habitat.config import read_write
 
-        overrides = [f"habitat.dataset.split={split}", f"habitat.dataset.data_path={self.cfg.data_path}",
-                     f"habitat.dataset.scenes_dir={self.cfg.scenes_dir}",
-                     f"habitat.dataset.type={self.cfg.dataset_type}", *self.cfg.overrides]
+        overrides = [
+            f"habitat.dataset.split={split}",
+            f"habitat.dataset.data_path={self.cfg.data_path}",
+            f"habitat.dataset.scenes_dir={self.cfg.scenes_dir}",
+            f"habitat.dataset.type={self.cfg.dataset_type}",
+            *self.cfg.overrides,
+        ]
         hcfg = habitat.get_config(self.cfg.config, overrides=overrides)
         with read_write(hcfg):
             hcfg.habitat.environment.iterator_options.shuffle = False
@@ -310,8 +337,18 @@ class HabitatVLNEnv(DomainEnv):
                     bk.path = bk.path + (pos,)
             if prim == A.STOP:
                 bk.stopped = True
-        return finish_decision(bk, act, before, self._distance(), bk.d0, collided, self.emb, self._text, self.metrics,
-                               over=bool(getattr(self.env, "episode_over", False)))
+        return finish_decision(
+            bk,
+            act,
+            before,
+            self._distance(),
+            bk.d0,
+            collided,
+            self.emb,
+            self._text,
+            self.metrics,
+            over=bool(getattr(self.env, "episode_over", False)),
+        )
 
     def metrics(self) -> dict[str, float]:
         if self._split not in self._envs:
@@ -408,4 +445,3 @@ def _default_follower(env: Any) -> Callable[[Any], str | None]:  # pragma: no co
         return None if a is None else names.get(int(a), A.STOP)
 
     return next_action
-

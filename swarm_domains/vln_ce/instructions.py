@@ -7,18 +7,37 @@ instruction ends with where to stop ("enter the kitchen and stop at the fridge")
 Instructions longer than ``max_words`` tokens are shortened by dropping detail
 (landmarks passed, the first turn, intermediate rooms), never the goal.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
-
-from swarm_runtime.policy.tokenizer import split_words
+from collections.abc import Sequence
 
 from swarm_domains.vln_ce.layout import Layout, Point, point_segment_distance
+from swarm_runtime.policy.tokenizer import split_words
 
 #: Every word an instruction can use besides room types and landmark names.
-INSTRUCTION_WORDS = ("leave", "the", "and", "turn", "left", "right", "around", "into", "go", "through",
-                     "past", "enter", "stop", "at", "door", "walk", "to", "straight", ",")
+INSTRUCTION_WORDS = (
+    "leave",
+    "the",
+    "and",
+    "turn",
+    "left",
+    "right",
+    "around",
+    "into",
+    "go",
+    "through",
+    "past",
+    "enter",
+    "stop",
+    "at",
+    "door",
+    "walk",
+    "to",
+    "straight",
+    ",",
+)
 
 
 def bearing(a: Point, b: Point) -> float:
@@ -55,8 +74,9 @@ def _passed_landmark(layout: Layout, room: int, a: Point, b: Point, exclude: str
     return name
 
 
-def route_instruction(layout: Layout, start: Point, heading: float, route: Sequence[int], goal: Point,
-                      goal_name: str, max_words: int = 20) -> str:
+def route_instruction(
+    layout: Layout, start: Point, heading: float, route: Sequence[int], goal: Point, goal_name: str, max_words: int = 20
+) -> str:
     """The instruction for walking ``route`` (door indices) from ``start`` to ``goal``."""
     rooms = [layout.room_at(start)]
     for d in route:
@@ -92,8 +112,9 @@ def route_instruction(layout: Layout, start: Point, heading: float, route: Seque
                     c += f" past the {passed[i]}"
                 clauses.append(c)
         t = turns[k - 1]
-        clauses.append((f"turn {t} into the {tname(k)}" if t else f"enter the {tname(k)}")
-                       + f" and stop at the {goal_name}")
+        clauses.append(
+            (f"turn {t} into the {tname(k)}" if t else f"enter the {tname(k)}") + f" and stop at the {goal_name}"
+        )
         return " , ".join(clauses)
 
     for past, first, middle in ((True, True, True), (False, True, True), (False, False, True), (False, False, False)):

@@ -12,6 +12,7 @@ room and through door midpoints between rooms; :meth:`Layout.goal_field` turns
 this into an exact geodesic distance (via door midpoints) by Dijkstra over doors.
 Layouts are immutable and cached by key.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -128,7 +129,7 @@ class Layout:
         return best
 
     # ---- geodesic distance -------------------------------------------------------
-    def goal_field(self, goal: Point) -> "GoalField":
+    def goal_field(self, goal: Point) -> GoalField:
         """Shortest distances from every door midpoint to ``goal`` (Dijkstra over doors)."""
         goal_room = self.room_at(goal)
         dist = [math.inf] * len(self.doors)
@@ -261,8 +262,11 @@ def generate_layout(key: str) -> Layout:
     for h in _sizes(rng, rows):
         ys.append(ys[-1] + h)
     types = rng.sample(ROOM_TYPES, rows * cols)
-    rooms = tuple(Room(r * cols + c, types[r * cols + c], (xs[c], ys[r], xs[c + 1], ys[r + 1]))
-                  for r in range(rows) for c in range(cols))
+    rooms = tuple(
+        Room(r * cols + c, types[r * cols + c], (xs[c], ys[r], xs[c + 1], ys[r + 1]))
+        for r in range(rows)
+        for c in range(cols)
+    )
 
     # neighbour pairs: (room a, room b, shared wall segment)
     pairs: list[tuple[int, int, Segment]] = []

@@ -19,10 +19,11 @@ phi(d0) = 0); each step earns ``phi(d_after) - phi(d_before)``, plus
 ``success_bonus`` on a successful stop. The episode reward therefore equals
 ``phi(d_final) + success_bonus * success``, bounded by [-1, 1 + success_bonus].
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 Point = tuple[float, float]
 
@@ -69,8 +70,9 @@ def dtw(path: Sequence[Sequence[float]], ref: Sequence[Sequence[float]]) -> floa
     return prev[m]
 
 
-def ndtw(path: Sequence[Sequence[float]], ref: Sequence[Sequence[float]],
-         success_distance: float = SUCCESS_DISTANCE) -> float:
+def ndtw(
+    path: Sequence[Sequence[float]], ref: Sequence[Sequence[float]], success_distance: float = SUCCESS_DISTANCE
+) -> float:
     """Normalised DTW in (0, 1]: exp(-DTW / (|ref| * success_distance))."""
     if not path or not ref:
         return 0.0

@@ -12,6 +12,7 @@ metres; an empty sector reports the distance to its wall, and a wall within
 1 m straight ahead is always reported (a forward move would bump). ``bump`` is
 appended after a forward move was blocked by a wall.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,8 +81,9 @@ def render_view(layout: Layout, pos: Point, heading: float, view_range: float = 
     items = visible_items(layout, pos, heading, view_range)
     parts = [f"in {layout.rooms[layout.room_at(pos)].type}"]
     for sector, keep, offset in (("ahead", 2, 0.0), ("left", 1, 90.0), ("right", 1, -90.0)):
-        words = [f"{name} {metres(d)}" + (f" {direction(rel)}" if bearings else "")
-                 for d, name, rel in items[sector][:keep]]
+        words = [
+            f"{name} {metres(d)}" + (f" {direction(rel)}" if bearings else "") for d, name, rel in items[sector][:keep]
+        ]
         wall = layout.ray_to_wall(pos, heading + offset)
         if not words or (sector == "ahead" and wall <= 1.0):
             words.append(f"wall {metres(wall)}")
@@ -89,8 +91,15 @@ def render_view(layout: Layout, pos: Point, heading: float, view_range: float = 
     return " . ".join(parts)
 
 
-def render_observation(layout: Layout, pos: Point, heading: float, instruction: str, bump: bool = False,
-                       view_range: float = 8.0, bearings: bool = False) -> str:
+def render_observation(
+    layout: Layout,
+    pos: Point,
+    heading: float,
+    instruction: str,
+    bump: bool = False,
+    view_range: float = 8.0,
+    bearings: bool = False,
+) -> str:
     """The full observation text (instruction first, then the view)."""
     text = f"{instruction} . {render_view(layout, pos, heading, view_range, bearings)}"
     return text + " . bump" if bump else text

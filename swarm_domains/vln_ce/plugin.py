@@ -1,28 +1,30 @@
 """Plugin entry point of the vln_ce domain: registers :class:`VLNDomain`."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import DictConfig
-
-from swarm_runtime import hookimpl
-from swarm_runtime.domain import Domain, Event, Role
-from swarm_runtime.env import DomainEnv
 
 from swarm_domains.vln_ce.actions import ACTION_WORDS, parse_action, role_choices
 from swarm_domains.vln_ce.config import EmbeddedConfig, HabitatConfig, sim_name
 from swarm_domains.vln_ce.instructions import INSTRUCTION_WORDS
 from swarm_domains.vln_ce.layout import OBJECT_NAMES, ROOM_TYPES
 from swarm_domains.vln_ce.observation import OBSERVATION_WORDS
+from swarm_runtime import hookimpl
+from swarm_runtime.domain import Domain, Event, Role
+from swarm_runtime.env import DomainEnv
 
 
 class VLNDomain(Domain):
     """VLN-CE: follow an R2R-style route instruction through a house and stop at the goal."""
 
     name = "vln_ce"
-    description = ("Vision-and-language navigation in continuous environments (R2R): Turner turns, "
-                   "Mover moves forward, Stopper stops; success = stop within 3 m of the goal.")
+    description = (
+        "Vision-and-language navigation in continuous environments (R2R): Turner turns, "
+        "Mover moves forward, Stopper stops; success = stop within 3 m of the goal."
+    )
     roles = (
         Role("Turner", "turns left or right in 15 degree steps (turn left 30 degree)"),
         Role("Mover", "moves forward in 25 cm steps (move forward 75 cm)"),
@@ -43,8 +45,16 @@ class VLNDomain(Domain):
         return HabitatVLNEnv(HabitatConfig.from_task(task), emb)
 
     def vocabulary(self, task: DictConfig) -> list[str]:
-        words = [*ACTION_WORDS, *INSTRUCTION_WORDS, *OBSERVATION_WORDS, *ROOM_TYPES, *OBJECT_NAMES,
-                 "invalid", "skip", "none"]
+        words = [
+            *ACTION_WORDS,
+            *INSTRUCTION_WORDS,
+            *OBSERVATION_WORDS,
+            *ROOM_TYPES,
+            *OBJECT_NAMES,
+            "invalid",
+            "skip",
+            "none",
+        ]
         return list(dict.fromkeys(words))
 
     def action_choices(self, task: DictConfig, role: str | None) -> list[str] | None:
@@ -55,7 +65,7 @@ class VLNDomain(Domain):
     def render_log(self, log: Sequence[Event]) -> str:
         """Compact log: ``Turner turn left 30 degree ; Mover move forward 75 cm`` (no NaVILA prefix;
         unparsable text shows as ``invalid`` so raw model output never reaches the prompt)."""
-        tail = list(log[-self.log_window:]) if self.log_window else []
+        tail = list(log[-self.log_window :]) if self.log_window else []
         if not tail:
             return "none"
         parts = []

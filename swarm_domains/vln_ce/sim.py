@@ -10,12 +10,11 @@ Snapshots copy only the mutable state (pose, counters, path, measure state);
 the episode and its layout are immutable and shared, so a snapshot is exact
 and cheap and restores into any env of the same task.
 """
+
 from __future__ import annotations
 
 import math
 from typing import Any
-
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
 from swarm_domains.vln_ce import actions as A
 from swarm_domains.vln_ce.config import EmbeddedConfig
@@ -25,12 +24,28 @@ from swarm_domains.vln_ce.layout import GoalField, Point
 from swarm_domains.vln_ce.metrics import dedup, is_success, ndtw, spl
 from swarm_domains.vln_ce.observation import render_observation
 from swarm_domains.vln_ce.stepping import finish_decision, start_decision
+from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
 
 STEP_M = A.FORWARD_STEP_CM / 100.0
 
 #: Mutable state captured by snapshot() (everything else is immutable and shared).
-_STATE = ("x", "y", "heading", "decisions", "steps", "stopped", "done", "path", "path_len",
-          "min_dist", "dist", "collisions", "invalid", "bump", "obs")
+_STATE = (
+    "x",
+    "y",
+    "heading",
+    "decisions",
+    "steps",
+    "stopped",
+    "done",
+    "path",
+    "path_len",
+    "min_dist",
+    "dist",
+    "collisions",
+    "invalid",
+    "bump",
+    "obs",
+)
 
 
 class EmbeddedVLNEnv(DomainEnv):
@@ -64,8 +79,15 @@ class EmbeddedVLNEnv(DomainEnv):
         return (self.x, self.y)
 
     def _render(self) -> str:
-        return render_observation(self.ep.layout, self.pos, self.heading, self.ep.instruction, self.bump,
-                                  self.cfg.view_range, self.cfg.bearings)
+        return render_observation(
+            self.ep.layout,
+            self.pos,
+            self.heading,
+            self.ep.instruction,
+            self.bump,
+            self.cfg.view_range,
+            self.cfg.bearings,
+        )
 
     def observation(self) -> str:
         self._require_reset()
@@ -110,8 +132,17 @@ class EmbeddedVLNEnv(DomainEnv):
             return early
         before = self.dist
         collided = self._apply(act)
-        return finish_decision(self, act, before, self.field.distance(self.pos), self.ep.shortest, collided,
-                               self.cfg, self._render, self.metrics)
+        return finish_decision(
+            self,
+            act,
+            before,
+            self.field.distance(self.pos),
+            self.ep.shortest,
+            collided,
+            self.cfg,
+            self._render,
+            self.metrics,
+        )
 
     # ---- measures -----------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -200,4 +231,3 @@ class EmbeddedVLNEnv(DomainEnv):
             return ExpertStep("Turner", A.expert_text(kind, n * A.TURN_STEP_DEG))
         n = min(3, max(1, int(round(math.dist(self.pos, target) / STEP_M))))
         return ExpertStep("Mover", A.expert_text(A.MOVE_FORWARD, n * A.FORWARD_STEP_CM))
-

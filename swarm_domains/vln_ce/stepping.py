@@ -6,19 +6,21 @@ simulator on itself, the habitat adapter on its snapshot-able bookkeeping. The
 simulators differ only in how they move the agent between :func:`start_decision`
 and :func:`finish_decision`.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
-
-from swarm_runtime.env import StepResult
+from collections.abc import Callable
+from typing import Any
 
 from swarm_domains.vln_ce import actions as A
 from swarm_domains.vln_ce.config import EmbeddedConfig
 from swarm_domains.vln_ce.metrics import is_success, step_reward
+from swarm_runtime.env import StepResult
 
 
-def start_decision(state: Any, action: str, role: str | None, max_decisions: int,
-                   invalid_penalty: float = 0.0) -> tuple[A.ParsedAction | None, StepResult | None]:
+def start_decision(
+    state: Any, action: str, role: str | None, max_decisions: int, invalid_penalty: float = 0.0
+) -> tuple[A.ParsedAction | None, StepResult | None]:
     """Count the decision and parse ``action`` for ``role``: ``(action, None)`` to carry
     out, or ``(None, result)`` when the episode had ended or the action is not allowed
     (an invalid action moves nothing and earns ``-invalid_penalty``; it ends the episode
@@ -34,9 +36,18 @@ def start_decision(state: Any, action: str, role: str | None, max_decisions: int
     return act, None
 
 
-def finish_decision(state: Any, act: A.ParsedAction, before: float, dist: float, d0: float, collided: bool,
-                    cfg: EmbeddedConfig, render: Callable[[], str], metrics: Callable[[], dict],
-                    over: bool = False) -> StepResult:
+def finish_decision(
+    state: Any,
+    act: A.ParsedAction,
+    before: float,
+    dist: float,
+    d0: float,
+    collided: bool,
+    cfg: EmbeddedConfig,
+    render: Callable[[], str],
+    metrics: Callable[[], dict],
+    over: bool = False,
+) -> StepResult:
     """Update the measures after the agent moved from ``before`` to ``dist`` metres from
     the goal; the step's reward is the shaped reward of docs/domains/vln_ce.md. ``over``:
     the simulator itself ended the episode."""

@@ -1,6 +1,7 @@
 """Env workers past the trainer's process (issue 28; docs/distributed.md): ``cluster.kind=ray`` runs a run's
 rollout, evaluation and branch envs in ``cluster.env_workers`` Ray actors (:mod:`.worker`), driven from the
 trainer (:mod:`.remote`). ``cluster.kind=local`` (the default): in process, as before."""
+
 from __future__ import annotations
 
 KINDS = ("local", "ray")

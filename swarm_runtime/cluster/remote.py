@@ -9,6 +9,7 @@ step's action and role); a call that finds its worker dead or its env lost waits
 and replays the journal there (envs are deterministic given the seed and the actions: the DomainEnv
 contract), then makes the call again. The episode itself lives on the driver, so nothing is counted twice.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -50,8 +51,10 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
     if address is None:
         ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
         return True
-    unreachable = (f"cluster.address={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
-                   "cluster's head (ray start --head prints it), or null to start a local Ray")
+    unreachable = (
+        f"cluster.address={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
+        "cluster's head (ray start --head prints it), or null to start a local Ray"
+    )
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:  # ray.init waits minutes for an address where nothing listens; a connect says it at once
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
@@ -68,8 +71,15 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
 class EnvCluster:
     """``n`` env worker actors for one domain and task (envs spread over them in turn)."""
 
-    def __init__(self, domain: str, task, n: int, address: str | None = None, num_cpus: int | None = None,
-                 plugins: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        domain: str,
+        task,
+        n: int,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        plugins: tuple[str, ...] = (),
+    ):
         from omegaconf import DictConfig, OmegaConf
 
         t0 = time.perf_counter()
@@ -85,10 +95,9 @@ class EnvCluster:
         self.restarts = 0  #: worker deaths seen
         self.closed = False
         self.start_s = time.perf_counter() - t0  #: seconds to start (or join) Ray and the workers
-        logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)),
-                    self.start_s)
+        logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)), self.start_s)
 
-    def new_env(self) -> "RemoteEnv":
+    def new_env(self) -> RemoteEnv:
         return RemoteEnv(self, next(self._next) % len(self.workers), next(self._ids))
 
     def wait_alive(self, w: int) -> None:
@@ -99,8 +108,10 @@ class EnvCluster:
                 pid = ray.get(self.workers[w].pid.remote(), timeout=10)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                 if time.monotonic() > end:
-                    raise RuntimeError(f"env worker {w} did not come back within {RESTART_TIMEOUT_S:.0f} s "
-                                       f"after its process died ({type(exc).__name__})") from exc
+                    raise RuntimeError(
+                        f"env worker {w} did not come back within {RESTART_TIMEOUT_S:.0f} s "
+                        f"after its process died ({type(exc).__name__})"
+                    ) from exc
                 time.sleep(0.2)
                 continue
             if pid != self.pids[w]:
@@ -154,8 +165,10 @@ class RemoteEnv:
             if ok:
                 return value
             self._replay()
-        raise RuntimeError(f"env worker {self.w}: {method} on env {self.eid} failed {MAX_REPLAYS} times in a row "
-                           "(its process keeps dying)")
+        raise RuntimeError(
+            f"env worker {self.w}: {method} on env {self.eid} failed {MAX_REPLAYS} times in a row "
+            "(its process keeps dying)"
+        )
 
     def _replay(self) -> None:
         """Wait for the worker, make the env again there and bring it back to where the journal says."""
@@ -174,10 +187,14 @@ class RemoteEnv:
         else:
             raise RuntimeError(f"env worker {self.w}: env {self.eid} could not be replayed")
         self.cluster.replayed += 1
-        logger.warning("env worker {}: env {} replayed on the restarted worker ({} from {} + {} steps)", self.w,
-                       self.eid, "nothing" if self.start is None else self.start[0],
-                       "" if self.start is None else self.start[1] if self.start[0] == "reset" else "a snapshot",
-                       len(self.steps))
+        logger.warning(
+            "env worker {}: env {} replayed on the restarted worker ({} from {} + {} steps)",
+            self.w,
+            self.eid,
+            "nothing" if self.start is None else self.start[0],
+            "" if self.start is None else self.start[1] if self.start[0] == "reset" else "a snapshot",
+            len(self.steps),
+        )
 
     def reset(self, seed: int) -> str:
         self.start, self.steps = ("reset", int(seed)), []

@@ -9,6 +9,7 @@ Every call on an env answers ``(True, value)``, or ``(False, None)`` when the wo
 a worker restarted after its process died has lost its envs, and the driver replays them (:mod:`.remote`).
 Plain Python, no Ray: the actor is this class under ``ray.remote``.
 """
+
 from __future__ import annotations
 
 import os

@@ -6,12 +6,12 @@ built-in ones below by :mod:`swarm_runtime.builtins`, exactly as a plugin would)
 Each writes ``results.md``, ``results.json`` and PNG plots into its folder and
 resumes cell by cell (docs/experiments.md).
 """
+
 from __future__ import annotations
 
 from swarm_runtime.experiments.compare import credit_ablation, heldout, transfer
 from swarm_runtime.experiments.context import ExperimentContext, Report
-from swarm_runtime.experiments.deployment import (bid_action_ablation, coordination, dropout, participation,
-                                                  population)
+from swarm_runtime.experiments.deployment import bid_action_ablation, coordination, dropout, participation, population
 
 #: name -> experiment, in the order of the paper's table (docs/method.md, section 6).
 BUILTIN_EXPERIMENTS = {

@@ -1,6 +1,7 @@
 """Experiments that compare trainings at matched FLOPs: ``heldout`` (MPT vs monolithic
 REINFORCE), ``credit_ablation`` (bucket brigade vs random-bid credit vs round-robin) and
 ``transfer`` (adapting an MPT swarm and a monolithic model to other tasks)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,25 +30,42 @@ def _row(label: str, s: dict, equal_flops: float | None = None) -> dict:
 
 
 def _finals(runs: dict[str, dict]) -> dict:
-    return {k: (s["flops"], (s["final_eval"] or {}).get("reward_mean"), (s["final_eval"] or {}).get("reward_se", 0.0))
-            for k, s in runs.items()}
+    return {
+        k: (s["flops"], (s["final_eval"] or {}).get("reward_mean"), (s["final_eval"] or {}).get("reward_se", 0.0))
+        for k, s in runs.items()
+    }
 
 
 def _matched_report(x: ExperimentContext, title: str, runs: dict[str, dict], plot: str, notes: list[str]) -> Report:
     equal = min(s["flops"] for s in runs.values())
     rows = [_row(k, s, equal) for k, s in runs.items()]
-    path = plot_curves({k: s["curve"] for k, s in runs.items()}, x.run_dir / plot,
-                       f"{title}: {x.cfg.domain}/{x.cfg.task_name}", _finals(runs), equal)
+    path = plot_curves(
+        {k: s["curve"] for k, s in runs.items()},
+        x.run_dir / plot,
+        f"{title}: {x.cfg.domain}/{x.cfg.task_name}",
+        _finals(runs),
+        equal,
+    )
     ref = max(s["flops"] for s in runs.values())
-    notes = notes + [f"{k} reached its iteration cap ({s['iterations']} updates, experiment.budget_factor x "
-                     f"experiment.iterations) at {s['flops']:.3g} FLOPs, before the budget of {ref:.3g}"
-                     for k, s in list(runs.items())[1:] if not s["stopped_at_budget"] and s["flops"] < 0.97 * ref]
-    notes = notes + [f"Equal-FLOPs reading: rollout reward averaged over the updates in the last quarter of "
-                     f"FLOPs up to {equal:.3g} (the smallest final training FLOPs of the runs); the held-out "
-                     "column is each run's final checkpoint."]
+    notes = notes + [
+        f"{k} reached its iteration cap ({s['iterations']} updates, experiment.budget_factor x "
+        f"experiment.iterations) at {s['flops']:.3g} FLOPs, before the budget of {ref:.3g}"
+        for k, s in list(runs.items())[1:]
+        if not s["stopped_at_budget"] and s["flops"] < 0.97 * ref
+    ]
+    notes = notes + [
+        f"Equal-FLOPs reading: rollout reward averaged over the updates in the last quarter of "
+        f"FLOPs up to {equal:.3g} (the smallest final training FLOPs of the runs); the held-out "
+        "column is each run's final checkpoint."
+    ]
     seed_rewards = {k: (s["final_eval"] or {}).get("seed_rewards", {}) for k, s in runs.items()}
-    return Report(title, rows, plots=[path], notes=notes,
-                  data={"trainings": dict(runs), "equal_flops": equal, "seed_rewards": seed_rewards})
+    return Report(
+        title,
+        rows,
+        plots=[path],
+        notes=notes,
+        data={"trainings": dict(runs), "equal_flops": equal, "seed_rewards": seed_rewards},
+    )
 
 
 def heldout(x: ExperimentContext) -> Report:
@@ -60,10 +78,12 @@ def heldout(x: ExperimentContext) -> Report:
         key = "monolithic" if m == "compute" else f"monolithic-{m}"
         label = "monolithic REINFORCE" if matches == ["compute"] else f"monolithic REINFORCE (SFT matched {m})"
         runs[label] = x.train(key, ["algo=monolithic", f"algo.sft.match={m}"], budget=runs["MPT"]["flops"])
-    notes = ["The monolithic model (one model the size of one agent) stops RL once its training FLOPs "
-             "(SFT included) reach the MPT run's. Its SFT is matched to the swarm's in compute (examples x "
-             "epochs, the swarm's bid examples included) or, with experiment.monolithic_sft=[data], in data "
-             "(the same demos for the same epochs); see docs/experiments.md."]
+    notes = [
+        "The monolithic model (one model the size of one agent) stops RL once its training FLOPs "
+        "(SFT included) reach the MPT run's. Its SFT is matched to the swarm's in compute (examples x "
+        "epochs, the swarm's bid examples included) or, with experiment.monolithic_sft=[data], in data "
+        "(the same demos for the same epochs); see docs/experiments.md."
+    ]
     return _matched_report(x, "Held-out: MPT vs monolithic REINFORCE", runs, "heldout_reward_vs_flops.png", notes)
 
 
@@ -76,14 +96,24 @@ def credit_ablation(x: ExperimentContext) -> Report:
     # REINFORCE on the team's undiscounted reward-to-go from its turn (algo.credit=reward_to_go; the
     # per-agent mean credit is the baseline), not bucket brigade at bid 0, which would leave each actor
     # only its immediate reward (a myopic learner the paper does not describe)
-    rr = x.train("round_robin_rtg", ["algo=mpt", "algo.coordinator=round_robin", "algo.bid_steps=0",
-                                     "algo.credit=reward_to_go"], budget=mpt["flops"])
-    notes = ["random credit: bucket brigade with random levels in place of the winning bids; auction and bid "
-             "learning unchanged. round-robin: agents act in turn, no bids, no bid steps; each agent's REINFORCE "
-             "on the team's reward-to-go from its turn (independent learners on the shared return). Both stop at "
-             "the MPT run's training FLOPs."]
-    return _matched_report(x, "Credit ablation", {"MPT (bucket brigade)": mpt, "random-bid credit": rnd,
-                                                   "round-robin": rr}, "credit_reward_vs_flops.png", notes)
+    rr = x.train(
+        "round_robin_rtg",
+        ["algo=mpt", "algo.coordinator=round_robin", "algo.bid_steps=0", "algo.credit=reward_to_go"],
+        budget=mpt["flops"],
+    )
+    notes = [
+        "random credit: bucket brigade with random levels in place of the winning bids; auction and bid "
+        "learning unchanged. round-robin: agents act in turn, no bids, no bid steps; each agent's REINFORCE "
+        "on the team's reward-to-go from its turn (independent learners on the shared return). Both stop at "
+        "the MPT run's training FLOPs."
+    ]
+    return _matched_report(
+        x,
+        "Credit ablation",
+        {"MPT (bucket brigade)": mpt, "random-bid credit": rnd, "round-robin": rr},
+        "credit_reward_vs_flops.png",
+        notes,
+    )
 
 
 def transfer(x: ExperimentContext) -> Report:
@@ -91,9 +121,11 @@ def transfer(x: ExperimentContext) -> Report:
     tasks = [str(t) for t in x.xcfg.transfer_tasks or []]
     valid = x.domain.task_names()
     if not tasks:
-        raise ConfigError(f"experiment.transfer_tasks is empty for {x.cfg.domain}/{x.cfg.task_name}; give the tasks to "
-                          f"adapt to, e.g. experiment.transfer_tasks=[{','.join(t for t in valid if t != x.cfg.task_name)}]"
-                          f" (tasks of {x.cfg.domain}: {', '.join(valid)})")
+        raise ConfigError(
+            f"experiment.transfer_tasks is empty for {x.cfg.domain}/{x.cfg.task_name}; give the tasks to "
+            f"adapt to, e.g. experiment.transfer_tasks=[{','.join(t for t in valid if t != x.cfg.task_name)}]"
+            f" (tasks of {x.cfg.domain}: {', '.join(valid)})"
+        )
     bad = [t for t in tasks if t not in valid]
     if bad:
         raise ConfigError(f"unknown transfer task(s) {bad} for domain {x.cfg.domain!r}; valid: {', '.join(valid)}")
@@ -103,10 +135,19 @@ def transfer(x: ExperimentContext) -> Report:
     n = int(x.xcfg.transfer_iterations)
     rows, curves, finals, data = [], {}, {}, {"source": {"MPT": src, "monolithic": src_mono}, "tasks": {}}
     for task in tasks:
-        sw = x.train(f"{task}-mpt", ["algo=mpt", f"task={task}"], iterations=n,
-                     init_from=final_checkpoint(Path(src["run_dir"])) / "agents")
-        mo = x.train(f"{task}-monolithic", ["algo=monolithic", f"task={task}"], iterations=n, budget=sw["flops"],
-                     init_from=final_checkpoint(Path(src_mono["run_dir"])) / "agents")
+        sw = x.train(
+            f"{task}-mpt",
+            ["algo=mpt", f"task={task}"],
+            iterations=n,
+            init_from=final_checkpoint(Path(src["run_dir"])) / "agents",
+        )
+        mo = x.train(
+            f"{task}-monolithic",
+            ["algo=monolithic", f"task={task}"],
+            iterations=n,
+            budget=sw["flops"],
+            init_from=final_checkpoint(Path(src_mono["run_dir"])) / "agents",
+        )
         data["tasks"][task] = {"MPT": sw, "monolithic": mo}
         for label, s in (("MPT swarm", sw), ("monolithic REINFORCE", mo)):
             row = _row(f"{task}: {label}", s)
@@ -116,9 +157,12 @@ def transfer(x: ExperimentContext) -> Report:
             rows.append(row)
             curves[f"{task}: {label}"] = s["curve"]
             finals[f"{task}: {label}"] = _finals({"r": s})["r"]
-    path = plot_curves(curves, x.run_dir / "transfer_reward_vs_flops.png",
-                       f"Transfer from {x.cfg.task_name}: {x.cfg.domain}", finals)
-    notes = [f"Sources trained on {x.cfg.task_name}: MPT ({src['flops']:.3g} FLOPs) and monolithic "
-             f"({src_mono['flops']:.3g} FLOPs, matched). Adaptation: {n} MPT updates from the MPT source (no SFT, "
-             "fresh optimizers); the monolithic adaptation stops at the swarm's adaptation FLOPs."]
+    path = plot_curves(
+        curves, x.run_dir / "transfer_reward_vs_flops.png", f"Transfer from {x.cfg.task_name}: {x.cfg.domain}", finals
+    )
+    notes = [
+        f"Sources trained on {x.cfg.task_name}: MPT ({src['flops']:.3g} FLOPs) and monolithic "
+        f"({src_mono['flops']:.3g} FLOPs, matched). Adaptation: {n} MPT updates from the MPT source (no SFT, "
+        "fresh optimizers); the monolithic adaptation stops at the swarm's adaptation FLOPs."
+    ]
     return Report(f"Transfer from {x.cfg.task_name}", rows, plots=[path], notes=notes, data=data)

@@ -1,14 +1,16 @@
 """What an experiment works with: its config and folder, resumable cells, trainings
 in sub-run folders, and held-out evaluations of checkpoints under any coordinator,
 population size or dropout."""
+
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from loguru import logger
 from omegaconf import DictConfig, OmegaConf
@@ -97,8 +99,9 @@ class ExperimentContext:
     def plan(self, total: int) -> None:
         """Declare how many cells the experiment has (the progress bar's length)."""
         if self.bar is None:
-            self.bar = tqdm(total=total, desc=f"experiment {self.name}", unit="cell",
-                            disable=not bool(self.cfg.progress))
+            self.bar = tqdm(
+                total=total, desc=f"experiment {self.name}", unit="cell", disable=not bool(self.cfg.progress)
+            )
         else:
             self.bar.total = total
             self.bar.refresh()
@@ -133,8 +136,15 @@ class ExperimentContext:
     def resolve(self, extra: list[str]) -> DictConfig:
         return resolve(self.args + list(extra), self.registry)
 
-    def train(self, key: str, extra: list[str] = (), *, budget: float | None = None,
-              init_from: Path | None = None, iterations: int | None = None) -> dict:
+    def train(
+        self,
+        key: str,
+        extra: list[str] = (),
+        *,
+        budget: float | None = None,
+        init_from: Path | None = None,
+        iterations: int | None = None,
+    ) -> dict:
         """Train with the registered algorithm of ``args + extra`` in ``trainings/<key>/`` (resumable
         like ``swarm run``). ``budget``: stop at that many training FLOPs (the iteration cap is then
         ``experiment.budget_factor`` x iterations). ``init_from``: an ``agents/`` folder to start from
@@ -156,9 +166,14 @@ class ExperimentContext:
                 resume_from = seed_checkpoint(sub, Path(init_from), int(cfg.seed))
             OmegaConf.save(cfg, sub / "config.yaml")
             ctx = RunContext(cfg, self.pm, self.registry, sub, resume_from)
-            logger.info("training {} ({}, {} updates{}){}", key, cfg.algo.name, cfg.algo.iterations,
-                        f", FLOPs budget {budget:.3g}" if budget is not None else "",
-                        f", resuming from {resume_from.name}" if resume_from else "")
+            logger.info(
+                "training {} ({}, {} updates{}){}",
+                key,
+                cfg.algo.name,
+                cfg.algo.iterations,
+                f", FLOPs budget {budget:.3g}" if budget is not None else "",
+                f", resuming from {resume_from.name}" if resume_from else "",
+            )
             make_trainer(self.registry.get("algorithms", cfg.algo.name), ctx, budget).train()
             stamp(sub / "eval.json")  # library versions and commit (issue 18)
             return self.training_summary(sub)
@@ -169,12 +184,21 @@ class ExperimentContext:
     def training_summary(run_dir: Path) -> dict:
         """Final and SFT held-out results, FLOPs and the reward-vs-FLOPs curve of a finished run."""
         state = ckpt.load_state(final_checkpoint(run_dir))
-        curve = [(r["flops/total"], r["charts/episode_reward"]) for r in read_metrics(run_dir)
-                 if "charts/episode_reward" in r and "flops/total" in r]
-        return {"run_dir": str(run_dir), "final_eval": state.get("final_eval"), "sft_eval": state.get("sft_eval"),
-                "flops": flops_total(state.get("flops", {})), "flops_by_category": state.get("flops", {}),
-                "iterations": state.get("iteration"), "stopped_at_budget": bool(state.get("stopped_at_budget")),
-                "curve": curve}
+        curve = [
+            (r["flops/total"], r["charts/episode_reward"])
+            for r in read_metrics(run_dir)
+            if "charts/episode_reward" in r and "flops/total" in r
+        ]
+        return {
+            "run_dir": str(run_dir),
+            "final_eval": state.get("final_eval"),
+            "sft_eval": state.get("sft_eval"),
+            "flops": flops_total(state.get("flops", {})),
+            "flops_by_category": state.get("flops", {}),
+            "iterations": state.get("iteration"),
+            "stopped_at_budget": bool(state.get("stopped_at_budget")),
+            "curve": curve,
+        }
 
     @property
     def trains_swarm(self) -> int:
@@ -189,8 +213,10 @@ class ExperimentContext:
                 raise ConfigError(f"experiment.base {str(base)!r} is not a run folder (no config.yaml)")
             saved = OmegaConf.load(base / "config.yaml")
             if (saved.domain, saved.task_name) != (self.cfg.domain, self.cfg.task_name):
-                raise ConfigError(f"experiment.base {str(base)!r} is a {saved.domain}/{saved.task_name} run; this "
-                                  f"experiment is {self.cfg.domain}/{self.cfg.task_name}")
+                raise ConfigError(
+                    f"experiment.base {str(base)!r} is a {saved.domain}/{saved.task_name} run; this "
+                    f"experiment is {self.cfg.domain}/{self.cfg.task_name}"
+                )
             final_checkpoint(base)
             return base
         return Path(self.train("mpt", ["algo=mpt"])["run_dir"])
@@ -207,9 +233,15 @@ class ExperimentContext:
             return build_monolithic(self.ctx, path / "agents")
         return self.ctx.build_swarm(path / "agents", replicas=replicas)
 
-    def evaluate(self, key: str, agents_fn: Callable[[], tuple], coordinator: str = "auction",
-                 presence: Callable | None = None, runs: int | None = None,
-                 extra: Callable[[list, list], dict] | None = None) -> dict:
+    def evaluate(
+        self,
+        key: str,
+        agents_fn: Callable[[], tuple],
+        coordinator: str = "auction",
+        presence: Callable | None = None,
+        runs: int | None = None,
+        extra: Callable[[list, list], dict] | None = None,
+    ) -> dict:
         """Cell ``key``: held-out evaluation of the agents ``agents_fn()`` builds (mean ± SE over the
         eval seeds, ``eval.runs`` runs each); ``extra(episodes, agents)`` adds derived results."""
 
@@ -217,12 +249,27 @@ class ExperimentContext:
             agents, _ = agents_fn()
             seeds = self.eval_seeds()
             n_runs = int(runs if runs is not None else self.cfg.eval.runs)
-            res, episodes = evaluate(agents, self.ctx.coordinator(coordinator), self.domain, self.task, seeds,
-                                     n_runs, int(self.cfg.seed) + 7919, self.cfg.eval.temperature, presence=presence,
-                                     common_random_numbers=bool(self.cfg.eval.common_random_numbers))
+            res, episodes = evaluate(
+                agents,
+                self.ctx.coordinator(coordinator),
+                self.domain,
+                self.task,
+                seeds,
+                n_runs,
+                int(self.cfg.seed) + 7919,
+                self.cfg.eval.temperature,
+                presence=presence,
+                common_random_numbers=bool(self.cfg.eval.common_random_numbers),
+            )
             skipped = sum(t.winner is None for e in episodes for t in e.turns) / max(1, len(episodes))
-            out = {"summary": res, "agents": [a.name for a in agents], "coordinator": coordinator,
-                   "eval_seeds": seeds, "runs": n_runs, "skipped_per_episode": skipped}
+            out = {
+                "summary": res,
+                "agents": [a.name for a in agents],
+                "coordinator": coordinator,
+                "eval_seeds": seeds,
+                "runs": n_runs,
+                "skipped_per_episode": skipped,
+            }
             if extra is not None:
                 out.update(extra(episodes, agents))
             return out

@@ -12,11 +12,12 @@ Statistics (pure functions, docs/experiments.md):
   seed, mean ± ``sd(d_s) / sqrt(S)``. With one seed the pairing is over the shared held-out
   seeds instead (when the report carries per-seed rewards), marked as such.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from swarm_runtime.evaluate import mean_se
 from swarm_runtime.experiments.context import Report
@@ -33,8 +34,11 @@ def seed_notes(by_seed: dict) -> list[str]:
     out = []
     for note in dict.fromkeys(n for notes in by_seed.values() for n in notes):
         having = [s for s in seeds if note in by_seed[s]]
-        out.append(note if len(having) == len(seeds) or len(seeds) == 1
-                   else f"training seed{'s' if len(having) > 1 else ''} {', '.join(map(str, having))}: {note}")
+        out.append(
+            note
+            if len(having) == len(seeds) or len(seeds) == 1
+            else f"training seed{'s' if len(having) > 1 else ''} {', '.join(map(str, having))}: {note}"
+        )
     return out
 
 
@@ -103,8 +107,9 @@ def combine(reports: dict[int, Report], run_dir: Path) -> Report:
         for lb in labels[1:]:
             shared = [s for s in seeds if _has(by_seed[s], lb, col) and _has(by_seed[s], ref, col)]
             if len(shared) >= 2:
-                m, se, n = paired_over_seeds([by_seed[s][lb][col][0] for s in shared],
-                                             [by_seed[s][ref][col][0] for s in shared])
+                m, se, n = paired_over_seeds(
+                    [by_seed[s][lb][col][0] for s in shared], [by_seed[s][ref][col][0] for s in shared]
+                )
                 how = f"over {n} training seeds"
             elif len(shared) == 1:
                 m, se, n = _paired_heldout(reports[shared[0]], lb, ref)
@@ -114,27 +119,52 @@ def combine(reports: dict[int, Report], run_dir: Path) -> Report:
                     m, se = float(a[0]) - float(b[0]), math.hypot(float(a[1]), float(b[1]))
             else:
                 continue
-            paired[lb] = {"mean": m, "se": se, "n": n, "how": how,
-                          "per_seed": {str(s): by_seed[s][lb][col][0] - by_seed[s][ref][col][0] for s in shared}}
-            prow.append({"label": f"{lb} - {ref}", f"{col} difference": (m, se), "paired": how,
-                         "per training seed": " / ".join(f"{paired[lb]['per_seed'][str(s)]:+.3g}" for s in shared)})
+            paired[lb] = {
+                "mean": m,
+                "se": se,
+                "n": n,
+                "how": how,
+                "per_seed": {str(s): by_seed[s][lb][col][0] - by_seed[s][ref][col][0] for s in shared},
+            }
+            prow.append(
+                {
+                    "label": f"{lb} - {ref}",
+                    f"{col} difference": (m, se),
+                    "paired": how,
+                    "per training seed": " / ".join(f"{paired[lb]['per_seed'][str(s)]:+.3g}" for s in shared),
+                }
+            )
         if prow:
             tables[f"Paired differences against {ref}"] = markdown_table(prow)
     plots = [p for rep in reports.values() for p in rep.plots]
     if col is not None and all(r.get(col) is not None for r in rows):
-        plots.insert(0, plot_bars(labels, [r[col] for r in rows], run_dir / "train_seeds.png",
-                                  f"{first.title}: mean over training seeds {seeds}", ylabel=col))
+        plots.insert(
+            0,
+            plot_bars(
+                labels,
+                [r[col] for r in rows],
+                run_dir / "train_seeds.png",
+                f"{first.title}: mean over training seeds {seeds}",
+                ylabel=col,
+            ),
+        )
     for title in dict.fromkeys(t for rep in reports.values() for t in rep.tables):
         for s in seeds:
             if title in reports[s].tables:
                 tables[f"{title} (training seed {s})"] = reports[s].tables[title]
-    se_note = (f"Each row: mean over training seeds {seeds} ± standard error over those seeds (sd of the per-seed "
-               "means / sqrt(S)), which includes training-seed spread and held-out sampling; per-seed values below."
-               if len(seeds) > 1 else
-               f"One training seed ({seeds[0]}): standard errors cover held-out sampling only, not training-seed spread.")
+    se_note = (
+        f"Each row: mean over training seeds {seeds} ± standard error over those seeds (sd of the per-seed "
+        "means / sqrt(S)), which includes training-seed spread and held-out sampling; per-seed values below."
+        if len(seeds) > 1
+        else f"One training seed ({seeds[0]}): standard errors cover held-out sampling only, not training-seed spread."
+    )
     notes = [se_note] + seed_notes({s: rep.notes for s, rep in reports.items()})
-    data = {"train_seeds": seeds, "paired": paired, "main_column": col,
-            "per_seed": {str(s): {"rows": rep.rows, **rep.data} for s, rep in reports.items()}}
+    data = {
+        "train_seeds": seeds,
+        "paired": paired,
+        "main_column": col,
+        "per_seed": {str(s): {"rows": rep.rows, **rep.data} for s, rep in reports.items()},
+    }
     if "runs_per_seed" in first.data:  # an experiment whose evaluation is not eval.runs runs per held-out seed
         data["runs_per_seed"] = first.data["runs_per_seed"]
     return Report(first.title, rows, tables=tables, plots=plots, data=data, notes=notes)

@@ -1,10 +1,10 @@
 """Experiment outputs: markdown tables, ``results.json``, and the curve / bar plots."""
+
 from __future__ import annotations
 
 import textwrap
-
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from swarm_runtime.outputs import save_figure
 
@@ -55,8 +55,13 @@ def _plt():
     return pyplot()
 
 
-def plot_curves(curves: dict[str, Sequence[Sequence[float]]], path: Path, title: str,
-                finals: dict[str, tuple] | None = None, mark_flops: float | None = None) -> Path:
+def plot_curves(
+    curves: dict[str, Sequence[Sequence[float]]],
+    path: Path,
+    title: str,
+    finals: dict[str, tuple] | None = None,
+    mark_flops: float | None = None,
+) -> Path:
     """Rollout reward against cumulative training FLOPs, one line per run; ``finals``: label ->
     (flops, held-out mean, se) drawn as squares with error bars; ``mark_flops``: the equal-FLOPs line."""
     plt = _plt()
@@ -78,13 +83,23 @@ def plot_curves(curves: dict[str, Sequence[Sequence[float]]], path: Path, title:
     return save_figure(fig, path)
 
 
-def plot_bars(labels: Sequence[str], values: Sequence[tuple[float, float]], path: Path, title: str,
-              ylabel: str = "held-out reward") -> Path:
+def plot_bars(
+    labels: Sequence[str],
+    values: Sequence[tuple[float, float]],
+    path: Path,
+    title: str,
+    ylabel: str = "held-out reward",
+) -> Path:
     """One bar per condition with its standard error."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(labels)), 4))
-    ax.bar(range(len(labels)), [v[0] for v in values], yerr=[v[1] for v in values], capsize=4,
-           color=[f"C{i}" for i in range(len(labels))])
+    ax.bar(
+        range(len(labels)),
+        [v[0] for v in values],
+        yerr=[v[1] for v in values],
+        capsize=4,
+        color=[f"C{i}" for i in range(len(labels))],
+    )
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=15, fontsize=8)
     ax.set_ylabel(ylabel)

@@ -1,5 +1,6 @@
 """``swarm experiment NAME [key=value ...]``: pick the run folder (or the one to resume), run the
 registered experiment and write ``results.md`` / ``results.json`` (plots are the experiment's)."""
+
 from __future__ import annotations
 
 import json
@@ -50,15 +51,19 @@ def _find_run_dir(name: str, args: list[str], registry, run_dir: str | None, res
         saved = Path(run_dir) / "experiment.json"
         changed = _argument_changes(_saved_args(saved, name), args, registry) if saved.exists() else []
         if changed:
-            raise ConfigError(f"{run_dir!r} already holds this experiment run with other arguments ("
-                              + "; ".join(changed)
-                              + "); continue it with resume=true or pick another run_dir")
+            raise ConfigError(
+                f"{run_dir!r} already holds this experiment run with other arguments ("
+                + "; ".join(changed)
+                + "); continue it with resume=true or pick another run_dir"
+            )
         return Path(run_dir), args
     cfg = resolve(args, registry)
     prefix = f"experiment-{name}-{cfg.domain}-{cfg.task_name}-"
     if resume:
-        found = sorted((p for p in Path("runs").glob(prefix + "*") if (p / "experiment.json").exists()),
-                       key=lambda p: p.stat().st_mtime)
+        found = sorted(
+            (p for p in Path("runs").glob(prefix + "*") if (p / "experiment.json").exists()),
+            key=lambda p: p.stat().st_mtime,
+        )
         if not found:
             raise ConfigError(f"resume=true but no folder runs/{prefix}* exists; give run_dir=...")
         return found[-1], _saved_args(found[-1] / "experiment.json", name)
@@ -128,10 +133,16 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     try:
         command = "swarm experiment " + " ".join(shlex.quote(a) for a in [name, *redact_args(args)])
         if not (run_dir / "experiment.json").exists():
-            _atomic_json(run_dir / "experiment.json", {"experiment": name, "args": redact_args(args), "command": command})
+            _atomic_json(
+                run_dir / "experiment.json", {"experiment": name, "args": redact_args(args), "command": command}
+            )
             save_config(cfg, run_dir / "config.yaml")
         logger.remove()
-        logger.add(sys.stderr, level=cfg.log_level, format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+        logger.add(
+            sys.stderr,
+            level=cfg.log_level,
+            format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}",
+        )
         logger.add(run_dir / "run.log", level="DEBUG")
         logger.info("experiment {} in {}{}", name, run_dir, " (resuming)" if resume else "")
         x = ExperimentContext(name, cfg, pm, registry, run_dir, args)
@@ -162,10 +173,12 @@ def bases_per_seed(base, seeds: list[int]) -> list[str | None]:
         return [None] * len(seeds)
     bases = [str(b) for b in base] if not isinstance(base, str) and hasattr(base, "__len__") else [str(base)]
     if len(bases) != len(seeds):
-        raise ConfigError(f"experiment.base gives {len(bases)} run folder(s) but experiment.train_seeds has "
-                          f"{len(seeds)} seed(s) {seeds}: give one trained swarm per training seed "
-                          f"(base=[DIR_seed{seeds[0]},...], in the order of train_seeds) or experiment.train_seeds=[S] "
-                          "with the seed that base was trained with")
+        raise ConfigError(
+            f"experiment.base gives {len(bases)} run folder(s) but experiment.train_seeds has "
+            f"{len(seeds)} seed(s) {seeds}: give one trained swarm per training seed "
+            f"(base=[DIR_seed{seeds[0]},...], in the order of train_seeds) or experiment.train_seeds=[S] "
+            "with the seed that base was trained with"
+        )
     return bases
 
 
@@ -176,8 +189,10 @@ def _replicated(x: ExperimentContext, seeds: list[int]) -> Report:
         if b is not None and (Path(b) / "config.yaml").exists():
             trained = int(OmegaConf.load(Path(b) / "config.yaml").get("seed", 0))
             if trained != s:
-                raise ConfigError(f"experiment.base {b!r} was trained with seed {trained}, but it stands for "
-                                  f"training seed {s} in experiment.train_seeds={seeds}; reorder the lists")
+                raise ConfigError(
+                    f"experiment.base {b!r} was trained with seed {trained}, but it stands for "
+                    f"training seed {s} in experiment.train_seeds={seeds}; reorder the lists"
+                )
     reports: dict[int, Report] = {}
     for s, b in zip(seeds, bases):
         args = x.args + [f"seed={s}"] + ([f"experiment.base={b}"] if b is not None else [])
@@ -204,11 +219,13 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
     tseeds = report.data.get("train_seeds")
     who = f"training seeds {tseeds}" if tseeds else f"run seed {x.cfg.seed}"
     over = "mean over training seeds ± SE over training seeds; per seed: " if tseeds and len(tseeds) > 1 else ""
-    head = (f"# {report.title}\n\n{x.cfg.domain}/{x.cfg.task_name}; held-out ({x.cfg.eval.split} split): {len(seeds)} "
-            f"seeds x {runs} runs ({over}mean ± standard error over held-out seeds), seeds {seeds[0]}..{seeds[-1]}; "
-            f"{who}.\n\n"
-            f"Command: `{command}` ({commit_text()})\n\n{versions_line()}.\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
-            f"was computed (this invocation: {wall_s:.0f} s{'; cells finished by an earlier invocation were loaded' if resumed else ''}).\n")
+    head = (
+        f"# {report.title}\n\n{x.cfg.domain}/{x.cfg.task_name}; held-out ({x.cfg.eval.split} split): {len(seeds)} "
+        f"seeds x {runs} runs ({over}mean ± standard error over held-out seeds), seeds {seeds[0]}..{seeds[-1]}; "
+        f"{who}.\n\n"
+        f"Command: `{command}` ({commit_text()})\n\n{versions_line()}.\n\nWall time: {cells_wall:.0f} s summed over the {x.cells_done} cells as each "
+        f"was computed (this invocation: {wall_s:.0f} s{'; cells finished by an earlier invocation were loaded' if resumed else ''}).\n"
+    )
     parts = [head, table]
     for title, text in report.tables.items():
         parts += [f"\n## {title}\n", text]
@@ -217,18 +234,40 @@ def write_results(x: ExperimentContext, report: Report, command: str, wall_s: fl
     for p in report.plots:
         parts.append(f"\n![{p.stem}]({_rel(p, x.run_dir)})")
     (x.run_dir / "results.md").write_text("\n".join(parts) + "\n")
-    _atomic_json(x.run_dir / "results.json", {
-        "experiment": x.name, "domain": x.cfg.domain, "task": x.cfg.task_name, "seed": int(x.cfg.seed),
-        "eval_seeds": seeds, "runs": runs, "command": command, "commit": _commit(), "wall_s": wall_s, "cells_wall_s": cells_wall, "rows": report.rows,
-        "tables": report.tables, "plots": [_rel(p, x.run_dir) for p in report.plots], "eval_split": str(x.cfg.eval.split), "notes": report.notes, "versions": versions(), **report.data})
-    print(f"\n{report.title}: {x.cfg.domain}/{x.cfg.task_name}, {len(seeds)} held-out seeds x {runs} runs "
-          f"({over}mean ± standard error over held-out seeds), {who}\n{table}")
+    _atomic_json(
+        x.run_dir / "results.json",
+        {
+            "experiment": x.name,
+            "domain": x.cfg.domain,
+            "task": x.cfg.task_name,
+            "seed": int(x.cfg.seed),
+            "eval_seeds": seeds,
+            "runs": runs,
+            "command": command,
+            "commit": _commit(),
+            "wall_s": wall_s,
+            "cells_wall_s": cells_wall,
+            "rows": report.rows,
+            "tables": report.tables,
+            "plots": [_rel(p, x.run_dir) for p in report.plots],
+            "eval_split": str(x.cfg.eval.split),
+            "notes": report.notes,
+            "versions": versions(),
+            **report.data,
+        },
+    )
+    print(
+        f"\n{report.title}: {x.cfg.domain}/{x.cfg.task_name}, {len(seeds)} held-out seeds x {runs} runs "
+        f"({over}mean ± standard error over held-out seeds), {who}\n{table}"
+    )
     for title, text in report.tables.items():
         print(f"\n{title}\n{text}")
     print(f"\n{versions_line()}")
-    print(f"\nExperiment folder: {x.run_dir} (results.md, results.json, "
-          f"{', '.join(_rel(p, x.run_dir) for p in report.plots) or 'no plots'}, "
-          f"{'seed-<s>/' if tseeds else 'cells/, trainings/'})")
+    print(
+        f"\nExperiment folder: {x.run_dir} (results.md, results.json, "
+        f"{', '.join(_rel(p, x.run_dir) for p in report.plots) or 'no plots'}, "
+        f"{'seed-<s>/' if tseeds else 'cells/, trainings/'})"
+    )
 
 
 def _commit() -> str:

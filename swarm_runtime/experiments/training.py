@@ -1,6 +1,7 @@
 """Trainings inside an experiment: the registered trainers (``MPTTrainer`` and its
 subclasses) in their own resumable sub-run folders, optionally stopped at a FLOPs
 budget (matched compute) or started from another run's weights (transfer)."""
+
 from __future__ import annotations
 
 import math
@@ -42,15 +43,24 @@ class FlopsBudgetMixin:
             return super().train()
         except BudgetReached as stop:
             it = int(stop.args[0])
-            logger.info("FLOPs budget {:.3g} reached after {} updates ({:.3g} FLOPs)", self.flops_budget, it,
-                        self.ctx.flops.training_total)
+            logger.info(
+                "FLOPs budget {:.3g} reached after {} updates ({:.3g} FLOPs)",
+                self.flops_budget,
+                it,
+                self.ctx.flops.training_total,
+            )
             self.state["final_eval"], evaluated = self.final_held_out("at the FLOPs budget")
             self.state["phase"] = "done"
             self.state["stopped_at_budget"] = True
             if evaluated:
-                self.writer.log(it, {"eval/reward_mean": self.state["final_eval"]["reward_mean"],
-                                     "eval/reward_se": self.state["final_eval"]["reward_se"],
-                                     "flops/total": self.ctx.flops.training_total})
+                self.writer.log(
+                    it,
+                    {
+                        "eval/reward_mean": self.state["final_eval"]["reward_mean"],
+                        "eval/reward_se": self.state["final_eval"]["reward_se"],
+                        "flops/total": self.ctx.flops.training_total,
+                    },
+                )
             self._save(f"iter-{it:06d}")
             return self.finish()
 
@@ -80,12 +90,15 @@ def seed_checkpoint(run_dir: Path, agents_dir: Path, seed: int) -> Path:
     for base in sorted(Path(agents_dir).parent.glob("base*")):  # model.adapter=lora: the trained bases the adapters
         if base.is_dir():  # point to (base/, and base-NAME/ of each other model.bases base)
             shutil.copytree(base, tmp / base.name)
-    torch.save({"run": random.Random(int(seed)).getstate(), "python": random.getstate(),
-                "torch": torch.get_rng_state()}, tmp / "rng.pt")
+    torch.save(
+        {"run": random.Random(int(seed)).getstate(), "python": random.getstate(), "torch": torch.get_rng_state()},
+        tmp / "rng.pt",
+    )
     import json
 
-    (tmp / "state.json").write_text(json.dumps({"phase": "sft_done", "iteration": 0, "flops": {},
-                                                "initialised_from": str(agents_dir)}))
+    (tmp / "state.json").write_text(
+        json.dumps({"phase": "sft_done", "iteration": 0, "flops": {}, "initialised_from": str(agents_dir)})
+    )
     final = root / "sft"
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -102,6 +115,8 @@ def final_checkpoint(run_dir: Path) -> Path:
     """The finished checkpoint of a training run (``phase == done``), or a clear error."""
     latest = ckpt.latest_checkpoint(Path(run_dir))
     if latest is None or ckpt.load_state(latest).get("phase") != "done":
-        raise ConfigError(f"{str(run_dir)!r} holds no finished training (checkpoints/latest with phase 'done'); "
-                          "finish it with `swarm run resume=true run_dir=...` or drop base=")
+        raise ConfigError(
+            f"{str(run_dir)!r} holds no finished training (checkpoints/latest with phase 'done'); "
+            "finish it with `swarm run resume=true run_dir=...` or drop base="
+        )
     return latest

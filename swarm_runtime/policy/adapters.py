@@ -19,14 +19,15 @@ role's adapter is fine-tuned on the role's own demonstrations (:func:`sft_shared
 trained base is written once per checkpoint under ``checkpoints/<tag>/base/``; a ``model.path`` base
 is only pointed to (path + fingerprint).
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +38,12 @@ from swarm_runtime.flops import FlopCounter
 from swarm_runtime.policy.base import Bid, Response
 from swarm_runtime.policy.noise import gumbel_max
 from swarm_runtime.policy.tokenizer import build_tokenizer
-from swarm_runtime.policy.transformers_backend import (TransformersPolicy, build_tiny_model, load_pretrained,
-                                                      refuse_custom_code)
+from swarm_runtime.policy.transformers_backend import (
+    TransformersPolicy,
+    build_tiny_model,
+    load_pretrained,
+    refuse_custom_code,
+)
 
 #: File beside each adapter naming its base.
 POINTER = "swarm_base.json"
@@ -54,9 +59,17 @@ def trained_base_dir(name: str) -> str:
     from swarm_runtime.bases import base_dir
 
     return f"../../{base_dir(name)}"
+
+
 #: The architecture fields of a config-built base that must match the configured model.
-ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-             "vocab_size")
+ARCH_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
 
 
 def _peft():
@@ -87,8 +100,9 @@ def check_targets(model, targets: Sequence[str]) -> None:
     valid = linear_names(model)
     bad = [t for t in targets if t not in valid]
     if bad:
-        raise ConfigError(f"model.lora.target_modules names {bad[0]!r}, which the base model lacks; "
-                          f"valid: {', '.join(valid)}")
+        raise ConfigError(
+            f"model.lora.target_modules names {bad[0]!r}, which the base model lacks; valid: {', '.join(valid)}"
+        )
 
 
 def fingerprint(folder: str | Path) -> str:
@@ -153,8 +167,9 @@ class SharedBase:
             self._active = name
 
     def adapter_params(self, name: str) -> list[torch.nn.Parameter]:
-        return [p for n, p in self.model.named_parameters()
-                if "lora_" in n and (f".{name}." in n or n.endswith(f".{name}"))]
+        return [
+            p for n, p in self.model.named_parameters() if "lora_" in n and (f".{name}." in n or n.endswith(f".{name}"))
+        ]
 
     @contextmanager
     def training_base(self, policy_kw: dict):
@@ -193,12 +208,20 @@ class SharedBase:
     def pointer(self, adapter_dir: Path) -> dict:
         """What an adapter folder records about its base."""
         if self.source is not None:
-            return {"base": str(Path(self.source).resolve()), "fingerprint": self.source_fingerprint,
-                    "arch": arch_of(self.model.get_base_model().config), "trained_base": False}
+            return {
+                "base": str(Path(self.source).resolve()),
+                "fingerprint": self.source_fingerprint,
+                "arch": arch_of(self.model.get_base_model().config),
+                "trained_base": False,
+            }
         rel = trained_base_dir(self.name)
         fp = self.save_base(adapter_dir / rel)
-        return {"base": rel, "fingerprint": fp, "arch": arch_of(self.model.get_base_model().config),
-                "trained_base": True}
+        return {
+            "base": rel,
+            "fingerprint": fp,
+            "arch": arch_of(self.model.get_base_model().config),
+            "trained_base": True,
+        }
 
 
 class AdapterPolicy(TransformersPolicy):
@@ -264,17 +287,28 @@ class AdapterPolicy(TransformersPolicy):
         path.mkdir(parents=True, exist_ok=True)
         pointer = self.shared_base.pointer(path)
         state = get_peft_model_state_dict(self.model, adapter_name=self.adapter)
-        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(path / "adapter_model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in state.items()},
+            str(path / "adapter_model.safetensors"),
+            metadata={"format": "pt"},
+        )
         config = self.model.peft_config[self.adapter]
         was = config.base_model_name_or_path
         config.base_model_name_or_path = pointer["base"]
         config.save_pretrained(str(path))
         config.base_model_name_or_path = was
         (path / POINTER).write_text(json.dumps(pointer, indent=1))
-        (path / "swarm_policy.json").write_text(json.dumps(
-            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode, "word_level_tokenizer": self._word_level,
-             "adapter": self.adapter}, indent=1))
+        (path / "swarm_policy.json").write_text(
+            json.dumps(
+                {
+                    "bid_levels": self.bid_levels,
+                    "bid_mode": self.bid_mode,
+                    "word_level_tokenizer": self._word_level,
+                    "adapter": self.adapter,
+                },
+                indent=1,
+            )
+        )
 
 
 #: How a mixed-adapter batch routes rows: ``grouped`` (:class:`GroupedLoRA`) or ``peft`` (PEFT's
@@ -309,7 +343,7 @@ class GroupedLoRA:
         self.layers, self.spans = layers, spans
 
     @classmethod
-    def build(cls, layers: Sequence, spans: list[tuple[str, int, int | None]] | None) -> "GroupedLoRA | None":
+    def build(cls, layers: Sequence, spans: list[tuple[str, int, int | None]] | None) -> GroupedLoRA | None:
         """``spans``: ``[(adapter, first row, end row)]`` (:func:`spans_of`; ``[(adapter, 0, None)]``:
         every row). None when the rows are not grouped by adapter (``spans`` None), some layer lacks
         an adapter, a layer has a LoRA variant (DoRA...), or an adapter is merged: PEFT's path then."""
@@ -323,11 +357,14 @@ class GroupedLoRA:
                 return None
             if getattr(m, "merged", False) or any(n not in m.lora_A or n in m.lora_variant for n, _, _ in spans):
                 return None
-            routed.append((m, [(s, e, m.lora_A[n].weight, m.lora_B[n].weight, float(m.scaling[n])) for n, s, e in spans]))
+            routed.append(
+                (m, [(s, e, m.lora_A[n].weight, m.lora_B[n].weight, float(m.scaling[n])) for n, s, e in spans])
+            )
         return cls(routed, spans) if routed else None
 
     def __enter__(self):
         for m, parts in self.layers:
+
             def forward(x, *args, _m=m, _parts=parts, **kwargs):
                 out = _m.base_layer(x, *args, **kwargs)
                 if torch.is_grad_enabled():  # scored for a gradient: out of place, so autograd sees it
@@ -344,6 +381,7 @@ class GroupedLoRA:
                     else:  # fp32 adapters on a bf16 base: add in fp32, round once (as PEFT does)
                         out[s:e] = out[s:e] + d
                 return out
+
             m.forward = forward
         return self
 
@@ -398,6 +436,7 @@ class MixedBatch:
                 return lead._pick(logits, keys)
             probs = F.softmax(logits.float() / lead.temperature, dim=-1)
             return self._draw(probs, rows)
+
         return pick
 
     @staticmethod
@@ -417,7 +456,9 @@ class MixedBatch:
         for i, p in enumerate(self.rows):
             groups.setdefault(id(p), (p, []))[1].append(i)
         for p, idx in groups.values():
-            res = getattr(p, method)([prompts[i] for i in idx], **({} if keys is None else {"keys": [keys[i] for i in idx]}))
+            res = getattr(p, method)(
+                [prompts[i] for i in idx], **({} if keys is None else {"keys": [keys[i] for i in idx]})
+            )
             for i, r in zip(idx, res):
                 out[i] = r
         return out
@@ -429,9 +470,15 @@ class MixedBatch:
         rows = [self.rows[i] for i in order]
         lps: list = []
         with lead.routed([p.adapter for p in rows]):
-            outs = lead._sample([lead.encode_prompt(prompts[i]) for i in order], max_new, ban,
-                                None if keys is None else [keys[i] for i in order], None, pick=self._pick_rows(rows),
-                                logprobs_out=lps)
+            outs = lead._sample(
+                [lead.encode_prompt(prompts[i]) for i in order],
+                max_new,
+                ban,
+                None if keys is None else [keys[i] for i in order],
+                None,
+                pick=self._pick_rows(rows),
+                logprobs_out=lps,
+            )
         back: list[list[int]] = [[] for _ in prompts]
         back_lp: list[list[float]] = [[] for _ in prompts]
         for j, i in enumerate(order):
@@ -472,8 +519,14 @@ class MixedBatch:
 
 def lora_config(opts):
     peft = _peft()
-    return peft.LoraConfig(r=int(opts.rank), lora_alpha=float(opts.alpha), lora_dropout=float(opts.dropout),
-                           target_modules=list(opts.target_modules), bias="none", task_type="CAUSAL_LM")
+    return peft.LoraConfig(
+        r=int(opts.rank),
+        lora_alpha=float(opts.alpha),
+        lora_dropout=float(opts.dropout),
+        target_modules=list(opts.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def read_pointer(adapter_dir: Path) -> dict:
@@ -481,21 +534,33 @@ def read_pointer(adapter_dir: Path) -> dict:
     base, which lives in the checkpoint), ``fingerprint`` (a SHA-256), ``trained_base``, ``arch``."""
     f = Path(adapter_dir) / POINTER
     if not f.exists():
-        raise ConfigError(f"{str(adapter_dir)!r} is not an adapter checkpoint (no {POINTER}); a run trained with "
-                          "model.adapter=none holds full models: evaluate it with model.adapter=none")
+        raise ConfigError(
+            f"{str(adapter_dir)!r} is not an adapter checkpoint (no {POINTER}); a run trained with "
+            "model.adapter=none holds full models: evaluate it with model.adapter=none"
+        )
     try:
         ptr = json.loads(f.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{f} is not JSON ({type(exc).__name__}); the adapter checkpoint is damaged") from exc
     fp = ptr.get("fingerprint") if isinstance(ptr, dict) else None
-    if (not isinstance(ptr, dict) or not isinstance(ptr.get("base"), str) or not ptr["base"]
-            or not isinstance(fp, str) or not re.fullmatch(r"[0-9a-f]{64}", fp)
-            or not isinstance(ptr.get("trained_base"), bool) or not isinstance(ptr.get("arch"), dict)):
-        raise ConfigError(f"{f} is not a base pointer (needs base, a SHA-256 fingerprint, trained_base and arch); "
-                          "the adapter checkpoint is damaged")
+    if (
+        not isinstance(ptr, dict)
+        or not isinstance(ptr.get("base"), str)
+        or not ptr["base"]
+        or not isinstance(fp, str)
+        or not re.fullmatch(r"[0-9a-f]{64}", fp)
+        or not isinstance(ptr.get("trained_base"), bool)
+        or not isinstance(ptr.get("arch"), dict)
+    ):
+        raise ConfigError(
+            f"{f} is not a base pointer (needs base, a SHA-256 fingerprint, trained_base and arch); "
+            "the adapter checkpoint is damaged"
+        )
     if ptr["trained_base"] and not TRAINED_BASE_RE.fullmatch(ptr["base"]):
-        raise ConfigError(f"{f} points to the trained base {ptr['base']!r}; a trained base lives in the checkpoint "
-                          f"({TRAINED_BASE} or ../../base-NAME): the adapter checkpoint is damaged")
+        raise ConfigError(
+            f"{f} points to the trained base {ptr['base']!r}; a trained base lives in the checkpoint "
+            f"({TRAINED_BASE} or ../../base-NAME): the adapter checkpoint is damaged"
+        )
     return ptr
 
 
@@ -509,8 +574,10 @@ def check_finite(folder: Path) -> None:
             for name in st.keys():
                 t = st.get_tensor(name)
                 if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    raise ConfigError(f"{f}: tensor {name} holds NaN or infinite values; refusing to export it (the "
-                                      "training diverged or the checkpoint is damaged): export another checkpoint")
+                    raise ConfigError(
+                        f"{f}: tensor {name} holds NaN or infinite values; refusing to export it (the "
+                        "training diverged or the checkpoint is damaged): export another checkpoint"
+                    )
 
 
 def _pointers(init_dir: Path, roles: Sequence[str]) -> dict:
@@ -521,15 +588,18 @@ def _pointers(init_dir: Path, roles: Sequence[str]) -> dict:
     for role, ptr in ptrs.items():
         same = all(ptr.get(k) == first.get(k) for k in ("base", "fingerprint", "trained_base"))
         if not same:
-            raise ConfigError(f"the adapter of {role} in {str(init_dir)!r} records the base {ptr['base']!r} "
-                              f"(fingerprint {ptr['fingerprint'][:12]}), but {roles[0]}'s records {first['base']!r} "
-                              f"({first['fingerprint'][:12]}): these roles share one base (model.role_base); the "
-                              "checkpoint is damaged, or was trained with other model.role_base settings")
+            raise ConfigError(
+                f"the adapter of {role} in {str(init_dir)!r} records the base {ptr['base']!r} "
+                f"(fingerprint {ptr['fingerprint'][:12]}), but {roles[0]}'s records {first['base']!r} "
+                f"({first['fingerprint'][:12]}): these roles share one base (model.role_base); the "
+                "checkpoint is damaged, or was trained with other model.role_base settings"
+            )
     return first
 
 
-def resolve_base(model_cfg, init_dir: Path | None, roles: Sequence[str],
-                 name: str = "default") -> tuple[str | None, Path | None, str | None]:
+def resolve_base(
+    model_cfg, init_dir: Path | None, roles: Sequence[str], name: str = "default"
+) -> tuple[str | None, Path | None, str | None]:
     """Which base to load for ``roles`` (those on base ``name``; ``model_cfg``: that base's settings):
     ``(source, folder, fingerprint)``. ``source`` is ``model.path`` (or None for a config-built base);
     ``folder`` the Hugging Face folder to load (None = build from the config). An adapter checkpoint whose
@@ -542,37 +612,60 @@ def resolve_base(model_cfg, init_dir: Path | None, roles: Sequence[str],
     first = Path(init_dir) / roles[0]
     ptr = _pointers(init_dir, roles)
     if ptr.get("trained_base") and ptr["base"] != trained_base_dir(name):
-        raise ConfigError(f"the adapters of {', '.join(roles)} in {str(init_dir)!r} were trained on the base "
-                          f"{ptr['base']!r}, but model.role_base puts them on {name!r} ({trained_base_dir(name)}); use "
-                          "the run's own model.role_base")
+        raise ConfigError(
+            f"the adapters of {', '.join(roles)} in {str(init_dir)!r} were trained on the base "
+            f"{ptr['base']!r}, but model.role_base puts them on {name!r} ({trained_base_dir(name)}); use "
+            "the run's own model.role_base"
+        )
     folder = (first / ptr["base"]).resolve() if not Path(ptr["base"]).is_absolute() else Path(ptr["base"])
     if path:
-        if ptr.get("trained_base") or not (Path(path) / "config.json").exists() or fingerprint(path) != ptr["fingerprint"]:
-            raise ConfigError(f"the adapters in {str(init_dir)!r} were trained on the base {ptr['base']!r} (fingerprint "
-                              f"{ptr['fingerprint'][:12]}), but model.path={path!r} is another base; give "
-                              f"model.path={ptr['base']!r} or the run's own config")
+        if (
+            ptr.get("trained_base")
+            or not (Path(path) / "config.json").exists()
+            or fingerprint(path) != ptr["fingerprint"]
+        ):
+            raise ConfigError(
+                f"the adapters in {str(init_dir)!r} were trained on the base {ptr['base']!r} (fingerprint "
+                f"{ptr['fingerprint'][:12]}), but model.path={path!r} is another base; give "
+                f"model.path={ptr['base']!r} or the run's own config"
+            )
         return str(path), Path(path), ptr["fingerprint"]
     if not (folder / "config.json").exists():
         raise ConfigError(f"the base of the adapters in {str(init_dir)!r} ({str(folder)!r}) is missing")
     if fingerprint(folder) != ptr["fingerprint"]:
-        raise ConfigError(f"the base {str(folder)!r} does not match the fingerprint its adapters recorded "
-                          f"({ptr['fingerprint'][:12]}): it changed after the adapters were trained")
+        raise ConfigError(
+            f"the base {str(folder)!r} does not match the fingerprint its adapters recorded "
+            f"({ptr['fingerprint'][:12]}): it changed after the adapters were trained"
+        )
     if ptr.get("trained_base"):
-        want = {"hidden_size": int(model_cfg.hidden_size), "intermediate_size": int(model_cfg.intermediate_size),
-                "num_hidden_layers": int(model_cfg.num_layers), "num_attention_heads": int(model_cfg.num_heads),
-                "num_key_value_heads": int(model_cfg.num_kv_heads)}
+        want = {
+            "hidden_size": int(model_cfg.hidden_size),
+            "intermediate_size": int(model_cfg.intermediate_size),
+            "num_hidden_layers": int(model_cfg.num_layers),
+            "num_attention_heads": int(model_cfg.num_heads),
+            "num_key_value_heads": int(model_cfg.num_kv_heads),
+        }
         bad = {k: (ptr["arch"].get(k), v) for k, v in want.items() if ptr["arch"].get(k) != v}
         if bad:
             k, (had, now) = next(iter(bad.items()))
-            raise ConfigError(f"the adapters in {str(init_dir)!r} were trained on a base with {k}={had}, but the "
-                              f"configured model has {now}; use the run's own model settings")
+            raise ConfigError(
+                f"the adapters in {str(init_dir)!r} were trained on a base with {k}={had}, but the "
+                f"configured model has {now}; use the run's own model settings"
+            )
         return None, folder, ptr["fingerprint"]
     return ptr["base"], folder, ptr["fingerprint"]
 
 
-def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: Sequence[float], roles: Sequence[str],
-                        seeds: Sequence[int], flops: FlopCounter | None = None,
-                        init_dir: Path | None = None) -> dict[str, AdapterPolicy]:
+def build_adapter_swarm(
+    model_cfg,
+    hardware_cfg,
+    words: list[str],
+    bid_levels: Sequence[float],
+    roles: Sequence[str],
+    seeds: Sequence[int],
+    flops: FlopCounter | None = None,
+    init_dir: Path | None = None,
+) -> dict[str, AdapterPolicy]:
     """One base per distinct base (``model.*``, and each ``model.bases`` name ``model.role_base`` uses) + one
     LoRA adapter per role on its base: ``{role: AdapterPolicy}``. ``init_dir``: a checkpoint's ``agents/``
     folder (each ``<role>/`` a PEFT adapter with its base pointer)."""
@@ -581,21 +674,45 @@ def build_adapter_swarm(model_cfg, hardware_cfg, words: list[str], bid_levels: S
     seed_of = dict(zip(roles, seeds))
     out: dict[str, AdapterPolicy] = {}
     for name, members in B.groups(model_cfg, roles).items():
-        out.update(_build_base(B.role_cfg(model_cfg, members[0]), hardware_cfg, words, bid_levels, members,
-                               [seed_of[r] for r in members], flops, init_dir, name))
+        out.update(
+            _build_base(
+                B.role_cfg(model_cfg, members[0]),
+                hardware_cfg,
+                words,
+                bid_levels,
+                members,
+                [seed_of[r] for r in members],
+                flops,
+                init_dir,
+                name,
+            )
+        )
     return {r: out[r] for r in roles}
 
 
-def _build_base(model_cfg, hardware_cfg, words: list[str], bid_levels: Sequence[float], roles: Sequence[str],
-                seeds: Sequence[int], flops: FlopCounter | None, init_dir: Path | None,
-                base: str) -> dict[str, AdapterPolicy]:
+def _build_base(
+    model_cfg,
+    hardware_cfg,
+    words: list[str],
+    bid_levels: Sequence[float],
+    roles: Sequence[str],
+    seeds: Sequence[int],
+    flops: FlopCounter | None,
+    init_dir: Path | None,
+    base: str,
+) -> dict[str, AdapterPolicy]:
     """Base ``base`` (``model_cfg``: its settings) and the adapters of ``roles`` on it."""
     peft = _peft()
     source, folder, fp = resolve_base(model_cfg, init_dir, roles, base)
     dtype = str(hardware_cfg.get("dtype") or model_cfg.get("dtype", "float32"))
     if folder is not None:
-        model, tok = load_pretrained(folder, bid_levels, dtype if source is not None else "float32",
-                                     attention=hardware_cfg.get("attention"), seeded_resize=True)
+        model, tok = load_pretrained(
+            folder,
+            bid_levels,
+            dtype if source is not None else "float32",
+            attention=hardware_cfg.get("attention"),
+            seeded_resize=True,
+        )
     else:
         tok = build_tokenizer(words, bid_levels)
         model = build_tiny_model(len(tok), model_cfg, int(seeds[0]))
@@ -627,20 +744,35 @@ def _build_base(model_cfg, hardware_cfg, words: list[str], bid_levels: Sequence[
     shared = SharedBase(model, tok, source, fp, name=base)
     device = str(model_cfg.get("device", "cpu"))
     kw = policy_kwargs(model_cfg, bid_levels, flops, device)
-    policies = {role: AdapterPolicy(shared, name, seed=int(seed), **kw) for role, name, seed in zip(roles, names, seeds)}
+    policies = {
+        role: AdapterPolicy(shared, name, seed=int(seed), **kw) for role, name, seed in zip(roles, names, seeds)
+    }
     one = next(iter(policies.values()))
-    logger.info("model.adapter=lora: {} of {:.2f}M parameters{}, {} adapters of {:.3f}M parameters each "
-                "(rank {}, {})", "one base" if base == "default" else f"base {base!r} ({', '.join(roles)})",
-                shared.n_base / 1e6, f" from {source}" if source else "", len(roles),
-                (one.n_params - shared.n_base) / 1e6, int(model_cfg.lora.rank), ", ".join(model_cfg.lora.target_modules))
+    logger.info(
+        "model.adapter=lora: {} of {:.2f}M parameters{}, {} adapters of {:.3f}M parameters each (rank {}, {})",
+        "one base" if base == "default" else f"base {base!r} ({', '.join(roles)})",
+        shared.n_base / 1e6,
+        f" from {source}" if source else "",
+        len(roles),
+        (one.n_params - shared.n_base) / 1e6,
+        int(model_cfg.lora.rank),
+        ", ".join(model_cfg.lora.target_modules),
+    )
     return policies
 
 
 def policy_kwargs(model_cfg, bid_levels, flops, device) -> dict:
-    return dict(bid_levels=bid_levels, bid_mode=str(model_cfg.bid_mode), temperature=float(model_cfg.temperature),
-                max_action_tokens=int(model_cfg.max_action_tokens), max_bid_tokens=int(model_cfg.max_bid_tokens),
-                max_prompt_tokens=int(model_cfg.max_prompt_tokens), flops=flops, device=device,
-                chat_template=str(model_cfg.get("chat_template") or "none"))
+    return dict(
+        bid_levels=bid_levels,
+        bid_mode=str(model_cfg.bid_mode),
+        temperature=float(model_cfg.temperature),
+        max_action_tokens=int(model_cfg.max_action_tokens),
+        max_bid_tokens=int(model_cfg.max_bid_tokens),
+        max_prompt_tokens=int(model_cfg.max_prompt_tokens),
+        flops=flops,
+        device=device,
+        chat_template=str(model_cfg.get("chat_template") or "none"),
+    )
 
 
 def adapter_lr_scale(cfg) -> float:
@@ -673,13 +805,22 @@ def sft_shared_base(policies: dict, demos: dict, run_sft, seed: int) -> dict[str
 
 
 def policy_kwargs_of(p: TransformersPolicy) -> dict:
-    return dict(bid_levels=p.bid_levels, bid_mode=p.bid_mode, temperature=p.temperature,
-                max_action_tokens=p.max_action_tokens, max_bid_tokens=p.max_bid_tokens,
-                max_prompt_tokens=p.max_prompt_tokens, flops=p.flops, device=p.device, chat_template=p.chat_template)
+    return dict(
+        bid_levels=p.bid_levels,
+        bid_mode=p.bid_mode,
+        temperature=p.temperature,
+        max_action_tokens=p.max_action_tokens,
+        max_bid_tokens=p.max_bid_tokens,
+        max_prompt_tokens=p.max_prompt_tokens,
+        flops=p.flops,
+        device=p.device,
+        chat_template=p.chat_template,
+    )
 
 
-def export_adapters(agents_dir: Path, out_dir: Path, roles: Sequence[str], bid_levels: Sequence[float],
-                    merged: bool) -> list[Path]:
+def export_adapters(
+    agents_dir: Path, out_dir: Path, roles: Sequence[str], bid_levels: Sequence[float], merged: bool
+) -> list[Path]:
     """``swarm export``: per role, a merged Hugging Face folder (the base with the role's adapter
     folded in; ``merged``) or the PEFT adapter folder with its base copied beside it."""
     import shutil

@@ -1,8 +1,10 @@
 """The Policy protocol: one model per agent that both bids and acts."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -61,8 +63,13 @@ class Policy(Protocol):
         """Write a Hugging Face–format checkpoint (``from_pretrained`` can load it)."""
 
 
-def sampled_logprobs(policy: Policy, prompts: list[str], responses: list[list[int]],
-                     actions: bool = False, per_token_out: list | None = None) -> torch.Tensor:
+def sampled_logprobs(
+    policy: Policy,
+    prompts: list[str],
+    responses: list[list[int]],
+    actions: bool = False,
+    per_token_out: list | None = None,
+) -> torch.Tensor:
     """``log pi_T(response | prompt)`` at the temperature ``T`` the policy samples at: the
     on-policy log-probabilities REINFORCE and Bradley-Terry need (``softmax(logits / T)``; at
     ``T`` = 1, the default, or greedy ``T`` = 0, plain ``logprobs``). ``actions=True``: the
@@ -80,13 +87,13 @@ def sampled_logprobs(policy: Policy, prompts: list[str], responses: list[list[in
     return policy.logprobs(prompts, responses, **kw)
 
 
-
 @torch.no_grad()
-def logprobs_in_chunks(policy: Policy, prompts: list[str], responses: list[list[int]],
-                       minibatch: int, actions: bool = False) -> list[float]:
+def logprobs_in_chunks(
+    policy: Policy, prompts: list[str], responses: list[list[int]], minibatch: int, actions: bool = False
+) -> list[float]:
     """:func:`sampled_logprobs` without gradients, ``minibatch`` rows at a time, as floats: the
     reference and behaviour log-probs the DPO-form bid loss and the KL charge need."""
     out: list[float] = []
     for i in range(0, len(prompts), minibatch):
-        out += sampled_logprobs(policy, prompts[i:i + minibatch], responses[i:i + minibatch], actions).tolist()
+        out += sampled_logprobs(policy, prompts[i : i + minibatch], responses[i : i + minibatch], actions).tolist()
     return out

@@ -9,9 +9,10 @@ carry no gradient; the policy's probability of a text is its probability among t
 valid texts, so REINFORCE and the KL charge score actions under the same mask
 (``logprobs(..., actions=True)``) and no probability can drift to invalid text.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -24,8 +25,14 @@ class ActionTrie:
     empty distribution, but :meth:`walk` rejects any token after a leaf.
     """
 
-    def __init__(self, texts: Sequence[str], sequences: Sequence[Sequence[int]], vocab_size: int, eos: int,
-                 invalid: Sequence[int] = ()):
+    def __init__(
+        self,
+        texts: Sequence[str],
+        sequences: Sequence[Sequence[int]],
+        vocab_size: int,
+        eos: int,
+        invalid: Sequence[int] = (),
+    ):
         if not texts:
             raise ValueError("action choices are empty; list at least one action text")
         self.texts = list(texts)
@@ -37,8 +44,10 @@ class ActionTrie:
             if not seq or seq[-1] != eos:
                 raise ValueError(f"action choice {text!r} does not end in the end-of-sequence token")
             if bad & set(seq) or any(not 0 <= t < vocab_size for t in seq):
-                raise ValueError(f"action choice {text!r} has words the tokenizer does not know "
-                                 "(add them to the domain's vocabulary)")
+                raise ValueError(
+                    f"action choice {text!r} has words the tokenizer does not know "
+                    "(add them to the domain's vocabulary)"
+                )
             node = 0
             for t in seq:
                 nxt = self.child.get((node, t))
@@ -49,7 +58,7 @@ class ActionTrie:
         self._inner = {node for node, _ in self.child}
         self.longest = max(len(s) for s in sequences)
         self.allowed = torch.zeros((n_nodes, vocab_size), dtype=torch.bool)
-        for (node, t) in self.child:
+        for node, t in self.child:
             self.allowed[node, t] = True
         leaves = ~self.allowed.any(dim=1)
         self.allowed[leaves, eos] = True
@@ -74,6 +83,8 @@ class ActionTrie:
             if tokens and node not in self._inner:
                 return nodes
         shown = decode(list(tokens)) if decode else list(tokens)
-        raise ValueError(f"action {shown!r} is not one of the role's action choices "
-                         f"({', '.join(repr(t) for t in self.texts)}); it was not sampled under "
-                         "model.constrained_actions=true")
+        raise ValueError(
+            f"action {shown!r} is not one of the role's action choices "
+            f"({', '.join(repr(t) for t in self.texts)}); it was not sampled under "
+            "model.constrained_actions=true"
+        )

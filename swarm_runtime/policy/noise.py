@@ -14,9 +14,10 @@ Measured (``benchmarks/branch_noise.py``, docs/benchmarks.md): on VLN-CE and
 Minecraft the continuations drift apart after the forced decision and the
 pairs are not measurably less noisy; evaluations paired this way are tighter.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -4,9 +4,10 @@
 Evaluation only: ``logprobs`` and ``action_target`` go to the action model,
 ``bid_target`` to the bid model, and ``parameters`` lists both.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -5,10 +5,11 @@ are single added tokens such as ``<bid_0.4>`` so a bid is one next-token choice.
 The result is a ``transformers.PreTrainedTokenizerFast`` that saves and loads
 with ``save_pretrained`` / ``from_pretrained`` like any Hugging Face tokenizer.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 SPECIALS = ["<pad>", "<unk>", "<bos>", "<eos>"]
 _WORD = re.compile(r"\w+|[^\w\s]+")
@@ -33,7 +34,7 @@ def build_tokenizer(vocabulary: Iterable[str], bid_levels: Sequence[float]):
     from transformers import PreTrainedTokenizerFast
 
     words: dict[str, None] = {}
-    for phrase in list(vocabulary) + list("0123456789") + [".", ",", ":", ";", "?", "!", "(", ")", "-", "'", "\""]:
+    for phrase in list(vocabulary) + list("0123456789") + [".", ",", ":", ";", "?", "!", "(", ")", "-", "'", '"']:
         for w in split_words(str(phrase)):
             words.setdefault(w, None)
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
@@ -41,9 +42,11 @@ def build_tokenizer(vocabulary: Iterable[str], bid_levels: Sequence[float]):
         vocab.setdefault(w, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<bos>", eos_token="<eos>")
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<bos>", eos_token="<eos>"
+    )
     fast.add_tokens([bid_token(b) for b in bid_levels], special_tokens=True)
     fast.padding_side = "left"
     return fast

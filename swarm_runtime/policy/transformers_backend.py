@@ -8,13 +8,14 @@ Bids: ``logits`` mode reads the next-token distribution over the bid-level
 tokens after the bid prompt (one forward pass); ``generate`` mode samples a
 response and parses the bid it ends with (an unparsable bid counts as 0).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,9 +50,11 @@ def prompt_overflow_mode(value: str | None = None) -> str:
     """``value``, or ``$SWARM_PROMPT_OVERFLOW``, or ``error``; anything else is a ``ValueError`` naming it."""
     mode = value if value is not None else (os.environ.get(PROMPT_OVERFLOW_ENV) or "error")
     if mode not in PROMPT_OVERFLOW_MODES:
-        raise ValueError(f"{PROMPT_OVERFLOW_ENV}={mode!r} is not valid: must be one of {', '.join(PROMPT_OVERFLOW_MODES)} "
-                         "(error: a prompt longer than model.max_prompt_tokens stops the run; warn: it is cut from the "
-                         "left and counted)")
+        raise ValueError(
+            f"{PROMPT_OVERFLOW_ENV}={mode!r} is not valid: must be one of {', '.join(PROMPT_OVERFLOW_MODES)} "
+            "(error: a prompt longer than model.max_prompt_tokens stops the run; warn: it is cut from the "
+            "left and counted)"
+        )
     return mode
 
 
@@ -68,8 +71,11 @@ def parse_bid(text: str, levels: Sequence[float]) -> tuple[float, bool]:
     raw = tok or num
     start, end = match.span()
     before, after = text[:start], text[end:]
-    if num and ((before[-1:] in ("-", "+", ".", ",") or before[-1:].isalnum())
-                or (after[:1] in (".", ",") and after[1:2].isdigit()) or after[:1].isalnum()):
+    if num and (
+        (before[-1:] in ("-", "+", ".", ",") or before[-1:].isalnum())
+        or (after[:1] in (".", ",") and after[1:2].isdigit())
+        or after[:1].isalnum()
+    ):
         return 0.0, False  # part of a longer token: -0.5, 5.0.3, 0,5, 1e-3, v0.4
     if not re.fullmatch(r"\d*\.?\d+|\d+\.", raw):
         return 0.0, False
@@ -86,10 +92,18 @@ def build_tiny_model(vocab_size: int, cfg, seed: int):
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=int(cfg.hidden_size), intermediate_size=int(cfg.intermediate_size),
-        num_hidden_layers=int(cfg.num_layers), num_attention_heads=int(cfg.num_heads),
-        num_key_value_heads=int(cfg.num_kv_heads), max_position_embeddings=int(cfg.max_positions),
-        tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+        vocab_size=vocab_size,
+        hidden_size=int(cfg.hidden_size),
+        intermediate_size=int(cfg.intermediate_size),
+        num_hidden_layers=int(cfg.num_layers),
+        num_attention_heads=int(cfg.num_heads),
+        num_key_value_heads=int(cfg.num_kv_heads),
+        max_position_embeddings=int(cfg.max_positions),
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
     model = Qwen2ForCausalLM(config)
     return model
 
@@ -97,10 +111,22 @@ def build_tiny_model(vocab_size: int, cfg, seed: int):
 class TransformersPolicy:
     """One agent's model: bids and acts by sampling; scores responses for training."""
 
-    def __init__(self, model, tokenizer, bid_levels: Sequence[float], bid_mode: str = "logits",
-                 temperature: float = 1.0, max_action_tokens: int = 12, max_bid_tokens: int = 6,
-                 max_prompt_tokens: int = 256, seed: int = 0, flops: FlopCounter | None = None,
-                 device: str = "cpu", chat_template: str = "none", prompt_overflow: str | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        bid_levels: Sequence[float],
+        bid_mode: str = "logits",
+        temperature: float = 1.0,
+        max_action_tokens: int = 12,
+        max_bid_tokens: int = 6,
+        max_prompt_tokens: int = 256,
+        seed: int = 0,
+        flops: FlopCounter | None = None,
+        device: str = "cpu",
+        chat_template: str = "none",
+        prompt_overflow: str | None = None,
+    ):
         if bid_mode not in ("logits", "generate"):
             raise ValueError(f"bid_mode {bid_mode!r} is not one of: logits, generate")
         self.model, self.tok = model.to(device), tokenizer
@@ -145,11 +171,14 @@ class TransformersPolicy:
         cut from the left (losing its opening: the role line and the start of the state) and counted."""
         ids = self._prompt_cache.get(prompt)
         if ids is None and self.templated:  # the template places its own special tokens
-            ids = list(self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                    tokenize=True, return_dict=True)["input_ids"])
+            ids = list(
+                self.tok.apply_chat_template(
+                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
+                )["input_ids"]
+            )
             if len(ids) > self.max_prompt_tokens:
                 self._overflow(prompt, len(ids))
-                ids = ids[-self.max_prompt_tokens:]
+                ids = ids[-self.max_prompt_tokens :]
             self._prompt_cache[prompt] = ids
         if ids is None:
             ids = self.tok(prompt, add_special_tokens=False).input_ids
@@ -167,18 +196,26 @@ class TransformersPolicy:
         """A prompt of ``n`` tokens (beginning of sequence included) does not fit ``max_prompt_tokens``."""
         m = _ROLE_LINE.match(prompt)
         role = self.role or (m.group(1) if m else None)
-        what = (f"a prompt{f' of role {role}' if role else ''} is {n} tokens long (bos included), more than "
-                f"model.max_prompt_tokens={self.max_prompt_tokens}")
+        what = (
+            f"a prompt{f' of role {role}' if role else ''} is {n} tokens long (bos included), more than "
+            f"model.max_prompt_tokens={self.max_prompt_tokens}"
+        )
         head = " ".join(prompt.split()[:6])
         if self.prompt_overflow == "error":
             raise PromptOverflowError(
                 f"{what}: raise it (and model.max_positions), shorten the domain's observation or log_window, or set "
-                f"{PROMPT_OVERFLOW_ENV}=warn to cut it from the left; it begins {head!r}")
+                f"{PROMPT_OVERFLOW_ENV}=warn to cut it from the left; it begins {head!r}"
+            )
         self.prompt_overflows += 1
         k = self.prompt_overflows
         if k & (k - 1) == 0:  # the 1st, 2nd, 4th, 8th ...
-            logger.warning("prompt overflow #{} ({}=warn): {}; cut from the left, losing {!r}...", k,
-                           PROMPT_OVERFLOW_ENV, what, head)
+            logger.warning(
+                "prompt overflow #{} ({}=warn): {}; cut from the left, losing {!r}...",
+                k,
+                PROMPT_OVERFLOW_ENV,
+                what,
+                head,
+            )
 
     def decode(self, ids: list[int]) -> str:
         ids = [t for t in ids if t != self.eos]
@@ -204,8 +241,10 @@ class TransformersPolicy:
         trie = ActionTrie(texts, seqs, self.model.get_input_embeddings().weight.shape[0], self.eos, sorted(invalid))
         if trie.longest > self.max_action_tokens:
             longest = max(zip(seqs, texts), key=lambda st: len(st[0]))[1]
-            raise ValueError(f"action choice {longest!r} is {trie.longest} tokens long, more than "
-                             f"model.max_action_tokens={self.max_action_tokens}; raise model.max_action_tokens")
+            raise ValueError(
+                f"action choice {longest!r} is {trie.longest} tokens long, more than "
+                f"model.max_action_tokens={self.max_action_tokens}; raise model.max_action_tokens"
+            )
         trie.allowed = trie.allowed.to(self.device)
         self.action_trie = trie
 
@@ -214,8 +253,8 @@ class TransformersPolicy:
         ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
         mask = torch.zeros((len(seqs), L), dtype=torch.long)
         for i, s in enumerate(seqs):
-            ids[i, L - len(s):] = torch.tensor(s)
-            mask[i, L - len(s):] = 1
+            ids[i, L - len(s) :] = torch.tensor(s)
+            mask[i, L - len(s) :] = 1
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         return ids.to(self.device), mask.to(self.device), pos.to(self.device)
 
@@ -235,9 +274,16 @@ class TransformersPolicy:
         return self.model(**kw)
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: list[list[int]], max_new: int, ban: torch.Tensor | None,
-                keys: list[tuple[int, ...]] | None = None, trie: ActionTrie | None = None,
-                pick=None, logprobs_out: list | None = None) -> list[list[int]]:
+    def _sample(
+        self,
+        prompt_ids: list[list[int]],
+        max_new: int,
+        ban: torch.Tensor | None,
+        keys: list[tuple[int, ...]] | None = None,
+        trie: ActionTrie | None = None,
+        pick=None,
+        logprobs_out: list | None = None,
+    ) -> list[list[int]]:
         """Sampled token ids per row. ``logprobs_out`` (a list): filled with each row's per-token
         ``log softmax(logits / T)`` of the sampled tokens over the whole vocabulary, before any ban or
         constraint (``T`` = 1 when greedy): the basis the learner scores them on (:meth:`logprobs`)."""
@@ -251,8 +297,14 @@ class TransformersPolicy:
         nodes = [0] * B  # trie node of each row (constrained decoding)
         lps: list[list[float]] = [[] for _ in range(B)]
         for step in range(max_new):
-            res = self._forward(input_ids=cur, attention_mask=mask, position_ids=cur_pos,
-                                use_cache=True, logits_to_keep=1, **{self._cache_kw: past})
+            res = self._forward(
+                input_ids=cur,
+                attention_mask=mask,
+                position_ids=cur_pos,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kw: past},
+            )
             past = getattr(res, self._cache_kw)
             logits = res.logits[:, -1, :]
             if logprobs_out is not None:
@@ -263,8 +315,11 @@ class TransformersPolicy:
             elif ban is not None:
                 logits[:, ban] = float("-inf")
             nxt = (pick or self._pick)(logits, None if keys is None else [(*k, step) for k in keys])
-            chosen = step_lp.gather(1, nxt[:, None].to(step_lp.device)).squeeze(1).tolist() \
-                if logprobs_out is not None else None
+            chosen = (
+                step_lp.gather(1, nxt[:, None].to(step_lp.device)).squeeze(1).tolist()
+                if logprobs_out is not None
+                else None
+            )
             for i in torch.nonzero(~finished).flatten().tolist():
                 out[i].append(int(nxt[i]))
                 if chosen is not None:
@@ -290,8 +345,14 @@ class TransformersPolicy:
         if not prompts:
             return []
         lps: list = []
-        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_action_tokens, self._action_ban, keys,
-                            self.action_trie, logprobs_out=lps)
+        outs = self._sample(
+            [self.encode_prompt(p) for p in prompts],
+            self.max_action_tokens,
+            self._action_ban,
+            keys,
+            self.action_trie,
+            logprobs_out=lps,
+        )
         return [Response(self.decode(o), o, lp) for o, lp in zip(outs, lps)]
 
     @torch.no_grad()
@@ -302,8 +363,9 @@ class TransformersPolicy:
         ids, mask, pos = self._left_pad([self.encode_prompt(p) for p in prompts])
         # use_cache=False: one pass needs no KV cache (transformers builds one by default: 2 x layers x rows x
         # tokens x KV width, ~80 MiB for 48 rows of a 100M model, alive until the pass returns)
-        logits = self._forward(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1,
-                               use_cache=False).logits[:, -1, :]
+        logits = self._forward(
+            input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1, use_cache=False
+        ).logits[:, -1, :]
         self.flops.forward(self.n_params, int(mask.sum()))
         t = self.temperature if self.temperature > 0 else 1.0
         if logprobs_out is not None:
@@ -329,14 +391,15 @@ class TransformersPolicy:
                 idx = torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).tolist()
             return self.level_bids(idx, full_lp)
         lps: list = []
-        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None, keys,
-                            logprobs_out=lps)
+        outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None, keys, logprobs_out=lps)
         return self.parse_bids(outs, lps)
 
     def level_bids(self, idx: list[int], full_lp: torch.Tensor) -> list[Bid]:
         """``logits``-mode bids: row ``i`` bid level ``idx[i]``, with its log-prob from ``full_lp`` (rows x levels)."""
-        return [Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], [float(full_lp[i, j])], level=self.bid_levels[j])
-                for i, j in enumerate(idx)]
+        return [
+            Bid(bid_token(self.bid_levels[j]), [self.bid_ids[j]], [float(full_lp[i, j])], level=self.bid_levels[j])
+            for i, j in enumerate(idx)
+        ]
 
     def parse_bids(self, outs: list[list[int]], lps: list | None = None) -> list[Bid]:
         """Generated bid responses (``generate`` mode) as bids: each parsed strictly (:func:`parse_bid`)."""
@@ -348,8 +411,14 @@ class TransformersPolicy:
         return bids
 
     # ------------------------------------------------------------------ scoring
-    def logprobs(self, prompts: list[str], responses: list[list[int]], temperature: float = 1.0,
-                 actions: bool = False, per_token_out: list | None = None) -> torch.Tensor:
+    def logprobs(
+        self,
+        prompts: list[str],
+        responses: list[list[int]],
+        temperature: float = 1.0,
+        actions: bool = False,
+        per_token_out: list | None = None,
+    ) -> torch.Tensor:
         """Summed ``log softmax(logits / temperature)`` of each response's tokens (differentiable).
 
         ``actions=True`` says the responses are action texts: with :meth:`constrain_actions` in
@@ -361,8 +430,8 @@ class TransformersPolicy:
         ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
         resp = torch.zeros((len(seqs), L), dtype=torch.bool)
         for i, (s, r) in enumerate(zip(seqs, responses)):
-            ids[i, :len(s)] = torch.tensor(s)
-            resp[i, len(s) - len(r):len(s)] = True
+            ids[i, : len(s)] = torch.tensor(s)
+            resp[i, len(s) - len(r) : len(s)] = True
         mask = (torch.arange(L)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]).long()
         ids, mask, resp = ids.to(self.device), mask.to(self.device), resp.to(self.device)
         logits = self._forward(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1, :].float()
@@ -371,7 +440,9 @@ class TransformersPolicy:
         logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         if per_token_out is not None:
             flat = logp.detach()
-            per_token_out[:] = [flat[i, len(s) - len(r) - 1:len(s) - 1] for i, (s, r) in enumerate(zip(seqs, responses))]
+            per_token_out[:] = [
+                flat[i, len(s) - len(r) - 1 : len(s) - 1] for i, (s, r) in enumerate(zip(seqs, responses))
+            ]
         if actions and self.action_trie is not None:
             logp = self._constrained(logp, logits, ids, seqs, responses)
         tokens = int(mask.sum())
@@ -381,8 +452,14 @@ class TransformersPolicy:
             self.flops.forward(self.n_params, tokens)
         return (logp * resp[:, 1:]).sum(1)
 
-    def _constrained(self, logp: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor, seqs: list[list[int]],
-                     responses: list[list[int]]) -> torch.Tensor:
+    def _constrained(
+        self,
+        logp: torch.Tensor,
+        logits: torch.Tensor,
+        ids: torch.Tensor,
+        seqs: list[list[int]],
+        responses: list[list[int]],
+    ) -> torch.Tensor:
         """``logp`` with each response token rescored among the tokens the action trie allowed
         there (only the response positions are touched: a large vocabulary stays cheap)."""
         trie = self.action_trie
@@ -416,9 +493,17 @@ class TransformersPolicy:
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)
         self.tok.save_pretrained(path)
-        (path / "swarm_policy.json").write_text(json.dumps(
-            {"bid_levels": self.bid_levels, "bid_mode": self.bid_mode, "word_level_tokenizer": self._word_level,
-             "chat_template": self.chat_template}, indent=1))
+        (path / "swarm_policy.json").write_text(
+            json.dumps(
+                {
+                    "bid_levels": self.bid_levels,
+                    "bid_mode": self.bid_mode,
+                    "word_level_tokenizer": self._word_level,
+                    "chat_template": self.chat_template,
+                },
+                indent=1,
+            )
+        )
 
     def rng_state(self) -> torch.Tensor:
         return self.gen.get_state()
@@ -446,13 +531,20 @@ def refuse_custom_code(path: str | Path) -> None:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{f} is not JSON ({type(exc).__name__}); the model folder is damaged") from exc
         if isinstance(data, dict) and data.get("auto_map"):
-            raise ConfigError(f"{f} asks for custom code (auto_map: {', '.join(map(str, data['auto_map']))[:120]}); "
-                              f"swarm never runs code that comes with a model folder: refusing to load {str(path)!r} "
-                              "(use a checkpoint of a built-in transformers architecture)")
+            raise ConfigError(
+                f"{f} asks for custom code (auto_map: {', '.join(map(str, data['auto_map']))[:120]}); "
+                f"swarm never runs code that comes with a model folder: refusing to load {str(path)!r} "
+                "(use a checkpoint of a built-in transformers architecture)"
+            )
 
 
-def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = "float32",
-                    attention: str | None = None, seeded_resize: bool = False):
+def load_pretrained(
+    path: str | Path,
+    bid_levels: Sequence[float],
+    dtype: str = "float32",
+    attention: str | None = None,
+    seeded_resize: bool = False,
+):
     """Load a local Hugging Face checkpoint (model + tokenizer) by path, adding the
     bid-level tokens (and a pad token) when the tokenizer lacks them. ``attention``: the
     attention implementation (``hardware.attention``; None = transformers' default).
@@ -462,7 +554,9 @@ def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = 
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"model.path {str(path)!r} does not exist (give a local Hugging Face checkpoint folder)")
+        raise FileNotFoundError(
+            f"model.path {str(path)!r} does not exist (give a local Hugging Face checkpoint folder)"
+        )
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"model.path {str(path)!r} has no config.json: not a Hugging Face checkpoint")
     refuse_custom_code(path)
@@ -495,18 +589,34 @@ def load_pretrained(path: str | Path, bid_levels: Sequence[float], dtype: str = 
     return model, tok
 
 
-def make_transformers_policy(model_cfg, words: list[str], bid_levels: Sequence[float], seed: int,
-                             flops: FlopCounter | None = None, init_path: str | None = None) -> TransformersPolicy:
+def make_transformers_policy(
+    model_cfg,
+    words: list[str],
+    bid_levels: Sequence[float],
+    seed: int,
+    flops: FlopCounter | None = None,
+    init_path: str | None = None,
+) -> TransformersPolicy:
     """Factory registered as the ``transformers`` backend."""
     path = init_path or model_cfg.get("path")
     if path:
-        model, tok = load_pretrained(path, bid_levels, str(model_cfg.get("dtype", "float32")),
-                                     attention=model_cfg.get("attention"))
+        model, tok = load_pretrained(
+            path, bid_levels, str(model_cfg.get("dtype", "float32")), attention=model_cfg.get("attention")
+        )
     else:
         tok = build_tokenizer(words, bid_levels)
         model = build_tiny_model(len(tok), model_cfg, seed)
     return TransformersPolicy(
-        model, tok, bid_levels, bid_mode=str(model_cfg.bid_mode), temperature=float(model_cfg.temperature),
-        max_action_tokens=int(model_cfg.max_action_tokens), max_bid_tokens=int(model_cfg.max_bid_tokens),
-        max_prompt_tokens=int(model_cfg.max_prompt_tokens), seed=seed, flops=flops,
-        device=str(model_cfg.get("device", "cpu")), chat_template=str(model_cfg.get("chat_template") or "none"))
+        model,
+        tok,
+        bid_levels,
+        bid_mode=str(model_cfg.bid_mode),
+        temperature=float(model_cfg.temperature),
+        max_action_tokens=int(model_cfg.max_action_tokens),
+        max_bid_tokens=int(model_cfg.max_bid_tokens),
+        max_prompt_tokens=int(model_cfg.max_prompt_tokens),
+        seed=seed,
+        flops=flops,
+        device=str(model_cfg.get("device", "cpu")),
+        chat_template=str(model_cfg.get("chat_template") or "none"),
+    )

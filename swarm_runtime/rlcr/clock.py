@@ -1,5 +1,6 @@
 """The simulated wall clock: an event queue of agents, the ``T_max`` schedule and the latency penalty
 (pure functions and one small class)."""
+
 from __future__ import annotations
 
 import heapq

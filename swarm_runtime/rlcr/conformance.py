@@ -5,22 +5,36 @@ domain's concurrent env implements ``progress()``; each check can also be called
 concurrent env with ``role=None`` (one shared policy acts for everyone), so these checks do too.
 Failures are :class:`~swarm_runtime.testing.ConformanceError` naming domain, task, seed, step, action
 and role."""
+
 from __future__ import annotations
 
 import math
 import random
 
-
 from swarm_runtime.domain import Domain
 from swarm_runtime.env import has_progress
 from swarm_runtime.policy.tokenizer import build_tokenizer, split_words
 from swarm_runtime.rlcr.loop import RLCR_WORDS, LoopOptions, expert_decider, play_concurrent
-from swarm_runtime.testing import (GARBAGE, MOSTLY_RANDOM, Mix, Probe, Where, _short, _task, _task_name,
-                                   action_pool, max_prompt_tokens, prompt_problem)
+from swarm_runtime.testing import (
+    GARBAGE,
+    MOSTLY_RANDOM,
+    Mix,
+    Probe,
+    Where,
+    _short,
+    _task,
+    _task_name,
+    action_pool,
+    max_prompt_tokens,
+    prompt_problem,
+)
 
 #: Trajectories of :func:`check_progress`: (seed, mix), every step with ``role=None``.
-PROGRESS_TRAJECTORIES = ((0, Mix(0.7, 0.15, 0.15, monolithic=True)), (1, Mix(0.7, 0.15, 0.15, monolithic=True)),
-                         (2, Mix(*MOSTLY_RANDOM[:3], monolithic=True)))
+PROGRESS_TRAJECTORIES = (
+    (0, Mix(0.7, 0.15, 0.15, monolithic=True)),
+    (1, Mix(0.7, 0.15, 0.15, monolithic=True)),
+    (2, Mix(*MOSTLY_RANDOM[:3], monolithic=True)),
+)
 
 
 class _WordCount:
@@ -46,8 +60,9 @@ def _expert_text(p: Probe) -> str | None:
     return text
 
 
-def check_progress(domain: Domain, task, trajectories=PROGRESS_TRAJECTORIES, rewind_every: int = 5,
-                   rewind_steps: int = 4) -> int:
+def check_progress(
+    domain: Domain, task, trajectories=PROGRESS_TRAJECTORIES, rewind_every: int = 5, rewind_steps: int = 4
+) -> int:
     """``progress()`` of the concurrent env is the episode's return so far in reward units: 0 after
     ``reset`` and, after every step, the sum of the step rewards so far (within the task's reward
     bounds). Every ``rewind_every`` steps: snapshot, play ``rewind_steps`` further steps, restore, and
@@ -65,8 +80,10 @@ def check_progress(domain: Domain, task, trajectories=PROGRESS_TRAJECTORIES, rew
         for _ in range(2):
             p = Probe(domain, cfg, name, concurrent=True)
             if not has_progress(p.env):
-                p.w.fail(f"{type(p.env).__name__} (concurrent_env()) does not implement DomainEnv.progress(), which "
-                         "algo=rlcr needs (docs/rlcr.md, section 7)")
+                p.w.fail(
+                    f"{type(p.env).__name__} (concurrent_env()) does not implement DomainEnv.progress(), which "
+                    "algo=rlcr needs (docs/rlcr.md, section 7)"
+                )
             p.reset(int(seed))
             rng = random.Random(int(seed) + 17)
             p0 = _progress(p)
@@ -83,9 +100,11 @@ def check_progress(domain: Domain, task, trajectories=PROGRESS_TRAJECTORIES, rew
                 got = _progress(p)
                 w = p.w.at(t, action, role)
                 if abs(got - p.total) > 1e-6 * max(1.0, abs(p.hi)):
-                    w.fail(f"progress() is {got:g} but the step rewards so far sum to {p.total:g} (this step's reward "
-                           f"{float(res.reward):g}): the anytime return must be the summed step rewards, in reward "
-                           "units, so RLCR's return and MPT's reward measure the same thing")
+                    w.fail(
+                        f"progress() is {got:g} but the step rewards so far sum to {p.total:g} (this step's reward "
+                        f"{float(res.reward):g}): the anytime return must be the summed step rewards, in reward "
+                        "units, so RLCR's return and MPT's reward measure the same thing"
+                    )
                 run.append((action, round(got, 9)))
                 checked += 1
             runs.append(run)
@@ -93,7 +112,8 @@ def check_progress(domain: Domain, task, trajectories=PROGRESS_TRAJECTORIES, rew
             i = next(i for i, (a, b) in enumerate(zip(runs[0], runs[1])) if a != b)
             Where(domain.name, name, int(seed)).at(i - 1 if i else 0, *(runs[0][i][0], None) if i else ()).fail(
                 f"progress() differs between two episodes from the same seed with the same actions: "
-                f"{_short(runs[0][i])} vs {_short(runs[1][i])}")
+                f"{_short(runs[0][i])} vs {_short(runs[1][i])}"
+            )
     return checked
 
 
@@ -124,19 +144,23 @@ def _rewind(p: Probe, rng: random.Random, pool: dict, mix: Mix, steps: int) -> N
     back = _progress(p)
     w = p.w.at(t0, played[0][0] if played else None, None)
     if abs(back - at_snap) > 1e-9:
-        w.fail(f"progress() after snapshot, {len(played)} more steps and restore is {back:g}, not {at_snap:g} as at "
-               "snapshot time: progress() reads state the snapshot does not hold")
+        w.fail(
+            f"progress() after snapshot, {len(played)} more steps and restore is {back:g}, not {at_snap:g} as at "
+            "snapshot time: progress() reads state the snapshot does not hold"
+        )
     for k, (action, reward, prog) in enumerate(played):
         res = p.step(action, None)
         again = (action, round(float(res.reward), 9), round(_progress(p), 9))
         if again != (action, reward, prog):
             p.w.at(t0 + k, action, None).fail(
-                f"replaying a step after restore gave another (action, reward, progress): {again} vs {(action, reward, prog)}")
+                f"replaying a step after restore gave another (action, reward, progress): {again} vs {(action, reward, prog)}"
+            )
     p.restore(snap)
 
 
-def check_concurrent(domain: Domain, task, seeds=(0, 1), agents: int = 2, t_max: float = 600.0,
-                     max_tokens: int | None = None) -> None:
+def check_concurrent(
+    domain: Domain, task, seeds=(0, 1), agents: int = 2, t_max: float = 600.0, max_tokens: int | None = None
+) -> None:
     """The domain's concurrent env runs under the event loop: ``action_seconds`` is finite and >= 0
     (garbage included), the scripted collective's rollouts are deterministic, decisions happen in time
     order within ``T_max``, the return at the stop is the env's progress within the reward bounds, and
@@ -159,10 +183,19 @@ def check_concurrent(domain: Domain, task, seeds=(0, 1), agents: int = 2, t_max:
     for _ in range(2):
         prompts: list = []
         w = Where(domain.name, name, int(seeds[0]))
-        rollouts = w.call("the concurrent loop", play_concurrent, domain, cfg, list(seeds),
-                          expert_decider(_WordCount(), agents), opts, None,
-                          lambda n, reqs: prompts.extend((r.slot.rollout.seed, len(r.slot.rollout.turns), r.agent,
-                                                          r.prompt) for r in reqs))
+        rollouts = w.call(
+            "the concurrent loop",
+            play_concurrent,
+            domain,
+            cfg,
+            list(seeds),
+            expert_decider(_WordCount(), agents),
+            opts,
+            None,
+            lambda n, reqs: prompts.extend(
+                (r.slot.rollout.seed, len(r.slot.rollout.turns), r.agent, r.prompt) for r in reqs
+            ),
+        )
         for seed, t, agent, prompt in prompts:
             bad = prompt_problem(tok, prompt, limit)
             if bad:

@@ -13,6 +13,7 @@ The seed's claims are checked from these numbers and reported whatever they show
 useful work relative to the environment's mean rollout as training goes on; communication rises; the
 collective reaches comparable scores sooner than the solo agent with its token budget.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,9 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from swarm_runtime import checkpoint as ckpt
-from swarm_runtime.outputs import save_figure
 from swarm_runtime.evaluate import mean_se
-from swarm_runtime.outputs import read_metrics
+from swarm_runtime.outputs import read_metrics, save_figure
 from swarm_runtime.rlcr.signs import _plt, plot_latency, team_bucket
 from swarm_runtime.rlcr.trainer import SHARED, evaluate_collective, loop_options, make_shared_policy
 
@@ -33,7 +33,7 @@ def _halves(values: list[float]) -> tuple[float, float]:
     if h < 1:
         return float("nan"), float("nan")
     (m1, s1), (m2, s2) = mean_se(values[:h]), mean_se(values[-h:])
-    return m2 - m1, math.sqrt(s1 ** 2 + s2 ** 2)
+    return m2 - m1, math.sqrt(s1**2 + s2**2)
 
 
 def rlcr_teams(x):
@@ -54,14 +54,15 @@ def rlcr_teams(x):
         def baselines(k=k, run_dir=run_dir, tr=tr) -> dict:
             ctx = x.ctx
             policy = make_shared_policy(ctx, _final(run_dir) / "agents" / SHARED)
-            _, attempts = evaluate_collective(ctx, policy, loop_options(x.cfg, t_max, agents=1), seeds, runs * k,
-                                              int(x.cfg.seed) + 37)
+            _, attempts = evaluate_collective(
+                ctx, policy, loop_options(x.cfg, t_max, agents=1), seeds, runs * k, int(x.cfg.seed) + 37
+            )
             best: dict[int, list[float]] = {}
             for r in attempts:  # ordered run-major: attempt j of every seed, j = 0 .. runs * k - 1
                 best.setdefault(r.seed, []).append(r.progress)
             per_seed = []
             for vals in best.values():
-                groups = [max(vals[j * k:(j + 1) * k]) for j in range(runs)]
+                groups = [max(vals[j * k : (j + 1) * k]) for j in range(runs)]
                 per_seed.append(sum(groups) / len(groups))
             bm, bse = mean_se(per_seed)
             return {"best_of_k": {"reward_mean": bm, "reward_se": bse}}
@@ -72,7 +73,7 @@ def rlcr_teams(x):
             policy = make_shared_policy(x.ctx, _final(run_dir) / "agents" / SHARED)
             collective = ckpt.load_state(_final(run_dir))["final_eval"]["collective"]
             budget = max(1, int(round(collective["tokens_mean"])))
-            opts = replace(loop_options(x.cfg, math.inf, agents=1, token_budget=budget), max_turns_per_agent=10 ** 9)
+            opts = replace(loop_options(x.cfg, math.inf, agents=1, token_budget=budget), max_turns_per_agent=10**9)
             res, _ = evaluate_collective(x.ctx, policy, opts, seeds, runs, int(x.cfg.seed) + 31)
             return {"budget_tokens": budget, "solo_budget": res}
 
@@ -82,16 +83,18 @@ def rlcr_teams(x):
         metrics = [r for r in read_metrics(run_dir) if "signs/useful_work" in r]
         signs[k] = metrics
         comm = [r["signs/comm_intensity"] for r in metrics]
-        rows.append({
-            "label": f"team {k}" + (" (solo)" if k == 1 else ""),
-            "collective at T_max": (coll["reward_mean"], coll["reward_se"]),
-            "its minutes": (coll["minutes_mean"], coll["minutes_se"]),
-            "solo at T_max": ((final.get("solo") or coll)["reward_mean"], (final.get("solo") or coll)["reward_se"]),
-            "solo, same tokens": (sb["reward_mean"], sb["reward_se"]),
-            "its minutes ": (sb["minutes_mean"], sb["minutes_se"]),
-            "best-of-k at T_max": (base["best_of_k"]["reward_mean"], base["best_of_k"]["reward_se"]),
-            "msg tokens / min, first → last update": f"{comm[0]:.2f} → {comm[-1]:.2f}" if comm else "n/a",
-        })
+        rows.append(
+            {
+                "label": f"team {k}" + (" (solo)" if k == 1 else ""),
+                "collective at T_max": (coll["reward_mean"], coll["reward_se"]),
+                "its minutes": (coll["minutes_mean"], coll["minutes_se"]),
+                "solo at T_max": ((final.get("solo") or coll)["reward_mean"], (final.get("solo") or coll)["reward_se"]),
+                "solo, same tokens": (sb["reward_mean"], sb["reward_se"]),
+                "its minutes ": (sb["minutes_mean"], sb["minutes_se"]),
+                "best-of-k at T_max": (base["best_of_k"]["reward_mean"], base["best_of_k"]["reward_se"]),
+                "msg tokens / min, first → last update": f"{comm[0]:.2f} → {comm[-1]:.2f}" if comm else "n/a",
+            }
+        )
         curves[f"team {k} at T_max"] = [tuple(p) for p in coll["curve"]]
         if k > 1:
             curves[f"solo, team {k}'s tokens"] = [tuple(p) for p in sb["curve"]]
@@ -102,21 +105,37 @@ def rlcr_teams(x):
         env_mean = sum(signs[k][u]["signs/useful_work"] for k in teams) / len(teams)
         for k in teams:
             rel[k].append(signs[k][u]["signs/useful_work"] / env_mean if env_mean > 0 else 0.0)
-    notes = [f"T_max = {t_max / 60:.0f} simulated minutes at evaluation; {x.xcfg.iterations} RLCR updates per team "
-             f"size; held-out: {len(seeds)} seeds x {runs} runs (best-of-k: {runs} groups of k attempts per seed).",
-             "best-of-k selects the best attempt by its return (an oracle selector, an upper bound on real selection)."]
+    notes = [
+        f"T_max = {t_max / 60:.0f} simulated minutes at evaluation; {x.xcfg.iterations} RLCR updates per team "
+        f"size; held-out: {len(seeds)} seeds x {runs} runs (best-of-k: {runs} groups of k attempts per seed).",
+        "best-of-k selects the best attempt by its return (an oracle selector, an upper bound on real selection).",
+    ]
     for k in teams:
         d, se = _halves(rel[k])
         c = [r["signs/comm_intensity"] for r in signs[k]]
         dc, sec = _halves(c)
-        notes.append(f"team {k} ({team_bucket(k)}): useful work / env mean rollout {rel[k][0]:.2f} → {rel[k][-1]:.2f} "
-                     f"(second-half minus first-half mean {d:+.3f} ± {se:.3f}); message tokens per simulated minute, "
-                     f"second-half minus first-half {dc:+.3f} ± {sec:.3f}" if rel[k] else f"team {k}: no updates")
-    plots = [_plot_signs(x.run_dir / "rlcr_signs.png", teams, rel, signs),
-             plot_latency(x.run_dir / "rlcr_latency.png", curves, "held-out anytime return vs simulated time")]
-    return Report("RLCR team sizes: collective vs solo with the same tokens vs best-of-k", rows=rows, plots=plots,
-                  notes=notes, data={"runs_per_seed": runs, "useful_work_rel": rel,
-                                     "comm_intensity": {k: [r["signs/comm_intensity"] for r in signs[k]] for k in teams}})
+        notes.append(
+            f"team {k} ({team_bucket(k)}): useful work / env mean rollout {rel[k][0]:.2f} → {rel[k][-1]:.2f} "
+            f"(second-half minus first-half mean {d:+.3f} ± {se:.3f}); message tokens per simulated minute, "
+            f"second-half minus first-half {dc:+.3f} ± {sec:.3f}"
+            if rel[k]
+            else f"team {k}: no updates"
+        )
+    plots = [
+        _plot_signs(x.run_dir / "rlcr_signs.png", teams, rel, signs),
+        plot_latency(x.run_dir / "rlcr_latency.png", curves, "held-out anytime return vs simulated time"),
+    ]
+    return Report(
+        "RLCR team sizes: collective vs solo with the same tokens vs best-of-k",
+        rows=rows,
+        plots=plots,
+        notes=notes,
+        data={
+            "runs_per_seed": runs,
+            "useful_work_rel": rel,
+            "comm_intensity": {k: [r["signs/comm_intensity"] for r in signs[k]] for k in teams},
+        },
+    )
 
 
 def _final(run_dir: Path) -> Path:
@@ -131,8 +150,9 @@ def _plot_signs(path: Path, teams, rel, signs) -> Path:
     for k in teams:
         if rel[k]:
             axes[0].plot(range(1, len(rel[k]) + 1), rel[k], marker=".", label=f"team {k}")
-        axes[1].plot([r["step"] for r in signs[k]], [r["signs/comm_intensity"] for r in signs[k]], marker=".",
-                     label=f"team {k}")
+        axes[1].plot(
+            [r["step"] for r in signs[k]], [r["signs/comm_intensity"] for r in signs[k]], marker=".", label=f"team {k}"
+        )
     axes[0].axhline(1.0, color="gray", lw=0.8)
     axes[0].set_ylabel("useful work / env mean rollout")
     axes[1].set_ylabel("message tokens per simulated minute")
@@ -167,26 +187,36 @@ def rlcr_org(x):
         metrics = [r for r in read_metrics(run_dir) if "charts/return" in r]
         last = metrics[-1] if metrics else {}
         d = paired_difference(final, finals["flat team of 3"]) if i else (float("nan"), float("nan"), 0)
-        rows.append({
-            "label": label.replace("latency penalty", f"latency penalty beta={beta:g}"),
-            "collective at T_max": (final["reward_mean"], final["reward_se"]),
-            "minus flat, paired": (d[0], d[1]) if i else "—",
-            "success": (final["success_mean"], final["success_se"]),
-            "its minutes": (final["minutes_mean"], final["minutes_se"]),
-            "message tokens": (final["message_tokens_mean"], final["message_tokens_se"]),
-            "training, last update: team peak / hires / refused hires": (
-                f"{last.get('charts/team_peak', float('nan')):.2f} / {last.get('charts/hires', float('nan')):.2f} / "
-                f"{last.get('charts/refused_hires', float('nan')):.2f}"),
-        })
+        rows.append(
+            {
+                "label": label.replace("latency penalty", f"latency penalty beta={beta:g}"),
+                "collective at T_max": (final["reward_mean"], final["reward_se"]),
+                "minus flat, paired": (d[0], d[1]) if i else "—",
+                "success": (final["success_mean"], final["success_se"]),
+                "its minutes": (final["minutes_mean"], final["minutes_se"]),
+                "message tokens": (final["message_tokens_mean"], final["message_tokens_se"]),
+                "training, last update: team peak / hires / refused hires": (
+                    f"{last.get('charts/team_peak', float('nan')):.2f} / {last.get('charts/hires', float('nan')):.2f} / "
+                    f"{last.get('charts/refused_hires', float('nan')):.2f}"
+                ),
+            }
+        )
         curves[label] = [tuple(p) for p in final["curve"]]
     seeds = x.eval_seeds()
     runs = int(x.cfg.rlcr.eval_runs or x.cfg.eval.runs)
-    notes = [f"Each arm: its own SFT (scripted collective of 3: flat peers, or a CEO who hires 2) and "
-             f"{x.xcfg.iterations} RLCR updates; held-out at T_max = {float(x.cfg.rlcr.t_max.end) / 60:.0f} simulated "
-             f"minutes on {len(seeds)} seeds x {runs} runs; paired = mean ± SE over the seeds of the per-seed "
-             "difference against the flat team (the return is the progress at T_max, without the penalty).",
-             f"The latency penalty trains on R = progress - {beta:g} * reward_max * mean_pass_rate * T / T_max; evaluation "
-             "reports the progress itself, so the arms are comparable."]
+    notes = [
+        f"Each arm: its own SFT (scripted collective of 3: flat peers, or a CEO who hires 2) and "
+        f"{x.xcfg.iterations} RLCR updates; held-out at T_max = {float(x.cfg.rlcr.t_max.end) / 60:.0f} simulated "
+        f"minutes on {len(seeds)} seeds x {runs} runs; paired = mean ± SE over the seeds of the per-seed "
+        "difference against the flat team (the return is the progress at T_max, without the penalty).",
+        f"The latency penalty trains on R = progress - {beta:g} * reward_max * mean_pass_rate * T / T_max; evaluation "
+        "reports the progress itself, so the arms are comparable.",
+    ]
     plots = [plot_latency(x.run_dir / "rlcr_org_latency.png", curves, "held-out anytime return vs simulated time")]
-    return Report("RLCR organisation: flat team vs CEO with hires vs latency penalty", rows=rows, plots=plots,
-                  notes=notes, data={"beta": beta, "runs_per_seed": runs})
+    return Report(
+        "RLCR organisation: flat team vs CEO with hires vs latency penalty",
+        rows=rows,
+        plots=plots,
+        notes=notes,
+        data={"beta": beta, "runs_per_seed": runs},
+    )

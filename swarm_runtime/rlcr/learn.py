@@ -2,19 +2,21 @@
 collective advantage for all agents"): G rollouts per task instance, advantage = return minus the
 group mean (optionally over the group std), and that one number on every token every agent generated
 in the rollout. Pure functions, then the REINFORCE step."""
+
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from swarm_runtime.policy.base import sampled_logprobs
 from swarm_runtime.rlcr.clock import latency_penalized
 from swarm_runtime.train.optim import accumulate_and_step
 
 
-def group_advantages(returns: Sequence[float], groups: Sequence[int], normalize_std: bool = False,
-                     eps: float = 1e-6) -> list[float]:
+def group_advantages(
+    returns: Sequence[float], groups: Sequence[int], normalize_std: bool = False, eps: float = 1e-6
+) -> list[float]:
     """``A_i = R_i - mean_{j in g(i)} R_j`` (divided by the group's population std when
     ``normalize_std``; a group whose returns are all equal gets 0)."""
     by: dict[int, list[float]] = defaultdict(list)
@@ -54,8 +56,9 @@ def flat_samples(rollouts, advantages: Sequence[float]) -> list[tuple[str, list[
     """``(prompt, tokens, advantage)`` for every turn of every rollout: each turn of rollout i, of any
     agent, carries rollout i's advantage (no per-agent credit). Rollouts with advantage 0 are kept
     out (their gradient is exactly zero)."""
-    return [(t.prompt, t.tokens, float(a)) for r, a in zip(rollouts, advantages) if a != 0.0
-            for t in r.turns if t.tokens]
+    return [
+        (t.prompt, t.tokens, float(a)) for r, a in zip(rollouts, advantages) if a != 0.0 for t in r.turns if t.tokens
+    ]
 
 
 def reinforce_step(policy, samples, opt, sched, scale: float, minibatch: int, grad_clip: float) -> dict:

@@ -10,25 +10,47 @@ effect lands when it completes. A rollout stops when its task is done, when the 
 budget is spent, or when nobody is left to act. Deterministic under a seed: the env draws in time
 order and the model samples in a fixed batch order.
 """
+
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from swarm_runtime.env import ValidatedEnv, close_all, close_env, closing_all, has_progress
+from swarm_runtime.policy.base import Response
 from swarm_runtime.rlcr.clock import EventQueue, action_seconds
 from swarm_runtime.rlcr.messages import MESSAGE_KINDS, Board, Command, parse_command
 from swarm_runtime.rlcr.org import CEO, NAMES, Organisation
-from swarm_runtime.policy.base import Response
 from swarm_runtime.rollout.base import Row, Sampler
 from swarm_runtime.rollout.engine import Batch, Rounds, TurnEngine
 from swarm_runtime.rollout.local import LocalSampler
 
 #: Words the RLCR prompts and commands use (added to the shared policy's tokenizer).
-PROMPT_WORDS = ("you", "are", "brief", "none", "time", "of", "team", "idle", "inbox", "channel", "found",
-                "action", "say", "post", "write", "search", "hire", "fire", ":", ";", ".")
+PROMPT_WORDS = (
+    "you",
+    "are",
+    "brief",
+    "none",
+    "time",
+    "of",
+    "team",
+    "idle",
+    "inbox",
+    "channel",
+    "found",
+    "action",
+    "say",
+    "post",
+    "write",
+    "search",
+    "hire",
+    "fire",
+    ":",
+    ";",
+    ".",
+)
 #: Words the shared policy's tokenizer adds to the domain's: the prompt words, agent names and briefs.
 RLCR_WORDS = (*PROMPT_WORDS, *NAMES, CEO, "lead", "done")
 
@@ -112,7 +134,7 @@ class Rollout:
 class Request:
     """An agent that must decide now: its prompt, and for scripted experts the live state."""
 
-    slot: "_Slot"
+    slot: _Slot
     agent: str
     prompt: str
 
@@ -130,13 +152,13 @@ def next_decision(t: float, tick: float) -> float:
     return t if tick <= 0 else math.ceil(t / tick - 1e-9) * tick
 
 
-def render_prompt(agent: str, brief: str, observation: str, now: float, t_max: float,
-                  busy: dict[str, str], inbox, channel, found) -> str:
+def render_prompt(
+    agent: str, brief: str, observation: str, now: float, t_max: float, busy: dict[str, str], inbox, channel, found
+) -> str:
     """The prompt after which ``agent`` emits its next action (env action or command)."""
     limit = "none" if math.isinf(t_max) else str(int(t_max // 60))
     team = " ; ".join(f"{a} {text}" for a, text in busy.items()) or "idle"
-    parts = [f"you are {agent} . brief {brief} . {observation} . time {int(now // 60)} of {limit}",
-             f"team : {team}"]
+    parts = [f"you are {agent} . brief {brief} . {observation} . time {int(now // 60)} of {limit}", f"team : {team}"]
     if inbox:
         parts.append("inbox : " + " ; ".join(m.render() for m in inbox))
     if channel:
@@ -179,8 +201,9 @@ class _Slot:
         inbox, channel, found = self.board.view(agent, self.opts.window)
         busy = {a: turn.text for a, (turn, _) in self.pending.items() if a != agent}
         brief = self.org.briefs.get(agent, "lead" if agent == CEO else "none")
-        return render_prompt(agent, brief, self.env.observation(), self.now, self.opts.t_max, busy,
-                             inbox, channel, found)
+        return render_prompt(
+            agent, brief, self.env.observation(), self.now, self.opts.t_max, busy, inbox, channel, found
+        )
 
     def start(self, agent: str, prompt: str, text: str, tokens: list[int]) -> None:
         cmd = parse_command(text)
@@ -245,8 +268,11 @@ class _Slot:
 
     def can_decide(self, agent: str) -> bool:
         o = self.opts
-        return (self.org.active(agent) and self.turns_by[agent] < o.max_turns_per_agent
-                and (o.token_budget is None or self.tokens < o.token_budget))
+        return (
+            self.org.active(agent)
+            and self.turns_by[agent] < o.max_turns_per_agent
+            and (o.token_budget is None or self.tokens < o.token_budget)
+        )
 
 
 def _advance(s: _Slot) -> list[str]:
@@ -296,9 +322,15 @@ def turn_report(requests: Sequence[Request]) -> tuple[list[list[float | None]], 
     return bids, winners
 
 
-def play_concurrent(domain, task, seeds: Sequence[int], decide: "Decide | Sampler", opts: LoopOptions,
-                    groups: Sequence[int] | None = None,
-                    on_round: Callable[[int, list[Request]], None] | None = None) -> list[Rollout]:
+def play_concurrent(
+    domain,
+    task,
+    seeds: Sequence[int],
+    decide: Decide | Sampler,
+    opts: LoopOptions,
+    groups: Sequence[int] | None = None,
+    on_round: Callable[[int, list[Request]], None] | None = None,
+) -> list[Rollout]:
     """Run one rollout per seed at once (``groups[i]``: rollout i's group) and return them in order: the
     :class:`ClockTurns` strategy on the turn engine. ``decide``: a sampler (rows of the shared policy's
     weights), or a function ``decide(requests)`` returning one ``(text, tokens)`` per request, in order
@@ -321,7 +353,7 @@ class ClockTurns:
     def __init__(self, on_round: Callable[[int, list[Request]], None] | None = None, model: str = "Shared"):
         self.on_round, self.model = on_round, model
 
-    def rounds(self, slots: list["_Slot"]) -> Rounds:
+    def rounds(self, slots: list[_Slot]) -> Rounds:
         rounds = 0
         while True:
             requests: list[Request] = []

@@ -10,6 +10,7 @@ a public channel and an archive any agent can write to and search, plus the orga
     hire words ...       (CEO) hire a specialist whose brief is ``words``
     fire NAME            (CEO) fire agent NAME
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,7 @@
 """Organisation of a collective (``rlcr.org``): ``flat`` (N peers) or ``ceo`` (the episode starts with
 a CEO who hires specialists with a one-line brief, up to ``rlcr.max_hires`` at once, and fires them).
 Every member runs the same shared policy; its name and brief are in its prompt."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,8 +9,24 @@ from dataclasses import dataclass, field
 ORGS = ("flat", "ceo")
 CEO = "ceo"
 #: Agent names: words without digits, so the word-level tokenizer keeps each one a single token.
-NAMES = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
-         "kilo", "lima", "mike", "november", "oscar", "papa")
+NAMES = (
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+)
 #: Most agents a flat team may have (one name each).
 MAX_FLAT = 9
 #: Most specialists a CEO may have at once (``rlcr.max_hires`` is capped here).
@@ -30,7 +47,7 @@ class Organisation:
         if self.kind not in ORGS:
             raise ValueError(f"rlcr.org {self.kind!r} is unknown; valid: {', '.join(ORGS)}")
         if not self.members:
-            self.members = list(NAMES[:self.agents]) if self.kind == "flat" else [CEO]
+            self.members = list(NAMES[: self.agents]) if self.kind == "flat" else [CEO]
         self.peak = len(self.members)
 
     def active(self, agent: str) -> bool:

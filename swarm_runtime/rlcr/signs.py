@@ -2,13 +2,14 @@
 inference compute"): useful work relative to the environment's mean rollout per team size, communication
 intensity, return against simulated time, and the performance-latency curve of the collective against
 a solo agent. Pure summaries of rollouts, and the PNG plots."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from swarm_runtime.outputs import save_figure
 from swarm_runtime.evaluate import mean_se
+from swarm_runtime.outputs import save_figure
 
 
 def team_bucket(n: int) -> str:
@@ -34,15 +35,17 @@ def comm_intensity(rollouts) -> float:
 def rollout_metrics(rollouts) -> dict[str, float]:
     """What every update logs about its rollouts (``charts/...``, ``signs/...``)."""
     n = max(1, len(rollouts))
-    m = {"charts/return": sum(r.ret for r in rollouts) / n,
-         "charts/progress": sum(r.progress for r in rollouts) / n,
-         "charts/sim_minutes": sum(r.duration for r in rollouts) / n / 60.0,
-         "charts/success": sum(r.success for r in rollouts) / n,
-         "charts/turns": sum(len(r.turns) for r in rollouts) / n,
-         "charts/team_peak": sum(r.team_peak for r in rollouts) / n,
-         "signs/useful_work": sum(r.env_tokens for r in rollouts) / n,
-         "signs/message_tokens": sum(r.message_tokens for r in rollouts) / n,
-         "signs/comm_intensity": comm_intensity(rollouts)}
+    m = {
+        "charts/return": sum(r.ret for r in rollouts) / n,
+        "charts/progress": sum(r.progress for r in rollouts) / n,
+        "charts/sim_minutes": sum(r.duration for r in rollouts) / n / 60.0,
+        "charts/success": sum(r.success for r in rollouts) / n,
+        "charts/turns": sum(len(r.turns) for r in rollouts) / n,
+        "charts/team_peak": sum(r.team_peak for r in rollouts) / n,
+        "signs/useful_work": sum(r.env_tokens for r in rollouts) / n,
+        "signs/message_tokens": sum(r.message_tokens for r in rollouts) / n,
+        "signs/comm_intensity": comm_intensity(rollouts),
+    }
     for key in ("invalid_actions", "unparsed", "bad_messages", "refused_hires", "hires", "fires", "messages"):
         m[f"charts/{key}"] = sum(r.counts[key] for r in rollouts) / n
     done = [r.duration for r in rollouts if r.done]
@@ -59,10 +62,15 @@ def summarize_rollouts(rollouts, runs: int) -> dict:
     for r in rollouts:
         per_seed.setdefault(r.seed, []).append(r)
     out: dict = {"seeds": len(per_seed), "runs": runs, "episodes": len(rollouts)}
-    fields = {"reward": lambda r: r.progress, "success": lambda r: r.success,
-              "minutes": lambda r: r.duration / 60.0, "useful_work": lambda r: float(r.env_tokens),
-              "message_tokens": lambda r: float(r.message_tokens), "tokens": lambda r: float(r.tokens),
-              "team_peak": lambda r: float(r.team_peak)}
+    fields = {
+        "reward": lambda r: r.progress,
+        "success": lambda r: r.success,
+        "minutes": lambda r: r.duration / 60.0,
+        "useful_work": lambda r: float(r.env_tokens),
+        "message_tokens": lambda r: float(r.message_tokens),
+        "tokens": lambda r: float(r.tokens),
+        "team_peak": lambda r: float(r.team_peak),
+    }
     for name, f in fields.items():
         vals = [sum(f(r) for r in rs) / len(rs) for rs in per_seed.values()]
         out[f"{name}_mean"], out[f"{name}_se"] = mean_se(vals)
@@ -111,7 +119,9 @@ def plot_signs(run_dir: Path, rows: Sequence[dict]) -> Path | None:
     ax.set_xlabel("RL update")
     ax.set_ylabel("message tokens per simulated minute")
     ax = axes[1][1]
-    sc = ax.scatter([r["charts/sim_minutes"] for r in rows], [r["charts/return"] for r in rows], c=steps, cmap="viridis")
+    sc = ax.scatter(
+        [r["charts/sim_minutes"] for r in rows], [r["charts/return"] for r in rows], c=steps, cmap="viridis"
+    )
     fig.colorbar(sc, ax=ax, label="RL update")
     ax.set_xlabel("mean simulated minutes per rollout")
     ax.set_ylabel("collective return")

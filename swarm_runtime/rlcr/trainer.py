@@ -1,6 +1,7 @@
 """``algo=rlcr``: SFT cold start from the domain's scripted collective, then REINFORCE on the collective
 reward with group baselines, under a growing wall-clock limit; held-out evaluation of the collective
 and of a solo agent with the same policy and ``T_max`` (docs/rlcr.md)."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,28 @@ from loguru import logger
 from omegaconf import OmegaConf
 
 from swarm_runtime import checkpoint as ckpt
-from swarm_runtime.runfiles import claim
 from swarm_runtime.evaluate import paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, read_metrics
 from swarm_runtime.rlcr.clock import t_max_at
 from swarm_runtime.rlcr.learn import collective_returns, flat_samples, group_advantages, reinforce_step
-from swarm_runtime.rlcr.loop import (RLCR_WORDS, LoopOptions, expert_decider, play_concurrent, policy_decider,
-                                     turn_report)
-from swarm_runtime.rlcr.signs import (plot_latency, plot_signs, rollout_metrics, summarize_rollouts, team_bucket,
-                                      useful_work_relative)
+from swarm_runtime.rlcr.loop import (
+    RLCR_WORDS,
+    LoopOptions,
+    expert_decider,
+    play_concurrent,
+    policy_decider,
+    turn_report,
+)
+from swarm_runtime.rlcr.signs import (
+    plot_latency,
+    plot_signs,
+    rollout_metrics,
+    summarize_rollouts,
+    team_bucket,
+    useful_work_relative,
+)
 from swarm_runtime.run import RunContext
+from swarm_runtime.runfiles import claim
 from swarm_runtime.train.optim import load_optimizer_state, make_optimizer
 from swarm_runtime.train.phases import PhasedTrainer
 from swarm_runtime.train.sft import Example, sft
@@ -38,17 +51,31 @@ def make_shared_policy(ctx: RunContext, init_path=None):
     factory = ctx.registry.get("policy_backends", ctx.cfg.model.backend)
     model_cfg = OmegaConf.merge(ctx.cfg.model, {"device": ctx.cfg.hardware.device})
     words = list(ctx.domain.all_words(ctx.task)) + list(RLCR_WORDS)
-    return factory(model_cfg, words, [float(b) for b in ctx.cfg.algo.bid_levels], int(ctx.cfg.seed) * 100,
-                   flops=ctx.flops, init_path=str(init_path) if init_path else None)
+    return factory(
+        model_cfg,
+        words,
+        [float(b) for b in ctx.cfg.algo.bid_levels],
+        int(ctx.cfg.seed) * 100,
+        flops=ctx.flops,
+        init_path=str(init_path) if init_path else None,
+    )
 
 
-def loop_options(cfg, t_max: float, agents: int | None = None, org: str | None = None,
-                 token_budget: int | None = None) -> LoopOptions:
+def loop_options(
+    cfg, t_max: float, agents: int | None = None, org: str | None = None, token_budget: int | None = None
+) -> LoopOptions:
     r = cfg.rlcr
-    return LoopOptions(t_max=float(t_max), seconds_per_token=float(r.seconds_per_token), org=org or str(r.org),
-                       agents=int(agents if agents is not None else r.agents), max_hires=int(r.max_hires),
-                       max_turns_per_agent=int(r.max_turns_per_agent), token_budget=token_budget,
-                       window=int(r.window), tick=float(r.tick))
+    return LoopOptions(
+        t_max=float(t_max),
+        seconds_per_token=float(r.seconds_per_token),
+        org=org or str(r.org),
+        agents=int(agents if agents is not None else r.agents),
+        max_hires=int(r.max_hires),
+        max_turns_per_agent=int(r.max_turns_per_agent),
+        token_budget=token_budget,
+        window=int(r.window),
+        tick=float(r.tick),
+    )
 
 
 def team_label(opts: LoopOptions) -> str:
@@ -63,15 +90,18 @@ def demo_examples(ctx: RunContext, policy, seeds: list[int]) -> tuple[list[Examp
     rollouts = []
     sizes = list(range(1, int(r.expert_team) + 1)) if r.org == "flat" else [int(r.expert_team)]
     for size in sizes:
-        part = seeds[sizes.index(size)::len(sizes)]
+        part = seeds[sizes.index(size) :: len(sizes)]
         if not part:
             continue
         opts = loop_options(cfg, float("inf"), agents=size)
         rollouts += play_concurrent(ctx.domain, ctx.task, part, expert_decider(policy, int(r.expert_team)), opts)
     for ro in rollouts:
         examples += [Example("act", t.prompt, t.text) for t in ro.turns]
-    stats = {"demo_rollouts": len(rollouts), "demo_turns": len(examples),
-             "demo_return": sum(ro.progress for ro in rollouts) / max(1, len(rollouts))}
+    stats = {
+        "demo_rollouts": len(rollouts),
+        "demo_turns": len(examples),
+        "demo_return": sum(ro.progress for ro in rollouts) / max(1, len(rollouts)),
+    }
     return examples, stats
 
 
@@ -85,8 +115,9 @@ def evaluate_collective(ctx: RunContext, policy, opts: LoopOptions, seeds, runs:
         if ctx.cfg.eval.temperature is not None:
             policy.temperature = float(ctx.cfg.eval.temperature)
         with torch.no_grad():
-            rollouts = play_concurrent(ctx.domain, ctx.task, [s for _ in range(runs) for s in seeds],
-                                       policy_decider(policy), opts)
+            rollouts = play_concurrent(
+                ctx.domain, ctx.task, [s for _ in range(runs) for s in seeds], policy_decider(policy), opts
+            )
     finally:
         policy.set_rng_state(saved[0])
         policy.temperature = saved[1]
@@ -103,8 +134,10 @@ def evaluate_checkpoint(ctx: RunContext, ckpt_dir) -> tuple[dict, str]:
     conds = {"collective": loop_options(cfg, float(cfg.rlcr.t_max.end))}
     if cfg.rlcr.solo_eval:
         conds["solo"] = loop_options(cfg, float(cfg.rlcr.t_max.end), agents=1, org="flat")
-    res = {name: evaluate_collective(ctx, policy, opts, ctx.seeds("eval"), runs, int(cfg.seed) + 7919 + i)[0]
-           for i, (name, opts) in enumerate(conds.items())}
+    res = {
+        name: evaluate_collective(ctx, policy, opts, ctx.seeds("eval"), runs, int(cfg.seed) + 7919 + i)[0]
+        for i, (name, opts) in enumerate(conds.items())
+    }
     rows = [(f"{ckpt_dir.name}: {team_label(conds[n]) if n == 'collective' else 'solo'}", r) for n, r in res.items()]
     return res, format_table(rows, EVAL_METRICS)
 
@@ -124,8 +157,15 @@ class RLCRTrainer(PhasedTrainer):
         init = ctx.resume_from / "agents" / SHARED if ctx.resume_from is not None else None
         self.policy = make_shared_policy(ctx, init)
         self.policies = {SHARED: self.policy}  #: what checkpoints hold
-        opt = make_optimizer(self.policy.parameters(), float(a.lr), float(a.weight_decay), int(a.iterations) + 1,
-                             int(a.warmup_steps), float(a.min_lr_ratio), float(a.adam_eps))
+        opt = make_optimizer(
+            self.policy.parameters(),
+            float(a.lr),
+            float(a.weight_decay),
+            int(a.iterations) + 1,
+            int(a.warmup_steps),
+            float(a.min_lr_ratio),
+            float(a.adam_eps),
+        )
         self.optimizers = {"action": {SHARED: opt}}
         if ctx.resume_from is not None:
             self.state = ckpt.load_state(ctx.resume_from)
@@ -136,13 +176,22 @@ class RLCRTrainer(PhasedTrainer):
             ckpt.restore_rng(ctx.resume_from, self.rng)
             ctx.flops.load_state_dict(self.state.get("flops", {}))
             logger.info("resumed at phase {} iteration {}", self.state["phase"], self.state["iteration"])
-        self.writer = MetricsWriter(ctx.run_dir, bool(self.cfg.tensorboard),
-                                    truncate_after=self.state["iteration"] if ctx.resume_from else None)
+        self.writer = MetricsWriter(
+            ctx.run_dir, bool(self.cfg.tensorboard), truncate_after=self.state["iteration"] if ctx.resume_from else None
+        )
         r = self.cfg.rlcr
-        logger.info("RLCR: one shared policy ({:.2f}M parameters), org {} ({}), T_max {:.0f}s -> {:.0f}s over {} "
-                    "updates, {} instances x G={} rollouts per update", self.policy.n_params / 1e6, r.org,
-                    f"{r.agents} agents" if r.org == "flat" else f"up to {r.max_hires} hires", float(r.t_max.start),
-                    float(r.t_max.end), int(r.t_max.steps), int(r.instances), int(r.group_size))
+        logger.info(
+            "RLCR: one shared policy ({:.2f}M parameters), org {} ({}), T_max {:.0f}s -> {:.0f}s over {} "
+            "updates, {} instances x G={} rollouts per update",
+            self.policy.n_params / 1e6,
+            r.org,
+            f"{r.agents} agents" if r.org == "flat" else f"up to {r.max_hires} hires",
+            float(r.t_max.start),
+            float(r.t_max.end),
+            int(r.t_max.steps),
+            int(r.instances),
+            int(r.group_size),
+        )
 
     def _round_observer(self):
         """Forward each round of a training rollout to ``swarm_on_turn`` (:func:`~.loop.turn_report`: one
@@ -154,6 +203,7 @@ class RLCRTrainer(PhasedTrainer):
         def on_round(n: int, requests) -> None:
             bids, winners = turn_report(requests)
             hook(turn=n, bids=bids, winners=winners)
+
         return on_round
 
     def t_max(self, step: int) -> float:
@@ -168,12 +218,28 @@ class RLCRTrainer(PhasedTrainer):
         seeds = self.rng.sample(train_seeds, min(int(s.demo_episodes), len(train_seeds)))
         t0 = time.time()
         examples, stats = demo_examples(ctx, self.policy, seeds)
-        m = sft(self.policy, examples, int(s.epochs), float(s.lr), int(s.batch_size), int(self.cfg.seed),
-                desc="SFT shared policy", progress=bool(self.cfg.progress), action_epochs=s.action_epochs)
+        m = sft(
+            self.policy,
+            examples,
+            int(s.epochs),
+            float(s.lr),
+            int(s.batch_size),
+            int(self.cfg.seed),
+            desc="SFT shared policy",
+            progress=bool(self.cfg.progress),
+            action_epochs=s.action_epochs,
+        )
         m.update(stats)
-        logger.info("SFT: {} demo turns from {} scripted-collective rollouts (mean return {:.1f}), loss {:.3f} -> "
-                    "{:.3f} ({:.0f}s)", stats["demo_turns"], stats["demo_rollouts"], stats["demo_return"],
-                    m.get("first_loss", float("nan")), m["loss"], time.time() - t0)
+        logger.info(
+            "SFT: {} demo turns from {} scripted-collective rollouts (mean return {:.1f}), loss {:.3f} -> "
+            "{:.3f} ({:.0f}s)",
+            stats["demo_turns"],
+            stats["demo_rollouts"],
+            stats["demo_return"],
+            m.get("first_loss", float("nan")),
+            m["loss"],
+            time.time() - t0,
+        )
         self.writer.log(0, {f"sft/{k}": v for k, v in m.items()})
         self._hook("swarm_on_train_step", step=0, kind="sft", metrics=m)
         self.state["phase"] = "sft_done"
@@ -182,12 +248,20 @@ class RLCRTrainer(PhasedTrainer):
     def play(self, seeds, opts: LoopOptions, groups=None):
         """The rollouts of one update (observers see each round through ``swarm_on_turn``)."""
         with torch.no_grad():
-            return play_concurrent(self.ctx.domain, self.ctx.task, seeds, policy_decider(self.policy), opts, groups,
-                                   on_round=self._round_observer())
+            return play_concurrent(
+                self.ctx.domain,
+                self.ctx.task,
+                seeds,
+                policy_decider(self.policy),
+                opts,
+                groups,
+                on_round=self._round_observer(),
+            )
 
     def evaluate(self, opts: LoopOptions, seed_offset: int = 0) -> tuple[dict, list]:
-        return evaluate_collective(self.ctx, self.policy, opts, self.ctx.seeds("eval"), self.eval_runs,
-                                   int(self.cfg.seed) + 7919 + seed_offset)
+        return evaluate_collective(
+            self.ctx, self.policy, opts, self.ctx.seeds("eval"), self.eval_runs, int(self.cfg.seed) + 7919 + seed_offset
+        )
 
     @property
     def eval_runs(self) -> int:
@@ -207,9 +281,17 @@ class RLCRTrainer(PhasedTrainer):
             res, _ = self.evaluate(opts, i)
             name = "collective" if i == 0 else "solo"
             out[name] = res
-            logger.info("held-out {} {} ({}): return at T_max {:.1f} ± {:.1f}, success {:.2f}, {:.1f} simulated min "
-                        "({:.0f}s)", label, name, team_label(opts), res["reward_mean"], res["reward_se"],
-                        res["success_mean"], res["minutes_mean"], time.time() - t0)
+            logger.info(
+                "held-out {} {} ({}): return at T_max {:.1f} ± {:.1f}, success {:.2f}, {:.1f} simulated min ({:.0f}s)",
+                label,
+                name,
+                team_label(opts),
+                res["reward_mean"],
+                res["reward_se"],
+                res["success_mean"],
+                res["minutes_mean"],
+                time.time() - t0,
+            )
         return out
 
     def rl_step(self, it: int) -> dict:
@@ -222,8 +304,9 @@ class RLCRTrainer(PhasedTrainer):
         t0 = time.time()
         rollouts = self.play(seeds, loop_options(self.cfg, t_max), groups)
         for ro in rollouts:
-            self._hook("swarm_on_episode_end", domain=ctx.domain.name, seed=ro.seed, reward=ro.progress,
-                       metrics=ro.metrics)
+            self._hook(
+                "swarm_on_episode_end", domain=ctx.domain.name, seed=ro.seed, reward=ro.progress, metrics=ro.metrics
+            )
         returns = collective_returns(rollouts, float(r.latency_penalty), float(ctx.task.reward_max))
         for ro, ret in zip(rollouts, returns):
             ro.ret = ret
@@ -269,10 +352,20 @@ class RLCRTrainer(PhasedTrainer):
                 curves[row] = [tuple(p) for p in res["curve"]]
         table = format_table(rows, EVAL_METRICS)
         final = self.state["final_eval"]
-        results = {"domain": cfg.domain, "task": cfg.task_name, "seed": int(cfg.seed), "algo": "rlcr",
-                   "org": cfg.rlcr.org, "team": team, "t_max": float(cfg.rlcr.t_max.end),
-                   "eval_seeds": ctx.seeds("eval"), "runs": self.eval_runs, "flops": ctx.flops.state_dict(),
-                   "results": {n: r for n, r in rows}, "table": table}
+        results = {
+            "domain": cfg.domain,
+            "task": cfg.task_name,
+            "seed": int(cfg.seed),
+            "algo": "rlcr",
+            "org": cfg.rlcr.org,
+            "team": team,
+            "t_max": float(cfg.rlcr.t_max.end),
+            "eval_seeds": ctx.seeds("eval"),
+            "runs": self.eval_runs,
+            "flops": ctx.flops.state_dict(),
+            "results": {n: r for n, r in rows},
+            "table": table,
+        }
         if "solo" in final:
             d, se, n = paired_difference(final["collective"], final["solo"])
             results["collective_minus_solo"] = {"mean": d, "se": se, "seeds": n}
@@ -281,23 +374,37 @@ class RLCRTrainer(PhasedTrainer):
             results["rlcr_minus_sft"] = {"mean": d, "se": se, "seeds": n}
         claim(ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
         claim(ctx.run_dir / "eval.md").write_text(table + "\n")
-        plots = [p for p in (plot_signs(ctx.run_dir, read_metrics(ctx.run_dir)),
-                             plot_latency(ctx.run_dir / "performance_latency.png", curves,
-                                          f"{cfg.domain}/{cfg.task_name}: anytime return, T_max "
-                                          f"{float(cfg.rlcr.t_max.end) / 60:.0f} min")) if p is not None]
+        plots = [
+            p
+            for p in (
+                plot_signs(ctx.run_dir, read_metrics(ctx.run_dir)),
+                plot_latency(
+                    ctx.run_dir / "performance_latency.png",
+                    curves,
+                    f"{cfg.domain}/{cfg.task_name}: anytime return, T_max {float(cfg.rlcr.t_max.end) / 60:.0f} min",
+                ),
+            )
+            if p is not None
+        ]
         self.writer.close()
         self._hook("swarm_on_run_end", config=cfg, run_dir=str(ctx.run_dir), results=results)
-        print(f"\nHeld-out evaluation: {cfg.domain}/{cfg.task_name} under algo=rlcr, {len(ctx.seeds('eval'))} seeds x "
-              f"{self.eval_runs} runs, return = progress at T_max = {float(cfg.rlcr.t_max.end) / 60:.0f} simulated "
-              f"minutes (mean ± standard error over seeds)\n{table}")
+        print(
+            f"\nHeld-out evaluation: {cfg.domain}/{cfg.task_name} under algo=rlcr, {len(ctx.seeds('eval'))} seeds x "
+            f"{self.eval_runs} runs, return = progress at T_max = {float(cfg.rlcr.t_max.end) / 60:.0f} simulated "
+            f"minutes (mean ± standard error over seeds)\n{table}"
+        )
         if "collective_minus_solo" in results:
             c = results["collective_minus_solo"]
-            print(f"{'SFT' if self.final_is_sft else self.label} {team} - solo (same policy, same T_max): {c['mean']:+.2f} ± {c['se']:.2f} return, "
-                  f"paired over the {c['seeds']} held-out seeds")
+            print(
+                f"{'SFT' if self.final_is_sft else self.label} {team} - solo (same policy, same T_max): {c['mean']:+.2f} ± {c['se']:.2f} return, "
+                f"paired over the {c['seeds']} held-out seeds"
+            )
         if "rlcr_minus_sft" in results:
             c = results["rlcr_minus_sft"]
-            print(f"{self.label} - SFT, {team}: {c['mean']:+.2f} ± {c['se']:.2f} return, paired over the {c['seeds']} "
-                  "held-out seeds")
+            print(
+                f"{self.label} - SFT, {team}: {c['mean']:+.2f} ± {c['se']:.2f} return, paired over the {c['seeds']} "
+                "held-out seeds"
+            )
         print("\n".join(self.summary_lines(plots)))
         return results
 

@@ -8,4 +8,5 @@ weights and exports a version of each model after an update, which the sampler t
 (:meth:`Sampler.sync`). ``rollout.engine=local`` samples in process from the learner's own modules
 (:class:`~swarm_runtime.rollout.local.LocalSampler`); ``openai`` / ``vllm`` sample on an inference server.
 """
+
 from swarm_runtime.rollout.base import Learner, Row, Sampler  # noqa: F401

@@ -1,9 +1,11 @@
 """The sampler and learner protocols (docs/engine.md)."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from swarm_runtime.policy.base import Bid, Policy, Response
 
@@ -40,7 +42,7 @@ class Sampler(Protocol):
     def version(self, model: str) -> int:
         """The weight version of ``model`` that answers new rows."""
 
-    def sync(self, learner: "Learner", models: Sequence[str]) -> None:
+    def sync(self, learner: Learner, models: Sequence[str]) -> None:
         """After an update: take the learner's current weights of ``models`` (those it changed)."""
 
     def close(self) -> None:

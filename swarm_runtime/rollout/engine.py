@@ -15,10 +15,12 @@ episode of ``swarm serve``, the agents that are up bid, a failed winner's bid is
 coordinator picks again) and the wall clock (:class:`swarm_runtime.rlcr.loop.ClockTurns`: every agent
 acts as soon as its last action completed, against simulated time; ``algo=rlcr``).
 """
+
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Generator
+from typing import Any
 
 from swarm_runtime.rollout.base import Row, Sampler
 

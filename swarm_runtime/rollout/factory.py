@@ -1,4 +1,5 @@
 """The sampler a run's ``rollout.engine`` asks for (docs/engine.md)."""
+
 from __future__ import annotations
 
 import json
@@ -89,13 +90,14 @@ class RoutedSampler:
         parts = self._split(rows)
         out: list = [None] * len(rows)
         if len(parts) == 1:
-            (base, idx), = parts.items()
+            ((base, idx),) = parts.items()
             return getattr(self.samplers[base], method)([rows[i] for i in idx])
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="base") as pool:
-            futures = {b: pool.submit(getattr(self.samplers[b], method), [rows[i] for i in idx])
-                       for b, idx in parts.items()}
+            futures = {
+                b: pool.submit(getattr(self.samplers[b], method), [rows[i] for i in idx]) for b, idx in parts.items()
+            }
             for b, idx in parts.items():
                 for i, r in zip(idx, futures[b].result()):
                     out[i] = r
@@ -128,8 +130,10 @@ def _shared(learner: LocalLearner):
     first = next(iter(learner.policies.values()))
     shared = getattr(first, "shared_base", None)
     if shared is None:
-        raise ConfigError("rollout.engine=openai|vllm samples LoRA adapters on one base; valid: model.adapter=lora, "
-                          "or rollout.engine=local")
+        raise ConfigError(
+            "rollout.engine=openai|vllm samples LoRA adapters on one base; valid: model.adapter=lora, "
+            "or rollout.engine=local"
+        )
     if any(getattr(p, "shared_base", None) is not shared for p in learner.policies.values()):
         raise ConfigError("rollout.engine=openai|vllm serves one base per server; every model must share it")
     return first, shared
@@ -151,8 +155,11 @@ def write_base(shared, folder: Path) -> Path:
 
     vocab = int(shared.model.get_input_embeddings().weight.shape[0])
     src = Path(shared.source) if shared.source else None
-    if src is not None and (src / "config.json").exists() and \
-            int(json.loads((src / "config.json").read_text()).get("vocab_size", -1)) == vocab:
+    if (
+        src is not None
+        and (src / "config.json").exists()
+        and int(json.loads((src / "config.json").read_text()).get("vocab_size", -1)) == vocab
+    ):
         shared.engine_fingerprint = shared.source_fingerprint or fingerprint(src)
         return src
     shared.engine_fingerprint = shared.save_base(folder)
@@ -179,15 +186,25 @@ def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: st
         check_cpu_shape(model)
     max_loras, max_cpu = lora_slots(len(learner.models()), int(cfg.rollout.max_staleness))
     port = int(v.port) + port_offset if int(v.port) else 0
-    server = VLLMServer(python, model, folder / "vllm.log", host=str(v.host), port=port,
-                        max_lora_rank=rank, max_loras=max_loras,
-                        max_cpu_loras=max_cpu, dtype=str(v.dtype), args=list(v.get("args") or []),
-                        startup_timeout_s=float(v.startup_timeout_s))
+    server = VLLMServer(
+        python,
+        model,
+        folder / "vllm.log",
+        host=str(v.host),
+        port=port,
+        max_lora_rank=rank,
+        max_loras=max_loras,
+        max_cpu_loras=max_cpu,
+        dtype=str(v.dtype),
+        args=list(v.get("args") or []),
+        startup_timeout_s=float(v.startup_timeout_s),
+    )
     return server.start()
 
 
-def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None, base: str = "default",
-                   port_offset: int = 0):
+def engine_sampler(
+    cfg, learner: LocalLearner, run_dir: Path | None, server=None, base: str = "default", port_offset: int = 0
+):
     """An :class:`~swarm_runtime.rollout.openai.OpenAISampler` on ``rollout.url`` (``openai``; base ``base``
     of ``model.bases``: ``rollout.urls.NAME``) or on a vLLM server the run starts (``vllm``; ``server``: one
     already started by :func:`start_vllm_server`). The server's base is checked against the run's, every
@@ -213,8 +230,9 @@ def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None
         else:
             url = (r.get("urls") or {}).get(base)
             if not url:
-                raise ConfigError(f"rollout.engine=openai: no server for the base {base!r}; give "
-                                  f"rollout.urls.{base}=http://host:port")
+                raise ConfigError(
+                    f"rollout.engine=openai: no server for the base {base!r}; give rollout.urls.{base}=http://host:port"
+                )
             url, describe = str(url), f"rollout.urls.{base}={url}"
     key = os.environ.get(str(r.api_key_env)) if r.get("api_key_env") else None
     if key:  # a rollout.url a run folder from elsewhere saved gets no key unless the command line gives it
@@ -229,9 +247,11 @@ def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None
                 break
             except Unreachable as exc:
                 if attempt == int(r.retries):
-                    raise EngineError(f"{describe} does not answer after {attempt} retries ({exc}); start the server, "
-                                      "or give rollout.url of one that runs") from None
-                time.sleep(min(0.5 * 2 ** attempt, 4.0))
+                    raise EngineError(
+                        f"{describe} does not answer after {attempt} retries ({exc}); start the server, "
+                        "or give rollout.url of one that runs"
+                    ) from None
+                time.sleep(min(0.5 * 2**attempt, 4.0))
         adapters = AdapterSync(client, folder / "adapters", keep=int(r.max_staleness) + 1)
         adapters.sync(learner, learner.models())
         adapters.drop_strays(learner.models())
@@ -249,9 +269,16 @@ def engine_sampler(cfg, learner: LocalLearner, run_dir: Path | None, server=None
         adapters.reload()
         return True
 
-    sampler = OpenAISampler(client, learner.policies, adapters, concurrency=int(r.concurrency),
-                            retries=int(r.retries), seed=int(cfg.get("seed", 0)),
-                            recover=recover if server is not None else None, describe=describe)
+    sampler = OpenAISampler(
+        client,
+        learner.policies,
+        adapters,
+        concurrency=int(r.concurrency),
+        retries=int(r.retries),
+        seed=int(cfg.get("seed", 0)),
+        recover=recover if server is not None else None,
+        describe=describe,
+    )
     sampler.name = str(r.engine)
     sampler.server = server
     if owned:

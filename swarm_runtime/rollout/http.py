@@ -1,5 +1,6 @@
 """A small JSON-over-HTTP client for the engine samplers (stdlib only: keep-alive connections, one per
 thread, so ``rollout.concurrency`` requests can be in flight at once)."""
+
 from __future__ import annotations
 
 import http.client

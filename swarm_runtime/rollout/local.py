@@ -7,10 +7,11 @@ same tokens in the same order. Its responses carry the in-process per-token log-
 learner's version of each model; :meth:`LocalSampler.sync` has nothing to load (the weights are the
 learner's own) and only takes the new versions.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from swarm_runtime.policy.base import Bid, Policy, Response
 from swarm_runtime.rollout.base import Learner, Row
@@ -46,7 +47,7 @@ class LocalSampler:
         self._versions: dict[str, int] = {m: (learner.version(m) if learner else 0) for m in self.policies}
 
     @classmethod
-    def for_agents(cls, agents: Sequence) -> tuple["LocalSampler", list[str]]:
+    def for_agents(cls, agents: Sequence) -> tuple[LocalSampler, list[str]]:
         """A sampler over the agents' own policies, and each agent's model name."""
         names = model_names(agents)
         return cls({n: a.policy for n, a in zip(names, agents)}), names

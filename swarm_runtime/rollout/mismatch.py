@@ -16,6 +16,7 @@ importance sampling, no gradient through the weight), and each Bradley-Terry pai
 weight of the pair's original bid (the one the sampler drew in the rollout: :func:`swarm_runtime.train.bid.bid_update`);
 off (None) both losses are today's on-policy ones. Bids are reported as ``mismatch/bid_*``.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,11 @@ class Mismatch:
         if not self.tokens:
             return {}
         m = f"mismatch/{prefix}"
-        out = {f"{m}approx_kl_{name}": self.k3 / self.tokens, f"{m}max_abs_dlogp_{name}": self.max_abs,
-               f"{m}past_cap_{name}": self.past / self.tokens}
+        out = {
+            f"{m}approx_kl_{name}": self.k3 / self.tokens,
+            f"{m}max_abs_dlogp_{name}": self.max_abs,
+            f"{m}past_cap_{name}": self.past / self.tokens,
+        }
         if self.weights:
             out[f"{m}is_weight_mean_{name}"] = sum(self.weights) / len(self.weights)
         return out

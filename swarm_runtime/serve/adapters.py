@@ -12,6 +12,7 @@ request shapes: ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` loads 
 onto the base (replacing one of that name), ``POST /v1/unload_lora_adapter {"lora_name"}`` drops one;
 ``GET /v1/models`` lists the base and every adapter loaded (``parent``: the base).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ def adapter_folder(path: str | Path) -> Path:
     """``path`` if it is a PEFT adapter folder; :class:`BadRequest` naming what is missing otherwise."""
     p = Path(str(path))
     if not (p / "adapter_config.json").exists():
-        raise BadRequest(f"lora_path {str(path)!r} is not a PEFT adapter folder (no adapter_config.json)",
-                         param="lora_path")
+        raise BadRequest(
+            f"lora_path {str(path)!r} is not a PEFT adapter folder (no adapter_config.json)", param="lora_path"
+        )
     return p
 
 
@@ -61,8 +63,11 @@ class AdapterHost:
         if f.exists():
             want = json.loads(f.read_text()).get("fingerprint")
             if want and want != self.fingerprint:
-                raise BadRequest(f"lora_path {str(folder)!r} was trained on another base (fingerprint {want[:12]}, "
-                                 f"this worker's base {self.base_path} is {self.fingerprint[:12]})", param="lora_path")
+                raise BadRequest(
+                    f"lora_path {str(folder)!r} was trained on another base (fingerprint {want[:12]}, "
+                    f"this worker's base {self.base_path} is {self.fingerprint[:12]})",
+                    param="lora_path",
+                )
 
     def load(self, name: str, path: str | Path) -> None:
         """Load the adapter folder ``path`` as ``name`` (a loaded ``name`` is replaced)."""
@@ -79,12 +84,14 @@ class AdapterHost:
             from safetensors.torch import load_file
 
             with torch.no_grad():
-                result = set_peft_model_state_dict(self.shared.model, load_file(str(folder / "adapter_model.safetensors")),
-                                                   adapter_name=name)
+                result = set_peft_model_state_dict(
+                    self.shared.model, load_file(str(folder / "adapter_model.safetensors")), adapter_name=name
+                )
             missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
             if missing:
-                raise BadRequest(f"lora_path {str(folder)!r}: weights {missing[:3]} do not fit adapter {name!r}",
-                                 param="lora_path")
+                raise BadRequest(
+                    f"lora_path {str(folder)!r}: weights {missing[:3]} do not fit adapter {name!r}", param="lora_path"
+                )
             self.paths[name] = str(folder)
             return
         if name in self.policies:
@@ -98,24 +105,34 @@ class AdapterHost:
         self.shared.model.eval()
         for p in self.shared.model.parameters():
             p.requires_grad_(False)
-        self.shared.lora_layers = [m for m in self.shared.model.modules()
-                                   if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+        self.shared.lora_layers = [
+            m for m in self.shared.model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")
+        ]
         self.policies[name] = AdapterPolicy(self.shared, name, **self.kw).eval()
         self.paths[name] = str(folder)
 
     def _same_shape(self, name: str, folder: Path) -> bool:
         cfg = json.loads((folder / "adapter_config.json").read_text())
         have = self.shared.model.peft_config[name]
-        return (int(cfg.get("r", -1)) == int(have.r) and float(cfg.get("lora_alpha", -1)) == float(have.lora_alpha)
-                and set(cfg.get("target_modules") or []) == set(have.target_modules or []))
+        return (
+            int(cfg.get("r", -1)) == int(have.r)
+            and float(cfg.get("lora_alpha", -1)) == float(have.lora_alpha)
+            and set(cfg.get("target_modules") or []) == set(have.target_modules or [])
+        )
 
     def unload(self, name: str) -> None:
         if name not in self.policies:
-            raise BadRequest(f"lora_name {name!r} is not loaded; loaded: {', '.join(self.policies) or 'none'}",
-                             param="lora_name", status=404)
+            raise BadRequest(
+                f"lora_name {name!r} is not loaded; loaded: {', '.join(self.policies) or 'none'}",
+                param="lora_name",
+                status=404,
+            )
         if len(self.policies) == 1:
-            raise BadRequest(f"{name!r} is this worker's only adapter: load another before unloading it "
-                             "(or load new weights under the same name)", param="lora_name")
+            raise BadRequest(
+                f"{name!r} is this worker's only adapter: load another before unloading it "
+                "(or load new weights under the same name)",
+                param="lora_name",
+            )
         self.shared.model.delete_adapter(name)
         self.shared._active = None
         del self.policies[name], self.paths[name]

@@ -10,12 +10,13 @@ evaluate.evaluate` with ``common_random_numbers`` (run ``r`` on seed ``s`` draws
 ``key_hash(eval seed, r, s)``), so a fault-free served evaluation equals the in-process
 ``swarm eval RUN eval.common_random_numbers=true`` episode by episode.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class ServeError(RuntimeError):
@@ -28,8 +29,9 @@ class SwarmClient:
 
         key = api_key if api_key is not None else os.environ.get("SWARM_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout,
-                                      limits=httpx.Limits(max_connections=256))
+        self.http = httpx.AsyncClient(
+            base_url=url.rstrip("/"), headers=headers, timeout=timeout, limits=httpx.Limits(max_connections=256)
+        )
 
     async def __aenter__(self):
         return self
@@ -70,10 +72,14 @@ class SwarmClient:
         """Recent episodes (``status="interrupted"``: those a gateway crash cut off), without turns."""
         return (await self._json("GET", "/v1/episodes", params={"status": status} if status else None))["episodes"]
 
-    async def turn(self, episode_id: str, observation: str, reward: float = 0.0, valid: bool = True,
-                   done: bool = False) -> dict:
-        return await self._json("POST", f"/v1/episodes/{episode_id}/turns",
-                                json={"observation": observation, "reward": reward, "valid": valid, "done": done})
+    async def turn(
+        self, episode_id: str, observation: str, reward: float = 0.0, valid: bool = True, done: bool = False
+    ) -> dict:
+        return await self._json(
+            "POST",
+            f"/v1/episodes/{episode_id}/turns",
+            json={"observation": observation, "reward": reward, "valid": valid, "done": done},
+        )
 
 
 def to_episode(body: dict):
@@ -82,20 +88,42 @@ def to_episode(body: dict):
     from swarm_runtime.episode import Episode, Turn
 
     index = {name: i for i, name in enumerate(body["agents"])}
-    ep = Episode(int(body["seed"]), reward=float(body["reward"]), metrics=dict(body.get("metrics") or {}),
-                 unparsed_bids=int(body.get("unparsed_bids", 0)), invalid_actions=int(body.get("invalid_actions", 0)),
-                 reward_missing=bool(body.get("reward_missing", False)))
+    ep = Episode(
+        int(body["seed"]),
+        reward=float(body["reward"]),
+        metrics=dict(body.get("metrics") or {}),
+        unparsed_bids=int(body.get("unparsed_bids", 0)),
+        invalid_actions=int(body.get("invalid_actions", 0)),
+        reward_missing=bool(body.get("reward_missing", False)),
+    )
     for rec in body["turns"]:
         w = index.get(rec["agent"]) if rec["agent"] is not None else None
         bids = [rec["bids"].get(n) for n in body["agents"]]
-        ep.turns.append(Turn(rec["t"], bids, [None] * len(bids), [None] * len(bids),
-                             AuctionResult(w, None, float(rec["bid"] or 0.0)), action_text=rec["action"] or "",
-                             reward=float(rec.get("reward", 0.0)), valid=bool(rec.get("valid", True))))
+        ep.turns.append(
+            Turn(
+                rec["t"],
+                bids,
+                [None] * len(bids),
+                [None] * len(bids),
+                AuctionResult(w, None, float(rec["bid"] or 0.0)),
+                action_text=rec["action"] or "",
+                reward=float(rec.get("reward", 0.0)),
+                valid=bool(rec.get("valid", True)),
+            )
+        )
     return ep
 
 
-async def evaluate_served(url: str, seeds: Sequence[int], runs: int, seed: int, temperature: float | None,
-                          task: str | None, concurrency: int = 8, split: str = "any"):
+async def evaluate_served(
+    url: str,
+    seeds: Sequence[int],
+    runs: int,
+    seed: int,
+    temperature: float | None,
+    task: str | None,
+    concurrency: int = 8,
+    split: str = "any",
+):
     """Play ``runs`` episodes of every held-out seed through the service; return (summary, episodes,
     bodies) as :func:`swarm_runtime.evaluate.evaluate` does, plus the service's raw answers.
     ``split``: the seeds' split as the service checks it (``any``: the caller chose them from its run's
@@ -107,6 +135,7 @@ async def evaluate_served(url: str, seeds: Sequence[int], runs: int, seed: int, 
     grid = [(r, s) for r in range(runs) for s in seeds]
     sem = asyncio.Semaphore(max(1, int(concurrency)))
     async with SwarmClient(url) as c:
+
         async def one(r: int, s: int) -> dict:
             async with sem:
                 fields = {"seed": int(s), "noise": str(key_hash(seed, r, s)), "split": split}

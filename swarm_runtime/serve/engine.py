@@ -12,6 +12,7 @@ the coordinator picks again (the runner-up). A server-side episode's env steps a
 are computed by the same functions. An episode fails only when no agent is up for ``agent_wait``
 seconds (:class:`NoAgentsLeft`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,9 @@ import json
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from loguru import logger
 
@@ -116,8 +118,9 @@ class AgentClients:
 
         p = self._pools.get(url)
         if p is None:
-            p = self._pools[url] = httpcore.AsyncConnectionPool(max_connections=self.max_connections,
-                                                                max_keepalive_connections=self.max_connections)
+            p = self._pools[url] = httpcore.AsyncConnectionPool(
+                max_connections=self.max_connections, max_keepalive_connections=self.max_connections
+            )
         return p
 
     async def post_json(self, url: str, path: str, body: dict, timeout: float) -> tuple[dict, dict]:
@@ -129,8 +132,9 @@ class AgentClients:
         ext = {"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}}
         for attempt in (0, 1):  # a keep-alive connection the worker closed meanwhile: once more, on a new one
             try:
-                r = await self.pool(url).request("POST", url + path, content=data, extensions=ext,
-                                                 headers=[(b"content-type", b"application/json")])
+                r = await self.pool(url).request(
+                    "POST", url + path, content=data, extensions=ext, headers=[(b"content-type", b"application/json")]
+                )
                 break
             except (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError):
                 if attempt:  # keyed draws make the retry's answer the same as the first one's
@@ -162,7 +166,7 @@ class TurnAnswerer:
     request is ``None`` (counted as a failure and a failover, the agent marked down). Keeps the
     workers' reported compute on the critical path: the slowest answered bid plus the action."""
 
-    def __init__(self, engine: "Engine", ep: ServedEpisode):
+    def __init__(self, engine: Engine, ep: ServedEpisode):
         self.engine, self.ep = engine, ep
         #: the episode's own sampling temperature, else the run's
         self.temperature = float(engine.opts.temperature if ep.temperature is None else ep.temperature)
@@ -174,8 +178,13 @@ class TurnAnswerer:
 
     async def _post(self, row: Row, body: dict, timeout: float) -> tuple[str, float]:
         a: AgentHandle = row.context
-        body = {"model": a.model_id, "prompt": row.prompt, "temperature": self.temperature,
-                "seed": seed_for(*row.key), **body}
+        body = {
+            "model": a.model_id,
+            "prompt": row.prompt,
+            "temperature": self.temperature,
+            "seed": seed_for(*row.key),
+            **body,
+        }
         a.inflight += 1
         try:
             answer, headers = await self.engine.client.post_json(a.url, "/v1/completions", body, timeout)
@@ -238,8 +247,13 @@ class TurnAnswerer:
                 eng.metrics.failures[(a.name, "action")] += 1
                 eng.metrics.failovers += 1
             eng.pop.mark_down(a, f"action request failed: {type(exc).__name__}: {exc}")
-            logger.warning("episode {} turn {}: {} failed to act ({}); next bidder", self.ep.id, self.ep.t, a.name,
-                           type(exc).__name__)
+            logger.warning(
+                "episode {} turn {}: {} failed to act ({}); next bidder",
+                self.ep.id,
+                self.ep.t,
+                a.name,
+                type(exc).__name__,
+            )
             return None
 
 
@@ -247,8 +261,9 @@ class Engine:
     """The gateway's episodes: each turn is the :class:`~swarm_runtime.serve.turns.ServedTurns` strategy
     run by :attr:`turns` (a :class:`~swarm_runtime.rollout.engine.TurnEngine`) with a :class:`TurnAnswerer`."""
 
-    def __init__(self, domain, coordinator, population: Population, client, opts: EngineOptions, metrics,
-                 credit_fn: Callable):
+    def __init__(
+        self, domain, coordinator, population: Population, client, opts: EngineOptions, metrics, credit_fn: Callable
+    ):
         """``client``: the :class:`AgentClients` the agents' requests go through."""
         self.domain, self.coordinator, self.pop, self.client = domain, coordinator, population, client
         self.opts, self.metrics, self.credit_fn = opts, metrics, credit_fn
@@ -265,8 +280,9 @@ class Engine:
                 return up
             if time.monotonic() >= end:
                 states = ", ".join(f"{a.name} {a.status}" for a in self.pop.agents) or "none registered"
-                raise NoAgentsLeft(f"no agent left to bid: every agent has been down for "
-                                   f"{self.opts.agent_wait_s:g}s ({states})")
+                raise NoAgentsLeft(
+                    f"no agent left to bid: every agent has been down for {self.opts.agent_wait_s:g}s ({states})"
+                )
             await asyncio.sleep(0.05)
 
     async def decide(self, ep: ServedEpisode, observation: str) -> tuple[Turn, dict]:
@@ -282,11 +298,18 @@ class Engine:
         agents = self.pop.agents
         winner = agents[res.winner] if res.winner is not None else None
         compute = answerer.bid_compute + answerer.act_compute
-        record = {"t": ep.t, "bids": {agents[i].name: b for i, b in enumerate(turn.bids) if b is not None},
-                  "missed": [agents[i].name for i in out.missed], "failed": [agents[i].name for i in out.failed],
-                  "agent": winner.name if winner else None, "role": winner.role if winner else None,
-                  "bid": res.winning_bid if winner else None, "action": turn.action_text if winner else None,
-                  "latency_ms": round(latency * 1000, 3), "compute_ms": round(compute * 1000, 3)}
+        record = {
+            "t": ep.t,
+            "bids": {agents[i].name: b for i, b in enumerate(turn.bids) if b is not None},
+            "missed": [agents[i].name for i in out.missed],
+            "failed": [agents[i].name for i in out.failed],
+            "agent": winner.name if winner else None,
+            "role": winner.role if winner else None,
+            "bid": res.winning_bid if winner else None,
+            "action": turn.action_text if winner else None,
+            "latency_ms": round(latency * 1000, 3),
+            "compute_ms": round(compute * 1000, 3),
+        }
         with self.metrics.lock:
             self.metrics.turns += 1
             self.metrics.skipped_turns += int(winner is None)
@@ -326,15 +349,28 @@ class Engine:
         rewards = fold_skipped_rewards([t.reward for t in e.turns], [t.winner is not None for t in e.turns])
         credit: dict[str, float] = {}
         if acted:
-            for turn, c in zip(acted, self.credit_fn(rewards, [t.auction.winning_bid for t in acted],
-                                                     random.Random(ep.noise))):
+            for turn, c in zip(
+                acted, self.credit_fn(rewards, [t.auction.winning_bid for t in acted], random.Random(ep.noise))
+            ):
                 name = self.pop.agents[turn.winner].name
                 credit[name] = credit.get(name, 0.0) + float(c)
         if ep.status == "running" and ep.env is None:
             e.reward = sum(t.reward for t in e.turns)
-        return {"id": ep.id, "status": ep.status, "error": ep.error, "task": ep.task_name, "seed": ep.seed,
-                "noise": str(ep.noise), "reward": e.reward, "metrics": e.metrics, "decisions": len(e.turns),
-                "credit": credit, "missed_bids": sum(len(r["missed"]) for r in ep.records),
-                "failovers": sum(len(r["failed"]) for r in ep.records), "unparsed_bids": e.unparsed_bids,
-                "invalid_actions": e.invalid_actions, "reward_missing": e.reward_missing,
-                "agents": [a.name for a in self.pop.agents]}
+        return {
+            "id": ep.id,
+            "status": ep.status,
+            "error": ep.error,
+            "task": ep.task_name,
+            "seed": ep.seed,
+            "noise": str(ep.noise),
+            "reward": e.reward,
+            "metrics": e.metrics,
+            "decisions": len(e.turns),
+            "credit": credit,
+            "missed_bids": sum(len(r["missed"]) for r in ep.records),
+            "failovers": sum(len(r["failed"]) for r in ep.records),
+            "unparsed_bids": e.unparsed_bids,
+            "invalid_actions": e.invalid_actions,
+            "reward_missing": e.reward_missing,
+            "agents": [a.name for a in self.pop.agents],
+        }

@@ -35,7 +35,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from loguru import logger
 
@@ -74,16 +74,24 @@ class Guard:
     async def _reply(self, send, status: int, msg: str) -> None:
         body = json.dumps(error_body(msg, status)).encode()
         self._count(status)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        if (self.key is not None and scope.get("path") not in PROBES
-                and not hmac.compare_digest(headers.get(b"authorization", b""), self.key)):
+        if (
+            self.key is not None
+            and scope.get("path") not in PROBES
+            and not hmac.compare_digest(headers.get(b"authorization", b""), self.key)
+        ):
             return await self._reply(send, 401, "missing or wrong API key: send 'Authorization: Bearer $SWARM_API_KEY'")
         try:
             length = int(headers.get(b"content-length", b"0") or 0)
@@ -145,25 +153,25 @@ def client_of(request) -> str:
 
 
 def make_app(setup: GatewaySetup):
+    from typing import Annotated
+
     import httpx
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-    from typing import Annotated
-
     from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    from swarm_runtime.domain import Event
     from swarm_runtime.env import close_all
     from swarm_runtime.episode import make_env
+    from swarm_runtime.policy.noise import key_hash
     from swarm_runtime.run import RunContext
     from swarm_runtime.serve.engine import AgentClients, Engine, EngineOptions, NoAgentsLeft, ServedEpisode, new_id
     from swarm_runtime.serve.journal import COMPACT_BYTES, Journal, recover
     from swarm_runtime.serve.metrics import Metrics
     from swarm_runtime.serve.population import Population, PopulationOptions
     from swarm_runtime.serve.validate import check_agent_url, check_name, no_bool, validated
-    from swarm_runtime.policy.noise import key_hash
-    from swarm_runtime.domain import Event
 
     cfg, s = setup.cfg, setup.cfg.serve
     ctx = RunContext(cfg, setup.pm, setup.registry, setup.run_dir)
@@ -172,21 +180,42 @@ def make_app(setup: GatewaySetup):
     serve_dir = setup.run_dir / "serve"
     serve_dir.mkdir(parents=True, exist_ok=True)
     metrics = Metrics()
-    pop = Population(PopulationOptions(
-        max_prompt_tokens=int(cfg.model.max_prompt_tokens), device=str(cfg.hardware.device),
-        worker_threads=int(s.worker_threads), restart_workers=bool(s.restart_workers),
-        probe_interval_s=float(s.probe_interval_ms) / 1000, drop_after_misses=int(s.drop_after_misses),
-        log_dir=serve_dir / "workers", join_timeout_s=float(s.startup_timeout_s), max_restarts=int(s.max_restarts),
-        restart_window_s=float(s.restart_window_s), backoff_max_s=float(s.restart_backoff_max_s)))
+    pop = Population(
+        PopulationOptions(
+            max_prompt_tokens=int(cfg.model.max_prompt_tokens),
+            device=str(cfg.hardware.device),
+            worker_threads=int(s.worker_threads),
+            restart_workers=bool(s.restart_workers),
+            probe_interval_s=float(s.probe_interval_ms) / 1000,
+            drop_after_misses=int(s.drop_after_misses),
+            log_dir=serve_dir / "workers",
+            join_timeout_s=float(s.startup_timeout_s),
+            max_restarts=int(s.max_restarts),
+            restart_window_s=float(s.restart_window_s),
+            backoff_max_s=float(s.restart_backoff_max_s),
+        )
+    )
     temperature = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.model.temperature
-    opts = EngineOptions(bid_levels=[float(b) for b in cfg.algo.bid_levels], bid_mode=str(cfg.model.bid_mode),
-                         temperature=float(temperature), max_action_tokens=int(cfg.model.max_action_tokens),
-                         max_bid_tokens=int(cfg.model.max_bid_tokens),
-                         constrained_actions=bool(cfg.model.constrained_actions),
-                         bid_deadline_s=float(s.bid_deadline_ms) / 1000, action_timeout_s=float(s.action_timeout_ms) / 1000,
-                         agent_wait_s=float(s.agent_wait_s))
-    state: dict[str, Any] = {"accepting": True, "running": {}, "episodes": {}, "client": None, "engine": None,
-                             "background": [], "past": {}}
+    opts = EngineOptions(
+        bid_levels=[float(b) for b in cfg.algo.bid_levels],
+        bid_mode=str(cfg.model.bid_mode),
+        temperature=float(temperature),
+        max_action_tokens=int(cfg.model.max_action_tokens),
+        max_bid_tokens=int(cfg.model.max_bid_tokens),
+        constrained_actions=bool(cfg.model.constrained_actions),
+        bid_deadline_s=float(s.bid_deadline_ms) / 1000,
+        action_timeout_s=float(s.action_timeout_ms) / 1000,
+        agent_wait_s=float(s.agent_wait_s),
+    )
+    state: dict[str, Any] = {
+        "accepting": True,
+        "running": {},
+        "episodes": {},
+        "client": None,
+        "engine": None,
+        "background": [],
+        "past": {},
+    }
     transcripts = serve_dir / "episodes.jsonl"
     journal_path = serve_dir / "journal.jsonl"
     seed_sets: dict[tuple[str, str], set] = {}
@@ -203,12 +232,20 @@ def make_app(setup: GatewaySetup):
         lost = recover(journal_path)
         with transcripts.open("a") as f:
             for e in lost:
-                body = {"id": e["id"], "status": "interrupted",
-                        "error": "the gateway stopped (killed or crashed) during this episode; replay it with its "
-                                 "seed and noise", "task": e["task"], "seed": e["seed"], "noise": e["noise"],
-                        "env": e["env"], "decisions": len(e["turns"]),
-                        "reward": sum(float(r.get("reward") or 0.0) for r in e["turns"]), "turns": e["turns"],
-                        "recovered": True}
+                body = {
+                    "id": e["id"],
+                    "status": "interrupted",
+                    "error": "the gateway stopped (killed or crashed) during this episode; replay it with its "
+                    "seed and noise",
+                    "task": e["task"],
+                    "seed": e["seed"],
+                    "noise": e["noise"],
+                    "env": e["env"],
+                    "decisions": len(e["turns"]),
+                    "reward": sum(float(r.get("reward") or 0.0) for r in e["turns"]),
+                    "turns": e["turns"],
+                    "recovered": True,
+                }
                 f.write(json.dumps(body) + "\n")
                 state["past"][e["id"]] = body
                 metrics.episodes["interrupted"] += 1
@@ -216,8 +253,11 @@ def make_app(setup: GatewaySetup):
         tmp.write_bytes(b"")
         os.replace(tmp, journal_path)  # everything in the old journal has ended now
         if lost:
-            logger.warning("{} episodes were interrupted by the gateway's last stop: {} (status interrupted)",
-                           len(lost), ", ".join(e["id"] for e in lost[:8]))
+            logger.warning(
+                "{} episodes were interrupted by the gateway's last stop: {} (status interrupted)",
+                len(lost),
+                ", ".join(e["id"] for e in lost[:8]),
+            )
 
     recover_journal()
     journal = Journal(journal_path)
@@ -237,8 +277,10 @@ def make_app(setup: GatewaySetup):
             lost = lost_turns(ep)
             if lost / len(ep.records) > float(s.degraded_share):
                 status = "degraded"
-                error = (f"{lost} of {len(ep.records)} turns lost to missed bids or failed agents (more than "
-                         f"serve.degraded_share={s.degraded_share:g})")
+                error = (
+                    f"{lost} of {len(ep.records)} turns lost to missed bids or failed agents (more than "
+                    f"serve.degraded_share={s.degraded_share:g})"
+                )
         if ep.status == "running" or status != "done":
             ep.status, ep.error = status, error
         if ep.env is not None:  # a server-side episode's world ends with it (ep.env stays: it marks the kind)
@@ -248,8 +290,14 @@ def make_app(setup: GatewaySetup):
             metrics.episode_duration.observe(time.monotonic() - ep.started)
         save_transcript(ep)
         journal.end(ep.id, ep.status)
-        logger.info("episode {} {}: reward {:.2f} in {} decisions{}", ep.id, ep.status, ep.episode.reward, ep.t,
-                    f" ({error})" if error else "")
+        logger.info(
+            "episode {} {}: reward {:.2f} in {} decisions{}",
+            ep.id,
+            ep.status,
+            ep.episode.reward,
+            ep.t,
+            f" ({error})" if error else "",
+        )
 
     def running_count() -> int:
         return sum(1 for e in state["episodes"].values() if e.status == "running")
@@ -259,8 +307,12 @@ def make_app(setup: GatewaySetup):
             await asyncio.sleep(1.0)
             now = time.monotonic()
             for eid, ep in list(state["episodes"].items()):
-                if (ep.status == "running" and ep.env is None and not ep.lock.locked()  # a turn in progress is not idle
-                        and now - ep.last_used > float(s.episode_idle_s)):
+                if (
+                    ep.status == "running"
+                    and ep.env is None
+                    and not ep.lock.locked()  # a turn in progress is not idle
+                    and now - ep.last_used > float(s.episode_idle_s)
+                ):
                     finish(ep, "expired", f"no turn for more than serve.episode_idle_s={s.episode_idle_s}s")
                 if ep.status != "running" and now - ep.last_used > max(60.0, float(s.episode_idle_s)):
                     state["episodes"].pop(eid, None)
@@ -268,8 +320,18 @@ def make_app(setup: GatewaySetup):
                 state["past"].pop(next(iter(state["past"])))
             if journal.size() > journal_limit:
                 live = [e for e in state["episodes"].values() if e.status == "running"]
-                journal.compact([({**journal.start_event(e, "server" if e.env is not None else "client", e.client),
-                                   "time": e.started_wall}, e.records) for e in live])
+                journal.compact(
+                    [
+                        (
+                            {
+                                **journal.start_event(e, "server" if e.env is not None else "client", e.client),
+                                "time": e.started_wall,
+                            },
+                            e.records,
+                        )
+                        for e in live
+                    ]
+                )
                 logger.info("journal compacted to the {} running episodes", len(live))
 
     async def drain() -> None:
@@ -319,8 +381,12 @@ def make_app(setup: GatewaySetup):
             if a.status == "starting":
                 await pop.probe(client, a)
         state["background"] = [asyncio.ensure_future(pop.watch(client)), asyncio.ensure_future(sweep())]
-        logger.info("swarm serve: {} agents up ({}), checkpoint {}", len(pop.bidders()),
-                    ", ".join(a.name for a in pop.agents), setup.checkpoint.name)
+        logger.info(
+            "swarm serve: {} agents up ({}), checkpoint {}",
+            len(pop.bidders()),
+            ", ".join(a.name for a in pop.agents),
+            setup.checkpoint.name,
+        )
         print(f"serving {cfg.domain}/{cfg.task_name} on http://{s.host}:{s.port}", flush=True)
         try:
             yield
@@ -328,7 +394,9 @@ def make_app(setup: GatewaySetup):
             state["accepting"] = False
             running = [t for t in state["running"].values() if not t.done()]
             if running:
-                logger.info("shutting down: waiting up to {}s for {} running episodes", s.shutdown_grace_s, len(running))
+                logger.info(
+                    "shutting down: waiting up to {}s for {} running episodes", s.shutdown_grace_s, len(running)
+                )
                 done, pending = await asyncio.wait(running, timeout=float(s.shutdown_grace_s))
                 for t in pending:
                     t.cancel()
@@ -346,8 +414,12 @@ def make_app(setup: GatewaySetup):
             journal.close()
             await client.aclose()
             await state["agent_clients"].aclose()
-            logger.info("swarm serve stopped: {} episodes done, {} interrupted; transcripts in {}",
-                        metrics.episodes.get("done", 0), interrupted, transcripts)
+            logger.info(
+                "swarm serve stopped: {} episodes done, {} interrupted; transcripts in {}",
+                metrics.episodes.get("done", 0),
+                interrupted,
+                transcripts,
+            )
 
     app = FastAPI(title="swarm serve", lifespan=lifespan)
     app.state.drain = drain
@@ -359,14 +431,18 @@ def make_app(setup: GatewaySetup):
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request, exc):
-        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            error_body(str(exc.detail), exc.status_code),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request, exc):  # path parameters (bodies are read by validate.validated)
         err = exc.errors()[0]
-        return JSONResponse(error_body(f"{'.'.join(map(str, err.get('loc', ())))}: {err.get('msg')}", 422),
-                            status_code=422)
+        return JSONResponse(
+            error_body(f"{'.'.join(map(str, err.get('loc', ())))}: {err.get('msg')}", 422), status_code=422
+        )
 
     Number = Annotated[float, BeforeValidator(no_bool)]  # a float, where JSON true/false is refused
 
@@ -377,20 +453,20 @@ def make_app(setup: GatewaySetup):
     class AgentRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
         role: str = Field(..., max_length=200)
-        checkpoint: Optional[str] = Field(None, max_length=4096)
-        url: Optional[str] = Field(None, max_length=4096)
-        name: Optional[str] = Field(None, max_length=200)
+        checkpoint: str | None = Field(None, max_length=4096)
+        url: str | None = Field(None, max_length=4096)
+        name: str | None = Field(None, max_length=200)
 
     class EpisodeRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-        task: Optional[str] = Field(None, max_length=200)
-        seed: Optional[StrictInt] = Field(None, ge=0, le=(1 << 63) - 1)
-        split: Optional[Literal[SEED_SPLITS]] = None
-        noise: Optional[Union[StrictInt, str]] = None
-        temperature: Optional[Number] = Field(None, ge=0.0, le=100.0)
+        task: str | None = Field(None, max_length=200)
+        seed: StrictInt | None = Field(None, ge=0, le=(1 << 63) - 1)
+        split: Literal[SEED_SPLITS] | None = None
+        noise: StrictInt | str | None = None
+        temperature: Number | None = Field(None, ge=0.0, le=100.0)
         stream: StrictBool = False
         env: Literal["server", "client"] = "server"
-        max_decisions: Optional[StrictInt] = Field(None, ge=1, le=100_000)
+        max_decisions: StrictInt | None = Field(None, ge=1, le=100_000)
 
         @field_validator("noise", mode="before")
         @classmethod
@@ -433,25 +509,43 @@ def make_app(setup: GatewaySetup):
         up = len(pop.bidders())
         live_agents = [a for a in pop.agents if a.status != "removed"]
         ok, missing = ready()
-        status = ("no_agents" if not up else "role_missing" if missing else
-                  "ok" if up == len(live_agents) else "degraded")
+        status = (
+            "no_agents" if not up else "role_missing" if missing else "ok" if up == len(live_agents) else "degraded"
+        )
         status = status if state["accepting"] else "shutting_down"
-        return JSONResponse({"status": status, "ready": ok, "roles_missing": missing, "agents_up": up,
-                             "agents": len(live_agents), "episodes_running": running_count(),
-                             "domain": cfg.domain, "task": cfg.task_name, "checkpoint": setup.checkpoint.name},
-                            status_code=200 if ok else 503)
+        return JSONResponse(
+            {
+                "status": status,
+                "ready": ok,
+                "roles_missing": missing,
+                "agents_up": up,
+                "agents": len(live_agents),
+                "episodes_running": running_count(),
+                "domain": cfg.domain,
+                "task": cfg.task_name,
+                "checkpoint": setup.checkpoint.name,
+            },
+            status_code=200 if ok else 503,
+        )
 
     @app.get("/metrics")
     def prometheus():
         live_agents = [a for a in pop.agents if a.status != "removed"]
-        return PlainTextResponse(metrics.render(len(pop.bidders()), len(live_agents), running_count(), pop.agents),
-                                 media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(
+            metrics.render(len(pop.bidders()), len(live_agents), running_count(), pop.agents),
+            media_type="text/plain; version=0.0.4",
+        )
 
     @app.get("/v1/models")
     def models():
-        return {"object": "list", "data": [{"id": a.name, "object": "model", "owned_by": "swarm-runtime",
-                                            "role": a.role, "status": a.status}
-                                           for a in pop.agents if a.status != "removed"]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": a.name, "object": "model", "owned_by": "swarm-runtime", "role": a.role, "status": a.status}
+                for a in pop.agents
+                if a.status != "removed"
+            ],
+        }
 
     @app.get("/v1/swarm/agents")
     def list_agents():
@@ -460,11 +554,20 @@ def make_app(setup: GatewaySetup):
     @app.get("/v1/swarm")
     def swarm_state():
         ok, missing = ready()
-        return {"ready": ok, "roles": roles, "roles_missing": missing, "accepting": state["accepting"],
-                "episodes_running": running_count(), "agents": [a.public() for a in pop.agents],
-                "adapter_hosts": [h.public() for h in pop.hosts],
-                "restart_policy": {"max_restarts": int(s.max_restarts), "window_s": float(s.restart_window_s),
-                                   "backoff_max_s": float(s.restart_backoff_max_s)}}
+        return {
+            "ready": ok,
+            "roles": roles,
+            "roles_missing": missing,
+            "accepting": state["accepting"],
+            "episodes_running": running_count(),
+            "agents": [a.public() for a in pop.agents],
+            "adapter_hosts": [h.public() for h in pop.hosts],
+            "restart_policy": {
+                "max_restarts": int(s.max_restarts),
+                "window_s": float(s.restart_window_s),
+                "backoff_max_s": float(s.restart_backoff_max_s),
+            },
+        }
 
     def checkpoint_folder(req) -> Path:
         """The role folder an added agent serves: a checkpoint tag of the run, or a folder inside the run."""
@@ -482,8 +585,12 @@ def make_app(setup: GatewaySetup):
             if (path / "config.json").exists() and path.is_relative_to(run):
                 return path
         tags = sorted(p.name for p in ckpts.glob("*") if (p / "agents").is_dir())
-        raise BadRequest(f"checkpoint {req.checkpoint!r} is neither a tag of the run with a {req.role} model nor a "
-                         f"role folder inside the run folder; tags: {', '.join(tags)}", param="checkpoint", status=422)
+        raise BadRequest(
+            f"checkpoint {req.checkpoint!r} is neither a tag of the run with a {req.role} model nor a "
+            f"role folder inside the run folder; tags: {', '.join(tags)}",
+            param="checkpoint",
+            status=422,
+        )
 
     @app.post("/v1/swarm/agents", status_code=201)
     async def add_agent(request: Request):
@@ -491,13 +598,18 @@ def make_app(setup: GatewaySetup):
         if req.role not in roles:
             raise BadRequest(f"unknown role {req.role!r}; valid: {', '.join(roles)}", param="role", status=422)
         if req.checkpoint is not None and req.url is not None:
-            raise BadRequest("give checkpoint (a tag of the run, or a role folder) or url, not both; "
-                             "neither: the checkpoint being served", param="url", status=422)
+            raise BadRequest(
+                "give checkpoint (a tag of the run, or a role folder) or url, not both; "
+                "neither: the checkpoint being served",
+                param="url",
+                status=422,
+            )
         if req.name is not None:
             check_name(req.name)
             if any(a.name == req.name for a in pop.agents):
-                raise BadRequest(f"an agent named {req.name!r} exists already (names are never reused)", param="name",
-                                 status=409)
+                raise BadRequest(
+                    f"an agent named {req.name!r} exists already (names are never reused)", param="name", status=409
+                )
         if req.url is not None:
             url = check_agent_url(req.url, list(s.allow_hosts or []))
             a = pop.add_url(req.role, url, req.name)
@@ -508,9 +620,13 @@ def make_app(setup: GatewaySetup):
 
             host = (state.get("hosts") or {}).get(req.role, state.get("host"))
             if req.checkpoint not in (None, setup.checkpoint.name) or host is None or host.status == "failed":
-                raise BadRequest("this run's agents are LoRA adapters on one base, served by one worker: a new agent "
-                                 "serves its role's adapter of the checkpoint being served (give no checkpoint), or "
-                                 "join another server by url", param="checkpoint", status=422)
+                raise BadRequest(
+                    "this run's agents are LoRA adapters on one base, served by one worker: a new agent "
+                    "serves its role's adapter of the checkpoint being served (give no checkpoint), or "
+                    "join another server by url",
+                    param="checkpoint",
+                    status=422,
+                )
             a = pop.add_url(req.role, host.url, req.name, model_id=adapter_name(req.role))
             await pop.probe(state["client"], a)
             return JSONResponse(a.public(), status_code=201)
@@ -521,7 +637,9 @@ def make_app(setup: GatewaySetup):
     async def remove_agent(name: str):
         a = pop.by_name(name)
         if a is None:
-            raise HTTPException(404, f"no agent {name!r}; agents: {', '.join(x.name for x in pop.agents if x.status != 'removed')}")
+            raise HTTPException(
+                404, f"no agent {name!r}; agents: {', '.join(x.name for x in pop.agents if x.status != 'removed')}"
+            )
         await pop.drain(a)
         if not any(x.url == a.url and x.status != "removed" for x in pop.agents):
             await state["agent_clients"].forget(a.url)
@@ -544,9 +662,12 @@ def make_app(setup: GatewaySetup):
         if req.seed not in seed_sets[key]:
             seeds = sorted(seed_sets[key])
             span = f"{seeds[0]}-{seeds[-1]}" if seeds else "none"
-            raise BadRequest(f"seed {req.seed} is not in the {split} split of {task_name} ({span}); held-out "
-                             "seeds are the default, send \"split\": \"train\", \"dev\" or \"any\" to play another",
-                             param="seed", status=422)
+            raise BadRequest(
+                f"seed {req.seed} is not in the {split} split of {task_name} ({span}); held-out "
+                'seeds are the default, send "split": "train", "dev" or "any" to play another',
+                param="seed",
+                status=422,
+            )
         return int(req.seed)
 
     async def admit(req: EpisodeRequest, cid: str) -> None:
@@ -555,33 +676,53 @@ def make_app(setup: GatewaySetup):
         if not state["accepting"]:
             raise refuse(503, "the gateway is shutting down: no new episodes", retry_after=float(s.shutdown_grace_s))
         if req.env == "client":
-            mine = [e for e in state["episodes"].values() if e.status == "running" and e.env is None and e.client == cid]
+            mine = [
+                e for e in state["episodes"].values() if e.status == "running" and e.env is None and e.client == cid
+            ]
             if len(mine) >= int(s.client_episodes):
                 now = time.monotonic()
                 wait = min(float(s.episode_idle_s) - (now - e.last_used) for e in mine)
-                raise refuse(429, f"this client has {len(mine)} client-side episodes open, the limit is "
-                                  f"serve.client_episodes={s.client_episodes}: end them (done, or DELETE "
-                                  "/v1/episodes/ID) or let them expire", retry_after=max(1.0, wait))
+                raise refuse(
+                    429,
+                    f"this client has {len(mine)} client-side episodes open, the limit is "
+                    f"serve.client_episodes={s.client_episodes}: end them (done, or DELETE "
+                    "/v1/episodes/ID) or let them expire",
+                    retry_after=max(1.0, wait),
+                )
         end = time.monotonic() + float(s.queue_wait_s)
         while running_count() >= int(s.max_episodes):
             if time.monotonic() >= end or not state["accepting"]:
-                raise refuse(429, f"{running_count()} episodes running, the limit is serve.max_episodes="
-                                  f"{s.max_episodes} (waited serve.queue_wait_s={s.queue_wait_s:g}s for a slot)",
-                             retry_after=max(1.0, float(s.queue_wait_s)))
+                raise refuse(
+                    429,
+                    f"{running_count()} episodes running, the limit is serve.max_episodes="
+                    f"{s.max_episodes} (waited serve.queue_wait_s={s.queue_wait_s:g}s for a slot)",
+                    retry_after=max(1.0, float(s.queue_wait_s)),
+                )
             await asyncio.sleep(0.05)
 
     async def new_episode(req: EpisodeRequest, cid: str) -> ServedEpisode:
         task_name = req.task or cfg.task_name
         if task_name not in domain.task_names():
-            raise BadRequest(f"unknown task {task_name!r}; valid: {', '.join(domain.task_names())}", param="task",
-                             status=422)
+            raise BadRequest(
+                f"unknown task {task_name!r}; valid: {', '.join(domain.task_names())}", param="task", status=422
+            )
         task = cfg.task if task_name == cfg.task_name else domain.task_config(task_name)
         seed = check_seed(req, task_name, task)
         await admit(req, cid)
-        noise = key_hash(seed, int.from_bytes(os.urandom(8), "little")) if req.noise is None else \
-            int(req.noise) & ((1 << 64) - 1)
-        ep = ServedEpisode(new_id(), seed, noise, task_name, task,
-                           int(req.max_decisions or task.max_decisions), temperature=req.temperature)
+        noise = (
+            key_hash(seed, int.from_bytes(os.urandom(8), "little"))
+            if req.noise is None
+            else int(req.noise) & ((1 << 64) - 1)
+        )
+        ep = ServedEpisode(
+            new_id(),
+            seed,
+            noise,
+            task_name,
+            task,
+            int(req.max_decisions or task.max_decisions),
+            temperature=req.temperature,
+        )
         ep.client = cid
         if req.env == "server":
             try:
@@ -627,8 +768,14 @@ def make_app(setup: GatewaySetup):
         ep = await new_episode(req, client_of(request))
         engine = state["engine"]
         if req.env == "client":
-            return {"id": ep.id, "status": "running", "task": ep.task_name, "seed": ep.seed, "noise": str(ep.noise),
-                    "agents": [a.name for a in pop.agents]}
+            return {
+                "id": ep.id,
+                "status": "running",
+                "task": ep.task_name,
+                "seed": ep.seed,
+                "noise": str(ep.noise),
+                "agents": [a.name for a in pop.agents],
+            }
         if not req.stream:
             task = asyncio.ensure_future(run_episode(ep))
             state["running"][ep.id] = task
@@ -671,13 +818,16 @@ def make_app(setup: GatewaySetup):
     def get_episode(eid: str) -> ServedEpisode:
         ep = state["episodes"].get(eid)
         if ep is None:
-            raise HTTPException(404, f"unknown episode {eid!r} (episodes that ended are kept "
-                                     f"{max(60.0, float(s.episode_idle_s)):g}s; every ended episode is in "
-                                     "serve/episodes.jsonl)")
+            raise HTTPException(
+                404,
+                f"unknown episode {eid!r} (episodes that ended are kept "
+                f"{max(60.0, float(s.episode_idle_s)):g}s; every ended episode is in "
+                "serve/episodes.jsonl)",
+            )
         return ep
 
     @app.get("/v1/episodes")
-    def list_episodes(status: Optional[str] = None):
+    def list_episodes(status: str | None = None):
         """Recent episodes without their turns (``?status=interrupted``: those a crash interrupted)."""
         rows = [{k: v for k, v in b.items() if k != "turns"} for b in state["past"].values()]
         rows += [state["engine"].summary(e) for e in state["episodes"].values()]
@@ -713,16 +863,19 @@ def make_app(setup: GatewaySetup):
         req = validated(TurnRequest, await request.body())
         if eid in state["past"] and eid not in state["episodes"]:
             past = state["past"][eid]
-            raise HTTPException(410, f"episode {eid} is {past['status']}: {past['error']} (seed {past['seed']}, "
-                                     f"noise {past['noise']})")
+            raise HTTPException(
+                410, f"episode {eid} is {past['status']}: {past['error']} (seed {past['seed']}, noise {past['noise']})"
+            )
         ep = get_episode(eid)
         if ep.env is not None:
             raise HTTPException(409, f"episode {eid} is a server-side episode; its turns are played by the gateway")
         engine = state["engine"]
         async with ep.lock:
             if ep.status != "running":  # 410 Gone: expired for want of turns; 409: finished otherwise
-                raise HTTPException(410 if ep.status in ("expired", "interrupted") else 409,
-                                    f"episode {eid} is {ep.status}" + (f": {ep.error}" if ep.error else ""))
+                raise HTTPException(
+                    410 if ep.status in ("expired", "interrupted") else 409,
+                    f"episode {eid} is {ep.status}" + (f": {ep.error}" if ep.error else ""),
+                )
             ep.last_used = time.monotonic()
             if ep.episode.turns:  # the reward and validity of the previous action, reported by the client's world
                 last = ep.episode.turns[-1]
@@ -751,8 +904,17 @@ def make_app(setup: GatewaySetup):
             rec.update(reward=0.0, valid=True)
             engine.record(ep, t, rec)
             journal.turn(ep.id, rec)
-            return {"id": ep.id, "t": rec["t"], "agent": rec["agent"], "role": rec["role"], "bid": rec["bid"],
-                    "action": rec["action"], "bids": rec["bids"], "missed": rec["missed"], "failed": rec["failed"]}
+            return {
+                "id": ep.id,
+                "t": rec["t"],
+                "agent": rec["agent"],
+                "role": rec["role"],
+                "bid": rec["bid"],
+                "action": rec["action"],
+                "bids": rec["bids"],
+                "missed": rec["missed"],
+                "failed": rec["failed"],
+            }
 
     app.add_middleware(Guard, max_bytes=int(s.max_body_bytes), api_key=setup.api_key, metrics=metrics)
     return app
@@ -789,7 +951,9 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         why = "is in use by another process" if exc.errno in (98, 48) else f"cannot be bound ({exc.strerror})"
-        raise ConfigError(f"serve.port={port}: {host}:{port} {why}; pick another serve.port (0: any free port)") from None
+        raise ConfigError(
+            f"serve.port={port}: {host}:{port} {why}; pick another serve.port (0: any free port)"
+        ) from None
     return sock
 
 
@@ -829,8 +993,9 @@ def serve(setup: GatewaySetup) -> None:
             self._loop = asyncio.get_running_loop()
             await super().serve(sockets)
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=int(float(s.shutdown_grace_s)) + 5)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(float(s.shutdown_grace_s)) + 5
+    )
     server = Draining(config)
     server.run(sockets=[sock])
     if not server.started:
@@ -840,5 +1005,7 @@ def serve(setup: GatewaySetup) -> None:
 
 def check_bind(host: str, api_key: str | None) -> None:
     if not is_loopback(host) and not api_key:
-        raise ConfigError(f"serve.host={host!r} is not a loopback address: set SWARM_API_KEY (every request must "
-                          "then send 'Authorization: Bearer $SWARM_API_KEY'), or bind serve.host=127.0.0.1")
+        raise ConfigError(
+            f"serve.host={host!r} is not a loopback address: set SWARM_API_KEY (every request must "
+            "then send 'Authorization: Bearer $SWARM_API_KEY'), or bind serve.host=127.0.0.1"
+        )

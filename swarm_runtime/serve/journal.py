@@ -13,6 +13,7 @@ One line per event: ``{"ev": "start", "id", "seed", "noise", "task", "env", "tem
 returns it), ``{"ev": "reward", "id", "t", "reward", "valid"}`` (a client-side turn's outcome, reported
 with the next turn), ``{"ev": "end", "id", "status"}``.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,17 @@ class Journal:
 
     @staticmethod
     def start_event(ep, env: str, client: str) -> dict:
-        return {"id": ep.id, "seed": ep.seed, "noise": str(ep.noise), "task": ep.task_name, "env": env,
-                "temperature": ep.temperature, "max_decisions": ep.max_decisions, "client": client,
-                "time": time.time()}
+        return {
+            "id": ep.id,
+            "seed": ep.seed,
+            "noise": str(ep.noise),
+            "task": ep.task_name,
+            "env": env,
+            "temperature": ep.temperature,
+            "max_decisions": ep.max_decisions,
+            "client": client,
+            "time": time.time(),
+        }
 
     def start(self, ep, env: str, client: str) -> None:
         self.write({"ev": "start", **self.start_event(ep, env, client)})

@@ -15,6 +15,7 @@ end-of-sequence token adds ``""``), ``text_offset`` their character offsets in i
 keyed by the piece each would have added. Tokens a mask forbids (log-probability ``-inf``) are
 never listed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -79,4 +80,4 @@ def _offsets(out: list[int], text: str, decode) -> list[int]:
 def _piece(decode, before: list[int], prefix: str, token: int) -> str:
     """The text ``token`` would add after ``before`` (whose decoding is ``prefix``)."""
     full = decode(list(before) + [int(token)])
-    return full[len(prefix):] if full.startswith(prefix) else full
+    return full[len(prefix) :] if full.startswith(prefix) else full

@@ -9,6 +9,7 @@ A worker the gateway started and that died is restarted when ``restart_workers``
 exponential backoff (0.5 s, 1 s, 2 s, ... capped at ``backoff_max_s``).
 Agent indices are never reused, so keyed sampling and transcripts stay attributable.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,15 @@ STATUSES = ("starting", "up", "down", "failed", "draining", "removed")
 
 #: Modules a worker needs, imported once in the fork server: a new or restarted worker is forked from
 #: it and only loads its model (about a second), instead of importing torch and transformers afresh.
-PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "fastapi", "uvicorn",
-           "swarm_runtime.policy.transformers_backend", "swarm_runtime.serve.worker"]
+PRELOAD = [
+    "torch",
+    "transformers",
+    "transformers.models.qwen2.modeling_qwen2",
+    "fastapi",
+    "uvicorn",
+    "swarm_runtime.policy.transformers_backend",
+    "swarm_runtime.serve.worker",
+]
 _MP = None
 
 
@@ -100,7 +108,7 @@ class AgentHandle:
     model_id: str | None = None  #: the id ``/v1/models`` gives (the ``model`` of every request)
     status: str = "starting"
     checkpoint: str | None = None  #: the role folder a worker the gateway owns was started on
-    proc: "WorkerProcess | None" = None
+    proc: WorkerProcess | None = None
     worker_args: list = field(default_factory=list)
     misses: int = 0  #: bid deadlines missed in a row
     restarts: int = 0
@@ -112,10 +120,19 @@ class AgentHandle:
 
     def public(self) -> dict:
         wait = max(0.0, self.next_start - time.monotonic()) if self.status == "down" and self.proc is not None else 0.0
-        return {"index": self.index, "name": self.name, "role": self.role, "url": self.url, "status": self.status,
-                "model": self.model_id, "checkpoint": self.checkpoint, "restarts": self.restarts,
-                "error": self.error, "restart_in_s": round(wait, 3),
-                "pid": self.proc.pid if self.proc is not None and self.proc.poll() is None else None}
+        return {
+            "index": self.index,
+            "name": self.name,
+            "role": self.role,
+            "url": self.url,
+            "status": self.status,
+            "model": self.model_id,
+            "checkpoint": self.checkpoint,
+            "restarts": self.restarts,
+            "error": self.error,
+            "restart_in_s": round(wait, 3),
+            "pid": self.proc.pid if self.proc is not None and self.proc.poll() is None else None,
+        }
 
 
 @dataclass
@@ -159,16 +176,24 @@ class Population:
         return [a for a in self.agents if a.status == "up"]
 
     def add_url(self, role: str, url: str, name: str | None = None, model_id: str | None = None) -> AgentHandle:
-        a = AgentHandle(len(self.agents), name or self.next_name(role), role, url.rstrip("/").removesuffix("/v1"),
-                        model_id=model_id)
+        a = AgentHandle(
+            len(self.agents), name or self.next_name(role), role, url.rstrip("/").removesuffix("/v1"), model_id=model_id
+        )
         self.agents.append(a)
         logger.info("agent {} ({}) joins at {}", a.name, role, a.url)
         return a
 
     def spawn(self, role: str, checkpoint: Path, name: str | None = None, worker_args=()) -> AgentHandle:
         port = free_port()
-        a = AgentHandle(len(self.agents), name or self.next_name(role), role, f"http://127.0.0.1:{port}",
-                        model_id=None, checkpoint=str(checkpoint), worker_args=list(worker_args))
+        a = AgentHandle(
+            len(self.agents),
+            name or self.next_name(role),
+            role,
+            f"http://127.0.0.1:{port}",
+            model_id=None,
+            checkpoint=str(checkpoint),
+            worker_args=list(worker_args),
+        )
         self.agents.append(a)
         self._start(a)
         return a
@@ -177,17 +202,39 @@ class Population:
         """One worker serving ``base`` with each ``(name, adapter folder)`` loaded (a ``model.adapter=lora``
         run); agents join it by URL with their adapter's name as ``model``. Restarted as workers are."""
         port = free_port()
-        h = AgentHandle(-1, f"base-{len(self.hosts) + 1}", "", f"http://127.0.0.1:{port}", checkpoint=str(base),
-                        worker_args=["--lora-modules", *[f"{n}={p}" for n, p in adapters]])
+        h = AgentHandle(
+            -1,
+            f"base-{len(self.hosts) + 1}",
+            "",
+            f"http://127.0.0.1:{port}",
+            checkpoint=str(base),
+            worker_args=["--lora-modules", *[f"{n}={p}" for n, p in adapters]],
+        )
         self.hosts.append(h)
         self._start(h)
         return h
 
     def _start(self, a: AgentHandle) -> None:
         port = a.url.rsplit(":", 1)[1]
-        argv = ["--model", a.checkpoint, "--name", a.name, "--port", port, "--max-prompt-tokens", str(self.opts.max_prompt_tokens), "--device", self.opts.device,
-               "--threads", str(self.opts.worker_threads), "--seed", str(a.index), "--parent-pid", str(os.getpid()),
-               *a.worker_args]
+        argv = [
+            "--model",
+            a.checkpoint,
+            "--name",
+            a.name,
+            "--port",
+            port,
+            "--max-prompt-tokens",
+            str(self.opts.max_prompt_tokens),
+            "--device",
+            self.opts.device,
+            "--threads",
+            str(self.opts.worker_threads),
+            "--seed",
+            str(a.index),
+            "--parent-pid",
+            str(os.getpid()),
+            *a.worker_args,
+        ]
         log = None
         if self.opts.log_dir is not None:
             self.opts.log_dir.mkdir(parents=True, exist_ok=True)
@@ -222,8 +269,11 @@ class Population:
         if a.next_start == 0.0:  # just found dead: schedule
             a.restart_times = [t for t in a.restart_times if now - t < self.opts.restart_window_s]
             if len(a.restart_times) >= self.opts.max_restarts:
-                self.mark_failed(a, f"worker exited with {a.proc.returncode}; {len(a.restart_times)} restarts in "
-                                    f"{self.opts.restart_window_s:g}s (serve.max_restarts={self.opts.max_restarts})")
+                self.mark_failed(
+                    a,
+                    f"worker exited with {a.proc.returncode}; {len(a.restart_times)} restarts in "
+                    f"{self.opts.restart_window_s:g}s (serve.max_restarts={self.opts.max_restarts})",
+                )
                 return
             delay = min(self.opts.backoff_max_s, self.opts.backoff_base_s * 2 ** len(a.restart_times))
             a.next_start = now + delay
@@ -248,8 +298,11 @@ class Population:
                 a.model_id = next((i for i in ids if i in (a.role, a.role.replace(".", "_"))), ids[0])
         except Exception as exc:
             if a.status == "starting" and time.time() - a.since > self.opts.join_timeout_s:
-                self.mark_failed(a, f"no answer from {a.url}/v1/models within {self.opts.join_timeout_s:g}s "
-                                    f"of joining ({type(exc).__name__})")
+                self.mark_failed(
+                    a,
+                    f"no answer from {a.url}/v1/models within {self.opts.join_timeout_s:g}s "
+                    f"of joining ({type(exc).__name__})",
+                )
             return False
         if a.status in ("starting", "down"):
             logger.info("agent {} {}", a.name, "is up" if a.status == "starting" else "answers again: re-admitted")
@@ -260,7 +313,11 @@ class Population:
         """Forever: restart dead workers the gateway owns (with backoff), probe the agents that are not up."""
         while True:
             for a in list(self.agents) + self.hosts:
-                if a.proc is not None and a.proc.poll() is not None and a.status not in ("draining", "removed", "failed"):
+                if (
+                    a.proc is not None
+                    and a.proc.poll() is not None
+                    and a.status not in ("draining", "removed", "failed")
+                ):
                     if a.status != "down":
                         a.status, a.since = "down", time.time()
                         a.error = f"worker exited with {a.proc.returncode}"
@@ -280,8 +337,9 @@ class Population:
             pending = [a for a in self.agents + self.hosts if a.status != "up" and a.proc is not None]
             for a in pending:
                 if a.proc is not None and a.proc.poll() is not None:
-                    raise RuntimeError(f"worker {a.name} exited with {a.proc.returncode} while starting; "
-                                       f"see {self.opts.log_dir}")
+                    raise RuntimeError(
+                        f"worker {a.name} exited with {a.proc.returncode} while starting; see {self.opts.log_dir}"
+                    )
                 await self.probe(client, a)
             if not [a for a in pending if a.status != "up"]:
                 return

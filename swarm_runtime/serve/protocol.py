@@ -10,9 +10,8 @@ range vLLM accepts), and the worker turns it back into a one-part key :func:`key
 chain continues exactly where the prefix ended. A served draw is then the in-process draw, token
 for token. An external server (``vllm serve``) uses the seed its own way: reproducible, not equal.
 """
-from __future__ import annotations
 
-from typing import Optional, Union
+from __future__ import annotations
 
 from swarm_runtime.policy.noise import key_hash
 
@@ -78,27 +77,27 @@ def completion_models():
         as vLLM does)."""
 
         model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-        model: Optional[str] = Field(None, max_length=200)
+        model: str | None = Field(None, max_length=200)
         #: a text, a list of texts, a list of token ids, or a list of such lists (1 to MAX_PROMPTS prompts,
         #: checked in the worker's plan)
-        prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
+        prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
         top_p: float = Field(1.0, gt=0.0, le=1.0)  #: nucleus sampling of generated text
-        stop: Optional[Union[str, list[str]]] = Field(None, max_length=MAX_STOP)  #: cut the text before any of these
+        stop: str | list[str] | None = Field(None, max_length=MAX_STOP)  #: cut the text before any of these
         echo: StrictBool = False  #: the prompt's text before the completion
         stream: StrictBool = False  #: server-sent events, one per token piece, then ``data: [DONE]``
         max_tokens: StrictInt = Field(16, ge=1, le=4096)
         temperature: float = Field(1.0, ge=0.0, le=100.0)
-        seed: Optional[StrictInt] = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
-        logprobs: Optional[StrictInt] = Field(None, ge=0, le=64)
-        guided_choice: Optional[list[str]] = Field(None, min_length=1, max_length=4096)
+        seed: StrictInt | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
+        logprobs: StrictInt | None = Field(None, ge=0, le=64)
+        guided_choice: list[str] | None = Field(None, min_length=1, max_length=4096)
         n: StrictInt = Field(1, ge=1)  # at most MAX_N: more is refused with 400 naming the limit
         # vLLM's token-level extensions (swarm_runtime/serve/vllm_fields.py): what rollout.engine=openai sends
         return_token_ids: StrictBool = False  #: each choice carries ``token_ids`` and ``prompt_token_ids``
         return_tokens_as_token_ids: StrictBool = False  #: tokens named ``token_id:N``
-        logprob_token_ids: Optional[list[StrictInt]] = Field(None, min_length=1, max_length=4096)
-        allowed_token_ids: Optional[list[StrictInt]] = Field(None, max_length=1 << 20)
-        logit_bias: Optional[dict[str, float]] = Field(None, max_length=1 << 20)
-        stop_token_ids: Optional[list[StrictInt]] = Field(None, max_length=64)
+        logprob_token_ids: list[StrictInt] | None = Field(None, min_length=1, max_length=4096)
+        allowed_token_ids: list[StrictInt] | None = Field(None, max_length=1 << 20)
+        logit_bias: dict[str, float] | None = Field(None, max_length=1 << 20)
+        stop_token_ids: list[StrictInt] | None = Field(None, max_length=64)
 
     return CompletionRequest
 
@@ -116,15 +115,15 @@ def chat_model():
 
     class ChatRequest(BaseModel):
         model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-        model: Optional[str] = Field(None, max_length=200)
+        model: str | None = Field(None, max_length=200)
         messages: list[Message] = Field(..., min_length=1, max_length=256)
-        max_tokens: Optional[StrictInt] = Field(None, ge=1, le=4096)
-        max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=4096)
+        max_tokens: StrictInt | None = Field(None, ge=1, le=4096)
+        max_completion_tokens: StrictInt | None = Field(None, ge=1, le=4096)
         temperature: float = Field(1.0, ge=0.0, le=100.0)
         top_p: float = Field(1.0, gt=0.0, le=1.0)
         n: StrictInt = Field(1, ge=1)
-        seed: Optional[StrictInt] = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
-        stop: Optional[Union[str, list[str]]] = Field(None, max_length=MAX_STOP)
+        seed: StrictInt | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
+        stop: str | list[str] | None = Field(None, max_length=MAX_STOP)
         stream: StrictBool = False
 
     return ChatRequest

@@ -17,9 +17,11 @@ asks the agents over HTTP. The strategy never touches the network, a clock or th
 Rows carry the agent (``row.context``, whatever the caller passed: the gateway's
 :class:`~swarm_runtime.serve.population.AgentHandle`) and its ``model_id`` as ``row.model``.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from swarm_runtime.domain import Event
 from swarm_runtime.episode import Auction, Decided, Episode, coordinator_rng
@@ -40,8 +42,9 @@ class ServedTurns:
     def __init__(self, domain, coordinator, bid_levels: Sequence[float]):
         self.domain, self.coordinator, self.bid_levels = domain, coordinator, list(bid_levels)
 
-    def rounds(self, episode: Episode, t: int, log: list[Event], observation: str, agents: Sequence[Any],
-               up: Sequence[Any]) -> Rounds:
+    def rounds(
+        self, episode: Episode, t: int, log: list[Event], observation: str, agents: Sequence[Any], up: Sequence[Any]
+    ) -> Rounds:
         """Decide turn ``t`` of ``episode`` (whose public log is ``log``; its ``noise`` keys every draw) on
         ``observation``; returns a :class:`ServedTurn`. Unparsed bids are counted on ``episode``; nothing
         else of it is touched."""
@@ -52,6 +55,14 @@ class ServedTurns:
             action_prompt=lambda a, obs, lg: domain.action_prompt(agents[a].role, obs, lg),
             bid_row=lambda a, prompt, key, _last: Row(agents[a].model_id, prompt, key, context=agents[a]),
             act_row=lambda a, prompt, key: Row(agents[a].model_id, prompt, key, context=agents[a]),
-            bid_levels=lambda _a, _last: self.bid_levels)
-        return auction.turn(episode, len(agents), t, log, observation, bidders=[a.index for a in up],
-                            rng=lambda: coordinator_rng(episode.noise, t))
+            bid_levels=lambda _a, _last: self.bid_levels,
+        )
+        return auction.turn(
+            episode,
+            len(agents),
+            t,
+            log,
+            observation,
+            bidders=[a.index for a in up],
+            rng=lambda: coordinator_rng(episode.noise, t),
+        )

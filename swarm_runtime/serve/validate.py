@@ -3,6 +3,7 @@ so a bad value is a 4xx naming its field, never a 500 or a reset connection), ag
 path segment, one file name), agent URLs (http(s), loopback unless allowed) and errors in OpenAI's
 shape on the OpenAI-compatible paths.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -67,8 +68,9 @@ def parse_json(raw: bytes) -> Any:
         raise BadRequest(f"the request body has a number Python will not read: {exc}") from None
     where = _where(data)
     if where:
-        raise BadRequest(f"{where}: {_find(data, where)!s} is not a finite number (JSON has no NaN or Infinity)",
-                         param=where)
+        raise BadRequest(
+            f"{where}: {_find(data, where)!s} is not a finite number (JSON has no NaN or Infinity)", param=where
+        )
     return data
 
 
@@ -93,7 +95,9 @@ def validated(model, raw: bytes):
         err = exc.errors()[0]
         field = ".".join(str(x) for x in err.get("loc", ())) or "(body)"
         value = err.get("input")
-        shown = json.dumps(value)[:80] if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
+        shown = (
+            json.dumps(value)[:80] if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
+        )
         if err.get("type") == "extra_forbidden":
             msg = f"unknown field {field!r}; valid: {', '.join(model.model_fields)}"
         else:
@@ -111,9 +115,12 @@ def no_bool(v):
 def check_name(name: str) -> str:
     """An agent name as given, or :class:`BadRequest` naming the rule."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
-        raise BadRequest(f"name {name!r} is not a valid agent name: 1-64 letters, digits, '-', '_', '.', '@', "
-                         "starting with a letter or digit, no '..' (it is a URL path segment and a file name)",
-                         param="name", status=422)
+        raise BadRequest(
+            f"name {name!r} is not a valid agent name: 1-64 letters, digits, '-', '_', '.', '@', "
+            "starting with a letter or digit, no '..' (it is a URL path segment and a file name)",
+            param="name",
+            status=422,
+        )
     return name
 
 
@@ -136,16 +143,24 @@ def check_agent_url(url: str, allow_hosts=()) -> str:
     except ValueError as exc:
         raise BadRequest(f"url {url!r} is not a valid URL ({exc})", param="url", status=422) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadRequest(f"url {url!r} is not an http(s) URL of a server (e.g. http://127.0.0.1:8001)",
-                         param="url", status=422)
+        raise BadRequest(
+            f"url {url!r} is not an http(s) URL of a server (e.g. http://127.0.0.1:8001)", param="url", status=422
+        )
     if parts.username or parts.password or parts.query or parts.fragment or parts.path.rstrip("/") not in ("", "/v1"):
-        raise BadRequest(f"url {url!r}: give the server's base URL only (scheme, host, port; no path, query "
-                         "or credentials)", param="url", status=422)
+        raise BadRequest(
+            f"url {url!r}: give the server's base URL only (scheme, host, port; no path, query or credentials)",
+            param="url",
+            status=422,
+        )
     allowed = [str(h).lower() for h in allow_hosts or ()]
     if not is_loopback(parts.hostname) and "*" not in allowed and parts.hostname.lower() not in allowed:
-        raise BadRequest(f"url {url!r}: host {parts.hostname!r} is not loopback and not in serve.allow_hosts "
-                         f"({', '.join(allowed) or 'empty'}); start the gateway with "
-                         f"'serve.allow_hosts=[{parts.hostname}]' to admit it", param="url", status=422)
+        raise BadRequest(
+            f"url {url!r}: host {parts.hostname!r} is not loopback and not in serve.allow_hosts "
+            f"({', '.join(allowed) or 'empty'}); start the gateway with "
+            f"'serve.allow_hosts=[{parts.hostname}]' to admit it",
+            param="url",
+            status=422,
+        )
     if port is not None and not 0 < port < 65536:
         raise BadRequest(f"url {url!r}: port {port} is out of range", param="url", status=422)
     return f"{parts.scheme}://{parts.netloc}"
@@ -153,7 +168,13 @@ def check_agent_url(url: str, allow_hosts=()) -> str:
 
 def openai_error(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
     """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-            503: "service_unavailable"}.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        422: "invalid_request_error",
+        429: "rate_limit_error",
+        503: "service_unavailable",
+    }.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code or str(status)}}

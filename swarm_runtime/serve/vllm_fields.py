@@ -12,6 +12,7 @@ learner's basis at ``T`` = 1. ``top_logprobs`` per token holds the sampled token
 ``token_id:N``. Generation stops after a token of ``stop_token_ids`` (kept, as vLLM keeps it) or EOS.
 ``return_token_ids`` (on any request) adds ``token_ids`` and ``prompt_token_ids`` to each choice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,13 @@ def _ids(values, param: str, vocab: int) -> tuple[int, ...]:
 
 def token_fields(req, vocab: int) -> TokenFields | None:
     """The request's :class:`TokenFields`, or None when it has none (the worker's own sampling)."""
-    if not (req.return_tokens_as_token_ids or req.logprob_token_ids is not None or req.allowed_token_ids is not None
-            or req.logit_bias or req.stop_token_ids):
+    if not (
+        req.return_tokens_as_token_ids
+        or req.logprob_token_ids is not None
+        or req.allowed_token_ids is not None
+        or req.logit_bias
+        or req.stop_token_ids
+    ):
         return None
     if req.allowed_token_ids is not None and not req.allowed_token_ids:
         raise BadRequest("allowed_token_ids: an empty list allows no token", param="allowed_token_ids")
@@ -61,7 +67,9 @@ def token_fields(req, vocab: int) -> TokenFields | None:
         allowed=None if req.allowed_token_ids is None else _ids(req.allowed_token_ids, "allowed_token_ids", vocab),
         bias=tuple(sorted(bias)),
         logprob_ids=None if req.logprob_token_ids is None else _ids(req.logprob_token_ids, "logprob_token_ids", vocab),
-        stop_ids=_ids(req.stop_token_ids or [], "stop_token_ids", vocab), as_ids=bool(req.return_tokens_as_token_ids))
+        stop_ids=_ids(req.stop_token_ids or [], "stop_token_ids", vocab),
+        as_ids=bool(req.return_tokens_as_token_ids),
+    )
 
 
 class RawRecorder:
@@ -109,13 +117,17 @@ class RawRecorder:
                 vals, ids = self.top[s]
                 entry.update({name(a): v for v, a in zip(vals[i].tolist(), ids[i].tolist()) if a != tok})
             top.append(entry)
-        return {"tokens": [name(t) for t in out], "token_logprobs": token_logprobs, "top_logprobs": top,
-                "text_offset": _offsets(out, text, decode)}
+        return {
+            "tokens": [name(t) for t in out],
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top,
+            "text_offset": _offsets(out, text, decode),
+        }
 
 
 def cut_at_stop(out: list[int], stop_ids: tuple[int, ...]) -> list[int]:
     """``out`` up to and including its first token of ``stop_ids``."""
     for s, t in enumerate(out):
         if t in stop_ids:
-            return out[:s + 1]
+            return out[: s + 1]
     return out

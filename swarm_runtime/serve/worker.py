@@ -33,11 +33,11 @@ every answer.
 
 import argparse
 import json
-from contextlib import nullcontext
 import os
 import threading
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +64,9 @@ class WorkerOptions:
     threads: int = 1  #: torch CPU threads
     seed: int = 0  #: the sampling generator of requests without a ``seed``
     parent_pid: int = 0  #: exit when this process is gone (a worker the gateway started)
-    lora_modules: list = None  #: ``NAME=PATH`` adapters to load onto the base ``model`` (:mod:`~swarm_runtime.serve.adapters`)
+    lora_modules: list = (
+        None  #: ``NAME=PATH`` adapters to load onto the base ``model`` (:mod:`~swarm_runtime.serve.adapters`)
+    )
     enable_lora: bool = False  #: serve the base with adapters loaded at runtime (``/v1/load_lora_adapter``)
     fault_act_error_after: int = -1  #: -1 = never
     fault_bid: float | None = None
@@ -87,10 +89,17 @@ def load_policy(opts: WorkerOptions):
         first = Path(modules[0][1]) / "swarm_policy.json" if modules else path / "swarm_policy.json"
         meta = json.loads(first.read_text()) if first.exists() else {}
         torch.manual_seed(opts.seed)
-        host = AdapterHost(path, dict(bid_levels=[float(b) for b in meta.get("bid_levels", DEFAULT_BID_LEVELS)],
-                                      bid_mode=meta.get("bid_mode", "logits"), max_prompt_tokens=opts.max_prompt_tokens,
-                                      seed=opts.seed, device=opts.device,
-                                      chat_template=meta.get("chat_template", "none")))
+        host = AdapterHost(
+            path,
+            dict(
+                bid_levels=[float(b) for b in meta.get("bid_levels", DEFAULT_BID_LEVELS)],
+                bid_mode=meta.get("bid_mode", "logits"),
+                max_prompt_tokens=opts.max_prompt_tokens,
+                seed=opts.seed,
+                device=opts.device,
+                chat_template=meta.get("chat_template", "none"),
+            ),
+        )
         for name, folder in modules:
             host.load(name, folder)
         return host
@@ -98,9 +107,16 @@ def load_policy(opts: WorkerOptions):
     levels = [float(b) for b in meta.get("bid_levels", DEFAULT_BID_LEVELS)]
     model, tok = load_pretrained(path, levels)
     torch.manual_seed(opts.seed)
-    policy = TransformersPolicy(model, tok, levels, bid_mode=meta.get("bid_mode", "logits"),
-                                chat_template=meta.get("chat_template", "none"),  # as the run trained it
-                                max_prompt_tokens=opts.max_prompt_tokens, seed=opts.seed, device=opts.device)
+    policy = TransformersPolicy(
+        model,
+        tok,
+        levels,
+        bid_mode=meta.get("bid_mode", "logits"),
+        chat_template=meta.get("chat_template", "none"),  # as the run trained it
+        max_prompt_tokens=opts.max_prompt_tokens,
+        seed=opts.seed,
+        device=opts.device,
+    )
     return policy.eval()
 
 
@@ -145,15 +161,23 @@ class Completer:
 
         if self.host is None:
             if req.model not in (None, self.model_id):
-                raise BadRequest(f"model {req.model!r} is not served here; valid: {self.model_id}", param="model",
-                                 status=404, code="model_not_found")
+                raise BadRequest(
+                    f"model {req.model!r} is not served here; valid: {self.model_id}",
+                    param="model",
+                    status=404,
+                    code="model_not_found",
+                )
             return None
         if req.model == self.model_id:
             return BASE
         if req.model not in self.host.policies:
-            raise BadRequest(f"model {req.model!r} is not a LoRA adapter loaded here; loaded: "
-                             f"{', '.join(self.host.policies) or 'none'} (or the base, {self.model_id})",
-                             param="model", status=404, code="model_not_found")
+            raise BadRequest(
+                f"model {req.model!r} is not a LoRA adapter loaded here; loaded: "
+                f"{', '.join(self.host.policies) or 'none'} (or the base, {self.model_id})",
+                param="model",
+                status=404,
+                code="model_not_found",
+            )
         return req.model
 
     def context(self) -> int:
@@ -164,16 +188,18 @@ class Completer:
 
     def check_context(self, prompt: str, param: str) -> None:
         """A prompt longer than the model's context is a 400 (as vLLM answers), never cut silently."""
-        from swarm_runtime.serve.validate import BadRequest
-
         from swarm_runtime.policy.transformers_backend import PromptOverflowError
+        from swarm_runtime.serve.validate import BadRequest
 
         ctx = self.context()
         if len(prompt.encode()) + 1 >= ctx:  # else it cannot be too long: a token spans at least one byte
             n = len(self.policy.tok(prompt, add_special_tokens=False).input_ids) + (self.policy.bos is not None)
             if n > ctx:
-                raise BadRequest(f"{param} is {n} tokens, more than this model's context of {ctx} tokens",
-                                 param=param, code="context_length_exceeded")
+                raise BadRequest(
+                    f"{param} is {n} tokens, more than this model's context of {ctx} tokens",
+                    param=param,
+                    code="context_length_exceeded",
+                )
         try:  # longer than model.max_prompt_tokens: refused as training refuses it (encodings are cached)
             self.policy.encode_prompt(prompt)
         except PromptOverflowError as exc:
@@ -183,7 +209,7 @@ class Completer:
         """A prompt's token ids: a text as training encodes it, token ids cut from the left like text."""
         if isinstance(x, str):
             return self.policy.encode_prompt(x)
-        return list(x)[-self.policy.max_prompt_tokens:]
+        return list(x)[-self.policy.max_prompt_tokens :]
 
     def _trie(self, choices: list[str]):
         key = tuple(sorted(set(choices)))
@@ -206,40 +232,55 @@ class Completer:
         if prompts and isinstance(prompts[0], int):  # one prompt of token ids
             prompts = [list(prompts)]
         if not 1 <= len(prompts) <= MAX_PROMPTS:
-            raise BadRequest(f"prompt is a list of {len(prompts)} prompts; give 1 to {MAX_PROMPTS}", param="prompt",
-                             status=422)
+            raise BadRequest(
+                f"prompt is a list of {len(prompts)} prompts; give 1 to {MAX_PROMPTS}", param="prompt", status=422
+            )
         if len(prompts) * n > MAX_ROWS:
-            raise BadRequest(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} rows is more than this worker's "
-                             f"limit of {MAX_ROWS} rows per request", param="n")
+            raise BadRequest(
+                f"{len(prompts)} prompts x n={n} = {len(prompts) * n} rows is more than this worker's "
+                f"limit of {MAX_ROWS} rows per request",
+                param="n",
+            )
         vocab = len(self.policy.tok)
         for i, x in enumerate(prompts):
-            where = "prompt" if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) \
+            where = (
+                "prompt"
+                if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int))
                 else f"prompt[{i}]"
+            )
             if isinstance(x, list):
                 if not x or any(not 0 <= t < vocab for t in x):
-                    raise BadRequest(f"{where}: token ids must be a non-empty list of ids in [0, {vocab})",
-                                     param=where)
+                    raise BadRequest(f"{where}: token ids must be a non-empty list of ids in [0, {vocab})", param=where)
                 if len(x) > self.context():
-                    raise BadRequest(f"{where} is {len(x)} tokens, more than this model's context of "
-                                     f"{self.context()} tokens", param=where, code="context_length_exceeded")
+                    raise BadRequest(
+                        f"{where} is {len(x)} tokens, more than this model's context of {self.context()} tokens",
+                        param=where,
+                        code="context_length_exceeded",
+                    )
                 if len(x) > self.policy.max_prompt_tokens and getattr(self.policy, "prompt_overflow", "") == "error":
-                    raise BadRequest(f"{where} is {len(x)} tokens, more than model.max_prompt_tokens="
-                                     f"{self.policy.max_prompt_tokens}", param=where, code="prompt_too_long")
+                    raise BadRequest(
+                        f"{where} is {len(x)} tokens, more than model.max_prompt_tokens="
+                        f"{self.policy.max_prompt_tokens}",
+                        param=where,
+                        code="prompt_too_long",
+                    )
             else:
                 self.check_context(x, where)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if any(not x for x in stops):
             raise BadRequest("stop: an empty string would stop before any text", param="stop")
         if req.echo and req.logprobs is not None:
-            raise BadRequest("echo with logprobs is not served here (prompt log-probabilities); drop one",
-                             param="echo")
+            raise BadRequest("echo with logprobs is not served here (prompt log-probabilities); drop one", param="echo")
         extra = req.model_extra or {}
         choices = req.guided_choice or choice_field(extra.get("structured_outputs"))
         fields = token_fields(req, vocab)
         if fields is not None and (choices is not None or extra.get("swarm_kind") is not None):
-            raise BadRequest("vLLM's token-level fields (allowed_token_ids, logprob_token_ids, logit_bias, "
-                             "stop_token_ids, return_tokens_as_token_ids) do not go with guided_choice or swarm_kind; "
-                             "drop one", param="allowed_token_ids" if req.allowed_token_ids is not None else None)
+            raise BadRequest(
+                "vLLM's token-level fields (allowed_token_ids, logprob_token_ids, logit_bias, "
+                "stop_token_ids, return_tokens_as_token_ids) do not go with guided_choice or swarm_kind; "
+                "drop one",
+                param="allowed_token_ids" if req.allowed_token_ids is not None else None,
+            )
         is_bid = extra.get("swarm_kind") == "bid" or (choices is not None and set(choices) == set(self.bid_texts))
         if is_bid and any(isinstance(x, list) for x in prompts):
             raise BadRequest("a bid takes text prompts (token-id prompts are for generated text)", param="prompt")
@@ -249,10 +290,28 @@ class Completer:
             self.actions_answered += 1
         trie = None if is_bid or not choices else self._trie(choices)
         keys = None if req.seed is None else sample_keys(req.seed, n) * len(prompts)
-        group = (is_bid, id(trie), float(req.temperature), int(req.max_tokens), keys is None,
-                 -1 if req.logprobs is None else int(req.logprobs), float(req.top_p), fields, adapter == BASE)
-        return Job(req, [x for x in prompts for _ in range(n)], keys, is_bid, trie, group, n_prompts=len(prompts),
-                   adapter=adapter, fields=fields)
+        group = (
+            is_bid,
+            id(trie),
+            float(req.temperature),
+            int(req.max_tokens),
+            keys is None,
+            -1 if req.logprobs is None else int(req.logprobs),
+            float(req.top_p),
+            fields,
+            adapter == BASE,
+        )
+        return Job(
+            req,
+            [x for x in prompts for _ in range(n)],
+            keys,
+            is_bid,
+            trie,
+            group,
+            n_prompts=len(prompts),
+            adapter=adapter,
+            fields=fields,
+        )
 
     def run(self, jobs: list["Job"]) -> tuple[list[dict], float]:
         """One batched forward (bids) or generation (actions) over ``jobs`` of one group: each job's
@@ -294,9 +353,15 @@ class Completer:
                 texts, outs = [b.text for b in bids], [b.tokens for b in bids]
                 if want is not None:
                     probs = p.bid_distribution(prompts).clamp_min(1e-45).log().tolist()
-                    logprobs = [{"tokens": [t], "token_logprobs": [row[self.bid_texts.index(t)]],
-                                 "top_logprobs": [dict(zip(self.bid_texts, row))], "text_offset": [0]}
-                                for t, row in zip(texts, probs)]
+                    logprobs = [
+                        {
+                            "tokens": [t],
+                            "token_logprobs": [row[self.bid_texts.index(t)]],
+                            "top_logprobs": [dict(zip(self.bid_texts, row))],
+                            "text_offset": [0],
+                        }
+                        for t, row in zip(texts, probs)
+                    ]
             else:  # generated text: a bid in generate mode, or an action
                 ids = [self.prompt_ids(x) for x in prompts]
                 rec = StepRecorder(p, want) if want is not None else None
@@ -322,12 +387,18 @@ class Completer:
             if j.req.return_token_ids:
                 for c, r in zip(choices, rows):
                     c["token_ids"], c["prompt_token_ids"] = list(outs[r]), self.prompt_ids(prompts[r])
-            n_prompt = sum(len(self.prompt_ids(x)) for x in j.prompts[::len(j.prompts) // j.n_prompts])
+            n_prompt = sum(len(self.prompt_ids(x)) for x in j.prompts[:: len(j.prompts) // j.n_prompts])
             n_out = sum(len(outs[r]) for r in rows)
-            bodies.append({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                           "model": self.model_id, "choices": choices,
-                           "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
-                                     "total_tokens": n_prompt + n_out}})
+            bodies.append(
+                {
+                    "id": f"cmpl-{uuid.uuid4().hex}",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": self.model_id,
+                    "choices": choices,
+                    "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
+                }
+            )
         return bodies, compute_ms
 
 
@@ -373,17 +444,19 @@ def finish_choice(job, index: int, text: str, logprobs, out: list[int], policy) 
             for piece in pieces:
                 if n >= cut:
                     break
-                kept.append(piece[:cut - n])
+                kept.append(piece[: cut - n])
                 n += len(piece)
             pieces = kept
         if logprobs is not None:
             keep = [k for k, off in enumerate(logprobs["text_offset"]) if off < cut]
-            logprobs = {"tokens": [logprobs["tokens"][k] for k in keep][:len(keep)],
-                        "token_logprobs": [logprobs["token_logprobs"][k] for k in keep],
-                        "top_logprobs": [logprobs["top_logprobs"][k] for k in keep],
-                        "text_offset": [logprobs["text_offset"][k] for k in keep]}
+            logprobs = {
+                "tokens": [logprobs["tokens"][k] for k in keep][: len(keep)],
+                "token_logprobs": [logprobs["token_logprobs"][k] for k in keep],
+                "top_logprobs": [logprobs["top_logprobs"][k] for k in keep],
+                "text_offset": [logprobs["text_offset"][k] for k in keep],
+            }
             if keep:  # the last kept piece ends at the cut
-                logprobs["tokens"][-1] = logprobs["tokens"][-1][:cut - logprobs["text_offset"][-1]]
+                logprobs["tokens"][-1] = logprobs["tokens"][-1][: cut - logprobs["text_offset"][-1]]
     if req.echo:
         prompt = job.prompts[index]
         prompt = prompt if isinstance(prompt, str) else policy.tok.decode(prompt)
@@ -447,7 +520,7 @@ class Batcher:
                 groups.setdefault(j.group, []).append(j)
             for jobs in groups.values():
                 for k in range(0, len(jobs), self.max_rows):
-                    chunk = jobs[k:k + self.max_rows]
+                    chunk = jobs[k : k + self.max_rows]
                     try:
                         bodies, ms = self.completer.run(chunk)
                     except Exception as exc:  # answer every request of the batch with the error
@@ -468,9 +541,13 @@ def choice_field(structured) -> list[str] | None:
     """``structured_outputs.choice`` (vLLM >= 0.10.2's name of ``guided_choice``), validated."""
     if structured is None:
         return None
-    if not isinstance(structured, dict) or not isinstance(structured.get("choice"), list) or not all(
-            isinstance(c, str) for c in structured["choice"]) or not structured["choice"]:
-        raise ValueError("structured_outputs must be {\"choice\": [texts]} here (the only structured output served)")
+    if (
+        not isinstance(structured, dict)
+        or not isinstance(structured.get("choice"), list)
+        or not all(isinstance(c, str) for c in structured["choice"])
+        or not structured["choice"]
+    ):
+        raise ValueError('structured_outputs must be {"choice": [texts]} here (the only structured output served)')
     return structured["choice"]
 
 
@@ -516,11 +593,21 @@ def make_app(policy, opts: WorkerOptions):
 
     @app.get("/v1/models")
     def models():
-        base = {"id": model_id, "object": "model", "created": started, "owned_by": "swarm-runtime",
-                "root": str(opts.model), "parent": None, "max_model_len": int(completer.context())}
+        base = {
+            "id": model_id,
+            "object": "model",
+            "created": started,
+            "owned_by": "swarm-runtime",
+            "root": str(opts.model),
+            "parent": None,
+            "max_model_len": int(completer.context()),
+        }
         host = completer.host
-        loras = [] if host is None else [{**base, "id": name, "root": host.paths[name], "parent": model_id}
-                                         for name in host.policies]
+        loras = (
+            []
+            if host is None
+            else [{**base, "id": name, "root": host.paths[name], "parent": model_id} for name in host.policies]
+        )
         return {"object": "list", "data": [base, *loras] if host is None or not loras else [*loras, base]}
 
     if completer.host is not None:  # vLLM's runtime LoRA endpoints, with vLLM's request shapes
@@ -568,10 +655,34 @@ def make_app(policy, opts: WorkerOptions):
         chunks = []
         for c in body["choices"]:
             for piece in c.pop("_pieces"):
-                chunks.append({**head, "choices": [{"index": c["index"], "text": piece, "logprobs": None,
-                                                    "finish_reason": None, "stop_reason": None}]})
-            chunks.append({**head, "choices": [{"index": c["index"], "text": "", "logprobs": None,
-                                                "finish_reason": c["finish_reason"], "stop_reason": c["stop_reason"]}]})
+                chunks.append(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": c["index"],
+                                "text": piece,
+                                "logprobs": None,
+                                "finish_reason": None,
+                                "stop_reason": None,
+                            }
+                        ],
+                    }
+                )
+            chunks.append(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": c["index"],
+                            "text": "",
+                            "logprobs": None,
+                            "finish_reason": c["finish_reason"],
+                            "stop_reason": c["stop_reason"],
+                        }
+                    ],
+                }
+            )
         chunks.append({**head, "choices": [], "usage": body["usage"]})
         return sse(chunks)
 
@@ -581,35 +692,62 @@ def make_app(policy, opts: WorkerOptions):
         req = validated(ChatRequest, await request.body())
         template = getattr(policy.tok, "chat_template", None)
         if not template:
-            raise BadRequest(f"model {model_id!r} has no chat template (its tokenizer_config.json has no "
-                             "chat_template): use /v1/completions with a prompt", param="messages")
+            raise BadRequest(
+                f"model {model_id!r} has no chat template (its tokenizer_config.json has no "
+                "chat_template): use /v1/completions with a prompt",
+                param="messages",
+            )
         try:  # token ids, so a policy that templates its text prompts (model.chat_template=auto) does not again
-            prompt = policy.tok.apply_chat_template([m.model_dump() for m in req.messages], tokenize=False,
-                                                    add_generation_prompt=True)
+            prompt = policy.tok.apply_chat_template(
+                [m.model_dump() for m in req.messages], tokenize=False, add_generation_prompt=True
+            )
             bos = completer.policy.bos
             prompt = ([bos] if bos is not None else []) + policy.tok(prompt, add_special_tokens=False).input_ids
         except Exception as exc:  # a template that refuses these messages (roles out of order, ...)
             raise BadRequest(f"messages: the chat template refused them: {exc}", param="messages") from None
         fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "n", "seed", "stop", "stream")}
         max_tokens = req.max_completion_tokens or req.max_tokens or 16
-        body, ms = await complete(validated(CompletionRequest, json.dumps(
-            {**fields, "prompt": prompt, "max_tokens": max_tokens}).encode()))
+        body, ms = await complete(
+            validated(CompletionRequest, json.dumps({**fields, "prompt": prompt, "max_tokens": max_tokens}).encode())
+        )
         head = {"id": body["id"].replace("cmpl-", "chatcmpl-"), "created": body["created"], "model": body["model"]}
         if not req.stream:
-            return JSONResponse({**head, "object": "chat.completion", "usage": body["usage"], "choices": [
-                {"index": c["index"], "message": {"role": "assistant", "content": c["text"]}, "logprobs": None,
-                 "finish_reason": c["finish_reason"], "stop_reason": c["stop_reason"]} for c in body["choices"]]},
-                headers={"x-swarm-compute-ms": f"{ms:.3f}"})
+            return JSONResponse(
+                {
+                    **head,
+                    "object": "chat.completion",
+                    "usage": body["usage"],
+                    "choices": [
+                        {
+                            "index": c["index"],
+                            "message": {"role": "assistant", "content": c["text"]},
+                            "logprobs": None,
+                            "finish_reason": c["finish_reason"],
+                            "stop_reason": c["stop_reason"],
+                        }
+                        for c in body["choices"]
+                    ],
+                },
+                headers={"x-swarm-compute-ms": f"{ms:.3f}"},
+            )
         head["object"] = "chat.completion.chunk"
         chunks = []
         for c in body["choices"]:
-            chunks.append({**head, "choices": [{"index": c["index"], "delta": {"role": "assistant", "content": ""},
-                                                "finish_reason": None}]})
+            chunks.append(
+                {
+                    **head,
+                    "choices": [
+                        {"index": c["index"], "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                    ],
+                }
+            )
             for piece in c.pop("_pieces"):
-                chunks.append({**head, "choices": [{"index": c["index"], "delta": {"content": piece},
-                                                    "finish_reason": None}]})
-            chunks.append({**head, "choices": [{"index": c["index"], "delta": {},
-                                                "finish_reason": c["finish_reason"]}]})
+                chunks.append(
+                    {**head, "choices": [{"index": c["index"], "delta": {"content": piece}, "finish_reason": None}]}
+                )
+            chunks.append(
+                {**head, "choices": [{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}]}
+            )
         return sse(chunks)
 
     return app
@@ -635,9 +773,16 @@ def parse_args(argv=None) -> WorkerOptions:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parent-pid", type=int, default=0)
-    ap.add_argument("--lora-modules", nargs="*", default=None, metavar="NAME=PATH",
-                    help="LoRA adapters (PEFT folders) to serve on the base --model, each under its NAME")
-    ap.add_argument("--enable-lora", action="store_true", help="serve adapters loaded at runtime (/v1/load_lora_adapter)")
+    ap.add_argument(
+        "--lora-modules",
+        nargs="*",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT folders) to serve on the base --model, each under its NAME",
+    )
+    ap.add_argument(
+        "--enable-lora", action="store_true", help="serve adapters loaded at runtime (/v1/load_lora_adapter)"
+    )
     ap.add_argument("--fault-act-error-after", type=int, default=-1)
     ap.add_argument("--fault-bid", type=float, default=None)
     ap.add_argument("--fault-delay-ms", type=int, default=0)
@@ -650,12 +795,16 @@ def main(argv=None) -> int:
 
     opts = parse_args(argv)
     if opts.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"worker: error: --host {opts.host!r}: a worker binds to loopback only; put the gateway in front",
-              file=sys.stderr)
+        print(
+            f"worker: error: --host {opts.host!r}: a worker binds to loopback only; put the gateway in front",
+            file=sys.stderr,
+        )
         return 2
     if not (Path(opts.model) / "config.json").exists():
-        print(f"worker: error: --model {opts.model!r} is not a Hugging Face checkpoint folder (no config.json)",
-              file=sys.stderr)
+        print(
+            f"worker: error: --model {opts.model!r} is not a Hugging Face checkpoint folder (no config.json)",
+            file=sys.stderr,
+        )
         return 2
     import torch
     import uvicorn

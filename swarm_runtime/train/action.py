@@ -1,11 +1,12 @@
 """Action learning (docs/method.md, section 3): REINFORCE on each agent's own action tokens,
 advantage = credit minus the agent's mean credit in the batch."""
+
 from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Callable, Sequence
 
 import torch
 
@@ -40,10 +41,18 @@ def credit_samples_and_turns(episodes: Sequence[Episode], credit_fn: Callable, r
     return out, turns
 
 
-def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: float, minibatch: int,
-                  grad_clip: float, reference: dict | None = None, kl_coef: float = 0.0,
-                  behaviour: Sequence[list[float] | None] | None = None,
-                  is_cap: float | None = None) -> dict[str, float]:
+def action_update(
+    agents: list[Agent],
+    samples,
+    optimizers: dict,
+    reward_scale: float,
+    minibatch: int,
+    grad_clip: float,
+    reference: dict | None = None,
+    kl_coef: float = 0.0,
+    behaviour: Sequence[list[float] | None] | None = None,
+    is_cap: float | None = None,
+) -> dict[str, float]:
     """One REINFORCE update of every model that acted in ``samples``.
 
     ``behaviour`` (one entry per sample: the sampler's per-token log-probs of its action, or None):
@@ -78,8 +87,7 @@ def action_update(agents: list[Agent], samples, optimizers: dict, reward_scale: 
             continue
         stats = Mismatch(cap=is_cap or REPORT_CAP)
         chunk_loss = partial(_reinforce_chunk, stats=stats, is_cap=is_cap)
-        loss, norm = accumulate_and_step(agent.policy, batch, minibatch, chunk_loss,
-                                         *optimizers[agent.role], grad_clip)
+        loss, norm = accumulate_and_step(agent.policy, batch, minibatch, chunk_loss, *optimizers[agent.role], grad_clip)
         metrics[f"losses/action_{agent.role}"] = loss
         metrics[f"charts/grad_norm_{agent.role}"] = norm
         metrics.update(stats.metrics(agent.role))
@@ -108,8 +116,7 @@ def _reinforce_chunk(policy, chunk, stats: Mismatch | None = None, is_cap: float
     rows with sampler log-probs feed ``stats`` and, with ``is_cap``, are importance-weighted."""
     tracked = stats is not None and all(len(c) > 3 and c[3] is not None and len(c[3]) == len(c[1]) for c in chunk)
     per_token: list | None = [] if tracked else None
-    logp = sampled_logprobs(policy, [c[0] for c in chunk], [c[1] for c in chunk], actions=True,
-                            per_token_out=per_token)
+    logp = sampled_logprobs(policy, [c[0] for c in chunk], [c[1] for c in chunk], actions=True, per_token_out=per_token)
     adv = torch.tensor([c[2] for c in chunk])
     if tracked and per_token:
         weights = []

@@ -6,12 +6,13 @@ runner-up's (up to ``tries`` times, else drop the turn), let the runner-up act
 and roll the branch to the end with the current policies. The bid response of
 the branch with the higher score (sum of rewards from that turn on) is y_w.
 """
+
 from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import torch
 
@@ -55,8 +56,9 @@ def resample_lower(agents: list[Agent], picks: list[tuple[Episode, Turn]], tries
 def resample_higher(agents: list[Agent], picks: list[tuple[Episode, Turn]], tries: int) -> list:
     """For each pick, a re-sampled bid of the runner-up above the selected agent's winning bid
     (so it would have won the turn: the branch's outcome), or None."""
-    return _resample(agents, picks, tries, lambda t: t.auction.runner_up,
-                     lambda t, level: level > t.auction.winning_bid)
+    return _resample(
+        agents, picks, tries, lambda t: t.auction.runner_up, lambda t, level: level > t.auction.winning_bid
+    )
 
 
 def _resample(agents, picks, tries: int, who, accept) -> list:
@@ -80,7 +82,7 @@ def _resample(agents, picks, tries: int, who, accept) -> list:
 
 def window_score(ep: Episode, t: int, horizon: int | None = None) -> float:
     """The original episode's rewards from turn ``t`` on: to its end, or over ``horizon`` decisions."""
-    return sum(x.reward for x in ep.turns[t:None if horizon is None else t + int(horizon)])
+    return sum(x.reward for x in ep.turns[t : None if horizon is None else t + int(horizon)])
 
 
 def forced_turns(turn: Turn, lower) -> tuple[ForcedTurn, ForcedTurn]:
@@ -95,8 +97,9 @@ def forced_turns(turn: Turn, lower) -> tuple[ForcedTurn, ForcedTurn]:
     return branch, again
 
 
-def forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTurn, sample: int,
-                horizon: int | None = None) -> Slot:
+def forced_slot(
+    domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTurn, sample: int, horizon: int | None = None
+) -> Slot:
     """A slot restored to ``turn``'s snapshot whose first turn is ``forced``, ending after
     ``horizon`` decisions (None: at the episode's end). Under common random numbers continuation 0
     reuses the original episode's noise (it differs from the original only through the forced
@@ -105,14 +108,31 @@ def forced_slot(domain: Domain, task, ep: Episode, turn: Turn, forced: ForcedTur
     env_snap, log = turn.snapshot
     env.restore(env_snap)
     noise = ep.noise if ep.noise is None or sample == 0 else key_hash(ep.noise, turn.t, sample)
-    return Slot(env, Episode(ep.seed, noise=noise), list(log), t=turn.t, forced=forced,
-                stop_at=None if horizon is None else turn.t + int(horizon))
+    return Slot(
+        env,
+        Episode(ep.seed, noise=noise),
+        list(log),
+        t=turn.t,
+        forced=forced,
+        stop_at=None if horizon is None else turn.t + int(horizon),
+    )
 
 
-def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, tries: int,
-                 rng: random.Random, presence=None, samples: int = 1,
-                 horizon: int | None = None, runner_up_pairs: bool = False, sampler=None,
-                 models=None) -> list[BranchPair]:
+def run_branches(
+    agents: list[Agent],
+    coordinator,
+    domain: Domain,
+    task,
+    picks,
+    tries: int,
+    rng: random.Random,
+    presence=None,
+    samples: int = 1,
+    horizon: int | None = None,
+    runner_up_pairs: bool = False,
+    sampler=None,
+    models=None,
+) -> list[BranchPair]:
     """Roll counterfactual branches for the picks (batched, through ``sampler``: default in process) and
     pair the bid responses.
 
@@ -151,8 +171,17 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         branched.append(_Pick(turn, nb.tokens, None if hb is None else hb.tokens, window_score(ep, turn.t, horizon)))
     if not slots:
         return []
-    branches = play(slots, agents, coordinator, domain, int(task.max_decisions), rng, presence=presence,
-                    sampler=sampler, models=models)
+    branches = play(
+        slots,
+        agents,
+        coordinator,
+        domain,
+        int(task.max_decisions),
+        rng,
+        presence=presence,
+        sampler=sampler,
+        models=models,
+    )
     scores: list[list[list[float]]] = [[[k.original_score], []] for k in branched]  # per pick: [original, branch]
     missing = set()
     for (i, side), br in zip(owner, branches):
@@ -168,8 +197,11 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
         lps = t.bid_logprobs or [None] * len(t.bid_tokens)
         pairs.append(BranchPair(sel, t.bid_prompts[sel], t.bid_tokens[sel], k.lower, o, b, original_logprobs=lps[sel]))
         if k.higher is not None:
-            pairs.append(BranchPair(ru, t.bid_prompts[ru], t.bid_tokens[ru], k.higher, o, b, runner_up=True,
-                                    original_logprobs=lps[ru]))
+            pairs.append(
+                BranchPair(
+                    ru, t.bid_prompts[ru], t.bid_tokens[ru], k.higher, o, b, runner_up=True, original_logprobs=lps[ru]
+                )
+            )
     return pairs
 
 
@@ -177,15 +209,24 @@ def run_branches(agents: list[Agent], coordinator, domain: Domain, task, picks, 
 class _Pick:
     """A pick that will be branched: its turn, the re-sampled bid tokens (the selected agent's lower
     one; the runner-up's higher one or None) and the original episode's score over the window."""
+
     turn: Turn
     lower: list[int]
     higher: list[int] | None
     original_score: float
 
 
-def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, minibatch: int,
-               grad_clip: float, pair_weight: str = "uniform", reference: dict | None = None,
-               beta: float = 1.0, is_cap: float | None = None) -> dict[str, float]:
+def bid_update(
+    agents: list[Agent],
+    pairs: list[BranchPair],
+    optimizers: dict,
+    minibatch: int,
+    grad_clip: float,
+    pair_weight: str = "uniform",
+    reference: dict | None = None,
+    beta: float = 1.0,
+    is_cap: float | None = None,
+) -> dict[str, float]:
     """Bradley-Terry update of each pair's agent's bid on its decisive pairs (ties dropped), each
     pair weighted by :func:`pair_weights` (``uniform``: the paper). The agent is the selected one,
     or the runner-up for ``runner_up`` pairs. ``reference`` (role -> frozen policy,
@@ -205,21 +246,33 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
     by_policy: dict[int, list] = {}
     for key, ps in decisive.items():
         weights = pair_weights([p.original_score - p.branch_score for p in ps], pair_weight)
-        by_policy[key] = [_PreferenceRow(p.prompt, *((p.original, p.counterfactual) if p.original_score > p.branch_score
-                                                     else (p.counterfactual, p.original)), w,
-                                         behaviour=p.original_logprobs, original_won=p.original_score > p.branch_score)
-                          for p, w in zip(ps, weights)]
+        by_policy[key] = [
+            _PreferenceRow(
+                p.prompt,
+                *(
+                    (p.original, p.counterfactual)
+                    if p.original_score > p.branch_score
+                    else (p.counterfactual, p.original)
+                ),
+                w,
+                behaviour=p.original_logprobs,
+                original_won=p.original_score > p.branch_score,
+            )
+            for p, w in zip(ps, weights)
+        ]
     selected = [p for p in pairs if not p.runner_up]
-    metrics: dict[str, float] = {"charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
-                                 "charts/bid_pairs_higher_won": float(sum(
-                                     p.original_score > p.branch_score for p in selected))}
+    metrics: dict[str, float] = {
+        "charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
+        "charts/bid_pairs_higher_won": float(sum(p.original_score > p.branch_score for p in selected)),
+    }
     if len(selected) < len(pairs):
         metrics["charts/bid_pairs_runner_up"] = float(len(pairs) - len(selected))
     for a, agent in enumerate(agents):  # per agent: how often keeping its higher bid scored better
         mine = [p for p in selected if p.agent == a and p.original_score != p.branch_score]
         if mine:
-            metrics[f"charts/bid_higher_won_{agent.name}"] = sum(
-                p.original_score > p.branch_score for p in mine) / len(mine)
+            metrics[f"charts/bid_higher_won_{agent.name}"] = sum(p.original_score > p.branch_score for p in mine) / len(
+                mine
+            )
     for agent in agents:
         batch = by_policy.pop(id(agent.policy), None)
         if not batch:
@@ -229,9 +282,13 @@ def bid_update(agents: list[Agent], pairs: list[BranchPair], optimizers: dict, m
             batch = _with_reference(reference[agent.role], batch, minibatch)
         stats = Mismatch(cap=is_cap or REPORT_CAP)
         loss, norm = accumulate_and_step(
-            agent.policy, batch, minibatch,
+            agent.policy,
+            batch,
+            minibatch,
             lambda policy, chunk: _bradley_terry_chunk(policy, chunk, beta, shifts, stats, is_cap),
-            *optimizers[agent.role], grad_clip)
+            *optimizers[agent.role],
+            grad_clip,
+        )
         metrics.update(stats.metrics(agent.role, prefix="bid_"))
         if shifts:  # how far the bids already lean the pairs' way, beyond the reference (0 at the start)
             metrics[f"charts/bid_ref_logodds_{agent.role}"] = sum(shifts) / len(shifts)
@@ -261,14 +318,17 @@ class _PreferenceRow:
         return self.winner if self.original_won else self.loser
 
 
-def _pair_logprobs(policy, chunk: list[_PreferenceRow], per_token: tuple[list, list] | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def _pair_logprobs(
+    policy, chunk: list[_PreferenceRow], per_token: tuple[list, list] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed log-probs of the winners and the losers; ``per_token`` (two lists): gets each one's per-token
     log-probs (detached)."""
     prompts = [r.prompt for r in chunk]
     pw, pl = per_token if per_token is not None else (None, None)
-    return (sampled_logprobs(policy, prompts, [r.winner for r in chunk], per_token_out=pw),
-            sampled_logprobs(policy, prompts, [r.loser for r in chunk], per_token_out=pl))
+    return (
+        sampled_logprobs(policy, prompts, [r.winner for r in chunk], per_token_out=pw),
+        sampled_logprobs(policy, prompts, [r.loser for r in chunk], per_token_out=pl),
+    )
 
 
 def _tracked(r: _PreferenceRow) -> bool:
@@ -276,8 +336,9 @@ def _tracked(r: _PreferenceRow) -> bool:
     return r.behaviour is not None and len(r.behaviour) == len(r.original)
 
 
-def _importance(chunk: list[_PreferenceRow], per_token: tuple[list, list], stats: Mismatch,
-                is_cap: float | None) -> list[float]:
+def _importance(
+    chunk: list[_PreferenceRow], per_token: tuple[list, list], stats: Mismatch, is_cap: float | None
+) -> list[float]:
     """Each row's original bid compared with its sampler log-probs (into ``stats``), and each row's truncated
     importance weight (1 for a row without them; all 1 without ``is_cap``)."""
     out = []
@@ -301,9 +362,14 @@ def _with_reference(ref_policy, batch: list[_PreferenceRow], minibatch: int) -> 
     return [replace(r, ref_winner=w, ref_loser=l) for r, w, l in zip(batch, ref_w, ref_l)]
 
 
-def _bradley_terry_chunk(policy, chunk: list[_PreferenceRow], beta: float = 1.0,
-                         shifts: list | None = None, stats: Mismatch | None = None,
-                         is_cap: float | None = None) -> torch.Tensor:
+def _bradley_terry_chunk(
+    policy,
+    chunk: list[_PreferenceRow],
+    beta: float = 1.0,
+    shifts: list | None = None,
+    stats: Mismatch | None = None,
+    is_cap: float | None = None,
+) -> torch.Tensor:
     """Loss of the rows; rows with reference log-probs (:func:`_with_reference`) take the DPO form,
     each row's log-odds shift beyond the reference going into ``shifts``. Rows whose original bid has
     sampler log-probs feed ``stats`` and, with ``is_cap``, are importance-weighted (:func:`bid_update`)."""

@@ -1,7 +1,8 @@
 """The two MPT losses as pure tensor functions (docs/method.md, sections 3 and 4)."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +26,14 @@ def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor) -> torch.Te
     return -(advantages.detach().to(logprobs.device) * logprobs).mean()
 
 
-def bradley_terry_loss(logp_winner: torch.Tensor, logp_loser: torch.Tensor,
-                       weights: torch.Tensor | None = None, ref_winner: torch.Tensor | None = None,
-                       ref_loser: torch.Tensor | None = None, beta: float = 1.0) -> torch.Tensor:
+def bradley_terry_loss(
+    logp_winner: torch.Tensor,
+    logp_loser: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    ref_winner: torch.Tensor | None = None,
+    ref_loser: torch.Tensor | None = None,
+    beta: float = 1.0,
+) -> torch.Tensor:
     """``-mean(w * log sigmoid(beta * z))`` with ``z = log pi(y_w|h) - log pi(y_l|h)`` (the paper:
     ``w = 1``, ``beta = 1``, no reference) or, given a reference policy's log-probs of the same
     responses, ``z = [log pi(y_w|h) - log pi_ref(y_w|h)] - [log pi(y_l|h) - log pi_ref(y_l|h)]``
@@ -65,6 +71,3 @@ def pair_weights(margins: Sequence[float], scheme: str) -> list[float]:
     m = [abs(float(x)) for x in margins]
     mean = sum(m) / len(m) if m else 0.0
     return [x / mean for x in m] if mean > 0 else [1.0] * len(m)
-
-
-

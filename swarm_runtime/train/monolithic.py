@@ -26,6 +26,7 @@ policy backend) acts every turn:
 Everything else (rollout metrics, FLOPs, checkpoints, resume, held-out
 evaluation, observer hooks) is :class:`MPTTrainer`'s.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,8 +59,9 @@ def build_monolithic(ctx: RunContext, init_dir: Path | None = None) -> tuple[lis
     return [Agent(MONOLITHIC, MONOLITHIC, policy, prompt_kind="single")], {MONOLITHIC: policy}
 
 
-def matched_sft_plan(n_single: int, n_roles: int, epochs: int, batch_size: int,
-                     action_epochs: int | None = None) -> tuple[int, int]:
+def matched_sft_plan(
+    n_single: int, n_roles: int, epochs: int, batch_size: int, action_epochs: int | None = None
+) -> tuple[int, int]:
     """(epochs, max_steps) giving the monolithic model the swarm's SFT examples x epochs.
 
     Per expert step the swarm trains ``n_roles`` bid examples for ``epochs`` passes + 1
@@ -104,20 +106,38 @@ class MonolithicTrainer(MPTTrainer):
         if s.match == "data":
             (epochs, steps), matched = (int(s.action_epochs or s.epochs), None), "demos x epochs"
         else:
-            epochs, steps = matched_sft_plan(len(demos), len(ctx.domain.roles), int(s.epochs), int(s.batch_size),
-                                             s.action_epochs)
+            epochs, steps = matched_sft_plan(
+                len(demos), len(ctx.domain.roles), int(s.epochs), int(s.batch_size), s.action_epochs
+            )
             matched = "examples x epochs"
         policy = self.policies[MONOLITHIC]
         t0 = time.time()
-        m = sft(policy, demos, epochs, float(s.lr), int(s.batch_size), int(self.cfg.seed), max_steps=steps,
-                desc="SFT monolithic", progress=bool(self.cfg.progress))
+        m = sft(
+            policy,
+            demos,
+            epochs,
+            float(s.lr),
+            int(s.batch_size),
+            int(self.cfg.seed),
+            max_steps=steps,
+            desc="SFT monolithic",
+            progress=bool(self.cfg.progress),
+        )
         if demos:
             m["demo_action_accuracy"] = demo_accuracy(policy, demos)
             m["matched_examples"] = float(m["steps"] * int(s.batch_size))
-            logger.info("SFT monolithic: {} demo actions x {} epochs ({} steps, matched to the swarm's {}), loss "
-                        "{:.3f} -> {:.3f}, greedy demo-action accuracy {:.0%} ({:.0f}s)", len(demos), epochs, m["steps"],
-                        matched, m["first_loss"], m["loss"],
-                        m["demo_action_accuracy"], time.time() - t0)
+            logger.info(
+                "SFT monolithic: {} demo actions x {} epochs ({} steps, matched to the swarm's {}), loss "
+                "{:.3f} -> {:.3f}, greedy demo-action accuracy {:.0%} ({:.0f}s)",
+                len(demos),
+                epochs,
+                m["steps"],
+                matched,
+                m["first_loss"],
+                m["loss"],
+                m["demo_action_accuracy"],
+                time.time() - t0,
+            )
             self.writer.log(0, {f"sft/{k}_{MONOLITHIC}": v for k, v in m.items()})
             self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": MONOLITHIC, **m})
         self.state["phase"] = "sft_done"

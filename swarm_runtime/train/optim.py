@@ -1,5 +1,6 @@
 """AdamW with linear warm-up and cosine decay, and gradient clipping; fp32 master weights for
 models loaded in bfloat16 or float16."""
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,10 @@ class MasterWeightAdamW(torch.optim.AdamW):
     def step(self, closure=None):
         for p, m in self._pairs:
             if master_weight(p) is not m:  # it also picks up changes made to the weights since the last step
-                raise RuntimeError("a bf16/fp16 weight changed device or shape after its optimizer was made; "
-                                   "move the model before making its optimizers")
+                raise RuntimeError(
+                    "a bf16/fp16 weight changed device or shape after its optimizer was made; "
+                    "move the model before making its optimizers"
+                )
             m.grad = None if p.grad is None else p.grad.detach().float()
         loss = super().step(closure)
         for p, m in self._pairs:
@@ -76,14 +79,23 @@ def init_adam_state(opt: torch.optim.Optimizer) -> None:
         for p in group["params"]:
             state = opt.state[p]
             if not state:
-                state["step"] = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64
-                                             else torch.float32)  # torch's _get_scalar_dtype()
+                state["step"] = torch.tensor(
+                    0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+                )  # torch's _get_scalar_dtype()
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def make_optimizer(params, lr: float, weight_decay: float, total_steps: int, warmup: int = 0,
-                   min_ratio: float = 0.1, eps: float = 1e-8, eager_state: bool = False):
+def make_optimizer(
+    params,
+    lr: float,
+    weight_decay: float,
+    total_steps: int,
+    warmup: int = 0,
+    min_ratio: float = 0.1,
+    eps: float = 1e-8,
+    eager_state: bool = False,
+):
     """AdamW (:class:`MasterWeightAdamW` for bf16/fp16 parameters) with the LR schedule;
     ``eager_state``: its moments allocated now (:func:`init_adam_state`)."""
     params = list(params)
@@ -147,7 +159,7 @@ def accumulate_and_step(policy, batch: list, minibatch: int, chunk_loss, opt, sc
     policy.train()
     n, total = len(batch), 0.0
     for i in range(0, n, minibatch):
-        chunk = batch[i:i + minibatch]
+        chunk = batch[i : i + minibatch]
         loss = chunk_loss(policy, chunk) * len(chunk) / n
         loss.backward()
         total += float(loss.detach())

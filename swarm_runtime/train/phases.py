@@ -9,6 +9,7 @@ made, :attr:`PhasedTrainer.final_is_sft`: one row, the SFT one), a
 ``policies`` dict (name -> policy, what checkpoints hold) and ``optimizers``; optionally
 :meth:`log_eval` and :meth:`postfix`.
 """
+
 from __future__ import annotations
 
 import random
@@ -36,8 +37,15 @@ class PhasedTrainer:
 
     def _save(self, tag: str) -> None:
         self.state["flops"] = self.ctx.flops.state_dict()
-        ckpt.save_checkpoint(self.ctx.run_dir, tag, self.policies, self.optimizers, self.state, self.rng,
-                             keep=int(self.cfg.keep_checkpoints))
+        ckpt.save_checkpoint(
+            self.ctx.run_dir,
+            tag,
+            self.policies,
+            self.optimizers,
+            self.state,
+            self.rng,
+            keep=int(self.cfg.keep_checkpoints),
+        )
 
     def log_eval(self, step: int, res: dict) -> None:
         """Write a held-out evaluation's headline numbers to the metrics (default: nothing)."""
@@ -62,8 +70,11 @@ class PhasedTrainer:
         """The held-out evaluation of the final checkpoint and whether it was run now: with no update
         made (:attr:`final_is_sft`), the evaluation after SFT of the same weights."""
         if self.final_is_sft:
-            logger.info("held-out {}: 0 training updates, so the final checkpoint is the SFT one, evaluated after "
-                        "SFT; not evaluated again", label)
+            logger.info(
+                "held-out {}: 0 training updates, so the final checkpoint is the SFT one, evaluated after "
+                "SFT; not evaluated again",
+                label,
+            )
             return self.state["sft_eval"], False
         return self.held_out(label), True
 
@@ -73,13 +84,23 @@ class PhasedTrainer:
         out = []
         if not self.trained:
             once = ", evaluated once (the SFT figures above)" if self.final_is_sft else ""
-            out.append(f"{self.label}: 0 training updates (algo.iterations=0), so the {self.label} checkpoint is the "
-                       f"SFT one{once}; no {self.label} - SFT difference is reported")
+            out.append(
+                f"{self.label}: 0 training updates (algo.iterations=0), so the {self.label} checkpoint is the "
+                f"SFT one{once}; no {self.label} - SFT difference is reported"
+            )
         run_dir = self.ctx.run_dir
-        held = ["eval.json", "metrics.jsonl", *(["tb/"] if (run_dir / "tb").is_dir() else []),
-                *(p.name for p in plots), "checkpoints/"]
-        why = "" if plots else "; no plots: " + ("0 training updates" if not self.trained
-                                                 else "no training rows in metrics.jsonl")
+        held = [
+            "eval.json",
+            "metrics.jsonl",
+            *(["tb/"] if (run_dir / "tb").is_dir() else []),
+            *(p.name for p in plots),
+            "checkpoints/",
+        ]
+        why = (
+            ""
+            if plots
+            else "; no plots: " + ("0 training updates" if not self.trained else "no training rows in metrics.jsonl")
+        )
         out.append(f"Run folder: {run_dir} ({', '.join(held)}{why})")
         return out
 

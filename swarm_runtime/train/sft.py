@@ -5,11 +5,12 @@ every expert step each role gets a bid example (drawn from ``owner_bids`` for th
 role that owns the action, from ``other_bids`` for the others), and the owner gets the action
 example. A single (monolithic) model gets the union through ``single_prompt``.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -28,9 +29,15 @@ class Example:
     target: object  #: bid level (float) or action text (str)
 
 
-def collect_demos(domain: Domain, task, seeds: Sequence[int], owner_bids: Sequence[float] = (0.6, 0.8),
-                  other_bids: Sequence[float] = (0.0, 0.2, 0.4), single: bool = False,
-                  rng: random.Random | None = None) -> dict[str, list[Example]]:
+def collect_demos(
+    domain: Domain,
+    task,
+    seeds: Sequence[int],
+    owner_bids: Sequence[float] = (0.6, 0.8),
+    other_bids: Sequence[float] = (0.0, 0.2, 0.4),
+    single: bool = False,
+    rng: random.Random | None = None,
+) -> dict[str, list[Example]]:
     """Roll the scripted expert on ``seeds``; return examples per role (or under
     ``"single"`` for one model acting every turn). Each bid example's target is
     drawn from ``owner_bids`` (the role owning the expert's action) or ``other_bids``."""
@@ -62,17 +69,28 @@ def collect_demos(domain: Domain, task, seeds: Sequence[int], owner_bids: Sequen
     return demos
 
 
-def sft(policy, examples: list[Example], epochs: int, lr: float, batch_size: int, seed: int,
-        desc: str = "sft", progress: bool = True, max_steps: int | None = None,
-        action_epochs: int | None = None) -> dict[str, float]:
+def sft(
+    policy,
+    examples: list[Example],
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    desc: str = "sft",
+    progress: bool = True,
+    max_steps: int | None = None,
+    action_epochs: int | None = None,
+) -> dict[str, float]:
     """Supervised fine-tuning on ``examples``: mean token cross-entropy of the targets.
 
     Bid examples get ``epochs`` passes, action examples ``action_epochs`` (None =
     ``epochs``); each pass is shuffled, and one cosine schedule spans them all."""
     if not examples:
         return {"loss": float("nan"), "steps": 0}
-    pairs = [(e.kind, e.prompt, policy.bid_target(e.target) if e.kind == "bid" else policy.action_target(e.target))
-             for e in examples]
+    pairs = [
+        (e.kind, e.prompt, policy.bid_target(e.target) if e.kind == "bid" else policy.action_target(e.target))
+        for e in examples
+    ]
     passes = {"bid": int(epochs), "act": int(epochs if action_epochs is None else action_epochs)}
     rng = random.Random(seed)
     schedule: list[list[tuple]] = []
@@ -90,7 +108,7 @@ def sft(policy, examples: list[Example], epochs: int, lr: float, batch_size: int
         for i in range(0, len(epoch_pairs), batch_size):
             if step >= total:
                 break
-            batch = epoch_pairs[i:i + batch_size]
+            batch = epoch_pairs[i : i + batch_size]
             logp = policy.logprobs([p for p, _ in batch], [t for _, t in batch])
             loss = -logp.sum() / sum(len(t) for _, t in batch)
             loss.backward()
@@ -102,9 +120,14 @@ def sft(policy, examples: list[Example], epochs: int, lr: float, batch_size: int
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     bar.close()
     policy.eval()
-    tail = losses[-max(1, len(losses) // 10):]
-    return {"loss": sum(tail) / len(tail), "first_loss": losses[0], "steps": step, "examples": len(pairs),
-            "examples_trained": trained}
+    tail = losses[-max(1, len(losses) // 10) :]
+    return {
+        "loss": sum(tail) / len(tail),
+        "first_loss": losses[0],
+        "steps": step,
+        "examples": len(pairs),
+        "examples_trained": trained,
+    }
 
 
 @torch.no_grad()

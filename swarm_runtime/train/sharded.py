@@ -14,15 +14,17 @@ under DeepSpeed ZeRO-3. What is not here yet: learner
 actors that keep the sharded model and its optimizer across updates (Ray), and a run-level
 ``train.engine=fsdp``; see docs/distributed.md.
 """
+
 from __future__ import annotations
 
 import os
 import socket
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -69,7 +71,7 @@ def rank_chunks(batch: Sequence[Row], rank: int, world: int, minibatch: int) -> 
     shares = [list(batch[s]) for s in shard_slices(n, world)]
     count = max((len(s) + mb - 1) // mb for s in shares)
     mine = shares[rank]
-    chunks = [(mine[i:i + mb], len(mine[i:i + mb]) / n) for i in range(0, len(mine), mb)]
+    chunks = [(mine[i : i + mb], len(mine[i : i + mb]) / n) for i in range(0, len(mine), mb)]
     while len(chunks) < count:
         chunks.append(([batch[0]], 0.0))
     return chunks
@@ -98,9 +100,15 @@ def _default_chunk_loss():
     return _reinforce_chunk
 
 
-def sharded_update(rank: int, world: int, make_policy: Callable[[], Any], batch: Sequence[Row],
-                   settings: OptimSettings, chunk_loss: Callable | None = None,
-                   device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def sharded_update(
+    rank: int,
+    world: int,
+    make_policy: Callable[[], Any],
+    batch: Sequence[Row],
+    settings: OptimSettings,
+    chunk_loss: Callable | None = None,
+    device: str = "cpu",
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """One update in rank ``rank`` of an initialised process group of ``world``; returns the full state dict
     of the policy's model (on rank 0; empty elsewhere) and the update's metrics (every rank): ``loss`` (the
     batch mean, as the one-process update reports it), ``grad_norm`` (before clipping), ``shard_params`` (the
@@ -115,12 +123,15 @@ def sharded_update(rank: int, world: int, make_policy: Callable[[], Any], batch:
     policy = make_policy()
     model = policy.model
     if any(p.dtype in LOW_PRECISION for p in model.parameters()):
-        raise ValueError("the sharded learner steps fp32 parameters; a bf16/fp16 model needs FSDP2's "
-                         "MixedPrecisionPolicy (not wired yet)")
+        raise ValueError(
+            "the sharded learner steps fp32 parameters; a bf16/fp16 model needs FSDP2's "
+            "MixedPrecisionPolicy (not wired yet)"
+        )
     mesh = init_device_mesh(device, (world,))
     shard_model(model, mesh)
-    opt, sched = make_optimizer(model.parameters(), settings.lr, settings.weight_decay, settings.total_steps,
-                                settings.warmup, eps=settings.eps)
+    opt, sched = make_optimizer(
+        model.parameters(), settings.lr, settings.weight_decay, settings.total_steps, settings.warmup, eps=settings.eps
+    )
     policy.train()
     total = 0.0
     chunks = rank_chunks(batch, rank, world, settings.minibatch)
@@ -140,13 +151,23 @@ def sharded_update(rank: int, world: int, make_policy: Callable[[], Any], batch:
     dist.all_reduce(loss_sum)
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    metrics = {"loss": float(loss_sum), "grad_norm": float(norm), "shard_params": float(held),
-               "seconds": time.time() - t0}
+    metrics = {
+        "loss": float(loss_sum),
+        "grad_norm": float(norm),
+        "shard_params": float(held),
+        "seconds": time.time() - t0,
+    }
     return state, metrics
 
 
-def deepspeed_update(rank: int, world: int, make_policy: Callable[[], Any], batch: Sequence[Row],
-                     settings: OptimSettings, chunk_loss: Callable | None = None) -> tuple[dict, dict[str, float]]:
+def deepspeed_update(
+    rank: int,
+    world: int,
+    make_policy: Callable[[], Any],
+    batch: Sequence[Row],
+    settings: OptimSettings,
+    chunk_loss: Callable | None = None,
+) -> tuple[dict, dict[str, float]]:
     """The same update under DeepSpeed ZeRO-3 (``deepspeed.initialize`` with the run's AdamW and schedule as the
     client optimizer; gradient accumulation over the rank's chunks, clipping at the global norm), in rank
     ``rank`` of a process group DeepSpeed initialised. Returns the full fp32 parameters by name (rank 0; empty
@@ -161,11 +182,22 @@ def deepspeed_update(rank: int, world: int, make_policy: Callable[[], Any], batc
     t0 = time.time()
     policy = make_policy()
     chunks = rank_chunks(batch, rank, world, settings.minibatch)
-    opt, sched = make_optimizer(policy.model.parameters(), settings.lr, settings.weight_decay, settings.total_steps,
-                                settings.warmup, eps=settings.eps)
-    config = {"train_micro_batch_size_per_gpu": max(1, int(settings.minibatch)),
-              "gradient_accumulation_steps": len(chunks), "gradient_clipping": float(settings.grad_clip),
-              "zero_optimization": {"stage": 3}, "zero_force_ds_cpu_optimizer": False, "steps_per_print": 1 << 30}
+    opt, sched = make_optimizer(
+        policy.model.parameters(),
+        settings.lr,
+        settings.weight_decay,
+        settings.total_steps,
+        settings.warmup,
+        eps=settings.eps,
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": max(1, int(settings.minibatch)),
+        "gradient_accumulation_steps": len(chunks),
+        "gradient_clipping": float(settings.grad_clip),
+        "zero_optimization": {"stage": 3},
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 1 << 30,
+    }
     engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=opt, lr_scheduler=sched, config=config)
     # forwards go through the engine: ZeRO-3 counts micro-steps there, and one that is not counted overwrites
     # the accumulated gradient partitions instead of adding to them (measured: only the last chunk's gradient)
@@ -182,8 +214,12 @@ def deepspeed_update(rank: int, world: int, make_policy: Callable[[], Any], batc
     dist.all_reduce(loss_sum)
     held = sum(int(getattr(p, "ds_tensor", p).numel()) for p in engine.module.parameters())
     full = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in engine.module.named_parameters()}
-    metrics = {"loss": float(loss_sum), "grad_norm": float(engine.get_global_grad_norm()),
-               "shard_params": float(held), "seconds": time.time() - t0}
+    metrics = {
+        "loss": float(loss_sum),
+        "grad_norm": float(engine.get_global_grad_norm()),
+        "shard_params": float(held),
+        "seconds": time.time() - t0,
+    }
     return (full if rank == 0 else {}), metrics
 
 
@@ -197,14 +233,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, world: int, port: int, make_policy, batch, settings, chunk_loss, out: str, threads: int,
-            engine: str = "fsdp"):
+def _worker(
+    rank: int,
+    world: int,
+    port: int,
+    make_policy,
+    batch,
+    settings,
+    chunk_loss,
+    out: str,
+    threads: int,
+    engine: str = "fsdp",
+):
     torch.set_num_threads(max(1, int(threads)))
     if engine == "deepspeed":
         import deepspeed
 
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                          LOCAL_RANK=str(rank))
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+        )
         deepspeed.init_distributed(dist_backend="gloo")
     else:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -219,9 +266,16 @@ def _worker(rank: int, world: int, port: int, make_policy, batch, settings, chun
         dist.destroy_process_group()
 
 
-def spawn_update(make_policy: Callable[[], Any], batch: Sequence[Row], settings: OptimSettings, world: int,
-                 chunk_loss: Callable | None = None, threads: int = 1, start_method: str = "spawn",
-                 engine: str = "fsdp") -> tuple[dict[str, torch.Tensor], dict]:
+def spawn_update(
+    make_policy: Callable[[], Any],
+    batch: Sequence[Row],
+    settings: OptimSettings,
+    world: int,
+    chunk_loss: Callable | None = None,
+    threads: int = 1,
+    start_method: str = "spawn",
+    engine: str = "fsdp",
+) -> tuple[dict[str, torch.Tensor], dict]:
     """Run :func:`sharded_update` in ``world`` new processes on this machine (gloo on 127.0.0.1, CPU mesh)
     and return rank 0's full state dict and metrics. ``start_method="spawn"`` (fresh interpreters: each
     imports torch and transformers again) needs ``make_policy`` and ``chunk_loss`` to pickle (module-level
@@ -238,9 +292,13 @@ def spawn_update(make_policy: Callable[[], Any], batch: Sequence[Row], settings:
         env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
         os.environ["OMP_NUM_THREADS"] = str(max(1, int(threads)))
         try:
-            mp.start_processes(_worker, args=(world, free_port(), make_policy, list(batch), settings, chunk_loss,
-                                              out, threads, engine), nprocs=int(world), join=True,
-                               start_method=start_method)
+            mp.start_processes(
+                _worker,
+                args=(world, free_port(), make_policy, list(batch), settings, chunk_loss, out, threads, engine),
+                nprocs=int(world),
+                join=True,
+                start_method=start_method,
+            )
         finally:
             for k, v in env.items():
                 if v is None:

@@ -3,6 +3,7 @@ chat-completions protocol, with injected faults: answers slower than the
 client timeout, 500s, 401s, garbage replies and non-JSON bodies. No grade may
 be lost or invented: a grade is correct / incorrect as the server said, or
 missing (and counted) when every bounded attempt failed."""
+
 from __future__ import annotations
 
 import json
@@ -45,9 +46,14 @@ class FakeChatServer(ThreadingHTTPServer):
 
 
 def _completion(model: str, content: str) -> dict:
-    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -70,8 +76,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         behaviour = self.server.next_behaviour()
         with self.server.lock:
-            self.server.requests.append({"path": self.path, "auth": self.headers.get("Authorization"),
-                                         "body": body, "behaviour": behaviour})
+            self.server.requests.append(
+                {"path": self.path, "auth": self.headers.get("Authorization"), "body": body, "behaviour": behaviour}
+            )
         prompt = body["messages"][0]["content"]
         if behaviour == "slow":
             time.sleep(SLOW_S)
@@ -116,8 +123,15 @@ def logs():
 
 def judge_for(server, tmp_path=None, **kw) -> tuple[LLMJudge, list[float]]:
     delays: list[float] = []
-    cfg = dict(base_url=server.base_url, api_key=KEY, timeout_s=TIMEOUT_S, max_attempts=5, backoff_s=0.01,
-               backoff_max_s=0.02, cache_dir=str(tmp_path / "grades") if tmp_path else None)
+    cfg = dict(
+        base_url=server.base_url,
+        api_key=KEY,
+        timeout_s=TIMEOUT_S,
+        max_attempts=5,
+        backoff_s=0.01,
+        backoff_max_s=0.02,
+        cache_dir=str(tmp_path / "grades") if tmp_path else None,
+    )
     cfg.update(kw)
     return LLMJudge(sleep=delays.append, **cfg), delays
 

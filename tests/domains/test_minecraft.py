@@ -1,4 +1,5 @@
 """Tests of the embedded minecraft domain (and the CPU-side logic of its MineStudio adapter)."""
+
 from __future__ import annotations
 
 import statistics
@@ -12,7 +13,12 @@ from swarm_domains.minecraft import world
 from swarm_domains.minecraft.expert import layout_aware_instruction, next_instruction
 from swarm_domains.minecraft.instructions import INSTRUCTIONS, OWNER, parse
 from swarm_domains.minecraft.minestudio import (
-    INSTALL_HINT, craft_commands, domain_inventory, mc_inventory, replay_plan, reward_config,
+    INSTALL_HINT,
+    craft_commands,
+    domain_inventory,
+    mc_inventory,
+    replay_plan,
+    reward_config,
 )
 from swarm_domains.minecraft.plugin import MinecraftDomain
 from swarm_domains.minecraft.recipes import DEFAULT_REWARDS, prerequisites, raw_needs
@@ -89,17 +95,32 @@ def test_tasks_shipped_with_disjoint_seeds_and_exact_reward_max():
 def test_iron_pickaxe_milestones_sum_to_140():
     cfg = DOMAIN.task_config("iron_pickaxe")
     assert cfg.reward_max == 140 == sum(cfg.milestones.values())
-    assert set(cfg.milestones) == {"log", "planks", "stick", "crafting_table", "wooden_pickaxe", "cobblestone",
-                                   "stone_pickaxe", "furnace", "coal", "iron_ore", "iron_ingot", "iron_pickaxe"}
+    assert set(cfg.milestones) == {
+        "log",
+        "planks",
+        "stick",
+        "crafting_table",
+        "wooden_pickaxe",
+        "cobblestone",
+        "stone_pickaxe",
+        "furnace",
+        "coal",
+        "iron_ore",
+        "iron_ingot",
+        "iron_pickaxe",
+    }
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"target": "diamond"}, "target 'diamond'"),
-    ({"sim": "malmo"}, "sim 'malmo'"),
-    ({"reward_max": 100}, "reward_max 100"),
-    ({"milestones": {"diamond": 5}}, "unknown milestone items ['diamond']"),
-    ({"milestones": {"log": -1}}, "milestone 'log' reward"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"target": "diamond"}, "target 'diamond'"),
+        ({"sim": "malmo"}, "sim 'malmo'"),
+        ({"reward_max": 100}, "reward_max 100"),
+        ({"milestones": {"diamond": 5}}, "unknown milestone items ['diamond']"),
+        ({"milestones": {"log": -1}}, "milestone 'log' reward"),
+    ],
+)
 def test_bad_task_config_is_named(bad, message):
     cfg = OmegaConf.merge(DOMAIN.task_config("iron_pickaxe"), bad)
     with pytest.raises(ValueError, match="valid|must") as err:
@@ -340,6 +361,7 @@ def test_entry_point_points_at_the_plugin():
 def test_minestudio_backend_without_the_package_names_the_install_command():
     try:
         import minestudio  # noqa: F401
+
         pytest.skip("minestudio is installed here")
     except ImportError:
         pass
@@ -368,13 +390,23 @@ def test_replay_plan():
 
 def test_minestudio_rewards_and_inventory_mapping():
     cfg = reward_config({"log": 10, "planks": 10, "iron_ingot": 10})
-    assert cfg[0] == {"event": "pickup", "identity": "log", "objects": [
-        "oak_log", "birch_log", "spruce_log", "jungle_log", "acacia_log", "dark_oak_log"],
-        "reward": 10.0, "max_reward_times": 1}
+    assert cfg[0] == {
+        "event": "pickup",
+        "identity": "log",
+        "objects": ["oak_log", "birch_log", "spruce_log", "jungle_log", "acacia_log", "dark_oak_log"],
+        "reward": 10.0,
+        "max_reward_times": 1,
+    }
     assert cfg[1]["event"] == "craft_item" and "birch_planks" in cfg[1]["objects"]
     assert cfg[2]["event"] == "craft_item" and cfg[2]["objects"] == ["iron_ingot"]
-    info = {"inventory": {0: {"type": "birch_log", "quantity": 2}, 1: {"type": "oak_log", "quantity": 1},
-                          2: {"type": "none", "quantity": 0}, 3: {"type": "minecraft:stick", "quantity": 4}}}
+    info = {
+        "inventory": {
+            0: {"type": "birch_log", "quantity": 2},
+            1: {"type": "oak_log", "quantity": 1},
+            2: {"type": "none", "quantity": 0},
+            3: {"type": "minecraft:stick", "quantity": 4},
+        }
+    }
     mc = mc_inventory(info)
     assert mc == {"birch_log": 2, "oak_log": 1, "stick": 4}
     assert domain_inventory(mc) == {"log": 3, "stick": 4}
@@ -382,14 +414,22 @@ def test_minestudio_rewards_and_inventory_mapping():
 
 def test_minestudio_craft_commands_follow_the_real_recipes():
     assert craft_commands("planks", {"birch_log": 1}) == [
-        "/clear @p minecraft:birch_log 1", "/give @p minecraft:oak_planks 4"]
+        "/clear @p minecraft:birch_log 1",
+        "/give @p minecraft:oak_planks 4",
+    ]
     assert craft_commands("wooden_pickaxe", {"oak_planks": 3, "stick": 2}) is None  # no table
     assert craft_commands("wooden_pickaxe", {"oak_planks": 1, "spruce_planks": 2, "stick": 2, "crafting_table": 1}) == [
-        "/clear @p minecraft:oak_planks 1", "/clear @p minecraft:spruce_planks 2",
-        "/clear @p minecraft:stick 2", "/give @p minecraft:wooden_pickaxe 1"]
+        "/clear @p minecraft:oak_planks 1",
+        "/clear @p minecraft:spruce_planks 2",
+        "/clear @p minecraft:stick 2",
+        "/give @p minecraft:wooden_pickaxe 1",
+    ]
     assert craft_commands("iron_ingot", {"iron_ore": 1, "furnace": 1}) is None  # no fuel
     assert craft_commands("iron_ingot", {"iron_ore": 1, "furnace": 1, "oak_planks": 1}) == [
-        "/clear @p minecraft:iron_ore 1", "/clear @p minecraft:oak_planks 1", "/give @p minecraft:iron_ingot 1"]
+        "/clear @p minecraft:iron_ore 1",
+        "/clear @p minecraft:oak_planks 1",
+        "/give @p minecraft:iron_ingot 1",
+    ]
 
 
 def test_minestudio_close_stops_the_simulator_once_and_drops_the_runtime():

@@ -1,5 +1,6 @@
 """The openresearcher domain: conformance, browser, BM25 + cache, corpus and
 questions, loaders, judge, env and expert."""
+
 from __future__ import annotations
 
 import copy
@@ -10,9 +11,17 @@ import numpy as np
 import pytest
 
 from swarm_domains.openresearcher.browser import BROWSER_WORDS, Browser
-from swarm_domains.openresearcher.corpus import (Corpus, Document, load_corpus, load_questions, render_lines,
-                                           split_front_matter, split_questions)
-from swarm_domains.openresearcher.encyclopedia import Encyclopedia, vocabulary as enc_vocabulary
+from swarm_domains.openresearcher.corpus import (
+    Corpus,
+    Document,
+    load_corpus,
+    load_questions,
+    render_lines,
+    split_front_matter,
+    split_questions,
+)
+from swarm_domains.openresearcher.encyclopedia import Encyclopedia
+from swarm_domains.openresearcher.encyclopedia import vocabulary as enc_vocabulary
 from swarm_domains.openresearcher.env import parse_action
 from swarm_domains.openresearcher.judge import ExactJudge, Grade, make_judge, normalize_answer, token_f1
 from swarm_domains.openresearcher.plugin import OpenResearcherDomain
@@ -42,11 +51,20 @@ def enc():
 
 def small_corpus() -> Corpus:
     docs = [
-        Document("a", "wiki/ada", "ada vold", "ada vold is a person .\nborn in [[wiki/kelda|north kelda]] in 1820 .\n"
-                 "works as a Miner .\nfriend of [[wiki/bram|bram kest]] .\nlikes the miner songs ."),
+        Document(
+            "a",
+            "wiki/ada",
+            "ada vold",
+            "ada vold is a person .\nborn in [[wiki/kelda|north kelda]] in 1820 .\n"
+            "works as a Miner .\nfriend of [[wiki/bram|bram kest]] .\nlikes the miner songs .",
+        ),
         Document("b", "wiki/bram", "bram kest", "bram kest is a person .\nborn in [[wiki/tarn|south tarn]] ."),
-        Document("k", "wiki/kelda", "north kelda", "north kelda is a place .\nlies in the realm of zor .\n"
-                 "see [[https://example.org/x|outside]] ."),
+        Document(
+            "k",
+            "wiki/kelda",
+            "north kelda",
+            "north kelda is a place .\nlies in the realm of zor .\nsee [[https://example.org/x|outside]] .",
+        ),
     ]
     # filler pages keep every idf of the words above positive
     docs += [Document(f"f{i}", f"wiki/f{i}", f"filler {i}", f"weather report number w{i} .") for i in range(6)]
@@ -169,18 +187,21 @@ def test_find_is_case_insensitive_with_line_numbers_and_links(browser):
     assert "no matches for zebra" in browser.find("zebra").text
 
 
-@pytest.mark.parametrize("call", [
-    lambda b: b.open(7),  # unknown link id
-    lambda b: b.open("wiki/nowhere"),  # unknown url
-    lambda b: b.open("/etc/passwd"),  # never the file system
-    lambda b: b.open("https://example.org/x"),  # never the network
-    lambda b: b.open(2),  # a link that leaves the corpus
-    lambda b: b.open(0, cursor=9),  # unknown cursor
-    lambda b: b.open(-1, loc=50),  # beyond the last line
-    lambda b: b.find("x", cursor=0),  # find on a results page
-    lambda b: b.find("   "),
-    lambda b: b.search(""),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda b: b.open(7),  # unknown link id
+        lambda b: b.open("wiki/nowhere"),  # unknown url
+        lambda b: b.open("/etc/passwd"),  # never the file system
+        lambda b: b.open("https://example.org/x"),  # never the network
+        lambda b: b.open(2),  # a link that leaves the corpus
+        lambda b: b.open(0, cursor=9),  # unknown cursor
+        lambda b: b.open(-1, loc=50),  # beyond the last line
+        lambda b: b.find("x", cursor=0),  # find on a results page
+        lambda b: b.find("   "),
+        lambda b: b.search(""),
+    ],
+)
 def test_errors_are_clean_messages_and_leave_the_stack(browser, call):
     browser.search("ada vold")
     browser.open(0)
@@ -315,16 +336,25 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_jsonl_corpus_and_questions(tmp_path):
-    corpus = load_corpus(_write_jsonl(tmp_path / "c.jsonl", [
-        {"docid": "1", "url": "https://a.org/1",
-         "text": "---\ntitle: Alpha Page\n---\nAlpha text [b](https://a.org/2)"},
-        {"docid": "2", "url": "https://a.org/2", "text": "Beta first line\nmore"},
-    ]))
+    corpus = load_corpus(
+        _write_jsonl(
+            tmp_path / "c.jsonl",
+            [
+                {
+                    "docid": "1",
+                    "url": "https://a.org/1",
+                    "text": "---\ntitle: Alpha Page\n---\nAlpha text [b](https://a.org/2)",
+                },
+                {"docid": "2", "url": "https://a.org/2", "text": "Beta first line\nmore"},
+            ],
+        )
+    )
     assert [d.title for d in corpus.docs] == ["Alpha Page", "Beta first line"]
     assert corpus.docs[0].text == "Alpha text [b](https://a.org/2)"
     assert corpus.page(0) == (["Alpha text b [ 0 ]"], ["https://a.org/2"])
-    qs = load_questions(_write_jsonl(tmp_path / "q.jsonl", [
-        {"qid": i, "question": f"q{i}?", "answer": f"a{i}"} for i in range(10)]))
+    qs = load_questions(
+        _write_jsonl(tmp_path / "q.jsonl", [{"qid": i, "question": f"q{i}?", "answer": f"a{i}"} for i in range(10)])
+    )
     assert [q.qid for q in qs] == [str(i) for i in range(10)] and qs[3].answer == "a3"
     train, ev = split_questions(qs, 3, seed=0)
     assert len(train) == 7 and len(ev) == 3 and not {q.qid for q in train} & {q.qid for q in ev}
@@ -348,8 +378,12 @@ def test_loader_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="line 2 is not JSON"):
         load_corpus(tmp_path / "broken.jsonl")
     with pytest.raises(ValueError, match="eval_count=5 must be between 1 and 1"):
-        split_questions(load_questions(_write_jsonl(tmp_path / "two.jsonl", [
-            {"qid": i, "question": "x", "answer": "y"} for i in range(2)])), 5)
+        split_questions(
+            load_questions(
+                _write_jsonl(tmp_path / "two.jsonl", [{"qid": i, "question": "x", "answer": "y"} for i in range(2)])
+            ),
+            5,
+        )
 
 
 def test_parquet_loaders(tmp_path):
@@ -376,7 +410,6 @@ def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
         load_corpus(tmp_path / "c.parquet")
 
 
-
 def _local_task(domain, tmp_path, rows, qs):
     """``task=local`` over ``rows`` (corpus) and ``qs`` (questions) written as JSONL, 10 eval questions."""
     cfg = domain.task_config("local")
@@ -386,9 +419,17 @@ def _local_task(domain, tmp_path, rows, qs):
     cfg.eval_questions = 10
     return cfg
 
+
 def test_local_task_runs_on_jsonl_files(domain, tmp_path):
-    rows = [{"docid": str(i), "url": f"https://x.org/{i}", "text": f"---\ntitle: Page {i}\n---\nThe capital of land{i} "
-             f"is city{i}.\nSee [next](https://x.org/{(i + 1) % 60})."} for i in range(60)]
+    rows = [
+        {
+            "docid": str(i),
+            "url": f"https://x.org/{i}",
+            "text": f"---\ntitle: Page {i}\n---\nThe capital of land{i} "
+            f"is city{i}.\nSee [next](https://x.org/{(i + 1) % 60}).",
+        }
+        for i in range(60)
+    ]
     qs = [{"qid": f"q{i}", "question": f"What is the capital of land{i}?", "answer": f"city{i}"} for i in range(60)]
     cfg = _local_task(domain, tmp_path, rows, qs)
     env = domain.make_env(cfg)
@@ -438,24 +479,41 @@ def test_exact_judge():
 # --------------------------------------------------------------------------- env
 
 
-@pytest.mark.parametrize("text, expect", [
-    ("search north kelda", ("search", "north kelda", -1, -1, -1, -1, 0)),
-    ("search north kelda top 5", ("search", "north kelda", -1, -1, -1, -1, 5)),
-    ("open 3", ("open", "", 3, -1, -1, -1, 0)),
-    ("open 3 cursor 1 at 4", ("open", "", 3, 1, 4, -1, 0)),
-    ("open at 6 lines 2", ("open", "", -1, -1, 6, 2, 0)),
-    ("open wiki/ada at 2", ("open", "wiki/ada", -1, -1, 2, -1, 0)),
-    ("find born", ("find", "born", -1, -1, -1, -1, 0)),
-    ("find founded by cursor 2", ("find", "founded by", -1, 2, -1, -1, 0)),
-    ("answer north kelda", ("answer", "north kelda", -1, -1, -1, -1, 0)),
-])
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        ("search north kelda", ("search", "north kelda", -1, -1, -1, -1, 0)),
+        ("search north kelda top 5", ("search", "north kelda", -1, -1, -1, -1, 5)),
+        ("open 3", ("open", "", 3, -1, -1, -1, 0)),
+        ("open 3 cursor 1 at 4", ("open", "", 3, 1, 4, -1, 0)),
+        ("open at 6 lines 2", ("open", "", -1, -1, 6, 2, 0)),
+        ("open wiki/ada at 2", ("open", "wiki/ada", -1, -1, 2, -1, 0)),
+        ("find born", ("find", "born", -1, -1, -1, -1, 0)),
+        ("find founded by cursor 2", ("find", "founded by", -1, 2, -1, -1, 0)),
+        ("answer north kelda", ("answer", "north kelda", -1, -1, -1, -1, 0)),
+    ],
+)
 def test_parse_action(text, expect):
     a = parse_action(text)
     assert (a.tool, a.text, a.id, a.cursor, a.loc, a.num_lines, a.topn) == expect
 
 
-@pytest.mark.parametrize("text", ["", "zzqx florp", "search", "open", "open 3 at", "open 3 at x", "open x cursor 1",
-                                  "open 1 at 2 at 3", "find", "answer", "jump 3"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "zzqx florp",
+        "search",
+        "open",
+        "open 3 at",
+        "open 3 at x",
+        "open x cursor 1",
+        "open 1 at 2 at 3",
+        "find",
+        "answer",
+        "jump 3",
+    ],
+)
 def test_parse_action_rejects(text):
     assert parse_action(text) is None
 
@@ -463,14 +521,22 @@ def test_parse_action_rejects(text):
 def test_roles_own_their_tools(domain, task):
     env = domain.make_env(task)
     env.reset(0)
-    for text, role in [("search kelda", "Opener"), ("open 0", "Searcher"), ("find born", "Searcher"),
-                       ("search kelda", "Boss")]:
+    for text, role in [
+        ("search kelda", "Opener"),
+        ("open 0", "Searcher"),
+        ("find born", "Searcher"),
+        ("search kelda", "Boss"),
+    ]:
         obs = env.observation()
         r = env.step(text, role)
         assert not r.valid and r.reward == 0 and r.observation == obs
     failed = 0
-    for text, role in [("search kelda", "Searcher"), ("open 0", "Opener"), ("find is", "Finder"),
-                       ("search kelda", None)]:  # a monolithic model may call every tool
+    for text, role in [
+        ("search kelda", "Searcher"),
+        ("open 0", "Opener"),
+        ("find is", "Finder"),
+        ("search kelda", None),
+    ]:  # a monolithic model may call every tool
         r = env.step(text, role)
         # its own tool is called; a call the browser refuses (no such link) is not a valid action either
         assert r.valid == ("tool_error" not in r.info)
@@ -516,7 +582,9 @@ def test_evidence_credit_pays_each_hop_once_and_a_correct_episode_totals_one(dom
     snap = env.snapshot()
     assert env.step("answer nobody", "Finder").reward == 0.0 and env.paid == pytest.approx(0.5)
     env.restore(snap)  # the paid credit is part of the snapshot
-    assert env.paid == pytest.approx(0.5) and env.step(f"answer {env.question.answer}", "Finder").reward == pytest.approx(0.5)
+    assert env.paid == pytest.approx(0.5) and env.step(
+        f"answer {env.question.answer}", "Finder"
+    ).reward == pytest.approx(0.5)
 
 
 def test_evidence_credit_passes_the_conformance_kit(domain, credit_task):
@@ -597,7 +665,9 @@ def test_dev_split_is_disjoint_and_leaves_train_eval_and_corpus_unchanged(domain
 
 
 def test_local_dev_split_comes_out_of_the_training_questions(domain, tmp_path):
-    rows = [{"docid": str(i), "url": f"https://x.org/{i}", "text": f"The capital of land{i} is city{i}."} for i in range(40)]
+    rows = [
+        {"docid": str(i), "url": f"https://x.org/{i}", "text": f"The capital of land{i} is city{i}."} for i in range(40)
+    ]
     qs = [{"qid": f"q{i}", "question": f"What is the capital of land{i}?", "answer": f"city{i}"} for i in range(40)]
     cfg = _local_task(domain, tmp_path, rows, qs)
     plain = domain.make_env(cfg).world
@@ -609,9 +679,14 @@ def test_local_dev_split_comes_out_of_the_training_questions(domain, tmp_path):
     assert world.question_for(2_000_003) == world.dev[3]
 
 
-@pytest.mark.parametrize("domain_task,key", [("openresearcher/embedded", "dev_seeds"),
-                                              ("openresearcher/local", "dev_seeds"),
-                                              ("vln_ce/r2r", "habitat.dev_split")])
+@pytest.mark.parametrize(
+    "domain_task,key",
+    [
+        ("openresearcher/embedded", "dev_seeds"),
+        ("openresearcher/local", "dev_seeds"),
+        ("vln_ce/r2r", "habitat.dev_split"),
+    ],
+)
 def test_a_run_folder_from_before_the_dev_split_still_loads(tmp_path, registry, domain_task, key):
     """config version 2 had no openresearcher dev_seeds (nor vln_ce habitat.dev_split): such a
     folder loads without them (no dev split: eval.split=dev is refused); a version-3 file lacking
@@ -644,9 +719,22 @@ def test_eval_on_the_dev_split_through_the_cli(tmp_path):
     from conftest import swarm
 
     run = tmp_path / "run"
-    res = swarm("run", "domain=openresearcher", "task=embedded", "task.max_decisions=4", "algo.sft.demo_episodes=2",
-                "algo.sft.epochs=1", "algo.sft.action_epochs=1", "algo.envs_per_step=2", "algo.iterations=0",
-                "eval.episodes=2", "eval.runs=1", "progress=false", f"run_dir={run}", cwd=tmp_path)
+    res = swarm(
+        "run",
+        "domain=openresearcher",
+        "task=embedded",
+        "task.max_decisions=4",
+        "algo.sft.demo_episodes=2",
+        "algo.sft.epochs=1",
+        "algo.sft.action_epochs=1",
+        "algo.envs_per_step=2",
+        "algo.iterations=0",
+        "eval.episodes=2",
+        "eval.runs=1",
+        "progress=false",
+        f"run_dir={run}",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     ev = json.loads((run / "eval.json").read_text())
     assert sorted(ev["results"]["SFT only"]["seed_rewards"]) == ["1000000", "1000001"]  # 0 updates: one row
@@ -659,8 +747,9 @@ def test_eval_on_the_dev_split_through_the_cli(tmp_path):
     out = json.loads(next(run.glob("eval-*eval.split=dev*.json")).read_text())
     assert sorted(out["seed_rewards"]) == ["2000000", "2000001", "2000002"] and out["eval_split"] == "dev"
     assert versions_line(out["versions"]) in res.stdout
-    assert {k: v for k, v in out["versions"].items() if k != "commit"} == {k: v for k, v in ev["versions"].items()
-                                                                          if k != "commit"}
+    assert {k: v for k, v in out["versions"].items() if k != "commit"} == {
+        k: v for k, v in ev["versions"].items() if k != "commit"
+    }
 
 
 def test_snapshot_restore_is_exact_and_cheap(domain, task):

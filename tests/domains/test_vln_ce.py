@@ -1,4 +1,5 @@
 """Tests of the vln_ce domain: conformance, parser, metrics, simulator, splits, expert, habitat adapter."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,19 +12,24 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from swarm_runtime.domain import Event
-from swarm_runtime.policy.tokenizer import build_tokenizer, split_words, unknown_words
-from swarm_runtime.testing import check_domain
-
 from swarm_domains.vln_ce import actions as A
 from swarm_domains.vln_ce import metrics as M
 from swarm_domains.vln_ce import plugin
 from swarm_domains.vln_ce.config import EmbeddedConfig, HabitatConfig, VLNConfigError
 from swarm_domains.vln_ce.episodes import layout_key, make_episode
-from swarm_domains.vln_ce.habitat_adapter import (HabitatUnavailable, HabitatVLNEnv, check_data, episode_index,
-                                            expert_step, map_metrics)
+from swarm_domains.vln_ce.habitat_adapter import (
+    HabitatUnavailable,
+    HabitatVLNEnv,
+    check_data,
+    episode_index,
+    expert_step,
+    map_metrics,
+)
 from swarm_domains.vln_ce.layout import get_layout
 from swarm_domains.vln_ce.plugin import VLNDomain
+from swarm_runtime.domain import Event
+from swarm_runtime.policy.tokenizer import build_tokenizer, split_words, unknown_words
+from swarm_runtime.testing import check_domain
 
 
 @pytest.fixture(scope="module")
@@ -58,47 +64,68 @@ def test_conformance_kit(domain):
 def test_task_yaml(task):
     assert task.max_decisions == 64 and task.sim == "embedded"
     assert task.train_seeds.count >= 5000 and task.eval_seeds.count == 88
-    assert (task.reward_min, task.reward_max) == M.reward_bounds(task.success_bonus, task.invalid_penalty,
-                                                                 task.max_decisions)
+    assert (task.reward_min, task.reward_max) == M.reward_bounds(
+        task.success_bonus, task.invalid_penalty, task.max_decisions
+    )
 
 
 # ---------------------------------------------------------------- action parser
 
 
-@pytest.mark.parametrize("text, kind, amount", [
-    ("The next action is turn left 30 degree.", A.TURN_LEFT, 30),
-    ("the next action is TURN RIGHT 45 DEGREES!", A.TURN_RIGHT, 45),
-    ("The next action is move forward 75 cm.", A.MOVE_FORWARD, 75),
-    ("move forward 50cm", A.MOVE_FORWARD, 50),
-    ("Next action: move forward 0.5 m", A.MOVE_FORWARD, 50),
-    ("go forward 1 meter", A.MOVE_FORWARD, 100),
-    ("The next action is stop.", A.STOP, 0),
-    ("  STOP  ", A.STOP, 0),
-    ("turn left", A.TURN_LEFT, 15),
-    ("move forward", A.MOVE_FORWARD, 25),
-    ("The next action is turn_right 90 degree", A.TURN_RIGHT, 90),
-])
+@pytest.mark.parametrize(
+    "text, kind, amount",
+    [
+        ("The next action is turn left 30 degree.", A.TURN_LEFT, 30),
+        ("the next action is TURN RIGHT 45 DEGREES!", A.TURN_RIGHT, 45),
+        ("The next action is move forward 75 cm.", A.MOVE_FORWARD, 75),
+        ("move forward 50cm", A.MOVE_FORWARD, 50),
+        ("Next action: move forward 0.5 m", A.MOVE_FORWARD, 50),
+        ("go forward 1 meter", A.MOVE_FORWARD, 100),
+        ("The next action is stop.", A.STOP, 0),
+        ("  STOP  ", A.STOP, 0),
+        ("turn left", A.TURN_LEFT, 15),
+        ("move forward", A.MOVE_FORWARD, 25),
+        ("The next action is turn_right 90 degree", A.TURN_RIGHT, 90),
+    ],
+)
 def test_parser_formats(text, kind, amount):
     assert A.parse_action(text) == A.ParsedAction(kind, amount)
 
 
-@pytest.mark.parametrize("text, prims", [
-    ("turn left 45 degree", (A.TURN_LEFT,) * 3),
-    ("turn right 15 degree", (A.TURN_RIGHT,)),
-    ("turn left 180 degree", (A.TURN_LEFT,) * 12),
-    ("move forward 25 cm", (A.MOVE_FORWARD,)),
-    ("move forward 75 cm", (A.MOVE_FORWARD,) * 3),
-    ("stop", (A.STOP,)),
-])
+@pytest.mark.parametrize(
+    "text, prims",
+    [
+        ("turn left 45 degree", (A.TURN_LEFT,) * 3),
+        ("turn right 15 degree", (A.TURN_RIGHT,)),
+        ("turn left 180 degree", (A.TURN_LEFT,) * 12),
+        ("move forward 25 cm", (A.MOVE_FORWARD,)),
+        ("move forward 75 cm", (A.MOVE_FORWARD,) * 3),
+        ("stop", (A.STOP,)),
+    ],
+)
 def test_multiples_expand_into_primitive_steps(text, prims):
     assert A.parse_action(text).primitives() == prims
 
 
-@pytest.mark.parametrize("text", [
-    "zzqx florp", "", "turn left 20 degree", "turn left 0 degree", "turn left 195 degree",
-    "move forward 30 cm", "move forward 125 cm", "move forward 0.3 m", "move backward 25 cm",
-    "turn up 30 degree", "turn left 30 degree and stop", "The next action is", "stop moving", "fly",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "zzqx florp",
+        "",
+        "turn left 20 degree",
+        "turn left 0 degree",
+        "turn left 195 degree",
+        "move forward 30 cm",
+        "move forward 125 cm",
+        "move forward 0.3 m",
+        "move backward 25 cm",
+        "turn up 30 degree",
+        "turn left 30 degree and stop",
+        "The next action is",
+        "stop moving",
+        "fly",
+    ],
+)
 def test_parser_rejects_garbage(text):
     assert A.parse_action(text) is None
 
@@ -126,14 +153,20 @@ def test_wrong_role_is_a_noop(task):
     env = make_env(task)
     env.reset(3)
     before = env.snapshot()
-    for text, role in (("The next action is move forward 75 cm.", "Turner"),
-                       ("The next action is turn left 30 degree.", "Mover"),
-                       ("The next action is stop.", "Mover"),
-                       ("The next action is turn left 30 degree.", "Stopper")):
+    for text, role in (
+        ("The next action is move forward 75 cm.", "Turner"),
+        ("The next action is turn left 30 degree.", "Mover"),
+        ("The next action is stop.", "Mover"),
+        ("The next action is turn left 30 degree.", "Stopper"),
+    ):
         res = env.step(text, role)
         assert not res.valid and res.reward == 0.0 and not res.done
-        assert (env.x, env.y, env.heading, env.stopped) == (before["state"]["x"], before["state"]["y"],
-                                                            before["state"]["heading"], False)
+        assert (env.x, env.y, env.heading, env.stopped) == (
+            before["state"]["x"],
+            before["state"]["y"],
+            before["state"]["heading"],
+            False,
+        )
     assert env.decisions == 4  # a no-op still used a decision
     assert env.metrics()["invalid_actions"] == 4 and env.metrics()["steps_taken"] == 0
     env.step("The next action is turn left 30 degree.", "Turner")
@@ -317,7 +350,14 @@ def test_bearings_give_each_seen_item_its_direction(domain, task):
     from swarm_domains.vln_ce.observation import direction
 
     assert [direction(a) for a in (0, 7, 8, 29, -31, 95, -120)] == [
-        "0", "0", "15 left", "30 left", "30 right", "90 left", "120 right"]
+        "0",
+        "0",
+        "15 left",
+        "30 left",
+        "30 right",
+        "90 left",
+        "120 right",
+    ]
     cfg = OmegaConf.merge(task, {"bearings": True})
     tok = build_tokenizer(domain.all_words(cfg), (0, 0.2, 0.4, 0.6, 0.8))
     plain, env = make_env(task), make_env(cfg)
@@ -341,12 +381,16 @@ def test_instruction_names_route_and_goal(task):
 
 
 def test_render_log_is_compact(domain):
-    log = [Event(0, "Turner", "The next action is turn left 30 degree."),
-           Event(1, "Mover", "The next action is turn left 30 degree.", valid=False),
-           Event(2, None, ""), Event(3, "Stopper", "zzqx florp", valid=False),
-           Event(4, "Mover", "The next action is move forward 75 cm.")]
-    assert domain.render_log(log) == ("Mover turn left 30 degree invalid ; skip ; Stopper invalid ; "
-                                      "Mover move forward 75 cm")
+    log = [
+        Event(0, "Turner", "The next action is turn left 30 degree."),
+        Event(1, "Mover", "The next action is turn left 30 degree.", valid=False),
+        Event(2, None, ""),
+        Event(3, "Stopper", "zzqx florp", valid=False),
+        Event(4, "Mover", "The next action is move forward 75 cm."),
+    ]
+    assert domain.render_log(log) == (
+        "Mover turn left 30 degree invalid ; skip ; Stopper invalid ; Mover move forward 75 cm"
+    )
 
 
 # ---------------------------------------------------------------- splits
@@ -362,8 +406,10 @@ def test_splits_disjoint_and_unseen_layouts(domain, task):
     assert all(make_episode(s, start, epl).split == "val_unseen" for s in evals[::8])
     assert make_episode(train[0], start, epl).split == "train"
     # unseen layouts are new floor plans, not renamed training ones
-    train_plans = {(get_layout(k).xs, get_layout(k).ys, tuple(r.type for r in get_layout(k).rooms))
-                   for k in sorted(train_layouts)[:300]}
+    train_plans = {
+        (get_layout(k).xs, get_layout(k).ys, tuple(r.type for r in get_layout(k).rooms))
+        for k in sorted(train_layouts)[:300]
+    }
     for k in eval_layouts:
         lay = get_layout(k)
         assert (lay.xs, lay.ys, tuple(r.type for r in lay.rooms)) not in train_plans
@@ -446,8 +492,13 @@ def test_habitat_data_check_names_missing_paths(tmp_path):
 
 def test_habitat_metric_mapping():
     own = {"success": 0.0, "spl": 0.0, "ndtw": 0.4, "distance_to_goal": 5.0, "decisions": 3.0}
-    raw = {"distance_to_goal": 2.5, "success": True, "spl": 0.75, "top_down_map": {"map": object()},
-           "ndtw": float("nan")}
+    raw = {
+        "distance_to_goal": 2.5,
+        "success": True,
+        "spl": 0.75,
+        "top_down_map": {"map": object()},
+        "ndtw": float("nan"),
+    }
     out = map_metrics(raw, own)
     assert out == {"success": 1.0, "spl": 0.75, "ndtw": 0.4, "distance_to_goal": 2.5, "decisions": 3.0}
 
@@ -481,8 +532,12 @@ def test_habitat_dev_seeds_play_the_val_seen_split(domain, task, tmp_path):
         envs[split] = FakeHabitatEnv(split)
         return envs[split]
 
-    env = HabitatVLNEnv(HabitatConfig(dev_seeds=(108, 8)), EmbeddedConfig(unseen_seed_start=100),
-                        env_factory=factory, follower_factory=lambda e: (lambda goal: "move_forward"))
+    env = HabitatVLNEnv(
+        HabitatConfig(dev_seeds=(108, 8)),
+        EmbeddedConfig(unseen_seed_start=100),
+        env_factory=factory,
+        follower_factory=lambda e: lambda goal: "move_forward",
+    )
     env.reset(109)
     assert env.env.current_episode.episode_id == "val_seen-1" and set(envs) == {"val_seen"}
     env.step("move forward 50 cm", "Mover")
@@ -491,8 +546,11 @@ def test_habitat_dev_seeds_play_the_val_seen_split(domain, task, tmp_path):
     assert env.env.current_episode.episode_id == "val_unseen-1"
     env.restore(snap)  # back to the dev episode
     assert env.env.current_episode.episode_id == "val_seen-1" and env.bk.seed == 109
-    missing = HabitatVLNEnv(HabitatConfig(data_path=str(tmp_path / "{split}.json.gz"), scenes_dir=str(tmp_path),
-                                          dev_seeds=(108, 8)), EmbeddedConfig(unseen_seed_start=100), env_factory=factory)
+    missing = HabitatVLNEnv(
+        HabitatConfig(data_path=str(tmp_path / "{split}.json.gz"), scenes_dir=str(tmp_path), dev_seeds=(108, 8)),
+        EmbeddedConfig(unseen_seed_start=100),
+        env_factory=factory,
+    )
     missing._check_splits = True  # as with real habitat (no fake factory)
     with pytest.raises(HabitatUnavailable, match=r"val_seen\.json\.gz"):
         missing.reset(108)
@@ -521,13 +579,20 @@ class FakeHabitatEnv:
 
     def __init__(self, split):
         goal = SimpleNamespace(position=[2.0, 0.0, 2.0])
-        self.episodes = [SimpleNamespace(episode_id=f"{split}-{i}", start_position=[0.0, 0.0, float(i)],
-                                         goals=[goal], reference_path=[[0, 0, 0], [2, 0, 0], [2, 0, 2]],
-                                         instruction=SimpleNamespace(instruction_text=f"walk to the sofa {i}"))
-                         for i in range(3)]
+        self.episodes = [
+            SimpleNamespace(
+                episode_id=f"{split}-{i}",
+                start_position=[0.0, 0.0, float(i)],
+                goals=[goal],
+                reference_path=[[0, 0, 0], [2, 0, 0], [2, 0, 2]],
+                instruction=SimpleNamespace(instruction_text=f"walk to the sofa {i}"),
+            )
+            for i in range(3)
+        ]
         self.sim = FakeSim()
-        self.task = SimpleNamespace(measurements=SimpleNamespace(measures={"distance_to_goal": FakeMeasure(self.sim)}),
-                                    is_stop_called=False)
+        self.task = SimpleNamespace(
+            measurements=SimpleNamespace(measures={"distance_to_goal": FakeMeasure(self.sim)}), is_stop_called=False
+        )
         self.episode_iterator = iter(self.episodes)
         self.current_episode, self._episode_over, self._elapsed_steps, self.calls = None, False, 0, []
 
@@ -571,8 +636,11 @@ class FakeHabitatEnv:
 
     def get_metrics(self):
         d = self._dist()
-        return {"distance_to_goal": d, "success": float(self.task.is_stop_called and d <= 3.0),
-                "top_down_map": {"map": None}}
+        return {
+            "distance_to_goal": d,
+            "success": float(self.task.is_stop_called and d <= 3.0),
+            "top_down_map": {"map": None},
+        }
 
 
 def make_fake(restore="state", **emb):
@@ -582,8 +650,12 @@ def make_fake(restore="state", **emb):
         envs[split] = FakeHabitatEnv(split)
         return envs[split]
 
-    env = HabitatVLNEnv(HabitatConfig(restore=restore), EmbeddedConfig(unseen_seed_start=100, **emb),
-                        env_factory=factory, follower_factory=lambda e: (lambda goal: "move_forward"))
+    env = HabitatVLNEnv(
+        HabitatConfig(restore=restore),
+        EmbeddedConfig(unseen_seed_start=100, **emb),
+        env_factory=factory,
+        follower_factory=lambda e: lambda goal: "move_forward",
+    )
     return env, envs
 
 
@@ -626,11 +698,22 @@ def test_habitat_adapter_restore(mode):
     env.step("turn left 45 degree", "Turner")
     env.step("move forward 50 cm", "Mover")
     snap = env.snapshot()
-    pos, hist, met = env._position(), list(envs["train"].task.measurements.measures["distance_to_goal"].history), env.metrics()
+    pos, hist, met = (
+        env._position(),
+        list(envs["train"].task.measurements.measures["distance_to_goal"].history),
+        env.metrics(),
+    )
 
     def roll():
-        out = [env.step(t, r) for t, r in (("move forward 100 cm", "Mover"), ("turn right 30 degree", "Turner"),
-                                            ("move forward 75 cm", "Mover"), ("stop", "Stopper"))]
+        out = [
+            env.step(t, r)
+            for t, r in (
+                ("move forward 100 cm", "Mover"),
+                ("turn right 30 degree", "Turner"),
+                ("move forward 75 cm", "Mover"),
+                ("stop", "Stopper"),
+            )
+        ]
         return [(r.observation, round(r.reward, 9), r.done) for r in out], env.metrics()
 
     first = roll()

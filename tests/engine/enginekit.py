@@ -3,6 +3,7 @@
 Tests marked ``engine`` need a real vLLM: ``SWARM_VLLM_PYTHON`` = the python of a virtualenv with vLLM
 (``.ci/run`` builds one); without it they are skipped with that reason. The other tests here run on
 any CPU against :mod:`refserver` (the same HTTP API, computed with transformers + PEFT)."""
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,11 @@ from swarm_runtime.rollout.vllm_server import VLLMServer  # noqa: E402
 
 #: An adapter swarm on the default tiny base (head size 32, which vLLM's CPU attention runs).
 LORA = ("domain=minecraft", "task=wooden_pickaxe", "model.adapter=lora")
-PROMPTS = {"Logger": "you are Logger . craft wooden_pickaxe . inventory : none . action :",
-           "Miner": "you are Miner . inventory : none . action :", "Smith": "you are Smith . craft stick . action :"}
+PROMPTS = {
+    "Logger": "you are Logger . craft wooden_pickaxe . inventory : none . action :",
+    "Miner": "you are Miner . inventory : none . action :",
+    "Smith": "you are Smith . craft stick . action :",
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,10 +49,14 @@ def vllm_python() -> str | None:
 
 
 #: Marks a module's tests as needing a real vLLM (``pytest -m engine``).
-needs_vllm = [pytest.mark.engine,  # SWARM_REQUIRE_VLLM=1 (.ci/run's engine stage): fail instead of skipping
-              pytest.mark.skipif(vllm_python() is None and not os.environ.get("SWARM_REQUIRE_VLLM"),
-                                 reason="needs vLLM: set SWARM_VLLM_PYTHON to the python of a virtualenv with vllm "
-                                        "(docs/engine.md; .ci/run builds one)")]
+needs_vllm = [
+    pytest.mark.engine,  # SWARM_REQUIRE_VLLM=1 (.ci/run's engine stage): fail instead of skipping
+    pytest.mark.skipif(
+        vllm_python() is None and not os.environ.get("SWARM_REQUIRE_VLLM"),
+        reason="needs vLLM: set SWARM_VLLM_PYTHON to the python of a virtualenv with vllm "
+        "(docs/engine.md; .ci/run builds one)",
+    ),
+]
 
 
 def perturb(policies: dict, seed: int = 1, scale: float = 0.05) -> None:
@@ -86,8 +94,18 @@ class RefServer(VLLMServer):
     no_lora = False
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, str(HERE / "refserver.py"), "--model", str(self.base), "--host", self.host,
-               "--port", str(self.port), "--max-lora-rank", str(self.max_lora_rank)]
+        cmd = [
+            sys.executable,
+            str(HERE / "refserver.py"),
+            "--model",
+            str(self.base),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--max-lora-rank",
+            str(self.max_lora_rank),
+        ]
         return cmd + (["--no-lora"] if self.no_lora else [])
 
     def env(self) -> dict:
@@ -106,8 +124,18 @@ class WorkerServer(VLLMServer):
     stopped by the same code that runs a vLLM server."""
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "swarm_runtime.serve.worker", "--model", str(self.base), "--enable-lora",
-                "--host", self.host, "--port", str(self.port)]
+        return [
+            sys.executable,
+            "-m",
+            "swarm_runtime.serve.worker",
+            "--model",
+            str(self.base),
+            "--enable-lora",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+        ]
 
     def env(self) -> dict:
         return {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -6,6 +6,7 @@ kill it (``kill -9``) mid-call.
 
     python tests/engine/refserver.py --model BASE --port P [--no-lora]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,7 +68,11 @@ def main() -> None:
                 proc = proc + mask
             for tok, v in bias.items():
                 proc[tok] += v
-            nxt = int(proc.argmax()) if t <= 1e-5 else int(torch.multinomial(torch.softmax(proc / t, -1), 1, generator=gen))
+            nxt = (
+                int(proc.argmax())
+                if t <= 1e-5
+                else int(torch.multinomial(torch.softmax(proc / t, -1), 1, generator=gen))
+            )
             out.append(nxt)
             lps.append(float(raw[nxt]))
             ids_top = list(wanted) if wanted else raw.topk(k).indices.tolist() if k else []
@@ -75,9 +80,19 @@ def main() -> None:
             if nxt in stops or nxt == state["model"].config.eos_token_id:
                 finish = "stop"
                 break
-        return {"object": "text_completion", "model": name, "choices": [{
-            "index": 0, "text": "", "finish_reason": finish, "token_ids": out if req.get("return_token_ids") else None,
-            "logprobs": {"tokens": [f"token_id:{i}" for i in out], "token_logprobs": lps, "top_logprobs": tops}}]}
+        return {
+            "object": "text_completion",
+            "model": name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "",
+                    "finish_reason": finish,
+                    "token_ids": out if req.get("return_token_ids") else None,
+                    "logprobs": {"tokens": [f"token_id:{i}" for i in out], "token_logprobs": lps, "top_logprobs": tops},
+                }
+            ],
+        }
 
     def load(req: dict) -> dict:
         name, path = req.get("lora_name"), req.get("lora_path")
@@ -85,7 +100,10 @@ def main() -> None:
             return {"_status": 400, "error": {"message": f"The lora adapter '{name}' has already been loaded."}}
         r = json.loads(open(f"{path}/adapter_config.json").read())["r"]
         if r > a.max_lora_rank:
-            return {"_status": 400, "error": {"message": f"LoRA rank {r} is greater than max_lora_rank {a.max_lora_rank}."}}
+            return {
+                "_status": 400,
+                "error": {"message": f"LoRA rank {r} is greater than max_lora_rank {a.max_lora_rank}."},
+            }
         m = state["model"]
         if name in state["loras"]:
             m.delete_adapter(name)

@@ -1,6 +1,7 @@
 """Two bases (``model.bases`` + ``model.role_base``) on engine samplers, on any CPU: one reference server per base
 (tests/engine/refserver.py), one sampler routing each row to its model's base's server, one adapter sync per
 server (README, "A base per role"; docs/engine.md, "Several bases: one server each")."""
+
 from __future__ import annotations
 
 import torch
@@ -11,9 +12,14 @@ from swarm_runtime.rollout.base import Row
 from swarm_runtime.rollout.factory import RoutedSampler, engine_folder, make_sampler, write_base
 from swarm_runtime.rollout.local import LocalSampler
 
-SMALL = ("model.bases.small.hidden_size=64", "model.bases.small.intermediate_size=128",
-         "model.bases.small.num_layers=1", "model.bases.small.num_heads=2", "model.bases.small.num_kv_heads=1",
-         "model.role_base.Smith=small")
+SMALL = (
+    "model.bases.small.hidden_size=64",
+    "model.bases.small.intermediate_size=128",
+    "model.bases.small.num_layers=1",
+    "model.bases.small.num_heads=2",
+    "model.bases.small.num_kv_heads=1",
+    "model.role_base.Smith=small",
+)
 ROWS = [Row(m, p, (5, i, 0, 1)) for i, (m, p) in enumerate(PROMPTS.items())]
 
 
@@ -39,7 +45,9 @@ def test_one_server_per_base_rows_routed_by_model(registry, tmp_path):
                 ids = policy.encode_prompt(r.prompt)
                 with torch.no_grad():
                     logits = policy._forward(input_ids=torch.tensor([ids + a.tokens]), use_cache=False).logits[0]
-                want = torch.log_softmax(logits.float(), -1)[len(ids) - 1:-1].gather(-1, torch.tensor(a.tokens)[:, None])
+                want = torch.log_softmax(logits.float(), -1)[len(ids) - 1 : -1].gather(
+                    -1, torch.tensor(a.tokens)[:, None]
+                )
                 assert torch.allclose(torch.tensor(a.logprobs), want.squeeze(1), atol=1e-4), r.model
             bids = s.bid(ROWS)
             local = LocalSampler(learner.policies, learner).bid(ROWS)

@@ -2,6 +2,7 @@
 rollout.engine=vllm`` in a subprocess trains, loads each changed role's adapter as a new version after every
 update (seen in ``/v1/models`` while it runs), evaluates through the server, reports a sampler-learner
 mismatch within fp32 tolerance, and stops its server."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,9 @@ import sys
 import time
 import urllib.request
 
+from conftest import TINY_RUN
 from enginekit import needs_vllm, vllm_env
 
-from conftest import TINY_RUN
 from swarm_runtime.rollout.vllm_server import free_port, port_free
 
 pytestmark = needs_vllm
@@ -31,12 +32,24 @@ def test_a_run_trains_on_vllm_rollouts_and_syncs_every_update(tmp_path):
     port = free_port("127.0.0.1")
     run = tmp_path / "run"
     args = [a for a in TINY_RUN if not a.startswith(("algo.iterations", "tensorboard"))]
-    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args, "algo.iterations=3", "tensorboard=false",
-           "model.adapter=lora", "rollout.engine=vllm", f"rollout.vllm.port={port}", f"run_dir={run}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "swarm_runtime.cli",
+        "run",
+        *args,
+        "algo.iterations=3",
+        "tensorboard=false",
+        "model.adapter=lora",
+        "rollout.engine=vllm",
+        f"rollout.vllm.port={port}",
+        f"run_dir={run}",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **vllm_env()}
     seen: set[str] = set()
-    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
+    with subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
         end = time.monotonic() + 1500
         while proc.poll() is None and time.monotonic() < end:
             seen |= _models(port)
@@ -60,8 +73,10 @@ def test_a_run_trains_on_vllm_rollouts_and_syncs_every_update(tmp_path):
     versions = sorted((run / "engine" / "adapters").iterdir())
     assert versions and all(v.name.split("@")[0] in roles for v in versions)
     assert port_free("127.0.0.1", port)  # the run stopped its server
-    print(f"\nversions seen in /v1/models: {sorted(seen)}\nmismatch: max approx KL {max(kl.values()):.2e}, "
-          f"max |d log p| {max(worst):.2e}")
+    print(
+        f"\nversions seen in /v1/models: {sorted(seen)}\nmismatch: max approx KL {max(kl.values()):.2e}, "
+        f"max |d log p| {max(worst):.2e}"
+    )
 
 
 def test_a_run_stopped_with_sigterm_stops_its_server(tmp_path):
@@ -70,8 +85,19 @@ def test_a_run_stopped_with_sigterm_stops_its_server(tmp_path):
 
     port = free_port("127.0.0.1")
     args = [a for a in TINY_RUN if not a.startswith(("algo.iterations", "tensorboard"))]
-    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args, "algo.iterations=50", "tensorboard=false",
-           "model.adapter=lora", "rollout.engine=vllm", f"rollout.vllm.port={port}", f"run_dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "swarm_runtime.cli",
+        "run",
+        *args,
+        "algo.iterations=50",
+        "tensorboard=false",
+        "model.adapter=lora",
+        "rollout.engine=vllm",
+        f"rollout.vllm.port={port}",
+        f"run_dir={tmp_path / 'run'}",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **vllm_env()}
     with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         end = time.monotonic() + 900
@@ -91,16 +117,34 @@ def test_a_run_with_two_bases_starts_one_server_each(tmp_path):
     roles' adapters; the run trains, evaluates through both and stops both."""
     port = free_port("127.0.0.1")
     run = tmp_path / "run"
-    small = ["model.bases.small.hidden_size=64", "model.bases.small.intermediate_size=128",
-             "model.bases.small.num_layers=1", "model.bases.small.num_heads=2", "model.bases.small.num_kv_heads=1",
-             "model.role_base.Smith=small"]
+    small = [
+        "model.bases.small.hidden_size=64",
+        "model.bases.small.intermediate_size=128",
+        "model.bases.small.num_layers=1",
+        "model.bases.small.num_heads=2",
+        "model.bases.small.num_kv_heads=1",
+        "model.role_base.Smith=small",
+    ]
     args = [a for a in TINY_RUN if not a.startswith(("tensorboard",))]
-    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args, *small, "tensorboard=false", "skip_sft_eval=true",
-           "model.adapter=lora", "rollout.engine=vllm", f"rollout.vllm.port={port}", f"run_dir={run}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "swarm_runtime.cli",
+        "run",
+        *args,
+        *small,
+        "tensorboard=false",
+        "skip_sft_eval=true",
+        "model.adapter=lora",
+        "rollout.engine=vllm",
+        f"rollout.vllm.port={port}",
+        f"run_dir={run}",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **vllm_env()}
     seen: dict[int, set[str]] = {port: set(), port + 1: set()}
-    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
+    with subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
         end = time.monotonic() + 1500
         while proc.poll() is None and time.monotonic() < end:
             for p in seen:

