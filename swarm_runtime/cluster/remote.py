@@ -13,6 +13,7 @@ contract), then makes the call again. The episode itself lives on the driver, so
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import time
 from typing import Any
@@ -62,9 +63,17 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
         raise ConfigError(unreachable.format(f"{type(exc).__name__}: {exc}")) from exc
     try:
         ray.init(address=address, **opts)
-    except Exception as exc:  # something listens there, but not a Ray head
+    except Exception as exc:  # something listens there, but not a Ray head, or a head this process may not join
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ConfigError(unreachable.format(f"{type(exc).__name__}: {first}")) from exc
+        auth = ""
+        if os.environ.get("RAY_AUTH_MODE") != "token":
+            # measured with Ray 2.60: `ray start --head` turns token authentication on, and a driver without
+            # RAY_AUTH_MODE=token is refused (ray.init says only that it failed to connect)
+            auth = (
+                "; if the head was started with `ray start --head`, it requires token authentication: run with "
+                "RAY_AUTH_MODE=token and the head's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH)"
+            )
+        raise ConfigError(unreachable.format(f"{type(exc).__name__}: {first}") + auth) from exc
     return True
 
 
