@@ -53,13 +53,22 @@ class TurnEngine:
         self.batches = 0  #: batches answered (model calls, per kind and sampler)
         self.rows = 0  #: rows answered
 
+    def _counted(self, batch: Batch, answers) -> list:
+        """``answers`` to ``batch`` as a list, counted; one answer per row, or an error naming both counts."""
+        answers = list(answers)
+        if len(answers) != len(batch.rows):
+            raise RuntimeError(f"the answerer gave {len(answers)} answers to {len(batch.rows)} {batch.kind} rows")
+        self.batches += 1
+        self.rows += len(batch.rows)
+        return answers
+
     def answer(self, batch: Batch) -> list:
         """The sampler's answers to one batch (no call for an empty one)."""
         if not batch.rows:
             return []
-        self.batches += 1
-        self.rows += len(batch.rows)
-        return self.sampler.bid(batch.rows) if batch.kind == "bid" else self.sampler.act(batch.rows)
+        return self._counted(
+            batch, self.sampler.bid(batch.rows) if batch.kind == "bid" else self.sampler.act(batch.rows)
+        )
 
     def run(self, rounds: Rounds):
         """Run ``rounds`` to the end and return what the strategy returns."""
@@ -80,11 +89,4 @@ class TurnEngine:
                 batch = rounds.send(answers)
             except StopIteration as stop:
                 return stop.value
-            if not batch.rows:
-                answers = []
-                continue
-            self.batches += 1
-            self.rows += len(batch.rows)
-            answers = list(await answer(batch))
-            if len(answers) != len(batch.rows):
-                raise RuntimeError(f"the answerer gave {len(answers)} answers to {len(batch.rows)} {batch.kind} rows")
+            answers = self._counted(batch, await answer(batch)) if batch.rows else []
