@@ -239,12 +239,20 @@ WOODS = {"oak", "birch", "pine", "spruce", "acacia", "jungle", "cherry", "mangro
 
 
 class SetOrderReset(StackEnv):
-    """reset() draws the loose blocks from a list made of a set of strings: another world in another process."""
+    """reset() lays out the trees from a list made of a set of strings: another world in another process.
+    The whole order is seen (not, say, one tree's name length mod 3), so every other hash seed whose
+    order differs from this process's shows it: the two children's orders differ from each other, so
+    at least one differs from ours whatever this process's hash seed is."""
 
     def reset(self, seed):
         super().reset(seed)
-        self.loose = 1 + len(self.rng.choice(list(WOODS))) % 3
+        self.woods = list(WOODS)
         return self.observation()
+
+    def observation(self) -> str:
+        return (
+            super().observation() + " of " + " ".join(str(sorted(WOODS).index(w)) for w in getattr(self, "woods", []))
+        )
 
 
 class HashSeeded(StackEnv):
