@@ -161,7 +161,9 @@ def test_a_killed_actor_worker_costs_no_episode_and_rejoins(ray_served):
 
     threads = [threading.Thread(target=play, args=(HELD_OUT + k,)) for k in (1, 2)]
     lines = []
-    with httpx.stream("POST", f"{u}/v1/episodes", json={"seed": HELD_OUT, "noise": "8", "stream": True}, timeout=180) as r:
+    with httpx.stream(
+        "POST", f"{u}/v1/episodes", json={"seed": HELD_OUT, "noise": "8", "stream": True}, timeout=180
+    ) as r:
         for line in r.iter_lines():
             lines.append(json.loads(line))
             if len(lines) == 1:
@@ -232,8 +234,9 @@ def test_serve_cluster_ray_without_ray_names_the_extra(run):
 
 
 def test_bad_serve_cluster_values_name_the_valid_ones(registry):
-    from swarm_runtime.config import ConfigError, resolve
     from test_serve import RUN_ARGS
+
+    from swarm_runtime.config import ConfigError, resolve
 
     for arg, valid in (("serve.cluster=slurm", "one of local, ray"), ("serve.address=nohost", "host:port")):
         with pytest.raises(ConfigError, match=f"{arg.split('=')[0]}.*{valid}"):

@@ -22,6 +22,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 from loguru import logger
 
@@ -50,6 +51,12 @@ class AgentActor:
             import ray
 
             host = ray.util.get_node_ip_address()
+        if not (Path(opts.model) / "config.json").exists():
+            raise FileNotFoundError(
+                f"{opts.model} is not a checkpoint folder on the node at {host}: serve.cluster=ray loads each "
+                "agent's model where Ray places it, so the run folder must be at the same path on every node "
+                "(a shared filesystem, or a copy)"
+            )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -97,7 +104,9 @@ class RayWorkers:
             max_task_retries=0,
             scheduling_strategy="SPREAD",
         )
-        return RayWorker(self.ray, self.actor.options(**opts).remote(argv, threads, "127.0.0.1" if self.local else None))
+        return RayWorker(
+            self.ray, self.actor.options(**opts).remote(argv, threads, "127.0.0.1" if self.local else None)
+        )
 
     def close(self) -> None:
         """Stop the local Ray this started (the actors end with it); a joined cluster's actors are killed by
@@ -176,4 +185,3 @@ def _summary(exc) -> str:
     if not lines:
         return type(exc).__name__
     return f"its constructor raised {lines[-1]}" if exc.actor_init_failed else lines[0]
-
