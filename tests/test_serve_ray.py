@@ -251,3 +251,49 @@ def test_an_unreachable_serve_address_is_one_line(run):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith(f"swarm: error: serve.address='127.0.0.1:{port}': no Ray cluster answers there"), last
+
+
+class _Actor:
+    """What the population sees of a worker's Ray actor (:class:`RayWorker`'s interface): the answers of
+    ``check`` given in order, ``terminate`` recorded."""
+
+    def __init__(self, answers):
+        self.answers, self.pid, self.returncode, self.error = list(answers), None, None, None
+
+    def check(self):
+        return self.answers.pop(0) if self.answers else None
+
+    def poll(self):
+        return self.returncode
+
+    def terminate(self):
+        self.returncode = -9
+
+    kill = terminate
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+def test_a_ray_worker_that_keeps_dying_is_failed_as_a_subprocess_is():
+    """Population.follow: the first answer is where the worker serves; each later new address is a restart by
+    Ray (the agent is not asked until it answers there); more than serve.max_restarts of them within
+    serve.restart_window_s fail the agent and end its actor for good."""
+    from swarm_runtime.serve.population import Population, PopulationOptions
+    from swarm_runtime.serve.ray_workers import LOST
+
+    answers = [("http://10.0.0.7:4001", 11), LOST, ("http://10.0.0.8:4002", 12), ("http://10.0.0.8:4003", 13)]
+    pop = Population(PopulationOptions(max_restarts=1, restart_window_s=60.0), launcher=lambda *a: _Actor(answers))
+    a = pop.spawn("Smith", ROOT)
+    assert (a.url, a.status) == ("", "starting")  # not probed until its actor says where it serves
+    pop.follow(a)
+    assert (a.url, a.restarts) == ("http://10.0.0.7:4001", 0)
+    a.status = "up"
+    pop.follow(a)  # its process died: not asked
+    assert a.status == "down" and "Ray restarts it" in a.error and a.url == "http://10.0.0.7:4001"
+    pop.follow(a)  # Ray restarted it on another node
+    assert (a.url, a.restarts, a.status) == ("http://10.0.0.8:4002", 1, "down")
+    pop.follow(a)  # and again, within the window: more than serve.max_restarts=1
+    assert a.status == "failed" and "serve.max_restarts=1" in a.error and a.proc.returncode == -9
+    pop.follow(a)  # a failed agent is no longer followed
+    assert a.restarts == 2
