@@ -134,9 +134,6 @@ class GatewaySetup:
     registry: Any
     pm: Any
     api_key: str | None = None
-    #: how workers start: None = forked processes here (``serve.cluster=local``); ``serve.cluster=ray``: the
-    #: :class:`~swarm_runtime.serve.ray_workers.RayWorkers` :func:`serve` made before the app (Ray joined)
-    launcher: Any = None
 
 
 def role_folder(checkpoint: Path, role: str) -> Path:
@@ -185,17 +182,16 @@ def make_app(setup: GatewaySetup):
     metrics = Metrics()
     #: a model.adapter=lora run: PEFT adapters pointing to one base (swarm_base.json), served by one worker
     adapter_run = (role_folder(setup.checkpoint, roles[0]) / "swarm_base.json").exists()
-    launcher = setup.launcher
-    if str(s.cluster) == "ray":
+    launcher = None  # serve.cluster=local: workers forked here
+    if str(s.cluster) == "ray":  # each worker a Ray actor (Ray joined or started here, before anything is served)
         if adapter_run:
             raise ConfigError(
                 "serve.cluster=ray serves one worker per agent; this run's agents are LoRA adapters on one base "
                 "(model.adapter=lora), served by one worker on this host: valid for it: serve.cluster=local"
             )
-        if launcher is None:
-            from swarm_runtime.serve.ray_workers import RayWorkers
+        from swarm_runtime.serve.ray_workers import RayWorkers
 
-            launcher = RayWorkers(s.address)
+        launcher = RayWorkers(s.address, restart=bool(s.restart_workers))
     pop = Population(
         PopulationOptions(
             max_prompt_tokens=int(cfg.model.max_prompt_tokens),

@@ -370,7 +370,8 @@ class Population:
                 ):
                     if a.status != "down":
                         a.status, a.since = "down", time.time()
-                        a.error = f"worker exited with {a.proc.returncode}"
+                        why = getattr(a.proc, "error", None)  # a Ray actor's: why it is gone
+                        a.error = f"worker exited with {a.proc.returncode}" + (f": {why}" if why else "")
                         logger.warning("agent {} dropped: {}", a.name, a.error)
                     if self.opts.restart_workers:
                         self._restart(a)

@@ -87,12 +87,14 @@ class RayWorkers:
     the nodes (``SPREAD``); each worker binds its node's address. On a local Ray (one machine: nothing to
     place) they reserve none, so a local Ray runs as many workers as subprocesses would, bound to 127.0.0.1."""
 
-    def __init__(self, address: str | None):
+    def __init__(self, address: str | None, restart: bool = True):
+        """``restart``: Ray restarts an actor whose process died (``serve.restart_workers``)."""
         from swarm_runtime.cluster.remote import connect, import_ray
 
         self.ray = import_ray()
         self.started = connect(address, key="serve.address")
         self.local = address is None
+        self.restart = restart
         self.actor = self.ray.remote(AgentActor)
         self.closed = False
 
@@ -100,7 +102,7 @@ class RayWorkers:
         """A new worker (``log`` is unused: an actor's output is in Ray's logs on its node)."""
         opts = dict(
             num_cpus=0 if self.local else max(1, int(threads)),
-            max_restarts=-1,
+            max_restarts=-1 if self.restart else 0,
             max_task_retries=0,
             scheduling_strategy="SPREAD",
         )
