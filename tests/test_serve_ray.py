@@ -21,6 +21,7 @@ httpx = pytest.importorskip("httpx")
 
 from conftest import ROOT  # noqa: E402
 from test_serve import _env, _free_port, _kill_pid, _start, _stop, _wait_health, build_run  # noqa: E402
+from test_serve_edges import _until  # noqa: E402
 
 HELD_OUT = 100000  # wooden_pickaxe's first eval seed
 
@@ -32,16 +33,6 @@ def run(registry, tmp_path_factory):
 
 def _agents(url: str) -> list[dict]:
     return httpx.get(f"{url}/v1/swarm/agents", timeout=10).json()["agents"]
-
-
-def _until(fn, timeout: float, what: str):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def _alive(pid: int) -> bool:
