@@ -64,12 +64,15 @@ def ray_served(run, tmp_path_factory):
         "serve.agent_wait_s=3",
     ]
     url = f"http://127.0.0.1:{port}"
-    gateway = _start(args, log)
+    # serve.address=null starts a Ray of its own: not the one $RAY_ADDRESS names (here: nothing listens there),
+    # nor the last `ray start` on this machine (ray.init() without an address joins those)
+    env = {"RAY_ADDRESS": f"127.0.0.1:{_free_port()}"}
+    gateway = _start(args, log, **env)
     try:
         _wait_health(url, [gateway], 300, logs=[log])
     except AssertionError:  # another job's Ray took a port as ours started: once more
         _stop(gateway)
-        gateway = _start(args, log)
+        gateway = _start(args, log, **env)
         _wait_health(url, [gateway], 300, logs=[log])
     pids: list[int] = []
     try:

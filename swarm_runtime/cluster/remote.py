@@ -50,7 +50,9 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
         return False
     opts = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address is None:
-        ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
+        # "local": a new Ray, never the cluster $RAY_ADDRESS names or the last `ray start` on this machine left in
+        # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one: measured, Ray 2.60)
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
         return True
     unreachable = (
         f"{key}={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
