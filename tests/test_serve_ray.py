@@ -206,6 +206,29 @@ def test_an_added_agent_is_a_new_actor_and_draining_ends_it(ray_served):
     assert not _alive(up["pid"])
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_an_actor_whose_model_cannot_load_says_why(ray_served):
+    """A worker's actor whose constructor raises (its model cannot load) is gone for good, not restarted by Ray:
+    the agent's error says why, and the gateway restarts it as a new actor with its backoff (as a subprocess)."""
+    u = ray_served.url
+    broken = ray_served.run / "checkpoints/final/broken"
+    broken.mkdir(exist_ok=True)
+    (broken / "config.json").write_text("{not json")
+    r = httpx.post(f"{u}/v1/swarm/agents", json={"role": "Miner", "name": "Miner-broken", "checkpoint": str(broken)})
+    assert r.status_code == 201, r.text
+    a = _until(
+        lambda: next(
+            (x for x in _agents(u) if x["name"] == "Miner-broken" and "its constructor raised" in (x["error"] or "")),
+            None,
+        ),
+        180,
+        "the broken actor's reason in its agent's error",
+    )
+    assert a["error"].startswith("worker exited with 1: its constructor raised") and a["status"] in ("down", "starting")
+    assert httpx.delete(f"{u}/v1/swarm/agents/Miner-broken", timeout=60).json()["status"] == "removed"
+
+
 def _serve_cli(run, *args, code: str | None = None) -> subprocess.CompletedProcess:
     prefix = [sys.executable, "-c", code] if code else [sys.executable, "-m", "swarm_runtime.cli"]
     return subprocess.run(
