@@ -501,10 +501,10 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
     6: {"cluster.": None},  # env workers (docs/distributed.md): earlier runs stepped their envs in process
     7: {
         "train.": None,  # the learner engine (issue 28): earlier runs trained in the trainer's process
-        "cluster.placement": None,
-        "cluster.cpus_per_bundle": None,
-        "cluster.placement_wait_s": None,
-    },  # no placement groups
+        "cluster.placement": "none",  # no placement groups
+        "cluster.cpus_per_bundle": 1,
+        "cluster.placement_wait_s": 30.0,
+    },
 }
 
 

@@ -316,3 +316,21 @@ def test_swarm_run_refuses_a_placement_ray_cannot_hold(tmp_path):
     assert "could not reserve" in line and "Logger: 1 x {CPU: 1}" in line and "envs: 2 x {CPU: 1}" in line
     assert "(in all {CPU: 5})" in line and "available of {CPU: 2}" in line
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before SFT
+
+
+def test_a_run_folder_of_config_version_6_loads_without_the_new_keys(tmp_path):
+    """Config version 7 added train.* and cluster.placement/cpus_per_bundle/placement_wait_s: a version-6 run
+    gets the behaviour it had (local learner, no placement groups); a version-7 file without them is truncated."""
+    from swarm_runtime.config import ConfigError, light_registry, load_saved, resolve
+
+    d = OmegaConf.to_container(resolve(["domain=minecraft"], light_registry()))
+    del d["train"]
+    for k in ("placement", "cpus_per_bundle", "placement_wait_s"):
+        del d["cluster"][k]
+    path = tmp_path / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create({**d, "config_version": 6})))
+    cfg = load_saved(path)
+    assert (cfg.train.engine, cfg.train.shards, cfg.cluster.placement, cfg.config_version) == ("local", 1, "none", 7)
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create({**d, "config_version": 7})))
+    with pytest.raises(ConfigError, match="lacks cluster.placement"):
+        load_saved(path)
