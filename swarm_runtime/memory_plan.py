@@ -515,7 +515,9 @@ def placed_plan(cfg: DictConfig, roles: list[str] | int, n_agents: int, vocab: i
         out.fixes.append("cluster.placement=split (the sampler on a device of its own)")
     if not lora:
         out.fixes.append("model.adapter=lora (one shared base, one small adapter per role)")
-    out.fixes.append("hardware.gradient_checkpointing=true or a smaller hardware.micro_batch")
+    if not hw.get("gradient_checkpointing"):
+        out.fixes.append("hardware.gradient_checkpointing=true")
+    out.fixes.append("a smaller hardware.micro_batch")
     return out
 
 

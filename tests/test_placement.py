@@ -6,6 +6,7 @@ in its bundles, and one that cannot be satisfied refused with the bundles asked 
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -226,7 +227,14 @@ def local_ray():
 
     from swarm_runtime.cluster.remote import connect
 
-    started = connect(None, num_cpus=2)
+    # RAY_ADDRESS=local: a Ray of our own, even where another process on this machine ran `ray start` (ray.init
+    # would join that one, and refuse num_cpus)
+    was = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = "local"
+    try:
+        started = connect(None, num_cpus=2)
+    finally:
+        os.environ.pop("RAY_ADDRESS") if was is None else os.environ.__setitem__("RAY_ADDRESS", was)
     yield ray
     if started:
         ray.shutdown()
@@ -310,6 +318,7 @@ def test_swarm_run_refuses_a_placement_ray_cannot_hold(tmp_path):
         "cluster.placement_wait_s=2",
         f"run_dir={tmp_path / 'run'}",
         cwd=tmp_path,
+        env={"RAY_ADDRESS": "local"},  # as the fixture above
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     line = r.stderr.strip().splitlines()[-1]
