@@ -161,6 +161,11 @@ def print_plan(cfg, reg) -> int:
     print(plan.format())
     if spec is not None:
         print(spec.format())
+    if isinstance(plan, PlacedPlan) and cfg.train.engine == "local":
+        print(
+            "note: swarm run trains every role in its own process today (learner groups on Ray come later); "
+            "it checks the one-device plan (without cluster.placement)"
+        )
     if not plan.fits:
         where = "on the busiest device" if isinstance(plan, PlacedPlan) else "needed"
         raise ConfigError(

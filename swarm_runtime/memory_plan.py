@@ -192,16 +192,21 @@ def base_counts(cfg: DictConfig, n_roles: int) -> dict[str, int]:
 
 
 def make_plan(
-    cfg: DictConfig, n_roles: int, n_agents: int, vocab: int | None = None, roles: list[str] | None = None
+    cfg: DictConfig,
+    n_roles: int,
+    n_agents: int,
+    vocab: int | None = None,
+    roles: list[str] | None = None,
+    per_device: bool | None = None,
 ) -> MemoryPlan | PlacedPlan:
     """The plan of a run with ``n_roles`` models (roles) and ``n_agents`` agents (replicas included). With
     several bases (``model.role_base``) each base is counted once, with the roles on it: the rows of each
     base's plan are added up (the activations of one update chunk are the largest base's: one role is
-    updated at a time). A sharded learner or a placement (:func:`placed`): the plan per device
-    (:func:`placed_plan`; ``roles``, the roles' names, name its groups)."""
+    updated at a time). A sharded learner or a placement (:func:`placed`; ``per_device`` None) or
+    ``per_device=True``: the plan per device (:func:`placed_plan`; ``roles``, the roles' names, name its groups)."""
     from swarm_runtime.bases import base_cfg, multi
 
-    if placed(cfg):
+    if placed(cfg) if per_device is None else per_device:
         return placed_plan(cfg, list(roles) if roles else int(n_roles), n_agents, vocab)
     if not multi(cfg.model):
         return _plan(cfg, n_roles, n_agents, vocab)
@@ -534,7 +539,9 @@ def check_plan(
     from loguru import logger
 
     roles = n_roles if n_roles is not None else n_agents
-    plan = make_plan(cfg, roles, n_agents, vocab)
+    # a run trains every role in this process today (learner groups on Ray come later; a sharded train.engine is
+    # refused): its device holds them all, whatever cluster.placement reserves
+    plan = make_plan(cfg, roles, n_agents, vocab, per_device=False)
     (logger.info if plan.budget is not None else logger.debug)(plan.format())
     if not plan.fits:
         who = "the busiest device needs" if isinstance(plan, PlacedPlan) else "the run needs"

@@ -343,3 +343,14 @@ def test_a_run_folder_of_config_version_6_loads_without_the_new_keys(tmp_path):
     path.write_text(OmegaConf.to_yaml(OmegaConf.create({**d, "config_version": 7})))
     with pytest.raises(ConfigError, match="lacks cluster.placement"):
         load_saved(path)
+
+
+def test_a_run_checks_the_device_it_trains_on_whatever_the_placement():
+    """A run's learners are in its own process today: check_plan plans that one device even with a placement
+    (the per-device plan would say a group's share fits where the trainer holds every role)."""
+    from swarm_runtime.memory_plan import MemoryPlan, PlacedPlan, check_plan, make_plan
+
+    cfg = _cfg(*H200_8B, "model.adapter=lora", "cluster.kind=ray", "cluster.placement=split")
+    assert isinstance(make_plan(cfg, 3, 3), PlacedPlan)
+    plan = check_plan(cfg, 3, n_roles=3)
+    assert type(plan) is MemoryPlan and plan.total == make_plan(_cfg(*H200_8B, "model.adapter=lora"), 3, 3).total
