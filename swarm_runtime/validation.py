@@ -781,8 +781,10 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
                 "rollout.engine=openai|vllm"
             )
         return
-    if r.engine == "openai" and not r.get("url"):
-        raise ConfigError("rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000)")
+    from swarm_runtime import bases as B
+
+    if r.engine == "openai" and not r.get("url") and not B.multi(cfg.model):  # several bases: model_bases checks
+        raise ConfigError(NEEDS_URL)
     adapter = cfg.model.get("adapter") or "none"
     if adapter != "lora":
         raise ConfigError(
@@ -819,6 +821,10 @@ register_rules(
         "a mapping base NAME -> http(s) URL (rollout.urls.NAME=http://host:port)",
     ),
 )
+
+
+#: rollout.engine=openai with a role on the default base (``model.*``) and no server for it.
+NEEDS_URL = "rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000)"
 
 
 @register_check
@@ -872,6 +878,8 @@ def model_bases(cfg: DictConfig, registry) -> None:
             f"rollout.engine=openai with several bases needs one server per base: give "
             f"rollout.urls.{missing[0]}=http://host:port (rollout.url serves the default base)"
         )
+    if not r.get("url") and B.DEFAULT in used:  # every role on a named base: rollout.url serves none
+        raise ConfigError(f"{NEEDS_URL}: {', '.join(used[B.DEFAULT])} sit on the default base (model.*)")
 
 
 # ---------------------------------------------------------------- train.* and cluster placement (issue 28)
