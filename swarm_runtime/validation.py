@@ -885,6 +885,32 @@ def model_bases(cfg: DictConfig, registry) -> None:
         raise ConfigError(f"{NEEDS_URL}: {', '.join(used[B.DEFAULT])} sit on the default base (model.*)")
 
 
+# ---------------------------------------------------------------- train.* and cluster placement (issue 28)
+register_rules(
+    _rule("train.engine", choices("local", "fsdp", "deepspeed")),
+    _rule("train.shards", ints(1, 1024)),
+    _rule("cluster.placement", choices("none", "colocated", "split")),
+    _rule("cluster.cpus_per_bundle", ints(1, 1024)),
+    _rule("cluster.placement_wait_s", floats(0.0, 3600.0, lo_open=True)),
+)
+
+
+@register_check
+def train_engine(cfg: DictConfig, registry) -> None:
+    """``train.shards`` > 1 needs a sharding engine; a placement (Ray placement groups) needs ``cluster.kind=ray``."""
+    t, c = cfg.get("train"), cfg.get("cluster")
+    if t is not None and t.engine == "local" and int(t.shards) > 1:
+        raise ConfigError(
+            f"train.shards={t.shards} shards a learner group over processes, which train.engine=local does not "
+            "(one process); valid: train.engine=fsdp or deepspeed, or train.shards=1"
+        )
+    if c is not None and c.get("placement", "none") != "none" and c.kind != "ray":
+        raise ConfigError(
+            f"cluster.placement={c.placement} reserves Ray placement groups, so it needs cluster.kind=ray "
+            f"(got cluster.kind={c.kind}); valid: cluster.kind=ray, or cluster.placement=none"
+        )
+
+
 # ---------------------------------------------------------------------------- serve.cluster (agent workers on Ray)
 register_rules(
     _rule("serve.cluster", choices("local", "ray")),
