@@ -247,6 +247,12 @@ class ServeConfig:
     restart_backoff_max_s: float = 30.0  #: cap of the exponential wait between restarts of one worker
     url: str | None = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
     concurrency: int = 8  #: ``swarm eval`` through a service: episodes in flight at once
+    # where the agent workers run (issue 28; docs/deploy.md, serving across machines)
+    cluster: str = "local"  #: ``local``: worker processes forked on this host; ``ray``: each worker in a Ray actor,
+    #: placed on any node of the cluster at ``serve.address`` (restarted by Ray when its process dies)
+    address: str | None = None  #: ``serve.cluster=ray``: a running Ray cluster's head (``host:port``); None = start
+    #: a local Ray on 127.0.0.1 for the gateway, stopped with it. Not ``cluster.address``: that is where the run
+    #: trained, saved with it; serving is a deployment of its own
 
 
 @dataclass

@@ -733,6 +733,12 @@ HTTP_URL = (
     "an http(s) URL such as http://127.0.0.1:8000",
 )
 
+#: A Ray head's address (``cluster.address``, ``serve.address``).
+RAY_ADDRESS = (
+    (lambda v: isinstance(v, str) and re.fullmatch(r"(ray://)?[^\s:/]+:\d{1,5}", v) is not None),
+    "host:port of a Ray head (or ray://host:port)",
+)
+
 register_rules(
     _rule("model.chat_template", choices("auto", "none")),
     _rule("algo.is_cap", floats(1.0, 1e6), nullable=True, null_means="off: the plain on-policy loss"),
@@ -746,10 +752,7 @@ register_rules(
     _rule("cluster.kind", choices("local", "ray")),
     _rule(
         "cluster.address",
-        (
-            (lambda v: isinstance(v, str) and re.fullmatch(r"(ray://)?[^\s:/]+:\d{1,5}", v) is not None),
-            "host:port of a Ray head (or ray://host:port)",
-        ),
+        RAY_ADDRESS,
         nullable=True,
         null_means="start a local Ray for the run (127.0.0.1)",
     ),
@@ -906,3 +909,22 @@ def train_engine(cfg: DictConfig, registry) -> None:
             f"cluster.placement={c.placement} reserves Ray placement groups, so it needs cluster.kind=ray "
             f"(got cluster.kind={c.kind}); valid: cluster.kind=ray, or cluster.placement=none"
         )
+
+
+# ---------------------------------------------------------------------------- serve.cluster (agent workers on Ray)
+register_rules(
+    _rule("serve.cluster", choices("local", "ray")),
+    _rule("serve.address", RAY_ADDRESS, nullable=True, null_means="start a local Ray for the gateway (127.0.0.1)"),
+)
+
+
+@register_check
+def serve_cluster(cfg: DictConfig, registry) -> None:
+    """``serve.cluster=ray``: Ray installed (found, not imported: every command checks ``serve.*``)."""
+    s = cfg.get("serve")
+    if s is None or s.get("cluster") != "ray":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("serve.cluster=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'")
