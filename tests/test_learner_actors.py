@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import ROOT, TINY_RUN, swarm
 
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2", "cluster.learners=ray"]
+#: TINY_RUN with SFT long enough that the updates move the weights (rewards, so non-zero advantages, and bid pairs)
+RUN = [*TINY_RUN, "algo.sft.epochs=12"]
 
 
 def _rows(run_dir):
@@ -34,7 +36,7 @@ def _eval(run_dir):
 def in_process(tmp_path_factory):
     pytest.importorskip("ray")
     tmp = tmp_path_factory.mktemp("local")
-    r = swarm("run", *TINY_RUN, f"run_dir={tmp / 'run'}", cwd=tmp)
+    r = swarm("run", *RUN, f"run_dir={tmp / 'run'}", cwd=tmp)
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp / "run"
 
@@ -44,12 +46,15 @@ def in_process(tmp_path_factory):
 def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, tmp_path):
     import torch
 
-    r = swarm("run", *TINY_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr  # one per role: full copies
     rows = _rows(tmp_path / "run")
     assert rows == _rows(in_process) and len(rows) >= 3
-    assert any("losses/action_Logger" in row for row in rows) and any("charts/bid_pairs" in row for row in rows)
+    updates = [row for row in rows if "kind" in row]
+    assert [u["kind"] for u in updates] == ["action", "bid"]
+    assert any(updates[0].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))  # the weights moved
+    assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("losses/bid_") for k in updates[1])
     assert _eval(tmp_path / "run") == _eval(in_process)
     # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
     for role in ("Logger", "Miner", "Smith"):
@@ -105,7 +110,7 @@ def _killed_run(tmp_path, kill_at: int, *extra: str):
     script.write_text(KILLER)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "KILL_AT": str(kill_at)}
     return subprocess.run(
-        [sys.executable, str(script), "run", *TINY_RUN, *RAY_ARGS, *extra, f"run_dir={tmp_path / 'run'}"],
+        [sys.executable, str(script), "run", *RUN, *RAY_ARGS, *extra, f"run_dir={tmp_path / 'run'}"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

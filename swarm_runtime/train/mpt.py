@@ -167,21 +167,9 @@ class MPTTrainer(PhasedTrainer):
             return fn(self.agents, items, self.optimizers[kind], reference=ref, **kw)
         from swarm_runtime.cluster.learner import LearnerGone, LearnerLost, copy_params, replay_flops
 
-        group = self._learners()
-        share: dict[str, list[int]] = {}
-        for i, item in enumerate(items):
-            share.setdefault(group.learner_of[self.agents[agent_of(item)].role], []).append(i)
-        if not share:  # nothing to train: the learner of the first role answers the empty update's metrics
-            share = {group.learner_of[next(iter(self.policies))]: []}
-        payloads = {
-            name: (
-                [items[i] for i in idx],
-                {**kw, "reference": use_ref, **({"behaviour": [kw["behaviour"][i] for i in idx]} if "behaviour" in kw else {})},
-            )
-            for name, idx in share.items()
-        }
         try:
-            results = group.update(fn, kind, payloads)
+            group = self._learners()
+            results = group.update(fn, kind, self._shares(group, items, agent_of, use_ref, kw))
         except LearnerLost as lost:
             self._rewind(lost)
             raise Rewound(str(lost)) from None
@@ -195,6 +183,26 @@ class MPTTrainer(PhasedTrainer):
                 copy_params(self.policies[role], tensors)
             replay_flops(self.ctx.flops, res["flops"])
         return m
+
+    def _shares(self, group, items: list, agent_of, use_ref: bool, kw: dict) -> dict:
+        """``{learner: (its items, its keyword arguments)}``: each item to the learner of its agent's role
+        (``behaviour``, one entry per item, split alike); no items: the first role's learner, with none."""
+        share: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            share.setdefault(group.learner_of[self.agents[agent_of(item)].role], []).append(i)
+        if not share:  # nothing to train: the learner of the first role answers the empty update's metrics
+            share = {group.learner_of[next(iter(self.policies))]: []}
+        return {
+            name: (
+                [items[i] for i in idx],
+                {
+                    **kw,
+                    "reference": use_ref,
+                    **({"behaviour": [kw["behaviour"][i] for i in idx]} if "behaviour" in kw else {}),
+                },
+            )
+            for name, idx in share.items()
+        }
 
     def _learners(self):
         """``cluster.learners=ray``: the learner actors, started on first use (after SFT; they take the driver's
