@@ -15,6 +15,9 @@ import pytest
 from tests.conftest import ROOT, TINY_RUN, swarm
 
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2", "cluster.learners=ray"]
+#: a local Ray of the run's own, even when another one was started with ``ray start`` on this machine (ray.init with no
+#: address would join that one, read from /tmp/ray/ray_current_cluster)
+LOCAL_RAY = {"RAY_ADDRESS": "local"}
 #: TINY_RUN with SFT long enough that the updates move the weights (rewards, so non-zero advantages, and bid pairs)
 RUN = [*TINY_RUN, "algo.sft.epochs=12"]
 
@@ -46,14 +49,16 @@ def in_process(tmp_path_factory):
 def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, tmp_path):
     import torch
 
-    r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr  # one per role: full copies
     rows = _rows(tmp_path / "run")
     assert rows == _rows(in_process) and len(rows) >= 3
     updates = [row for row in rows if "kind" in row]
     assert [u["kind"] for u in updates] == ["action", "bid"]
-    assert any(updates[0].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))  # the weights moved
+    assert any(
+        updates[0].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith")
+    )  # the weights moved
     assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("losses/bid_") for k in updates[1])
     assert _eval(tmp_path / "run") == _eval(in_process)
     # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
@@ -108,7 +113,14 @@ KILLER = textwrap.dedent("""
 def _killed_run(tmp_path, kill_at: int, *extra: str):
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "KILL_AT": str(kill_at)}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+        "KILL_AT": str(kill_at),
+        **LOCAL_RAY,
+    }
     return subprocess.run(
         [sys.executable, str(script), "run", *RUN, *RAY_ARGS, *extra, f"run_dir={tmp_path / 'run'}"],
         cwd=tmp_path,
@@ -166,3 +178,90 @@ def test_bad_learner_keys_are_refused(arg, valid, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert arg.split("=")[0] in last and valid in last, last
+
+
+def _swarm_pair(registry, *args):
+    """Two identical swarms (the same config and seed): the trainer's and a learner's copy."""
+    from tests.conftest import run_context
+
+    ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe", *args)
+    return ctx, ctx.build_swarm(), ctx.build_swarm()
+
+
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_a_learner_worker_updates_as_in_process_and_round_trips_its_state(registry, adapter):
+    """No Ray: ``LearnerWorker`` (the actor's class) runs ``action_update`` on its roles' samples with its own
+    optimizers: the same metrics, weights, optimizer state and FLOPs as the update in process; its state loads into
+    a fresh worker (a restarted actor) unchanged; ``learner_groups`` puts adapters of one base in one learner."""
+    from functools import partial
+
+    import torch
+
+    from swarm_runtime.cluster.learner import (
+        LearnerWorker,
+        copy_params,
+        learner_groups,
+        params_of,
+        replay_flops,
+        training_state,
+    )
+    from swarm_runtime.flops import FlopCounter
+    from swarm_runtime.train.action import action_update
+    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers
+
+    ctx, (agents, policies), (_, copies) = _swarm_pair(registry, f"model.adapter={adapter}")
+    groups = learner_groups(copies)
+    assert list(groups) == (["base-default"] if adapter == "lora" else ["Logger", "Miner", "Smith"])
+    make = partial(role_optimizers, settings=optimizer_settings(ctx.cfg))
+    texts = ["chop tree", "craft planks", "mine stone", "explore"]
+    samples = [
+        (
+            i % 3,
+            f"you are {agents[i % 3].role} . goal wooden_pickaxe . step {i}",
+            agents[i % 3].policy.action_target(t),
+            c,
+        )
+        for i, (t, c) in enumerate(zip(texts * 2, [3.0, -1.0, 2.0, 0.5, -2.0, 1.0, 4.0, 0.0]))
+    ]
+    kw = dict(reward_scale=10.0, minibatch=3, grad_clip=1.0, kl_coef=0.0, behaviour=None, is_cap=None)
+    ctx.flops.category = "update"
+    here = FlopCounter(category="update")
+    for p in policies.values():
+        p.flops = here
+    opts = make(policies)
+    want = action_update(agents, samples, opts["action"], reference=None, **kw)
+    assert want["charts/grad_norm_Logger"] > 0
+    got, there = {}, FlopCounter(category="update")
+    workers = {}
+    for name, g in groups.items():
+        w = workers[name] = LearnerWorker(name, g, [(a.name, a.role) for a in agents], make)
+        mine = [s for s in samples if agents[s[0]].role in g]
+        res = w.update(action_update, "action", mine, {**kw, "reference": False})
+        got.update(res["metrics"])
+        replay_flops(there, res["flops"])
+        assert set(res["params"]) == set(g)  # every role of this learner stepped
+    assert got == want and there.by_category == here.by_category
+    for role in policies:
+        for a, b in zip(policies[role].parameters(), copies[role].parameters()):
+            assert torch.equal(a, b)
+        theirs = training_state(policies[role], {k: t[role] for k, t in opts.items()})
+        w = workers[next(n for n, g in groups.items() if role in g)]
+        mine = w.training_states()[role]
+        assert list(mine) == list(theirs)
+        assert mine["scheduler_action"] == theirs["scheduler_action"]
+        for k, st in mine["optimizer_action"]["state"].items():
+            assert all(torch.equal(v, theirs["optimizer_action"]["state"][k][n]) for n, v in st.items())
+    # a restarted worker (fresh from the same start) takes the state: the same weights and next update
+    _, _, (_, fresh) = _swarm_pair(registry, f"model.adapter={adapter}")
+    name, g = next(iter(learner_groups(fresh).items()))
+    w2 = LearnerWorker(name, g, [(a.name, a.role) for a in agents], make)
+    first = workers[name]
+    w2.load({r: {"params": params_of(first.policies[r]), "state": first.training_states()[r]} for r in g})
+    mine = [s for s in samples if agents[s[0]].role in g]
+    a = first.update(action_update, "action", mine, {**kw, "reference": False})
+    b = w2.update(action_update, "action", mine, {**kw, "reference": False})
+    assert a["metrics"] == b["metrics"] and a["lrs"] == b["lrs"]
+    for r in a["params"]:
+        assert all(torch.equal(x, y) for x, y in zip(a["params"][r], b["params"][r]))
+    copy_params(policies[next(iter(g))], a["params"][next(iter(g))])  # the trainer's sync
+    assert all(torch.equal(x, y) for x, y in zip(policies[next(iter(g))].parameters(), g[next(iter(g))].parameters()))

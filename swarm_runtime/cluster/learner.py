@@ -176,8 +176,11 @@ class LearnerWorker:
 
     def load(self, states: dict) -> dict:
         """Per role ``{"params": tensors, "state": training_state}`` (a checkpoint's, or the driver's at the
-        start): weights, fp32 masters, optimizer and scheduler state. Returns :meth:`lrs`."""
-        for role, st in states.items():
+        start): weights, fp32 masters, optimizer and scheduler state (copied: ``Optimizer.load_state_dict`` keeps
+        the tensors it is given, and Ray may hand them over read-only). Returns :meth:`lrs`."""
+        import copy
+
+        for role, st in copy.deepcopy(dict(states)).items():
             policy = self.policies[role]
             copy_params(policy, st["params"])
             restore_master_weights(policy.parameters(), st["state"].get("master_weights"))
@@ -276,13 +279,19 @@ class LearnerGroup:
         ray, end = self.ray, time.monotonic() + RESTART_TIMEOUT_S
         pid = self.pids[name]
         if self.restarts[name] >= self.max_restarts:
-            return LearnerGone(self._gone(name, f"Ray restarts it at most cluster.learner_restarts={self.max_restarts} times"))
+            return LearnerGone(
+                self._gone(name, f"Ray restarts it at most cluster.learner_restarts={self.max_restarts} times")
+            )
         while True:
             try:
                 new = ray.get(self.actors[name].pid.remote(), timeout=10)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                 if time.monotonic() > end:
-                    return LearnerGone(self._gone(name, f"it did not come back within {RESTART_TIMEOUT_S:.0f} s ({type(exc).__name__})"))
+                    return LearnerGone(
+                        self._gone(
+                            name, f"it did not come back within {RESTART_TIMEOUT_S:.0f} s ({type(exc).__name__})"
+                        )
+                    )
                 time.sleep(0.2)
                 continue
             if new != pid:

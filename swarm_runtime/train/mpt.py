@@ -98,7 +98,10 @@ def role_optimizers(policies: dict, settings: dict) -> dict:
     Their gradients differ by ~100x in scale (advantage / reward_scale vs a Bradley-Terry log-odds), so a shared
     Adam second moment would let each bid step mute the action steps that follow it. Module level: the learner
     actors (``cluster.learners=ray``) make theirs with it."""
-    return {kind: {role: make_optimizer(p.parameters(), **kw) for role, p in policies.items()} for kind, kw in settings.items()}
+    return {
+        kind: {role: make_optimizer(p.parameters(), **kw) for role, p in policies.items()}
+        for kind, kw in settings.items()
+    }
 
 
 #: Metrics of ``bid_update`` counted over all pairs: summed over the learner actors that each got a share.
