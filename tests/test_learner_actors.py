@@ -18,8 +18,9 @@ RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2", "
 #: a local Ray of the run's own, even when another one was started with ``ray start`` on this machine (ray.init with no
 #: address would join that one, read from /tmp/ray/ray_current_cluster)
 LOCAL_RAY = {"RAY_ADDRESS": "local"}
-#: TINY_RUN with SFT long enough that the updates move the weights (rewards, so non-zero advantages, and bid pairs)
-RUN = [*TINY_RUN, "algo.sft.epochs=12"]
+#: TINY_RUN with SFT long enough for bid pairs, 3 updates (action, bid, action) and the reference policies in both
+#: updates (the third's KL penalty differs per sample, so its advantages and gradients are not zero)
+RUN = [*TINY_RUN, "algo.sft.epochs=12", "algo.iterations=3", "algo.kl_coef=0.1", "algo.bid_reference=sft"]
 
 
 def _rows(run_dir):
@@ -55,16 +56,15 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
     rows = _rows(tmp_path / "run")
     assert rows == _rows(in_process) and len(rows) >= 3
     updates = [row for row in rows if "kind" in row]
-    assert [u["kind"] for u in updates] == ["action", "bid"]
-    assert any(
-        updates[0].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith")
-    )  # the weights moved
-    assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("losses/bid_") for k in updates[1])
+    assert [u["kind"] for u in updates] == ["action", "bid", "action"]
+    assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("charts/bid_ref_logodds_") for k in updates[1])
+    assert any(k.startswith("charts/kl_") for k in updates[2])
+    assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
     assert _eval(tmp_path / "run") == _eval(in_process)
     # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
     for role in ("Logger", "Miner", "Smith"):
         mine, theirs = (
-            torch.load(d / "checkpoints" / "iter-000002" / "agents" / role / "training_state.pt", weights_only=True)
+            torch.load(d / "checkpoints" / "iter-000003" / "agents" / role / "training_state.pt", weights_only=True)
             for d in (tmp_path / "run", in_process)
         )
         assert list(mine) == list(theirs)
@@ -144,25 +144,31 @@ def test_a_learner_killed_mid_update_is_restarted_and_the_run_rewinds(in_process
     assert len(rewound) == 1 and "lost at update 2" in rewound[0] and "iter-000000" in rewound[0], rewound
     rows = _rows(tmp_path / "run")
     steps = [row["step"] for row in rows if "kind" in row]
-    assert steps == [1, 2]  # each update once
+    assert steps == [1, 2, 3]  # each update once
     assert rows == _rows(in_process)
     assert _eval(tmp_path / "run") == _eval(in_process)
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_learner_that_cannot_be_restarted_stops_the_run_resumably(tmp_path):
-    """``cluster.learner_restarts=0`` (a node lost: no restart): one line naming the learner and its roles, where
-    the run stopped and the command that resumes it; exit 2; the checkpoint it names is there."""
-    pytest.importorskip("ray")
-    r = _killed_run(tmp_path, 1, "cluster.learner_restarts=0")
+def test_a_learner_that_cannot_be_restarted_stops_the_run_resumably(in_process, tmp_path):
+    """``cluster.learner_restarts=0`` (a node lost: no restart), a learner killed in the second update: one line
+    naming the learner and its roles, where the run stopped and the command that resumes it; exit 2. The checkpoint
+    it names (iter-000001: its optimizer state taken from the actors) resumes in process (``cluster.learners=local``)
+    to the unkilled run's metrics and eval."""
+    r = _killed_run(tmp_path, 2, "cluster.learner_restarts=0", "checkpoint_every=1")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-2]  # the last is the script's KILLS line
     assert last.startswith("swarm: error: learner "), last
-    assert "cluster.learner_restarts=0" in last and "stopped at update 1" in last
-    assert f"swarm run run_dir={tmp_path / 'run'} resume=true" in last
-    assert "its last checkpoint is iter-000000" in last
-    assert (tmp_path / "run" / "checkpoints" / "iter-000000" / "state.json").is_file()
+    assert "cluster.learner_restarts=0" in last and "stopped at update 2" in last
+    assert "its last checkpoint is iter-000001" in last
+    resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
+    assert resume in last
+    r = swarm(*resume.split()[1:], "cluster.kind=local", "cluster.learners=local", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed at phase rl iteration 1" in r.stderr
+    assert _rows(tmp_path / "run") == _rows(in_process)
+    assert _eval(tmp_path / "run") == _eval(in_process)
 
 
 @pytest.mark.parametrize(
