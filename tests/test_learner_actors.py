@@ -4,7 +4,6 @@ middle of an update is restarted, the run rewinds to its last checkpoint and end
 and eval; with its restarts used up the run stops with one line naming what was lost and how to resume; bad input
 is one line and exit 2."""
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import textwrap
 import pytest
 
 from tests.conftest import ROOT, TINY_RUN, swarm
+from tests.test_cluster import _eval, _rows
 
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2", "cluster.learners=ray"]
 #: a local Ray of the run's own, even when another one was started with ``ray start`` on this machine (ray.init with no
@@ -21,19 +21,6 @@ LOCAL_RAY = {"RAY_ADDRESS": "local"}
 #: TINY_RUN with SFT long enough for bid pairs, 3 updates (action, bid, action) and the reference policies in both
 #: updates (the third's KL penalty differs per sample, so its advantages and gradients are not zero)
 RUN = [*TINY_RUN, "algo.sft.epochs=12", "algo.iterations=3", "algo.kl_coef=0.1", "algo.bid_reference=sft"]
-
-
-def _rows(run_dir):
-    return [
-        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
-
-
-def _eval(run_dir):
-    out = json.loads((run_dir / "eval.json").read_text())
-    out.pop("provenance", None)
-    return out
 
 
 @pytest.fixture(scope="module")
