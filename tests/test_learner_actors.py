@@ -245,7 +245,7 @@ def test_a_learner_worker_updates_as_in_process_and_round_trips_its_state(regist
         for k, st in mine["optimizer_action"]["state"].items():
             assert all(torch.equal(v, theirs["optimizer_action"]["state"][k][n]) for n, v in st.items())
     # a restarted worker (fresh from the same start) takes the state: the same weights and next update
-    _, _, (_, fresh) = _swarm_pair(registry, f"model.adapter={adapter}")
+    _, fresh = ctx.build_swarm()
     name, g = next(iter(learner_groups(fresh).items()))
     w2 = LearnerWorker(name, g, [(a.name, a.role) for a in agents], make)
     first = workers[name]
