@@ -88,15 +88,32 @@ class EnvCluster:
         address: str | None = None,
         num_cpus: int | None = None,
         plugins: tuple[str, ...] = (),
+        placement=None,
+        placement_wait_s: float = 30.0,
     ):
         from omegaconf import DictConfig, OmegaConf
+
+        from swarm_runtime.cluster import placement as P
 
         t0 = time.perf_counter()
         self.ray = import_ray()
         self.started = connect(address, num_cpus)
+        self.placement = placement  #: a :class:`~swarm_runtime.cluster.placement.PlacementSpec`, or None
+        if placement is not None:  # every group reserved before a worker starts (and before anything trains)
+            try:
+                P.reserve(placement, placement_wait_s)
+            except BaseException:
+                if self.started:
+                    self.ray.shutdown()
+                raise
         plain = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(task)
-        actor = self.ray.remote(EnvWorker).options(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
-        self.workers = [actor.remote(domain, plain, tuple(plugins)) for _ in range(int(n))]
+        actor = self.ray.remote(EnvWorker)
+        base = dict(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
+
+        def options(i: int) -> dict:
+            return base if placement is None else {**base, **P.actor_options(placement, P.ENVS, "env", i)}
+
+        self.workers = [actor.options(**options(i)).remote(domain, plain, tuple(plugins)) for i in range(int(n))]
         self.pids = self.ray.get([w.pid.remote() for w in self.workers])
         self._ids = itertools.count()
         self._next = itertools.count()
@@ -141,6 +158,9 @@ class EnvCluster:
         finally:
             for w in self.workers:
                 ray.kill(w, no_restart=True)
+            from swarm_runtime.cluster.placement import release
+
+            release(self.placement)
             if self.started:
                 ray.shutdown()
         return {"workers": stats, "replayed": self.replayed, "restarts": self.restarts}
