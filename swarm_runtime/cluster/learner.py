@@ -205,7 +205,7 @@ def learner_groups(policies: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 class LearnerGroup:
     """The learner actors of a run (driver side). ``options``: extra Ray actor options (placement: resources,
-    a placement group) applied to every actor."""
+    a placement group's bundle): a dict for every actor, or a function ``(learner name, its roles) -> dict``."""
 
     def __init__(
         self,
@@ -215,7 +215,7 @@ class LearnerGroup:
         reference: Mapping | None = None,
         run_dir: Path | None = None,
         max_restarts: int = MAX_RESTARTS,
-        options: dict | None = None,
+        options: dict | Callable[[str, list[str]], dict] | None = None,
         address: str | None = None,
         num_cpus: int | None = None,
     ):
@@ -229,9 +229,9 @@ class LearnerGroup:
         self.roles = {name: list(g) for name, g in groups.items()}
         self.learner_of = {r: name for name, rs in self.roles.items() for r in rs}
         self.pid_files = {n: None if run_dir is None else str(Path(run_dir) / "learners" / f"{n}.pid") for n in groups}
-        actor = ray.remote(LearnerWorker).options(
-            num_cpus=0, max_restarts=self.max_restarts, max_task_retries=0, **(options or {})
-        )
+        actor = ray.remote(LearnerWorker)
+        base = dict(num_cpus=0, max_restarts=self.max_restarts, max_task_retries=0)
+        opts = {n: {**base, **(options(n, rs) if callable(options) else options or {})} for n, rs in self.roles.items()}
         # the creation arguments (the policies as RL started, their references) stay referenced here while the
         # actors live: Ray restarts an actor from them (a restart whose arguments went out of scope fails)
         self._args = {
@@ -239,7 +239,7 @@ class LearnerGroup:
             for name, g in groups.items()
         }
         self.actors = {
-            name: actor.remote(
+            name: actor.options(**opts[name]).remote(
                 name,
                 self._args[name][0],
                 list(agents),

@@ -223,7 +223,7 @@ class MPTTrainer(PhasedTrainer):
                 self._reference_policies() if needs_ref else None,
                 self.ctx.run_dir,
                 max_restarts=int(c.learner_restarts),
-                options=self.learner_options,
+                options=self._learner_placement,
                 address=c.address,
                 num_cpus=c.get("num_cpus"),
             )
@@ -239,6 +239,20 @@ class MPTTrainer(PhasedTrainer):
             )
             self._group_loaded, self.optimizers = True, {}
         return self._group
+
+    def _learner_placement(self, name: str, roles: list[str]) -> dict:
+        """Ray options of learner ``name``: :attr:`learner_options`, and with ``cluster.placement`` its slot (learner
+        shard 0) in the placement group of its roles, which the env cluster reserved."""
+        out = dict(self.learner_options)
+        spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
+        if spec is not None:
+            from swarm_runtime.cluster.placement import actor_options
+
+            group = next((g.name for g in spec.groups if set(roles) <= set(g.roles)), None)
+            if group is None:
+                raise RuntimeError(f"learner {name!r}: no placement group holds its roles {roles}")
+            out.update(actor_options(spec, group, "learner", 0))
+        return out
 
     def _last_lr(self, kind: str) -> float:
         """The learning rate of the first role's ``kind`` optimizer (the ``charts/lr`` metric)."""
