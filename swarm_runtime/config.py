@@ -299,6 +299,12 @@ class ClusterConfig:
     #: stop it at the end
     env_workers: int = 2  #: ``ray``: env worker actors (each owns a pool of envs, reused across episodes)
     num_cpus: int | None = None  #: ``ray`` with a local Ray: CPUs it is started with (None = Ray's count)
+    # learner actors (docs/distributed.md, "Learner actors")
+    learners: str = "local"  #: where the trainable weights and optimizers live: ``local`` (the trainer's process)
+    #: or ``ray`` (needs ``kind=ray``: learner actors, one per role with a full copy, one per base of adapters;
+    #: the updates run there, the trainer keeps a sampling copy synced after each; the same numbers)
+    learner_restarts: int = 4  #: ``learners=ray``: times Ray restarts a learner actor whose process died (the run
+    #: then rewinds to its last checkpoint); used up (or the node lost): the run stops, resumable
     # placement (issue 28; docs/distributed.md, "Placement and sizing")
     placement: str = "none"  #: ``none`` (no placement groups: actors wherever Ray has room), ``colocated`` (per
     #: agent group one Ray placement group whose bundles, one per device, hold the learner's shards and the sampler

@@ -509,6 +509,26 @@ def cluster_kind(cfg: DictConfig, registry) -> None:
 
 
 @register_check
+def cluster_learners(cfg: DictConfig, registry) -> None:
+    """``cluster.learners=ray``: on the Ray of ``cluster.kind=ray``, and rollouts played now (on-policy)."""
+    c = cfg.get("cluster")
+    if c is None or c.get("learners", "local") != "ray":
+        return
+    if c.kind != "ray":
+        raise ConfigError(
+            f"cluster.learners=ray runs the learners on the run's Ray, but cluster.kind={c.kind}; valid: "
+            "cluster.kind=ray with it, or cluster.learners=local"
+        )
+    r = cfg.get("rollout")
+    if r is not None and int(r.get("max_staleness", 0) or 0) > 0:
+        raise ConfigError(
+            f"cluster.learners=ray with rollout.max_staleness={r.max_staleness} is not supported yet (a learner "
+            "lost mid-run rewinds the run, and rollouts played ahead would have to be rewound too); valid: "
+            "rollout.max_staleness=0, or cluster.learners=local"
+        )
+
+
+@register_check
 def eval_split(cfg: DictConfig, registry) -> None:
     """``eval.episodes`` within the task's held-out split (not silently clamped)."""
     task = cfg.get("task")
@@ -758,6 +778,8 @@ register_rules(
     ),
     _rule("cluster.env_workers", ints(1, 1024)),
     _rule("cluster.num_cpus", ints(1, 4096), nullable=True, null_means="Ray's count of this machine's CPUs"),
+    _rule("cluster.learners", choices("local", "ray")),
+    _rule("cluster.learner_restarts", ints(0, 1000)),
     _rule("rollout.vllm.python", STR, nullable=True, null_means="$SWARM_VLLM_PYTHON, else python3 on PATH"),
     _rule("rollout.vllm.host", choices("127.0.0.1", "localhost", "0.0.0.0", "::1")),
     _rule("rollout.vllm.port", ints(0, 65535)),
