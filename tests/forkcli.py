@@ -150,6 +150,9 @@ def serve(args: list[str]) -> None:
     """Answer requests from stdin on the original stdout; anything else printed goes to stderr."""
     reply = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+    from loguru import logger
+
+    logger.remove()  # the registry's debug line; each child's ``main`` sets its own sinks
     if args:
         warm_up(args)
     reply.write(json.dumps({"ready": True}) + "\n")
