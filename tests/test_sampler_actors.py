@@ -13,6 +13,10 @@ import pytest
 
 from tests.conftest import ROOT, TINY_RUN, swarm
 
+#: The tiny run, checkpointed after each update. Its episodes earn no reward, so its updates barely move what the
+#: models draw: that a restarted actor gets the synced weights is checked by
+#: test_a_restarted_actor_is_loaded_with_the_synced_weights (log-probs), not by these runs' metrics.
+ARGS = [*TINY_RUN, "checkpoint_every=1"]
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=1", "cluster.num_cpus=2", "cluster.samplers=ray"]
 
 
@@ -29,8 +33,41 @@ def _eval(run_dir):
     return out
 
 
+def _policies():
+    """Two tiny policies on one FLOP counter (model name -> policy)."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.flops import FlopCounter
+    from swarm_runtime.policy.tokenizer import build_tokenizer
+    from swarm_runtime.policy.transformers_backend import TransformersPolicy, build_tiny_model
+
+    levels = [0.0, 0.5, 1.0]
+    tok = build_tokenizer(["chop", "tree", "craft", "planks"], levels)
+    flops = FlopCounter()
+    shape = {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1}
+    cfg = OmegaConf.create({**shape, "max_positions": 64})
+    return {
+        m: TransformersPolicy(build_tiny_model(len(tok), cfg, s), tok, levels, seed=s, flops=flops)
+        for m, s in (("A", 1), ("B", 2))
+    }
+
+
+def _rows():
+    from swarm_runtime.rollout.base import Row
+
+    return [Row("A", "chop tree"), Row("B", "craft planks"), Row("A", "tree")]
+
+
+def _move(policy, by: float) -> None:
+    import torch
+
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(by)
+
+
 def test_the_worker_draws_what_the_trainer_would_and_hands_back_its_state():
-    """SamplerWorker on a pickled copy of two policies: the same bids and actions as the originals from the same
+    """SamplerWorker on a pickled copy of two policies: the same actions and bids as the originals from the same
     generator state and temperature, the generator state after the call equal to the originals', the forwards'
     FLOPs logged for the trainer's counter, and a call from a trainer that synced more often answered lost."""
     import pickle
@@ -45,59 +82,64 @@ def test_the_worker_draws_what_the_trainer_would_and_hands_back_its_state():
         sampling_state,
         trainable,
     )
-    from swarm_runtime.flops import FlopCounter
-    from swarm_runtime.policy.tokenizer import build_tokenizer
-    from swarm_runtime.policy.transformers_backend import TransformersPolicy, build_tiny_model
-    from swarm_runtime.rollout.base import Row
     from swarm_runtime.rollout.local import LocalSampler
 
-    levels = [0.0, 0.5, 1.0]
-    tok = build_tokenizer(["chop", "tree", "craft", "planks"], levels)
-    flops = FlopCounter()
-
-    def policy(seed):
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.create(
-            {
-                "hidden_size": 16,
-                "intermediate_size": 32,
-                "num_layers": 1,
-                "num_heads": 2,
-                "num_kv_heads": 1,
-                "max_positions": 64,
-            }
-        )
-        return TransformersPolicy(build_tiny_model(len(tok), cfg, seed), tok, levels, seed=seed, flops=flops)
-
-    policies = {"A": policy(1), "B": policy(2)}
-    worker = SamplerWorker(pickle.dumps((policies, flop_counters(policies))), 1)
-    rows = [Row("A", "chop tree"), Row("B", "craft planks"), Row("A", "tree")]
+    policies, rows = _policies(), _rows()
+    flops = policies["A"].flops
+    worker = SamplerWorker(pickle.dumps((policies, flop_counters(policies), LocalSampler)), 1)
     policies["B"].temperature = 0.7
-    state = sampling_state(policies)
-    ok, (out, after, log) = worker.call("act", 0, rows, state)
+    ok, (out, after, log) = worker.call("act", 0, rows, sampling_state(policies))
     want = LocalSampler(policies).act(rows)
     assert ok and [r.tokens for r in out] == [r.tokens for r in want]
     assert [r.logprobs for r in out] == [r.logprobs for r in want]
     assert all(torch.equal(after[m], policies[m].rng_state()) for m in policies)
     assert log and all(i == 0 for i, _, _ in log)
     assert sum(2.0 * n * t for _, n, t in log) == flops.by_category["rollout"]  # the forwards, counted once each
-    with torch.no_grad():
-        for p in policies["A"].parameters():
-            p.add_(0.5)
+    _move(policies["A"], 0.5)
     assert worker.call("bid", 1, rows, sampling_state(policies)) == LOST  # the trainer synced; the actor did not
     load_parameters(worker.policies["A"], trainable(policies["A"]))
     worker.synced = 1
-    state = sampling_state(policies)
-    ok, (bids, _, _) = worker.call("bid", 1, rows, state)
+    ok, (bids, _, _) = worker.call("bid", 1, rows, sampling_state(policies))
     assert ok and [b.level for b in bids] == [b.level for b in LocalSampler(policies).bid(rows)]
+
+
+@pytest.mark.ray
+def test_a_restarted_actor_is_loaded_with_the_synced_weights():
+    """On a local Ray: a sync moves model A far, the actor's process is killed (SIGKILL) between two calls, and the
+    next call finds the restarted actor behind, loads it with A's synced weights and answers what the trainer's
+    policies draw, with the learner's versions."""
+    import signal
+
+    pytest.importorskip("ray")
+    from swarm_runtime.cluster.sampler import RaySampler, sampling_state, set_sampling_state
+    from swarm_runtime.rollout.local import LocalLearner, LocalSampler
+
+    policies, rows = _policies(), _rows()
+    learner = LocalLearner(policies)
+    sampler = RaySampler(learner, LocalSampler, num_cpus=2)
+    try:
+        sampler.act(rows)
+        _move(policies["A"], 0.5)
+        learner.bump(["A"])
+        sampler.sync(learner, ["A"])
+        os.kill(sampler.pid, signal.SIGKILL)
+        state = sampling_state(policies)
+        got = sampler.act(rows)
+        set_sampling_state(policies, state)
+        want = LocalSampler(policies).act(rows)
+        assert [r.tokens for r in got] == [r.tokens for r in want]
+        assert [r.logprobs for r in got] == [r.logprobs for r in want]  # A's moved weights (its tokens may agree)
+        assert [r.version for r in got] == [1, 0, 1]
+        assert sampler.restarts == 1
+    finally:
+        sampler.close()
 
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory):
     pytest.importorskip("ray")
     tmp = tmp_path_factory.mktemp("local")
-    r = swarm("run", *TINY_RUN, "checkpoint_every=1", f"run_dir={tmp / 'run'}", cwd=tmp)
+    r = swarm("run", *ARGS, f"run_dir={tmp / 'run'}", cwd=tmp)
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp / "run"
 
@@ -105,7 +147,7 @@ def in_process(tmp_path_factory):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_sampler_actor_writes_the_same_metrics_and_eval(in_process, tmp_path):
-    r = swarm("run", *TINY_RUN, "checkpoint_every=1", *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    r = swarm("run", *ARGS, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sampler actor on Ray: pid" in r.stderr
     closed = next(line for line in r.stderr.splitlines() if "sampler actor closed" in line)
@@ -129,7 +171,7 @@ KILLING_WORKER = textwrap.dedent("""
             count.write_text(str(n))
             if n in {int(k) for k in os.environ["HSAMP_KILL_AT"].split(",")}:
                 with open(os.environ["HSAMP_COUNT"] + ".kills", "a") as f:
-                    f.write(f"{n}\\n")
+                    f.write(f"{n}:{self.synced}\\n")  # the call's number, the syncs the actor had taken
                 os.kill(os.getpid(), signal.SIGKILL)
             return answer
 """)
@@ -157,7 +199,7 @@ def _killed_run(tmp_path, kill_at: str, *args: str):
         "HSAMP_KILL_AT": kill_at,
     }
     r = subprocess.run(
-        [sys.executable, str(tmp_path / "driver.py"), "run", *TINY_RUN, "checkpoint_every=1", *RAY_ARGS, *args],
+        [sys.executable, str(tmp_path / "driver.py"), "run", *ARGS, *RAY_ARGS, *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -171,12 +213,13 @@ def _killed_run(tmp_path, kill_at: str, *args: str):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_sampler_actor_killed_mid_call_is_restarted_reloaded_and_the_call_retried(in_process, tmp_path):
-    """kill -9 of the sampler actor inside its 5th call (the evaluation after SFT: no sync yet), its 60th and its
-    120th (after syncs: the restarted actor must be loaded with the synced weights, and the retried call draw with
+    """kill -9 of the sampler actor inside its 5th call (the evaluation after SFT: no sync yet), its 100th and its
+    150th (after syncs: the restarted actor must be loaded with the synced weights, and the retried call draw with
     the generator state it was first sent): metrics.jsonl and eval.json equal the unkilled in-process run's."""
-    r, kills = _killed_run(tmp_path, "5,60,120", f"run_dir={tmp_path / 'run'}")
+    r, kills = _killed_run(tmp_path, "5,100,150", f"run_dir={tmp_path / 'run'}")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert kills == ["5", "60", "120"]
+    assert [k.split(":")[0] for k in kills] == ["5", "100", "150"]
+    assert kills[0] == "5:0" and all(int(k.split(":")[1]) >= 1 for k in kills[1:])  # two kills after syncs
     assert r.stderr.count("sampler actor restarted: pid") == 3
     closed = next(line for line in r.stderr.splitlines() if "sampler actor closed" in line)
     assert "'restarts': 3" in closed and "'retried': 3" in closed
@@ -191,7 +234,7 @@ def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_p
     says to resume; ``resume=true`` (samplers in process) then finishes the run with the in-process numbers."""
     run = tmp_path / "run"
     r, kills = _killed_run(tmp_path, "120", "cluster.sampler_restarts=0", f"run_dir={run}")
-    assert kills == ["120"]
+    assert [k.split(":")[0] for k in kills] == ["120"]
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("swarm: error: SamplerActorError: the sampler actor died and its restarts are spent"), last

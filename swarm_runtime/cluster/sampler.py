@@ -3,8 +3,9 @@
 instead of in the trainer's process.
 
 - :class:`SamplerWorker` (the actor's body, plain Python): the policies, unpickled from the trainer's copy as
-  the sampler was made (after SFT), answering a batched turn's rows with the in-process
-  :class:`~swarm_runtime.rollout.local.LocalSampler` (the same calls, the same mixed-adapter batches).
+  the sampler was made (after SFT), answering a batched turn's rows with the in-process sampler the factory
+  hands it (``rollout/local.py: LocalSampler``: the same calls, the same mixed-adapter batches; passed in, so
+  that this package imports only the core).
 - :class:`RaySampler` (the trainer's side, a :class:`~swarm_runtime.rollout.base.Sampler`): one Ray call per
   batched ``bid`` or ``act``. Each call ships every policy's sampling state (its generator's state and its
   temperature, which evaluation reseeds and sets on the trainer's policies) and takes back the state it left, so
@@ -30,8 +31,6 @@ import time
 from collections.abc import Mapping, Sequence
 
 from loguru import logger
-
-from swarm_runtime.rollout.base import Row
 
 #: A dead sampler actor must answer again within this (Ray restarts the actor's process).
 RESTART_TIMEOUT_S = 120.0
@@ -85,19 +84,18 @@ def load_parameters(policy, tensors: Sequence) -> None:
 
 
 class SamplerWorker:
-    """The actor's body: the policies (model name -> policy, unpickled from ``blob``) and a local sampler on them.
-    ``threads``: torch's intra-op threads, the trainer's (the same float reductions as in process)."""
+    """The actor's body: ``blob`` pickles ``(policies, counters, local)``: the policies (model name -> policy),
+    their FLOP counters (:func:`flop_counters`) and the in-process sampler class that answers on them
+    (``local(policies)``). ``threads``: torch's intra-op threads, the trainer's (the same float reductions)."""
 
     def __init__(self, blob: bytes, threads: int):
         import torch
 
-        from swarm_runtime.rollout.local import LocalSampler
-
         torch.set_num_threads(max(1, int(threads)))
-        self.policies, counters = pickle.loads(blob)
+        self.policies, counters, local = pickle.loads(blob)
         for p in self.policies.values():
             p.eval()
-        self.sampler = LocalSampler(self.policies)
+        self.sampler = local(self.policies)
         self.log: list[tuple[int, int, int]] = []
         for i, c in enumerate(counters):  # the forwards counted here go back to the trainer's counter i
             c.forward = lambda n_params, tokens, i=i: self.log.append((i, int(n_params), int(tokens)))
@@ -132,14 +130,16 @@ class SamplerWorker:
 
 
 class RaySampler:
-    """The trainer's side of a sampler actor over ``learner``'s policies (see the module's docstring).
-    ``options``: Ray actor options (placement: resources, a node, a placement group), over the defaults."""
+    """The trainer's side of a sampler actor over ``learner``'s policies (see the module's docstring). ``local``:
+    the in-process sampler class the actor answers with (``LocalSampler``). ``options``: Ray actor options
+    (placement: resources, a node, a placement group), over the defaults."""
 
     name = "ray"
 
     def __init__(
         self,
         learner,
+        local,
         address: str | None = None,
         num_cpus: int | None = None,
         max_restarts: int = 8,
@@ -158,7 +158,7 @@ class RaySampler:
         self._versions = {m: learner.version(m) for m in self.policies}
         self.max_restarts = int(max_restarts)
         #: the policies as the sampler was made: kept in the object store (a restarted actor unpickles it again)
-        self._blob = ray.put(pickle.dumps((self.policies, self.counters)))
+        self._blob = ray.put(pickle.dumps((self.policies, self.counters, local)))
         opts = {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(options or {})}
         self.actor = ray.remote(SamplerWorker).options(**opts).remote(self._blob, torch.get_num_threads())
         self.pid = ray.get(self.actor.pid.remote())
@@ -169,7 +169,9 @@ class RaySampler:
         self.calls = 0
         self.closed = False
         self.start_s = time.perf_counter() - t0
-        logger.info("sampler actor on Ray: pid {}, {} models, up in {:.1f} s", self.pid, len(self.policies), self.start_s)
+        logger.info(
+            "sampler actor on Ray: pid {}, {} models, up in {:.1f} s", self.pid, len(self.policies), self.start_s
+        )
 
     # ------------------------------------------------------------------ the Sampler protocol
     def bid_levels(self, model: str):
@@ -213,20 +215,23 @@ class RaySampler:
         if not rows:
             return []
         ray = self.ray
-        rows = [Row(r.model, r.prompt, r.key) for r in rows]  # the context stays here (training rows have none)
+        rows = [type(r)(r.model, r.prompt, r.key) for r in rows]  # the context stays here (training rows have none)
         state = sampling_state(self.policies)
-        for attempt in range(MAX_TRIES):
+        tries = 0
+        while True:
+            tries += 1
             try:
                 ok, value = ray.get(self.actor.call.remote(method, self.synced, rows, state))
             except ray.exceptions.RayActorError:
                 ok = False
             if ok:
                 break
+            if tries == MAX_TRIES:
+                raise SamplerActorError(
+                    f"the sampler actor failed {MAX_TRIES} calls in a row (its process keeps dying)"
+                )
             self._recover()
-        else:
-            raise SamplerActorError(f"the sampler actor failed {MAX_TRIES} calls in a row (its process keeps dying)")
-        if attempt:
-            self.retried += 1
+        self.retried += tries > 1
         out, after, log = value
         set_sampling_state(self.policies, {m: (after[m], state[m][1]) for m in after})
         for i, n_params, tokens in log:

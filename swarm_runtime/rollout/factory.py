@@ -27,7 +27,7 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict
         from swarm_runtime.cluster.sampler import RaySampler
 
         return RaySampler(
-            learner, c.address, c.get("num_cpus"), int(c.get("sampler_restarts", 8)), options=options
+            learner, LocalSampler, c.address, c.get("num_cpus"), int(c.get("sampler_restarts", 8)), options=options
         )
     if engine == "local":
         return LocalSampler(learner.policies, learner)
