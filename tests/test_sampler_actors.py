@@ -3,7 +3,6 @@ a local Ray bound to 127.0.0.1: a real ``swarm run`` whose bids and actions are 
 same metrics.jsonl and eval.json as in process, also when the actor's process is killed with kill -9 in the middle
 of its calls; with its restarts spent, one line and a run that resumes from its last checkpoint."""
 
-import json
 import os
 import subprocess
 import sys
@@ -12,25 +11,13 @@ import textwrap
 import pytest
 
 from tests.conftest import ROOT, TINY_RUN, swarm
+from tests.test_cluster import _eval, _rows  # metrics.jsonl without time/*, eval.json without provenance
 
 #: The tiny run, checkpointed after each update. Its episodes earn no reward, so its updates barely move what the
 #: models draw: that a restarted actor gets the synced weights is checked by
 #: test_a_restarted_actor_is_loaded_with_the_synced_weights (log-probs), not by these runs' metrics.
 ARGS = [*TINY_RUN, "checkpoint_every=1"]
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=1", "cluster.num_cpus=2", "cluster.samplers=ray"]
-
-
-def _rows(run_dir):
-    return [
-        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
-
-
-def _eval(run_dir):
-    out = json.loads((run_dir / "eval.json").read_text())
-    out.pop("provenance", None)
-    return out
 
 
 def _policies():
@@ -52,7 +39,7 @@ def _policies():
     }
 
 
-def _rows():
+def _sample_rows():
     from swarm_runtime.rollout.base import Row
 
     return [Row("A", "chop tree"), Row("B", "craft planks"), Row("A", "tree")]
@@ -84,7 +71,7 @@ def test_the_worker_draws_what_the_trainer_would_and_hands_back_its_state():
     )
     from swarm_runtime.rollout.local import LocalSampler
 
-    policies, rows = _policies(), _rows()
+    policies, rows = _policies(), _sample_rows()
     flops = policies["A"].flops
     worker = SamplerWorker(pickle.dumps((policies, flop_counters(policies), LocalSampler)), 1)
     policies["B"].temperature = 0.7
@@ -114,7 +101,7 @@ def test_a_restarted_actor_is_loaded_with_the_synced_weights():
     from swarm_runtime.cluster.sampler import RaySampler, sampling_state, set_sampling_state
     from swarm_runtime.rollout.local import LocalLearner, LocalSampler
 
-    policies, rows = _policies(), _rows()
+    policies, rows = _policies(), _sample_rows()
     learner = LocalLearner(policies)
     sampler = RaySampler(learner, LocalSampler, num_cpus=2)
     try:
