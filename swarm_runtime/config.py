@@ -247,6 +247,12 @@ class ServeConfig:
     restart_backoff_max_s: float = 30.0  #: cap of the exponential wait between restarts of one worker
     url: str | None = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
     concurrency: int = 8  #: ``swarm eval`` through a service: episodes in flight at once
+    # where the agent workers run (issue 28; docs/deploy.md, serving across machines)
+    cluster: str = "local"  #: ``local``: worker processes forked on this host; ``ray``: each worker in a Ray actor,
+    #: placed on any node of the cluster at ``serve.address`` (restarted by Ray when its process dies)
+    address: str | None = None  #: ``serve.cluster=ray``: a running Ray cluster's head (``host:port``); None = start
+    #: a local Ray on 127.0.0.1 for the gateway, stopped with it. Not ``cluster.address``: that is where the run
+    #: trained, saved with it; serving is a deployment of its own
 
 
 @dataclass
@@ -298,6 +304,29 @@ class ClusterConfig:
     #: ``cluster.kind=ray`` and ``rollout.engine=local``: a sampler actor holds a copy of the policies, synced
     #: after each update; the same draws as in process)
     sampler_restarts: int = 8  #: ``samplers=ray``: restarts Ray gives the sampler actor after its process dies
+    # learner actors (docs/distributed.md, "Learner actors")
+    learners: str = "local"  #: where the trainable weights and optimizers live: ``local`` (the trainer's process)
+    #: or ``ray`` (needs ``kind=ray``: learner actors, one per role with a full copy, one per base of adapters;
+    #: the updates run there, the trainer keeps a sampling copy synced after each; the same numbers)
+    learner_restarts: int = 4  #: ``learners=ray``: times Ray restarts a learner actor whose process died (the run
+    #: then rewinds to its last checkpoint); used up (or the node lost): the run stops, resumable
+    # placement (issue 28; docs/distributed.md, "Placement and sizing")
+    placement: str = "none"  #: ``none`` (no placement groups: actors wherever Ray has room), ``colocated`` (per
+    #: agent group one Ray placement group whose bundles, one per device, hold the learner's shards and the sampler
+    #: on the first) or ``split`` (the sampler in a bundle of its own); reserved before anything trains
+    cpus_per_bundle: int = 1  #: CPUs of each bundle (a device's bundle also holds 1 GPU on ``hardware.device=cuda``)
+    placement_wait_s: float = 30.0  #: a placement group not reserved within this is an error naming the bundles
+    #: asked and the resources Ray has
+
+
+@dataclass
+class TrainConfig:
+    """How a learner updates its agent group's weights (issue 28; docs/distributed.md)."""
+
+    engine: str = "local"  #: ``local`` (one process: the trainer's), ``fsdp`` (FSDP2 over ``shards`` processes) or
+    #: ``deepspeed`` (ZeRO-3); the memory plan divides a learner's state by ``shards``. Runs train with ``local``
+    #: today: ``benchmarks/sharded_update.py`` runs the sharded update
+    shards: int = 1  #: processes (devices) per learner group (1 = unsharded; > 1 needs fsdp or deepspeed)
 
 
 @dataclass
@@ -338,7 +367,7 @@ class RLCRConfig:
 
 
 #: The current version of the config's key set (``RunConfig.config_version``; :data:`ADDED_KEYS`).
-CONFIG_VERSION = 6
+CONFIG_VERSION = 7
 
 
 @dataclass
@@ -359,6 +388,7 @@ class RunConfig:
     rlcr: RLCRConfig = field(default_factory=RLCRConfig)  #: ``algo=rlcr`` settings
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  #: who samples rollouts (docs/engine.md)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  #: where the envs live (docs/distributed.md)
+    train: TrainConfig = field(default_factory=TrainConfig)  #: the learner's engine and shards (docs/distributed.md)
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: str | None = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint
@@ -486,6 +516,12 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
         "model.chat_template": "none",
     },  # earlier runs prompted every model with the raw prompt
     6: {"cluster.": None},  # env workers (docs/distributed.md): earlier runs stepped their envs in process
+    7: {
+        "train.": None,  # the learner engine (issue 28): earlier runs trained in the trainer's process
+        "cluster.placement": "none",  # no placement groups
+        "cluster.cpus_per_bundle": 1,
+        "cluster.placement_wait_s": 30.0,
+    },
 }
 
 

@@ -529,6 +529,26 @@ def cluster_samplers(cfg: DictConfig, registry) -> None:
 
 
 @register_check
+def cluster_learners(cfg: DictConfig, registry) -> None:
+    """``cluster.learners=ray``: on the Ray of ``cluster.kind=ray``, and rollouts played now (on-policy)."""
+    c = cfg.get("cluster")
+    if c is None or c.get("learners", "local") != "ray":
+        return
+    if c.kind != "ray":
+        raise ConfigError(
+            f"cluster.learners=ray runs the learners on the run's Ray, but cluster.kind={c.kind}; valid: "
+            "cluster.kind=ray with it, or cluster.learners=local"
+        )
+    r = cfg.get("rollout")
+    if r is not None and int(r.get("max_staleness", 0) or 0) > 0:
+        raise ConfigError(
+            f"cluster.learners=ray with rollout.max_staleness={r.max_staleness} is not supported yet (a learner "
+            "lost mid-run rewinds the run, and rollouts played ahead would have to be rewound too); valid: "
+            "rollout.max_staleness=0, or cluster.learners=local"
+        )
+
+
+@register_check
 def eval_split(cfg: DictConfig, registry) -> None:
     """``eval.episodes`` within the task's held-out split (not silently clamped)."""
     task = cfg.get("task")
@@ -753,6 +773,12 @@ HTTP_URL = (
     "an http(s) URL such as http://127.0.0.1:8000",
 )
 
+#: A Ray head's address (``cluster.address``, ``serve.address``).
+RAY_ADDRESS = (
+    (lambda v: isinstance(v, str) and re.fullmatch(r"(ray://)?[^\s:/]+:\d{1,5}", v) is not None),
+    "host:port of a Ray head (or ray://host:port)",
+)
+
 register_rules(
     _rule("model.chat_template", choices("auto", "none")),
     _rule("algo.is_cap", floats(1.0, 1e6), nullable=True, null_means="off: the plain on-policy loss"),
@@ -766,10 +792,7 @@ register_rules(
     _rule("cluster.kind", choices("local", "ray")),
     _rule(
         "cluster.address",
-        (
-            (lambda v: isinstance(v, str) and re.fullmatch(r"(ray://)?[^\s:/]+:\d{1,5}", v) is not None),
-            "host:port of a Ray head (or ray://host:port)",
-        ),
+        RAY_ADDRESS,
         nullable=True,
         null_means="start a local Ray for the run (127.0.0.1)",
     ),
@@ -777,6 +800,8 @@ register_rules(
     _rule("cluster.num_cpus", ints(1, 4096), nullable=True, null_means="Ray's count of this machine's CPUs"),
     _rule("cluster.samplers", choices("local", "ray")),
     _rule("cluster.sampler_restarts", ints(0, 1000)),
+    _rule("cluster.learners", choices("local", "ray")),
+    _rule("cluster.learner_restarts", ints(0, 1000)),
     _rule("rollout.vllm.python", STR, nullable=True, null_means="$SWARM_VLLM_PYTHON, else python3 on PATH"),
     _rule("rollout.vllm.host", choices("127.0.0.1", "localhost", "0.0.0.0", "::1")),
     _rule("rollout.vllm.port", ints(0, 65535)),
@@ -803,8 +828,10 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
                 "rollout.engine=openai|vllm"
             )
         return
-    if r.engine == "openai" and not r.get("url"):
-        raise ConfigError("rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000)")
+    from swarm_runtime import bases as B
+
+    if r.engine == "openai" and not r.get("url") and not B.multi(cfg.model):  # several bases: model_bases checks
+        raise ConfigError(NEEDS_URL)
     adapter = cfg.model.get("adapter") or "none"
     if adapter != "lora":
         raise ConfigError(
@@ -841,6 +868,10 @@ register_rules(
         "a mapping base NAME -> http(s) URL (rollout.urls.NAME=http://host:port)",
     ),
 )
+
+
+#: rollout.engine=openai with a role on the default base (``model.*``) and no server for it.
+NEEDS_URL = "rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000)"
 
 
 @register_check
@@ -894,3 +925,50 @@ def model_bases(cfg: DictConfig, registry) -> None:
             f"rollout.engine=openai with several bases needs one server per base: give "
             f"rollout.urls.{missing[0]}=http://host:port (rollout.url serves the default base)"
         )
+    if not r.get("url") and B.DEFAULT in used:  # every role on a named base: rollout.url serves none
+        raise ConfigError(f"{NEEDS_URL}: {', '.join(used[B.DEFAULT])} sit on the default base (model.*)")
+
+
+# ---------------------------------------------------------------- train.* and cluster placement (issue 28)
+register_rules(
+    _rule("train.engine", choices("local", "fsdp", "deepspeed")),
+    _rule("train.shards", ints(1, 1024)),
+    _rule("cluster.placement", choices("none", "colocated", "split")),
+    _rule("cluster.cpus_per_bundle", ints(1, 1024)),
+    _rule("cluster.placement_wait_s", floats(0.0, 3600.0, lo_open=True)),
+)
+
+
+@register_check
+def train_engine(cfg: DictConfig, registry) -> None:
+    """``train.shards`` > 1 needs a sharding engine; a placement (Ray placement groups) needs ``cluster.kind=ray``."""
+    t, c = cfg.get("train"), cfg.get("cluster")
+    if t is not None and t.engine == "local" and int(t.shards) > 1:
+        raise ConfigError(
+            f"train.shards={t.shards} shards a learner group over processes, which train.engine=local does not "
+            "(one process); valid: train.engine=fsdp or deepspeed, or train.shards=1"
+        )
+    if c is not None and c.get("placement", "none") != "none" and c.kind != "ray":
+        raise ConfigError(
+            f"cluster.placement={c.placement} reserves Ray placement groups, so it needs cluster.kind=ray "
+            f"(got cluster.kind={c.kind}); valid: cluster.kind=ray, or cluster.placement=none"
+        )
+
+
+# ---------------------------------------------------------------------------- serve.cluster (agent workers on Ray)
+register_rules(
+    _rule("serve.cluster", choices("local", "ray")),
+    _rule("serve.address", RAY_ADDRESS, nullable=True, null_means="start a local Ray for the gateway (127.0.0.1)"),
+)
+
+
+@register_check
+def serve_cluster(cfg: DictConfig, registry) -> None:
+    """``serve.cluster=ray``: Ray installed (found, not imported: every command checks ``serve.*``)."""
+    s = cfg.get("serve")
+    if s is None or s.get("cluster") != "ray":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("serve.cluster=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'")

@@ -42,18 +42,20 @@ def import_ray():
     return ray
 
 
-def connect(address: str | None, num_cpus: int | None = None) -> bool:
+def connect(address: str | None, num_cpus: int | None = None, key: str = "cluster.address") -> bool:
     """Join the Ray cluster at ``address``, or (None) start a local one bound to 127.0.0.1. Returns whether
-    this call started Ray (then :meth:`EnvCluster.close` stops it)."""
+    this call started Ray (then :meth:`EnvCluster.close` stops it). ``key``: the setting errors name."""
     ray = import_ray()
     if ray.is_initialized():
         return False
     opts = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address is None:
-        ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
+        # "local": a new Ray, never the cluster $RAY_ADDRESS names or the last `ray start` on this machine left in
+        # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one: measured, Ray 2.60)
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
         return True
     unreachable = (
-        f"cluster.address={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
+        f"{key}={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
         "cluster's head (ray start --head prints it), or null to start a local Ray"
     )
     host, _, port = address.removeprefix("ray://").rpartition(":")
@@ -88,15 +90,32 @@ class EnvCluster:
         address: str | None = None,
         num_cpus: int | None = None,
         plugins: tuple[str, ...] = (),
+        placement=None,
+        placement_wait_s: float = 30.0,
     ):
         from omegaconf import DictConfig, OmegaConf
+
+        from swarm_runtime.cluster import placement as P
 
         t0 = time.perf_counter()
         self.ray = import_ray()
         self.started = connect(address, num_cpus)
+        self.placement = placement  #: a :class:`~swarm_runtime.cluster.placement.PlacementSpec`, or None
+        if placement is not None:  # every group reserved before a worker starts (and before anything trains)
+            try:
+                P.reserve(placement, placement_wait_s)
+            except BaseException:
+                if self.started:
+                    self.ray.shutdown()
+                raise
         plain = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(task)
-        actor = self.ray.remote(EnvWorker).options(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
-        self.workers = [actor.remote(domain, plain, tuple(plugins)) for _ in range(int(n))]
+        actor = self.ray.remote(EnvWorker)
+        base = dict(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
+
+        def options(i: int) -> dict:
+            return base if placement is None else {**base, **P.actor_options(placement, P.ENVS, "env", i)}
+
+        self.workers = [actor.options(**options(i)).remote(domain, plain, tuple(plugins)) for i in range(int(n))]
         self.pids = self.ray.get([w.pid.remote() for w in self.workers])
         self._ids = itertools.count()
         self._next = itertools.count()
@@ -141,6 +160,9 @@ class EnvCluster:
         finally:
             for w in self.workers:
                 ray.kill(w, no_restart=True)
+            from swarm_runtime.cluster.placement import release
+
+            release(self.placement)
             if self.started:
                 ray.shutdown()
         return {"workers": stats, "replayed": self.replayed, "restarts": self.restarts}
