@@ -61,14 +61,8 @@ def test_the_worker_draws_what_the_trainer_would_and_hands_back_its_state():
 
     import torch
 
-    from swarm_runtime.cluster.sampler import (
-        LOST,
-        SamplerWorker,
-        flop_counters,
-        load_parameters,
-        sampling_state,
-        trainable,
-    )
+    from swarm_runtime.cluster.learner import copy_params, params_of
+    from swarm_runtime.cluster.sampler import LOST, SamplerWorker, flop_counters, sampling_state
     from swarm_runtime.rollout.local import LocalSampler
 
     policies, rows = _policies(), _sample_rows()
@@ -84,7 +78,7 @@ def test_the_worker_draws_what_the_trainer_would_and_hands_back_its_state():
     assert sum(2.0 * n * t for _, n, t in log) == flops.by_category["rollout"]  # the forwards, counted once each
     _move(policies["A"], 0.5)
     assert worker.call("bid", 1, rows, sampling_state(policies)) == LOST  # the trainer synced; the actor did not
-    load_parameters(worker.policies["A"], trainable(policies["A"]))
+    copy_params(worker.policies["A"], params_of(policies["A"]))
     worker.synced = 1
     ok, (bids, _, _) = worker.call("bid", 1, rows, sampling_state(policies))
     assert ok and [b.level for b in bids] == [b.level for b in LocalSampler(policies).bid(rows)]

@@ -28,9 +28,11 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from loguru import logger
+
+from swarm_runtime.cluster.learner import copy_params, params_of
 
 #: A dead sampler actor must answer again within this (Ray restarts the actor's process).
 RESTART_TIMEOUT_S = 120.0
@@ -66,23 +68,6 @@ def set_sampling_state(policies: Mapping, state: Mapping) -> None:
         policies[m].temperature = temperature
 
 
-def trainable(policy) -> list:
-    """The parameters an update moves (a full copy's every parameter; an adapter policy's adapter tensors), as
-    detached CPU copies in ``parameters()`` order."""
-    return [p.detach().to("cpu", copy=True) for p in policy.parameters()]
-
-
-def load_parameters(policy, tensors: Sequence) -> None:
-    params = list(policy.parameters())
-    if len(params) != len(tensors):
-        raise ValueError(f"{len(tensors)} tensors for a policy of {len(params)} parameters")
-    import torch
-
-    with torch.no_grad():
-        for p, t in zip(params, tensors):
-            p.copy_(t.to(p.device))
-
-
 class SamplerWorker:
     """The actor's body: ``blob`` pickles ``(policies, counters, local)``: the policies (model name -> policy),
     their FLOP counters (:func:`flop_counters`) and the in-process sampler class that answers on them
@@ -111,7 +96,7 @@ class SamplerWorker:
 
         values = ray.get(list(refs.values()))
         for m, tensors in zip(refs, values):
-            load_parameters(self.policies[m], tensors)
+            copy_params(self.policies[m], tensors)
         self.synced = int(synced)
         return True
 
@@ -188,7 +173,7 @@ class RaySampler:
 
     def sync(self, learner, models) -> None:
         """Put the changed models' parameters in the object store and load them into the actor."""
-        refs = {m: self.ray.put(trainable(learner.policies[m])) for m in models}
+        refs = {m: self.ray.put([t.cpu() for t in params_of(learner.policies[m])]) for m in models}
         self._params.update(refs)
         self.synced += 1
         try:
