@@ -509,6 +509,26 @@ def cluster_kind(cfg: DictConfig, registry) -> None:
 
 
 @register_check
+def cluster_samplers(cfg: DictConfig, registry) -> None:
+    """``cluster.samplers=ray``: on the Ray of ``cluster.kind=ray``, sampling in process policies
+    (``rollout.engine=local``), in an algorithm whose episodes take their turns through the sampler."""
+    c = cfg.get("cluster")
+    if c is None or c.get("samplers", "local") != "ray":
+        return
+    if c.kind != "ray":
+        raise ConfigError(
+            f"cluster.samplers=ray needs cluster.kind=ray (the sampler actor runs on the run's Ray), not "
+            f"cluster.kind={c.kind}; valid: cluster.kind=ray, or cluster.samplers=local"
+        )
+    engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
+    if engine != "local":
+        raise ConfigError(
+            f"cluster.samplers=ray with rollout.engine={engine} is not built yet (an engine server per node); "
+            "valid: rollout.engine=local with cluster.samplers=ray, or cluster.samplers=local"
+        )
+
+
+@register_check
 def cluster_learners(cfg: DictConfig, registry) -> None:
     """``cluster.learners=ray``: on the Ray of ``cluster.kind=ray``, and rollouts played now (on-policy)."""
     c = cfg.get("cluster")
@@ -778,6 +798,8 @@ register_rules(
     ),
     _rule("cluster.env_workers", ints(1, 1024)),
     _rule("cluster.num_cpus", ints(1, 4096), nullable=True, null_means="Ray's count of this machine's CPUs"),
+    _rule("cluster.samplers", choices("local", "ray")),
+    _rule("cluster.sampler_restarts", ints(0, 1000)),
     _rule("cluster.learners", choices("local", "ray")),
     _rule("cluster.learner_restarts", ints(0, 1000)),
     _rule("rollout.vllm.python", STR, nullable=True, null_means="$SWARM_VLLM_PYTHON, else python3 on PATH"),

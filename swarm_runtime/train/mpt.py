@@ -323,6 +323,8 @@ class MPTTrainer(PhasedTrainer):
                 logger.info("learners closed: {}", self._group.close())
             cluster = self._envs[1]
             if cluster is not None:
+                if getattr(self.sampler, "name", None) == "ray":  # a sampler actor lives on the env workers' Ray
+                    self.sampler.close()
                 logger.info("env workers closed: {}", cluster.close())
             if self._pool is not None:
                 for f in (self._ahead or {}).values():
