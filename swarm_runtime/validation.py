@@ -491,7 +491,7 @@ def model_shape(cfg: DictConfig, registry) -> None:
 
 @register_check
 def cluster_kind(cfg: DictConfig, registry) -> None:
-    """``cluster.kind=ray``: Ray installed, and an algorithm whose episodes the env workers step."""
+    """``cluster.kind=ray``: Ray installed."""
     c = cfg.get("cluster")
     if c is None or c.kind != "ray":
         return
@@ -501,11 +501,6 @@ def cluster_kind(cfg: DictConfig, registry) -> None:
         raise ConfigError(
             "cluster.kind=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"
         ) from None
-    if cfg.algo.name == "rlcr":
-        raise ConfigError(
-            "cluster.kind=ray: algo.name=rlcr plays its concurrent episodes in process; valid with "
-            "ray: algo.name=mpt or monolithic (or cluster.kind=local)"
-        )
 
 
 @register_check
