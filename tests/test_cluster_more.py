@@ -135,55 +135,61 @@ def _play(domain, task, seeds, turns, on_sent=None):
     return out
 
 
-@pytest.mark.ray
-def test_a_turn_is_one_call_per_worker_with_the_in_process_numbers(local_ray):
-    from swarm_runtime.cluster.remote import ClusterDomain, EnvCluster
-    from swarm_runtime.plugins import get_registry
+@pytest.fixture(scope="module")
+def minecraft_cluster(local_ray):
+    """Two env workers of minecraft/wooden_pickaxe on the local Ray (shared: starting workers takes seconds)."""
+    from swarm_runtime.cluster.remote import EnvCluster
 
-    domain, task = get_registry()[1].domains["minecraft"], _task()
-    seeds, turns = [3, 4, 5, 6, 7], 3
-    expected = _play(domain, task, seeds, turns)
-    cluster = EnvCluster("minecraft", task, 2)
-    try:
-        calls = []
-        got = _play(ClusterDomain(domain, cluster), task, seeds, turns, on_sent=lambda t: calls.append(cluster.calls))
-        calls.append(cluster.calls)
-        assert got == expected
-        # 5 resets (one call each: open and reset together), then per turn one step_many per worker; the metrics
-        # came with the last step (no call of their own)
-        assert calls[0] == len(seeds)
-        assert [b - a for a, b in zip(calls, calls[1:])] == [2] * (turns - 1) + [2]
-        # the 5 releases are sent with the next call, one release_many per worker: the pools are full again
-        before = cluster.calls
-        _play(ClusterDomain(domain, cluster), task, seeds, 1)
-        assert cluster.calls - before == 2 + len(seeds) + 2  # releases, resets, one turn
-    finally:
-        stats = cluster.close()
-    assert sum(w["made"] for w in stats["workers"]) == len(seeds) and all(w["in_use"] == 0 for w in stats["workers"])
+    cluster = EnvCluster("minecraft", _task(), 2)
+    yield cluster
+    cluster.close()
 
 
 @pytest.mark.ray
-def test_a_worker_killed_with_a_turn_queued_replays_its_envs(local_ray):
-    """kill -9 of a worker after a turn's steps were queued (not yet sent): the batch finds it dead, Ray restarts
-    it, each of its envs is replayed from its seed and steps, and every number equals in process."""
-    from swarm_runtime.cluster.remote import ClusterDomain, EnvCluster
+def test_a_turn_is_one_call_per_worker_with_the_in_process_numbers(minecraft_cluster):
+    from swarm_runtime.cluster.remote import ClusterDomain
     from swarm_runtime.plugins import get_registry
 
+    cluster = minecraft_cluster
     domain, task = get_registry()[1].domains["minecraft"], _task()
     seeds, turns = [3, 4, 5, 6], 3
     expected = _play(domain, task, seeds, turns)
-    cluster = EnvCluster("minecraft", task, 2)
+    calls = [cluster.calls]
+    got = _play(ClusterDomain(domain, cluster), task, seeds, turns, on_sent=lambda t: calls.append(cluster.calls))
+    calls.append(cluster.calls)
+    assert got == expected
+    # 4 resets (one call each: open and reset together), then per turn one step_many per worker; the metrics
+    # came with the last step (no call of their own)
+    assert calls[1] - calls[0] == len(seeds)
+    assert [b - a for a, b in zip(calls[1:], calls[2:])] == [2] * turns
+    # the 4 releases are sent with the next call, one release_many per worker: the pools are full again
+    before = cluster.calls
+    _play(ClusterDomain(domain, cluster), task, seeds, 1)
+    assert cluster.calls - before == 2 + len(seeds) + 2  # releases, resets, one turn
+    stats = cluster.ray.get([w.stats.remote() for w in cluster.workers])
+    assert [w["made"] for w in stats] == [2, 2] and [w["in_use"] for w in stats] == [2, 2]
+
+
+@pytest.mark.ray
+def test_a_worker_killed_with_a_turn_queued_replays_its_envs(minecraft_cluster):
+    """kill -9 of a worker after a turn's steps were queued (not yet sent): the batch finds it dead, Ray restarts
+    it, each of its envs is replayed from its seed and steps, and every number equals in process."""
+    from swarm_runtime.cluster.remote import ClusterDomain
+    from swarm_runtime.plugins import get_registry
+
+    cluster = minecraft_cluster
+    domain, task = get_registry()[1].domains["minecraft"], _task()
+    seeds, turns = [3, 4, 5, 6], 3
+    expected = _play(domain, task, seeds, turns)
+    restarts, replayed = cluster.restarts, cluster.replayed
 
     def kill(t):
         if t == 1:
             os.kill(cluster.pids[0], signal.SIGKILL)
 
-    try:
-        got = _play(ClusterDomain(domain, cluster), task, seeds, turns, on_sent=kill)
-        assert got == expected
-        assert cluster.restarts == 1 and cluster.replayed == 2  # worker 0's two envs
-    finally:
-        cluster.close()
+    got = _play(ClusterDomain(domain, cluster), task, seeds, turns, on_sent=kill)
+    assert got == expected
+    assert cluster.restarts - restarts == 1 and cluster.replayed - replayed == 2  # worker 0's two envs
 
 
 # --------------------------------------------------------------------------- rollouts made ahead, never played
