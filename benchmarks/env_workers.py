@@ -138,6 +138,7 @@ def throughput(args) -> None:
     role = domain.roles[0].name
     t0 = time.perf_counter()
     ray.init(
+        address="local",
         num_cpus=args.num_cpus,
         _node_ip_address="127.0.0.1",
         include_dashboard=False,

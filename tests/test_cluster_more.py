@@ -49,7 +49,9 @@ def _eval_file(run_dir, name):
 def test_swarm_eval_on_env_workers_writes_the_same_eval(tiny_run):
     local = swarm("eval", str(tiny_run), "eval.runs=2", cwd=tiny_run)
     assert local.returncode == 0, local.stderr[-3000:]
-    remote = swarm("eval", str(tiny_run), "eval.runs=2", *RAY_ARGS, cwd=tiny_run)
+    # cluster.address=null starts a Ray of its own, whatever cluster RAY_ADDRESS (or the last `ray start` on this
+    # machine) names: nothing listens at this one
+    remote = swarm("eval", str(tiny_run), "eval.runs=2", *RAY_ARGS, cwd=tiny_run, env={"RAY_ADDRESS": "127.0.0.1:9"})
     assert remote.returncode == 0, remote.stderr[-3000:]
     assert "env workers on Ray: 2" in remote.stderr
     closed = _closed_line(remote.stderr)
@@ -108,7 +110,12 @@ def test_env_workers_close_their_cluster_when_the_body_raises(monkeypatch):
 def local_ray():
     ray = pytest.importorskip("ray")
     ray.init(
-        num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False, configure_logging=False
+        address="local",
+        num_cpus=2,
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
     )
     yield ray
     ray.shutdown()

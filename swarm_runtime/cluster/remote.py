@@ -51,7 +51,10 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
         return False
     opts = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address is None:
-        ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
+        # "local": a new Ray for this run, always. Without it ray.init joins whatever cluster RAY_ADDRESS or the
+        # last `ray start` on this machine (/tmp/ray/ray_current_cluster) names (seen: another job's head, and
+        # then num_cpus is refused)
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
         return True
     unreachable = (
         f"cluster.address={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
