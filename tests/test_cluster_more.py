@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import TINY_RLCR, TINY_RUN, swarm
+from test_env_close import Tracker
 
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2"]
 
@@ -216,22 +217,7 @@ def test_rollouts_made_ahead_and_never_played_close_their_envs(registry, tmp_pat
     with open_dict(cfg):
         cfg.rollout.max_staleness = 2  # the local sampler (validation asks an engine for it; the thread is ours)
     ctx = RunContext(cfg, pm, reg, tmp_path)
-    made, closes = [], {}
-    orig_make = type(ctx.domain).make_env
-
-    def make_env(self, task):
-        env = orig_make(self, task)
-        base = type(env)
-
-        def close(self_):
-            closes[id(self_)] = closes.get(id(self_), 0) + 1
-            base.close(self_)
-
-        env.__class__ = type(base.__name__, (base,), {"close": close})
-        made.append(env)
-        return env
-
-    monkeypatch.setattr(type(ctx.domain), "make_env", make_env)
+    tracker = Tracker(monkeypatch, ctx.domain)  # every env the run's domain makes, and its closes
     trainer = mpt.MPTTrainer(ctx)
     play, plays = mpt.play, []
 
@@ -253,6 +239,5 @@ def test_rollouts_made_ahead_and_never_played_close_their_envs(registry, tmp_pat
     with pytest.raises(RuntimeError, match="the update failed"):
         trainer.train()
     assert plays == [0, 1]
-    per_rollout = int(cfg.algo.envs_per_step)
-    assert len(made) == 3 * per_rollout  # three rollouts' envs made, two played
-    assert [closes.get(id(e), 0) for e in made] == [1] * len(made)
+    assert len(tracker.made) == 3 * int(cfg.algo.envs_per_step)  # three rollouts' envs made, two played
+    assert tracker.counts() == [1] * len(tracker.made)  # each closed once
