@@ -152,19 +152,24 @@ def expand_recipe(overrides: list[str]) -> list[str]:
 
 
 def print_plan(cfg, reg) -> int:
-    """``swarm config ... --plan``: the memory plan alone; exit 2 when it does not fit."""
-    from swarm_runtime.memory_plan import make_plan
+    """``swarm config ... --plan``: the memory plan (per device with ``train.engine``/``train.shards`` or
+    ``cluster.placement``) and the placement groups beside it; exit 2 when a device does not fit."""
+    from swarm_runtime.cluster.placement import plan_and_placement
+    from swarm_runtime.memory_plan import PlacedPlan
 
-    domain = reg.domains[cfg.domain]
-    roles = len(domain.roles)
-    vocab = None
-    if cfg.model.get("arch") is None and cfg.model.get("path") is None:  # the built model: its vocabulary
-        vocab = len(domain.all_words(cfg.task)) + 16
-    plan = make_plan(cfg, roles, roles, vocab)
+    plan, spec = plan_and_placement(cfg, reg.domains[cfg.domain])
     print(plan.format())
+    if spec is not None:
+        print(spec.format())
+    if isinstance(plan, PlacedPlan) and cfg.train.engine == "local":
+        print(
+            "note: swarm run trains every role in its own process today (learner groups on Ray come later); "
+            "it checks the one-device plan (without cluster.placement)"
+        )
     if not plan.fits:
+        where = "on the busiest device" if isinstance(plan, PlacedPlan) else "needed"
         raise ConfigError(
-            f"does not fit: ~{plan.total / 2**30:.1f} GiB needed, {plan.budget / 2**30:.1f} GiB on "
+            f"does not fit: ~{plan.total / 2**30:.1f} GiB {where}, {plan.budget / 2**30:.1f} GiB on "
             f"hardware {cfg.hardware.name!r}; try {'; or '.join(plan.fixes)}"
         )
     return 0

@@ -293,6 +293,23 @@ class ClusterConfig:
     #: stop it at the end
     env_workers: int = 2  #: ``ray``: env worker actors (each owns a pool of envs, reused across episodes)
     num_cpus: int | None = None  #: ``ray`` with a local Ray: CPUs it is started with (None = Ray's count)
+    # placement (issue 28; docs/distributed.md, "Placement and sizing")
+    placement: str = "none"  #: ``none`` (no placement groups: actors wherever Ray has room), ``colocated`` (per
+    #: agent group one Ray placement group whose bundles, one per device, hold the learner's shards and the sampler
+    #: on the first) or ``split`` (the sampler in a bundle of its own); reserved before anything trains
+    cpus_per_bundle: int = 1  #: CPUs of each bundle (a device's bundle also holds 1 GPU on ``hardware.device=cuda``)
+    placement_wait_s: float = 30.0  #: a placement group not reserved within this is an error naming the bundles
+    #: asked and the resources Ray has
+
+
+@dataclass
+class TrainConfig:
+    """How a learner updates its agent group's weights (issue 28; docs/distributed.md)."""
+
+    engine: str = "local"  #: ``local`` (one process: the trainer's), ``fsdp`` (FSDP2 over ``shards`` processes) or
+    #: ``deepspeed`` (ZeRO-3); the memory plan divides a learner's state by ``shards``. Runs train with ``local``
+    #: today: ``benchmarks/sharded_update.py`` runs the sharded update
+    shards: int = 1  #: processes (devices) per learner group (1 = unsharded; > 1 needs fsdp or deepspeed)
 
 
 @dataclass
@@ -333,7 +350,7 @@ class RLCRConfig:
 
 
 #: The current version of the config's key set (``RunConfig.config_version``; :data:`ADDED_KEYS`).
-CONFIG_VERSION = 6
+CONFIG_VERSION = 7
 
 
 @dataclass
@@ -354,6 +371,7 @@ class RunConfig:
     rlcr: RLCRConfig = field(default_factory=RLCRConfig)  #: ``algo=rlcr`` settings
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  #: who samples rollouts (docs/engine.md)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  #: where the envs live (docs/distributed.md)
+    train: TrainConfig = field(default_factory=TrainConfig)  #: the learner's engine and shards (docs/distributed.md)
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: str | None = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint
@@ -481,6 +499,12 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
         "model.chat_template": "none",
     },  # earlier runs prompted every model with the raw prompt
     6: {"cluster.": None},  # env workers (docs/distributed.md): earlier runs stepped their envs in process
+    7: {
+        "train.": None,  # the learner engine (issue 28): earlier runs trained in the trainer's process
+        "cluster.placement": "none",  # no placement groups
+        "cluster.cpus_per_bundle": 1,
+        "cluster.placement_wait_s": 30.0,
+    },
 }
 
 

@@ -166,7 +166,11 @@ def check_task(domain, cfg: DictConfig) -> None:
 
 def check_hardware(cfg: DictConfig) -> None:
     """Refuse a CUDA device on a machine where torch sees no GPU (a run trained on a GPU and
-    evaluated or resumed elsewhere, say), naming the way out; set the CPU threads."""
+    evaluated or resumed elsewhere, say), naming the way out; set the CPU threads. A learner engine not wired
+    into runs yet is refused here too (:func:`swarm_runtime.cluster.placement.check_engine_wired`)."""
+    from swarm_runtime.cluster.placement import check_engine_wired
+
+    check_engine_wired(cfg)
     if cfg.hardware.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"hardware {cfg.hardware.name!r} needs a CUDA GPU (device {cfg.hardware.device!r}), "

@@ -776,8 +776,10 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
                 "rollout.engine=openai|vllm"
             )
         return
-    if r.engine == "openai" and not r.get("url"):
-        raise ConfigError("rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000)")
+    from swarm_runtime import bases as B
+
+    if r.engine == "openai" and not r.get("url") and not B.multi(cfg.model):  # several bases: model_bases checks
+        raise ConfigError(NEEDS_URL)
     adapter = cfg.model.get("adapter") or "none"
     if adapter != "lora":
         raise ConfigError(
@@ -814,6 +816,10 @@ register_rules(
         "a mapping base NAME -> http(s) URL (rollout.urls.NAME=http://host:port)",
     ),
 )
+
+
+#: rollout.engine=openai with a role on the default base (``model.*``) and no server for it.
+NEEDS_URL = "rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000)"
 
 
 @register_check
@@ -866,4 +872,32 @@ def model_bases(cfg: DictConfig, registry) -> None:
         raise ConfigError(
             f"rollout.engine=openai with several bases needs one server per base: give "
             f"rollout.urls.{missing[0]}=http://host:port (rollout.url serves the default base)"
+        )
+    if not r.get("url") and B.DEFAULT in used:  # every role on a named base: rollout.url serves none
+        raise ConfigError(f"{NEEDS_URL}: {', '.join(used[B.DEFAULT])} sit on the default base (model.*)")
+
+
+# ---------------------------------------------------------------- train.* and cluster placement (issue 28)
+register_rules(
+    _rule("train.engine", choices("local", "fsdp", "deepspeed")),
+    _rule("train.shards", ints(1, 1024)),
+    _rule("cluster.placement", choices("none", "colocated", "split")),
+    _rule("cluster.cpus_per_bundle", ints(1, 1024)),
+    _rule("cluster.placement_wait_s", floats(0.0, 3600.0, lo_open=True)),
+)
+
+
+@register_check
+def train_engine(cfg: DictConfig, registry) -> None:
+    """``train.shards`` > 1 needs a sharding engine; a placement (Ray placement groups) needs ``cluster.kind=ray``."""
+    t, c = cfg.get("train"), cfg.get("cluster")
+    if t is not None and t.engine == "local" and int(t.shards) > 1:
+        raise ConfigError(
+            f"train.shards={t.shards} shards a learner group over processes, which train.engine=local does not "
+            "(one process); valid: train.engine=fsdp or deepspeed, or train.shards=1"
+        )
+    if c is not None and c.get("placement", "none") != "none" and c.kind != "ray":
+        raise ConfigError(
+            f"cluster.placement={c.placement} reserves Ray placement groups, so it needs cluster.kind=ray "
+            f"(got cluster.kind={c.kind}); valid: cluster.kind=ray, or cluster.placement=none"
         )

@@ -63,6 +63,11 @@ def _hidden(policy) -> tuple[int, int]:
             ),
             "rollout.urls.big: no base 'big' in model.bases; valid: small",
         ),
+        (
+            (*SMALL, "model.adapter=lora", "rollout.engine=openai", "rollout.urls.small=http://127.0.0.1:9"),
+            "rollout.engine=openai needs rollout.url (the server's base URL, e.g. http://127.0.0.1:8000): "
+            "Logger, Miner sit on the default base (model.*)",
+        ),
         ((*SMALL, "algo=monolithic"), "algo=monolithic trains one model"),
         (
             (*SMALL, "model.bases.small.num_heads=3"),
@@ -74,6 +79,18 @@ def test_bad_bases_are_refused_naming_the_valid_ones(registry, args, says):
     with pytest.raises(ConfigError, match=None) as e:
         run_context(registry, *MC, *args)
     assert says in str(e.value), str(e.value)
+
+
+def test_every_role_on_a_named_base_needs_no_rollout_url(registry):
+    """rollout.engine=openai: rollout.url serves the default base (model.*); with every role on a named base,
+    rollout.urls alone is enough."""
+    every = ("model.role_base.Logger=small", "model.role_base.Miner=small")
+    ctx = run_context(
+        registry, *MC, *SMALL, *every, "model.adapter=lora", "rollout.engine=openai", "rollout.urls.small=http://h:9"
+    )
+    assert ctx.cfg.rollout.get("url") is None and dict(ctx.cfg.rollout.urls) == {"small": "http://h:9"}
+    with pytest.raises(ConfigError, match="rollout.engine=openai needs rollout.url"):
+        run_context(registry, *MC, "model.adapter=lora", "rollout.engine=openai")
 
 
 def test_cli_refuses_a_bad_role_in_one_line(tmp_path):

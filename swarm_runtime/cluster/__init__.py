@@ -15,9 +15,19 @@ def env_domain(cfg, domain):
     c = cfg.get("cluster")
     if c is None or c.kind == "local":
         return domain, None
+    from swarm_runtime.cluster.placement import plan_and_placement
     from swarm_runtime.cluster.remote import ClusterDomain, EnvCluster
 
-    cluster = EnvCluster(cfg.domain, cfg.task, int(c.env_workers), c.address, c.get("num_cpus"))
+    spec = plan_and_placement(cfg, domain)[1] if c.get("placement", "none") != "none" else None
+    cluster = EnvCluster(
+        cfg.domain,
+        cfg.task,
+        int(c.env_workers),
+        c.address,
+        c.get("num_cpus"),
+        placement=spec,
+        placement_wait_s=float(c.get("placement_wait_s", 30.0)),
+    )
     return ClusterDomain(domain, cluster), cluster
 
 

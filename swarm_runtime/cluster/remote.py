@@ -92,12 +92,24 @@ class EnvCluster:
         address: str | None = None,
         num_cpus: int | None = None,
         plugins: tuple[str, ...] = (),
+        placement=None,
+        placement_wait_s: float = 30.0,
     ):
         from omegaconf import DictConfig, OmegaConf
+
+        from swarm_runtime.cluster import placement as P
 
         t0 = time.perf_counter()
         self.ray = import_ray()
         self.started = connect(address, num_cpus)
+        self.placement = placement  #: a :class:`~swarm_runtime.cluster.placement.PlacementSpec`, or None
+        if placement is not None:  # every group reserved before a worker starts (and before anything trains)
+            try:
+                P.reserve(placement, placement_wait_s)
+            except BaseException:
+                if self.started:
+                    self.ray.shutdown()
+                raise
         plain = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(task)
         self.workers = self._make_workers(domain, plain, tuple(plugins), int(n))
         self.pids = self.ray.get([w.pid.remote() for w in self.workers])
@@ -114,9 +126,17 @@ class EnvCluster:
         logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)), self.start_s)
 
     def _make_workers(self, domain: str, task: dict, plugins: tuple[str, ...], n: int) -> list:
-        """The ``n`` worker actors (each an :class:`EnvWorker` for ``domain`` and ``task``)."""
-        actor = self.ray.remote(EnvWorker).options(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
-        return [actor.remote(domain, task, plugins) for _ in range(n)]
+        """The ``n`` worker actors (each an :class:`EnvWorker` for ``domain`` and ``task``), in the placement's
+        env groups when there is one."""
+        from swarm_runtime.cluster import placement as P
+
+        actor = self.ray.remote(EnvWorker)
+        base = dict(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
+
+        def options(i: int) -> dict:
+            return base if self.placement is None else {**base, **P.actor_options(self.placement, P.ENVS, "env", i)}
+
+        return [actor.options(**options(i)).remote(domain, task, plugins) for i in range(n)]
 
     def submit(self, w: int, method: str, *args):
         """Send ``method(*args)`` to worker ``w`` after every call queued before it; its object ref."""
@@ -201,6 +221,9 @@ class EnvCluster:
         finally:
             for w in self.workers:
                 ray.kill(w, no_restart=True)
+            from swarm_runtime.cluster.placement import release
+
+            release(self.placement)
             if self.started:
                 ray.shutdown()
         return {"workers": stats, "replayed": self.replayed, "restarts": self.restarts}

@@ -226,6 +226,10 @@ def engine_sampler(
         if shared.source is not None and getattr(shared, "engine_fingerprint", None) is None:
             shared.engine_fingerprint = shared.source_fingerprint
         if base == "default":
+            if not r.get("url"):
+                from swarm_runtime.validation import NEEDS_URL
+
+                raise ConfigError(f"{NEEDS_URL}: roles sit on the default base (model.*)")
             url, describe = str(r.url), f"rollout.url={r.url}"
         else:
             url = (r.get("urls") or {}).get(base)

@@ -1,0 +1,256 @@
+"""Placement groups per agent group (issue 28; docs/distributed.md, "Placement and sizing").
+
+:func:`make_placement` is a pure function from the config, the roles and the memory plan to a
+:class:`PlacementSpec`: per agent group (a role with its full copy, or a base with its roles' adapters:
+``memory_plan.agent_groups``) one Ray placement group whose bundles are devices: ``train.shards`` for the
+learner's shards, with the sampler on the first (``cluster.placement=colocated``) or on one more of its own
+(``split``); and an ``envs`` group, one bundle per env worker. A bundle is ``{"CPU": cluster.cpus_per_bundle}``,
+plus ``{"GPU": 1}`` on ``hardware.device=cuda``; the plan's bytes of the busiest device sit beside each.
+
+:func:`reserve` reserves the groups on Ray before anything trains (a group not placed within
+``cluster.placement_wait_s`` is a :class:`ConfigError` naming the bundles asked and the resources Ray has), and
+:func:`actor_options` gives the ``.options(...)`` of an actor in its group's bundle (the env workers here;
+learner and sampler actors the same way). The actors that share a bundle split its resources evenly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swarm_runtime.config import ConfigError
+from swarm_runtime.memory_plan import GiB, PlacedPlan, agent_groups
+
+#: The actors of a placement: a learner shard, a sampler, an env worker.
+ACTORS = ("learner", "sampler", "env")
+#: The group of the env workers.
+ENVS = "envs"
+#: Ray's resources a message shows (the rest: ``node:...``, memory, object store, accelerator labels).
+SHOWN = ("CPU", "GPU")
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """One placement group: its bundles (Ray resources each) and, per actor kind, the bundle of each actor."""
+
+    name: str  #: the role (full copies), the base (adapters), or ``envs``
+    roles: tuple[str, ...]  #: the agent roles it trains and samples (none for ``envs``)
+    bundles: tuple[dict, ...]
+    actors: dict  #: actor kind -> the bundle index of each actor of that kind (learner shard i, env worker i)
+    strategy: str = "PACK"  #: Ray's: a learner group's devices on as few nodes as fit (its collectives)
+    gib: tuple = ()  #: per bundle: the plan's GiB of that device (None: not planned, a CPU-only bundle)
+
+    def share(self, bundle: int) -> int:
+        """Actors placed in ``bundle``."""
+        return sum(list(ix).count(bundle) for ix in self.actors.values())
+
+
+@dataclass
+class PlacementSpec:
+    kind: str  #: ``colocated`` or ``split``
+    groups: list[GroupPlacement]
+    pgs: dict = field(default_factory=dict, compare=False)  #: group name -> Ray placement group, once reserved
+
+    def group(self, name: str) -> GroupPlacement:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise ConfigError(f"no placement group {name!r}; valid: {', '.join(g.name for g in self.groups)}")
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for g in self.groups:
+            for b in g.bundles:
+                for k, v in b.items():
+                    out[k] = out.get(k, 0) + v
+        return out
+
+    def asked(self) -> str:
+        """The bundles asked, per group: ``Smith: 2 x {CPU: 1, GPU: 1}; envs: 2 x {CPU: 1}``."""
+        parts = []
+        for g in self.groups:
+            kinds: dict[str, int] = {}
+            for b in g.bundles:
+                kinds[_res(b)] = kinds.get(_res(b), 0) + 1
+            parts.append(f"{g.name}: " + " + ".join(f"{n} x {k}" for k, n in kinds.items()))
+        return "; ".join(parts) + f" (in all {_res(self.totals())})"
+
+    def format(self) -> str:
+        lines = [f"placement ({self.kind}): {len(self.groups)} placement groups, {_res(self.totals())} in all"]
+        for g in self.groups:
+            roles = f" (roles {', '.join(g.roles)})" if g.roles and list(g.roles) != [g.name] else ""
+            lines.append(f"  group {g.name}{roles}, {g.strategy}:")
+            for i, b in enumerate(g.bundles):
+                who = [
+                    f"{k} {j}" if len(ix) > 1 else k for k, ix in g.actors.items() for j, x in enumerate(ix) if x == i
+                ]
+                gib = g.gib[i] if i < len(g.gib) else None
+                planned = f"  ~{gib:.1f} GiB planned" if gib is not None else ""
+                lines.append(f"    bundle {i}: {_res(b):<20} {', '.join(who)}{planned}")
+        return "\n".join(lines)
+
+
+def _res(resources: dict) -> str:
+    shown = {k: v for k, v in resources.items() if k in SHOWN or not _internal(k)}
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(shown.items())) + "}"
+
+
+def _internal(key: str) -> bool:
+    return (
+        key.startswith(("node:", "accelerator_type:", "bundle_group_"))
+        or "_group_" in key  # a placement group's own resources (CPU_group_<id>)
+        or key in ("memory", "object_store_memory")
+    )
+
+
+def make_placement(cfg, roles: list[str], plan=None) -> PlacementSpec | None:
+    """The placement of ``cluster.placement`` (None for ``none``): per agent group its learner's
+    ``train.shards`` bundles and its sampler's, and the env workers' (``cluster.env_workers``). ``plan``: the
+    run's memory plan (a :class:`PlacedPlan`), whose busiest device per bundle is shown beside it."""
+    c = cfg.cluster
+    kind = str(c.get("placement", "none"))
+    if kind == "none":
+        return None
+    shards = int(cfg.train.shards) if cfg.get("train") is not None else 1
+    cpus = int(c.get("cpus_per_bundle", 1))
+    device = {"CPU": cpus, "GPU": 1} if str(cfg.hardware.device).startswith("cuda") else {"CPU": cpus}
+    per = plan.per_group if isinstance(plan, PlacedPlan) else {}
+    groups = []
+    for g in agent_groups(cfg, list(roles)):
+        mem = per.get(g.name, {})
+        learner = tuple(range(shards))
+        if kind == "colocated":
+            bundles, sampler = shards, (0,)
+            gib = [mem.get("learner+sampler")] + [mem.get("learner")] * (shards - 1)
+        else:
+            bundles, sampler = shards + 1, (shards,)
+            gib = [mem.get("learner")] * shards + [mem.get("sampler")]
+        groups.append(
+            GroupPlacement(
+                g.name,
+                tuple(g.roles),
+                tuple(dict(device) for _ in range(bundles)),
+                {"learner": learner, "sampler": sampler},
+                "PACK",
+                tuple(None if b is None else b / GiB for b in gib),
+            )
+        )
+    n = int(c.env_workers)
+    groups.append(GroupPlacement(ENVS, (), tuple({"CPU": cpus} for _ in range(n)), {"env": tuple(range(n))}, "SPREAD"))
+    return PlacementSpec(kind, groups)
+
+
+def plan_and_placement(cfg, domain):
+    """The run's memory plan (:func:`swarm_runtime.memory_plan.make_plan`, its groups named after ``domain``'s
+    roles) and its placement (None: ``cluster.placement=none``)."""
+    from swarm_runtime.memory_plan import make_plan
+
+    names = [r.name for r in domain.roles]
+    vocab = None
+    if cfg.model.get("arch") is None and cfg.model.get("path") is None:  # the built model: its vocabulary
+        vocab = len(domain.all_words(cfg.task)) + 16
+    plan = make_plan(cfg, len(names), len(names), vocab, roles=names)
+    return plan, make_placement(cfg, names, plan)
+
+
+def reserve(spec: PlacementSpec, wait_s: float) -> None:
+    """Reserve every group of ``spec`` on the connected Ray (``spec.pgs``); a group not placed within
+    ``wait_s`` seconds: all are removed again and a :class:`ConfigError` names the bundles asked and the
+    resources Ray has (measured with Ray 2.60: a group no node can hold stays ``PENDING``, scheduling state
+    ``NO_RESOURCES``; Ray never refuses it, so the wait is the test)."""
+    import time
+
+    from swarm_runtime.cluster.remote import import_ray
+
+    ray = import_ray()
+    from ray.util import placement_group
+
+    for g in spec.groups:
+        spec.pgs[g.name] = placement_group([dict(b) for b in g.bundles], strategy=g.strategy)
+    end = time.monotonic() + float(wait_s)
+    late = [n for n, pg in spec.pgs.items() if not pg.wait(max(0.0, end - time.monotonic()))]
+    if late:
+        available, whole = dict(ray.available_resources()), ray.cluster_resources()
+        for g in spec.groups:  # what the groups placed already hold is Ray's to give again once they are removed
+            if g.name not in late:
+                for b in g.bundles:
+                    for k, v in b.items():
+                        available[k] = available.get(k, 0) + v
+        state = _state(spec.pgs[late[0]])
+        release(spec)
+        raise ConfigError(
+            f"cluster.placement={spec.kind}: Ray could not reserve the placement group"
+            f"{'s' if len(late) > 1 else ''} of {', '.join(late)} within {float(wait_s):g} s "
+            f"(cluster.placement_wait_s; Ray says {state}). Asked: {spec.asked()}; Ray has {_res(available)} available of "
+            f"{_res(whole)}; give Ray more nodes or fewer train.shards, cluster.env_workers or "
+            "cluster.cpus_per_bundle (or cluster.placement=none)"
+        )
+    from loguru import logger
+
+    logger.info("placement ({}) reserved: {}", spec.kind, spec.asked())
+
+
+def _state(pg) -> str:
+    """A placement group's state as Ray reports it (2.60: a group no node can hold is ``PENDING``, scheduling
+    state ``NO_RESOURCES``, for as long as one waits)."""
+    try:
+        from ray.util import placement_group_table
+
+        t = placement_group_table(pg)
+        return f"{t.get('state')}, {(t.get('stats') or {}).get('scheduling_state', '?')}"
+    except Exception:  # the state is a courtesy: the error stands without it
+        return "not reserved"
+
+
+def release(spec: PlacementSpec | None) -> None:
+    """Remove the placement groups :func:`reserve` made (their actors first: Ray kills those still in them)."""
+    if spec is None or not spec.pgs:
+        return
+    from ray.util import remove_placement_group
+
+    for pg in spec.pgs.values():
+        try:
+            remove_placement_group(pg)
+        except Exception:  # Ray already shut down: nothing is held anymore
+            pass
+    spec.pgs.clear()
+
+
+def actor_options(spec: PlacementSpec, group: str, role: str, index: int = 0) -> dict:
+    """The ``.options(...)`` keywords of actor ``index`` of kind ``role`` (``learner`` shard, ``sampler``,
+    ``env`` worker) of ``group``: in its bundle of the reserved placement group, asking its share of the
+    bundle's CPUs and GPUs (the actors of a bundle split it evenly)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    g = spec.group(group)
+    if role not in g.actors:
+        raise ConfigError(f"placement group {group!r} has no {role!r}; valid: {', '.join(g.actors)}")
+    ix = g.actors[role]
+    if not 0 <= index < len(ix):
+        raise ConfigError(f"placement group {group!r} has {len(ix)} {role} slot(s); index {index} is not one")
+    if group not in spec.pgs:
+        raise RuntimeError(f"placement group {group!r} is not reserved yet (reserve(spec, ...) first)")
+    bundle = ix[index]
+    share = g.share(bundle)
+    res = g.bundles[bundle]
+    out = {
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=spec.pgs[group], placement_group_bundle_index=bundle
+        ),
+        "num_cpus": res.get("CPU", 0) / share,
+    }
+    if res.get("GPU"):
+        out["num_gpus"] = res["GPU"] / share
+    return out
+
+
+def check_engine_wired(cfg) -> None:
+    """The one place that says a sharded learner does not run in ``swarm run`` yet (learner groups on Ray
+    come first): ``train.engine`` other than ``local`` stops a run before anything is written or trained.
+    ``swarm config ... --plan`` plans it all the same."""
+    t = cfg.get("train")
+    if t is not None and str(t.engine) != "local":
+        raise ConfigError(
+            f"train.engine={t.engine} is not wired into runs yet (a run's learner trains in the trainer's "
+            "process): the sharded update runs today in benchmarks/sharded_update.py (docs/distributed.md); "
+            "`swarm config ... --plan` sizes it. Valid for swarm run: train.engine=local"
+        )
