@@ -67,10 +67,19 @@ def metrics_rows(run_dir: Path) -> int:
 
 
 def save_checkpoint(
-    run_dir: Path, tag: str, agents_by_role: dict, optimizers: dict, state: dict, run_rng: random.Random, keep: int = 2
+    run_dir: Path,
+    tag: str,
+    agents_by_role: dict,
+    optimizers: dict,
+    state: dict,
+    run_rng: random.Random,
+    keep: int = 2,
+    training_states: dict | None = None,
 ) -> Path:
     """Write ``checkpoints/<tag>/`` with one Hugging Face folder per agent model
-    (``agents/<role>/``), optimizer/scheduler/RNG state, and ``state.json``."""
+    (``agents/<role>/``), optimizer/scheduler/RNG state, and ``state.json``. ``training_states``
+    (role -> fp32 masters and optimizer/scheduler state, as ``training_state.pt`` holds them): given
+    where they live outside ``optimizers`` (learner actors, ``cluster/learner.py``)."""
     root = claim(run_dir / "checkpoints")
     root.mkdir(parents=True, exist_ok=True)
     final, tmp, aside = root / tag, root / f".tmp-{tag}", root / f".old-{tag}"
@@ -79,6 +88,9 @@ def save_checkpoint(
         d = tmp / "agents" / role
         policy.save(d)
         extra = {"policy_rng": policy.rng_state()}
+        if training_states is not None and role in training_states:
+            torch.save({**extra, **training_states[role]}, d / "training_state.pt")
+            continue
         masters = master_weights(policy.parameters())
         if masters is not None:  # bf16/fp16 weights: their fp32 masters, for an exact resume
             extra["master_weights"] = masters

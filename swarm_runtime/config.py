@@ -247,6 +247,12 @@ class ServeConfig:
     restart_backoff_max_s: float = 30.0  #: cap of the exponential wait between restarts of one worker
     url: str | None = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
     concurrency: int = 8  #: ``swarm eval`` through a service: episodes in flight at once
+    # where the agent workers run (issue 28; docs/deploy.md, serving across machines)
+    cluster: str = "local"  #: ``local``: worker processes forked on this host; ``ray``: each worker in a Ray actor,
+    #: placed on any node of the cluster at ``serve.address`` (restarted by Ray when its process dies)
+    address: str | None = None  #: ``serve.cluster=ray``: a running Ray cluster's head (``host:port``); None = start
+    #: a local Ray on 127.0.0.1 for the gateway, stopped with it. Not ``cluster.address``: that is where the run
+    #: trained, saved with it; serving is a deployment of its own
 
 
 @dataclass
@@ -293,6 +299,17 @@ class ClusterConfig:
     #: stop it at the end
     env_workers: int = 2  #: ``ray``: env worker actors (each owns a pool of envs, reused across episodes)
     num_cpus: int | None = None  #: ``ray`` with a local Ray: CPUs it is started with (None = Ray's count)
+    # sampler actors (cluster/sampler.py)
+    samplers: str = "local"  #: ``local`` (bids and actions drawn in the trainer's process) or ``ray`` (with
+    #: ``cluster.kind=ray`` and ``rollout.engine=local``: a sampler actor holds a copy of the policies, synced
+    #: after each update; the same draws as in process)
+    sampler_restarts: int = 8  #: ``samplers=ray``: restarts Ray gives the sampler actor after its process dies
+    # learner actors (docs/distributed.md, "Learner actors")
+    learners: str = "local"  #: where the trainable weights and optimizers live: ``local`` (the trainer's process)
+    #: or ``ray`` (needs ``kind=ray``: learner actors, one per role with a full copy, one per base of adapters;
+    #: the updates run there, the trainer keeps a sampling copy synced after each; the same numbers)
+    learner_restarts: int = 4  #: ``learners=ray``: times Ray restarts a learner actor whose process died (the run
+    #: then rewinds to its last checkpoint); used up (or the node lost): the run stops, resumable
     # placement (issue 28; docs/distributed.md, "Placement and sizing")
     placement: str = "none"  #: ``none`` (no placement groups: actors wherever Ray has room), ``colocated`` (per
     #: agent group one Ray placement group whose bundles, one per device, hold the learner's shards and the sampler

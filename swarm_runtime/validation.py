@@ -491,7 +491,8 @@ def model_shape(cfg: DictConfig, registry) -> None:
 
 @register_check
 def cluster_kind(cfg: DictConfig, registry) -> None:
-    """``cluster.kind=ray``: Ray installed."""
+    """``cluster.kind=ray``: Ray installed; ``algo=rlcr`` steps its envs on the workers, but its learner and
+    sampler stay in process (``cluster.learners`` / ``cluster.samplers`` ``ray`` are refused, not ignored)."""
     c = cfg.get("cluster")
     if c is None or c.kind != "ray":
         return
@@ -501,6 +502,52 @@ def cluster_kind(cfg: DictConfig, registry) -> None:
         raise ConfigError(
             "cluster.kind=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"
         ) from None
+    for key in ("learners", "samplers"):
+        if cfg.algo.name == "rlcr" and c.get(key, "local") == "ray":
+            raise ConfigError(
+                f"cluster.{key}=ray: algo.name=rlcr keeps its shared policy's {key[:-1]} in process (its envs go "
+                f"to the env workers); valid with rlcr: cluster.{key}=local"
+            )
+
+
+@register_check
+def cluster_samplers(cfg: DictConfig, registry) -> None:
+    """``cluster.samplers=ray``: on the Ray of ``cluster.kind=ray``, sampling in process policies
+    (``rollout.engine=local``), in an algorithm whose episodes take their turns through the sampler."""
+    c = cfg.get("cluster")
+    if c is None or c.get("samplers", "local") != "ray":
+        return
+    if c.kind != "ray":
+        raise ConfigError(
+            f"cluster.samplers=ray needs cluster.kind=ray (the sampler actor runs on the run's Ray), not "
+            f"cluster.kind={c.kind}; valid: cluster.kind=ray, or cluster.samplers=local"
+        )
+    engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
+    if engine != "local":
+        raise ConfigError(
+            f"cluster.samplers=ray with rollout.engine={engine} is not built yet (an engine server per node); "
+            "valid: rollout.engine=local with cluster.samplers=ray, or cluster.samplers=local"
+        )
+
+
+@register_check
+def cluster_learners(cfg: DictConfig, registry) -> None:
+    """``cluster.learners=ray``: on the Ray of ``cluster.kind=ray``, and rollouts played now (on-policy)."""
+    c = cfg.get("cluster")
+    if c is None or c.get("learners", "local") != "ray":
+        return
+    if c.kind != "ray":
+        raise ConfigError(
+            f"cluster.learners=ray runs the learners on the run's Ray, but cluster.kind={c.kind}; valid: "
+            "cluster.kind=ray with it, or cluster.learners=local"
+        )
+    r = cfg.get("rollout")
+    if r is not None and int(r.get("max_staleness", 0) or 0) > 0:
+        raise ConfigError(
+            f"cluster.learners=ray with rollout.max_staleness={r.max_staleness} is not supported yet (a learner "
+            "lost mid-run rewinds the run, and rollouts played ahead would have to be rewound too); valid: "
+            "rollout.max_staleness=0, or cluster.learners=local"
+        )
 
 
 @register_check
@@ -728,6 +775,12 @@ HTTP_URL = (
     "an http(s) URL such as http://127.0.0.1:8000",
 )
 
+#: A Ray head's address (``cluster.address``, ``serve.address``).
+RAY_ADDRESS = (
+    (lambda v: isinstance(v, str) and re.fullmatch(r"(ray://)?[^\s:/]+:\d{1,5}", v) is not None),
+    "host:port of a Ray head (or ray://host:port)",
+)
+
 register_rules(
     _rule("model.chat_template", choices("auto", "none")),
     _rule("algo.is_cap", floats(1.0, 1e6), nullable=True, null_means="off: the plain on-policy loss"),
@@ -741,15 +794,16 @@ register_rules(
     _rule("cluster.kind", choices("local", "ray")),
     _rule(
         "cluster.address",
-        (
-            (lambda v: isinstance(v, str) and re.fullmatch(r"(ray://)?[^\s:/]+:\d{1,5}", v) is not None),
-            "host:port of a Ray head (or ray://host:port)",
-        ),
+        RAY_ADDRESS,
         nullable=True,
         null_means="start a local Ray for the run (127.0.0.1)",
     ),
     _rule("cluster.env_workers", ints(1, 1024)),
     _rule("cluster.num_cpus", ints(1, 4096), nullable=True, null_means="Ray's count of this machine's CPUs"),
+    _rule("cluster.samplers", choices("local", "ray")),
+    _rule("cluster.sampler_restarts", ints(0, 1000)),
+    _rule("cluster.learners", choices("local", "ray")),
+    _rule("cluster.learner_restarts", ints(0, 1000)),
     _rule("rollout.vllm.python", STR, nullable=True, null_means="$SWARM_VLLM_PYTHON, else python3 on PATH"),
     _rule("rollout.vllm.host", choices("127.0.0.1", "localhost", "0.0.0.0", "::1")),
     _rule("rollout.vllm.port", ints(0, 65535)),
@@ -901,3 +955,22 @@ def train_engine(cfg: DictConfig, registry) -> None:
             f"cluster.placement={c.placement} reserves Ray placement groups, so it needs cluster.kind=ray "
             f"(got cluster.kind={c.kind}); valid: cluster.kind=ray, or cluster.placement=none"
         )
+
+
+# ---------------------------------------------------------------------------- serve.cluster (agent workers on Ray)
+register_rules(
+    _rule("serve.cluster", choices("local", "ray")),
+    _rule("serve.address", RAY_ADDRESS, nullable=True, null_means="start a local Ray for the gateway (127.0.0.1)"),
+)
+
+
+@register_check
+def serve_cluster(cfg: DictConfig, registry) -> None:
+    """``serve.cluster=ray``: Ray installed (found, not imported: every command checks ``serve.*``)."""
+    s = cfg.get("serve")
+    if s is None or s.get("cluster") != "ray":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("serve.cluster=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'")

@@ -62,6 +62,22 @@ def swarm(*args: str, cwd: Path, timeout: int = 300, env: dict | None = None, **
 
 
 @pytest.fixture(scope="session")
+def warm_swarm():
+    """``swarm(...)``'s signature and result, through one warmed interpreter that forks a child per
+    command (tests/forkcli.py ``WarmCLI``): the same ``main`` in a process of its own, without the 3-5 s
+    of imports. For tests of what a command does; each command keeps cold ``swarm(...)`` tests too."""
+    from forkcli import WarmCLI
+
+    cli = WarmCLI(TINY_RUN)
+
+    def run(*args: str, cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+        return cli(args, cwd=cwd, env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout)
+
+    yield run
+    cli.close()
+
+
+@pytest.fixture(scope="session")
 def registry():
     from swarm_runtime.plugins import build_registry, make_plugin_manager
 

@@ -3,12 +3,21 @@ imported everything once: each command runs in a forked child, a process of its 
 SIGKILL, files, locks as with the ``swarm`` executable), without paying the imports again.
 
     python tests/forkcli.py sweep WORKDIR ARG...   # the kill-at-every-checkpoint-operation sweep
+    python tests/forkcli.py serve [ARG...]         # a warm CLI: one JSON request a line (``WarmCLI``)
 
 ``sweep``: an uninterrupted run (``WORKDIR/ref``) counts the file operations (``os.replace``,
 ``os.rename``, ``shutil.rmtree``) that :mod:`swarm_runtime.checkpoint` makes; then for each N, a run
 in ``WORKDIR/kill-N`` is SIGKILLed just before its N-th such operation and resumed with the plain
 CLI (``resume=true``, no injection). ``WORKDIR/sweep.json`` records every exit code. No hook in the
 production code: the operations are wrapped here, in the child, before ``main`` runs.
+
+``serve``: the warm interpreter behind ``conftest.warm_swarm`` (``WarmCLI``). Each request line
+``{"argv", "cwd", "env", "timeout"}`` runs ``swarm ARGV`` in a forked child (in ``cwd``, ``env`` set,
+stdin from /dev/null, stdout and stderr to files) and is answered with one line ``{"rc", "stdout",
+"stderr"}`` (``rc`` null after ``timeout``: the child is killed). Use it where a test checks what a
+command does, not how a cold process starts: variables read at import time (plugin allow/block
+lists, ``XDG_CACHE_HOME`` for modules already loaded) keep the values the server started with, and
+each command keeps at least one test through the cold ``conftest.swarm``.
 """
 
 from __future__ import annotations
@@ -17,7 +26,11 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 
 
@@ -75,6 +88,121 @@ def sweep(work: Path, args: list[str]) -> dict:
     return out
 
 
+def _child(req: dict, out: str, err: str) -> None:
+    """In the forked child: become ``swarm ARGV`` as started from ``cwd`` with ``env``; never returns."""
+    rc = 1
+    try:
+        os.chdir(req["cwd"])
+        os.environ.update(req.get("env") or {})
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, out), (2, err)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        sys.argv = ["swarm", *req["argv"]]
+        from swarm_runtime.cli import main
+
+        try:
+            rc = main(list(req["argv"]))
+        except SystemExit as exc:  # argparse: --help, usage errors
+            code = exc.code
+            rc = code if isinstance(code, int) else (0 if code is None else (print(code, file=sys.stderr) or 1))
+        except BaseException:  # as `python -m swarm_runtime.cli` would: the traceback, exit 1
+            traceback.print_exc()
+            rc = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc if isinstance(rc, int) else 1)
+
+
+def _serve_one(req: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="warmcli-") as tmp:
+        out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(req, out, err)
+        deadline = time.monotonic() + float(req.get("timeout") or 300)
+        wait, status = 0.001, None
+        while status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+            elif time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            else:
+                time.sleep(wait)
+                wait = min(wait * 2, 0.02)
+
+        def text(path: str) -> str:
+            return Path(path).read_text(errors="replace") if os.path.exists(path) else ""
+
+        rc = None if status is None else os.waitstatus_to_exitcode(status)
+        return {"rc": rc, "stdout": text(out), "stderr": text(err)}
+
+
+def serve(args: list[str]) -> None:
+    """Answer requests from stdin on the original stdout; anything else printed goes to stderr."""
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    from loguru import logger
+
+    logger.remove()  # the registry's debug line; each child's ``main`` sets its own sinks
+    if args:
+        warm_up(args)
+    reply.write(json.dumps({"ready": True}) + "\n")
+    reply.flush()
+    for line in sys.stdin:
+        if line.strip():
+            reply.write(json.dumps(_serve_one(json.loads(line))) + "\n")
+            reply.flush()
+
+
+class WarmCLI:
+    """The client: ``WarmCLI(ROOT)(argv, cwd=..., env=..., timeout=...)`` -> ``CompletedProcess``
+    (``TimeoutExpired`` after ``timeout``), as ``subprocess.run([... swarm, *argv], text=True,
+    capture_output=True)`` gives. One command at a time (a lock): the server forks one child at a time."""
+
+    def __init__(self, warm_args: list[str] | None = None):
+        import threading
+
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "serve", *(warm_args or [])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lock = threading.Lock()
+        ready = self.proc.stdout.readline()
+        assert ready.strip() == '{"ready": true}', f"warm CLI did not start: {ready!r}"
+
+    def __call__(self, argv, cwd, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        req = {"argv": [str(a) for a in argv], "cwd": str(cwd), "env": env or {}, "timeout": timeout}
+        with self.lock:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        assert line, f"warm CLI server died (exit {self.proc.poll()})"
+        res = json.loads(line)
+        cmd = ["swarm", *req["argv"]]
+        if res["rc"] is None:
+            raise subprocess.TimeoutExpired(cmd, timeout, output=res["stdout"], stderr=res["stderr"])
+        return subprocess.CompletedProcess(cmd, res["rc"], res["stdout"], res["stderr"])
+
+    def close(self) -> None:
+        """Stop the server (its children are all reaped; nothing of it needs a clean exit)."""
+        self.proc.stdin.close()
+        self.proc.kill()
+        self.proc.wait()
+
+
 def warm_up(args: list[str]) -> None:
     """Build the run's swarm once here (no folder, nothing written), so the lazily imported model
     code is loaded before the forks and each child only trains."""
@@ -103,8 +231,12 @@ if __name__ == "__main__":
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401  (the run's plots)
 
-    mode, work, *rest = sys.argv[1:]
+    mode, *rest = sys.argv[1:]
+    if mode == "serve":
+        serve(rest)
+        sys.exit(0)
     assert mode == "sweep", mode
+    work, *rest = rest
     warm_up(rest)
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)

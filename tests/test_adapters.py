@@ -309,7 +309,8 @@ def lora_run(tmp_path_factory):
     return d, d / "run"
 
 
-def test_cli_run_eval_resume_and_export_with_adapters(lora_run):
+def test_cli_run_eval_resume_and_export_with_adapters(lora_run, warm_swarm):
+    # eval and resume through the warm CLI (a forked child), the export as a cold `swarm`
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -320,9 +321,9 @@ def test_cli_run_eval_resume_and_export_with_adapters(lora_run):
         assert not (ckpt / "agents" / role / "model.safetensors").exists()  # no full copy per role
     base = AutoModelForCausalLM.from_pretrained(ckpt / "base")
     PeftModel.from_pretrained(base, ckpt / "agents" / "Smith")  # PEFT loads the checkpoint as written
-    res = swarm("eval", str(run), "eval.episodes=1", cwd=d)
+    res = warm_swarm("eval", str(run), "eval.episodes=1", cwd=d)
     assert res.returncode == 0 and "iter-000002" in res.stdout, res.stderr[-2000:]
-    res = swarm("run", "model.adapter=lora", f"run_dir={run}", "resume=true", "algo.iterations=3", cwd=d)
+    res = warm_swarm("run", "model.adapter=lora", f"run_dir={run}", "resume=true", "algo.iterations=3", cwd=d)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((run / "checkpoints" / "iter-000003" / "state.json").read_text())["iteration"] == 3
     res = swarm("export", str(run), "checkpoint=iter-000003", "merged=true", cwd=d)

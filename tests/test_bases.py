@@ -173,7 +173,7 @@ def two_base_run(tmp_path_factory):
     return d, d / "run"
 
 
-def test_cli_run_eval_resume_with_two_bases_and_adapters(two_base_run):
+def test_cli_run_eval_resume_with_two_bases_and_adapters(two_base_run, warm_swarm):
     from transformers import AutoModelForCausalLM
 
     d, run = two_base_run
@@ -185,13 +185,13 @@ def test_cli_run_eval_resume_with_two_bases_and_adapters(two_base_run):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     keys = {k for r in rows if r.get("step") == 0 for k in r}
     assert {"sft/loss_base", "sft/loss_base-small", "sft/loss_Smith"} <= keys  # each built base fine-tuned first
-    res = swarm("eval", str(run), "eval.episodes=1", cwd=d)
+    res = warm_swarm("eval", str(run), "eval.episodes=1", cwd=d)
     assert res.returncode == 0 and "iter-000002" in res.stdout, res.stderr[-2000:]
-    res = swarm("run", f"run_dir={run}", "resume=true", "algo.iterations=3", cwd=d)
+    res = warm_swarm("run", f"run_dir={run}", "resume=true", "algo.iterations=3", cwd=d)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((run / "checkpoints" / "iter-000003" / "state.json").read_text())["iteration"] == 3
     assert (run / "checkpoints" / "iter-000003" / "base-small" / "model.safetensors").exists()
-    res = swarm("export", str(run), "checkpoint=iter-000003", "merged=false", cwd=d)
+    res = warm_swarm("export", str(run), "checkpoint=iter-000003", "merged=false", cwd=d)
     assert res.returncode == 0, res.stderr[-2000:]
     out = run / "export" / "iter-000003"
     assert json.loads((out / "Smith" / "swarm_base.json").read_text())["base"] == "../base-small"
@@ -206,10 +206,10 @@ def test_adapters_refuse_a_checkpoint_of_other_role_bases(two_base_run, registry
         ctx.build_swarm(run / "checkpoints" / "iter-000002" / "agents")
 
 
-def test_cli_run_and_eval_with_two_bases_and_full_copies(tmp_path):
+def test_cli_run_and_eval_with_two_bases_and_full_copies(tmp_path, warm_swarm):
     from transformers import AutoModelForCausalLM
 
-    res = swarm(
+    res = warm_swarm(
         "run",
         *TINY_RUN,
         *SMALL,
@@ -225,7 +225,7 @@ def test_cli_run_and_eval_with_two_bases_and_full_copies(tmp_path):
     agents = tmp_path / "run" / "checkpoints" / "iter-000001" / "agents"
     assert AutoModelForCausalLM.from_pretrained(agents / "Smith").config.hidden_size == 64
     assert AutoModelForCausalLM.from_pretrained(agents / "Miner").config.hidden_size == 128
-    res = swarm("eval", str(tmp_path / "run"), "eval.episodes=1", cwd=tmp_path)
+    res = warm_swarm("eval", str(tmp_path / "run"), "eval.episodes=1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
 
 

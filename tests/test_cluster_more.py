@@ -241,3 +241,13 @@ def test_rollouts_made_ahead_and_never_played_close_their_envs(registry, tmp_pat
     assert plays == [0, 1]
     assert len(tracker.made) == 3 * int(cfg.algo.envs_per_step)  # three rollouts' envs made, two played
     assert tracker.counts() == [1] * len(tracker.made)  # each closed once
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("key", ["learners", "samplers"])
+def test_rlcr_refuses_learner_and_sampler_actors(key, tmp_path):
+    pytest.importorskip("ray")
+    r = swarm("run", *TINY_RLCR, "cluster.kind=ray", f"cluster.{key}=ray", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert f"cluster.{key}=ray: algo.name=rlcr keeps" in last and f"cluster.{key}=local" in last, last

@@ -1,6 +1,10 @@
-"""Bad values through the real CLI (subprocesses, a few at a time): each exits 2 with one line
-naming the key (no traceback), before anything is written; most before torch is imported."""
+"""Bad values through the real CLI: each exits 2 with one line naming the key (no traceback), before
+anything is written; most before torch is imported. Every case runs through ``cli.main`` (the function
+``swarm`` runs) in one process, one call after another; every 8th case (and the last) also as a cold
+``swarm`` subprocess of its own (a few at a time), so the exit code and stderr of a real process are
+checked on a spread of keys without paying a ~1-5 s interpreter start for each of the ~125 cases."""
 
+import json
 import os
 import subprocess
 import sys
@@ -146,16 +150,55 @@ def _swarm(args, cwd):
     )
 
 
+#: ``swarm run ARGS`` for each case through ``cli.main`` in this one process: [exit code, stderr] each.
+IN_PROCESS = """
+import contextlib, io, json, sys, traceback
+from swarm_runtime.cli import main
+out = []
+for args in json.load(sys.stdin):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            rc = main(["run", *args])
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+    out.append([rc, err.getvalue()])
+json.dump(out, sys.stdout)
+"""
+
+
+def _in_process(cases, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", IN_PROCESS],
+        input=json.dumps([args for args, _ in cases]),
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return [
+        subprocess.CompletedProcess(args, rc, "", err) for (args, _), (rc, err) in zip(cases, json.loads(res.stdout))
+    ]
+
+
 def test_bad_values_exit_2_naming_the_key(tmp_path):
     assert len(BAD) >= 60
     (tmp_path / "a_file").write_text("x")
     cases = [([arg, f"run_dir={tmp_path / 'never'}"], key) for arg, key in BAD]
     cases += [([f"run_dir={tmp_path / 'a_file'}"], "run_dir"), ([f"run_dir={tmp_path / 'a_file' / 'sub'}"], "run_dir")]
     cases += [([*args, f"run_dir={tmp_path / 'never'}"], key) for args, key in BAD_TOGETHER]
+    cold = [*cases[::8], cases[-1]]
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda c: _swarm(c[0], tmp_path), cases))
+        results = list(pool.map(lambda c: _swarm(c[0], tmp_path), cold))
+    results += _in_process(cases, tmp_path)
     failures = []
-    for (arg, key), res in zip(cases, results):
+    for (arg, key), res in zip([*cold, *cases], results):
         arg = " ".join(arg)
         err = res.stderr.strip()
         if res.returncode != 2 or key not in err or "Traceback" in err or len(err.splitlines()) != 1:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_RUN, make_local_checkpoint, swarm
+from conftest import TINY_RUN, make_local_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -14,10 +14,10 @@ def local_checkpoint(tmp_path_factory):
     return make_local_checkpoint(tmp_path_factory.mktemp("pretrained") / "ckpt")
 
 
-def test_a_local_bpe_checkpoint_trains_and_evaluates(local_checkpoint, tmp_path):
+def test_a_local_bpe_checkpoint_trains_and_evaluates(local_checkpoint, tmp_path, warm_swarm):
     run = tmp_path / "run"
     args = [a for a in TINY_RUN if not a.startswith(("algo.sft.", "algo.iterations"))]
-    res = swarm(
+    res = warm_swarm(
         "run",
         *args,
         "model=local",
@@ -42,7 +42,7 @@ def test_a_local_bpe_checkpoint_trains_and_evaluates(local_checkpoint, tmp_path)
     assert masters and all(m.dtype == torch.float32 for m in masters)
     added = json.loads((saved / "tokenizer.json").read_text())["added_tokens"]
     assert any(t["content"] == "<bid_0.2>" for t in added)
-    res = swarm("eval", str(run), "eval.runs=1", cwd=tmp_path)
+    res = warm_swarm("eval", str(run), "eval.runs=1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "reward" in res.stdout
 

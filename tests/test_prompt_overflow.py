@@ -66,7 +66,7 @@ def test_warn_cuts_from_the_left_and_counts_each_prompt(monkeypatch, caplog):
         tiny(8)
 
 
-def test_swarm_run_stops_on_an_overflow_and_runs_counted_under_warn(tmp_path):
+def test_swarm_run_stops_on_an_overflow_and_runs_counted_under_warn(tmp_path, warm_swarm):
     args = ["run", *TINY_RUN, "model.max_prompt_tokens=24", "algo.iterations=1"]
     r = swarm(*args, f"run_dir={tmp_path / 'error'}", cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
@@ -80,7 +80,8 @@ def test_swarm_run_stops_on_an_overflow_and_runs_counted_under_warn(tmp_path):
         and "SWARM_PROMPT_OVERFLOW=warn" in last
         and "it begins 'you are Logger . goal wooden_pickaxe'" in last
     ), last
-    r = swarm(*args, f"run_dir={tmp_path / 'warn'}", cwd=tmp_path, env={"SWARM_PROMPT_OVERFLOW": "warn"})
+    # the error cold, the run under warn through the warm CLI (the variable is read when a prompt overflows)
+    r = warm_swarm(*args, f"run_dir={tmp_path / 'warn'}", cwd=tmp_path, env={"SWARM_PROMPT_OVERFLOW": "warn"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "prompt overflow #1 (SWARM_PROMPT_OVERFLOW=warn): a prompt of role " in r.stderr
     assert (tmp_path / "warn" / "eval.json").exists()

@@ -124,9 +124,9 @@ def _one_line_error(res, *needles):
     return err
 
 
-def test_planted_pickles_do_not_run_on_resume_or_eval(sweep, tmp_path):
+def test_planted_pickles_do_not_run_on_resume_or_eval(sweep, tmp_path, warm_swarm):
     """A pickle payload in any checkpoint file (optimizer state, RNG state, model weights) is refused
-    with a message naming the file, and never runs."""
+    with a message naming the file, and never runs (the resumes through the warm CLI, the eval cold)."""
     ref = sweep[0] / "ref"
     marker = tmp_path / "PWNED"
     cases = []
@@ -144,15 +144,16 @@ def test_planted_pickles_do_not_run_on_resume_or_eval(sweep, tmp_path):
     _plant(agent / "pytorch_model.bin", marker)
     cases.append((["eval", str(run), "checkpoint=sft"], "sft/agents"))
     for args, needle in cases:
-        res = swarm(*args, cwd=tmp_path)
+        res = (swarm if args[0] == "eval" else warm_swarm)(*args, cwd=tmp_path)
         assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
         assert needle in res.stderr, res.stderr
         assert not marker.exists(), f"the payload ran on swarm {' '.join(args)}"
 
 
-def test_corrupted_run_files_are_named(sweep, tmp_path):
+def test_corrupted_run_files_are_named(sweep, tmp_path, warm_swarm):
     """Truncated or random checkpoint files, a cut metrics line, a garbage or escaping ``latest``,
-    a garbage ``state.json``, a truncated config.yaml: exit 2, one line naming the file."""
+    a garbage ``state.json``, a truncated config.yaml: exit 2, one line naming the file (the resumes
+    through the warm CLI, the first one and the eval cold)."""
     ref = sweep[0] / "ref"
     tag = (ref / "checkpoints" / "latest").read_text().strip()
 
@@ -179,9 +180,9 @@ def test_corrupted_run_files_are_named(sweep, tmp_path):
             f"{tag}/agents",
         ),
     }
-    for run, needle in runs.values():
+    for i, (run, needle) in enumerate(runs.values()):
         args = ["run", "resume=true", f"run_dir={run}", "algo.iterations=2"]
-        _one_line_error(swarm(*args, cwd=tmp_path), needle)
+        _one_line_error((warm_swarm if i else swarm)(*args, cwd=tmp_path), needle)
     run = case(
         "mc", lambda r, c: (r / "metrics.jsonl").write_text('{"step": 0, "a"\n' + (r / "metrics.jsonl").read_text())
     )
@@ -200,7 +201,7 @@ def _set_phase(ckpt: Path, phase: str) -> None:
     (ckpt / "state.json").write_text(json.dumps(state))
 
 
-def test_a_locked_run_folder_refuses_a_second_run_naming_the_first(sweep, tmp_path):
+def test_a_locked_run_folder_refuses_a_second_run_naming_the_first(sweep, tmp_path, warm_swarm):
     """While a run holds its folder, a second ``swarm run`` on it exits 2 naming the holder's pid;
     once the holder is killed (-9), its stale lock is taken over. A fresh run into a folder that
     holds a finished run is refused unless ``overwrite=true``."""
@@ -221,9 +222,9 @@ def test_a_locked_run_folder_refuses_a_second_run_naming_the_first(sweep, tmp_pa
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        res = swarm("run", "resume=true", f"run_dir={run}", "algo.iterations=2", cwd=tmp_path)
+        res = warm_swarm("run", "resume=true", f"run_dir={run}", "algo.iterations=2", cwd=tmp_path)
         _one_line_error(res, f"pid {holder.pid}", "in use")
-        res = swarm("eval", str(run), cwd=tmp_path)
+        res = warm_swarm("eval", str(run), cwd=tmp_path)
         _one_line_error(res, f"pid {holder.pid}")
     finally:
         holder.kill()

@@ -43,8 +43,10 @@ def files(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def resume(folder, *args):
-    return swarm("experiment", "coordination", "resume=true", f"run_dir={folder}", *args, cwd=folder.parent)
+def resume(folder, *args, cli=swarm):
+    """``swarm experiment coordination resume=true`` on ``folder``; ``cli``: ``swarm`` (a cold process) or
+    the ``warm_swarm`` fixture (a child forked from a warmed interpreter)."""
+    return cli("experiment", "coordination", "resume=true", f"run_dir={folder}", *args, cwd=folder.parent)
 
 
 @pytest.mark.parametrize(
@@ -58,9 +60,9 @@ def resume(folder, *args):
         (["max_decisions=20"], ["max_decisions: saved 12, given 20"]),  # a bare task key
     ],
 )
-def test_a_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(experiment, args, named):
+def test_a_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(experiment, args, named, warm_swarm):
     before = files(experiment)
-    res = resume(experiment, *args)
+    res = resume(experiment, *args, cli=warm_swarm)
     assert res.returncode == 2, res.stderr[-3000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
@@ -73,7 +75,7 @@ def test_a_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(ex
     assert files(experiment) == before  # nothing already written is lost or rewritten
 
 
-def test_a_resume_with_the_saved_values_in_other_spellings_proceeds(experiment):
+def test_a_resume_with_the_saved_values_in_other_spellings_proceeds(experiment, warm_swarm):
     cells = {k: v for k, v in files(experiment).items() if "/cells/" in f"/{k}"}
     res = resume(
         experiment,
@@ -84,6 +86,7 @@ def test_a_resume_with_the_saved_values_in_other_spellings_proceeds(experiment):
         "task=wooden_pickaxe",
         "algo.lr=0.00003",
         "experiment.coordinators=[auction]",
+        cli=warm_swarm,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     log = (experiment / "run.log").read_text().split("(resuming)")[-1]
@@ -104,7 +107,7 @@ def test_a_resume_on_another_machine_proceeds(experiment):
     assert command.count("hardware.threads=1") == 1 and command.count("progress=false") == 1, command
 
 
-def test_without_resume_the_same_arguments_in_other_spellings_are_the_same_run(experiment, tmp_path):
+def test_without_resume_the_same_arguments_in_other_spellings_are_the_same_run(experiment, tmp_path, warm_swarm):
     """``swarm experiment NAME run_dir=D`` on a folder that holds the experiment compares the arguments
     resolved (``1`` and ``1.0`` of a float key, another order), as an identical list is: it reruns,
     skipping the finished cells; a real change, or a saved argument left off, is refused naming it."""
@@ -113,7 +116,7 @@ def test_without_resume_the_same_arguments_in_other_spellings_are_the_same_run(e
     copy = tmp_path / "exp"
     shutil.copytree(experiment, copy)
     same = [a.replace("model.lora.lr_scale=1", "model.lora.lr_scale=1.0") for a in reversed(EXP)]
-    res = swarm("experiment", "coordination", *same, f"run_dir={copy}", cwd=tmp_path)
+    res = warm_swarm("experiment", "coordination", *same, f"run_dir={copy}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     log = (copy / "run.log").read_text().split("experiment coordination in")[-1]
     assert "cell train-mpt: done before, skipped" in log and "cell coordination-auction: done before, skipped" in log
@@ -121,7 +124,7 @@ def test_without_resume_the_same_arguments_in_other_spellings_are_the_same_run(e
     changed = [
         a.replace("experiment.iterations=2", "experiment.iterations=3") for a in same if "max_decisions" not in a
     ]
-    bad = swarm("experiment", "coordination", *changed, f"run_dir={copy}", cwd=tmp_path)
+    bad = warm_swarm("experiment", "coordination", *changed, f"run_dir={copy}", cwd=tmp_path)
     assert bad.returncode == 2, bad.stderr[-3000:]
     lines = bad.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
@@ -178,8 +181,8 @@ def tiny_run(tmp_path_factory):
     return d / "run"
 
 
-def resume_run(folder, *args):
-    return swarm("run", "resume=true", f"run_dir={folder}", *args, cwd=folder.parent)
+def resume_run(folder, *args, cli=swarm):
+    return cli("run", "resume=true", f"run_dir={folder}", *args, cwd=folder.parent)
 
 
 @pytest.mark.parametrize(
@@ -192,11 +195,13 @@ def resume_run(folder, *args):
         ),
     ],
 )
-def test_swarm_run_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(tiny_run, args, named):
+def test_swarm_run_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(
+    tiny_run, args, named, warm_swarm
+):
     """The same refusal (and words) as ``swarm experiment ... resume=true``, where it used to warn
     and continue with the saved value."""
     before = files(tiny_run)
-    res = resume_run(tiny_run, *args)
+    res = resume_run(tiny_run, *args, cli=warm_swarm)
     assert res.returncode == 2, res.stderr[-3000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
@@ -209,7 +214,7 @@ def test_swarm_run_resume_that_would_change_the_saved_run_exits_2_and_touches_no
     assert files(tiny_run) == before  # nothing already written is lost or rewritten (the lock file included)
 
 
-def test_swarm_run_resume_with_the_saved_values_in_other_spellings_proceeds(tiny_run):
+def test_swarm_run_resume_with_the_saved_values_in_other_spellings_proceeds(tiny_run, warm_swarm):
     res = resume_run(
         tiny_run,
         "algo.lr=0.00003",
@@ -219,6 +224,7 @@ def test_swarm_run_resume_with_the_saved_values_in_other_spellings_proceeds(tiny
         "algo.iterations=2",
         "hardware=cpu",
         "log_level=DEBUG",
+        cli=warm_swarm,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "(resuming from iter-000002)" in (tiny_run / "run.log").read_text()

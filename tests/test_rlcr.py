@@ -413,7 +413,7 @@ def test_a_domain_without_progress_is_a_config_error_naming_it(registry):
     resolve(["domain=vln_ce"], reg)  # the other algorithms do not need it
 
 
-def test_cli_rlcr_run_trains_evaluates_and_plots(tmp_path):
+def test_cli_rlcr_run_trains_evaluates_and_plots(tmp_path, warm_swarm):
     out = tmp_path / "run"
     res = swarm(
         "run", *TINY_RLCR, "algo.iterations=2", "rlcr.t_max.steps=2", "eval.episodes=2", f"run_dir={out}", cwd=ROOT
@@ -427,13 +427,13 @@ def test_cli_rlcr_run_trains_evaluates_and_plots(tmp_path):
     assert [r["charts/t_max"] for r in rows if "charts/t_max" in r] == [120.0, 180.0]
     assert all("signs/comm_intensity" in r and "signs/useful_work_rel_team_3" in r for r in rows if r["step"] > 0)
     assert (out / "checkpoints" / "sft" / "agents" / "Shared" / "config.json").exists()
-    more = swarm("run", "resume=true", f"run_dir={out}", "algo.iterations=3", "progress=false", cwd=ROOT)
+    more = warm_swarm("run", "resume=true", f"run_dir={out}", "algo.iterations=3", "progress=false", cwd=ROOT)
     assert more.returncode == 0, more.stderr[-3000:]
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps.count(3) == 1 and steps.count(2) == 1  # one more update, none repeated
-    ev = swarm("eval", str(out), "checkpoint=sft", cwd=ROOT)
+    ev = warm_swarm("eval", str(out), "checkpoint=sft", cwd=ROOT)
     assert ev.returncode == 0 and "sft: solo" in ev.stdout and (out / "eval-sft.json").exists(), ev.stderr[-2000:]
-    bad = swarm("run", "domain=vln_ce", "algo=rlcr", f"run_dir={tmp_path / 'bad'}", cwd=ROOT)
+    bad = warm_swarm("run", "domain=vln_ce", "algo=rlcr", f"run_dir={tmp_path / 'bad'}", cwd=ROOT)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "vln_ce" in bad.stderr
     assert not (tmp_path / "bad").exists()
 

@@ -562,8 +562,8 @@ def test_port_in_use_is_reported_before_any_model_loads(run):
     assert time.time() - t0 < 60
 
 
-def test_bad_settings_at_start_are_a_config_error(run):
-    from conftest import swarm
+def test_bad_settings_at_start_are_a_config_error(run, warm_swarm):
+    swarm = warm_swarm  # what serve does with the settings: the warm CLI (the port test above is cold)
 
     for args, word in (
         (["serve.agents=[Smith=http://10.9.9.9:8001]"], "serve.allow_hosts"),

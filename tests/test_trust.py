@@ -1,6 +1,7 @@
 """A run folder, recipe or checkpoint from elsewhere cannot delete a user's files, run code or leak a
 key (issue 31): real run folders trained once per module, copied per test, damaged the way a folder
-from elsewhere could be, then handed to the real CLI in a subprocess."""
+from elsewhere could be, then handed to the real CLI in a subprocess (a cold ``swarm``, or ``warm_swarm``'s child forked from a
+warmed interpreter where the test checks what the command does with the folder)."""
 
 import json
 import shutil
@@ -91,7 +92,7 @@ def _tree(path: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------- data lost (1-4)
-def test_overwrite_deletes_only_what_the_runtime_wrote(runs, tmp_path):
+def test_overwrite_deletes_only_what_the_runtime_wrote(runs, tmp_path, warm_swarm):
     """1. A folder of the user's own config.yaml, plots, tb/ and eval file is never emptied: overwrite=true
     refuses it naming the files, and the error without overwrite does not suggest overwrite=true. A run
     folder the runtime wrote lists every file in its manifest, so overwrite empties it exactly; a file the
@@ -105,23 +106,25 @@ def test_overwrite_deletes_only_what_the_runtime_wrote(runs, tmp_path):
         (mine / name).write_text(f"the user's {name}")
     before = _tree(mine)
     _error(swarm("run", *TINY_RUN, f"run_dir={mine}", "overwrite=true", cwd=tmp_path), "config.yaml", "did not write")
-    _error(swarm("run", *TINY_RUN, f"run_dir={mine}", cwd=tmp_path), "already holds a run", absent=("overwrite=true",))
+    _error(
+        warm_swarm("run", *TINY_RUN, f"run_dir={mine}", cwd=tmp_path), "already holds a run", absent=("overwrite=true",)
+    )
     assert _tree(mine) == before
     (mine / "config.yaml").unlink()  # no run here, but files a run would replace
-    _error(swarm("run", *TINY_RUN, f"run_dir={mine}", cwd=tmp_path), "eval-best.json", "loss.png")
+    _error(warm_swarm("run", *TINY_RUN, f"run_dir={mine}", cwd=tmp_path), "eval-best.json", "loss.png")
     assert (mine / "loss.png").read_text() == "the user's loss.png"
 
     run = _copy(runs, "full", tmp_path / "run")
     assert (run / runfiles.MANIFEST).is_file() and runfiles.foreign(run) == []
     (run / "notes.txt").write_text("mine")
-    _error(swarm("run", *TINY_RUN, f"run_dir={run}", "overwrite=true", cwd=tmp_path), "notes.txt")
+    _error(warm_swarm("run", *TINY_RUN, f"run_dir={run}", "overwrite=true", cwd=tmp_path), "notes.txt")
     assert (run / "checkpoints" / "latest").is_file()
     (run / "notes.txt").unlink()
     clear_run(run)
     assert [p.name for p in run.iterdir()] == [runfiles.MANIFEST]
 
 
-def test_run_control_keys_come_from_the_command_line_only(runs, tmp_path, registry):
+def test_run_control_keys_come_from_the_command_line_only(runs, tmp_path, registry, warm_swarm):
     """2. A recipe that sets overwrite (or resume, run_dir) is refused naming the key and the recipe,
     before the run folder is touched; so is a task file's overrides block; a saved config.yaml's own
     run-control values are not read back."""
@@ -130,7 +133,7 @@ def test_run_control_keys_come_from_the_command_line_only(runs, tmp_path, regist
     for key, value in (("overwrite", "true"), ("resume", "true"), ("run_dir", str(tmp_path / "x"))):
         recipe = tmp_path / f"{key}.yaml"
         recipe.write_text(f"domain: minecraft\ntask: wooden_pickaxe\n{key}: {value}\n")
-        _error(swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), key, str(recipe))
+        _error(warm_swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), key, str(recipe))
     assert _tree(run / "checkpoints") == before
 
     from swarm_runtime.config import ConfigError, load_saved, resolve
@@ -160,7 +163,7 @@ def test_run_control_keys_come_from_the_command_line_only(runs, tmp_path, regist
     assert saved.overwrite is False and saved.resume is False and saved.run_dir == str(run)
 
 
-def test_no_write_follows_a_link_out_of_the_run_folder(runs, tmp_path):
+def test_no_write_follows_a_link_out_of_the_run_folder(runs, tmp_path, warm_swarm):
     """3. metrics.jsonl linked to a user's file (with metrics_rows 0, so a resume would cut it) or
     run.log linked to one: the resume exits 2 naming the link; the user's file is untouched."""
     victim = tmp_path / "victim.txt"
@@ -175,14 +178,16 @@ def test_no_write_follows_a_link_out_of_the_run_folder(runs, tmp_path):
         cases.append((run, name))
     with ThreadPoolExecutor(2) as pool:
         results = list(
-            pool.map(lambda c: swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3", cwd=tmp_path), cases)
+            pool.map(
+                lambda c: warm_swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3", cwd=tmp_path), cases
+            )
         )
     for (_, name), res in zip(cases, results):
         _error(res, name, "outside the run folder")
     assert victim.read_text() == "precious\n" * 5
 
 
-def test_export_never_writes_into_a_checkpoint(runs, tmp_path):
+def test_export_never_writes_into_a_checkpoint(runs, tmp_path, warm_swarm):
     """4. out= inside the run's checkpoints (directly or through a link) is refused; the checkpoint's
     models (full copies and adapters) are untouched."""
     for name in ("full", "lora"):
@@ -193,7 +198,8 @@ def test_export_never_writes_into_a_checkpoint(runs, tmp_path):
         outs = [ckpt / "agents"] + ([tmp_path / f"{name}-link" / ckpt.name] if name == "full" else [])
         for out in outs:
             _error(
-                swarm("export", str(run), f"checkpoint={ckpt.name}", f"out={out}", cwd=tmp_path), "never writes into"
+                warm_swarm("export", str(run), f"checkpoint={ckpt.name}", f"out={out}", cwd=tmp_path),
+                "never writes into",
             )
         assert _tree(ckpt) == before
 
@@ -314,7 +320,7 @@ STATE_DAMAGE = [
 ]
 
 
-def test_a_damaged_state_json_is_named_before_anything_resumes(runs, tmp_path):
+def test_a_damaged_state_json_is_named_before_anything_resumes(runs, tmp_path, warm_swarm):
     """9. state.json with a negative iteration, an unknown phase, or corrupt flops, metrics_rows (more rows
     than metrics.jsonl holds) or sft_eval: exit 2 naming the file and the key, nothing rewritten; the same
     schema refuses an iteration that is not the checkpoint's, infinite FLOPs, a metrics_rows of another type,
@@ -329,7 +335,9 @@ def test_a_damaged_state_json_is_named_before_anything_resumes(runs, tmp_path):
         cases.append((run, needle, (run / "metrics.jsonl").read_bytes()))
     with ThreadPoolExecutor(3) as pool:
         results = list(
-            pool.map(lambda c: swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3", cwd=tmp_path), cases)
+            pool.map(
+                lambda c: warm_swarm("run", "resume=true", f"run_dir={c[0]}", "algo.iterations=3", cwd=tmp_path), cases
+            )
         )
     for (run, needle, metrics), res in zip(cases, results):
         _error(res, needle, "metrics.jsonl" if needle == "metrics.jsonl" else "state.json")
@@ -347,14 +355,14 @@ def test_a_damaged_state_json_is_named_before_anything_resumes(runs, tmp_path):
         assert needle in state_problem({**good, key: value}, tag), (key, value)
 
 
-def test_silent_nonsense_is_one_line(runs, tmp_path):
+def test_silent_nonsense_is_one_line(runs, tmp_path, warm_swarm):
     """10-11. A recipe that is not YAML, a memory plan of a model.arch with a negative or missing size, an
     adapter checkpoint exported with NaN weights or a tampered base pointer: exit 2, one line naming it."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("domain: [minecraft\n  task: {")
-    _error(swarm("run", f"recipe={bad}", cwd=tmp_path), str(bad), "not YAML")
+    _error(warm_swarm("run", f"recipe={bad}", cwd=tmp_path), str(bad), "not YAML")
     for arch in ("{hidden_size: 64}", "{hidden_size: -64, vocab_size: 100, num_hidden_layers: 2}"):
-        _error(swarm("config", "model=local", f"model.arch={arch}", "--plan", cwd=tmp_path), "model.arch")
+        _error(warm_swarm("config", "model=local", f"model.arch={arch}", "--plan", cwd=tmp_path), "model.arch")
 
     from safetensors.torch import load_file, save_file
 
@@ -364,14 +372,14 @@ def test_silent_nonsense_is_one_line(runs, tmp_path):
     first = sorted(weights)[0]
     weights[first][0] = float("nan")
     save_file(weights, str(f), metadata={"format": "pt"})
-    _error(swarm("export", str(run), cwd=tmp_path), "Miner", "NaN")
+    _error(warm_swarm("export", str(run), cwd=tmp_path), "Miner", "NaN")
     assert not (run / "export" / _latest(run).name / "Miner").exists()
     run = _copy(runs, "lora", tmp_path / "ptr")
     (_latest(run) / "agents" / "Smith" / "swarm_base.json").write_text('{"base": 3')
-    _error(swarm("export", str(run), cwd=tmp_path), "swarm_base.json")
+    _error(warm_swarm("export", str(run), cwd=tmp_path), "swarm_base.json")
 
 
-def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path):
+def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path, warm_swarm):
     """12. Eval checks every role's base fingerprint (not only the first role's); a ``latest`` linked to a
     file outside the run is refused without echoing it; new runs write the current config_version."""
     from swarm_runtime.config import CONFIG_VERSION
@@ -381,7 +389,7 @@ def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path):
     ptr = json.loads(ptr_file.read_text())
     ptr["fingerprint"] = "0" * 64
     ptr_file.write_text(json.dumps(ptr))
-    _error(swarm("eval", str(run), cwd=tmp_path), "Smith")
+    _error(warm_swarm("eval", str(run), cwd=tmp_path), "Smith")
 
     secret = tmp_path / "secret.txt"
     secret.write_text("TOPSECRET-CONTENT-0123456789")
@@ -389,7 +397,7 @@ def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path):
     (run / "checkpoints" / "latest").unlink()
     (run / "checkpoints" / "latest").symlink_to(secret)
     for args in (["eval", str(run)], ["run", "resume=true", f"run_dir={run}", "algo.iterations=3"]):
-        line = _error(swarm(*args, cwd=tmp_path), "latest", absent=("TOPSECRET",))
+        line = _error(warm_swarm(*args, cwd=tmp_path), "latest", absent=("TOPSECRET",))
         assert "outside the run folder" in line or "link out of the run folder" in line, line
     for name in ("full", "lora", "research"):
         assert f"config_version: {CONFIG_VERSION}\n" in (runs[0] / name / "config.yaml").read_text()

@@ -43,21 +43,20 @@ def import_ray():
     return ray
 
 
-def connect(address: str | None, num_cpus: int | None = None) -> bool:
+def connect(address: str | None, num_cpus: int | None = None, key: str = "cluster.address") -> bool:
     """Join the Ray cluster at ``address``, or (None) start a local one bound to 127.0.0.1. Returns whether
-    this call started Ray (then :meth:`EnvCluster.close` stops it)."""
+    this call started Ray (then :meth:`EnvCluster.close` stops it). ``key``: the setting errors name."""
     ray = import_ray()
     if ray.is_initialized():
         return False
     opts = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address is None:
-        # "local": a new Ray for this run, always. Without it ray.init joins whatever cluster RAY_ADDRESS or the
-        # last `ray start` on this machine (/tmp/ray/ray_current_cluster) names (seen: another job's head, and
-        # then num_cpus is refused)
+        # "local": a new Ray, never the cluster $RAY_ADDRESS names or the last `ray start` on this machine left in
+        # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one: measured, Ray 2.60)
         ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
         return True
     unreachable = (
-        f"cluster.address={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
+        f"{key}={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
         "cluster's head (ray start --head prints it), or null to start a local Ray"
     )
     host, _, port = address.removeprefix("ray://").rpartition(":")

@@ -13,13 +13,22 @@ from swarm_runtime.rollout.base import Sampler
 from swarm_runtime.rollout.local import LocalLearner, LocalSampler
 
 
-def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None) -> Sampler:
-    """``rollout.engine=local``: in process, over the learner's own modules; ``openai`` / ``vllm``: an
-    inference server (started here for ``vllm``), each model's weights loaded as a named version.
+def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict | None = None) -> Sampler:
+    """``rollout.engine=local``: in process, over the learner's own modules, or (``cluster.samplers=ray``) in a
+    sampler actor holding a copy of them (:mod:`swarm_runtime.cluster.sampler`; ``options``: its Ray actor
+    options); ``openai`` / ``vllm``: an inference server (started here for ``vllm``), each model's weights
+    loaded as a named version.
 
     An engine sampler is made once the base is frozen (after the cold start's SFT of a config-built
     base): the server holds that base for the whole run; only the adapters are synced."""
     engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
+    c = cfg.get("cluster")
+    if engine == "local" and c is not None and c.get("samplers", "local") == "ray":
+        from swarm_runtime.cluster.sampler import RaySampler
+
+        return RaySampler(
+            learner, LocalSampler, c.address, c.get("num_cpus"), int(c.get("sampler_restarts", 8)), options=options
+        )
     if engine == "local":
         return LocalSampler(learner.policies, learner)
     if engine not in ("openai", "vllm"):

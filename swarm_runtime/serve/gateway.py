@@ -180,6 +180,18 @@ def make_app(setup: GatewaySetup):
     serve_dir = setup.run_dir / "serve"
     serve_dir.mkdir(parents=True, exist_ok=True)
     metrics = Metrics()
+    #: a model.adapter=lora run: PEFT adapters pointing to one base (swarm_base.json), served by one worker
+    adapter_run = (role_folder(setup.checkpoint, roles[0]) / "swarm_base.json").exists()
+    launcher = None  # serve.cluster=local: workers forked here
+    if str(s.cluster) == "ray":  # each worker a Ray actor (Ray joined or started here, before anything is served)
+        if adapter_run:
+            raise ConfigError(
+                "serve.cluster=ray serves one worker per agent; this run's agents are LoRA adapters on one base "
+                "(model.adapter=lora), served by one worker on this host: valid for it: serve.cluster=local"
+            )
+        from swarm_runtime.serve.ray_workers import RayWorkers
+
+        launcher = RayWorkers(s.address, restart=bool(s.restart_workers))
     pop = Population(
         PopulationOptions(
             max_prompt_tokens=int(cfg.model.max_prompt_tokens),
@@ -193,7 +205,8 @@ def make_app(setup: GatewaySetup):
             max_restarts=int(s.max_restarts),
             restart_window_s=float(s.restart_window_s),
             backoff_max_s=float(s.restart_backoff_max_s),
-        )
+        ),
+        launcher,
     )
     temperature = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.model.temperature
     opts = EngineOptions(
@@ -219,8 +232,6 @@ def make_app(setup: GatewaySetup):
     transcripts = serve_dir / "episodes.jsonl"
     journal_path = serve_dir / "journal.jsonl"
     seed_sets: dict[tuple[str, str], set] = {}
-    #: a model.adapter=lora run: PEFT adapters pointing to one base (swarm_base.json), served by one worker
-    adapter_run = (role_folder(setup.checkpoint, roles[0]) / "swarm_base.json").exists()
 
     def replicas(role: str) -> int:
         r = s.replicas

@@ -7,6 +7,8 @@ again), ``failed`` (it did not answer within ``join_timeout_s`` of joining, or i
 ``draining`` (``DELETE``: finishes what it was asked, gets nothing new) or ``removed``.
 A worker the gateway started and that died is restarted when ``restart_workers`` is on, after an
 exponential backoff (0.5 s, 1 s, 2 s, ... capped at ``backoff_max_s``).
+Workers are forked processes on this host, or (``serve.cluster=ray``, a ``launcher``) Ray actors on any node
+(:mod:`swarm_runtime.serve.ray_workers`): their URL is learnt from the actor, and again after Ray restarts it.
 Agent indices are never reused, so keyed sampling and transcripts stay attributable.
 """
 
@@ -152,8 +154,11 @@ class PopulationOptions:
 
 
 class Population:
-    def __init__(self, opts: PopulationOptions):
+    def __init__(self, opts: PopulationOptions, launcher=None):
+        """``launcher(argv, log, threads)``: starts a worker and returns its handle (default: a forked
+        :class:`WorkerProcess`; :class:`~swarm_runtime.serve.ray_workers.RayWorkers`: a Ray actor)."""
         self.opts = opts
+        self.launcher = launcher
         self.agents: list[AgentHandle] = []
         #: adapter hosts: one worker per base holding every role's adapter (their agents are URL agents on it)
         self.hosts: list[AgentHandle] = []
@@ -183,13 +188,16 @@ class Population:
         logger.info("agent {} ({}) joins at {}", a.name, role, a.url)
         return a
 
+    def _new_url(self) -> str:
+        """A forked worker's URL (a free port here); a Ray actor's is learnt when it serves (:meth:`follow`)."""
+        return "" if self.launcher is not None else f"http://127.0.0.1:{free_port()}"
+
     def spawn(self, role: str, checkpoint: Path, name: str | None = None, worker_args=()) -> AgentHandle:
-        port = free_port()
         a = AgentHandle(
             len(self.agents),
             name or self.next_name(role),
             role,
-            f"http://127.0.0.1:{port}",
+            self._new_url(),
             model_id=None,
             checkpoint=str(checkpoint),
             worker_args=list(worker_args),
@@ -201,12 +209,11 @@ class Population:
     def spawn_host(self, base: Path, adapters: list[tuple[str, Path]]) -> AgentHandle:
         """One worker serving ``base`` with each ``(name, adapter folder)`` loaded (a ``model.adapter=lora``
         run); agents join it by URL with their adapter's name as ``model``. Restarted as workers are."""
-        port = free_port()
         h = AgentHandle(
             -1,
             f"base-{len(self.hosts) + 1}",
             "",
-            f"http://127.0.0.1:{port}",
+            self._new_url(),
             checkpoint=str(base),
             worker_args=["--lora-modules", *[f"{n}={p}" for n, p in adapters]],
         )
@@ -215,7 +222,9 @@ class Population:
         return h
 
     def _start(self, a: AgentHandle) -> None:
-        port = a.url.rsplit(":", 1)[1]
+        if self.launcher is not None:
+            a.url = ""  # a new actor: its URL when it serves
+        port = a.url.rsplit(":", 1)[1] if a.url else "0"
         argv = [
             "--model",
             a.checkpoint,
@@ -239,9 +248,12 @@ class Population:
         if self.opts.log_dir is not None:
             self.opts.log_dir.mkdir(parents=True, exist_ok=True)
             log = self.log_path(a.name)
-        a.proc = WorkerProcess(argv, log, self.opts.worker_threads)
+        a.proc = (self.launcher or WorkerProcess)(argv, log, self.opts.worker_threads)
         a.status, a.since, a.misses = "starting", time.time(), 0
-        logger.info("agent {} ({}): worker pid {} on {}", a.name, a.role, a.proc.pid, a.url)
+        if self.launcher is None:
+            logger.info("agent {} ({}): worker pid {} on {}", a.name, a.role, a.proc.pid, a.url)
+        else:
+            logger.info("agent {} ({}): worker actor started on Ray", a.name, a.role)
 
     def log_path(self, name: str) -> Path:
         """The worker log of agent ``name``: always a file directly inside ``log_dir``."""
@@ -284,6 +296,41 @@ class Population:
             a.next_start = 0.0
             self._start(a)
 
+    def follow(self, a: AgentHandle) -> None:
+        """A worker in a Ray actor (a handle with ``check``): learn its URL when it first serves; mark it down
+        when its process died (Ray restarts it); take its new URL and pid when Ray restarted it (counted as a
+        restart: too many within ``restart_window_s`` and it is failed, as a subprocess that keeps dying)."""
+        check = getattr(a.proc, "check", None)
+        if check is None or a.status in ("draining", "removed", "failed"):
+            return
+        news = check()
+        if news is None:
+            return
+        if isinstance(news, str):  # its process died: not asked until the restarted worker answers
+            if a.status == "up":
+                a.status, a.since, a.error = "down", time.time(), "its worker's Ray actor died; Ray restarts it"
+                logger.warning("agent {} dropped: {}", a.name, a.error)
+            return
+        url, pid = news
+        if a.url:  # it served before: Ray restarted the actor
+            now = time.monotonic()
+            a.restart_times = [t for t in a.restart_times if now - t < self.opts.restart_window_s] + [now]
+            a.restarts += 1
+            logger.warning("agent {}: worker restarted by Ray, now pid {} at {} (was {})", a.name, pid, url, a.url)
+            if len(a.restart_times) > self.opts.max_restarts:
+                a.url = url
+                self.mark_failed(
+                    a,
+                    f"its worker's Ray actor died {len(a.restart_times)} times in {self.opts.restart_window_s:g}s "
+                    f"(serve.max_restarts={self.opts.max_restarts})",
+                )
+                return
+            if a.status == "up":  # not asked until it answers at its new address
+                a.status, a.since, a.error = "down", time.time(), "restarted by Ray"
+        else:
+            logger.info("agent {} ({}): worker pid {} on {} (a Ray actor)", a.name, a.role, pid, url)
+        a.url = url
+
     def note_miss(self, a: AgentHandle) -> None:
         a.misses += 1
         if a.misses >= self.opts.drop_after_misses:
@@ -291,6 +338,8 @@ class Population:
 
     async def probe(self, client, a: AgentHandle, timeout: float = 1.0) -> bool:
         try:
+            if not a.url:
+                raise ConnectionError("its Ray actor has not said where it serves yet")
             r = await client.get(f"{a.url}/v1/models", timeout=timeout)
             r.raise_for_status()
             if a.model_id is None:  # a server of several models (a base with adapters): the one named as the role
@@ -313,6 +362,7 @@ class Population:
         """Forever: restart dead workers the gateway owns (with backoff), probe the agents that are not up."""
         while True:
             for a in list(self.agents) + self.hosts:
+                self.follow(a)
                 if (
                     a.proc is not None
                     and a.proc.poll() is not None
@@ -320,7 +370,8 @@ class Population:
                 ):
                     if a.status != "down":
                         a.status, a.since = "down", time.time()
-                        a.error = f"worker exited with {a.proc.returncode}"
+                        why = getattr(a.proc, "error", None)  # a Ray actor's: why it is gone
+                        a.error = f"worker exited with {a.proc.returncode}" + (f": {why}" if why else "")
                         logger.warning("agent {} dropped: {}", a.name, a.error)
                     if self.opts.restart_workers:
                         self._restart(a)
@@ -336,10 +387,10 @@ class Population:
         while True:
             pending = [a for a in self.agents + self.hosts if a.status != "up" and a.proc is not None]
             for a in pending:
+                self.follow(a)
                 if a.proc is not None and a.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"worker {a.name} exited with {a.proc.returncode} while starting; see {self.opts.log_dir}"
-                    )
+                    where = getattr(a.proc, "error", None) or f"see {self.opts.log_dir}"
+                    raise RuntimeError(f"worker {a.name} exited with {a.proc.returncode} while starting; {where}")
                 await self.probe(client, a)
             if not [a for a in pending if a.status != "up"]:
                 return
@@ -372,3 +423,6 @@ class Population:
         for a in self.agents + self.hosts:
             if a.proc is not None:
                 self._stop(a)
+        close = getattr(self.launcher, "close", None)
+        if close is not None:
+            close()

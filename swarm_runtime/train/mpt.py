@@ -8,6 +8,7 @@ import json
 import random
 import time
 from collections import Counter
+from functools import partial
 
 import torch
 from loguru import logger
@@ -21,12 +22,12 @@ from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
 from swarm_runtime.policy.adapters import adapter_lr_scale, sft_shared_base
 from swarm_runtime.rollout.factory import make_sampler
 from swarm_runtime.rollout.local import LocalLearner, LockedSampler, model_names
-from swarm_runtime.run import RunContext
+from swarm_runtime.run import RunContext, truncate_metrics
 from swarm_runtime.runfiles import claim
 from swarm_runtime.train.action import action_update, credit_samples_and_turns
 from swarm_runtime.train.bid import bid_update, pick_contested, run_branches
 from swarm_runtime.train.optim import load_optimizer_state, make_optimizer, restore_master_weights
-from swarm_runtime.train.phases import PhasedTrainer
+from swarm_runtime.train.phases import PhasedTrainer, Rewound
 from swarm_runtime.train.sft import collect_demos, demo_accuracy, sft
 
 
@@ -68,6 +69,47 @@ def rollout_staleness(episodes, names: list[str], learner) -> float | None:
     return sum(lags) / len(lags) if lags else None
 
 
+def optimizer_settings(cfg) -> dict:
+    """The arguments of ``train/optim.py: make_optimizer`` (beside the parameters) of each kind of step."""
+    a = cfg.algo
+    cycle = int(a.action_steps) + int(a.bid_steps)
+    steps = {
+        "action": int(a.iterations) * int(a.action_steps) // cycle + 1,
+        "bid": int(a.iterations) * int(a.bid_steps) // cycle + 1,
+    }
+    scale = adapter_lr_scale(cfg)
+    lrs = {"action": float(a.lr) * scale, "bid": float(a.bid_lr if a.get("bid_lr") is not None else a.lr) * scale}
+    # adapters: every role's moments allocated now, together (same numbers; less heap growth: optim.init_adam_state)
+    eager = (cfg.model.get("adapter") or "none") == "lora"
+    return {
+        kind: dict(
+            lr=lrs[kind],
+            weight_decay=float(a.weight_decay),
+            total_steps=n,
+            warmup=int(a.warmup_steps),
+            min_ratio=float(a.min_lr_ratio),
+            eps=float(a.adam_eps),
+            eager_state=eager,
+        )
+        for kind, n in steps.items()
+    }
+
+
+def role_optimizers(policies: dict, settings: dict) -> dict:
+    """Per role, one AdamW for action steps and one for bid steps (``settings``: :func:`optimizer_settings`).
+    Their gradients differ by ~100x in scale (advantage / reward_scale vs a Bradley-Terry log-odds), so a shared
+    Adam second moment would let each bid step mute the action steps that follow it. Module level: the learner
+    actors (``cluster.learners=ray``) make theirs with it."""
+    return {
+        kind: {role: make_optimizer(p.parameters(), **kw) for role, p in policies.items()}
+        for kind, kw in settings.items()
+    }
+
+
+#: Metrics of ``bid_update`` counted over all pairs: summed over the learner actors that each got a share.
+SUMMED = ("charts/bid_pairs", "charts/bid_pairs_higher_won", "charts/bid_pairs_runner_up")
+
+
 class MPTTrainer(PhasedTrainer):
     """The MPT algorithm, registered as ``algo.name=mpt`` (phases: :class:`~.phases.PhasedTrainer`)."""
 
@@ -83,6 +125,9 @@ class MPTTrainer(PhasedTrainer):
         self._ahead_envs: dict[int, list] = {}  #: update -> the envs of its rollout played ahead, until it is taken
         self._pool = None
         self._envs = None  #: (domain whose envs the episodes use, its cluster or None): :meth:`env_domain`
+        self._group = None  #: ``cluster.learners=ray``: the learner actors (:meth:`_learners`)
+        self._group_loaded = False  #: whether they hold the driver's weights and optimizer state of now
+        self.learner_options: dict = {}  #: extra Ray options of the learner actors (placement)
 
     def env_domain(self):
         """The domain whose ``make_env`` rollouts, evaluations and branches use: the run's own
@@ -112,6 +157,164 @@ class MPTTrainer(PhasedTrainer):
             self.learner.bump(changed, version=it + 1)
             self.sampler.sync(self.learner, changed)
 
+    # ------------------------------------------------------------------ learners
+    def _ray_learners(self) -> bool:
+        c = self.cfg.get("cluster")
+        return c is not None and c.get("learners", "local") == "ray"
+
+    def _update(self, kind: str, fn, items: list, agent_of, **kw) -> dict:
+        """Update ``kind`` (``fn``: ``action_update`` on samples, ``bid_update`` on pairs; ``agent_of(item)``: the
+        agent index an item trains; ``kw["reference"]``: whether the reference policies take part). In process
+        (``cluster.learners=local``), or on the learner actors of the items' roles (``ray``): each gets its items
+        (and ``behaviour``, aligned with them), the driver takes back the changed weights and the FLOPs counted."""
+        use_ref = bool(kw.pop("reference"))
+        if not self._ray_learners():
+            ref = self._reference_policies() if use_ref else None
+            return fn(self.agents, items, self.optimizers[kind], reference=ref, **kw)
+        from swarm_runtime.cluster.learner import LearnerGone, LearnerLost, copy_params, replay_flops
+
+        try:
+            group = self._learners()
+            results = group.update(fn, kind, self._shares(group, items, agent_of, use_ref, kw))
+        except LearnerLost as lost:
+            self._rewind(lost)
+            raise Rewound(str(lost)) from None
+        except LearnerGone as gone:
+            raise self._stopped(gone) from None
+        m: dict = {}
+        for res in results:
+            for k, v in res["metrics"].items():
+                m[k] = m[k] + v if k in SUMMED and k in m else v
+            for role, tensors in res["params"].items():
+                copy_params(self.policies[role], tensors)
+            replay_flops(self.ctx.flops, res["flops"])
+        return m
+
+    def _shares(self, group, items: list, agent_of, use_ref: bool, kw: dict) -> dict:
+        """``{learner: (its items, its keyword arguments)}``: each item to the learner of its agent's role
+        (``behaviour``, one entry per item, split alike); no items: the first role's learner, with none."""
+        share: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            share.setdefault(group.learner_of[self.agents[agent_of(item)].role], []).append(i)
+        if not share:  # nothing to train: the learner of the first role answers the empty update's metrics
+            share = {group.learner_of[next(iter(self.policies))]: []}
+        return {
+            name: (
+                [items[i] for i in idx],
+                {
+                    **kw,
+                    "reference": use_ref,
+                    **({"behaviour": [kw["behaviour"][i] for i in idx]} if "behaviour" in kw else {}),
+                },
+            )
+            for name, idx in share.items()
+        }
+
+    def _learners(self):
+        """``cluster.learners=ray``: the learner actors, started on first use (after SFT; they take the driver's
+        weights then) and loaded with the driver's weights and optimizer state whenever the driver's are the newer
+        (the start of RL, a resume's or a rewind's checkpoint); from then on the optimizers live only there."""
+        from swarm_runtime.cluster.learner import LearnerGroup, params_of, training_state
+
+        if self._group is None:
+            c, a = self.cfg.cluster, self.cfg.algo
+            needs_ref = float(a.kl_coef) > 0 or str(a.bid_reference) == "sft"
+            self._group = LearnerGroup(
+                self.policies,
+                [(x.name, x.role) for x in self.agents],
+                partial(role_optimizers, settings=optimizer_settings(self.cfg)),
+                self._reference_policies() if needs_ref else None,
+                self.ctx.run_dir,
+                max_restarts=int(c.learner_restarts),
+                options=self._learner_placement,
+                address=c.address,
+                num_cpus=c.get("num_cpus"),
+            )
+        if not self._group_loaded:
+            self._group.load(
+                {
+                    role: {
+                        "params": params_of(p),
+                        "state": training_state(p, {k: t[role] for k, t in self.optimizers.items() if role in t}),
+                    }
+                    for role, p in self.policies.items()
+                }
+            )
+            self._group_loaded, self.optimizers = True, {}
+        return self._group
+
+    def _learner_placement(self, name: str, roles: list[str]) -> dict:
+        """Ray options of learner ``name``: :attr:`learner_options`, and with ``cluster.placement`` its slot (learner
+        shard 0) in the placement group of its roles, which the env cluster reserved."""
+        out = dict(self.learner_options)
+        spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
+        if spec is not None:
+            from swarm_runtime.cluster.placement import actor_options
+
+            group = next((g.name for g in spec.groups if set(roles) <= set(g.roles)), None)
+            if group is None:
+                raise RuntimeError(f"learner {name!r}: no placement group holds its roles {roles}")
+            out.update(actor_options(spec, group, "learner", 0))
+        return out
+
+    def _last_lr(self, kind: str) -> float:
+        """The learning rate of the first role's ``kind`` optimizer (the ``charts/lr`` metric)."""
+        if self._group_loaded:
+            return self._group.lr[kind][next(iter(self.policies))]
+        return next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
+
+    def _training_states(self) -> dict | None:
+        """The optimizer state and fp32 masters of each role for a checkpoint: the learner actors' once they hold
+        them (``cluster.learners=ray``), else None (the driver's own optimizers)."""
+        if not self._group_loaded:
+            return None
+        from swarm_runtime.cluster.learner import LearnerGone, LearnerLost
+
+        try:
+            return self._group.training_states()
+        except LearnerLost as lost:
+            self._rewind(lost)
+            raise Rewound(str(lost)) from None
+        except LearnerGone as gone:
+            raise self._stopped(gone) from None
+
+    def _stopped(self, gone):
+        """The error that ends the run when a learner actor cannot be restarted: what was lost, where the run
+        stopped, and how to go on from the last checkpoint."""
+        at = ckpt.latest_checkpoint(self.ctx.run_dir)
+        where = f"its last checkpoint is {at.name}" if at is not None else "it has no checkpoint"
+        return type(gone)(
+            f"{gone}; the run stopped at update {int(self.state.get('iteration', 0)) + 1} ({where}): go on with "
+            f"swarm run run_dir={self.ctx.run_dir} resume=true"
+        )
+
+    def _rewind(self, lost) -> None:
+        """A learner actor died and Ray restarted it: rewind the whole run to its last checkpoint, through the
+        resume path (metrics rows after it dropped, weights, optimizers, RNGs, counters restored), inside this
+        ``swarm run``; the next update loads the checkpoint's state into every learner actor."""
+        run_dir = self.ctx.run_dir
+        at = ckpt.latest_checkpoint(run_dir)
+        if at is None:
+            raise RuntimeError(f"{lost}, and the run has no checkpoint to rewind to")
+        logger.warning(
+            "learner {} lost at update {} (pid {} died; Ray restarted it as pid {}): rewinding to checkpoint {}",
+            lost.name,
+            int(self.state.get("iteration", 0)) + 1,
+            lost.pid,
+            lost.new_pid,
+            at.name,
+        )
+        self.writer.close()
+        truncate_metrics(run_dir, ckpt.load_state(at))
+        if self.sampler is not None:
+            self.sampler.close()
+        self.sampler, self.learner = None, None
+        self.ctx.resume_from = at
+        self._setup()
+        self._group_loaded = False
+        if self.state["phase"] == "done" and self.state["iteration"] < int(self.cfg.algo.iterations):
+            self.state["phase"] = "rl"  # a finished run being extended (PhasedTrainer.train)
+
     def train(self) -> dict:
         """:meth:`PhasedTrainer.train`; the env workers (``cluster.kind=ray``) are started first (a cluster that
         cannot be reached ends the run before SFT) and closed at the end, also when it raised."""
@@ -119,46 +322,24 @@ class MPTTrainer(PhasedTrainer):
         try:
             return super().train()
         finally:
+            if self._group is not None:
+                logger.info("learners closed: {}", self._group.close())
             if self._pool is not None:  # rollouts played ahead: stop, then close the envs of those never played
                 for f in (self._ahead or {}).values():
                     f.cancel()
                 self._pool.shutdown(wait=True)
                 self._close_unplayed()
-            close_cluster(self._envs[1])
+            cluster = self._envs[1]
+            if cluster is not None and getattr(self.sampler, "name", None) == "ray":
+                self.sampler.close()  # a sampler actor lives on the env workers' Ray: closed before it stops
+            close_cluster(cluster)
             if self.sampler is not None:
                 self.sampler.close()
 
     # ------------------------------------------------------------------ setup
     def _optimizers(self, policies: dict) -> dict:
-        """Per role, one AdamW for action steps and one for bid steps. Their gradients differ by
-        ~100x in scale (advantage / reward_scale vs a Bradley-Terry log-odds), so a shared Adam
-        second moment would let each bid step mute the action steps that follow it."""
-        a = self.cfg.algo
-        cycle = int(a.action_steps) + int(a.bid_steps)
-        steps = {
-            "action": int(a.iterations) * int(a.action_steps) // cycle + 1,
-            "bid": int(a.iterations) * int(a.bid_steps) // cycle + 1,
-        }
-        scale = adapter_lr_scale(self.cfg)
-        lrs = {"action": float(a.lr) * scale, "bid": float(a.bid_lr if a.get("bid_lr") is not None else a.lr) * scale}
-        # adapters: every role's moments allocated now, together (same numbers; less heap growth: optim.init_adam_state)
-        eager = (self.cfg.model.get("adapter") or "none") == "lora"
-        return {
-            kind: {
-                role: make_optimizer(
-                    p.parameters(),
-                    lrs[kind],
-                    float(a.weight_decay),
-                    n,
-                    int(a.warmup_steps),
-                    float(a.min_lr_ratio),
-                    float(a.adam_eps),
-                    eager_state=eager,
-                )
-                for role, p in policies.items()
-            }
-            for kind, n in steps.items()
-        }
+        """Per role, one AdamW for action steps and one for bid steps (:func:`role_optimizers`)."""
+        return role_optimizers(policies, optimizer_settings(self.cfg))
 
     def _setup(self):
         ctx = self.ctx
@@ -430,15 +611,16 @@ class MPTTrainer(PhasedTrainer):
             kl_coef = float(a.kl_coef)
             is_cap = a.get("is_cap")
             m.update(
-                action_update(
-                    self.agents,
+                self._update(
+                    "action",
+                    action_update,
                     samples,
-                    self.optimizers["action"],
-                    scale,
-                    self._minibatch(),
-                    float(a.grad_clip),
-                    self._reference_policies() if kl_coef > 0 else None,
-                    kl_coef,
+                    lambda s: s[0],
+                    reward_scale=scale,
+                    minibatch=self._minibatch(),
+                    grad_clip=float(a.grad_clip),
+                    reference=kl_coef > 0,
+                    kl_coef=kl_coef,
                     behaviour=[t.action_logprobs for t in turns],
                     is_cap=None if is_cap is None else float(is_cap),
                 )
@@ -465,15 +647,16 @@ class MPTTrainer(PhasedTrainer):
             ctx.flops.category = "update"
             m["charts/contested_picked"] = float(len(picks))
             m.update(
-                bid_update(
-                    self.agents,
+                self._update(
+                    "bid",
+                    bid_update,
                     pairs,
-                    self.optimizers["bid"],
-                    self._minibatch(),
-                    float(a.grad_clip),
-                    str(a.bid_pair_weight),
-                    self._reference_policies() if str(a.bid_reference) == "sft" else None,
-                    float(a.bid_beta),
+                    lambda p: p.agent,
+                    minibatch=self._minibatch(),
+                    grad_clip=float(a.grad_clip),
+                    pair_weight=str(a.bid_pair_weight),
+                    reference=str(a.bid_reference) == "sft",
+                    beta=float(a.bid_beta),
                     is_cap=None if a.get("is_cap") is None else float(a.is_cap),
                 )
             )
@@ -482,7 +665,7 @@ class MPTTrainer(PhasedTrainer):
         m["time/step_s"] = (
             time.time() - t_step
         )  # the update's wall: waiting for its rollout (played ahead or now) and training
-        m["charts/lr"] = next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
+        m["charts/lr"] = self._last_lr(kind)
         m["kind"] = kind
         m.update({f"flops/{k}": v for k, v in ctx.flops.by_category.items()})
         m["flops/total"] = ctx.flops.training_total

@@ -22,6 +22,11 @@ from swarm_runtime import checkpoint as ckpt
 from swarm_runtime.run import RunContext
 
 
+class Rewound(Exception):
+    """The run went back to its last checkpoint (a learner actor was lost and restored,
+    ``cluster/learner.py``): the RL phase goes on from the state that checkpoint holds."""
+
+
 class PhasedTrainer:
     label = ""  #: row name of the trained checkpoint in the held-out table
     rl_name = "RL"  #: the RL phase's name in logs ("after MPT") and on the progress bar
@@ -45,7 +50,13 @@ class PhasedTrainer:
             self.state,
             self.rng,
             keep=int(self.cfg.keep_checkpoints),
+            training_states=self._training_states(),
         )
+
+    def _training_states(self) -> dict | None:
+        """Each role's optimizer state and fp32 masters when they live elsewhere than ``self.optimizers``
+        (learner actors); None: take them from ``self.optimizers``."""
+        return None
 
     def log_eval(self, step: int, res: dict) -> None:
         """Write a held-out evaluation's headline numbers to the metrics (default: nothing)."""
@@ -104,6 +115,28 @@ class PhasedTrainer:
         out.append(f"Run folder: {run_dir} ({', '.join(held)}{why})")
         return out
 
+    def _rl_phase(self, iterations: int, bar) -> None:
+        """The RL updates with their checkpoints, then the final held-out evaluation."""
+        cfg = self.cfg
+        while self.state["phase"] == "rl" and self.state["iteration"] < iterations:
+            it = self.state["iteration"]
+            m = self.rl_step(it)
+            self.state["iteration"] = it + 1
+            self.writer.log(it + 1, m)
+            self._hook("swarm_on_train_step", step=it + 1, kind=m["kind"], metrics=m)
+            bar.update(1)
+            shown = self.postfix(m)
+            bar.set_postfix(**shown)
+            logger.debug("update {} ({}): {}", it + 1, m["kind"], shown)
+            if (it + 1) % int(cfg.checkpoint_every) == 0 or it + 1 == iterations:
+                self._save(f"iter-{it + 1:06d}")
+        if self.state["phase"] == "rl":
+            self.state["final_eval"], evaluated = self.final_held_out(f"after {self.rl_name}")
+            self.state["phase"] = "done"
+            if evaluated:  # else its row is in the metrics already (step 0, after SFT)
+                self.log_eval(iterations, self.state["final_eval"])
+            self._save(f"iter-{iterations:06d}")
+
     def train(self) -> dict:
         self._setup()
         cfg = self.cfg
@@ -121,23 +154,12 @@ class PhasedTrainer:
             logger.info("extending the finished run from {} to {} updates", self.state["iteration"], iterations)
             self.state["phase"] = "rl"
         bar = tqdm(total=iterations, initial=self.state["iteration"], desc=self.rl_name, disable=not cfg.progress)
-        while self.state["phase"] == "rl" and self.state["iteration"] < iterations:
-            it = self.state["iteration"]
-            m = self.rl_step(it)
-            self.state["iteration"] = it + 1
-            self.writer.log(it + 1, m)
-            self._hook("swarm_on_train_step", step=it + 1, kind=m["kind"], metrics=m)
-            bar.update(1)
-            shown = self.postfix(m)
-            bar.set_postfix(**shown)
-            logger.debug("update {} ({}): {}", it + 1, m["kind"], shown)
-            if (it + 1) % int(cfg.checkpoint_every) == 0 or it + 1 == iterations:
-                self._save(f"iter-{it + 1:06d}")
+        while True:
+            try:
+                self._rl_phase(iterations, bar)
+                break
+            except Rewound:  # back at the last checkpoint: go on from there
+                bar.n = int(self.state["iteration"])
+                bar.refresh()
         bar.close()
-        if self.state["phase"] == "rl":
-            self.state["final_eval"], evaluated = self.final_held_out(f"after {self.rl_name}")
-            self.state["phase"] = "done"
-            if evaluated:  # else its row is in the metrics already (step 0, after SFT)
-                self.log_eval(iterations, self.state["final_eval"])
-            self._save(f"iter-{iterations:06d}")
         return self.finish()

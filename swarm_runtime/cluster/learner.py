@@ -1,0 +1,348 @@
+"""Learner actors (issue 28; docs/distributed.md, "Learner actors"): ``cluster.learners=ray`` keeps a run's
+trainable weights and their optimizers in Ray actors, one per role with a full copy, one per shared base when
+the roles are LoRA adapters on it (every role of the base in one actor).
+
+The driver (the trainer) keeps the auction, credit, branches, the turn engine and a sampling copy of each
+policy. An update's samples (or bid pairs) go to the actors of the roles they train; each runs the update
+function the driver names (``train/action.py: action_update``, ``train/bid.py: bid_update``: the same math and
+metrics as in process) on its own policies and optimizers, and sends back the metrics, the changed roles'
+parameters (through Ray's object store) and the FLOPs it counted; the driver copies the parameters into its
+sampling copies (then ``Sampler.sync`` as in process) and replays the FLOPs into the run's counter.
+
+Checkpoints are written by the driver as in process: the weights from its (synced) copies, the optimizer and
+scheduler state and fp32 master weights from the actors (:meth:`LearnerGroup.training_states`), so a checkpoint
+is the same whichever ``cluster.learners`` wrote it.
+
+Faults: Ray restarts an actor whose process died (``cluster.learner_restarts`` times), from its creation
+arguments (the weights as RL started); the driver then rewinds the run to its last checkpoint and loads that
+into every actor (:meth:`LearnerGroup.load`). :class:`LearnerLost` is raised for the driver to rewind;
+:class:`LearnerGone` when the restarts are used up (a node lost): the run stops with one line naming what was
+lost and how to resume.
+
+Plain Python besides Ray: the actor is :class:`LearnerWorker` under ``ray.remote``. This module does not import
+the training package: the driver passes the update and optimizer functions (pickled by reference).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from loguru import logger
+
+from swarm_runtime.cluster.remote import RESTART_TIMEOUT_S, connect, import_ray
+from swarm_runtime.config import ConfigError
+from swarm_runtime.masters import master_weights, restore_master_weights
+
+#: Restarts Ray gives a learner actor by default (``cluster.learner_restarts``).
+MAX_RESTARTS = 4
+
+
+class LearnerLost(RuntimeError):
+    """A learner actor's process died during a call; Ray restarted it. The driver rewinds to its checkpoint."""
+
+    def __init__(self, name: str, pid: int, new_pid: int):
+        super().__init__(f"learner {name!r} lost (pid {pid}); restarted as pid {new_pid}")
+        self.name, self.pid, self.new_pid = name, pid, new_pid
+
+
+class LearnerGone(ConfigError):
+    """A learner actor died and Ray will not restart it (restarts used up, or its node is gone). A
+    :class:`ConfigError` for the command line's sake only: one line, exit 2 (as ``checkpoint.CheckpointError``)."""
+
+
+class RecordingFlops:
+    """The FLOPs counter of an actor's policies: records each call, for the driver to replay into the run's
+    counter in the same order (the same sums, bit for bit, as counting in process)."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def forward(self, n_params: int, tokens: int) -> None:
+        self.events.append(("forward", n_params, tokens))
+
+    def train(self, n_params: int, tokens: int, frozen: int = 0) -> None:
+        self.events.append(("train", n_params, tokens, frozen))
+
+    def take(self) -> list[tuple]:
+        out, self.events = self.events, []
+        return out
+
+
+def replay_flops(counter, events: Sequence[tuple]) -> None:
+    """Count ``events`` (:class:`RecordingFlops`) into ``counter`` under its current category."""
+    for kind, *args in events:
+        getattr(counter, kind)(*args)
+
+
+def params_of(policy) -> list:
+    """The trainable tensors of a policy, in ``parameters()`` order (a full copy: the model; an adapter: its
+    LoRA matrices), detached."""
+    return [p.detach() for p in policy.parameters()]
+
+
+def copy_params(policy, tensors: Sequence) -> None:
+    """Copy ``tensors`` (:func:`params_of` of the same structure) into ``policy``'s parameters, in place."""
+    import torch
+
+    params = list(policy.parameters())
+    if len(params) != len(tensors):
+        raise RuntimeError(f"learner sync: {len(tensors)} tensors for a policy of {len(params)} parameters")
+    with torch.no_grad():
+        for p, t in zip(params, tensors):
+            p.copy_(t)
+
+
+def training_state(policy, optimizers: Mapping) -> dict:
+    """What a checkpoint's ``training_state.pt`` holds of a role beside its RNG: fp32 masters (bf16/fp16
+    weights only), then each kind's optimizer and scheduler state (``checkpoint.save_checkpoint``'s order)."""
+    out: dict = {}
+    masters = master_weights(policy.parameters())
+    if masters is not None:
+        out["master_weights"] = masters
+    for kind, (opt, sched) in optimizers.items():
+        out[f"optimizer_{kind}"], out[f"scheduler_{kind}"] = opt.state_dict(), sched.state_dict()
+    return out
+
+
+class LearnerWorker:
+    """One learner: the policies of ``roles`` (a role's full copy, or every adapter of one base), their
+    optimizers (``make_optimizers(policies) -> {kind: {role: (optimizer, scheduler)}}``) and reference
+    policies. ``agents``: the run's agents as ``(name, role)``, in the driver's order (samples and pairs name
+    agents by index)."""
+
+    def __init__(
+        self,
+        name: str,
+        policies: dict,
+        agents: Sequence[tuple[str, str]],
+        make_optimizers: Callable,
+        reference: dict | None = None,
+        pid_file: str | None = None,
+        threads: int | None = None,
+    ):
+        import torch
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.name, self.policies, self.reference = name, dict(policies), reference
+        self.flops = RecordingFlops()
+        for p in [*self.policies.values(), *(reference or {}).values()]:
+            p.flops = self.flops
+        absent = {role: object() for _, role in agents if role not in self.policies}  # roles of other learners
+        self.agents = [
+            SimpleNamespace(name=n, role=r, policy=self.policies[r] if r in self.policies else absent[r])
+            for n, r in agents
+        ]
+        self.optimizers = make_optimizers(self.policies)
+        if pid_file:  # for whoever needs to find this process (the fault test): rewritten by a restarted actor
+            Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
+            Path(pid_file).write_text(f"{os.getpid()}\n")
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def lrs(self) -> dict:
+        """``{kind: {role: learning rate}}`` of the schedulers as they are."""
+        return {k: {r: s.get_last_lr()[0] for r, (_, s) in t.items()} for k, t in self.optimizers.items()}
+
+    def update(self, fn: Callable, kind: str, payload, kwargs: dict) -> dict:
+        """``fn(agents, payload, optimizers[kind], **kwargs)`` (``kwargs["reference"]`` True: this learner's
+        reference policies). Returns the metrics, the parameters of the roles it changed (a ``losses/*`` metric
+        of theirs), the learning rates and the FLOPs counted."""
+        kwargs = dict(kwargs)
+        if "reference" in kwargs:
+            kwargs["reference"] = self.reference if kwargs["reference"] else None
+        self.flops.take()
+        metrics = fn(self.agents, payload, self.optimizers[kind], **kwargs)
+        changed = [r for r in self.policies if f"losses/{kind}_{r}" in metrics]
+        return {
+            "metrics": metrics,
+            "params": {r: params_of(self.policies[r]) for r in changed},
+            "lrs": self.lrs(),
+            "flops": self.flops.take(),
+        }
+
+    def training_states(self) -> dict:
+        """Per role: :func:`training_state` (for the driver's checkpoint)."""
+        return {
+            r: training_state(p, {k: t[r] for k, t in self.optimizers.items() if r in t})
+            for r, p in self.policies.items()
+        }
+
+    def load(self, states: dict) -> dict:
+        """Per role ``{"params": tensors, "state": training_state}`` (a checkpoint's, or the driver's at the
+        start): weights, fp32 masters, optimizer and scheduler state (copied: ``Optimizer.load_state_dict`` keeps
+        the tensors it is given, and Ray may hand them over read-only). Returns :meth:`lrs`."""
+        import copy
+
+        for role, st in copy.deepcopy(dict(states)).items():
+            policy = self.policies[role]
+            copy_params(policy, st["params"])
+            restore_master_weights(policy.parameters(), st["state"].get("master_weights"))
+            for kind, table in self.optimizers.items():
+                if f"optimizer_{kind}" in st["state"] and role in table:
+                    opt, sched = table[role]
+                    opt.load_state_dict(st["state"][f"optimizer_{kind}"])
+                    sched.load_state_dict(st["state"][f"scheduler_{kind}"])
+        return self.lrs()
+
+
+def learner_groups(policies: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Learner name -> its roles' policies: one per shared base (``base-<name>``: the roles that are adapters on
+    it), one per role with a full copy (the role's name); in the roles' order."""
+    out: dict[str, dict] = {}
+    for role, p in policies.items():
+        shared = getattr(p, "shared_base", None)
+        key = role if shared is None else f"base-{shared.name}"
+        out.setdefault(key, {})[role] = p
+    return out
+
+
+class LearnerGroup:
+    """The learner actors of a run (driver side). ``options``: extra Ray actor options (placement: resources,
+    a placement group's bundle): a dict for every actor, or a function ``(learner name, its roles) -> dict``."""
+
+    def __init__(
+        self,
+        policies: Mapping[str, Any],
+        agents: Sequence[tuple[str, str]],
+        make_optimizers: Callable,
+        reference: Mapping | None = None,
+        run_dir: Path | None = None,
+        max_restarts: int = MAX_RESTARTS,
+        options: dict | Callable[[str, list[str]], dict] | None = None,
+        address: str | None = None,
+        num_cpus: int | None = None,
+    ):
+        import torch
+
+        t0 = time.perf_counter()
+        self.ray = ray = import_ray()
+        self.started = connect(address, num_cpus)  # the env workers' Ray when cluster.kind=ray started it first
+        self.max_restarts = int(max_restarts)
+        groups = learner_groups(policies)
+        self.roles = {name: list(g) for name, g in groups.items()}
+        self.learner_of = {r: name for name, rs in self.roles.items() for r in rs}
+        self.pid_files = {n: None if run_dir is None else str(Path(run_dir) / "learners" / f"{n}.pid") for n in groups}
+        actor = ray.remote(LearnerWorker)
+        base = dict(num_cpus=0, max_restarts=self.max_restarts, max_task_retries=0)
+        opts = {n: {**base, **(options(n, rs) if callable(options) else options or {})} for n, rs in self.roles.items()}
+        # the creation arguments (the policies as RL started, their references) stay referenced here while the
+        # actors live: Ray restarts an actor from them (a restart whose arguments went out of scope fails)
+        self._args = {
+            name: (ray.put(g), None if reference is None else ray.put({r: reference[r] for r in g}))
+            for name, g in groups.items()
+        }
+        self.actors = {
+            name: actor.options(**opts[name]).remote(
+                name,
+                self._args[name][0],
+                list(agents),
+                make_optimizers,
+                self._args[name][1],
+                self.pid_files[name],
+                torch.get_num_threads(),
+            )
+            for name, g in groups.items()
+        }
+        self.pids = dict(zip(self.actors, ray.get([a.pid.remote() for a in self.actors.values()])))
+        self.restarts = {n: 0 for n in self.actors}
+        self.lr: dict[str, dict[str, float]] = {}
+        self.closed = False
+        logger.info(
+            "learners on Ray: {} ({}), up in {:.1f} s",
+            len(self.actors),
+            ", ".join(f"{n}: {'+'.join(self.roles[n])} pid {self.pids[n]}" for n in self.actors),
+            time.perf_counter() - t0,
+        )
+
+    def _get(self, refs: dict):
+        """``ray.get`` of ``{learner: ref}``; a learner whose process died: :meth:`_recover`, then
+        :class:`LearnerLost` (or :class:`LearnerGone`)."""
+        ray, out, lost = self.ray, {}, None
+        for name, ref in refs.items():
+            try:
+                out[name] = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                lost = lost or name
+        if lost is not None:
+            raise self._recover(lost)
+        return out
+
+    def _recover(self, name: str) -> Exception:
+        """Wait for Ray to restart learner ``name``; the exception for the caller to raise."""
+        ray, end = self.ray, time.monotonic() + RESTART_TIMEOUT_S
+        pid = self.pids[name]
+        if self.restarts[name] >= self.max_restarts:
+            return LearnerGone(
+                self._gone(name, f"Ray restarts it at most cluster.learner_restarts={self.max_restarts} times")
+            )
+        while True:
+            try:
+                new = ray.get(self.actors[name].pid.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                if time.monotonic() > end:
+                    return LearnerGone(
+                        self._gone(
+                            name, f"it did not come back within {RESTART_TIMEOUT_S:.0f} s ({type(exc).__name__})"
+                        )
+                    )
+                time.sleep(0.2)
+                continue
+            if new != pid:
+                break
+            time.sleep(0.2)  # the old process's death not seen yet
+            if time.monotonic() > end:
+                return LearnerGone(self._gone(name, "it answers from the same process, but lost a call"))
+        self.restarts[name] += 1
+        self.pids[name] = new
+        logger.warning("learner {} restarted: pid {} -> {}", name, pid, new)
+        return LearnerLost(name, pid, new)
+
+    def _gone(self, name: str, why: str) -> str:
+        return (
+            f"learner {name!r} (the trainable weights and optimizers of {', '.join(self.roles[name])}) was lost: its "
+            f"process (pid {self.pids[name]}) died and {why}"
+        )
+
+    def update(self, fn: Callable, kind: str, payloads: Mapping[str, tuple]) -> list[dict]:
+        """Run ``fn`` on each learner of ``payloads`` (``{learner: (payload, kwargs)}``) at once; their answers
+        (:meth:`LearnerWorker.update`) in the order of ``payloads``."""
+        refs = {n: self.actors[n].update.remote(fn, kind, p, kw) for n, (p, kw) in payloads.items()}
+        out = self._get(refs)
+        for res in out.values():
+            for k, table in res["lrs"].items():
+                self.lr.setdefault(k, {}).update(table)
+        return [out[n] for n in payloads]
+
+    def load(self, states: Mapping[str, dict]) -> None:
+        """Load ``{role: {"params": ..., "state": ...}}`` into the learners (all of them at once)."""
+        refs = {
+            n: self.actors[n].load.remote({r: states[r] for r in roles if r in states})
+            for n, roles in self.roles.items()
+        }
+        for lrs in self._get(refs).values():
+            for k, table in lrs.items():
+                self.lr.setdefault(k, {}).update(table)
+
+    def training_states(self) -> dict:
+        """``{role: training_state}`` from every learner."""
+        out: dict = {}
+        for states in self._get({n: a.training_states.remote() for n, a in self.actors.items()}).values():
+            out.update(states)
+        return out
+
+    def close(self) -> dict:
+        if self.closed:
+            return {}
+        self.closed = True
+        for a in self.actors.values():
+            self.ray.kill(a, no_restart=True)
+        if self.started:
+            self.ray.shutdown()
+        return {"learners": len(self.actors), "restarts": dict(self.restarts)}

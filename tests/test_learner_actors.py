@@ -1,0 +1,260 @@
+"""Learner actors (``cluster.learners=ray``, swarm_runtime/cluster/learner.py) on a local Ray bound to 127.0.0.1: a
+real ``swarm run`` writes the same metrics.jsonl and eval.json as in process; a learner killed with kill -9 in the
+middle of an update is restarted, the run rewinds to its last checkpoint and ends with the unkilled run's metrics
+and eval; with its restarts used up the run stops with one line naming what was lost and how to resume; bad input
+is one line and exit 2."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import ROOT, TINY_RUN, swarm
+from tests.test_cluster import _eval, _rows
+
+RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2", "cluster.learners=ray"]
+#: a local Ray of the run's own, even when another one was started with ``ray start`` on this machine (ray.init with no
+#: address would join that one, read from /tmp/ray/ray_current_cluster)
+LOCAL_RAY = {"RAY_ADDRESS": "local"}
+#: TINY_RUN with SFT long enough for bid pairs, 3 updates (action, bid, action) and the reference policies in both
+#: updates (the third's KL penalty differs per sample, so its advantages and gradients are not zero)
+RUN = [*TINY_RUN, "algo.sft.epochs=12", "algo.iterations=3", "algo.kl_coef=0.1", "algo.bid_reference=sft"]
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory):
+    pytest.importorskip("ray")
+    tmp = tmp_path_factory.mktemp("local")
+    r = swarm("run", *RUN, f"run_dir={tmp / 'run'}", cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp / "run"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, tmp_path):
+    import torch
+
+    r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "learners on Ray: 3" in r.stderr  # one per role: full copies
+    rows = _rows(tmp_path / "run")
+    assert rows == _rows(in_process) and len(rows) >= 3
+    updates = [row for row in rows if "kind" in row]
+    assert [u["kind"] for u in updates] == ["action", "bid", "action"]
+    assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("charts/bid_ref_logodds_") for k in updates[1])
+    assert any(k.startswith("charts/kl_") for k in updates[2])
+    assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
+    assert _eval(tmp_path / "run") == _eval(in_process)
+    # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
+    for role in ("Logger", "Miner", "Smith"):
+        mine, theirs = (
+            torch.load(d / "checkpoints" / "iter-000003" / "agents" / role / "training_state.pt", weights_only=True)
+            for d in (tmp_path / "run", in_process)
+        )
+        assert list(mine) == list(theirs)
+        for kind in ("action", "bid"):
+            a, b = mine[f"optimizer_{kind}"], theirs[f"optimizer_{kind}"]
+            assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
+            for k in a["state"]:
+                for name, t in a["state"][k].items():
+                    assert torch.equal(t, b["state"][k][name]), (role, kind, k, name)
+            assert mine[f"scheduler_{kind}"] == theirs[f"scheduler_{kind}"]
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    from swarm_runtime.cluster import learner
+
+    KILL_AT = int(os.environ["KILL_AT"])
+    seen = {"n": 0, "kills": 0}
+    update = learner.LearnerGroup.update
+
+    def killing_update(self, fn, kind, payloads):
+        seen["n"] += 1
+        if seen["n"] == KILL_AT:  # the update is sent; kill its first learner before it answers
+            get = self._get
+
+            def get_after_kill(refs):
+                del self._get
+                name = next(iter(refs))
+                pid = int(open(self.pid_files[name]).read())  # the pid file the actor writes in the run folder
+                os.kill(pid, signal.SIGKILL)
+                seen["kills"] += 1
+                print(f"KILLED learner {name} pid {pid}", file=sys.stderr, flush=True)
+                return get(refs)
+
+            self._get = get_after_kill
+        return update(self, fn, kind, payloads)
+
+    learner.LearnerGroup.update = killing_update
+    from swarm_runtime.cli import main
+    rc = main(sys.argv[1:])
+    print(f"KILLS {seen['kills']}", file=sys.stderr, flush=True)
+    sys.exit(rc)
+""")
+
+
+def _killed_run(tmp_path, kill_at: int, *extra: str):
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+        "KILL_AT": str(kill_at),
+        **LOCAL_RAY,
+    }
+    return subprocess.run(
+        [sys.executable, str(script), "run", *RUN, *RAY_ARGS, *extra, f"run_dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_learner_killed_mid_update_is_restarted_and_the_run_rewinds(in_process, tmp_path):
+    """kill -9 of a learner actor while the second update (a bid update) is in flight: Ray restarts it, the run
+    rewinds to its last checkpoint (iter-000000) inside the same ``swarm run`` and plays updates 1 and 2 again;
+    metrics.jsonl (no row twice) and eval.json equal the unkilled in-process run's."""
+    r = _killed_run(tmp_path, 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1
+    rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
+    assert len(rewound) == 1 and "lost at update 2" in rewound[0] and "iter-000000" in rewound[0], rewound
+    rows = _rows(tmp_path / "run")
+    steps = [row["step"] for row in rows if "kind" in row]
+    assert steps == [1, 2, 3]  # each update once
+    assert rows == _rows(in_process)
+    assert _eval(tmp_path / "run") == _eval(in_process)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_learner_that_cannot_be_restarted_stops_the_run_resumably(in_process, tmp_path):
+    """``cluster.learner_restarts=0`` (a node lost: no restart), a learner killed in the second update: one line
+    naming the learner and its roles, where the run stopped and the command that resumes it; exit 2. The checkpoint
+    it names (iter-000001: its optimizer state taken from the actors) resumes in process (``cluster.learners=local``)
+    to the unkilled run's metrics and eval."""
+    r = _killed_run(tmp_path, 2, "cluster.learner_restarts=0", "checkpoint_every=1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-2]  # the last is the script's KILLS line
+    assert last.startswith("swarm: error: learner "), last
+    assert "cluster.learner_restarts=0" in last and "stopped at update 2" in last
+    assert "its last checkpoint is iter-000001" in last
+    resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
+    assert resume in last
+    r = swarm(*resume.split()[1:], "cluster.kind=local", "cluster.learners=local", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed at phase rl iteration 1" in r.stderr
+    assert _rows(tmp_path / "run") == _rows(in_process)
+    assert _eval(tmp_path / "run") == _eval(in_process)
+
+
+@pytest.mark.parametrize(
+    "arg, valid",
+    [
+        ("cluster.learners=gpu", "local, ray"),
+        ("cluster.learner_restarts=-1", "0"),
+        ("cluster.learners=ray", "cluster.kind=ray"),  # without cluster.kind=ray
+    ],
+)
+def test_bad_learner_keys_are_refused(arg, valid, tmp_path):
+    r = swarm("run", *TINY_RUN, arg, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert arg.split("=")[0] in last and valid in last, last
+
+
+def _swarm_pair(registry, *args):
+    """Two identical swarms (the same config and seed): the trainer's and a learner's copy."""
+    from tests.conftest import run_context
+
+    ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe", *args)
+    return ctx, ctx.build_swarm(), ctx.build_swarm()
+
+
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_a_learner_worker_updates_as_in_process_and_round_trips_its_state(registry, adapter):
+    """No Ray: ``LearnerWorker`` (the actor's class) runs ``action_update`` on its roles' samples with its own
+    optimizers: the same metrics, weights, optimizer state and FLOPs as the update in process; its state loads into
+    a fresh worker (a restarted actor) unchanged; ``learner_groups`` puts adapters of one base in one learner."""
+    from functools import partial
+
+    import torch
+
+    from swarm_runtime.cluster.learner import (
+        LearnerWorker,
+        copy_params,
+        learner_groups,
+        params_of,
+        replay_flops,
+        training_state,
+    )
+    from swarm_runtime.flops import FlopCounter
+    from swarm_runtime.train.action import action_update
+    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers
+
+    ctx, (agents, policies), (_, copies) = _swarm_pair(registry, f"model.adapter={adapter}")
+    groups = learner_groups(copies)
+    assert list(groups) == (["base-default"] if adapter == "lora" else ["Logger", "Miner", "Smith"])
+    make = partial(role_optimizers, settings=optimizer_settings(ctx.cfg))
+    texts = ["chop tree", "craft planks", "mine stone", "explore"]
+    samples = [
+        (
+            i % 3,
+            f"you are {agents[i % 3].role} . goal wooden_pickaxe . step {i}",
+            agents[i % 3].policy.action_target(t),
+            c,
+        )
+        for i, (t, c) in enumerate(zip(texts * 2, [3.0, -1.0, 2.0, 0.5, -2.0, 1.0, 4.0, 0.0]))
+    ]
+    kw = dict(reward_scale=10.0, minibatch=3, grad_clip=1.0, kl_coef=0.0, behaviour=None, is_cap=None)
+    ctx.flops.category = "update"
+    here = FlopCounter(category="update")
+    for p in policies.values():
+        p.flops = here
+    opts = make(policies)
+    want = action_update(agents, samples, opts["action"], reference=None, **kw)
+    assert want["charts/grad_norm_Logger"] > 0
+    got, there = {}, FlopCounter(category="update")
+    workers = {}
+    for name, g in groups.items():
+        w = workers[name] = LearnerWorker(name, g, [(a.name, a.role) for a in agents], make)
+        mine = [s for s in samples if agents[s[0]].role in g]
+        res = w.update(action_update, "action", mine, {**kw, "reference": False})
+        got.update(res["metrics"])
+        replay_flops(there, res["flops"])
+        assert set(res["params"]) == set(g)  # every role of this learner stepped
+    assert got == want and there.by_category == here.by_category
+    for role in policies:
+        for a, b in zip(policies[role].parameters(), copies[role].parameters()):
+            assert torch.equal(a, b)
+        theirs = training_state(policies[role], {k: t[role] for k, t in opts.items()})
+        w = workers[next(n for n, g in groups.items() if role in g)]
+        mine = w.training_states()[role]
+        assert list(mine) == list(theirs)
+        assert mine["scheduler_action"] == theirs["scheduler_action"]
+        for k, st in mine["optimizer_action"]["state"].items():
+            assert all(torch.equal(v, theirs["optimizer_action"]["state"][k][n]) for n, v in st.items())
+    # a restarted worker (fresh from the same start) takes the state: the same weights and next update
+    _, fresh = ctx.build_swarm()
+    name, g = next(iter(learner_groups(fresh).items()))
+    w2 = LearnerWorker(name, g, [(a.name, a.role) for a in agents], make)
+    first = workers[name]
+    w2.load({r: {"params": params_of(first.policies[r]), "state": first.training_states()[r]} for r in g})
+    mine = [s for s in samples if agents[s[0]].role in g]
+    a = first.update(action_update, "action", mine, {**kw, "reference": False})
+    b = w2.update(action_update, "action", mine, {**kw, "reference": False})
+    assert a["metrics"] == b["metrics"] and a["lrs"] == b["lrs"]
+    for r in a["params"]:
+        assert all(torch.equal(x, y) for x, y in zip(a["params"][r], b["params"][r]))
+    copy_params(policies[next(iter(g))], a["params"][next(iter(g))])  # the trainer's sync
+    assert all(torch.equal(x, y) for x, y in zip(policies[next(iter(g))].parameters(), g[next(iter(g))].parameters()))
