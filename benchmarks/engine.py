@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from swarm_runtime.config import resolve
+from swarm_runtime.env import closing_all
 from swarm_runtime.episode import AuctionTurns, new_slots
 from swarm_runtime.plugins import get_registry
 from swarm_runtime.rollout.engine import TurnEngine
@@ -35,8 +36,9 @@ def play(ctx, agents, sampler, seeds, decisions):
     engine = TurnEngine(sampler)
     turns = AuctionTurns(agents, model_names(agents), ctx.coordinator(), ctx.domain, decisions, random.Random(0))
     t0 = time.perf_counter()
-    with torch.no_grad():
-        episodes = engine.run(turns.rounds(new_slots(ctx.domain, ctx.task, seeds)))
+    slots = new_slots(ctx.domain, ctx.task, seeds)
+    with torch.no_grad(), closing_all([s.env for s in slots]):  # the envs closed at the end, also when it raised
+        episodes = engine.run(turns.rounds(slots))
     wall = time.perf_counter() - t0
     n = sum(len(e.turns) for e in episodes)
     return n / wall, wall, engine.batches, n, episodes

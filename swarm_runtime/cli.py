@@ -269,14 +269,10 @@ def cmd_eval(args) -> int:
 
 
 def _eval_locked(args, run_dir: Path) -> int:
-    from swarm_runtime.checkpoint import CheckpointError, latest_checkpoint, loading_models
+    from swarm_runtime.checkpoint import CheckpointError, latest_checkpoint
     from swarm_runtime.config import override, validate
-    from swarm_runtime.evaluate import evaluate
-    from swarm_runtime.outputs import format_table, write_json
-    from swarm_runtime.provenance import versions, versions_line
     from swarm_runtime.run import RunContext, check_hardware, check_task, distrust_saved_endpoints
     from swarm_runtime.runfiles import check_links
-    from swarm_runtime.secrets import redact_args
 
     pm, reg = _registry()
     check_links(run_dir)
@@ -309,10 +305,24 @@ def _eval_locked(args, run_dir: Path) -> int:
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     ctx = RunContext(cfg, pm, reg, run_dir)
+    from swarm_runtime.cluster import env_workers
+
+    with env_workers(cfg, ctx.domain) as domain:  # cluster.kind=ray: the envs on env workers, closed at the end
+        return _eval_checkpoint(args, run_dir, cfg, reg, ctx, ckpt, domain)
+
+
+def _eval_checkpoint(args, run_dir: Path, cfg, reg, ctx, ckpt: Path, domain) -> int:
+    """Evaluate ``ckpt`` with the envs ``domain`` makes and write its eval file (``swarm eval``)."""
+    from swarm_runtime.checkpoint import loading_models
+    from swarm_runtime.evaluate import evaluate
+    from swarm_runtime.outputs import format_table, write_json
+    from swarm_runtime.provenance import versions, versions_line
+    from swarm_runtime.secrets import redact_args
+
     algorithm = reg.algorithms.get(cfg.algo.name)  # its class: it may evaluate its checkpoints its own way
     own_eval = getattr(algorithm, "evaluate_checkpoint", None)
     if own_eval is not None:  # algo=rlcr: one shared policy acting as a collective (docs/rlcr.md)
-        res, table = own_eval(ctx, ckpt)
+        res, table = own_eval(ctx, ckpt, domain)
         out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
         write_json(out, {**res, "overrides": redact_args(args.overrides), "versions": versions()})
         print(
@@ -332,7 +342,7 @@ def _eval_locked(args, run_dir: Path) -> int:
     res, _ = evaluate(
         agents,
         coordinator,
-        ctx.domain,
+        domain,
         ctx.task,
         ctx.seeds("eval"),
         int(cfg.eval.runs),

@@ -491,7 +491,8 @@ def model_shape(cfg: DictConfig, registry) -> None:
 
 @register_check
 def cluster_kind(cfg: DictConfig, registry) -> None:
-    """``cluster.kind=ray``: Ray installed, and an algorithm whose episodes the env workers step."""
+    """``cluster.kind=ray``: Ray installed; ``algo=rlcr`` steps its envs on the workers, but its learner and
+    sampler stay in process (``cluster.learners`` / ``cluster.samplers`` ``ray`` are refused, not ignored)."""
     c = cfg.get("cluster")
     if c is None or c.kind != "ray":
         return
@@ -501,11 +502,12 @@ def cluster_kind(cfg: DictConfig, registry) -> None:
         raise ConfigError(
             "cluster.kind=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"
         ) from None
-    if cfg.algo.name == "rlcr":
-        raise ConfigError(
-            "cluster.kind=ray: algo.name=rlcr plays its concurrent episodes in process; valid with "
-            "ray: algo.name=mpt or monolithic (or cluster.kind=local)"
-        )
+    for key in ("learners", "samplers"):
+        if cfg.algo.name == "rlcr" and c.get(key, "local") == "ray":
+            raise ConfigError(
+                f"cluster.{key}=ray: algo.name=rlcr keeps its shared policy's {key[:-1]} in process (its envs go "
+                f"to the env workers); valid with rlcr: cluster.{key}=local"
+            )
 
 
 @register_check

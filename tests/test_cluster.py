@@ -199,25 +199,6 @@ def test_bad_cluster_keys_are_refused(arg, valid, tmp_path):
     assert arg.split("=")[0] in last and valid in last, last
 
 
-@pytest.mark.ray
-def test_rlcr_with_env_workers_is_refused(tmp_path):
-    pytest.importorskip("ray")
-    r = swarm(
-        "run",
-        "domain=minecraft",
-        "task=wooden_pickaxe",
-        "algo=rlcr",
-        "cluster.kind=ray",
-        f"run_dir={tmp_path / 'run'}",
-        cwd=tmp_path,
-    )
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines()[-1] == (
-        "swarm: error: cluster.kind=ray: algo.name=rlcr plays its concurrent episodes in process; valid with ray: "
-        "algo.name=mpt or monolithic (or cluster.kind=local)"
-    )
-
-
 def test_a_resume_may_move_its_envs():
     """cluster.* says where the envs live, not what the run computes (the same metrics either way): a resume
     may change it, as it may change the machine (hardware.*), and it is not a conflict with the saved run."""

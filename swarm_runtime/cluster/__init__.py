@@ -4,6 +4,8 @@ trainer (:mod:`.remote`). ``cluster.kind=local`` (the default): in process, as b
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 KINDS = ("local", "ray")
 
 
@@ -27,3 +29,21 @@ def env_domain(cfg, domain):
         placement_wait_s=float(c.get("placement_wait_s", 30.0)),
     )
     return ClusterDomain(domain, cluster), cluster
+
+
+def close_cluster(cluster) -> None:
+    """Close ``cluster`` (None: nothing to close) and log its workers' stats."""
+    if cluster is not None:
+        from loguru import logger
+
+        logger.info("env workers closed: {}", cluster.close())
+
+
+@contextmanager
+def env_workers(cfg, domain):
+    """:func:`env_domain` for the body (``swarm eval``), its cluster closed at the end, also when it raised."""
+    envs, cluster = env_domain(cfg, domain)
+    try:
+        yield envs
+    finally:
+        close_cluster(cluster)

@@ -15,12 +15,13 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import threading
 import time
 from typing import Any
 
 from loguru import logger
 
-from swarm_runtime.cluster.worker import EnvWorker
+from swarm_runtime.cluster.worker import LOST, EnvWorker, Raised
 from swarm_runtime.config import ConfigError
 
 #: A dead worker must answer again within this (Ray restarts the actor's process).
@@ -109,24 +110,82 @@ class EnvCluster:
                     self.ray.shutdown()
                 raise
         plain = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(task)
-        actor = self.ray.remote(EnvWorker)
-        base = dict(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
-
-        def options(i: int) -> dict:
-            return base if placement is None else {**base, **P.actor_options(placement, P.ENVS, "env", i)}
-
-        self.workers = [actor.options(**options(i)).remote(domain, plain, tuple(plugins)) for i in range(int(n))]
+        self.workers = self._make_workers(domain, plain, tuple(plugins), int(n))
         self.pids = self.ray.get([w.pid.remote() for w in self.workers])
         self._ids = itertools.count()
         self._next = itertools.count()
+        self._queues: dict[int, list] = {w: [] for w in range(len(self.workers))}  #: calls not sent yet, in order
+        self._lock = threading.Lock()  #: the queues (a rollout played ahead runs on a thread of its own)
+        self._unread: list = []  #: refs of calls whose answer nobody waits for (release_many), read at close
+        self.calls = 0  #: remote calls sent (the driver's round trips: benchmarks/env_workers.py)
         self.replayed = 0  #: envs replayed on a restarted worker
         self.restarts = 0  #: worker deaths seen
         self.closed = False
         self.start_s = time.perf_counter() - t0  #: seconds to start (or join) Ray and the workers
         logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)), self.start_s)
 
-    def new_env(self) -> RemoteEnv:
-        return RemoteEnv(self, next(self._next) % len(self.workers), next(self._ids))
+    def _make_workers(self, domain: str, task: dict, plugins: tuple[str, ...], n: int) -> list:
+        """The ``n`` worker actors (each an :class:`EnvWorker` for ``domain`` and ``task``), in the placement's
+        env groups when there is one."""
+        from swarm_runtime.cluster import placement as P
+
+        actor = self.ray.remote(EnvWorker)
+        base = dict(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
+
+        def options(i: int) -> dict:
+            return base if self.placement is None else {**base, **P.actor_options(self.placement, P.ENVS, "env", i)}
+
+        return [actor.options(**options(i)).remote(domain, task, plugins) for i in range(n)]
+
+    def submit(self, w: int, method: str, *args):
+        """Send ``method(*args)`` to worker ``w`` after every call queued before it; its object ref."""
+        with self._lock:
+            self._flush()
+            self.calls += 1
+            return getattr(self.workers[w], method).remote(*args)
+
+    def queue_step(self, env: RemoteEnv, action: str, role: str | None) -> None:
+        """A step sent with its worker's other queued steps, in one ``step_many`` call, at the next flush."""
+        with self._lock:
+            self._queues[env.w].append(("step", env, action, role))
+
+    def queue_release(self, w: int, eid: int) -> None:
+        with self._lock:
+            self._queues[w].append(("release", eid))
+
+    def flush(self) -> None:
+        """Send every queued call now (each worker's runs of steps as one ``step_many``, of releases as one
+        ``release_many``), the workers at once."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        for w, queue in self._queues.items():
+            while queue:
+                kind = queue[0][0]
+                run = list(itertools.takewhile(lambda op, kind=kind: op[0] == kind, queue))
+                del queue[: len(run)]
+                self.calls += 1
+                if kind == "release":
+                    self._unread.append(self.workers[w].release_many.remote([op[1] for op in run]))
+                    continue
+                batch = _Batch(self.ray, self.workers[w].step_many.remote([(e.eid, a, r) for _, e, a, r in run]))
+                for i, (_, env, _, _) in enumerate(run):
+                    env.pending = (env.pending[0], env.pending[1], batch, i)
+        if len(self._unread) > 256:
+            self._read_unread()
+
+    def _read_unread(self) -> None:
+        refs, self._unread = self._unread, []
+        try:
+            self.ray.get(refs)
+        except self.ray.exceptions.RayActorError:
+            pass  # a worker that died had lost those envs anyway
+
+    def new_env(self, kind: str = "env") -> RemoteEnv:
+        """A remote env on the next worker in turn; ``kind="concurrent"``: the domain's ``concurrent_env``."""
+        cls = RemoteConcurrentEnv if kind == "concurrent" else RemoteEnv
+        return cls(self, next(self._next) % len(self.workers), next(self._ids))
 
     def wait_alive(self, w: int) -> None:
         """Block until worker ``w`` answers again (restarted by Ray), at most :data:`RESTART_TIMEOUT_S`."""
@@ -156,7 +215,8 @@ class EnvCluster:
         self.closed = True
         ray = self.ray
         try:
-            stats = ray.get([w.shutdown.remote() for w in self.workers])
+            stats = ray.get([self.submit(w, "shutdown") for w in range(len(self.workers))])
+            self._read_unread()
         finally:
             for w in self.workers:
                 ray.kill(w, no_restart=True)
@@ -168,31 +228,56 @@ class EnvCluster:
         return {"workers": stats, "replayed": self.replayed, "restarts": self.restarts}
 
 
+class _Batch:
+    """One ``step_many`` call: its answers, read once for all of its envs."""
+
+    def __init__(self, ray, ref):
+        self.ray, self.ref, self.answers = ray, ref, None
+
+    def answer(self, i: int) -> tuple:
+        if self.answers is None:
+            try:
+                self.answers = self.ray.get(self.ref)
+            except self.ray.exceptions.RayActorError:
+                self.answers = ()  # the worker died: each env replays (RemoteEnv._get)
+        answer = self.answers[i] if i < len(self.answers) else LOST
+        if isinstance(answer, Raised):  # this env's step raised on the worker: its error, as in process
+            raise answer.exc
+        return answer
+
+
 class RemoteEnv:
     """One env on worker ``w`` of ``cluster`` (a duck-typed ``DomainEnv``). The observation comes back with
-    every reset, step and restore and is kept here. :meth:`prefetch_step` sends a step without waiting for
-    it, so that a turn's steps across envs run at once; :meth:`step` with the same action collects it."""
+    every reset, step and restore and the metrics with every step, and are kept here. :meth:`prefetch_step`
+    queues a step; the first :meth:`step` that collects one sends every queued step, one ``step_many`` call per
+    worker (a turn's steps across envs and workers run at once); :meth:`step` with the same action collects it.
+    An env is opened on its worker with its episode's start (``begin``), and given back with the worker's next
+    call (``release_many``)."""
+
+    kind = "env"  #: what the worker makes: ``domain.make_env``
 
     def __init__(self, cluster: EnvCluster, w: int, eid: int):
         self.cluster, self.w, self.eid = cluster, w, eid
         self.start: tuple | None = None  #: ("reset", seed) or ("restore", snapshot): where the journal starts
         self.steps: list[tuple[str, str | None]] = []  #: the steps since, replayed after a worker died
         self.obs: str | None = None
-        self.pending = None  #: (action, role, object ref) of a prefetched step
+        self._metrics: dict | None = None  #: the env's metrics after the last step (None: ask the worker)
+        self.pending = None  #: (action, role, _Batch or None while queued, index) of a prefetched step
         self.released = False
-        self._get("open")
 
     def _ref(self, method: str, *args):
-        return getattr(self.cluster.workers[self.w], method).remote(self.eid, *args)
+        return self.cluster.submit(self.w, method, self.eid, *args)
 
-    def _get(self, method: str, *args, ref=None):
+    def _get(self, method: str, *args, answer=None):
+        """``method``'s value on this env (``answer``: a function giving the ``(ok, value)`` of a call already
+        sent); a lost env or a dead worker: replay the journal on the restarted worker and call again."""
         ray = self.cluster.ray
         for _ in range(MAX_REPLAYS):
             try:
-                ok, value = ray.get(ref if ref is not None else self._ref(method, *args))
+                ok, value = answer() if answer is not None else ray.get(self._ref(method, *args))
             except ray.exceptions.RayActorError:
                 ok = False
-            ref = None
+            answer = None
             if ok:
                 return value
             self._replay()
@@ -207,9 +292,10 @@ class RemoteEnv:
         for _ in range(MAX_REPLAYS):
             self.cluster.wait_alive(self.w)
             try:
-                calls = [self._ref("open")]
-                if self.start is not None:
-                    calls.append(self._ref(*self.start))
+                if self.start is None:
+                    calls = [self._ref("open", self.kind)]
+                else:
+                    calls = [self._ref("begin", self.kind, *self.start)]
                     calls += [self._ref("step", a, r) for a, r in self.steps]
                 if all(ok for ok, _ in ray.get(calls)):
                     break
@@ -228,21 +314,26 @@ class RemoteEnv:
         )
 
     def reset(self, seed: int) -> str:
-        self.start, self.steps = ("reset", int(seed)), []
-        self.obs = self._get("reset", int(seed))
+        self.start, self.steps, self._metrics = ("reset", int(seed)), [], None
+        self.obs = self._get("begin", self.kind, "reset", int(seed))
         return self.obs
 
     def prefetch_step(self, action: str, role: str | None = None) -> None:
-        self.pending = (action, role, self._ref("step", action, role))
+        self.pending = (action, role, None, None)
+        self.cluster.queue_step(self, action, role)
 
     def step(self, action: str, role: str | None = None):
-        ref = None
+        answer = None
         if self.pending is not None:
-            a, r, ref = self.pending
+            a, r, batch, i = self.pending
+            if batch is None:  # still queued: send every worker's queued steps now
+                self.cluster.flush()
+                a, r, batch, i = self.pending
             self.pending = None
             if (a, r) != (action, role):
                 raise RuntimeError(f"RemoteEnv.step({action!r}, {role!r}) after prefetch_step({a!r}, {r!r})")
-        res = self._get("step", action, role, ref=ref)
+            answer = lambda: batch.answer(i)  # noqa: E731
+        res, self._metrics = self._get("step", action, role, answer=answer)
         self.steps.append((action, role))
         self.obs = res.observation
         return res
@@ -254,17 +345,38 @@ class RemoteEnv:
         return self._get("snapshot")
 
     def restore(self, snapshot: Any) -> None:
-        self.start, self.steps = ("restore", snapshot), []
-        self.obs = self._get("restore", snapshot)
+        self.start, self.steps, self._metrics = ("restore", snapshot), [], None
+        self.obs = self._get("begin", self.kind, "restore", snapshot)
 
     def metrics(self) -> dict[str, float]:
-        return self._get("metrics")
+        if self._metrics is None:
+            self._metrics = self._get("metrics")
+        return dict(self._metrics)
+
+    def expert_action(self):
+        return self._get("call", "expert_action")
 
     def close(self) -> None:
-        """Give the env back to its worker's pool (the worker closes it at the end of the run)."""
+        """Give the env back to its worker's pool (the worker closes it at the end of the run); sent with the
+        worker's next call."""
         if not self.released and not self.cluster.closed:
             self.released = True
-            self._get("release")
+            self.cluster.queue_release(self.w, self.eid)
+
+
+class RemoteConcurrentEnv(RemoteEnv):
+    """A remote ``domain.concurrent_env`` (``algo=rlcr``): also the methods the concurrent loop asks."""
+
+    kind = "concurrent"
+
+    def progress(self) -> float:
+        return self._get("call", "progress")
+
+    def action_seconds(self, action: str, role: str | None = None) -> float:
+        return self._get("call", "action_seconds", action, role)
+
+    def concurrent_expert(self, agent: str, busy: dict[str, str]) -> str | None:
+        return self._get("call", "concurrent_expert", agent, dict(busy))
 
 
 class ClusterDomain:
@@ -275,6 +387,9 @@ class ClusterDomain:
 
     def make_env(self, task) -> RemoteEnv:
         return self.cluster.new_env()
+
+    def concurrent_env(self, task) -> RemoteConcurrentEnv:
+        return self.cluster.new_env("concurrent")
 
     def __getattr__(self, name: str):
         return getattr(self._domain, name)

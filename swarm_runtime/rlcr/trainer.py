@@ -12,6 +12,7 @@ from loguru import logger
 from omegaconf import OmegaConf
 
 from swarm_runtime import checkpoint as ckpt
+from swarm_runtime.cluster import close_cluster
 from swarm_runtime.evaluate import paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, read_metrics
 from swarm_runtime.rlcr.clock import t_max_at
@@ -105,9 +106,12 @@ def demo_examples(ctx: RunContext, policy, seeds: list[int]) -> tuple[list[Examp
     return examples, stats
 
 
-def evaluate_collective(ctx: RunContext, policy, opts: LoopOptions, seeds, runs: int, seed: int) -> tuple[dict, list]:
+def evaluate_collective(
+    ctx: RunContext, policy, opts: LoopOptions, seeds, runs: int, seed: int, domain=None
+) -> tuple[dict, list]:
     """Every seed, ``runs`` runs, one batch, summarised (:func:`~.signs.summarize_rollouts`); the policy's
-    sampling state and temperature are restored afterwards (evaluation never perturbs training)."""
+    sampling state and temperature are restored afterwards (evaluation never perturbs training). ``domain``:
+    whose ``concurrent_env`` makes the envs (default ``ctx.domain``; env workers: ``cluster.env_domain``)."""
     saved = (policy.rng_state(), policy.temperature)
     ctx.flops.category = "eval"
     try:
@@ -116,7 +120,7 @@ def evaluate_collective(ctx: RunContext, policy, opts: LoopOptions, seeds, runs:
             policy.temperature = float(ctx.cfg.eval.temperature)
         with torch.no_grad():
             rollouts = play_concurrent(
-                ctx.domain, ctx.task, [s for _ in range(runs) for s in seeds], policy_decider(policy), opts
+                domain or ctx.domain, ctx.task, [s for _ in range(runs) for s in seeds], policy_decider(policy), opts
             )
     finally:
         policy.set_rng_state(saved[0])
@@ -124,10 +128,10 @@ def evaluate_collective(ctx: RunContext, policy, opts: LoopOptions, seeds, runs:
     return summarize_rollouts(rollouts, runs), rollouts
 
 
-def evaluate_checkpoint(ctx: RunContext, ckpt_dir) -> tuple[dict, str]:
+def evaluate_checkpoint(ctx: RunContext, ckpt_dir, domain=None) -> tuple[dict, str]:
     """``swarm eval`` of an ``algo=rlcr`` run: the checkpoint's shared policy as the configured collective
-    and (``rlcr.solo_eval``) solo, at the final ``T_max``, on the held-out seeds. Returns the results and
-    the markdown table."""
+    and (``rlcr.solo_eval``) solo, at the final ``T_max``, on the held-out seeds, the envs made by ``domain``
+    (default ``ctx.domain``). Returns the results and the markdown table."""
     cfg = ctx.cfg
     policy = make_shared_policy(ctx, ckpt_dir / "agents" / SHARED)
     runs = int(cfg.eval.runs if cfg.rlcr.eval_runs is None else cfg.rlcr.eval_runs)
@@ -135,7 +139,7 @@ def evaluate_checkpoint(ctx: RunContext, ckpt_dir) -> tuple[dict, str]:
     if cfg.rlcr.solo_eval:
         conds["solo"] = loop_options(cfg, float(cfg.rlcr.t_max.end), agents=1, org="flat")
     res = {
-        name: evaluate_collective(ctx, policy, opts, ctx.seeds("eval"), runs, int(cfg.seed) + 7919 + i)[0]
+        name: evaluate_collective(ctx, policy, opts, ctx.seeds("eval"), runs, int(cfg.seed) + 7919 + i, domain)[0]
         for i, (name, opts) in enumerate(conds.items())
     }
     rows = [(f"{ckpt_dir.name}: {team_label(conds[n]) if n == 'collective' else 'solo'}", r) for n, r in res.items()]
@@ -150,6 +154,27 @@ class RLCRTrainer(PhasedTrainer):
     rl_name = "RLCR"
     evaluate_checkpoint = staticmethod(evaluate_checkpoint)  #: ``swarm eval`` of its checkpoints (cli.py asks for it)
     eval_measure = "return at T_max"  #: what that evaluation's table shows
+
+    _envs = None  #: (domain whose concurrent envs rollouts and evaluations use, its cluster or None)
+
+    def env_domain(self):
+        """The domain whose ``concurrent_env`` the rollouts and held-out evaluations use: the run's own
+        (``cluster.kind=local``) or one making them on Ray env workers (``cluster.kind=ray``; the scripted
+        demos of the cold start stay in process, as MPT's do)."""
+        if self._envs is None:
+            from swarm_runtime.cluster import env_domain
+
+            self._envs = env_domain(self.cfg, self.ctx.domain)
+        return self._envs[0]
+
+    def train(self) -> dict:
+        """:meth:`PhasedTrainer.train`, with the env workers (``cluster.kind=ray``) started first and closed at
+        the end, also when it raised."""
+        self.env_domain()
+        try:
+            return super().train()
+        finally:
+            close_cluster(self._envs[1])
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -249,7 +274,7 @@ class RLCRTrainer(PhasedTrainer):
         """The rollouts of one update (observers see each round through ``swarm_on_turn``)."""
         with torch.no_grad():
             return play_concurrent(
-                self.ctx.domain,
+                self.env_domain(),
                 self.ctx.task,
                 seeds,
                 policy_decider(self.policy),
@@ -260,7 +285,13 @@ class RLCRTrainer(PhasedTrainer):
 
     def evaluate(self, opts: LoopOptions, seed_offset: int = 0) -> tuple[dict, list]:
         return evaluate_collective(
-            self.ctx, self.policy, opts, self.ctx.seeds("eval"), self.eval_runs, int(self.cfg.seed) + 7919 + seed_offset
+            self.ctx,
+            self.policy,
+            opts,
+            self.ctx.seeds("eval"),
+            self.eval_runs,
+            int(self.cfg.seed) + 7919 + seed_offset,
+            self.env_domain(),
         )
 
     @property

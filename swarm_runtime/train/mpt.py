@@ -14,6 +14,8 @@ import torch
 from loguru import logger
 
 from swarm_runtime import checkpoint as ckpt
+from swarm_runtime.cluster import close_cluster
+from swarm_runtime.env import close_all
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.evaluate import evaluate, paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
@@ -120,6 +122,7 @@ class MPTTrainer(PhasedTrainer):
         self.learner: LocalLearner | None = None  #: the trainable weights (:meth:`_rollouts`)
         self.sampler = None  #: who draws bids and actions (``rollout.engine``; :meth:`_rollouts`)
         self._ahead: dict | None = None  #: update -> its rollout played ahead (``rollout.max_staleness``)
+        self._ahead_envs: dict[int, list] = {}  #: update -> the envs of its rollout played ahead, until it is taken
         self._pool = None
         self._envs = None  #: (domain whose envs the episodes use, its cluster or None): :meth:`env_domain`
         self._group = None  #: ``cluster.learners=ray``: the learner actors (:meth:`_learners`)
@@ -321,15 +324,15 @@ class MPTTrainer(PhasedTrainer):
         finally:
             if self._group is not None:
                 logger.info("learners closed: {}", self._group.close())
-            cluster = self._envs[1]
-            if cluster is not None:
-                if getattr(self.sampler, "name", None) == "ray":  # a sampler actor lives on the env workers' Ray
-                    self.sampler.close()
-                logger.info("env workers closed: {}", cluster.close())
-            if self._pool is not None:
+            if self._pool is not None:  # rollouts played ahead: stop, then close the envs of those never played
                 for f in (self._ahead or {}).values():
                     f.cancel()
                 self._pool.shutdown(wait=True)
+                self._close_unplayed()
+            cluster = self._envs[1]
+            if cluster is not None and getattr(self.sampler, "name", None) == "ray":
+                self.sampler.close()  # a sampler actor lives on the env workers' Ray: closed before it stops
+            close_cluster(cluster)
             if self.sampler is not None:
                 self.sampler.close()
 
@@ -554,6 +557,7 @@ class MPTTrainer(PhasedTrainer):
                 )
             return episodes, time.time() - t0
 
+        run.envs = [s.env for s in slots]  # made and reset now: closed by play, or (never played) by train's finally
         return run
 
     def _episodes(self, it: int):
@@ -570,8 +574,18 @@ class MPTTrainer(PhasedTrainer):
         iterations = int(self.cfg.algo.iterations)
         for j in range(it, min(it + k + 1, iterations)):
             if j not in self._ahead:
-                self._ahead[j] = self._pool.submit(self._rollout(j, None))
+                run = self._rollout(j, None)
+                self._ahead_envs[j] = run.envs
+                self._ahead[j] = self._pool.submit(run)
+        self._ahead_envs.pop(it, None)
         return self._ahead.pop(it).result()
+
+    def _close_unplayed(self) -> None:
+        """Close the envs of rollouts made ahead and never played (a run that ended or raised before their
+        update: their futures cancelled). Played ones were closed by ``play``; closing again does nothing."""
+        envs = [e for j in sorted(self._ahead_envs) for e in self._ahead_envs[j]]
+        self._ahead_envs.clear()
+        close_all(envs, quiet=True)
 
     def rl_step(self, it: int) -> dict:
         ctx, a = self.ctx, self.cfg.algo
