@@ -161,20 +161,20 @@ def served(registry, tmp_path_factory):
     assert "swarm serve stopped" in glog.read_text()
 
 
-def test_served_episode_equals_in_process(served, registry, capsys):
-    """Keyed sampling: the served swarm plays the in-process `swarm eval` episodes exactly, turn by turn."""
+def served_equals_in_process(registry, run, url) -> dict:
+    """Keyed sampling: the swarm served at ``url`` plays the in-process `swarm eval` episodes of ``run``'s final
+    checkpoint exactly, turn by turn (asserted); returns the in-process result."""
     import torch
 
-    from swarm_runtime.cli import main
     from swarm_runtime.config import load_saved
     from swarm_runtime.evaluate import evaluate
     from swarm_runtime.run import RunContext
     from swarm_runtime.serve.client import evaluate_served
 
     pm, reg = registry
-    cfg = load_saved(served.run / "config.yaml")
-    ctx = RunContext(cfg, pm, reg, served.run)
-    agents, _ = ctx.build_swarm(served.run / "checkpoints/final/agents")
+    cfg = load_saved(run / "config.yaml")
+    ctx = RunContext(cfg, pm, reg, run)
+    agents, _ = ctx.build_swarm(run / "checkpoints/final/agents")
     seeds = ctx.seeds("eval")
     torch.set_num_threads(1)
     res, eps = evaluate(
@@ -188,7 +188,7 @@ def test_served_episode_equals_in_process(served, registry, capsys):
         cfg.eval.temperature,
         common_random_numbers=True,
     )
-    sres, seps, bodies = asyncio.run(evaluate_served(served.url, seeds, 1, int(cfg.seed) + 7919, None, None))
+    sres, seps, bodies = asyncio.run(evaluate_served(url, seeds, 1, int(cfg.seed) + 7919, None, None))
     assert [b["status"] for b in bodies] == ["done"] * len(seeds), [
         (b["error"], [(r["missed"], r["bids"], r["latency_ms"]) for r in b["turns"]]) for b in bodies
     ]
@@ -198,6 +198,14 @@ def test_served_episode_equals_in_process(served, registry, capsys):
         ]
         assert a.metrics == b.metrics
     assert sres["reward_mean"] == res["reward_mean"] and sres["turn_share"] == res["turn_share"]
+    return res
+
+
+def test_served_episode_equals_in_process(served, registry, capsys):
+    """Keyed sampling: the served swarm plays the in-process `swarm eval` episodes exactly, turn by turn."""
+    from swarm_runtime.cli import main
+
+    res = served_equals_in_process(registry, served.run, served.url)
     # the CLI branch: the same table through the service
     assert main(["eval", str(served.run), f"serve.url={served.url}"]) == 0
     out = capsys.readouterr().out

@@ -5,7 +5,6 @@ worker killed with -9 mid-episodes costs no episode, and Ray's restarted actor r
 again; an agent added at runtime is a new actor, and draining it ends the actor for good. Bad input (no Ray, an
 unreachable address, a bad value) is one line and exit 2. Every process started here is stopped by pid."""
 
-import asyncio
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
 from conftest import ROOT  # noqa: E402
-from test_serve import _env, _free_port, _kill_pid, _start, _stop, _wait_health, build_run  # noqa: E402
+from test_serve import _env, _free_port, _kill_pid, _start, _stop, _wait_health, build_run, served_equals_in_process  # noqa: E402
 from test_serve_edges import _until  # noqa: E402
 
 HELD_OUT = 100000  # wooden_pickaxe's first eval seed
@@ -94,12 +93,6 @@ def ray_served(run, tmp_path_factory):
 def test_ray_workers_play_the_in_process_episodes(ray_served, registry):
     """Keyed sampling: workers in Ray actors play the in-process `swarm eval` episodes exactly, turn by turn
     (the form of test_serve.py's check of forked workers)."""
-    import torch
-
-    from swarm_runtime.config import load_saved
-    from swarm_runtime.evaluate import evaluate
-    from swarm_runtime.run import RunContext
-    from swarm_runtime.serve.client import evaluate_served
 
     agents = _agents(ray_served.url)
     assert [(a["name"], a["status"], a["restarts"]) for a in agents] == [
@@ -113,31 +106,7 @@ def test_ray_workers_play_the_in_process_episodes(ray_served, registry):
         assert str(gateway_pid) not in open(f"/proc/{a['pid']}/stat").read().split()[3]
     assert "(a Ray actor)" in ray_served.log.read_text()
 
-    pm, reg = registry
-    cfg = load_saved(ray_served.run / "config.yaml")
-    ctx = RunContext(cfg, pm, reg, ray_served.run)
-    swarm, _ = ctx.build_swarm(ray_served.run / "checkpoints/final/agents")
-    seeds = ctx.seeds("eval")
-    torch.set_num_threads(1)
-    res, eps = evaluate(
-        swarm,
-        ctx.coordinator(),
-        ctx.domain,
-        ctx.task,
-        seeds,
-        1,
-        int(cfg.seed) + 7919,
-        cfg.eval.temperature,
-        common_random_numbers=True,
-    )
-    sres, seps, bodies = asyncio.run(evaluate_served(ray_served.url, seeds, 1, int(cfg.seed) + 7919, None, None))
-    assert [b["status"] for b in bodies] == ["done"] * len(seeds), [b["error"] for b in bodies]
-    for a, b in zip(eps, seps):
-        assert [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in a.turns] == [
-            (t.winner, t.bids, t.action_text, t.reward, t.valid) for t in b.turns
-        ]
-        assert a.metrics == b.metrics
-    assert sres["reward_mean"] == res["reward_mean"] and sres["turn_share"] == res["turn_share"]
+    served_equals_in_process(registry, ray_served.run, ray_served.url)
 
 
 @pytest.mark.ray
