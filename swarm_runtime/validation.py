@@ -513,7 +513,7 @@ def cluster_kind(cfg: DictConfig, registry) -> None:
 @register_check
 def cluster_samplers(cfg: DictConfig, registry) -> None:
     """``cluster.samplers=ray``: on the Ray of ``cluster.kind=ray``, sampling in process policies
-    (``rollout.engine=local``), in an algorithm whose episodes take their turns through the sampler."""
+    (``rollout.engine=local``) or on a vLLM server a sampler actor starts (``vllm``), in an algorithm whose episodes take their turns through the sampler."""
     c = cfg.get("cluster")
     if c is None or c.get("samplers", "local") != "ray":
         return
@@ -523,10 +523,11 @@ def cluster_samplers(cfg: DictConfig, registry) -> None:
             f"cluster.kind={c.kind}; valid: cluster.kind=ray, or cluster.samplers=local"
         )
     engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
-    if engine != "local":
+    if engine == "openai":
         raise ConfigError(
-            f"cluster.samplers=ray with rollout.engine={engine} is not built yet (an engine server per node); "
-            "valid: rollout.engine=local with cluster.samplers=ray, or cluster.samplers=local"
+            "cluster.samplers=ray with rollout.engine=openai: the server at rollout.url is one you started, not the "
+            "run's to place on a node; valid: rollout.engine=vllm (a sampler actor starts the server on its node) or "
+            "local with cluster.samplers=ray, or cluster.samplers=local"
         )
 
 
