@@ -34,6 +34,8 @@ from pathlib import Path
 
 from loguru import logger
 
+from swarm_runtime.cluster.sampler import actor_state
+
 #: Tries of one call (a first try and its retries after the actor restarted).
 MAX_TRIES = 4
 #: Seconds a restarted actor may take, beyond the server's own ``rollout.vllm.startup_timeout_s``, to answer.
@@ -78,11 +80,20 @@ def stop_stale(pidfile: Path, base: Path) -> bool:
         except ProcessLookupError:
             return True
         end = time.monotonic() + 20.0
-        while time.monotonic() < end and Path(f"/proc/{pid}").exists():
+        while time.monotonic() < end and _running(pid):
             time.sleep(0.2)
-        if not Path(f"/proc/{pid}").exists():
+        if not _running(pid):
             return True
     return True
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie whose parent has not reaped it is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 class _Shipped:
@@ -304,7 +315,7 @@ class EngineActor:
         ray = self.ray
         end = time.monotonic() + wait_s
         while True:
-            if self._actor_state() == "DEAD":
+            if actor_state(self.actor) == "DEAD":
                 raise EngineSamplerError(
                     f"the engine sampler actor of base {self.name!r} died and its restarts are spent "
                     f"(cluster.sampler_restarts={self.max_restarts}); the run can go on from its last checkpoint "
@@ -395,15 +406,6 @@ class EngineActor:
         stats = {"calls": self.calls, "restarts": self.restarts}
         logger.info("vLLM sampler actor of base {} closed: {}", self.name, stats)
         return stats
-
-    def _actor_state(self) -> str | None:
-        try:
-            from ray._private.state import state as global_state
-
-            info = global_state.actor_table(self.actor._actor_id.hex())
-        except Exception:
-            return None
-        return (info or {}).get("State") if isinstance(info, dict) else None
 
 
 class RemoteAdapters:

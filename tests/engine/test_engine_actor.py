@@ -1,5 +1,8 @@
-"""Engine sampler actors (``cluster.samplers=ray rollout.engine=vllm``; swarm_runtime/cluster/engine.py) on a real vLLM
-and a local Ray bound to 127.0.0.1: a tiny ``swarm run`` whose vLLM server a Ray actor started (the base shipped
+"""Engine sampler actors (``cluster.samplers=ray rollout.engine=vllm``; swarm_runtime/cluster/engine.py) on a local
+Ray bound to 127.0.0.1, with a real vLLM (marked ``engine``) and with our own serve worker standing in for vLLM's
+server (marked ``ray``: the cluster stage, no vLLM needed; ``swarm_runtime.serve.worker`` speaks vLLM's completion
+and runtime-LoRA API, started by the same ``VLLMServer`` code through a ``vllm`` module that runs it): a tiny
+``swarm run`` whose vLLM server a Ray actor started (the base shipped
 to it through the object store, every adapter version exported by the trainer and loaded by the actor) writes the
 same metrics.jsonl rows as the run that starts its server itself; kill -9 of the actor mid-run: Ray restarts it,
 it stops the server the dead actor left and starts another (on another port), the trainer loads it with the last
@@ -13,15 +16,14 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.request
 
 import pytest
-from conftest import TINY_RUN
+from conftest import ROOT, TINY_RUN
 from enginekit import needs_vllm, vllm_env
-
-pytestmark = needs_vllm
 
 ARGS = [a for a in TINY_RUN if not a.startswith("tensorboard")] + [
     "tensorboard=false",
@@ -48,10 +50,39 @@ def _models(url: str) -> set[str]:
         return set()
 
 
-def _run(tmp_path, *extra: str, watch=None) -> tuple[int, str]:
-    """``swarm run ARGS extra`` in a subprocess; ``watch(line)`` sees each log line as it comes."""
+#: ``python -m vllm.entrypoints.openai.api_server --model BASE ... --host H --port P`` running our serve worker
+API_SERVER = textwrap.dedent("""
+    import sys
+    from swarm_runtime.serve.worker import main
+    a = sys.argv[1:]
+    arg = lambda k: a[a.index(k) + 1]
+    sys.exit(main(["--model", arg("--model"), "--host", arg("--host"), "--port", arg("--port"), "--enable-lora"]))
+""")
+
+
+def worker_python(folder) -> str:
+    """A "vLLM Python" whose ``vllm`` is :data:`API_SERVER` (``rollout.vllm.python`` / ``SWARM_VLLM_PYTHON``)."""
+    pkg = folder / "shim" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for d in (pkg, pkg.parent, pkg.parent.parent):
+        (d / "__init__.py").touch()
+    (pkg / "api_server.py").write_text(API_SERVER)
+    py = folder / "python"
+    py.write_text(f'#!/bin/sh\nPYTHONPATH="{folder / "shim"}:{ROOT}" exec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
+    return str(py)
+
+
+#: the server each case runs: our worker (no vLLM needed: the cluster stage) or a real vLLM (the engine stage)
+SERVERS = [pytest.param("worker", marks=[pytest.mark.ray, pytest.mark.slow]), pytest.param("vllm", marks=needs_vllm)]
+
+
+def _run(tmp_path, python: str, *extra: str, watch=None) -> tuple[int, str]:
+    """``swarm run ARGS extra`` in a subprocess with vLLM's Python ``python``; ``watch(line)`` sees each log line as
+    it comes."""
     cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *ARGS, *extra, f"run_dir={tmp_path / 'run'}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "RAY_ADDRESS": "local", **vllm_env()}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "RAY_ADDRESS": "local"}
+    env["SWARM_VLLM_PYTHON"] = python
     lines: list[str] = []
     with subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -74,23 +105,25 @@ def _run(tmp_path, *extra: str, watch=None) -> tuple[int, str]:
     return proc.returncode, "".join(lines)
 
 
-@pytest.fixture(scope="module")
-def served_here(tmp_path_factory):
-    """The run that starts its vLLM server itself (``cluster.samplers=local``)."""
+@pytest.fixture(scope="module", params=SERVERS)
+def served_here(request, tmp_path_factory):
+    """``(vLLM's Python, the run that starts its server itself: cluster.samplers=local)``."""
     pytest.importorskip("ray")
-    tmp = tmp_path_factory.mktemp("local")
-    code, out = _run(tmp)
+    tmp = tmp_path_factory.mktemp(request.param)
+    python = worker_python(tmp) if request.param == "worker" else vllm_env()["SWARM_VLLM_PYTHON"]
+    code, out = _run(tmp, python)
     assert code == 0, out[-4000:]
-    return tmp / "run"
+    return python, tmp / "run"
 
 
 def test_an_actor_started_server_writes_the_same_metrics(served_here, tmp_path):
-    code, out = _run(tmp_path, *RAY)
+    python, here = served_here
+    code, out = _run(tmp_path, python, *RAY)
     assert code == 0, out[-4000:]
     m = STARTED.search(out)
     assert m, out[-3000:]
     assert "vLLM sampler actor of base default closed: {'calls'" in out
-    assert _rows(tmp_path / "run") == _rows(served_here) and len(_rows(served_here)) >= 3
+    assert _rows(tmp_path / "run") == _rows(here) and len(_rows(here)) >= 3
     # the trainer wrote the base in its run folder (as without the actor); the server loaded the actor's copy
     assert (tmp_path / "run" / "engine" / "base" / "config.json").exists()
     assert not (tmp_path / "run" / "engine" / "adapters").exists()  # adapters are written on the actor's node
@@ -101,6 +134,7 @@ def test_a_killed_actor_is_restarted_with_a_new_server_and_the_run_finishes(serv
     """kill -9 of the actor once the first update's versions are loaded (``@v1`` in the server's /v1/models): the
     run ends with exit 0, one restart, a server on another port, and the same metrics rows as the run without
     the actor (no episode lost or played twice)."""
+    python, here = served_here
     seen: dict = {}
 
     def watch(line: str) -> None:
@@ -119,7 +153,7 @@ def test_a_killed_actor_is_restarted_with_a_new_server_and_the_run_finishes(serv
 
             threading.Thread(target=killer, daemon=True).start()
 
-    code, out = _run(tmp_path, *RAY, watch=watch)
+    code, out = _run(tmp_path, python, *RAY, watch=watch)
     assert code == 0, out[-4000:]
     assert "killed" in seen, out[-3000:]
     restarted = [ln for ln in out.splitlines() if "sampler actor of base default restarted: pid" in ln]
@@ -128,4 +162,28 @@ def test_a_killed_actor_is_restarted_with_a_new_server_and_the_run_finishes(serv
     assert new_url != seen["url"], restarted  # the new actor's server took a port of its own
     assert not _models(seen["url"])  # the dead actor's server was stopped by its successor
     assert "'restarts': 1" in next(ln for ln in out.splitlines() if "sampler actor of base default closed" in ln)
-    assert _rows(tmp_path / "run") == _rows(served_here)
+    assert _rows(tmp_path / "run") == _rows(here)
+
+
+def test_stop_stale_stops_only_the_server_of_its_base(tmp_path):
+    """A restarted actor stops the server its dead predecessor left (the pid file's process group), and never a
+    process that merely took that pid (its command does not name the base folder)."""
+    from swarm_runtime.cluster.engine import stop_stale
+
+    base = tmp_path / "base"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(b)], start_new_session=True)
+        for b in (tmp_path / "other", base)
+    ]
+    try:
+        pidfile = tmp_path / "server.pid"
+        assert not stop_stale(pidfile, base)  # no pid file
+        pidfile.write_text(str(procs[0].pid))
+        assert not stop_stale(pidfile, base) and procs[0].poll() is None  # another base's: left alone
+        pidfile.write_text(str(procs[1].pid))
+        assert stop_stale(pidfile, base)
+        assert procs[1].wait(10) is not None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
