@@ -190,7 +190,14 @@ class EngineWorker:
         refs = {m: ref for m, (_, ref) in shipped.items()}
         files = dict(zip(refs, ray.get(list(refs.values()))))
         learner = _Shipped({m: (v, files[m]) for m, (v, _) in shipped.items()})
-        self.adapters.sync(learner, list(shipped))
+        from swarm_runtime.rollout.http import Unreachable
+
+        try:
+            self.adapters.sync(learner, list(shipped))
+        except Unreachable:  # the server died under the sync: back with the versions it had, then the rest
+            if not self._revive():
+                raise
+            self.adapters.sync(learner, list(shipped))
         return "ok", self.hello()["loaded"]
 
     def restore(self, pid: int, kept: dict):
@@ -215,13 +222,17 @@ class EngineWorker:
         hello)``, or ``("down", hello)`` when it did not come back."""
         if not self._mine(pid):
             return LOST
+        return ("ok" if self._revive() else "down"), self.hello()
+
+    def _revive(self) -> bool:
+        """True when the server answers, restarted on its port (every version held loaded again) if it died."""
         if self.server.alive() and self.client.wait_ready(5.0):
-            return "ok", self.hello()
+            return True
         if not self.server.restart():
-            return "down", self.hello()
+            return False
         self._pidfile()
         self.adapters.reload()
-        return "ok", self.hello()
+        return True
 
     def stop(self) -> bool:
         """Stop the server; its base and adapter folders are removed (the log stays, beside the pid file's place)."""

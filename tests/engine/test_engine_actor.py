@@ -20,6 +20,7 @@ import textwrap
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, TINY_RUN
@@ -33,6 +34,7 @@ ARGS = [a for a in TINY_RUN if not a.startswith("tensorboard")] + [
 RAY = ["cluster.kind=ray", "cluster.env_workers=1", "cluster.num_cpus=2", "cluster.samplers=ray"]
 #: the trainer's log line that names the actor's process and its server
 STARTED = re.compile(r"vLLM sampler actor on Ray \(default\): pid (\d+), server (http://[\d.]+:\d+)")
+LOG = re.compile(r"log on its node: (\S+)\)")
 
 
 def _rows(run_dir):
@@ -130,37 +132,48 @@ def test_an_actor_started_server_writes_the_same_metrics(served_here, tmp_path):
     assert not _models(m.group(2))  # closing stopped the server
 
 
-def test_a_killed_actor_is_restarted_with_a_new_server_and_the_run_finishes(served_here, tmp_path):
-    """kill -9 of the actor once the first update's versions are loaded (``@v1`` in the server's /v1/models): the
-    run ends with exit 0, one restart, a server on another port, and the same metrics rows as the run without
-    the actor (no episode lost or played twice)."""
+def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, tmp_path):
+    """kill -9 of the server's process group once the first update's versions are loaded (``@v1`` in its
+    /v1/models): the actor restarts it on its port and loads its versions again; then kill -9 of the actor once
+    the second update's are loaded (``@v2``): Ray restarts it, it stops the server the dead actor left and starts
+    one on another port, the trainer loads it and takes its URL. The run ends with exit 0, one actor restart, the
+    unanswered rows sent again twice, and the same metrics rows as the run without the actor (no episode lost or
+    played twice)."""
     python, here = served_here
     seen: dict = {}
+
+    def wait_for(version: str) -> bool:
+        end = time.monotonic() + 900
+        while time.monotonic() < end:
+            if any(name.endswith(version) for name in _models(seen["url"])):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def killer():
+        if wait_for("@v1"):
+            os.killpg(int((seen["folder"] / "server.pid").read_text()), signal.SIGKILL)
+            seen["server killed"] = True
+            if wait_for("@v2"):  # the restarted server (the same URL) took the second update's versions
+                os.kill(seen["pid"], signal.SIGKILL)
+                seen["actor killed"] = True
 
     def watch(line: str) -> None:
         m = STARTED.search(line)
         if m and "pid" not in seen:
             seen["pid"], seen["url"] = int(m.group(1)), m.group(2)
-
-            def killer():
-                end = time.monotonic() + 900
-                while time.monotonic() < end:
-                    if any(name.endswith("@v1") for name in _models(seen["url"])):
-                        os.kill(seen["pid"], signal.SIGKILL)
-                        seen["killed"] = time.monotonic()
-                        return
-                    time.sleep(0.2)
-
+            seen["folder"] = Path(LOG.search(line).group(1)).parent
             threading.Thread(target=killer, daemon=True).start()
 
     code, out = _run(tmp_path, python, *RAY, watch=watch)
     assert code == 0, out[-4000:]
-    assert "killed" in seen, out[-3000:]
+    assert "server killed" in seen and "actor killed" in seen, (seen, out[-3000:])
+    assert out.count("it answers again, the rows are sent again") >= 2, out[-3000:]
     restarted = [ln for ln in out.splitlines() if "sampler actor of base default restarted: pid" in ln]
     assert len(restarted) == 1, out[-3000:]
     new_url = re.search(r"server \S+ -> (\S+);", restarted[0]).group(1)
     assert new_url != seen["url"], restarted  # the new actor's server took a port of its own
-    assert not _models(seen["url"])  # the dead actor's server was stopped by its successor
+    assert not _models(seen["url"])  # the dead actor's (restarted) server was stopped by its successor
     assert "'restarts': 1" in next(ln for ln in out.splitlines() if "sampler actor of base default closed" in ln)
     assert _rows(tmp_path / "run") == _rows(here)
 
