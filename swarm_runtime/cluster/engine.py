@@ -153,7 +153,7 @@ class EngineWorker:
             check_cpu_shape(model)
         here = ray.get_runtime_context().get_node_id() == self.driver_node
         host = self.host if here else ray.util.get_node_ip_address()
-        self.server = VLLMServer(python, model, self.folder / "vllm.log", host=host, **settings)
+        self.server = VLLMServer(python, model, self.folder / "vllm.log", host=host, die_with_parent=True, **settings)
         if int(settings.get("port", 0)):
             self.server._wait_port()  # a stale server's port is freed as its process group ends
         self.server.start()

@@ -221,8 +221,11 @@ def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: st
     if info.get("cpu"):
         check_cpu_shape(model)
     settings = server_settings(cfg, len(learner.models()), port_offset)
-    server = VLLMServer(python, model, folder / "vllm.log", host=str(v.host), **settings)
-    return server.start()
+    server = VLLMServer(python, model, folder / "vllm.log", host=str(v.host), **settings).start()
+    from loguru import logger
+
+    logger.info("vLLM server at {} up in {:.1f} s (log: {})", server.url, server.started_s, server.log)
+    return server
 
 
 def start_engine_actor(
