@@ -15,8 +15,9 @@ server it started itself.
 
 Faults. A server that dies: the actor restarts it (``VLLMServer.restart``) and reloads every version it holds (the
 trainer's ``recover`` hook, called when requests go unanswered, goes through :meth:`EngineWorker.ensure`). An actor
-that dies (kill -9): Ray restarts it (``cluster.sampler_restarts``); the constructor stops the server the dead actor
-left (its process group, from the pid file in the node's folder), writes the base again and starts a new server.
+that dies (kill -9): its server gets SIGTERM (``VLLMServer(die_with_parent=True)``) and Ray restarts the actor
+(``cluster.sampler_restarts``); the constructor stops any server a dead actor left all the same (its process group,
+from the pid file in the node's folder), writes the base again and starts a new server.
 Every call names the actor process the trainer knows; a restarted one answers "lost" until the trainer has loaded
 it with the last synced versions (the files it keeps in the object store) and taken its URL; the interrupted
 requests are sent again (same version names, same seeds). Closing stops the server, then the actor.
@@ -211,11 +212,6 @@ class EngineWorker:
                 if out == LOST:
                     return LOST
         return "ok", self.hello()["loaded"]
-
-    def drop_strays(self, pid: int, models: list):
-        if not self._mine(pid):
-            return LOST
-        return "ok", self.adapters.drop_strays(models)
 
     def ensure(self, pid: int):
         """The server answers (again): restarted on its port and every version reloaded when it died. ``("ok",
@@ -465,6 +461,3 @@ class RemoteAdapters:
         old.update(new)
         self.loaded = {m: list(vs) for m, vs in loaded.items()}
         self.engine.kept = {m: [(v, old[(m, v)]) for v in vs if (m, v) in old] for m, vs in self.loaded.items()}
-
-    def drop_strays(self, models) -> list[str]:
-        return self.engine.call("drop_strays", list(models))[1]

@@ -332,7 +332,8 @@ def engine_sampler(
         else:
             adapters = AdapterSync(client, folder / "adapters", keep=int(r.max_staleness) + 1)
         adapters.sync(learner, learner.models())
-        adapters.drop_strays(learner.models())
+        if not on_ray:  # an actor's server is one it just started: nothing of an earlier run is on it
+            adapters.drop_strays(learner.models())
     except BaseException:
         if owned:
             server.stop()

@@ -134,8 +134,8 @@ def test_an_actor_started_server_writes_the_same_metrics(served_here, tmp_path):
 
 
 def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, tmp_path):
-    """kill -9 of the server's process group once the first update's versions are loaded (``@v1`` in its
-    /v1/models): the actor restarts it on its port and loads its versions again; once they are back, kill -9 of the
+    """kill -9 of the server's process group once every role's first version is loaded (``@v0`` in its
+    /v1/models; the evaluation after SFT comes next): the actor restarts it on its port and loads its versions again; once they are back, kill -9 of the
     actor: its server goes with it (SIGTERM at its parent's death), Ray restarts the actor, which starts a server on
     another port, and the trainer loads it with the synced versions and takes its URL. The run ends with exit 0,
     one actor restart, the unanswered rows sent again, and the same metrics rows as the run without the actor (no
@@ -143,21 +143,23 @@ def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, t
     python, here = served_here
     seen: dict = {}
 
-    def wait_for(version: str | None, seconds: float = 900) -> bool:
-        """Until the server lists ``version`` (None: until it does not answer)."""
+    first = {"Logger@v0", "Miner@v0", "Smith@v0"}  # every role's first version: the sampler's start is done
+
+    def wait_for(names: set | None, seconds: float = 900) -> bool:
+        """Until the server lists all of ``names`` (None: until it does not answer)."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            names = _models(seen["url"])
-            if (version is None and not names) or (version and any(n.endswith(version) for n in names)):
+            served = _models(seen["url"])
+            if (names is None and not served) or (names and names <= served):
                 return True
             time.sleep(0.2)
         return False
 
     def killer():
-        if wait_for("@v1"):
+        if wait_for(first):  # then the evaluation after SFT sends its rows
             os.killpg(int((seen["folder"] / "server.pid").read_text()), signal.SIGKILL)
             seen["server killed"] = True
-            if wait_for(None, 30) and wait_for("@v1"):  # down, then restarted by the actor with its versions
+            if wait_for(None, 30) and wait_for(first):  # down, then restarted by the actor with its versions
                 os.kill(seen["pid"], signal.SIGKILL)
                 seen["actor killed"] = True
 
