@@ -44,6 +44,10 @@ def _rows(run_dir):
     ]
 
 
+def _exact(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("mismatch/")}
+
+
 def _models(url: str) -> set[str]:
     try:
         with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
@@ -180,7 +184,12 @@ def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, t
     assert new_url != seen["url"], restarted  # the new actor's server took a port of its own
     assert not _models(seen["url"])  # the dead actor's (restarted) server went with it
     assert "'restarts': 1" in next(ln for ln in out.splitlines() if "sampler actor of base default closed" in ln)
-    assert _rows(tmp_path / "run") == _rows(here)
+    # the same tokens, rewards and losses; the rows sent again were batched with other rows on the server, so the
+    # sampler's log-probs of those tokens (mismatch/*) moved at float precision (seen: approx KL 2.49e-14 vs 2.77e-14)
+    got, want = _rows(tmp_path / "run"), _rows(here)
+    assert [_exact(r) for r in got] == [_exact(r) for r in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys() and all(abs(g[k] - w[k]) < 1e-6 for k in g if k.startswith("mismatch/")), (g, w)
 
 
 def test_stop_stale_stops_only_the_server_of_its_base(tmp_path):
