@@ -242,8 +242,8 @@ def config_key(cfg: DictConfig, k: str) -> str:
 #: The Ray heads a command joins: the key holding the address, and whether a config joins it (``swarm run`` and
 #: ``swarm eval``: the run's cluster; ``swarm serve``: the gateway's own, ``serve.address``).
 RAY_HEADS = {
-    "cluster.address": lambda cfg: cfg.cluster.kind == "ray",
-    "serve.address": lambda cfg: cfg.serve.cluster == "ray",
+    "cluster.address": lambda cfg: OmegaConf.select(cfg, "cluster.kind", default="local") == "ray",
+    "serve.address": lambda cfg: OmegaConf.select(cfg, "serve.cluster", default="local") == "ray",
 }
 
 
