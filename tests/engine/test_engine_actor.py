@@ -44,8 +44,17 @@ def _rows(run_dir):
     ]
 
 
-def _exact(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith("mismatch/")}
+def _same_rows(run, reference) -> None:
+    """metrics.jsonl of ``run`` and ``reference`` (but ``time/*``): every key identical except ``mismatch/*`` (the
+    server's log-probs of the same tokens), within 1e-6: a server batches the requests in flight together, which
+    rows share a batch depends on timing (and rows sent again after a kill go out in a batch of their own), and
+    a batch's float reductions move those log-probs at float precision (seen on our worker: approx KL 1.61e-14
+    against 1.68e-14; on vLLM the two runs' rows were identical)."""
+    got, want = _rows(run), _rows(reference)
+    exact = [{k: v for k, v in r.items() if not k.startswith("mismatch/")} for r in got]
+    assert exact == [{k: v for k, v in r.items() if not k.startswith("mismatch/")} for r in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys() and all(abs(g[k] - w[k]) < 1e-6 for k in g if k.startswith("mismatch/")), (g, w)
 
 
 def _models(url: str) -> set[str]:
@@ -130,7 +139,8 @@ def test_an_actor_started_server_writes_the_same_metrics(served_here, tmp_path):
     m = STARTED.search(out)
     assert m, out[-3000:]
     assert "vLLM sampler actor of base default closed: {'calls'" in out
-    assert _rows(tmp_path / "run") == _rows(here) and len(_rows(here)) >= 3
+    _same_rows(tmp_path / "run", here)
+    assert len(_rows(here)) >= 3
     # the trainer wrote the base in its run folder (as without the actor); the server loaded the actor's copy
     assert (tmp_path / "run" / "engine" / "base" / "config.json").exists()
     assert not (tmp_path / "run" / "engine" / "adapters").exists()  # adapters are written on the actor's node
@@ -184,12 +194,7 @@ def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, t
     assert new_url != seen["url"], restarted  # the new actor's server took a port of its own
     assert not _models(seen["url"])  # the dead actor's (restarted) server went with it
     assert "'restarts': 1" in next(ln for ln in out.splitlines() if "sampler actor of base default closed" in ln)
-    # the same tokens, rewards and losses; the rows sent again were batched with other rows on the server, so the
-    # sampler's log-probs of those tokens (mismatch/*) moved at float precision (seen: approx KL 2.49e-14 vs 2.77e-14)
-    got, want = _rows(tmp_path / "run"), _rows(here)
-    assert [_exact(r) for r in got] == [_exact(r) for r in want]
-    for g, w in zip(got, want):
-        assert g.keys() == w.keys() and all(abs(g[k] - w[k]) < 1e-6 for k in g if k.startswith("mismatch/")), (g, w)
+    _same_rows(tmp_path / "run", here)
 
 
 def test_stop_stale_stops_only_the_server_of_its_base(tmp_path):
