@@ -299,11 +299,12 @@ class ClusterConfig:
     #: stop it at the end
     env_workers: int = 2  #: ``ray``: env worker actors (each owns a pool of envs, reused across episodes)
     num_cpus: int | None = None  #: ``ray`` with a local Ray: CPUs it is started with (None = Ray's count)
-    # sampler actors (cluster/sampler.py)
+    # sampler actors (cluster/sampler.py, cluster/engine.py)
     samplers: str = "local"  #: ``local`` (bids and actions drawn in the trainer's process) or ``ray`` (with
-    #: ``cluster.kind=ray`` and ``rollout.engine=local``: a sampler actor holds a copy of the policies, synced
-    #: after each update; the same draws as in process)
-    sampler_restarts: int = 8  #: ``samplers=ray``: restarts Ray gives the sampler actor after its process dies
+    #: ``cluster.kind=ray``; ``rollout.engine=local``: a sampler actor holds a copy of the policies, synced after
+    #: each update, the same draws as in process; ``rollout.engine=vllm``: per base an actor starts the vLLM server
+    #: on its node and loads the adapters the trainer exports)
+    sampler_restarts: int = 8  #: ``samplers=ray``: restarts Ray gives a sampler actor after its process dies
     # learner actors (docs/distributed.md, "Learner actors")
     learners: str = "local"  #: where the trainable weights and optimizers live: ``local`` (the trainer's process)
     #: or ``ray`` (needs ``kind=ray``: learner actors, one per role with a full copy, one per base of adapters;

@@ -523,16 +523,17 @@ def _needs_ray_cluster(c: DictConfig, key: str, why: str, off: str = "local") ->
 @register_check
 def cluster_samplers(cfg: DictConfig, registry) -> None:
     """``cluster.samplers=ray``: on the Ray of ``cluster.kind=ray``, sampling in process policies
-    (``rollout.engine=local``), in an algorithm whose episodes take their turns through the sampler."""
+    (``rollout.engine=local``) or on a vLLM server a sampler actor starts (``vllm``), in an algorithm whose episodes take their turns through the sampler."""
     c = cfg.get("cluster")
     if c is None or c.get("samplers", "local") != "ray":
         return
     _needs_ray_cluster(c, "samplers", "the sampler actor runs on the run's Ray")
     engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
-    if engine != "local":
+    if engine == "openai":
         raise ConfigError(
-            f"cluster.samplers=ray with rollout.engine={engine} is not built yet (an engine server per node); "
-            "valid: rollout.engine=local with cluster.samplers=ray, or cluster.samplers=local"
+            "cluster.samplers=ray with rollout.engine=openai: the server at rollout.url is one you started, not the "
+            "run's to place on a node; valid: rollout.engine=vllm (a sampler actor starts the server on its node) or "
+            "local with cluster.samplers=ray, or cluster.samplers=local"
         )
 
 

@@ -219,6 +219,10 @@ def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_p
         (["cluster.samplers=gpu"], ["cluster.samplers", "local, ray"]),
         (["cluster.samplers=ray"], ["cluster.samplers=ray needs cluster.kind=ray", "cluster.kind=local"]),
         (["cluster.sampler_restarts=-1"], ["cluster.sampler_restarts", "0"]),
+        (
+            ["model.adapter=lora", "rollout.engine=openai", "cluster.kind=ray", "cluster.samplers=ray"],
+            ["rollout.engine=openai", "not the run's to place", "rollout.engine=vllm", "cluster.samplers=local"],
+        ),
     ],
 )
 def test_bad_sampler_keys_are_refused(args, words, tmp_path):

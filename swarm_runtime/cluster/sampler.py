@@ -262,11 +262,15 @@ class RaySampler:
             )
 
     def _actor_state(self) -> str | None:
-        """The actor's state in Ray's control store (``ALIVE``, ``RESTARTING``, ``DEAD``), None if unknown."""
-        try:
-            from ray._private.state import state as global_state
+        return actor_state(self.actor)
 
-            info = global_state.actor_table(self.actor._actor_id.hex())
-        except Exception:
-            return None
-        return (info or {}).get("State") if isinstance(info, dict) else None
+
+def actor_state(actor) -> str | None:
+    """An actor's state in Ray's control store (``ALIVE``, ``RESTARTING``, ``DEAD``), None if unknown."""
+    try:
+        from ray._private.state import state as global_state
+
+        info = global_state.actor_table(actor._actor_id.hex())
+    except Exception:
+        return None
+    return (info or {}).get("State") if isinstance(info, dict) else None

@@ -13,11 +13,12 @@ from swarm_runtime.rollout.base import Sampler
 from swarm_runtime.rollout.local import LocalLearner, LocalSampler
 
 
-def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict | None = None) -> Sampler:
+def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict | None = None, placed=None) -> Sampler:
     """``rollout.engine=local``: in process, over the learner's own modules, or (``cluster.samplers=ray``) in a
     sampler actor holding a copy of them (:mod:`swarm_runtime.cluster.sampler`; ``options``: its Ray actor
-    options); ``openai`` / ``vllm``: an inference server (started here for ``vllm``), each model's weights
-    loaded as a named version.
+    options); ``openai`` / ``vllm``: an inference server (started here for ``vllm``; with ``cluster.samplers=ray``
+    by a sampler actor per base, on its node: :mod:`swarm_runtime.cluster.engine`, whose Ray options are
+    ``placed(base, its models)`` when given, else ``options``), each model's weights loaded as a named version.
 
     An engine sampler is made once the base is frozen (after the cold start's SFT of a config-built
     base): the server holds that base for the whole run; only the adapters are synced."""
@@ -34,12 +35,19 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict
     if engine not in ("openai", "vllm"):
         raise ConfigError(f"rollout.engine={engine} is not valid; valid: local, openai, vllm")
     by_base = models_by_base(learner)
+
+    def opts(name: str, models: list[str]) -> dict | None:
+        return placed(name, models) if placed is not None and samplers_on_ray(cfg) else options
+
     if len(by_base) == 1:
-        return engine_sampler(cfg, learner, run_dir)
+        ((name, models),) = by_base.items()
+        return engine_sampler(cfg, learner, run_dir, options=opts(name, models))
     samplers: dict[str, Sampler] = {}
     try:  # one server per base (model.bases), each with the adapters of the roles on it
         for i, (name, models) in enumerate(by_base.items()):
-            samplers[name] = engine_sampler(cfg, BaseLearner(learner, models), run_dir, base=name, port_offset=i)
+            samplers[name] = engine_sampler(
+                cfg, BaseLearner(learner, models), run_dir, base=name, port_offset=i, options=opts(name, models)
+            )
     except BaseException:
         for s in samplers.values():
             s.close()
@@ -88,6 +96,7 @@ class RoutedSampler:
         self.name = next(iter(self.samplers.values())).name
         self.server = next(iter(self.samplers.values())).server  #: the first base's (``servers``: every base's)
         self.servers = {b: s.server for b, s in self.samplers.items()}
+        self.on_ray = any(getattr(s, "on_ray", False) for s in self.samplers.values())
 
     def _split(self, rows):
         parts: dict[str, list[int]] = {}
@@ -175,16 +184,34 @@ def write_base(shared, folder: Path) -> Path:
     return folder
 
 
-def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: str = "default", port_offset: int = 0):
-    """Write the run's base (``base``: the learner's models' base, of ``model.bases``) and start a vLLM server on
-    it (``rollout.vllm.*``; the ``port_offset``-th base's server asks ``rollout.vllm.port`` + that, a fixed port
-    being one per server); the started :class:`~swarm_runtime.rollout.vllm_server.VLLMServer`. Used by
-    :func:`make_sampler` and by tests that need the server a run would start."""
+def server_settings(cfg, n_models: int, port_offset: int = 0) -> dict:
+    """:class:`~swarm_runtime.rollout.vllm_server.VLLMServer`'s keyword arguments from ``rollout.vllm.*`` (all but
+    the base, the log and the host) for a server of ``n_models`` models' adapters: the ``port_offset``-th base's
+    server asks ``rollout.vllm.port`` + that (a fixed port being one per server)."""
     from swarm_runtime.rollout.sync import check_rank, lora_slots
-    from swarm_runtime.rollout.vllm_server import VLLMServer, check_cpu_shape, probe_python, vllm_python
 
     rank = int(cfg.model.lora.rank)
     check_rank(rank)
+    v = cfg.rollout.vllm
+    max_loras, max_cpu = lora_slots(n_models, int(cfg.rollout.max_staleness))
+    return dict(
+        port=int(v.port) + port_offset if int(v.port) else 0,
+        max_lora_rank=rank,
+        max_loras=max_loras,
+        max_cpu_loras=max_cpu,
+        dtype=str(v.dtype),
+        args=list(v.get("args") or []),
+        startup_timeout_s=float(v.startup_timeout_s),
+    )
+
+
+def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: str = "default", port_offset: int = 0):
+    """Write the run's base (``base``: the learner's models' base, of ``model.bases``) and start a vLLM server on
+    it (``rollout.vllm.*``: :func:`server_settings`); the started
+    :class:`~swarm_runtime.rollout.vllm_server.VLLMServer`. Used by :func:`make_sampler` and by tests that need
+    the server a run would start."""
+    from swarm_runtime.rollout.vllm_server import VLLMServer, check_cpu_shape, probe_python, vllm_python
+
     v = cfg.rollout.vllm
     python = vllm_python(v.get("python"))
     info = probe_python(python)
@@ -193,31 +220,61 @@ def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: st
     model = write_base(shared, folder / "base")
     if info.get("cpu"):
         check_cpu_shape(model)
-    max_loras, max_cpu = lora_slots(len(learner.models()), int(cfg.rollout.max_staleness))
-    port = int(v.port) + port_offset if int(v.port) else 0
-    server = VLLMServer(
-        python,
+    settings = server_settings(cfg, len(learner.models()), port_offset)
+    server = VLLMServer(python, model, folder / "vllm.log", host=str(v.host), **settings).start()
+    from loguru import logger
+
+    logger.info("vLLM server at {} up in {:.1f} s (log: {})", server.url, server.started_s, server.log)
+    return server
+
+
+def start_engine_actor(
+    cfg, learner: LocalLearner, run_dir: Path | None, base: str = "default", port_offset: int = 0, options=None
+):
+    """``cluster.samplers=ray``: write the run's base as :func:`start_vllm_server` does, and start the base's engine
+    actor (:class:`~swarm_runtime.cluster.engine.EngineActor`), which writes it again on its node and starts the
+    vLLM server there (on ``rollout.vllm.host`` on the trainer's node, else on the node's address); ``options``:
+    its Ray actor options (placement)."""
+    from swarm_runtime.cluster.engine import EngineActor
+    from swarm_runtime.rollout.vllm_server import vllm_python
+
+    c, v = cfg.cluster, cfg.rollout.vllm
+    _, shared = _shared(learner)
+    model = write_base(shared, engine_folder(run_dir, base) / "base")
+    return EngineActor(
         model,
-        folder / "vllm.log",
+        vllm_python(v.get("python")),
+        server_settings(cfg, len(learner.models()), port_offset),
+        int(cfg.rollout.max_staleness) + 1,
+        name=base,
+        address=c.address,
+        num_cpus=c.get("num_cpus"),
+        max_restarts=int(c.get("sampler_restarts", 8)),
+        options=options,
+        timeout_s=float(cfg.rollout.timeout_s),
         host=str(v.host),
-        port=port,
-        max_lora_rank=rank,
-        max_loras=max_loras,
-        max_cpu_loras=max_cpu,
-        dtype=str(v.dtype),
-        args=list(v.get("args") or []),
-        startup_timeout_s=float(v.startup_timeout_s),
     )
-    return server.start()
+
+
+def samplers_on_ray(cfg) -> bool:
+    c = cfg.get("cluster")
+    return c is not None and c.get("samplers", "local") == "ray"
 
 
 def engine_sampler(
-    cfg, learner: LocalLearner, run_dir: Path | None, server=None, base: str = "default", port_offset: int = 0
+    cfg,
+    learner: LocalLearner,
+    run_dir: Path | None,
+    server=None,
+    base: str = "default",
+    port_offset: int = 0,
+    options: dict | None = None,
 ):
     """An :class:`~swarm_runtime.rollout.openai.OpenAISampler` on ``rollout.url`` (``openai``; base ``base``
     of ``model.bases``: ``rollout.urls.NAME``) or on a vLLM server the run starts (``vllm``; ``server``: one
-    already started by :func:`start_vllm_server`). The server's base is checked against the run's, every
-    model's current version loaded; closing the sampler stops a server it started."""
+    already started by :func:`start_vllm_server`; with ``cluster.samplers=ray``, one a sampler actor starts on its
+    node: :func:`start_engine_actor`, ``options`` its Ray options). The server's base is checked against the run's,
+    every model's current version loaded; closing the sampler stops a server it started."""
     from swarm_runtime.rollout.http import Client, EngineError, Unreachable
     from swarm_runtime.rollout.openai import OpenAISampler
     from swarm_runtime.rollout.sync import AdapterSync, check_base, check_rank
@@ -226,11 +283,14 @@ def engine_sampler(
     check_rank(int(cfg.model.lora.rank))
     first, shared = _shared(learner)
     folder = engine_folder(run_dir, base)
-    owned = False
+    owned = on_ray = False
     if str(r.engine) == "vllm":
-        if server is None:
+        if server is None and samplers_on_ray(cfg):
+            server, owned, on_ray = start_engine_actor(cfg, learner, run_dir, base, port_offset, options), True, True
+        elif server is None:
             server, owned = start_vllm_server(cfg, learner, run_dir, base, port_offset), True
-        url, describe = server.url, f"the vLLM server at {server.url} (log: {server.log})"
+        where = "the vLLM server of the sampler actor" if on_ray else "the vLLM server"
+        url, describe = server.url, f"{where} at {server.url} (log: {server.log})"
     else:
         if shared.source is not None and getattr(shared, "engine_fingerprint", None) is None:
             shared.engine_fingerprint = shared.source_fingerprint
@@ -265,9 +325,15 @@ def engine_sampler(
                         "or give rollout.url of one that runs"
                     ) from None
                 time.sleep(min(0.5 * 2**attempt, 4.0))
-        adapters = AdapterSync(client, folder / "adapters", keep=int(r.max_staleness) + 1)
+        if on_ray:  # exported here, written and loaded by the actor on its node
+            from swarm_runtime.cluster.engine import RemoteAdapters
+
+            adapters = RemoteAdapters(server, folder / "adapters")
+        else:
+            adapters = AdapterSync(client, folder / "adapters", keep=int(r.max_staleness) + 1)
         adapters.sync(learner, learner.models())
-        adapters.drop_strays(learner.models())
+        if not on_ray:  # an actor's server is one it just started: nothing of an earlier run is on it
+            adapters.drop_strays(learner.models())
     except BaseException:
         if owned:
             server.stop()
@@ -275,6 +341,8 @@ def engine_sampler(
 
     def recover() -> bool:
         """Bring the server back: True when it answers (again), with every version loaded."""
+        if on_ray:  # the actor restarts its server, or Ray the actor (then its new server's URL is taken)
+            return server.ensure()
         if server.alive() and client.wait_ready(5.0):
             return True  # a passing failure: it answers
         if not server.restart():
@@ -294,6 +362,14 @@ def engine_sampler(
     )
     sampler.name = str(r.engine)
     sampler.server = server
+    sampler.on_ray = on_ray  #: closed before the run's Ray stops (train/mpt.py)
+    if on_ray:
+
+        def moved(new_url: str) -> None:  # a restarted actor's server
+            sampler.client = Client(new_url, timeout=float(r.timeout_s), api_key=key)
+            sampler.describe = f"the vLLM server of the sampler actor at {new_url} (log: {server.log})"
+
+        server.on_url = moved
     if owned:
         _close = sampler.close
 

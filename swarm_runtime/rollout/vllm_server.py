@@ -126,6 +126,18 @@ def exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _exit_on_term)
 
 
+def die_with_parent() -> None:
+    """In a child before it runs (``preexec_fn``): ask Linux to send it SIGTERM when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing). The parent is the thread that started it: a sampler actor's
+    (Ray runs a plain actor's calls on its main thread)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class VLLMServer:
     """One vLLM OpenAI server over ``base`` (module docstring)."""
 
@@ -142,8 +154,12 @@ class VLLMServer:
         dtype: str = "float32",
         args: list | None = None,
         startup_timeout_s: float = 600.0,
+        die_with_parent: bool = False,
     ):
         self.python, self.base, self.log = python, Path(base), Path(log)
+        #: the server is sent SIGTERM when the process that started it dies (Linux; a sampler actor killed with
+        #: kill -9 leaves no server behind): :func:`die_with_parent`
+        self.die_with_parent = bool(die_with_parent)
         self.host, self.asked_port = host, int(port)
         self.port = int(port)
         self.max_lora_rank, self.max_loras = int(max_lora_rank), int(max_loras)
@@ -212,7 +228,12 @@ class VLLMServer:
             fh.write(f"$ {' '.join(self.command())}\n")
             fh.flush()
             self.proc = subprocess.Popen(
-                self.command(), stdout=fh, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True
+                self.command(),
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=self.env(),
+                start_new_session=True,
+                preexec_fn=die_with_parent if self.die_with_parent else None,
             )
         self.starts += 1
         atexit.register(self.stop)

@@ -145,7 +145,7 @@ class MPTTrainer(PhasedTrainer):
         if self.sampler is None:
             self.learner = LocalLearner(self.policies)
             self.learner.set_versions({m: int(self.state.get("iteration", 0)) for m in self.policies})
-            self.sampler = make_sampler(self.cfg, self.learner, self.ctx.run_dir)
+            self.sampler = make_sampler(self.cfg, self.learner, self.ctx.run_dir, placed=self._sampler_placement)
             if int(self.cfg.rollout.get("max_staleness", 0) or 0) > 0:  # rollouts played ahead on a thread
                 self.sampler = LockedSampler(self.sampler)
         return self.sampler, model_names(self.agents)
@@ -257,6 +257,19 @@ class MPTTrainer(PhasedTrainer):
             out.update(actor_options(spec, group, "learner", 0))
         return out
 
+    def _sampler_placement(self, name: str, roles: list[str]) -> dict:
+        """Ray options of the engine sampler actor of base ``name`` (``cluster.samplers=ray``, ``rollout.engine=vllm``):
+        with ``cluster.placement``, the sampler's bundle of the placement group of its roles; else none."""
+        spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
+        if spec is None:
+            return {}
+        from swarm_runtime.cluster.placement import actor_options
+
+        group = next((g.name for g in spec.groups if set(roles) <= set(g.roles)), None)
+        if group is None:
+            raise RuntimeError(f"sampler of base {name!r}: no placement group holds its roles {roles}")
+        return actor_options(spec, group, "sampler", 0)
+
     def _last_lr(self, kind: str) -> float:
         """The learning rate of the first role's ``kind`` optimizer (the ``charts/lr`` metric)."""
         if self._group_loaded:
@@ -337,7 +350,9 @@ class MPTTrainer(PhasedTrainer):
                 self._pool.shutdown(wait=True)
                 self._close_unplayed()
             cluster = self._envs[1]
-            if cluster is not None and getattr(self.sampler, "name", None) == "ray":
+            if cluster is not None and (
+                getattr(self.sampler, "name", None) == "ray" or getattr(self.sampler, "on_ray", False)
+            ):
                 self.sampler.close()  # a sampler actor lives on the env workers' Ray: closed before it stops
             close_cluster(cluster)
             if self.sampler is not None:

@@ -1,0 +1,463 @@
+"""Engine sampler actors on Ray (issue 28; docs/distributed.md, "Sampler actors", and docs/engine.md):
+``cluster.samplers=ray`` with ``rollout.engine=vllm`` runs, per base, a Ray actor that starts the base's vLLM
+server ON ITS NODE and keeps it; the trainer's ``OpenAISampler`` speaks HTTP to that server as it does to a
+server it started itself.
+
+- :class:`EngineWorker` (the actor's body, plain Python): writes the base it is shipped (the files of the
+  Hugging Face folder the trainer wrote, through Ray's object store: the trainer's run folder may not be on its
+  node) into a folder of its node (``$TMPDIR/swarm-engine-<id>/<base>``), starts
+  :class:`~swarm_runtime.rollout.vllm_server.VLLMServer` on the node's address and holds an
+  :class:`~swarm_runtime.rollout.sync.AdapterSync` on it, which loads each version from a path of that node.
+  A constructor never raises: a failed start is answered by :meth:`EngineWorker.hello` (one line to the trainer).
+- :class:`EngineActor` (the trainer's side): starts the actor, ships the base, and makes every call. Adapter sync:
+  the trainer exports each changed adapter (its folder's files, as bytes in the object store) and the actor writes
+  and loads them (:class:`RemoteAdapters`, the trainer's stand-in for the actor's ``AdapterSync``).
+
+Faults. A server that dies: the actor restarts it (``VLLMServer.restart``) and reloads every version it holds (the
+trainer's ``recover`` hook, called when requests go unanswered, goes through :meth:`EngineWorker.ensure`). An actor
+that dies (kill -9): its server gets SIGTERM (``VLLMServer(die_with_parent=True)``) and Ray restarts the actor
+(``cluster.sampler_restarts``); the constructor stops any server a dead actor left all the same (its process group,
+from the pid file in the node's folder), writes the base again and starts a new server.
+Every call names the actor process the trainer knows; a restarted one answers "lost" until the trainer has loaded
+it with the last synced versions (the files it keeps in the object store) and taken its URL; the interrupted
+requests are sent again (same version names, same seeds). Closing stops the server, then the actor.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from loguru import logger
+
+from swarm_runtime.cluster.sampler import actor_state
+
+#: Tries of one call (a first try and its retries after the actor restarted).
+MAX_TRIES = 4
+#: Seconds a restarted actor may take, beyond the server's own ``rollout.vllm.startup_timeout_s``, to answer.
+RESTART_SLACK_S = 120.0
+LOST = ("lost", None)
+
+
+class EngineSamplerError(RuntimeError):
+    """The engine sampler actor is gone for good (its restarts are spent, or it keeps dying)."""
+
+
+def read_folder(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> bytes): what a node without the folder writes again."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def write_folder(files: dict[str, bytes], folder: Path) -> Path:
+    folder = Path(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    for rel, data in files.items():
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return folder
+
+
+def stop_stale(pidfile: Path, base: Path) -> bool:
+    """Stop the server a dead actor left (its process group), when ``pidfile`` names a live process whose command
+    names ``base`` (never another process that took the pid); True when one was stopped."""
+    try:
+        pid = int(Path(pidfile).read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, ValueError):
+        return False
+    if str(base) not in cmdline:
+        return False
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return True
+        end = time.monotonic() + 20.0
+        while time.monotonic() < end and _running(pid):
+            time.sleep(0.2)
+        if not _running(pid):
+            return True
+    return True
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie whose parent has not reaped it is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+class _Shipped:
+    """The learner the actor's ``AdapterSync`` exports from: each model's shipped version and its files."""
+
+    def __init__(self, shipped: dict):
+        self.shipped = shipped  #: model -> (version, files)
+
+    def version(self, model: str) -> int:
+        return int(self.shipped[model][0])
+
+    def export(self, model: str, folder: Path) -> Path:
+        return write_folder(self.shipped[model][1], folder)
+
+
+class EngineWorker:
+    """The actor's body (module docstring). ``base``: the base's files; ``python``: vLLM's Python on this node;
+    ``settings``: :class:`VLLMServer`'s keyword arguments but the base, log and host; ``keep``: versions kept per
+    model; ``token``: the folder's name on the node (the same for a restarted actor); ``name``: the base's name;
+    ``host``: the address the server listens on when the actor is on the trainer's node ``driver_node`` (Ray's node
+    id; ``rollout.vllm.host``, 127.0.0.1 by default), else the node's address as Ray knows it."""
+
+    def __init__(
+        self,
+        base: dict,
+        python: str,
+        settings: dict,
+        keep: int,
+        token: str,
+        name: str,
+        timeout_s: float = 120.0,
+        host: str = "127.0.0.1",
+        driver_node: str | None = None,
+    ):
+        self.host, self.driver_node = host, driver_node
+        self.error: str | None = None
+        self.server = self.adapters = None
+        self.folder = Path(tempfile.gettempdir()) / f"swarm-engine-{token}" / name
+        try:
+            self._start(base, python, settings, keep, timeout_s)
+        except Exception as exc:  # answered by hello(): a constructor that raised would leave Ray's traceback
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _start(self, base: dict, python: str, settings: dict, keep: int, timeout_s: float) -> None:
+        import ray
+
+        from swarm_runtime.rollout.http import Client
+        from swarm_runtime.rollout.sync import AdapterSync
+        from swarm_runtime.rollout.vllm_server import VLLMServer, check_cpu_shape, probe_python
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        model = self.folder / "base"
+        if stop_stale(self.folder / "server.pid", model):
+            logger.warning("stopped the vLLM server a dead sampler actor left on {}", model)
+        write_folder(base, model)
+        if probe_python(python).get("cpu"):
+            check_cpu_shape(model)
+        here = ray.get_runtime_context().get_node_id() == self.driver_node
+        host = self.host if here else ray.util.get_node_ip_address()
+        self.server = VLLMServer(python, model, self.folder / "vllm.log", host=host, die_with_parent=True, **settings)
+        if int(settings.get("port", 0)):
+            self.server._wait_port()  # a stale server's port is freed as its process group ends
+        self.server.start()
+        self._pidfile()
+        self.client = Client(self.server.url, timeout=float(timeout_s))
+        self.adapters = AdapterSync(self.client, self.folder / "adapters", keep=keep)
+
+    def _pidfile(self) -> None:
+        if self.server is not None and self.server.proc is not None:
+            (self.folder / "server.pid").write_text(str(self.server.proc.pid))
+
+    def hello(self) -> dict:
+        """This actor's process, its server's URL and log, how long the server took to start, the versions it
+        holds, or the one line that says why it has no server."""
+        s = self.server
+        return {
+            "pid": os.getpid(),
+            "error": self.error,
+            "url": s.url if s is not None and self.error is None else None,
+            "log": str(self.folder / "vllm.log"),
+            "started_s": getattr(s, "started_s", None),
+            "loaded": {m: list(v) for m, v in (self.adapters.loaded if self.adapters else {}).items()},
+        }
+
+    def _mine(self, pid: int) -> bool:
+        return int(pid) == os.getpid() and self.error is None
+
+    def sync(self, pid: int, shipped: dict):
+        """Write and load each shipped ``model -> (version, ref of its files)`` the server lacks; the versions held."""
+        if not self._mine(pid):
+            return LOST
+        import ray
+
+        refs = {m: ref for m, (_, ref) in shipped.items()}
+        files = dict(zip(refs, ray.get(list(refs.values()))))
+        learner = _Shipped({m: (v, files[m]) for m, (v, _) in shipped.items()})
+        from swarm_runtime.rollout.http import Unreachable
+
+        try:
+            self.adapters.sync(learner, list(shipped))
+        except Unreachable:  # the server died under the sync: back with the versions it had, then the rest
+            if not self._revive():
+                raise
+            self.adapters.sync(learner, list(shipped))
+        return "ok", self.hello()["loaded"]
+
+    def restore(self, pid: int, kept: dict):
+        """A restarted actor: load every kept version (``model -> [(version, ref of its files)]``, oldest first), as
+        the dead one held them. Answers only to the trainer that adopted this process (``pid``: its own)."""
+        if int(pid) != os.getpid():
+            return LOST
+        for m, versions in kept.items():
+            for v, ref in versions:
+                out = self.sync(pid, {m: (v, ref)})
+                if out == LOST:
+                    return LOST
+        return "ok", self.hello()["loaded"]
+
+    def ensure(self, pid: int):
+        """The server answers (again): restarted on its port and every version reloaded when it died. ``("ok",
+        hello)``, or ``("down", hello)`` when it did not come back."""
+        if not self._mine(pid):
+            return LOST
+        return ("ok" if self._revive() else "down"), self.hello()
+
+    def _revive(self) -> bool:
+        """True when the server answers, restarted on its port (every version held loaded again) if it died."""
+        if self.server.alive() and self.client.wait_ready(5.0):
+            return True
+        if not self.server.restart():
+            return False
+        self._pidfile()
+        self.adapters.reload()
+        return True
+
+    def stop(self) -> bool:
+        """Stop the server; its base and adapter folders are removed (the log stays, beside the pid file's place)."""
+        if self.server is not None:
+            self.server.stop()
+        (self.folder / "server.pid").unlink(missing_ok=True)
+        for sub in ("base", "adapters"):
+            shutil.rmtree(self.folder / sub, ignore_errors=True)
+        return True
+
+
+class EngineActor:
+    """The trainer's side of one base's engine actor (module docstring): what ``OpenAISampler``'s factory holds as
+    its ``server`` (``url``, ``log``, ``started_s``, ``stop``). ``base_folder``: the base the trainer wrote;
+    ``options``: Ray actor options (placement) over the defaults. ``on_url(url)`` is called when a restarted
+    actor's server answers on another URL."""
+
+    def __init__(
+        self,
+        base_folder: Path,
+        python: str,
+        settings: dict,
+        keep: int,
+        name: str = "default",
+        address: str | None = None,
+        num_cpus: int | None = None,
+        max_restarts: int = 8,
+        options: dict | None = None,
+        timeout_s: float = 120.0,
+        host: str = "127.0.0.1",
+    ):
+        from swarm_runtime.cluster.remote import connect, import_ray
+
+        t0 = time.perf_counter()
+        self.ray = ray = import_ray()
+        self.started = connect(address, num_cpus)
+        self.name, self.max_restarts = name, int(max_restarts)
+        self.startup_timeout_s = float(settings.get("startup_timeout_s", 600.0))
+        #: the base's files, kept in the object store for the whole run (a restarted actor's constructor reads them)
+        self._base = ray.put(read_folder(base_folder))
+        token = uuid.uuid4().hex[:12]
+        opts = {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(options or {})}
+        self.actor = (
+            ray.remote(EngineWorker)
+            .options(**opts)
+            .remote(
+                self._base,
+                python,
+                dict(settings),
+                int(keep),
+                token,
+                name,
+                float(timeout_s),
+                host,
+                ray.get_runtime_context().get_node_id(),
+            )
+        )
+        self.kept: dict[str, list] = {}  #: model -> [(version, ref of its files)] the server holds, oldest first
+        self.on_url = None
+        self.restarts = self.calls = 0
+        self.closed = False
+        hello = self._hello(self.startup_timeout_s + RESTART_SLACK_S)
+        self._take(hello)
+        self.start_s = time.perf_counter() - t0
+        logger.info(
+            "vLLM sampler actor on Ray ({}): pid {}, server {} up in {:.1f} s ({:.1f} s in all; log on its node: {})",
+            name,
+            self.pid,
+            self.url,
+            hello["started_s"] or 0.0,
+            self.start_s,
+            self.log,
+        )
+
+    # ------------------------------------------------------------------ what the sampler's factory reads
+    def _take(self, hello: dict) -> None:
+        if hello["error"]:
+            self.close()
+            from swarm_runtime.config import ConfigError
+            from swarm_runtime.rollout.http import EngineError
+
+            kind = ConfigError if hello["error"].startswith("ConfigError") else EngineError
+            raise kind(
+                f"the sampler actor of base {self.name!r} could not start its vLLM server: "
+                f"{hello['error'].split(': ', 1)[-1]}"
+            )
+        self.pid, self.url, self.log, self.started_s = hello["pid"], hello["url"], hello["log"], hello["started_s"]
+
+    def _hello(self, wait_s: float) -> dict:
+        """The actor's :meth:`EngineWorker.hello` once it answers (its constructor started the server)."""
+        ray = self.ray
+        end = time.monotonic() + wait_s
+        while True:
+            if actor_state(self.actor) == "DEAD":
+                raise EngineSamplerError(
+                    f"the engine sampler actor of base {self.name!r} died and its restarts are spent "
+                    f"(cluster.sampler_restarts={self.max_restarts}); the run can go on from its last checkpoint "
+                    "with resume=true"
+                )
+            try:
+                return ray.get(self.actor.hello.remote(), timeout=max(1.0, end - time.monotonic()))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                if time.monotonic() > end:
+                    raise EngineSamplerError(
+                        f"the engine sampler actor of base {self.name!r} did not answer within {wait_s:.0f} s "
+                        f"({type(exc).__name__}); the run can go on from its last checkpoint with resume=true"
+                    ) from None
+                time.sleep(0.5)
+
+    def call(self, method: str, *args):
+        """``method`` on the actor with the process the trainer knows; a restarted actor is adopted first (loaded
+        with the kept versions, its URL taken) and the call made again."""
+        ray = self.ray
+        for _ in range(MAX_TRIES):
+            try:
+                status, value = ray.get(getattr(self.actor, method).remote(self.pid, *args))
+            except ray.exceptions.RayActorError:
+                status, value = LOST
+            if status != "lost":
+                self.calls += 1
+                return status, value
+            self._adopt()
+        raise EngineSamplerError(
+            f"the engine sampler actor of base {self.name!r} failed {MAX_TRIES} calls in a row (its process keeps "
+            "dying); the run can go on from its last checkpoint with resume=true"
+        )
+
+    def _adopt(self) -> None:
+        """A restarted actor (a new process and server): load it with every kept version and take its URL."""
+        hello = self._hello(self.startup_timeout_s + RESTART_SLACK_S)
+        if hello["pid"] == self.pid:
+            return  # the same process: a call that failed on the way (it answers again)
+        old, old_url = self.pid, self.url
+        self._take(hello)
+        ray = self.ray
+        try:
+            status, _ = ray.get(self.actor.restore.remote(self.pid, self.kept))
+        except ray.exceptions.RayActorError:
+            return  # it died again: the next try adopts its successor
+        if status != "ok":
+            return
+        self.restarts += 1
+        logger.warning(
+            "sampler actor of base {} restarted: pid {} -> {}, server {} -> {}; {} versions loaded again",
+            self.name,
+            old,
+            self.pid,
+            old_url,
+            self.url,
+            sum(len(v) for v in self.kept.values()),
+        )
+        if self.url != old_url and self.on_url is not None:
+            self.on_url(self.url)
+
+    def ensure(self) -> bool:
+        """The trainer's ``recover``: the server answers again (restarted by the actor, or by a restarted actor)."""
+        try:
+            status, _ = self.call("ensure")
+        except EngineSamplerError:
+            raise
+        return status == "ok"
+
+    def alive(self) -> bool:
+        return not self.closed
+
+    def stop(self) -> None:
+        self.close()
+
+    def close(self) -> dict:
+        if self.closed:
+            return {}
+        self.closed = True
+        ray = self.ray
+        if ray.is_initialized():
+            try:
+                ray.get(self.actor.stop.remote(), timeout=60)
+            except Exception:  # already dead (its server is stopped by its successor's constructor, or by nobody)
+                pass
+            ray.kill(self.actor, no_restart=True)
+            if self.started:
+                ray.shutdown()
+        stats = {"calls": self.calls, "restarts": self.restarts}
+        logger.info("vLLM sampler actor of base {} closed: {}", self.name, stats)
+        return stats
+
+
+class RemoteAdapters:
+    """The trainer's stand-in for the actor's :class:`~swarm_runtime.rollout.sync.AdapterSync` (what
+    ``OpenAISampler`` asks: ``version``, ``served``, ``sync``): each changed model's adapter is exported here, its
+    files put in the object store and loaded by the actor; the versions the server holds come back. The files of
+    every version held stay in the object store (``engine.kept``): a restarted actor is loaded with them."""
+
+    def __init__(self, engine: EngineActor, folder: Path):
+        self.engine, self.folder = engine, Path(folder)
+        self.loaded: dict[str, list[int]] = {}
+
+    def version(self, model: str) -> int:
+        return self.loaded[model][-1]
+
+    def served(self, model: str) -> str:
+        from swarm_runtime.rollout.http import EngineError
+        from swarm_runtime.rollout.sync import version_name
+
+        if model not in self.loaded:
+            raise EngineError(f"no version of {model!r} is loaded on {self.engine.url}; sync it first")
+        return version_name(model, self.loaded[model][-1])
+
+    def sync(self, learner, models) -> list[str]:
+        from swarm_runtime.rollout.sync import version_name
+
+        ray = self.engine.ray
+        shipped, refs = {}, {}
+        for m in models:
+            v = int(learner.version(m))
+            if self.loaded.get(m) and self.loaded[m][-1] == v:
+                continue
+            with tempfile.TemporaryDirectory(prefix="swarm-export-") as tmp:
+                files = read_folder(learner.export(m, Path(tmp) / version_name(m, v)))
+            refs[m] = ray.put(files)
+            shipped[m] = (v, refs[m])
+        if not shipped:
+            return []
+        _, loaded = self.engine.call("sync", shipped)
+        self._held(loaded, {(m, v): ref for m, (v, ref) in shipped.items()})
+        return [version_name(m, v) for m, (v, _) in shipped.items()]
+
+    def _held(self, loaded: dict, new: dict) -> None:
+        """Take the actor's versions held; keep the files of exactly those."""
+        old = {(m, v): ref for m, vs in self.engine.kept.items() for v, ref in vs}
+        old.update(new)
+        self.loaded = {m: list(vs) for m, vs in loaded.items()}
+        self.engine.kept = {m: [(v, old[(m, v)]) for v in vs if (m, v) in old] for m, vs in self.loaded.items()}

@@ -1,0 +1,234 @@
+"""Engine sampler actors (``cluster.samplers=ray rollout.engine=vllm``; swarm_runtime/cluster/engine.py) on a local
+Ray bound to 127.0.0.1, with a real vLLM (marked ``engine``) and with our own serve worker standing in for vLLM's
+server (marked ``ray``: the cluster stage, no vLLM needed; ``swarm_runtime.serve.worker`` speaks vLLM's completion
+and runtime-LoRA API, started by the same ``VLLMServer`` code through a ``vllm`` module that runs it): a tiny
+``swarm run`` whose vLLM server a Ray actor started (the base shipped
+to it through the object store, every adapter version exported by the trainer and loaded by the actor) writes the
+same metrics.jsonl rows as the run that starts its server itself; kill -9 of the actor mid-run: Ray restarts it,
+it stops the server the dead actor left and starts another (on another port), the trainer loads it with the last
+synced versions, takes its URL and sends the unanswered requests again; the run finishes with every episode."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TINY_RUN
+from enginekit import needs_vllm, vllm_env
+
+ARGS = [a for a in TINY_RUN if not a.startswith("tensorboard")] + [
+    "tensorboard=false",
+    "model.adapter=lora",
+    "rollout.engine=vllm",
+]
+RAY = ["cluster.kind=ray", "cluster.env_workers=1", "cluster.num_cpus=2", "cluster.samplers=ray"]
+#: the trainer's log line that names the actor's process and its server
+STARTED = re.compile(r"vLLM sampler actor on Ray \(default\): pid (\d+), server (http://[\d.]+:\d+)")
+LOG = re.compile(r"log on its node: (\S+)\)")
+
+
+def _rows(run_dir):
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def _same_rows(run, reference) -> None:
+    """metrics.jsonl of ``run`` and ``reference`` (but ``time/*``): every key identical except ``mismatch/*`` (the
+    server's log-probs of the same tokens), within 1e-6: a server batches the requests in flight together, which
+    rows share a batch depends on timing (and rows sent again after a kill go out in a batch of their own), and
+    a batch's float reductions move those log-probs at float precision (seen on our worker: approx KL 1.61e-14
+    against 1.68e-14; on vLLM the two runs' rows were identical)."""
+    got, want = _rows(run), _rows(reference)
+    exact = [{k: v for k, v in r.items() if not k.startswith("mismatch/")} for r in got]
+    assert exact == [{k: v for k, v in r.items() if not k.startswith("mismatch/")} for r in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys() and all(abs(g[k] - w[k]) < 1e-6 for k in g if k.startswith("mismatch/")), (g, w)
+
+
+def _models(url: str) -> set[str]:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
+            return {m["id"] for m in json.loads(r.read())["data"]}
+    except Exception:
+        return set()
+
+
+#: ``python -m vllm.entrypoints.openai.api_server --model BASE ... --host H --port P`` running our serve worker
+API_SERVER = textwrap.dedent("""
+    import sys
+    from swarm_runtime.serve.worker import main
+    a = sys.argv[1:]
+    arg = lambda k: a[a.index(k) + 1]
+    sys.exit(main(["--model", arg("--model"), "--host", arg("--host"), "--port", arg("--port"), "--enable-lora"]))
+""")
+
+
+def worker_python(folder) -> str:
+    """A "vLLM Python" whose ``vllm`` is :data:`API_SERVER` (``rollout.vllm.python`` / ``SWARM_VLLM_PYTHON``)."""
+    pkg = folder / "shim" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for d in (pkg, pkg.parent, pkg.parent.parent):
+        (d / "__init__.py").touch()
+    (pkg / "api_server.py").write_text(API_SERVER)
+    py = folder / "python"
+    py.write_text(f'#!/bin/sh\nPYTHONPATH="{folder / "shim"}:{ROOT}" exec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
+    return str(py)
+
+
+#: the server each case runs: our worker (no vLLM needed: the cluster stage) or a real vLLM (the engine stage)
+SERVERS = [pytest.param("worker", marks=[pytest.mark.ray, pytest.mark.slow]), pytest.param("vllm", marks=needs_vllm)]
+
+
+def _run(tmp_path, python: str, *extra: str, watch=None) -> tuple[int, str]:
+    """``swarm run ARGS extra`` in a subprocess with vLLM's Python ``python``; ``watch(line)`` sees each log line as
+    it comes."""
+    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *ARGS, *extra, f"run_dir={tmp_path / 'run'}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "RAY_ADDRESS": "local"}
+    env["SWARM_VLLM_PYTHON"] = python
+    lines: list[str] = []
+    with subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+
+        def read():
+            for line in proc.stdout:
+                lines.append(line)
+                if watch is not None:
+                    watch(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=1500)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(30)
+    (tmp_path / "swarm.log").write_text("".join(lines))  # what the run said, to read when a check fails
+    return proc.returncode, "".join(lines)
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def served_here(request, tmp_path_factory):
+    """``(vLLM's Python, the run that starts its server itself: cluster.samplers=local)``."""
+    pytest.importorskip("ray")
+    tmp = tmp_path_factory.mktemp(request.param)
+    python = worker_python(tmp) if request.param == "worker" else vllm_env()["SWARM_VLLM_PYTHON"]
+    code, out = _run(tmp, python)
+    assert code == 0, out[-4000:]
+    return python, tmp / "run"
+
+
+def test_an_actor_started_server_writes_the_same_metrics(served_here, tmp_path):
+    python, here = served_here
+    code, out = _run(tmp_path, python, *RAY)
+    assert code == 0, out[-4000:]
+    m = STARTED.search(out)
+    assert m, out[-3000:]
+    assert "vLLM sampler actor of base default closed: {'calls'" in out
+    _same_rows(tmp_path / "run", here)
+    assert len(_rows(here)) >= 3
+    # the trainer wrote the base in its run folder (as without the actor); the server loaded the actor's copy
+    assert (tmp_path / "run" / "engine" / "base" / "config.json").exists()
+    assert not (tmp_path / "run" / "engine" / "adapters").exists()  # adapters are written on the actor's node
+    assert not _models(m.group(2))  # closing stopped the server
+
+
+def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, tmp_path):
+    """kill -9 of the server's process group once every role's first version is loaded (``@v0`` in its
+    /v1/models; the evaluation after SFT comes next): the actor restarts it on its port and loads its versions again; once they are back, kill -9 of the
+    actor: its server goes with it (SIGTERM at its parent's death), Ray restarts the actor, which starts a server on
+    another port, and the trainer loads it with the synced versions and takes its URL. The run ends with exit 0,
+    one actor restart, the unanswered rows sent again, and the same metrics rows as the run without the actor (no
+    episode lost or played twice)."""
+    python, here = served_here
+    seen: dict = {}
+
+    first = {"Logger@v0", "Miner@v0", "Smith@v0"}  # every role's first version: the sampler's start is done
+
+    def wait_for(names: set | None, seconds: float = 900) -> bool:
+        """Until the server lists all of ``names`` (None: until it does not answer)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            served = _models(seen["url"])
+            if (names is None and not served) or (names and names <= served):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def killer():
+        if wait_for(first):  # then the evaluation after SFT sends its rows
+            os.killpg(int((seen["folder"] / "server.pid").read_text()), signal.SIGKILL)
+            seen["server killed"] = True
+            if wait_for(None, 30) and wait_for(first):  # down, then restarted by the actor with its versions
+                os.kill(seen["pid"], signal.SIGKILL)
+                seen["actor killed"] = True
+
+    def watch(line: str) -> None:
+        m = STARTED.search(line)
+        if m and "pid" not in seen:
+            seen["pid"], seen["url"] = int(m.group(1)), m.group(2)
+            seen["folder"] = Path(LOG.search(line).group(1)).parent
+            threading.Thread(target=killer, daemon=True).start()
+
+    code, out = _run(tmp_path, python, *RAY, watch=watch)
+    assert code == 0, out[-4000:]
+    assert "server killed" in seen and "actor killed" in seen, (seen, out[-3000:])
+    assert "it answers again, the rows are sent again" in out, out[-3000:]
+    restarted = [ln for ln in out.splitlines() if "sampler actor of base default restarted: pid" in ln]
+    assert len(restarted) == 1, out[-3000:]
+    new_url = re.search(r"server \S+ -> (\S+);", restarted[0]).group(1)
+    assert new_url != seen["url"], restarted  # the new actor's server took a port of its own
+    assert not _models(seen["url"])  # the dead actor's (restarted) server went with it
+    assert "'restarts': 1" in next(ln for ln in out.splitlines() if "sampler actor of base default closed" in ln)
+    _same_rows(tmp_path / "run", here)
+
+
+def test_stop_stale_stops_only_the_server_of_its_base(tmp_path):
+    """A restarted actor stops the server its dead predecessor left (the pid file's process group), and never a
+    process that merely took that pid (its command does not name the base folder)."""
+    from swarm_runtime.cluster.engine import stop_stale
+
+    base = tmp_path / "base"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(b)], start_new_session=True)
+        for b in (tmp_path / "other", base)
+    ]
+    try:
+        pidfile = tmp_path / "server.pid"
+        assert not stop_stale(pidfile, base)  # no pid file
+        pidfile.write_text(str(procs[0].pid))
+        assert not stop_stale(pidfile, base) and procs[0].poll() is None  # another base's: left alone
+        pidfile.write_text(str(procs[1].pid))
+        assert stop_stale(pidfile, base)
+        assert procs[1].wait(10) is not None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_vllm_python_missing_on_the_node_is_one_line(tmp_path):
+    """The actor's node has no such vLLM Python: the run stops with exit 2 and one line naming the setting, what
+    the actor said, and the valid input, as it does when the trainer starts the server itself."""
+    pytest.importorskip("ray")
+    code, out = _run(tmp_path, str(tmp_path / "no-python"), *RAY)
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("swarm: error: the sampler actor of base 'default' could not start its vLLM server:"), last
+    assert "SWARM_VLLM_PYTHON=" in last and "cannot be run" in last and "virtualenv with vLLM" in last, last
