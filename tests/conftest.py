@@ -1,5 +1,7 @@
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +9,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # under pytest-xdist (`-n 2`, .ci/run): one torch thread per worker, in the worker and in the processes it
+    # starts, so that two workers on two cores do not each spin a pool sized for the whole machine
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: Small budget for runs in tests: a few demo episodes, short episodes, two updates.
 TINY_RUN = [
@@ -60,6 +67,42 @@ def swarm(*args: str, cwd: Path, timeout: int = 300, env: dict | None = None, **
         timeout=timeout,
         **popen,
     )
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """``(run folder, result)`` of one cold ``swarm run *TINY_RUN``, trained once for the whole session: by
+    the first module that asks, and under pytest-xdist by the first worker (under a file lock in the
+    workers' common temporary folder; the others wait for it and read it). Read it, never write into it:
+    a test that writes (eval, resume, export, a damaged file) works on a copy (``copy_run``)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # popen-gw0, popen-gw1, ... live side by side in it
+    d, lock = root / "tiny-run", root / "tiny-run.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        saved = d / "result.json"
+        if not saved.is_file():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir()
+            res = swarm("run", *TINY_RUN, f"run_dir={d / 'run'}", cwd=d)
+            assert res.returncode == 0, res.stderr[-3000:]
+            saved.write_text(json.dumps({"args": res.args, "stdout": res.stdout, "stderr": res.stderr}))
+        out = json.loads(saved.read_text())
+    return d / "run", subprocess.CompletedProcess(out["args"], 0, out["stdout"], out["stderr"])
+
+
+def copy_run(run: Path, dst: Path) -> Path:
+    """A copy of run folder ``run`` at ``dst`` (links kept as links), for a test that writes into it."""
+    shutil.copytree(run, dst, symlinks=True)
+    return dst
 
 
 # ------------------------------------------- Ray runs (tests/test_cluster.py, test_learner_actors.py, test_sampler_actors.py)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY_RUN, swarm
+from conftest import ROOT, copy_run
 
 
 def _load(name: str):
@@ -66,11 +66,9 @@ def _var(xs):
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    d = tmp_path_factory.mktemp("bench")
-    res = swarm("run", *TINY_RUN, "algo.iterations=1", "tensorboard=false", f"run_dir={d / 'run'}", cwd=d)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return d / "run" / "checkpoints" / "sft"
+def tiny_checkpoint(tiny_run, tmp_path_factory):
+    """A copy of the SFT checkpoint of the session's tiny run (conftest ``tiny_run``)."""
+    return copy_run(tiny_run[0] / "checkpoints" / "sft", tmp_path_factory.mktemp("bench") / "sft")
 
 
 @pytest.mark.slow

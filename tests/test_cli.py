@@ -8,19 +8,18 @@ import sys
 import time
 
 import pytest
-from conftest import TINY_RUN, swarm
+from conftest import TINY_RUN, copy_run, swarm
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cli")
-    res = swarm("run", *TINY_RUN, f"run_dir={d / 'run'}", cwd=d)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return d / "run", res
+def smoke_run(tiny_run, tmp_path_factory):
+    """A copy of the session's tiny run (conftest ``tiny_run``) that this module's tests write into."""
+    run, res = tiny_run
+    return copy_run(run, tmp_path_factory.mktemp("cli") / "run"), res
 
 
-def test_run_writes_everything(smoke_run):
-    run, res = smoke_run
+def test_run_writes_everything(tiny_run):
+    run, res = tiny_run
     assert "Held-out evaluation" in res.stdout and "SFT only" in res.stdout and "MPT" in res.stdout
     for name in (
         "config.yaml",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN, swarm
+from conftest import copy_run, swarm
 
 #: One training (SFT + 2 updates) and one evaluated coordinator, on training seed 0.
 EXP = [
@@ -174,11 +174,9 @@ def test_swarm_run_refuses_what_resuming_would_change_with_the_same_comparison(r
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("resume-run")
-    res = swarm("run", *TINY_RUN, "tensorboard=false", f"run_dir={d / 'run'}", cwd=d)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return d / "run"
+def resumable(tiny_run, tmp_path_factory):
+    """A copy of the session's tiny run (conftest ``tiny_run``): these tests resume it."""
+    return copy_run(tiny_run[0], tmp_path_factory.mktemp("resume-run") / "run")
 
 
 def resume_run(folder, *args, cli=swarm):
@@ -196,27 +194,27 @@ def resume_run(folder, *args, cli=swarm):
     ],
 )
 def test_swarm_run_resume_that_would_change_the_saved_run_exits_2_and_touches_nothing(
-    tiny_run, args, named, warm_swarm
+    resumable, args, named, warm_swarm
 ):
     """The same refusal (and words) as ``swarm experiment ... resume=true``, where it used to warn
     and continue with the saved value."""
-    before = files(tiny_run)
-    res = resume_run(tiny_run, *args, cli=warm_swarm)
+    before = files(resumable)
+    res = resume_run(resumable, *args, cli=warm_swarm)
     assert res.returncode == 2, res.stderr[-3000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
-    assert f"resume=true continues the run as saved in {str(tiny_run / 'config.yaml')!r}" in lines[0]
+    assert f"resume=true continues the run as saved in {str(resumable / 'config.yaml')!r}" in lines[0]
     for n in named:
         assert n in lines[0]
     them = "them" if len(named) > 1 else "it"
     assert f"drop {them} to resume the run as saved, or give a new run_dir to start a run with {them}" in lines[0]
     assert "hardware" not in lines[0] and "iterations" not in lines[0]  # these apply on resume
-    assert files(tiny_run) == before  # nothing already written is lost or rewritten (the lock file included)
+    assert files(resumable) == before  # nothing already written is lost or rewritten (the lock file included)
 
 
-def test_swarm_run_resume_with_the_saved_values_in_other_spellings_proceeds(tiny_run, warm_swarm):
+def test_swarm_run_resume_with_the_saved_values_in_other_spellings_proceeds(resumable, warm_swarm):
     res = resume_run(
-        tiny_run,
+        resumable,
         "algo.lr=0.00003",
         "task.max_decisions=16",
         "domain=minecraft",
@@ -227,7 +225,7 @@ def test_swarm_run_resume_with_the_saved_values_in_other_spellings_proceeds(tiny
         cli=warm_swarm,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "(resuming from iter-000002)" in (tiny_run / "run.log").read_text()
+    assert "(resuming from iter-000002)" in (resumable / "run.log").read_text()
     assert "Held-out evaluation" in res.stdout
 
 

@@ -1,5 +1,5 @@
 """A run folder, recipe or checkpoint from elsewhere cannot delete a user's files, run code or leak a
-key (issue 31): real run folders trained once per module, copied per test, damaged the way a folder
+key (issue 31): real run folders trained once (per module, or per session: conftest ``tiny_run``), copied per test, damaged the way a folder
 from elsewhere could be, then handed to the real CLI in a subprocess (a cold ``swarm``, or ``warm_swarm``'s child forked from a
 warmed interpreter where the test checks what the command does with the folder)."""
 
@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN, swarm
+from conftest import TINY_RUN, copy_run, swarm
 
 #: An OpenResearcher run as small as it gets, trained with a secret given as a list (item 7).
 RESEARCH = [
@@ -37,11 +37,12 @@ LIST_SECRET = "sk-LISTSECRET-0123456789"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Three run folders trained at once: full copies (minecraft), LoRA adapters, OpenResearcher."""
+def runs(tiny_run, tmp_path_factory):
+    """Three run folders: full copies (minecraft: the session's tiny run, conftest ``tiny_run``), and two
+    trained at once here: LoRA adapters, OpenResearcher."""
     d = tmp_path_factory.mktemp("trust")
+    copy_run(tiny_run[0], d / "full")
     jobs = {
-        "full": [*TINY_RUN, f"run_dir={d / 'full'}"],
         "lora": [
             *TINY_RUN,
             "model.adapter=lora",
@@ -58,7 +59,7 @@ def runs(tmp_path_factory):
             f"run_dir={d / 'research'}",
         ],
     }
-    with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(len(jobs)) as pool:
         done = dict(zip(jobs, pool.map(lambda a: swarm("run", *a, cwd=d, timeout=600), jobs.values())))
     for name, res in done.items():
         assert res.returncode == 0, (name, res.stderr[-3000:])
