@@ -401,10 +401,10 @@ def _serve_run(run_dir: Path, overrides: list[str]):
     if per_role:
         base = cfg.serve.replicas if isinstance(cfg.serve.replicas, int) else 1
         cfg.serve.replicas = {r: per_role.get(r, base) for r in roles}
-    validate(cfg, reg)  # serve.* too, against the run's roles
-    distrust_saved_endpoints(
+    distrust_saved_endpoints(  # first: a saved Ray head is refused as such, whether or not Ray is installed
         cfg, reg, [o for o in overrides if not o.startswith("checkpoint=")], run_dir / "config.yaml", ("serve.address",)
     )
+    validate(cfg, reg)  # serve.* too, against the run's roles
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())

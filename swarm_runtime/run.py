@@ -533,8 +533,8 @@ class RunFolder:
         self.restarted = self.resume_from is None  # killed before its first checkpoint: start again, as configured
         if saved is not None:
             self.extended = _apply_resume_overrides(saved, applied, self.resume_from)
+            distrust_saved_endpoints(saved, registry, args, config)  # first: a saved Ray head is refused as such
             validate(saved, registry)
-            distrust_saved_endpoints(saved, registry, args, config)
             cfg = saved
             check_hardware(cfg)
         runfiles.start(self.path)
