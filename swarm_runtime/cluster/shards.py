@@ -123,6 +123,11 @@ class ShardedLearnerGroup(LearnerGroup):
         self.shards = int(shards)
         self.ranks: dict[str, list] = {}
         super().__init__(*args, **kw)
+        logger.info(
+            "learners sharded: {} ranks each (fsdp): {}",
+            self.shards,
+            ", ".join(f"{n} pids {'+'.join(map(str, pids))}" for n, pids in self.rank_pids.items()),
+        )
 
     def _shard_pid_file(self, name: str, k: int) -> str | None:
         f = self.pid_files[name]

@@ -210,9 +210,10 @@ def load_full_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
     """Load ``state`` (:func:`full_optimizer_state`'s format, or an in-process optimizer's) into ``opt`` over
     sharded parameters: each moment sharded as its parameter (every rank calls it)."""
     params = [p for g in opt.param_groups for p in g["params"]]
-    sharded = {
+    sharded = {  # copies: the optimizer steps its state in place (a ``step`` tensor it was given included)
         int(i): {
-            k: _sharded_like(params[int(i)], v) if torch.is_tensor(v) and k != "step" else v for k, v in st.items()
+            k: (_sharded_like(params[int(i)], v) if k != "step" else v.clone()) if torch.is_tensor(v) else v
+            for k, v in st.items()
         }
         for i, st in state["state"].items()
     }
