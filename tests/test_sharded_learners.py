@@ -18,9 +18,17 @@ from tests.test_cluster import _eval, _rows
 
 #: a local Ray of the run's own (tests/test_learner_actors.py)
 LOCAL_RAY = {"RAY_ADDRESS": "local"}
-#: TINY_RUN (2 updates: action, bid) with SFT long enough for bid pairs, the reference policies in both updates
-#: (the KL and bid-reference forwards run on every rank) and a checkpoint after each update
-RUN = [*TINY_RUN, "algo.sft.epochs=12", "algo.kl_coef=0.1", "algo.bid_reference=sft", "checkpoint_every=1"]
+#: TINY_RUN with SFT long enough for bid pairs, 3 updates (action, bid, action: the third's KL penalty differs per
+#: sample, so its gradients are not zero), the reference policies in every update (the KL and bid-reference forwards
+#: run on every rank) and a checkpoint after each update
+RUN = [
+    *TINY_RUN,
+    "algo.sft.epochs=12",
+    "algo.iterations=3",
+    "algo.kl_coef=0.1",
+    "algo.bid_reference=sft",
+    "checkpoint_every=1",
+]
 FSDP = [
     "cluster.kind=ray",
     "cluster.env_workers=2",
@@ -76,15 +84,15 @@ def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_proc
     assert "learners on Ray: 3" in r.stderr and "2 ranks each (fsdp)" in r.stderr
     rows = _rows(tmp_path / "run")
     updates = [row for row in rows if "kind" in row]
-    assert [u["kind"] for u in updates] == ["action", "bid"]
+    assert [u["kind"] for u in updates] == ["action", "bid", "action"]
     assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("charts/bid_ref_logodds_") for k in updates[1])
-    assert any(updates[0].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
+    assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
     _close(rows, _rows(in_process))
     assert _eval(tmp_path / "run") == _eval(in_process)
     # the checkpoint's optimizer state, gathered from the shards: the in-process optimizer's format and numbers
     for role in ("Logger", "Miner", "Smith"):
         mine, theirs = (
-            torch.load(d / "checkpoints" / "iter-000002" / "agents" / role / "training_state.pt", weights_only=True)
+            torch.load(d / "checkpoints" / "iter-000003" / "agents" / role / "training_state.pt", weights_only=True)
             for d in (tmp_path / "run", in_process)
         )
         assert list(mine) == list(theirs)
@@ -96,14 +104,20 @@ def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_proc
                     assert t.shape == b["state"][k][name].shape and t.dtype == b["state"][k][name].dtype
                     assert torch.allclose(t, b["state"][k][name], rtol=1e-4, atol=1e-9), (role, kind, k, name)
             assert mine[f"scheduler_{kind}"] == theirs[f"scheduler_{kind}"]
-    # the checkpoint written under fsdp after update 1 resumes in process
-    run2 = _from(tmp_path / "run", "iter-000001", tmp_path / "run2")
+    # the checkpoint written under fsdp after update 2 resumes in process (keep_checkpoints=2: iter-000001 pruned)
+    run2 = _from(tmp_path / "run", "iter-000002", tmp_path / "run2")
     r = swarm(
-        "run", f"run_dir={run2}", "resume=true", "cluster.kind=local", "cluster.learners=local", "train.engine=local",
+        "run",
+        f"run_dir={run2}",
+        "resume=true",
+        "cluster.kind=local",
+        "cluster.learners=local",
+        "train.engine=local",
+        "train.shards=1",
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed at phase rl iteration 1" in r.stderr
+    assert "resumed at phase rl iteration 2" in r.stderr
     _close(_rows(run2), _rows(in_process))
     assert _eval(run2) == _eval(in_process)
 
@@ -171,7 +185,7 @@ def test_a_rank_killed_mid_update_regroups_its_learner_and_the_run_rewinds(in_pr
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
     assert len(rewound) == 1 and "lost at update 2" in rewound[0] and "iter-000001" in rewound[0], rewound
     rows = _rows(tmp_path / "run")
-    assert [row["step"] for row in rows if "kind" in row] == [1, 2]
+    assert [row["step"] for row in rows if "kind" in row] == [1, 2, 3]
     _close(rows, _rows(in_process))
     assert _eval(tmp_path / "run") == _eval(in_process)
 

@@ -336,8 +336,7 @@ class LearnerGroup:
     def load(self, states: Mapping[str, dict]) -> None:
         """Load ``{role: {"params": ..., "state": ...}}`` into the learners (all of them at once)."""
         refs = {
-            n: self._call(n, "load", {r: states[r] for r in roles if r in states})
-            for n, roles in self.roles.items()
+            n: self._call(n, "load", {r: states[r] for r in roles if r in states}) for n, roles in self.roles.items()
         }
         for lrs in self._get(refs).values():
             for k, table in lrs.items():

@@ -138,7 +138,15 @@ class ShardedLearnerGroup(LearnerGroup):
         for name, args in self._args.items():
             self.ranks[name] = [
                 actor.options(**self.options(name, k)).remote(
-                    name, k, self.shards, args[0], agents, make_optimizers, args[1], self._shard_pid_file(name, k), threads
+                    name,
+                    k,
+                    self.shards,
+                    args[0],
+                    agents,
+                    make_optimizers,
+                    args[1],
+                    self._shard_pid_file(name, k),
+                    threads,
                 )
                 for k in range(self.shards)
             ]
@@ -196,12 +204,16 @@ class ShardedLearnerGroup(LearnerGroup):
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                     pass
                 if time.monotonic() > end:
-                    return LearnerGone(self._gone(name, f"its rank {k} did not come back within {RESTART_TIMEOUT_S:.0f} s"))
+                    return LearnerGone(
+                        self._gone(name, f"its rank {k} did not come back within {RESTART_TIMEOUT_S:.0f} s")
+                    )
                 time.sleep(0.2)
         new = self._join(name)
         self.restarts[name] += 1
         self.pids[name] = new[0]
-        logger.warning("learner {} restarted: pid {} -> {} (rank {} lost; ranks {} -> {})", name, old[0], new[0], lost, old, new)
+        logger.warning(
+            "learner {} restarted: pid {} -> {} (rank {} lost; ranks {} -> {})", name, old[0], new[0], lost, old, new
+        )
         return LearnerLost(name, old[lost], new[lost])
 
     def close(self) -> dict:

@@ -60,7 +60,7 @@ class Mismatch:
         self.max_abs = max(self.max_abs, float(deltas.abs().max()))
         self.past += int((deltas.abs() > math.log(self.cap)).sum())
 
-    def merge(self, parts: list["Mismatch"]) -> None:
+    def merge(self, parts: list[Mismatch]) -> None:
         """Become the sums of ``parts`` (each rank's of a sharded update, ``train/sharded.py: shard_step``), in
         order."""
         self.tokens, self.responses = sum(m.tokens for m in parts), sum(m.responses for m in parts)

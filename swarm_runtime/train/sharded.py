@@ -193,7 +193,9 @@ def load_full_params(model: torch.nn.Module, tensors: Sequence[torch.Tensor]) ->
     with torch.no_grad():
         for p, t in zip(params, tensors):
             local = _sharded_like(p, t.to(p.dtype))
-            (p.to_local() if hasattr(p, "to_local") else p).copy_(local.to_local() if hasattr(local, "to_local") else local)
+            (p.to_local() if hasattr(p, "to_local") else p).copy_(
+                local.to_local() if hasattr(local, "to_local") else local
+            )
 
 
 def full_optimizer_state(opt: torch.optim.Optimizer) -> dict:
@@ -201,7 +203,9 @@ def full_optimizer_state(opt: torch.optim.Optimizer) -> dict:
     optimizer over the unsharded parameters (integer-indexed state in parameter order, the same param groups)."""
     sd = opt.state_dict()
     return {
-        "state": {i: {k: _full(v) if torch.is_tensor(v) else v for k, v in st.items()} for i, st in sd["state"].items()},
+        "state": {
+            i: {k: _full(v) if torch.is_tensor(v) else v for k, v in st.items()} for i, st in sd["state"].items()
+        },
         "param_groups": copy.deepcopy(sd["param_groups"]),
     }
 
