@@ -35,8 +35,6 @@ def in_process(tmp_path_factory):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, tmp_path):
-    import torch
-
     r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr  # one per role: full copies
@@ -49,10 +47,19 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
     assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
     assert _eval(tmp_path / "run") == _eval(in_process)
     # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
+    _same_training_states(tmp_path / "run", in_process, "iter-000003")
+
+
+def _same_training_states(run, other, tag: str, rtol: float = 0.0) -> None:
+    """Checkpoint ``tag`` of runs ``run`` and ``other``: each role's training state has the same entries, optimizer
+    param groups and state keys, moments and steps (equal; ``rtol`` > 0: within it, same shape and dtype) and
+    scheduler state."""
+    import torch
+
     for role in ("Logger", "Miner", "Smith"):
         mine, theirs = (
-            torch.load(d / "checkpoints" / "iter-000003" / "agents" / role / "training_state.pt", weights_only=True)
-            for d in (tmp_path / "run", in_process)
+            torch.load(d / "checkpoints" / tag / "agents" / role / "training_state.pt", weights_only=True)
+            for d in (run, other)
         )
         assert list(mine) == list(theirs)
         for kind in ("action", "bid"):
@@ -60,7 +67,9 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
             assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
             for k in a["state"]:
                 for name, t in a["state"][k].items():
-                    assert torch.equal(t, b["state"][k][name]), (role, kind, k, name)
+                    want = b["state"][k][name]
+                    same = torch.equal(t, want) if not rtol else torch.allclose(t, want, rtol=rtol, atol=1e-9)
+                    assert same and t.shape == want.shape and t.dtype == want.dtype, (role, kind, k, name)
             assert mine[f"scheduler_{kind}"] == theirs[f"scheduler_{kind}"]
 
 
@@ -97,9 +106,10 @@ KILLER = textwrap.dedent("""
 """)
 
 
-def _killed_run(tmp_path, kill_at: int, *extra: str):
+def _killed_run(tmp_path, kill_at: int, *extra: str, killer: str = KILLER, run=(*RUN, *RAY_ARGS)):
+    """``swarm run`` (``run`` and ``extra``) under ``killer`` (a script that kills a learner in update ``kill_at``)."""
     script = tmp_path / "killer.py"
-    script.write_text(KILLER)
+    script.write_text(killer)
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -109,7 +119,7 @@ def _killed_run(tmp_path, kill_at: int, *extra: str):
         **LOCAL_RAY,
     }
     return subprocess.run(
-        [sys.executable, str(script), "run", *RUN, *RAY_ARGS, *extra, f"run_dir={tmp_path / 'run'}"],
+        [sys.executable, str(script), "run", *run, *extra, f"run_dir={tmp_path / 'run'}"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -167,19 +167,25 @@ class ShardedLearnerGroup(LearnerGroup):
 
     def _get(self, refs: dict):
         """Every rank's answer (rank 0's returned per learner); a rank lost: :meth:`_regroup`, then
-        :class:`LearnerLost` (or :class:`LearnerGone`)."""
+        :class:`LearnerLost` (or :class:`LearnerGone`). The other ranks of a lost one fail too (gloo sees the
+        peer gone, or times out): their errors wait for the lost rank's; with no rank lost the first is raised."""
         ray, out = self.ray, {}
         for name, rs in refs.items():
-            pending = {r: k for k, r in enumerate(rs)}
-            while pending:  # as they come: a rank that died is seen before the others' collectives time out
+            pending, failed = {r: k for k, r in enumerate(rs)}, None
+            while pending:  # as they come
                 done, _ = ray.wait(list(pending), num_returns=1)
                 k = pending.pop(done[0])
                 try:
                     value = ray.get(done[0])
                 except ray.exceptions.RayActorError:
                     raise self._regroup(name, k) from None
+                except ray.exceptions.RayTaskError as exc:
+                    failed = failed or exc
+                    continue
                 if k == 0:
                     out[name] = value
+            if failed is not None:
+                raise failed
         return out
 
     def _regroup(self, name: str, lost: int) -> Exception:
