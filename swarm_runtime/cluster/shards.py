@@ -121,7 +121,8 @@ class ShardedLearnerGroup(LearnerGroup):
 
     def __init__(self, *args, shards: int, **kw):
         self.shards = int(shards)
-        self.ranks: dict[str, list] = {}
+        self.ranks: dict[str, list] = {}  #: learner -> its ranks' actors
+        self.rank_pids: dict[str, list[int]] = {}  #: learner -> its ranks' pids
         super().__init__(*args, **kw)
         logger.info(
             "learners sharded: {} ranks each (fsdp): {}",
@@ -159,7 +160,7 @@ class ShardedLearnerGroup(LearnerGroup):
         ranks = self.ranks[name]
         host, port = self.ray.get(ranks[0].address.remote())
         pids = self.ray.get([a.join.remote(host, port) for a in ranks], timeout=GROUP_TIMEOUT_S + 30)
-        self.rank_pids = {**getattr(self, "rank_pids", {}), name: pids}
+        self.rank_pids[name] = pids
         return pids
 
     def _call(self, name: str, method: str, *args):
@@ -192,6 +193,7 @@ class ShardedLearnerGroup(LearnerGroup):
         """Rank ``lost`` of learner ``name`` died: kill its other ranks (their group is broken; Ray restarts them
         all), wait for every rank to answer from a new process, form the group again; the exception to raise."""
         ray, old = self.ray, list(self.rank_pids[name])
+        self.pids[name] = old[lost]  # the process a message names
         if self.restarts[name] >= self.max_restarts:
             for a in self.ranks[name]:
                 ray.kill(a, no_restart=True)
@@ -214,7 +216,10 @@ class ShardedLearnerGroup(LearnerGroup):
                         self._gone(name, f"its rank {k} did not come back within {RESTART_TIMEOUT_S:.0f} s")
                     )
                 time.sleep(0.2)
-        new = self._join(name)
+        try:
+            new = self._join(name)
+        except ray.exceptions.RayError as exc:
+            return LearnerGone(self._gone(name, f"its restarted ranks did not form a group ({type(exc).__name__})"))
         self.restarts[name] += 1
         self.pids[name] = new[0]
         logger.warning(
