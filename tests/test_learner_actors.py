@@ -89,7 +89,9 @@ KILLER = textwrap.dedent("""
             def get_after_kill(refs):
                 del self._get
                 name = next(iter(refs))
-                pid = int(open(self.pid_files[name]).read())  # the pid file the actor writes in the run folder
+                # the pid file the actor writes in the run folder (a sharded learner's: its last rank's)
+                sharded = hasattr(self, "ranks")
+                pid = int(open(self._shard_pid_file(name, self.shards - 1) if sharded else self.pid_files[name]).read())
                 os.kill(pid, signal.SIGKILL)
                 seen["kills"] += 1
                 print(f"KILLED learner {name} pid {pid}", file=sys.stderr, flush=True)
@@ -106,10 +108,10 @@ KILLER = textwrap.dedent("""
 """)
 
 
-def _killed_run(tmp_path, kill_at: int, *extra: str, killer: str = KILLER, run=(*RUN, *RAY_ARGS)):
-    """``swarm run`` (``run`` and ``extra``) under ``killer`` (a script that kills a learner in update ``kill_at``)."""
+def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS)):
+    """``swarm run`` (``run`` and ``extra``) under :data:`KILLER` (a learner killed in update ``kill_at``)."""
     script = tmp_path / "killer.py"
-    script.write_text(killer)
+    script.write_text(KILLER)
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",

@@ -6,7 +6,6 @@ update brings its learner's ranks back as a new group and the run rewinds to its
 shards) and ends with the unkilled run's metrics; bad input is one line and exit 2."""
 
 import shutil
-import textwrap
 
 import pytest
 
@@ -95,39 +94,6 @@ def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_proc
     assert _eval(run2) == _eval(in_process)
 
 
-KILLER = textwrap.dedent("""
-    import os, signal, sys
-    from swarm_runtime.cluster import shards
-
-    KILL_AT = int(os.environ["KILL_AT"])
-    seen = {"n": 0, "kills": 0}
-    update = shards.ShardedLearnerGroup.update
-
-    def killing_update(self, fn, kind, payloads):
-        seen["n"] += 1
-        if seen["n"] == KILL_AT:  # the update is sent to every rank; kill rank 1 of its first learner
-            get = self._get
-
-            def get_after_kill(refs):
-                del self._get
-                name = next(iter(refs))
-                pid = int(open(self._shard_pid_file(name, 1)).read())
-                os.kill(pid, signal.SIGKILL)
-                seen["kills"] += 1
-                print(f"KILLED learner {name} rank 1 pid {pid}", file=sys.stderr, flush=True)
-                return get(refs)
-
-            self._get = get_after_kill
-        return update(self, fn, kind, payloads)
-
-    shards.ShardedLearnerGroup.update = killing_update
-    from swarm_runtime.cli import main
-    rc = main(sys.argv[1:])
-    print(f"KILLS {seen['kills']}", file=sys.stderr, flush=True)
-    sys.exit(rc)
-""")
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_rank_killed_mid_update_regroups_its_learner_and_the_run_rewinds(in_process, tmp_path):
@@ -135,7 +101,7 @@ def test_a_rank_killed_mid_update_regroups_its_learner_and_the_run_rewinds(in_pr
     collective (seen: gloo's error comes back before the dead rank's) and is killed too, Ray restarts both, they form a new group, the run rewinds to
     iter-000001 (written under fsdp; loaded into the new shards) and plays update 2 again: metrics.jsonl (no row
     twice) and eval.json as the unkilled in-process run's."""
-    r = _killed_run(tmp_path, 2, killer=KILLER, run=(*RUN, *FSDP))
+    r = _killed_run(tmp_path, 2, run=(*RUN, *FSDP))  # test_learner_actors' killer: the learner's last rank
     assert r.returncode == 0, r.stderr[-3000:]
     assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1, r.stderr[-3000:]
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
