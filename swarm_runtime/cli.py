@@ -403,7 +403,7 @@ def _serve_run(run_dir: Path, overrides: list[str]):
         cfg.serve.replicas = {r: per_role.get(r, base) for r in roles}
     validate(cfg, reg)  # serve.* too, against the run's roles
     distrust_saved_endpoints(
-        cfg, reg, [o for o in overrides if not o.startswith("checkpoint=")], run_dir / "config.yaml"
+        cfg, reg, [o for o in overrides if not o.startswith("checkpoint=")], run_dir / "config.yaml", ("serve.address",)
     )
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)

@@ -240,20 +240,43 @@ def config_key(cfg: DictConfig, k: str) -> str:
     return k if "." in k or k in cfg or k not in cfg.get("task", {}) else f"task.{k}"
 
 
-def distrust_saved_endpoints(cfg: DictConfig, registry, args, source: Path) -> list[str]:
+#: The Ray heads a command joins: the key holding the address, and whether a config joins it (``swarm run`` and
+#: ``swarm eval``: the run's cluster; ``swarm serve``: the gateway's own, ``serve.address``).
+RAY_HEADS = {
+    "cluster.address": lambda cfg: OmegaConf.select(cfg, "cluster.kind", default="local") == "ray",
+    "serve.address": lambda cfg: OmegaConf.select(cfg, "serve.cluster", default="local") == "ray",
+}
+
+
+def distrust_saved_endpoints(
+    cfg: DictConfig, registry, args, source: Path, joins: tuple[str, ...] = ("cluster.address",)
+) -> list[str]:
     """A run folder's config (``cfg``, loaded from ``source``, the command line ``args`` applied): note
     the endpoints it names that the command line does not give and the shipped defaults do not hold
     (:func:`swarm_runtime.secrets.note_saved_endpoints`), so that no key is sent to them
-    (``secrets.check_endpoint``, asked by whatever sends one: the LLM judge). Returns their keys."""
+    (``secrets.check_endpoint``, asked by whatever sends one: the LLM judge). A Ray head among ``joins``
+    (:data:`RAY_HEADS`) that the config joins and the command line does not give is refused
+    (:func:`swarm_runtime.secrets.refuse_saved_ray_head`). Returns the endpoints' keys."""
     from swarm_runtime.config import resolve
     from swarm_runtime.secrets import note_saved_endpoints
 
+    given = [config_key(cfg, a.partition("=")[0]) for a in args if "=" in a]
+    refuse_saved_ray_heads(cfg, given, source, joins)
     try:
         shipped = resolve([f"domain={cfg.domain}", f"task={cfg.task_name}"], registry)
     except (ConfigError, OmegaConfBaseException):
         shipped = None
-    given = [config_key(cfg, a.partition("=")[0]) for a in args if "=" in a]
     return note_saved_endpoints(cfg, shipped, given, source)
+
+
+def refuse_saved_ray_heads(cfg: DictConfig, given_keys, source, joins: tuple[str, ...] = ("cluster.address",)) -> None:
+    """Refuse each Ray head among ``joins`` that ``cfg`` (saved in ``source``) joins and ``given_keys`` (the
+    command line's full keys) does not give (:func:`swarm_runtime.secrets.refuse_saved_ray_head`)."""
+    from swarm_runtime.secrets import refuse_saved_ray_head
+
+    for key in joins:
+        if RAY_HEADS[key](cfg):
+            refuse_saved_ray_head(cfg, key, given_keys, source)
 
 
 def resume_conflicts(saved: DictConfig, args, applied=()) -> list[tuple[str, object, str]]:

@@ -210,3 +210,21 @@ def check_endpoint(url, what: str) -> None:
             f"swarm does not send {what} to an endpoint a run folder names: give {key}={url} on the "
             "command line if you trust it, or another endpoint"
         )
+
+
+# ---------------------------------------------------------------- Ray clusters a run folder names
+def refuse_saved_ray_head(cfg: DictConfig, key: str, given_keys, source) -> None:
+    """A Ray head's address at ``key`` (``cluster.address``, ``serve.address``) that ``cfg`` (a saved run's
+    config, the command line applied) joins but that came with the folder (the command line, ``given_keys``
+    its full keys, does not give it or a section holding it): refused before anything connects. Joining it
+    would ship the run's models to whatever answers there and unpickle what it sends back."""
+    from swarm_runtime.config import ConfigError
+
+    address = OmegaConf.select(cfg, key, default=None)
+    if address in (None, "") or any(key == g or key.startswith(f"{g}.") for g in given_keys):
+        return
+    raise ConfigError(
+        f"{key}={address!r} comes from {source}, not from the command line; swarm does not join a Ray cluster "
+        f"a run folder names (it would ship the run's models there and run what it answers): give "
+        f"{key}={address} on the command line if you trust it, or {key}=null for a local Ray"
+    )

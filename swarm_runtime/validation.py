@@ -510,6 +510,16 @@ def cluster_kind(cfg: DictConfig, registry) -> None:
             )
 
 
+def _needs_ray_cluster(c: DictConfig, key: str, why: str, off: str = "local") -> None:
+    """``cluster.<key>`` (set to something other than ``off``) runs on the run's Ray: refuse it unless
+    ``cluster.kind=ray``, saying ``why`` and both ways on."""
+    if c.kind != "ray":
+        raise ConfigError(
+            f"cluster.{key}={c.get(key)} needs cluster.kind=ray ({why}), not cluster.kind={c.kind}; valid: "
+            f"cluster.kind=ray, or cluster.{key}={off}"
+        )
+
+
 @register_check
 def cluster_samplers(cfg: DictConfig, registry) -> None:
     """``cluster.samplers=ray``: on the Ray of ``cluster.kind=ray``, sampling in process policies
@@ -517,11 +527,7 @@ def cluster_samplers(cfg: DictConfig, registry) -> None:
     c = cfg.get("cluster")
     if c is None or c.get("samplers", "local") != "ray":
         return
-    if c.kind != "ray":
-        raise ConfigError(
-            f"cluster.samplers=ray needs cluster.kind=ray (the sampler actor runs on the run's Ray), not "
-            f"cluster.kind={c.kind}; valid: cluster.kind=ray, or cluster.samplers=local"
-        )
+    _needs_ray_cluster(c, "samplers", "the sampler actor runs on the run's Ray")
     engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
     if engine != "local":
         raise ConfigError(
@@ -536,11 +542,7 @@ def cluster_learners(cfg: DictConfig, registry) -> None:
     c = cfg.get("cluster")
     if c is None or c.get("learners", "local") != "ray":
         return
-    if c.kind != "ray":
-        raise ConfigError(
-            f"cluster.learners=ray runs the learners on the run's Ray, but cluster.kind={c.kind}; valid: "
-            "cluster.kind=ray with it, or cluster.learners=local"
-        )
+    _needs_ray_cluster(c, "learners", "the learners run on the run's Ray")
     r = cfg.get("rollout")
     if r is not None and int(r.get("max_staleness", 0) or 0) > 0:
         raise ConfigError(
@@ -950,11 +952,8 @@ def train_engine(cfg: DictConfig, registry) -> None:
             f"train.shards={t.shards} shards a learner group over processes, which train.engine=local does not "
             "(one process); valid: train.engine=fsdp or deepspeed, or train.shards=1"
         )
-    if c is not None and c.get("placement", "none") != "none" and c.kind != "ray":
-        raise ConfigError(
-            f"cluster.placement={c.placement} reserves Ray placement groups, so it needs cluster.kind=ray "
-            f"(got cluster.kind={c.kind}); valid: cluster.kind=ray, or cluster.placement=none"
-        )
+    if c is not None and c.get("placement", "none") != "none":
+        _needs_ray_cluster(c, "placement", "it reserves Ray placement groups", off="none")
 
 
 # ---------------------------------------------------------------------------- serve.cluster (agent workers on Ray)

@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +59,55 @@ def swarm(*args: str, cwd: Path, timeout: int = 300, env: dict | None = None, **
         text=True,
         timeout=timeout,
         **popen,
+    )
+
+
+# ------------------------------------------- Ray runs (tests/test_cluster.py, test_learner_actors.py, test_sampler_actors.py)
+#: A Ray run's own local Ray, even where another process on this machine ran ``ray start`` (ray.init with no
+#: address would join that one, read from /tmp/ray/ray_current_cluster).
+LOCAL_RAY = {"RAY_ADDRESS": "local"}
+
+
+def in_process_twin(tmp_path_factory, *args: str) -> Path:
+    """The folder of ``swarm run ARGS`` in process (skipped without Ray): the twin whose metrics and eval a Ray
+    run of the same arguments must equal (:func:`run_rows`, :func:`run_eval`)."""
+    pytest.importorskip("ray")
+    tmp = tmp_path_factory.mktemp("local")
+    r = swarm("run", *args, f"run_dir={tmp / 'run'}", cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp / "run"
+
+
+def run_rows(run_dir: Path) -> list[dict]:
+    """A run's metrics.jsonl rows without their times."""
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def run_eval(run_dir: Path) -> dict:
+    """A run's eval.json without its provenance."""
+    out = json.loads((run_dir / "eval.json").read_text())
+    out.pop("provenance", None)
+    return out
+
+
+def patched_swarm(
+    script: Path, *args: str, cwd: Path, paths=(), env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS``: a script that patches a part (to kill an actor mid-run, say) and then runs the CLI's
+    ``main``, as :func:`swarm` runs the CLI, on a local Ray of its own (:data:`LOCAL_RAY`), with the repository and
+    ``paths`` importable (an actor imports a patched body from there too); ``env``: variables to add."""
+    pythonpath = os.pathsep.join([*map(str, paths), str(ROOT)])
+    base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath, **LOCAL_RAY}
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=cwd,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 

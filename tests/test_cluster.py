@@ -2,13 +2,12 @@
 127.0.0.1: a real ``swarm run`` writes the same metrics.jsonl and eval.json as in process, also when env workers
 are killed with kill -9 in the middle of an update's rollout; bad input is one line and exit 2."""
 
-import json
 import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import ROOT, TINY_RUN, swarm
+from tests.conftest import ROOT, TINY_RUN, in_process_twin, patched_swarm, run_eval, run_rows, swarm
 
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2"]
 
@@ -48,26 +47,9 @@ def test_env_worker_reuses_released_envs_and_closes_every_env_once(monkeypatch):
     assert sorted(closed) == sorted(envs) and w.envs == {} and w.free == []  # each env closed once
 
 
-def _rows(run_dir):
-    return [
-        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
-
-
-def _eval(run_dir):
-    out = json.loads((run_dir / "eval.json").read_text())
-    out.pop("provenance", None)
-    return out
-
-
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory):
-    pytest.importorskip("ray")
-    tmp = tmp_path_factory.mktemp("local")
-    r = swarm("run", *TINY_RUN, f"run_dir={tmp / 'run'}", cwd=tmp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return tmp / "run"
+    return in_process_twin(tmp_path_factory, *TINY_RUN)
 
 
 @pytest.mark.ray
@@ -76,8 +58,8 @@ def test_ray_env_workers_write_the_same_metrics_and_eval(in_process, tmp_path):
     r = swarm("run", *TINY_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "env workers on Ray: 2" in r.stderr
-    assert _rows(tmp_path / "run") == _rows(in_process) and len(_rows(in_process)) >= 3
-    assert _eval(tmp_path / "run") == _eval(in_process)
+    assert run_rows(tmp_path / "run") == run_rows(in_process) and len(run_rows(in_process)) >= 3
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
     closed = next(line for line in r.stderr.splitlines() if "env workers closed" in line)
     assert "'in_use': 0" in closed and "'restarts': 0" in closed  # every env given back, none lost
 
@@ -121,26 +103,15 @@ def test_a_worker_killed_mid_update_is_restarted_and_its_episodes_replayed(in_pr
     """kill -9 of an env worker during each update's rollout and each held-out evaluation (after SFT, after MPT):
     Ray restarts the actor, the interrupted episodes are replayed on it from their seeds and actions, and the
     run's metrics and eval equal the unkilled run's."""
-    import os
-    import subprocess
-
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(
-        [sys.executable, str(script), "run", *TINY_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = patched_swarm(script, "run", *TINY_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "KILLS 4" in r.stderr  # in the evaluation after SFT, in both updates, in the final evaluation
     assert r.stderr.count("restarted: pid") == 4
     assert r.stderr.count("replayed on the restarted worker") >= 4
-    assert _rows(tmp_path / "run") == _rows(in_process)  # no episode lost or counted twice
-    assert _eval(tmp_path / "run") == _eval(in_process)
+    assert run_rows(tmp_path / "run") == run_rows(in_process)  # no episode lost or counted twice
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 def test_without_ray_the_run_names_the_extra(tmp_path):

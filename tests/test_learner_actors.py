@@ -4,20 +4,13 @@ middle of an update is restarted, the run rewinds to its last checkpoint and end
 and eval; with its restarts used up the run stops with one line naming what was lost and how to resume; bad input
 is one line and exit 2."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import ROOT, TINY_RUN, swarm
-from tests.test_cluster import _eval, _rows
+from tests.conftest import LOCAL_RAY, TINY_RUN, in_process_twin, patched_swarm, run_eval, run_rows, swarm
 
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2", "cluster.learners=ray"]
-#: a local Ray of the run's own, even when another one was started with ``ray start`` on this machine (ray.init with no
-#: address would join that one, read from /tmp/ray/ray_current_cluster)
-LOCAL_RAY = {"RAY_ADDRESS": "local"}
 #: TINY_RUN with SFT long enough for bid pairs, 3 updates (action, bid, action) and the reference policies in both
 #: updates (the third's KL penalty differs per sample, so its advantages and gradients are not zero)
 RUN = [*TINY_RUN, "algo.sft.epochs=12", "algo.iterations=3", "algo.kl_coef=0.1", "algo.bid_reference=sft"]
@@ -25,11 +18,7 @@ RUN = [*TINY_RUN, "algo.sft.epochs=12", "algo.iterations=3", "algo.kl_coef=0.1",
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory):
-    pytest.importorskip("ray")
-    tmp = tmp_path_factory.mktemp("local")
-    r = swarm("run", *RUN, f"run_dir={tmp / 'run'}", cwd=tmp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return tmp / "run"
+    return in_process_twin(tmp_path_factory, *RUN)
 
 
 @pytest.mark.ray
@@ -38,14 +27,14 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
     r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr  # one per role: full copies
-    rows = _rows(tmp_path / "run")
-    assert rows == _rows(in_process) and len(rows) >= 3
+    rows = run_rows(tmp_path / "run")
+    assert rows == run_rows(in_process) and len(rows) >= 3
     updates = [row for row in rows if "kind" in row]
     assert [u["kind"] for u in updates] == ["action", "bid", "action"]
     assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("charts/bid_ref_logodds_") for k in updates[1])
     assert any(k.startswith("charts/kl_") for k in updates[2])
     assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
-    assert _eval(tmp_path / "run") == _eval(in_process)
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
     # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
     _same_training_states(tmp_path / "run", in_process, "iter-000003")
 
@@ -112,22 +101,8 @@ def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS)):
     """``swarm run`` (``run`` and ``extra``) under :data:`KILLER` (a learner killed in update ``kill_at``)."""
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-        "KILL_AT": str(kill_at),
-        **LOCAL_RAY,
-    }
-    return subprocess.run(
-        [sys.executable, str(script), "run", *run, *extra, f"run_dir={tmp_path / 'run'}"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run_dir = f"run_dir={tmp_path / 'run'}"
+    return patched_swarm(script, "run", *run, *extra, run_dir, cwd=tmp_path, env={"KILL_AT": str(kill_at)})
 
 
 @pytest.mark.ray
@@ -141,11 +116,11 @@ def test_a_learner_killed_mid_update_is_restarted_and_the_run_rewinds(in_process
     assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
     assert len(rewound) == 1 and "lost at update 2" in rewound[0] and "iter-000000" in rewound[0], rewound
-    rows = _rows(tmp_path / "run")
+    rows = run_rows(tmp_path / "run")
     steps = [row["step"] for row in rows if "kind" in row]
     assert steps == [1, 2, 3]  # each update once
-    assert rows == _rows(in_process)
-    assert _eval(tmp_path / "run") == _eval(in_process)
+    assert rows == run_rows(in_process)
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 @pytest.mark.ray
@@ -166,8 +141,8 @@ def test_a_learner_that_cannot_be_restarted_stops_the_run_resumably(in_process, 
     r = swarm(*resume.split()[1:], "cluster.kind=local", "cluster.learners=local", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed at phase rl iteration 1" in r.stderr
-    assert _rows(tmp_path / "run") == _rows(in_process)
-    assert _eval(tmp_path / "run") == _eval(in_process)
+    assert run_rows(tmp_path / "run") == run_rows(in_process)
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 @pytest.mark.parametrize(

@@ -4,14 +4,11 @@ same metrics.jsonl and eval.json as in process, also when the actor's process is
 of its calls; with its restarts spent, one line and a run that resumes from its last checkpoint."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import ROOT, TINY_RUN, swarm
-from tests.test_cluster import _eval, _rows  # metrics.jsonl without time/*, eval.json without provenance
+from tests.conftest import TINY_RUN, in_process_twin, patched_swarm, run_eval, run_rows, swarm
 
 #: The tiny run, checkpointed after each update. Its episodes earn no reward, so its updates barely move what the
 #: models draw: that a restarted actor gets the synced weights is checked by
@@ -118,11 +115,7 @@ def test_a_restarted_actor_is_loaded_with_the_synced_weights():
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory):
-    pytest.importorskip("ray")
-    tmp = tmp_path_factory.mktemp("local")
-    r = swarm("run", *ARGS, f"run_dir={tmp / 'run'}", cwd=tmp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return tmp / "run"
+    return in_process_twin(tmp_path_factory, *ARGS)
 
 
 @pytest.mark.ray
@@ -133,8 +126,8 @@ def test_a_sampler_actor_writes_the_same_metrics_and_eval(in_process, tmp_path):
     assert "sampler actor on Ray: pid" in r.stderr
     closed = next(line for line in r.stderr.splitlines() if "sampler actor closed" in line)
     assert "'restarts': 0" in closed and "'calls': 0" not in closed
-    assert _rows(tmp_path / "run") == _rows(in_process) and len(_rows(in_process)) >= 3
-    assert _eval(tmp_path / "run") == _eval(in_process)
+    assert run_rows(tmp_path / "run") == run_rows(in_process) and len(run_rows(in_process)) >= 3
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 #: An actor body that kills its own process (kill -9) in the middle of chosen calls, after it has sampled (its
@@ -171,21 +164,15 @@ def _killed_run(tmp_path, kill_at: str, *args: str):
     (tmp_path / "killing_worker.py").write_text(KILLING_WORKER)
     (tmp_path / "driver.py").write_text(DRIVER)
     count = tmp_path / "calls"
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),  # the actor imports the killing body too
-        "HSAMP_COUNT": str(count),
-        "HSAMP_KILL_AT": kill_at,
-    }
-    r = subprocess.run(
-        [sys.executable, str(tmp_path / "driver.py"), "run", *ARGS, *RAY_ARGS, *args],
+    r = patched_swarm(
+        tmp_path / "driver.py",
+        "run",
+        *ARGS,
+        *RAY_ARGS,
+        *args,
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        paths=[tmp_path],  # the actor imports the killing body too
+        env={"HSAMP_COUNT": str(count), "HSAMP_KILL_AT": kill_at},
     )
     kills = (tmp_path / "calls.kills").read_text().split() if (tmp_path / "calls.kills").exists() else []
     return r, kills
@@ -204,8 +191,8 @@ def test_a_sampler_actor_killed_mid_call_is_restarted_reloaded_and_the_call_retr
     assert r.stderr.count("sampler actor restarted: pid") == 3
     closed = next(line for line in r.stderr.splitlines() if "sampler actor closed" in line)
     assert "'restarts': 3" in closed and "'retried': 3" in closed
-    assert _rows(tmp_path / "run") == _rows(in_process)  # no episode lost or counted twice
-    assert _eval(tmp_path / "run") == _eval(in_process)
+    assert run_rows(tmp_path / "run") == run_rows(in_process)  # no episode lost or counted twice
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 @pytest.mark.ray
@@ -222,8 +209,8 @@ def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_p
     assert "resume=true" in last
     r = swarm("run", f"run_dir={run}", "resume=true", "cluster.kind=local", "cluster.samplers=local", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert _rows(run) == _rows(in_process)
-    assert _eval(run) == _eval(in_process)
+    assert run_rows(run) == run_rows(in_process)
+    assert run_eval(run) == run_eval(in_process)
 
 
 @pytest.mark.parametrize(

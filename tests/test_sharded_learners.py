@@ -9,9 +9,8 @@ import shutil
 
 import pytest
 
-from tests.conftest import TINY_RUN, swarm
-from tests.test_cluster import _eval, _rows
-from tests.test_learner_actors import LOCAL_RAY, RAY_ARGS, _killed_run, _same_training_states
+from tests.conftest import LOCAL_RAY, TINY_RUN, in_process_twin, run_eval, run_rows, swarm
+from tests.test_learner_actors import RAY_ARGS, _killed_run, _same_training_states
 from tests.test_learner_actors import RUN as ACTORS_RUN
 
 #: test_learner_actors' run (TINY_RUN with SFT long enough for bid pairs, 3 updates: action, bid, action, the third's
@@ -43,11 +42,7 @@ def _close(rows, want):
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory):
-    pytest.importorskip("ray")
-    tmp = tmp_path_factory.mktemp("local")
-    r = swarm("run", *RUN, f"run_dir={tmp / 'run'}", cwd=tmp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return tmp / "run"
+    return in_process_twin(tmp_path_factory, *RUN)
 
 
 def _from(run, tag: str, dest):
@@ -67,13 +62,13 @@ def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_proc
     r = swarm("run", *RUN, *FSDP, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr and "2 ranks each (fsdp)" in r.stderr
-    rows = _rows(tmp_path / "run")
+    rows = run_rows(tmp_path / "run")
     updates = [row for row in rows if "kind" in row]
     assert [u["kind"] for u in updates] == ["action", "bid", "action"]
     assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("charts/bid_ref_logodds_") for k in updates[1])
     assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
-    _close(rows, _rows(in_process))
-    assert _eval(tmp_path / "run") == _eval(in_process)
+    _close(rows, run_rows(in_process))
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
     # the checkpoint's optimizer state, gathered from the shards: the in-process optimizer's format and numbers
     _same_training_states(tmp_path / "run", in_process, "iter-000003", rtol=1e-4)
     # the checkpoint written under fsdp after update 2 resumes in process (keep_checkpoints=2: iter-000001 pruned)
@@ -90,8 +85,8 @@ def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_proc
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed at phase rl iteration 2" in r.stderr
-    _close(_rows(run2), _rows(in_process))
-    assert _eval(run2) == _eval(in_process)
+    _close(run_rows(run2), run_rows(in_process))
+    assert run_eval(run2) == run_eval(in_process)
 
 
 @pytest.mark.ray
@@ -106,10 +101,10 @@ def test_a_rank_killed_mid_update_regroups_its_learner_and_the_run_rewinds(in_pr
     assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1, r.stderr[-3000:]
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
     assert len(rewound) == 1 and "lost at update 2" in rewound[0] and "iter-000001" in rewound[0], rewound
-    rows = _rows(tmp_path / "run")
+    rows = run_rows(tmp_path / "run")
     assert [row["step"] for row in rows if "kind" in row] == [1, 2, 3]
-    _close(rows, _rows(in_process))
-    assert _eval(tmp_path / "run") == _eval(in_process)
+    _close(rows, run_rows(in_process))
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ warmed interpreter where the test checks what the command does with the folder).
 
 import json
 import shutil
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -278,6 +279,90 @@ def test_a_judge_endpoint_saved_in_a_run_folder_gets_no_key(runs, tmp_path):
         assert all(h == "Bearer sk-ENVKEY-0123456789" for h in _Judge.seen)
     finally:
         server.shutdown()
+
+
+def _listener():
+    """A socket listening on 127.0.0.1 (a stand-in Ray head) and its ``host:port``."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    return sock, f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _heard(sock) -> bool:
+    """Whether anything connected to ``sock`` (a connection waits in its backlog until accepted)."""
+    sock.setblocking(False)
+    try:
+        sock.accept()[0].close()
+        return True
+    except BlockingIOError:
+        return False
+
+
+def test_a_ray_cluster_saved_in_a_run_folder_is_not_joined(runs, tmp_path, warm_swarm):
+    """6b. A run folder whose config.yaml names a Ray head (``cluster.address`` with ``cluster.kind=ray``,
+    ``serve.address`` with ``serve.cluster=ray``): swarm eval, swarm run resume=true and swarm serve exit 2
+    naming the saved address and both ways on, before anything connects there, and write nothing; told
+    ``cluster.kind=local`` (or not joining it), the same folder evaluates."""
+    from omegaconf import OmegaConf
+
+    listener, address = _listener()
+    try:
+        run = _copy(runs, "full", tmp_path / "run")
+        cfg = OmegaConf.load(run / "config.yaml")
+        cfg.cluster.kind, cfg.cluster.address = "ray", address
+        cfg.serve.cluster, cfg.serve.address = "ray", address
+        OmegaConf.save(cfg, run / "config.yaml")
+        before = _tree(run)
+        commands = {
+            "cluster.address": [("eval", str(run)), ("run", "resume=true", f"run_dir={run}", "algo.iterations=3")],
+            "serve.address": [("serve", str(run))],
+        }
+        for key, argss in commands.items():
+            for args in argss:
+                _error(
+                    warm_swarm(*args, cwd=tmp_path),
+                    f"{key}={address!r}",
+                    str(run / "config.yaml"),
+                    f"give {key}={address} on the command line",
+                    f"{key}=null for a local Ray",
+                )
+        assert not _heard(listener)
+        assert _tree(run) == before
+        res = warm_swarm("eval", str(run), "cluster.kind=local", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert not _heard(listener)
+    finally:
+        listener.close()
+
+
+def test_a_saved_ray_head_is_joined_only_when_the_command_line_gives_it(registry, tmp_path):
+    """6c. In process: the address given again (as itself or inside its section), or not joined (another kind),
+    passes; a resumed experiment whose saved arguments name a Ray head is refused like a run folder."""
+    from swarm_runtime.config import ConfigError, resolve
+    from swarm_runtime.experiments.runner import run_experiment
+    from swarm_runtime.run import refuse_saved_ray_heads
+
+    pm, reg = registry
+    cfg = resolve(["cluster.kind=ray", "cluster.address=10.0.0.9:6379"], reg)
+    with pytest.raises(ConfigError, match=r"cluster.address='10.0.0.9:6379' comes from saved.yaml"):
+        refuse_saved_ray_heads(cfg, ["cluster.kind", "serve.address"], "saved.yaml")
+    refuse_saved_ray_heads(cfg, ["cluster.address"], "saved.yaml")
+    refuse_saved_ray_heads(cfg, ["cluster"], "saved.yaml")
+    cfg.cluster.kind = "local"  # the address is not used
+    refuse_saved_ray_heads(cfg, [], "saved.yaml")
+    cfg.serve.cluster, cfg.serve.address = "ray", "10.0.0.9:6379"
+    refuse_saved_ray_heads(cfg, [], "saved.yaml")  # swarm run and eval do not join serve.address
+    with pytest.raises(ConfigError, match=r"serve.address='10.0.0.9:6379'.*serve.address=null"):
+        refuse_saved_ray_heads(cfg, [], "saved.yaml", ("serve.address",))
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    saved = ["domain=minecraft", "task=wooden_pickaxe", "cluster.kind=ray", "cluster.address=10.0.0.9:6379"]
+    (folder / "experiment.json").write_text(json.dumps({"experiment": "heldout", "args": saved, "command": "x"}))
+    with pytest.raises(ConfigError, match=r"cluster.address='10.0.0.9:6379' comes from .*experiment.json"):
+        run_experiment("heldout", ["resume=true", f"run_dir={folder}"], pm, reg)
+    assert sorted(p.name for p in folder.iterdir()) == ["experiment.json"]
 
 
 def test_secrets_in_lists_and_mappings_are_written_nowhere(runs, tmp_path):

@@ -34,7 +34,7 @@ from typing import Any
 
 from loguru import logger
 
-from swarm_runtime.cluster.remote import RESTART_TIMEOUT_S, connect, import_ray
+from swarm_runtime.cluster.remote import connect, import_ray, wait_restarted
 from swarm_runtime.config import ConfigError
 from swarm_runtime.masters import master_weights, restore_master_weights
 
@@ -289,29 +289,15 @@ class LearnerGroup:
 
     def _recover(self, name: str) -> Exception:
         """Wait for Ray to restart learner ``name``; the exception for the caller to raise."""
-        ray, end = self.ray, time.monotonic() + RESTART_TIMEOUT_S
         pid = self.pids[name]
         if self.restarts[name] >= self.max_restarts:
             return LearnerGone(
                 self._gone(name, f"Ray restarts it at most cluster.learner_restarts={self.max_restarts} times")
             )
-        while True:
-            try:
-                new = ray.get(self.actors[name].pid.remote(), timeout=10)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                if time.monotonic() > end:
-                    return LearnerGone(
-                        self._gone(
-                            name, f"it did not come back within {RESTART_TIMEOUT_S:.0f} s ({type(exc).__name__})"
-                        )
-                    )
-                time.sleep(0.2)
-                continue
-            if new != pid:
-                break
-            time.sleep(0.2)  # the old process's death not seen yet
-            if time.monotonic() > end:
-                return LearnerGone(self._gone(name, "it answers from the same process, but lost a call"))
+        try:
+            new = wait_restarted(self.ray, self.actors[name], pid)
+        except TimeoutError as exc:
+            return LearnerGone(self._gone(name, str(exc)))
         self.restarts[name] += 1
         self.pids[name] = new
         logger.warning("learner {} restarted: pid {} -> {}", name, pid, new)

@@ -24,7 +24,7 @@ from loguru import logger
 from swarm_runtime.cluster.worker import LOST, EnvWorker, Raised
 from swarm_runtime.config import ConfigError
 
-#: A dead worker must answer again within this (Ray restarts the actor's process).
+#: A dead actor (env worker, sampler, learner) must answer again within this (Ray restarts its process).
 RESTART_TIMEOUT_S = 120.0
 #: Replays of one call before giving up (a worker that dies on every replay is not transient).
 MAX_REPLAYS = 5
@@ -78,6 +78,31 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
             )
         raise ConfigError(unreachable.format(f"{type(exc).__name__}: {first}") + auth) from exc
     return True
+
+
+def wait_restarted(ray, actor, old_pid: int, timeout_s: float = RESTART_TIMEOUT_S, *, same_ok=False, check=None) -> int:
+    """Block until ``actor`` (whose process, pid ``old_pid``, died: Ray restarts it) answers its ``pid()`` from
+    a new process; returns that pid. ``same_ok``: an answer from ``old_pid`` counts too (the actor was out of
+    reach, not dead); else it is the old process's death not seen yet, and the wait goes on. ``check()``,
+    if given, runs before each try (it raises when the actor is gone for good). Raises :class:`TimeoutError`
+    saying why when no answer comes within ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while True:
+        if check is not None:
+            check()
+        try:
+            pid = ray.get(actor.pid.remote(), timeout=10)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            if time.monotonic() > end:
+                raise TimeoutError(f"it did not come back within {timeout_s:.0f} s ({type(exc).__name__})") from exc
+        else:
+            if pid != old_pid or same_ok:
+                return pid
+            if time.monotonic() > end:
+                raise TimeoutError(
+                    f"it answers from the same process (pid {pid}) after {timeout_s:.0f} s, but lost a call"
+                )
+        time.sleep(0.2)
 
 
 class EnvCluster:
@@ -189,23 +214,14 @@ class EnvCluster:
 
     def wait_alive(self, w: int) -> None:
         """Block until worker ``w`` answers again (restarted by Ray), at most :data:`RESTART_TIMEOUT_S`."""
-        ray, end = self.ray, time.monotonic() + RESTART_TIMEOUT_S
-        while True:
-            try:
-                pid = ray.get(self.workers[w].pid.remote(), timeout=10)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                if time.monotonic() > end:
-                    raise RuntimeError(
-                        f"env worker {w} did not come back within {RESTART_TIMEOUT_S:.0f} s "
-                        f"after its process died ({type(exc).__name__})"
-                    ) from exc
-                time.sleep(0.2)
-                continue
-            if pid != self.pids[w]:
-                logger.warning("env worker {} restarted: pid {} -> {}", w, self.pids[w], pid)
-                self.pids[w] = pid
-                self.restarts += 1
-            return
+        try:
+            pid = wait_restarted(self.ray, self.workers[w], self.pids[w], same_ok=True)
+        except TimeoutError as exc:
+            raise RuntimeError(f"env worker {w} died and {exc}") from exc
+        if pid != self.pids[w]:
+            logger.warning("env worker {} restarted: pid {} -> {}", w, self.pids[w], pid)
+            self.pids[w] = pid
+            self.restarts += 1
 
     def close(self) -> dict:
         """Close every worker's envs (``DomainEnv.close()``), end the actors, and stop Ray if it was started

@@ -33,9 +33,8 @@ from collections.abc import Mapping
 from loguru import logger
 
 from swarm_runtime.cluster.learner import copy_params, params_of
+from swarm_runtime.cluster.remote import RESTART_TIMEOUT_S, wait_restarted
 
-#: A dead sampler actor must answer again within this (Ray restarts the actor's process).
-RESTART_TIMEOUT_S = 120.0
 #: Tries of one call (a first try and its retries after restarts) before giving up.
 MAX_TRIES = 5
 LOST = (False, None)
@@ -231,22 +230,20 @@ class RaySampler:
         parameters, bringing it to the trainer's sync count."""
         ray = self.ray
         end = time.monotonic() + RESTART_TIMEOUT_S
+        resume = "the run can go on from its last checkpoint with resume=true"
         while True:
-            state = self._actor_state()
-            if state == "DEAD":
-                raise SamplerActorError(
-                    f"the sampler actor died and its restarts are spent (cluster.sampler_restarts="
-                    f"{self.max_restarts}); the run can go on from its last checkpoint with resume=true"
-                )
             try:
-                pid = ray.get(self.actor.pid.remote(), timeout=10)
+                pid = wait_restarted(ray, self.actor, self.pid, same_ok=True, check=self._alive)
+            except TimeoutError as exc:
+                raise SamplerActorError(f"the sampler actor's process died and {exc}; {resume}") from None
+            try:
                 ray.get(self.actor.load.remote(self.synced, dict(self._params)), timeout=RESTART_TIMEOUT_S)
                 break
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:  # lost again while loading
                 if time.monotonic() > end:
                     raise SamplerActorError(
-                        f"the sampler actor did not come back within {RESTART_TIMEOUT_S:.0f} s after its process "
-                        f"died ({type(exc).__name__}); the run can go on from its last checkpoint with resume=true"
+                        f"the sampler actor's process died and it did not take the synced models within "
+                        f"{RESTART_TIMEOUT_S:.0f} s ({type(exc).__name__}); {resume}"
                     ) from None
                 time.sleep(0.2)
         if pid != self.pid:
@@ -255,6 +252,14 @@ class RaySampler:
             )
             self.pid = pid
             self.restarts += 1
+
+    def _alive(self) -> None:
+        """Raise :class:`SamplerActorError` if Ray will not restart the actor again (its restarts are spent)."""
+        if self._actor_state() == "DEAD":
+            raise SamplerActorError(
+                f"the sampler actor died and its restarts are spent (cluster.sampler_restarts="
+                f"{self.max_restarts}); the run can go on from its last checkpoint with resume=true"
+            )
 
     def _actor_state(self) -> str | None:
         """The actor's state in Ray's control store (``ALIVE``, ``RESTARTING``, ``DEAD``), None if unknown."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from loguru import logger
 
 from swarm_runtime.cluster.learner import LearnerGone, LearnerGroup, LearnerLost, LearnerWorker
-from swarm_runtime.cluster.remote import RESTART_TIMEOUT_S
+from swarm_runtime.cluster.remote import RESTART_TIMEOUT_S, wait_restarted
 
 #: Seconds a collective of a learner's ranks (joining the group included) waits for a rank that does not come.
 GROUP_TIMEOUT_S = 120.0
@@ -203,19 +203,12 @@ class ShardedLearnerGroup(LearnerGroup):
         for k, a in enumerate(self.ranks[name]):
             if k != lost:
                 ray.kill(a, no_restart=False)
-        end = time.monotonic() + RESTART_TIMEOUT_S
+        end = time.monotonic() + RESTART_TIMEOUT_S  # for all ranks together
         for k, a in enumerate(self.ranks[name]):
-            while True:
-                try:
-                    if ray.get(a.pid.remote(), timeout=10) != old[k]:
-                        break
-                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                    pass
-                if time.monotonic() > end:
-                    return LearnerGone(
-                        self._gone(name, f"its rank {k} did not come back within {RESTART_TIMEOUT_S:.0f} s")
-                    )
-                time.sleep(0.2)
+            try:
+                wait_restarted(ray, a, old[k], max(1.0, end - time.monotonic()))
+            except TimeoutError as exc:
+                return LearnerGone(self._gone(name, f"its rank {k}: {exc}"))
         try:
             new = self._join(name)
         except ray.exceptions.RayError as exc:

@@ -17,7 +17,14 @@ from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
 from swarm_runtime.provenance import NOT_A_CHECKOUT, commit_text, versions, versions_line
-from swarm_runtime.run import check_hardware, check_task, config_key, refuse_resume_conflicts, resume_conflicts
+from swarm_runtime.run import (
+    check_hardware,
+    check_task,
+    config_key,
+    refuse_resume_conflicts,
+    refuse_saved_ray_heads,
+    resume_conflicts,
+)
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -122,6 +129,9 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     if resume:  # the saved arguments, on the machine the command line names (hardware=cpu, ...)
         args = args + [a for a in resume_applies(run_dir, args, given, registry) if a not in args]
     cfg = resolve(args, registry)
+    if resume:  # a Ray head the saved arguments name is joined only when the command line gives it again
+        given_keys = [config_key(cfg, a.partition("=")[0]) for a in given if "=" in a]
+        refuse_saved_ray_heads(cfg, given_keys, run_dir / "experiment.json")
     cfg.experiment.name, cfg.run_dir, cfg.resume = name, str(run_dir), bool(resume)
     check_hardware(cfg)
     check_task(registry.domains[cfg.domain], cfg)

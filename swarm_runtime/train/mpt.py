@@ -289,8 +289,15 @@ class MPTTrainer(PhasedTrainer):
         where = f"its last checkpoint is {at.name}" if at is not None else "it has no checkpoint"
         return type(gone)(
             f"{gone}; the run stopped at update {int(self.state.get('iteration', 0)) + 1} ({where}): go on with "
-            f"swarm run run_dir={self.ctx.run_dir} resume=true"
+            f"swarm run run_dir={self.ctx.run_dir} resume=true{self._address_arg()}"
         )
+
+    def _address_arg(self) -> str:
+        """`` cluster.address=...`` when the run joined a named Ray head: a resume must give it again (a saved address
+        is not followed: ``secrets.refuse_saved_ray_head``)."""
+        c = self.cfg.get("cluster")
+        address = c.get("address") if c is not None and c.get("kind") == "ray" else None
+        return f" cluster.address={address}" if address else ""
 
     def _rewind(self, lost) -> None:
         """A learner actor died and Ray restarted it: rewind the whole run to its last checkpoint, through the
