@@ -325,8 +325,8 @@ class TrainConfig:
     """How a learner updates its agent group's weights (issue 28; docs/distributed.md)."""
 
     engine: str = "local"  #: ``local`` (one process: the trainer's), ``fsdp`` (FSDP2 over ``shards`` processes) or
-    #: ``deepspeed`` (ZeRO-3); the memory plan divides a learner's state by ``shards``. Runs train with ``local``
-    #: today: ``benchmarks/sharded_update.py`` runs the sharded update
+    #: ``deepspeed`` (ZeRO-3); the memory plan divides a learner's state by ``shards``. Runs train with ``local`` or
+    #: ``fsdp`` (learner actors: ``cluster.learners=ray``); ``benchmarks/sharded_update.py`` runs ``deepspeed``
     shards: int = 1  #: processes (devices) per learner group (1 = unsharded; > 1 needs fsdp or deepspeed)
 
 

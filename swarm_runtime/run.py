@@ -185,13 +185,14 @@ DISPLAY_KEYS = ("progress", "log_level")
 
 
 def machine_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """The ``hardware=`` / ``hardware.*=`` / ``cluster.*=`` arguments (the machine and where the run's envs
-    live, which a resumed run may change: ``cluster.kind=ray`` writes the in-process run's numbers), and those
+    """The ``hardware=`` / ``hardware.*=`` / ``cluster.*=`` / ``train.*=`` arguments (the machine, where the run's
+    envs live and how its learners are laid out, which a resumed run may change: ``cluster.kind=ray`` writes the
+    in-process run's numbers, a checkpoint written under ``train.engine=fsdp`` resumes under ``local``), and those
     whose key is in ``also``."""
     out = []
     for a in args:
         k, _, v = a.partition("=")
-        if k == "hardware" or k.startswith(("hardware.", "cluster.")) or k in also:
+        if k == "hardware" or k.startswith(("hardware.", "cluster.", "train.")) or k in also:
             out.append((k, v))
     return out
 

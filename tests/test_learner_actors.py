@@ -24,8 +24,6 @@ def in_process(tmp_path_factory):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, tmp_path):
-    import torch
-
     r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr  # one per role: full copies
@@ -38,10 +36,19 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
     assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
     assert run_eval(tmp_path / "run") == run_eval(in_process)
     # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
+    _same_training_states(tmp_path / "run", in_process, "iter-000003")
+
+
+def _same_training_states(run, other, tag: str, rtol: float = 0.0) -> None:
+    """Checkpoint ``tag`` of runs ``run`` and ``other``: each role's training state has the same entries, optimizer
+    param groups and state keys, moments and steps (equal; ``rtol`` > 0: within it, same shape and dtype) and
+    scheduler state."""
+    import torch
+
     for role in ("Logger", "Miner", "Smith"):
         mine, theirs = (
-            torch.load(d / "checkpoints" / "iter-000003" / "agents" / role / "training_state.pt", weights_only=True)
-            for d in (tmp_path / "run", in_process)
+            torch.load(d / "checkpoints" / tag / "agents" / role / "training_state.pt", weights_only=True)
+            for d in (run, other)
         )
         assert list(mine) == list(theirs)
         for kind in ("action", "bid"):
@@ -49,7 +56,9 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
             assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
             for k in a["state"]:
                 for name, t in a["state"][k].items():
-                    assert torch.equal(t, b["state"][k][name]), (role, kind, k, name)
+                    want = b["state"][k][name]
+                    same = torch.equal(t, want) if not rtol else torch.allclose(t, want, rtol=rtol, atol=1e-9)
+                    assert same and t.shape == want.shape and t.dtype == want.dtype, (role, kind, k, name)
             assert mine[f"scheduler_{kind}"] == theirs[f"scheduler_{kind}"]
 
 
@@ -69,7 +78,9 @@ KILLER = textwrap.dedent("""
             def get_after_kill(refs):
                 del self._get
                 name = next(iter(refs))
-                pid = int(open(self.pid_files[name]).read())  # the pid file the actor writes in the run folder
+                # the pid file the actor writes in the run folder (a sharded learner's: its last rank's)
+                sharded = hasattr(self, "ranks")
+                pid = int(open(self._shard_pid_file(name, self.shards - 1) if sharded else self.pid_files[name]).read())
                 os.kill(pid, signal.SIGKILL)
                 seen["kills"] += 1
                 print(f"KILLED learner {name} pid {pid}", file=sys.stderr, flush=True)
@@ -86,11 +97,12 @@ KILLER = textwrap.dedent("""
 """)
 
 
-def _killed_run(tmp_path, kill_at: int, *extra: str):
+def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS)):
+    """``swarm run`` (``run`` and ``extra``) under :data:`KILLER` (a learner killed in update ``kill_at``)."""
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     run_dir = f"run_dir={tmp_path / 'run'}"
-    return patched_swarm(script, "run", *RUN, *RAY_ARGS, *extra, run_dir, cwd=tmp_path, env={"KILL_AT": str(kill_at)})
+    return patched_swarm(script, "run", *run, *extra, run_dir, cwd=tmp_path, env={"KILL_AT": str(kill_at)})
 
 
 @pytest.mark.ray

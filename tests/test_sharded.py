@@ -3,6 +3,7 @@ update the in-process learner takes (a real tiny Qwen2 TransformersPolicy, the R
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 
@@ -122,3 +123,103 @@ def test_the_benchmark_compares_the_engines_update_on_a_real_role_model(capsys):
     assert moved > 1e-6 and diff < 1e-3 * moved, out
     loss, loss1, norm, norm1 = map(float, re.search(r"loss (\S+) vs (\S+); grad norm (\S+) vs (\S+)", out).groups())
     assert loss == pytest.approx(loss1, rel=1e-5) and norm == pytest.approx(norm1, rel=1e-5), out
+
+
+def _kept_across_updates(rank, world, port, batches, s, out):
+    """Rank ``rank``: update 1 on a sharded policy; its full weights and optimizer state loaded into a second sharded
+    policy and optimizer (a restarted learner's), which takes update 2; rank 0 saves the results."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from swarm_runtime.rollout.mismatch import Mismatch
+    from swarm_runtime.train.sharded import (
+        Shard,
+        full_optimizer_state,
+        full_params,
+        load_full_optimizer_state,
+        load_full_params,
+        shard_model,
+    )
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        made = []
+        for _ in range(2):
+            pol = make_policy()
+            shard_model(pol.model, mesh)
+            pol.shard = Shard(rank, world)
+            made.append((pol, *make_optimizer(pol.parameters(), s.lr, s.weight_decay, s.total_steps, eps=s.eps)))
+        (first, opt1, sched1), (second, opt2, sched2) = made
+        stats = Mismatch()
+        seen: list = []
+
+        def loss(policy, chunk):
+            seen.extend(r[0] for r in chunk)
+            return _reinforce_chunk(policy, chunk, stats=stats)
+
+        m1 = accumulate_and_step(first, batches[0], s.minibatch, loss, opt1, sched1, s.grad_clip, side=(seen, stats))
+        state = full_optimizer_state(opt1)
+        load_full_params(second.model, full_params(first.model))
+        load_full_optimizer_state(opt2, state)
+        sched2.load_state_dict(sched1.state_dict())
+        m2 = accumulate_and_step(second, batches[1], s.minibatch, _reinforce_chunk, opt2, sched2, s.grad_clip)
+        weights = full_params(second.model)
+        if rank == 0:
+            torch.save(dict(m1=m1, m2=m2, state=state, weights=weights, seen=seen, stats=stats), out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_policy_keeps_the_one_process_state_across_updates(tmp_path):
+    """What a sharded learner actor does between updates (swarm_runtime/cluster/shards.py), on 2 forked gloo
+    processes: update 1 through ``accumulate_and_step`` (the policy's ``shard``: 5 samples over 2 ranks, minibatch 2,
+    rank 1 pads), its optimizer state gathered in the in-process ``state_dict`` format, weights and state loaded into
+    fresh shards that take update 2: both updates' loss and norm, the gathered state and the final weights equal the
+    one-process ones (within 1e-5 relative; weights within 1e-6), and the chunk closure's side statistics (a list,
+    ``Mismatch``) are the batch's once each, in order, padding dropped."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from swarm_runtime.rollout.mismatch import Mismatch
+    from swarm_runtime.train.sharded import free_port
+
+    pol = make_policy()
+    texts = ["chop tree", "craft planks", "craft stick", "chop tree", "craft table"]
+    batches = [
+        [
+            (f"you are {r} . goal {w} . action :", pol.action_target(t), a, [-0.3] * len(pol.action_target(t)))
+            for r, w, t, a in zip(["Logger", "Smith"] * 3, WORDS[j : j + 5], texts, adv)
+        ]
+        for j, adv in ((0, [1.0, -0.5, 0.3, 2.0, -1.0]), (5, [0.2, 0.7, -1.5, 0.4, 1.1]))
+    ]
+    s = OptimSettings(lr=1e-2, weight_decay=0.01, total_steps=10, eps=1e-3, minibatch=2, grad_clip=1.0)
+    opt, sched = make_optimizer(pol.parameters(), s.lr, s.weight_decay, s.total_steps, eps=s.eps)
+    stats = Mismatch()
+    want1 = accumulate_and_step(
+        pol, batches[0], s.minibatch, functools.partial(_reinforce_chunk, stats=stats), opt, sched, s.grad_clip
+    )
+    want_state = copy.deepcopy(opt.state_dict())  # the live moments move on with update 2
+    want2 = accumulate_and_step(pol, batches[1], s.minibatch, _reinforce_chunk, opt, sched, s.grad_clip)
+
+    out = str(tmp_path / "rank0.pt")
+    mp.start_processes(
+        _kept_across_updates, args=(2, free_port(), batches, s, out), nprocs=2, join=True, start_method="fork"
+    )
+    got = torch.load(out, weights_only=False)
+    for (loss, norm), (wl, wn) in zip((got["m1"], got["m2"]), (want1, want2)):
+        assert loss == pytest.approx(wl, rel=1e-5) and norm == pytest.approx(wn, rel=1e-5)
+    st = got["state"]
+    assert st["param_groups"] == want_state["param_groups"] and st["state"].keys() == want_state["state"].keys()
+    for i, entry in want_state["state"].items():
+        for k, v in entry.items():
+            assert not hasattr(st["state"][i][k], "full_tensor") and st["state"][i][k].shape == v.shape
+            assert torch.allclose(st["state"][i][k], v, rtol=1e-5, atol=1e-9), (i, k)
+    diff = max(float((a - b).abs().max()) for a, b in zip(got["weights"], [p.detach() for p in pol.parameters()]))
+    assert diff < 1e-6
+    assert got["seen"] == [r[0] for r in batches[0]]  # each row once, in batch order: rank 1's padding dropped
+    merged = got["stats"]
+    assert (merged.tokens, merged.responses, merged.past) == (stats.tokens, stats.responses, stats.past)
+    assert merged.k3 == pytest.approx(stats.k3, rel=1e-6) and merged.max_abs == pytest.approx(stats.max_abs)

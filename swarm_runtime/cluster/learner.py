@@ -162,10 +162,14 @@ class LearnerWorker:
         changed = [r for r in self.policies if f"losses/{kind}_{r}" in metrics]
         return {
             "metrics": metrics,
-            "params": {r: params_of(self.policies[r]) for r in changed},
+            "params": {r: self._params(r) for r in changed},
             "lrs": self.lrs(),
             "flops": self.flops.take(),
         }
+
+    def _params(self, role: str) -> list:
+        """What the driver copies into its sampling copy of ``role`` after an update (:func:`params_of`)."""
+        return params_of(self.policies[role])
 
     def training_states(self) -> dict:
         """Per role: :func:`training_state` (for the driver's checkpoint)."""
@@ -205,7 +209,8 @@ def learner_groups(policies: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 class LearnerGroup:
     """The learner actors of a run (driver side). ``options``: extra Ray actor options (placement: resources,
-    a placement group's bundle): a dict for every actor, or a function ``(learner name, its roles) -> dict``."""
+    a placement group's bundle): a dict for every actor, or a function ``(learner name, its roles[, shard]) -> dict``
+    (the shard given for shards > 0 of a sharded learner: swarm_runtime/cluster/shards.py)."""
 
     def __init__(
         self,
@@ -229,27 +234,14 @@ class LearnerGroup:
         self.roles = {name: list(g) for name, g in groups.items()}
         self.learner_of = {r: name for name, rs in self.roles.items() for r in rs}
         self.pid_files = {n: None if run_dir is None else str(Path(run_dir) / "learners" / f"{n}.pid") for n in groups}
-        actor = ray.remote(LearnerWorker)
-        base = dict(num_cpus=0, max_restarts=self.max_restarts, max_task_retries=0)
-        opts = {n: {**base, **(options(n, rs) if callable(options) else options or {})} for n, rs in self.roles.items()}
+        self._options = options
         # the creation arguments (the policies as RL started, their references) stay referenced here while the
         # actors live: Ray restarts an actor from them (a restart whose arguments went out of scope fails)
         self._args = {
             name: (ray.put(g), None if reference is None else ray.put({r: reference[r] for r in g}))
             for name, g in groups.items()
         }
-        self.actors = {
-            name: actor.options(**opts[name]).remote(
-                name,
-                self._args[name][0],
-                list(agents),
-                make_optimizers,
-                self._args[name][1],
-                self.pid_files[name],
-                torch.get_num_threads(),
-            )
-            for name, g in groups.items()
-        }
+        self.actors = self._start(list(agents), make_optimizers, torch.get_num_threads())
         self.pids = dict(zip(self.actors, ray.get([a.pid.remote() for a in self.actors.values()])))
         self.restarts = {n: 0 for n in self.actors}
         self.lr: dict[str, dict[str, float]] = {}
@@ -260,6 +252,27 @@ class LearnerGroup:
             ", ".join(f"{n}: {'+'.join(self.roles[n])} pid {self.pids[n]}" for n in self.actors),
             time.perf_counter() - t0,
         )
+
+    def options(self, name: str, shard: int = 0) -> dict:
+        """Ray options of learner ``name`` (its shard ``shard`` > 0: ``options(name, roles, shard)``)."""
+        extra = self._options
+        if callable(extra):
+            extra = extra(name, self.roles[name], shard) if shard else extra(name, self.roles[name])
+        return {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(extra or {})}
+
+    def _start(self, agents: list, make_optimizers: Callable, threads: int) -> dict:
+        """Create one :class:`LearnerWorker` actor per learner; ``{learner: actor}``."""
+        actor = self.ray.remote(LearnerWorker)
+        return {
+            name: actor.options(**self.options(name)).remote(
+                name, args[0], agents, make_optimizers, args[1], self.pid_files[name], threads
+            )
+            for name, args in self._args.items()
+        }
+
+    def _call(self, name: str, method: str, *args):
+        """Call ``method`` of learner ``name``; what :meth:`_get` takes."""
+        return getattr(self.actors[name], method).remote(*args)
 
     def _get(self, refs: dict):
         """``ray.get`` of ``{learner: ref}``; a learner whose process died: :meth:`_recover`, then
@@ -299,7 +312,7 @@ class LearnerGroup:
     def update(self, fn: Callable, kind: str, payloads: Mapping[str, tuple]) -> list[dict]:
         """Run ``fn`` on each learner of ``payloads`` (``{learner: (payload, kwargs)}``) at once; their answers
         (:meth:`LearnerWorker.update`) in the order of ``payloads``."""
-        refs = {n: self.actors[n].update.remote(fn, kind, p, kw) for n, (p, kw) in payloads.items()}
+        refs = {n: self._call(n, "update", fn, kind, p, kw) for n, (p, kw) in payloads.items()}
         out = self._get(refs)
         for res in out.values():
             for k, table in res["lrs"].items():
@@ -309,8 +322,7 @@ class LearnerGroup:
     def load(self, states: Mapping[str, dict]) -> None:
         """Load ``{role: {"params": ..., "state": ...}}`` into the learners (all of them at once)."""
         refs = {
-            n: self.actors[n].load.remote({r: states[r] for r in roles if r in states})
-            for n, roles in self.roles.items()
+            n: self._call(n, "load", {r: states[r] for r in roles if r in states}) for n, roles in self.roles.items()
         }
         for lrs in self._get(refs).values():
             for k, table in lrs.items():
@@ -319,7 +331,7 @@ class LearnerGroup:
     def training_states(self) -> dict:
         """``{role: training_state}`` from every learner."""
         out: dict = {}
-        for states in self._get({n: a.training_states.remote() for n, a in self.actors.items()}).values():
+        for states in self._get({n: self._call(n, "training_states") for n in self.actors}).values():
             out.update(states)
         return out
 

@@ -60,6 +60,14 @@ class Mismatch:
         self.max_abs = max(self.max_abs, float(deltas.abs().max()))
         self.past += int((deltas.abs() > math.log(self.cap)).sum())
 
+    def merge(self, parts: list[Mismatch]) -> None:
+        """Become the sums of ``parts`` (each rank's of a sharded update, ``train/sharded.py: shard_step``), in
+        order."""
+        self.tokens, self.responses = sum(m.tokens for m in parts), sum(m.responses for m in parts)
+        self.k3, self.past = sum(m.k3 for m in parts), sum(m.past for m in parts)
+        self.max_abs = max((m.max_abs for m in parts), default=0.0)
+        self.weights = [w for m in parts for w in m.weights]
+
     def metrics(self, name: str, prefix: str = "") -> dict[str, float]:
         """The update's figures of model ``name``; ``prefix`` names what was compared (``bid_``: bids)."""
         if not self.tokens:

@@ -87,7 +87,9 @@ def action_update(
             continue
         stats = Mismatch(cap=is_cap or REPORT_CAP)
         chunk_loss = partial(_reinforce_chunk, stats=stats, is_cap=is_cap)
-        loss, norm = accumulate_and_step(agent.policy, batch, minibatch, chunk_loss, *optimizers[agent.role], grad_clip)
+        loss, norm = accumulate_and_step(
+            agent.policy, batch, minibatch, chunk_loss, *optimizers[agent.role], grad_clip, side=(stats,)
+        )
         metrics[f"losses/action_{agent.role}"] = loss
         metrics[f"charts/grad_norm_{agent.role}"] = norm
         metrics.update(stats.metrics(agent.role))

@@ -288,6 +288,7 @@ def bid_update(
             lambda policy, chunk: _bradley_terry_chunk(policy, chunk, beta, shifts, stats, is_cap),
             *optimizers[agent.role],
             grad_clip,
+            side=(shifts, stats),
         )
         metrics.update(stats.metrics(agent.role, prefix="bid_"))
         if shifts:  # how far the bids already lean the pairs' way, beyond the reference (0 at the start)

@@ -215,11 +215,15 @@ class MPTTrainer(PhasedTrainer):
         weights then) and loaded with the driver's weights and optimizer state whenever the driver's are the newer
         (the start of RL, a resume's or a rewind's checkpoint); from then on the optimizers live only there."""
         from swarm_runtime.cluster.learner import LearnerGroup, params_of, training_state
+        from swarm_runtime.cluster.shards import ShardedLearnerGroup
 
         if self._group is None:
             c, a = self.cfg.cluster, self.cfg.algo
             needs_ref = float(a.kl_coef) > 0 or str(a.bid_reference) == "sft"
-            self._group = LearnerGroup(
+            t = self.cfg.get("train")
+            sharded = t is not None and str(t.engine) == "fsdp"  # each learner train.shards ranks (cluster/shards.py)
+            make = partial(ShardedLearnerGroup, shards=int(t.shards)) if sharded else LearnerGroup
+            self._group = make(
                 self.policies,
                 [(x.name, x.role) for x in self.agents],
                 partial(role_optimizers, settings=optimizer_settings(self.cfg)),
@@ -243,9 +247,9 @@ class MPTTrainer(PhasedTrainer):
             self._group_loaded, self.optimizers = True, {}
         return self._group
 
-    def _learner_placement(self, name: str, roles: list[str]) -> dict:
-        """Ray options of learner ``name``: :attr:`learner_options`, and with ``cluster.placement`` its slot (learner
-        shard 0) in the placement group of its roles, which the env cluster reserved."""
+    def _learner_placement(self, name: str, roles: list[str], shard: int = 0) -> dict:
+        """Ray options of learner ``name``'s shard ``shard``: :attr:`learner_options`, and with ``cluster.placement``
+        its slot (learner shard ``shard``) in the placement group of its roles, which the env cluster reserved."""
         out = dict(self.learner_options)
         spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
         if spec is not None:
@@ -254,7 +258,7 @@ class MPTTrainer(PhasedTrainer):
             group = next((g.name for g in spec.groups if set(roles) <= set(g.roles)), None)
             if group is None:
                 raise RuntimeError(f"learner {name!r}: no placement group holds its roles {roles}")
-            out.update(actor_options(spec, group, "learner", 0))
+            out.update(actor_options(spec, group, "learner", shard))
         return out
 
     def _sampler_placement(self, name: str, roles: list[str]) -> dict:

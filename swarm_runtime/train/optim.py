@@ -152,10 +152,16 @@ def clip_and_step(params, opt, sched, max_norm: float) -> float:
     return norm
 
 
-def accumulate_and_step(policy, batch: list, minibatch: int, chunk_loss, opt, sched, grad_clip: float):
+def accumulate_and_step(policy, batch: list, minibatch: int, chunk_loss, opt, sched, grad_clip: float, side=()):
     """Accumulate gradients over ``batch`` in chunks of ``minibatch`` (each chunk's loss
     weighted by its share, so the result is the batch mean), then take one clipped step.
-    Returns ``(loss, gradient norm before clipping)``."""
+    Returns ``(loss, gradient norm before clipping)``. A policy with a ``shard`` (a rank of a sharded
+    learner, ``train.engine=fsdp``) takes its share of the batch instead (``train/sharded.py: shard_step``),
+    ``side`` (what ``chunk_loss`` gathers: lists, ``Mismatch``) merged across ranks; read by that path only."""
+    if getattr(policy, "shard", None) is not None:
+        from swarm_runtime.train.sharded import shard_step
+
+        return shard_step(policy, batch, minibatch, chunk_loss, opt, sched, grad_clip, side)
     policy.train()
     n, total = len(batch), 0.0
     for i in range(0, n, minibatch):

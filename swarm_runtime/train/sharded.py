@@ -10,13 +10,19 @@ AdamW steps each rank's shard. The full state dict is gathered on rank 0 at the 
 
 :func:`sharded_update` runs in each rank; :func:`spawn_update` starts a group of ``world`` processes on this
 machine (gloo on a CPU device mesh) and returns rank 0's result; :func:`deepspeed_update` is the same update
-under DeepSpeed ZeRO-3. What is not here yet: learner
-actors that keep the sharded model and its optimizer across updates (Ray), and a run-level
-``train.engine=fsdp``; see docs/distributed.md.
+under DeepSpeed ZeRO-3.
+
+In a run (``train.engine=fsdp``, swarm_runtime/cluster/shards.py) each rank is a learner actor that keeps its
+sharded models and optimizers across updates: a policy with a :class:`Shard` takes
+:func:`~swarm_runtime.train.optim.accumulate_and_step` through :func:`shard_step` (its chunks of the batch, the
+side statistics of the chunk closures merged across ranks); :func:`full_params`, :func:`load_full_params`,
+:func:`full_optimizer_state` and :func:`load_full_optimizer_state` move full tensors in and out of the shards
+(the in-process optimizer's ``state_dict`` format, so checkpoints are the same under both engines).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import tempfile
@@ -77,6 +83,147 @@ def rank_chunks(batch: Sequence[Row], rank: int, world: int, minibatch: int) -> 
     return chunks
 
 
+@dataclass(frozen=True)
+class Shard:
+    """The rank of a policy's process in its learner's process group (``policy.shard``; None: one process)."""
+
+    rank: int
+    world: int
+
+
+def _merge_side(side: Sequence, parts: Sequence[Sequence]) -> None:
+    """Set each object of ``side`` (lists, and objects with ``merge``: ``rollout/mismatch.py: Mismatch``) to the
+    merge of every rank's (``parts[rank][i]``), in rank order: the batch order of :func:`rank_chunks`."""
+    for i, obj in enumerate(side):
+        mine = [p[i] for p in parts]
+        if isinstance(obj, list):
+            obj[:] = [x for m in mine for x in m]
+        else:
+            obj.merge(mine)
+
+
+def _restore(side: Sequence, saved: Sequence) -> None:
+    for obj, was in zip(side, saved):
+        if isinstance(obj, list):
+            obj[:] = was
+        else:
+            obj.__dict__.update(was.__dict__)
+
+
+def shard_step(policy, batch: Sequence, minibatch: int, chunk_loss, opt, sched, grad_clip: float, side=()):
+    """:func:`~swarm_runtime.train.optim.accumulate_and_step` in rank ``policy.shard.rank`` of an FSDP2-sharded
+    ``policy.model``: this rank's chunks (:func:`rank_chunks`; gradients reduced after the last one), a step at the
+    global gradient norm; returns ``(batch loss, grad norm)`` as one process reports them. What the chunk closures
+    gather (``side``: lists, ``Mismatch``) and the FLOPs they record (``policy.flops.events``) are merged across ranks
+    (in batch order; a padding chunk's are dropped), so every rank holds the one-process figures."""
+    rank, world = policy.shard.rank, policy.shard.world
+    model = policy.model
+    flops = getattr(getattr(policy, "flops", None), "events", None)
+    n0 = None if flops is None else len(flops)
+    chunks = rank_chunks(batch, rank, world, minibatch)
+    real = sum(1 for _, w in chunks if w > 0)
+    policy.train()
+    total, saved, mine = 0.0, None, None
+    for i, (chunk, weight) in enumerate(chunks):
+        if i == real:  # padding chunks (a rank short of samples): their statistics and FLOPs are dropped
+            saved = copy.deepcopy(list(side))
+            mine = None if flops is None else flops[n0:]
+        model.set_requires_gradient_sync(i == len(chunks) - 1)  # reduce once, after the last chunk
+        loss = chunk_loss(policy, chunk) * weight
+        (loss * world).backward()  # FSDP averages over ranks; the batch mean is their sum
+        total += float(loss.detach())
+    if saved is not None:
+        _restore(side, saved)
+    elif flops is not None:
+        mine = flops[n0:]
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if params else torch.zeros(())
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    policy.eval()
+    loss_sum = torch.tensor([total], dtype=torch.float64)
+    dist.all_reduce(loss_sum)
+    parts: list = [None] * world
+    dist.all_gather_object(parts, (copy.deepcopy(list(side)), mine))
+    _merge_side(side, [p[0] for p in parts])
+    if flops is not None:
+        flops[n0:] = [e for p in parts for e in p[1]]
+    return float(loss_sum), float(norm)
+
+
+def _fsdp_modules(model: torch.nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def resharded(model: torch.nn.Module) -> list:
+    """``model``'s parameters after every FSDP unit is resharded (the root stays unsharded after a forward without
+    backward), in ``parameters()`` order: the sharded DTensors the optimizers step."""
+    for m in _fsdp_modules(model):
+        m.reshard()
+    return list(model.parameters())
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
+
+
+def full_params(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The full tensors of ``model``'s parameters (``parameters()`` order; a collective: every rank calls it)."""
+    return [_full(p).detach() for p in resharded(model)]
+
+
+def _sharded_like(p, t: torch.Tensor):
+    """``t`` (a full tensor) as ``p``'s local shard (``p`` a DTensor) or as it is (a plain tensor)."""
+    if not hasattr(p, "device_mesh"):
+        return t
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(t.detach().to(p.device), p.device_mesh, p.placements)
+
+
+def load_full_params(model: torch.nn.Module, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy full ``tensors`` (:func:`full_params` order) into ``model``'s shards, in place (every rank calls it)."""
+    params = resharded(model)
+    if len(params) != len(tensors):
+        raise RuntimeError(f"sharded learner load: {len(tensors)} tensors for a model of {len(params)} parameters")
+    with torch.no_grad():
+        for p, t in zip(params, tensors):
+            local = _sharded_like(p, t.to(p.dtype))
+            (p.to_local() if hasattr(p, "to_local") else p).copy_(
+                local.to_local() if hasattr(local, "to_local") else local
+            )
+
+
+def full_optimizer_state(opt: torch.optim.Optimizer) -> dict:
+    """``opt.state_dict()`` with each sharded state tensor gathered (a collective): the format of the same
+    optimizer over the unsharded parameters (integer-indexed state in parameter order, the same param groups)."""
+    sd = opt.state_dict()
+    return {
+        "state": {
+            i: {k: _full(v) if torch.is_tensor(v) else v for k, v in st.items()} for i, st in sd["state"].items()
+        },
+        "param_groups": copy.deepcopy(sd["param_groups"]),
+    }
+
+
+def load_full_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
+    """Load ``state`` (:func:`full_optimizer_state`'s format, or an in-process optimizer's) into ``opt`` over
+    sharded parameters: each moment sharded as its parameter (every rank calls it)."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    sharded = {  # copies: the optimizer steps its state in place (a ``step`` tensor it was given included)
+        int(i): {
+            k: (_sharded_like(params[int(i)], v) if k != "step" else v.clone()) if torch.is_tensor(v) else v
+            for k, v in st.items()
+        }
+        for i, st in state["state"].items()
+    }
+    opt.load_state_dict({"state": sharded, "param_groups": copy.deepcopy(state["param_groups"])})
+
+
 def _block_classes(model: torch.nn.Module) -> set[str]:
     """Class names of the model's transformer blocks (Hugging Face models list them in ``_no_split_modules``)."""
     return set(getattr(model, "_no_split_modules", None) or ())
@@ -132,28 +279,13 @@ def sharded_update(
     opt, sched = make_optimizer(
         model.parameters(), settings.lr, settings.weight_decay, settings.total_steps, settings.warmup, eps=settings.eps
     )
-    policy.train()
-    total = 0.0
-    chunks = rank_chunks(batch, rank, world, settings.minibatch)
-    for i, (chunk, weight) in enumerate(chunks):
-        model.set_requires_gradient_sync(i == len(chunks) - 1)  # reduce once, after the last chunk
-        loss = chunk_loss(policy, chunk) * weight
-        (loss * world).backward()  # FSDP averages over ranks; the batch mean is their sum
-        total += float(loss.detach())
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    opt.step()
-    sched.step()
-    opt.zero_grad(set_to_none=True)
-    policy.eval()
-    loss_sum = torch.tensor([total], dtype=torch.float64)
-    dist.all_reduce(loss_sum)
+    policy.shard = Shard(rank, world)
+    loss, norm = shard_step(policy, batch, settings.minibatch, chunk_loss, opt, sched, settings.grad_clip)
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     metrics = {
-        "loss": float(loss_sum),
-        "grad_norm": float(norm),
+        "loss": loss,
+        "grad_norm": norm,
         "shard_params": float(held),
         "seconds": time.time() - t0,
     }

@@ -1,0 +1,228 @@
+"""Sharded learners (issue 28; docs/distributed.md, "Sharded learners"): ``train.engine=fsdp train.shards=S`` with
+``cluster.learners=ray`` makes each learner (a role's full copy) ``S`` Ray actors, the ranks of one gloo process
+group. Each rank keeps the role's model sharded by FSDP2 (``train/sharded.py: shard_model``) and the role's
+optimizers over its shards (``mpt.role_optimizers``: the same settings) across updates.
+
+An update goes to every rank of a learner alike (the same payload); each runs the same ``action_update`` /
+``bid_update`` (FSDP forwards are collectives: the KL and bid-reference forwards run on every rank alike), but
+``accumulate_and_step`` takes only the rank's chunks of each batch (the policy's ``shard``:
+``train/sharded.py: shard_step``) and the metrics, side statistics and FLOPs are merged across ranks. Rank 0
+answers for the learner: the metrics, the changed roles' full parameters (gathered) and the FLOPs, so the driver
+sees what :class:`~swarm_runtime.cluster.learner.LearnerWorker` sends. Checkpoints hold the full optimizer state
+in the in-process optimizer's format (a run checkpointed under fsdp resumes under local, and back).
+
+Faults: a rank that dies breaks its group's collectives (the others would wait out the gloo timeout,
+:data:`GROUP_TIMEOUT_S`). The driver kills the learner's other ranks too (Ray restarts every rank, from its
+creation arguments), forms the group again and raises :class:`~swarm_runtime.cluster.learner.LearnerLost`: the run
+rewinds to its last checkpoint and loads it into every rank, as with one actor per learner.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from loguru import logger
+
+from swarm_runtime.cluster.learner import LearnerGone, LearnerGroup, LearnerLost, LearnerWorker
+from swarm_runtime.cluster.remote import RESTART_TIMEOUT_S, wait_restarted
+
+#: Seconds a collective of a learner's ranks (joining the group included) waits for a rank that does not come.
+GROUP_TIMEOUT_S = 120.0
+
+
+def _no_optimizers(policies) -> dict:
+    return {}
+
+
+class ShardWorker(LearnerWorker):
+    """Rank ``rank`` of a learner of ``world`` ranks: :class:`LearnerWorker` whose policies are sharded, and whose
+    optimizers are made, when it joins its group (:meth:`join`)."""
+
+    def __init__(self, name: str, rank: int, world: int, policies: dict, agents, make_optimizers: Callable, *rest):
+        self.rank, self.world, self._make_optimizers = int(rank), int(world), make_optimizers
+        super().__init__(name, policies, agents, _no_optimizers, *rest)
+
+    def address(self) -> tuple[str, int]:
+        """Where the group meets (rank 0's): this node's IP and a free port."""
+        import ray
+
+        from swarm_runtime.train.sharded import free_port
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def join(self, host: str, port: int) -> int:
+        """Join the group at ``host:port`` (gloo; every rank at once), shard each policy's model over it and make
+        the optimizers over the shards. Returns this process's pid."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from swarm_runtime.train.optim import LOW_PRECISION
+        from swarm_runtime.train.sharded import Shard, shard_model
+
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=timedelta(seconds=GROUP_TIMEOUT_S),
+        )
+        mesh = init_device_mesh("cpu", (self.world,))
+        for role, policy in self.policies.items():
+            if not hasattr(policy, "model") or any(p.dtype in LOW_PRECISION for p in policy.parameters()):
+                raise RuntimeError(f"learner {self.name!r}: role {role} is not a full fp32 copy; fsdp cannot shard it")
+            shard_model(policy.model, mesh)
+            policy.shard = Shard(self.rank, self.world)
+        self.optimizers = self._make_optimizers(self.policies)
+        return os.getpid()
+
+    def _params(self, role: str) -> list:
+        from swarm_runtime.train.sharded import full_params
+
+        full = full_params(self.policies[role].model)  # a collective: every rank gathers
+        return full if self.rank == 0 else []
+
+    def training_states(self) -> dict:
+        """Per role: the optimizer and scheduler state of each kind, gathered (rank 0's; the others answer {})."""
+        from swarm_runtime.train.sharded import full_optimizer_state
+
+        out: dict = {}
+        for role in self.policies:
+            st = out[role] = {}
+            for kind, table in self.optimizers.items():
+                if role in table:
+                    opt, sched = table[role]
+                    st[f"optimizer_{kind}"], st[f"scheduler_{kind}"] = full_optimizer_state(opt), sched.state_dict()
+        return out if self.rank == 0 else {}
+
+    def load(self, states: dict) -> dict:
+        """:meth:`LearnerWorker.load` into the shards (full weights and optimizer state, sharded here)."""
+        import copy
+
+        from swarm_runtime.train.sharded import load_full_optimizer_state, load_full_params
+
+        for role, st in copy.deepcopy(dict(states)).items():
+            load_full_params(self.policies[role].model, st["params"])
+            for kind, table in self.optimizers.items():
+                if f"optimizer_{kind}" in st["state"] and role in table:
+                    opt, sched = table[role]
+                    load_full_optimizer_state(opt, st["state"][f"optimizer_{kind}"])
+                    sched.load_state_dict(st["state"][f"scheduler_{kind}"])
+        return self.lrs()
+
+
+class ShardedLearnerGroup(LearnerGroup):
+    """:class:`LearnerGroup` whose learners are ``shards`` :class:`ShardWorker` ranks each (``self.ranks``;
+    ``self.actors``: each learner's rank 0)."""
+
+    def __init__(self, *args, shards: int, **kw):
+        self.shards = int(shards)
+        self.ranks: dict[str, list] = {}  #: learner -> its ranks' actors
+        self.rank_pids: dict[str, list[int]] = {}  #: learner -> its ranks' pids
+        super().__init__(*args, **kw)
+        logger.info(
+            "learners sharded: {} ranks each (fsdp): {}",
+            self.shards,
+            ", ".join(f"{n} pids {'+'.join(map(str, pids))}" for n, pids in self.rank_pids.items()),
+        )
+
+    def _shard_pid_file(self, name: str, k: int) -> str | None:
+        f = self.pid_files[name]
+        return None if f is None else str(Path(f).with_name(f"{name}.{k}.pid"))
+
+    def _start(self, agents: list, make_optimizers: Callable, threads: int) -> dict:
+        actor = self.ray.remote(ShardWorker)
+        for name, args in self._args.items():
+            self.ranks[name] = [
+                actor.options(**self.options(name, k)).remote(
+                    name,
+                    k,
+                    self.shards,
+                    args[0],
+                    agents,
+                    make_optimizers,
+                    args[1],
+                    self._shard_pid_file(name, k),
+                    threads,
+                )
+                for k in range(self.shards)
+            ]
+        for name in self.ranks:
+            self._join(name)
+        return {name: ranks[0] for name, ranks in self.ranks.items()}
+
+    def _join(self, name: str) -> list[int]:
+        """Form learner ``name``'s process group (rank 0's address; every rank joins at once); the ranks' pids."""
+        ranks = self.ranks[name]
+        host, port = self.ray.get(ranks[0].address.remote())
+        pids = self.ray.get([a.join.remote(host, port) for a in ranks], timeout=GROUP_TIMEOUT_S + 30)
+        self.rank_pids[name] = pids
+        return pids
+
+    def _call(self, name: str, method: str, *args):
+        return [getattr(a, method).remote(*args) for a in self.ranks[name]]
+
+    def _get(self, refs: dict):
+        """Every rank's answer (rank 0's returned per learner); a rank lost: :meth:`_regroup`, then
+        :class:`LearnerLost` (or :class:`LearnerGone`). The other ranks of a lost one fail too (gloo sees the
+        peer gone, or times out): their errors wait for the lost rank's; with no rank lost the first is raised."""
+        ray, out = self.ray, {}
+        for name, rs in refs.items():
+            pending, failed = {r: k for k, r in enumerate(rs)}, None
+            while pending:  # as they come
+                done, _ = ray.wait(list(pending), num_returns=1)
+                k = pending.pop(done[0])
+                try:
+                    value = ray.get(done[0])
+                except ray.exceptions.RayActorError:
+                    raise self._regroup(name, k) from None
+                except ray.exceptions.RayTaskError as exc:
+                    failed = failed or exc
+                    continue
+                if k == 0:
+                    out[name] = value
+            if failed is not None:
+                raise failed
+        return out
+
+    def _regroup(self, name: str, lost: int) -> Exception:
+        """Rank ``lost`` of learner ``name`` died: kill its other ranks (their group is broken; Ray restarts them
+        all), wait for every rank to answer from a new process, form the group again; the exception to raise."""
+        ray, old = self.ray, list(self.rank_pids[name])
+        self.pids[name] = old[lost]  # the process a message names
+        if self.restarts[name] >= self.max_restarts:
+            for a in self.ranks[name]:
+                ray.kill(a, no_restart=True)
+            return LearnerGone(
+                self._gone(name, f"Ray restarts it at most cluster.learner_restarts={self.max_restarts} times")
+            )
+        for k, a in enumerate(self.ranks[name]):
+            if k != lost:
+                ray.kill(a, no_restart=False)
+        end = time.monotonic() + RESTART_TIMEOUT_S  # for all ranks together
+        for k, a in enumerate(self.ranks[name]):
+            try:
+                wait_restarted(ray, a, old[k], max(1.0, end - time.monotonic()))
+            except TimeoutError as exc:
+                return LearnerGone(self._gone(name, f"its rank {k}: {exc}"))
+        try:
+            new = self._join(name)
+        except ray.exceptions.RayError as exc:
+            return LearnerGone(self._gone(name, f"its restarted ranks did not form a group ({type(exc).__name__})"))
+        self.restarts[name] += 1
+        self.pids[name] = new[0]
+        logger.warning(
+            "learner {} restarted: pid {} -> {} (rank {} lost; ranks {} -> {})", name, old[0], new[0], lost, old, new
+        )
+        return LearnerLost(name, old[lost], new[lost])
+
+    def close(self) -> dict:
+        if not self.closed:
+            for ranks in self.ranks.values():
+                for a in ranks[1:]:
+                    self.ray.kill(a, no_restart=True)
+        return {**super().close(), "shards": self.shards}
