@@ -62,6 +62,7 @@ def run(argv: list[str], log: Path, kill_at: int | None = None, count: bool = Fa
         counter = [0]
         if count or kill_at is not None:
             _inject(kill_at, counter)
+        _fresh_thread_pool()
         rc = 1
         try:
             from swarm_runtime.cli import main
@@ -88,6 +89,17 @@ def sweep(work: Path, args: list[str]) -> dict:
     return out
 
 
+def _fresh_thread_pool() -> None:
+    """In a forked child, before the command starts threads: torch's intra-op thread pool, which the server made
+    (``warm_up``), is marked corrupt by torch's fork handler and rebuilt by the first call that asks for it. Two
+    threads asking at once (transformers loads a checkpoint's tensors on a thread pool) race there, and the loser
+    gets no pool ("pool INTERNAL ASSERT FAILED ... Invalid thread pool!"). Rebuild it here, on one thread."""
+    if "torch" in sys.modules:
+        import torch
+
+        torch.set_num_threads(torch.get_num_threads())
+
+
 def _child(req: dict, out: str, err: str) -> None:
     """In the forked child: become ``swarm ARGV`` as started from ``cwd`` with ``env``; never returns."""
     rc = 1
@@ -99,6 +111,7 @@ def _child(req: dict, out: str, err: str) -> None:
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         sys.argv = ["swarm", *req["argv"]]
+        _fresh_thread_pool()
         from swarm_runtime.cli import main
 
         try:
