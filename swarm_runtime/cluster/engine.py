@@ -385,10 +385,7 @@ class EngineActor:
 
     def ensure(self) -> bool:
         """The trainer's ``recover``: the server answers again (restarted by the actor, or by a restarted actor)."""
-        try:
-            status, _ = self.call("ensure")
-        except EngineSamplerError:
-            raise
+        status, _ = self.call("ensure")
         return status == "ok"
 
     def alive(self) -> bool:
