@@ -234,6 +234,12 @@ class MPTTrainer(PhasedTrainer):
                 address=c.address,
                 num_cpus=c.get("num_cpus"),
             )
+            spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
+            if spec is not None:  # each rank in its group's bundle, as the actor and Ray's accounts tell
+                from swarm_runtime.cluster.placement import check_learners_placed
+
+                for line in check_learners_placed(spec, self._group.placement_groups(), self._group.roles):
+                    logger.info("placement: {}", line)
         if not self._group_loaded:
             self._group.load(
                 {
