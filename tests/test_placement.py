@@ -307,6 +307,40 @@ def test_an_unsatisfiable_placement_names_asked_and_available(local_ray):
 
 
 @pytest.mark.ray
+def test_a_learner_outside_its_bundle_is_caught(local_ray):
+    """check_learners_placed against what Ray says: a learner's actor in its slot passes (its bundle holds its
+    share, half of bundle 0 beside the sampler's); a rank reporting no placement group, or a bundle not holding the
+    rank's share (no actor in it), is a RuntimeError naming the learner and the rank."""
+    from swarm_runtime.cluster.placement import actor_options, check_learners_placed, release, reserve
+
+    spec = _cpu_spec("cluster.placement=colocated", "cluster.env_workers=1", "model.adapter=lora")
+    roles = {"base-default": ["Logger", "Miner", "Smith"]}
+    reserve(spec, 20)
+    try:
+
+        @local_ray.remote
+        class Rank:
+            def placement_group(self):
+                return local_ray.get_runtime_context().get_placement_group_id()
+
+        with pytest.raises(RuntimeError, match="'base-default' rank 0: its bundle 0 .* holds {CPU: 0}, less than"):
+            check_learners_placed(spec, {"base-default": [spec.pgs["default"].id.hex()]}, roles)
+        rank = Rank.options(**actor_options(spec, "default", "learner", 0)).remote()
+        pg = local_ray.get(rank.placement_group.remote())
+        assert pg == spec.pgs["default"].id.hex()
+        lines = check_learners_placed(spec, {"base-default": [pg]}, roles)
+        assert lines == [
+            f"learner base-default: ranks 0 in placement group default ({pg}); bundle 0 holds {{CPU: 0.5}} of {{CPU: 1}}"
+        ]
+        with pytest.raises(RuntimeError, match="'base-default' rank 0 runs in placement group None"):
+            check_learners_placed(spec, {"base-default": [None]}, roles)
+        local_ray.kill(rank)
+    finally:
+        release(spec)
+    assert _cpus_back(local_ray)
+
+
+@pytest.mark.ray
 def test_env_workers_start_in_their_bundles(local_ray):
     from swarm_runtime.cluster.placement import actor_options
     from swarm_runtime.cluster.remote import EnvCluster
