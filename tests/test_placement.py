@@ -2,7 +2,9 @@
 "Placement and sizing"): the sharding term with hand-computed numbers for a Qwen3-8B shape, the placement spec
 (colocated and split), the plan and placement printed by the real ``swarm config --plan``, ``swarm run`` refusing a
 sharded engine before anything is written, and on a local Ray (num_cpus=2): a placement reserved with env workers
-in its bundles, and one that cannot be satisfied refused with the bundles asked and what Ray has."""
+in its bundles, a learner outside its bundle caught, and one that cannot be satisfied refused with the bundles asked
+and what Ray has (with sharded learners too); on a local Ray declaring the CPUs asked, a real fsdp run's ranks in
+their bundles, colocated and split."""
 
 from __future__ import annotations
 
