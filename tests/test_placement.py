@@ -326,7 +326,7 @@ def test_a_learner_outside_its_bundle_is_caught(local_ray):
                 return local_ray.get_runtime_context().get_placement_group_id()
 
         with pytest.raises(RuntimeError, match="'base-default' rank 0: its bundle 0 .* holds {CPU: 0}, less than"):
-            check_learners_placed(spec, {"base-default": [spec.pgs["default"].id.hex()]}, roles)
+            check_learners_placed(spec, {"base-default": [spec.pgs["default"].id.hex()]}, roles, wait_s=1)
         rank = Rank.options(**actor_options(spec, "default", "learner", 0)).remote()
         pg = local_ray.get(rank.placement_group.remote())
         assert pg == spec.pgs["default"].id.hex()

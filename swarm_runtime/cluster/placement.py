@@ -258,12 +258,36 @@ def bundles_in_use(spec: PlacementSpec, group: str) -> list[dict]:
     return out
 
 
-def check_learners_placed(spec: PlacementSpec, ranks: dict[str, list], roles: dict[str, list]) -> list[str]:
+#: Seconds :func:`check_learners_placed` waits for Ray's accounts of a bundle to show an actor's share (Ray's
+#: resource view reaches the control store a little after the raylet grants it)
+ACCOUNTS_WAIT_S = 10.0
+
+
+def check_learners_placed(
+    spec: PlacementSpec, ranks: dict[str, list], roles: dict[str, list], wait_s: float = ACCOUNTS_WAIT_S
+) -> list[str]:
     """Check that each learner's ranks (``ranks``: learner -> the placement group id each rank reports from inside
     its actor, hex) run in the placement group of its roles (``roles``: learner -> its roles), and that the bundles
-    hold what the placement gives them (:func:`bundles_in_use`; the learner's shares of bundles with no other actor
-    running yet: a sampler's share stays free while the sampler runs in the trainer); a ``RuntimeError`` names the
-    first that does not. Returns one line per learner for the log."""
+    hold what the placement gives them (:func:`bundles_in_use`, asked again for up to ``wait_s`` seconds; the
+    learner's shares of bundles with no other actor running yet: a sampler's share stays free while the sampler runs
+    in the trainer); a ``RuntimeError`` names the first that does not. Returns one line per learner for the log."""
+    import time
+
+    end = time.monotonic() + float(wait_s)
+    while True:
+        try:
+            return _placed_lines(spec, ranks, roles)
+        except _Short:
+            if time.monotonic() > end:
+                return _placed_lines(spec, ranks, roles, short=RuntimeError)
+            time.sleep(0.2)
+
+
+class _Short(RuntimeError):
+    """A bundle that does not hold a rank's share (yet)."""
+
+
+def _placed_lines(spec: PlacementSpec, ranks: dict, roles: dict, short: type = _Short) -> list[str]:
     lines = []
     for name, pgs in ranks.items():
         group = next((g.name for g in spec.groups if set(roles[name]) <= set(g.roles)), None)
@@ -281,7 +305,7 @@ def check_learners_placed(spec: PlacementSpec, ranks: dict[str, list], roles: di
             b = g.actors["learner"][k]
             asked = actor_options(spec, group, "learner", k)
             if held[b].get("CPU", 0) + 1e-6 < asked["num_cpus"]:
-                raise RuntimeError(
+                raise short(
                     f"learner {name!r} rank {k}: its bundle {b} of placement group {group!r} holds {_res(held[b])}, "
                     f"less than the rank's share {{CPU: {asked['num_cpus']:g}}}"
                 )

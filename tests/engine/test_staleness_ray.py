@@ -5,21 +5,19 @@ server started by a sampler actor (``cluster.samplers=ray``), or with the update
 (``cluster.learners=ray``). Each writes the metrics.jsonl rows of the same run in process
 (``cluster.kind=local``), ``charts/staleness`` included.
 
-A run with rollouts played ahead is made deterministic here by :data:`WAITER`: an update's sync waits until the
-next update's rollout has played whole, so that rollout is on the weights before the sync (lag 1) in every run.
-Without it, how much of a rollout is drawn before the sync depends on the threads' timing in any of the runs, in
+A run with rollouts played ahead is made deterministic here by :data:`WAITER` (an update's sync waits until the
+next update's rollout has played whole, so that rollout is on the weights before the sync in every run) and by
+keyed draws (:data:`RUN`). Without them, how much of a rollout is drawn before the sync, and which seeds the rollout
+thread and the branches take from the sampler's generator, depend on the threads' timing in any of the runs, in
 process too (tests/engine/test_staleness_worker.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from conftest import ROOT
+from conftest import patched_swarm
 from test_engine_actor import ARGS, _rows, _same_rows, worker_python
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -56,18 +54,10 @@ WAITER = WAIT + "from swarm_runtime.cli import main\nsys.exit(main(sys.argv[1:])
 
 
 def _run(tmp_path, python: str, *extra: str, script: str = WAITER, env: dict | None = None):
+    """``swarm run RUN extra`` under ``script`` (:data:`WAITER`), our worker as vLLM (its Python ``python``)."""
     (tmp_path / "waiter.py").write_text(script)
-    script = tmp_path / "waiter.py"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    env.update(RAY_ADDRESS="local", SWARM_VLLM_PYTHON=python)
-    r = subprocess.run(
-        [sys.executable, str(script), "run", *RUN, *extra, f"run_dir={tmp_path / 'run'}"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    env = {"SWARM_VLLM_PYTHON": python, **(env or {})}
+    r = patched_swarm(tmp_path / "waiter.py", "run", *RUN, *extra, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     for it in (0, 1):
         assert f"UPDATE {it}: rollout {it + 1} played before the sync" in r.stderr, r.stderr[-3000:]
