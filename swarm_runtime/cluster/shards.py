@@ -61,8 +61,7 @@ class ShardWorker(LearnerWorker):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        from swarm_runtime.train.optim import LOW_PRECISION
-        from swarm_runtime.train.sharded import Shard, shard_model
+        from swarm_runtime.train.sharded import shard_policies
 
         dist.init_process_group(
             "gloo",
@@ -73,26 +72,30 @@ class ShardWorker(LearnerWorker):
         )
         mesh = init_device_mesh("cpu", (self.world,))
         for role, policy in self.policies.items():
-            if not hasattr(policy, "model") or any(p.dtype in LOW_PRECISION for p in policy.parameters()):
-                raise RuntimeError(f"learner {self.name!r}: role {role} is not a full fp32 copy; fsdp cannot shard it")
-            shard_model(policy.model, mesh)
-            policy.shard = Shard(self.rank, self.world)
+            if not hasattr(policy, "model"):
+                raise RuntimeError(f"learner {self.name!r}: role {role} has no model; fsdp cannot shard it")
+        # a base with its roles' adapters: sharded once; a bf16 model: its fp32 masters, computing in bf16
+        shard_policies(self.policies, mesh, self.rank, self.world)
         self.optimizers = self._make_optimizers(self.policies)
         return os.getpid()
 
     def _params(self, role: str) -> list:
         from swarm_runtime.train.sharded import full_params
 
-        full = full_params(self.policies[role].model)  # a collective: every rank gathers
+        policy = self.policies[role]
+        full = full_params(policy.model, list(policy.parameters()))  # a collective: every rank gathers
         return full if self.rank == 0 else []
 
     def training_states(self) -> dict:
-        """Per role: the optimizer and scheduler state of each kind, gathered (rank 0's; the others answer {})."""
-        from swarm_runtime.train.sharded import full_optimizer_state
+        """Per role: the fp32 masters (a bf16/fp16 model's: its sharded parameters), the optimizer and scheduler
+        state of each kind, gathered (rank 0's; the others answer {}); ``learner.training_state``'s format."""
+        from swarm_runtime.train.sharded import full_optimizer_state, full_params
 
         out: dict = {}
-        for role in self.policies:
+        for role, policy in self.policies.items():
             st = out[role] = {}
+            if policy.shard.compute is not None:  # the sharded fp32 parameters are the masters (in-process format)
+                st["master_weights"] = full_params(policy.model, list(policy.parameters()))
             for kind, table in self.optimizers.items():
                 if role in table:
                     opt, sched = table[role]
@@ -106,7 +109,10 @@ class ShardWorker(LearnerWorker):
         from swarm_runtime.train.sharded import load_full_optimizer_state, load_full_params
 
         for role, st in copy.deepcopy(dict(states)).items():
-            load_full_params(self.policies[role].model, st["params"])
+            policy = self.policies[role]
+            masters = st["state"].get("master_weights") or [None] * len(st["params"])  # a bf16 run's fp32 masters
+            full = [t if m is None else m for t, m in zip(st["params"], masters)]
+            load_full_params(policy.model, full, list(policy.parameters()))
             for kind, table in self.optimizers.items():
                 if f"optimizer_{kind}" in st["state"] and role in table:
                     opt, sched = table[role]
