@@ -378,3 +378,22 @@ def test_bf16_full_copies_sharded_keep_fp32_masters_and_compute_in_bf16(registry
     # measured: masters within 2.7e-5 of moves of 6e-5 (AdamW's step on an element whose gradient differs at bf16's
     # resolution); 99.05% of the bf16 weights equal
     assert moved > 1e-5 and mdiff <= moved and same / total > 0.98
+
+
+def test_a_rank_on_a_gpu_uses_nccl_on_its_device_and_asks_for_one_gpu_once():
+    """GPU ranks (swarm_runtime/cluster/shards.py): a rank that sees a CUDA device (Ray's ``CUDA_VISIBLE_DEVICES`` for
+    an actor with ``num_gpus``) forms its group with nccl on a cuda mesh, its models on ``cuda:0``; without one, gloo
+    on the CPU. A rank asks ``num_gpus=1`` on a CUDA profile only when no placement bundle gives it its GPU already."""
+    from swarm_runtime.cluster.shards import rank_device, rank_gpus
+
+    assert rank_device(0) == ("gloo", "cpu", "cpu")
+    assert rank_device(1) == rank_device(2) == ("nccl", "cuda", "cuda:0")
+
+    def cfg(engine, device):
+        return OmegaConf.create({"train": {"engine": engine, "shards": 2}, "hardware": {"device": device}})
+
+    assert rank_gpus(cfg("fsdp", "cuda"), placed=False) == {"num_gpus": 1}
+    assert rank_gpus(cfg("fsdp", "cuda:0"), placed=False) == {"num_gpus": 1}
+    assert rank_gpus(cfg("fsdp", "cuda"), placed=True) == {}  # the bundle's GPU: actor_options asks it
+    assert rank_gpus(cfg("fsdp", "cpu"), placed=False) == {}
+    assert rank_gpus(cfg("local", "cuda"), placed=False) == {}

@@ -38,6 +38,29 @@ def _no_optimizers(policies) -> dict:
     return {}
 
 
+def rank_device(visible_gpus: int) -> tuple[str, str, str]:
+    """``(process-group backend, device-mesh type, model device)`` of a learner rank that sees ``visible_gpus`` CUDA
+    devices: ``nccl`` on its first (Ray gives an actor asking ``num_gpus`` its own GPUs through
+    ``CUDA_VISIBLE_DEVICES``, so the rank's device is ``cuda:0``), else ``gloo`` on the CPU."""
+    return ("nccl", "cuda", "cuda:0") if int(visible_gpus) > 0 else ("gloo", "cpu", "cpu")
+
+
+def rank_gpus(cfg, placed: bool) -> dict:
+    """Ray options a sharded learner's rank adds for its GPU: ``num_gpus=1`` with ``train.engine=fsdp`` on a CUDA
+    profile (``hardware.device=cuda...``) when no placement group holds it (``placed``: ``cluster.placement``'s bundle
+    has its GPU already, ``placement.actor_options``, which must not be asked twice); {} otherwise."""
+    t = cfg.get("train")
+    sharded = t is not None and str(t.engine) == "fsdp"
+    return {"num_gpus": 1} if sharded and not placed and str(cfg.hardware.device).startswith("cuda") else {}
+
+
+def to_device(policies, device: str) -> None:
+    """Move the models of ``policies`` (shared bases once) to ``device``, and point the policies' inputs there."""
+    for p in policies:
+        p.model.to(device)
+        p.device = device
+
+
 class ShardWorker(LearnerWorker):
     """Rank ``rank`` of a learner of ``world`` ranks: :class:`LearnerWorker` whose policies are sharded, and whose
     optimizers are made, when it joins its group (:meth:`join`)."""
@@ -58,19 +81,24 @@ class ShardWorker(LearnerWorker):
     def join(self, host: str, port: int) -> int:
         """Join the group at ``host:port`` (gloo; every rank at once), shard each policy's model over it and make
         the optimizers over the shards. Returns this process's pid."""
+        import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
         from swarm_runtime.train.sharded import shard_policies
 
+        backend, kind, device = rank_device(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        if kind == "cuda":  # this actor's GPU (num_gpus): the models there before they are sharded
+            torch.cuda.set_device(0)
+            to_device([*self.policies.values(), *(self.reference or {}).values()], device)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://{host}:{port}",
             rank=self.rank,
             world_size=self.world,
             timeout=timedelta(seconds=GROUP_TIMEOUT_S),
         )
-        mesh = init_device_mesh("cpu", (self.world,))
+        mesh = init_device_mesh(kind, (self.world,))
         for role, policy in self.policies.items():
             if not hasattr(policy, "model"):
                 raise RuntimeError(f"learner {self.name!r}: role {role} has no model; fsdp cannot shard it")
@@ -84,7 +112,7 @@ class ShardWorker(LearnerWorker):
 
         policy = self.policies[role]
         full = full_params(policy.model, list(policy.parameters()))  # a collective: every rank gathers
-        return full if self.rank == 0 else []
+        return [t.cpu() for t in full] if self.rank == 0 else []  # the driver may have no GPU
 
     def training_states(self) -> dict:
         """Per role: the fp32 masters (a bf16/fp16 model's: its sharded parameters), the optimizer and scheduler
@@ -95,7 +123,7 @@ class ShardWorker(LearnerWorker):
         for role, policy in self.policies.items():
             st = out[role] = {}
             if policy.shard.compute is not None:  # the sharded fp32 parameters are the masters (in-process format)
-                st["master_weights"] = full_params(policy.model, list(policy.parameters()))
+                st["master_weights"] = [t.cpu() for t in full_params(policy.model, list(policy.parameters()))]
             for kind, table in self.optimizers.items():
                 if role in table:
                     opt, sched = table[role]

@@ -174,6 +174,10 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
 
 
+def _full_cpu(t):
+    return _full(t).cpu() if torch.is_tensor(t) else t
+
+
 def full_params(model: torch.nn.Module, params: Sequence | None = None) -> list[torch.Tensor]:
     """The full tensors of ``model``'s parameters (``parameters()`` order), or of ``params`` (some of them: a
     policy's, as an adapter's LoRA matrices on a shared base); a collective: every rank calls it."""
@@ -206,13 +210,11 @@ def load_full_params(model: torch.nn.Module, tensors: Sequence[torch.Tensor], pa
 
 
 def full_optimizer_state(opt: torch.optim.Optimizer) -> dict:
-    """``opt.state_dict()`` with each sharded state tensor gathered (a collective): the format of the same
+    """``opt.state_dict()`` with each sharded state tensor gathered (a collective) on the CPU: the format of the same
     optimizer over the unsharded parameters (integer-indexed state in parameter order, the same param groups)."""
     sd = opt.state_dict()
     return {
-        "state": {
-            i: {k: _full(v) if torch.is_tensor(v) else v for k, v in st.items()} for i, st in sd["state"].items()
-        },
+        "state": {i: {k: _full_cpu(v) for k, v in st.items()} for i, st in sd["state"].items()},
         "param_groups": copy.deepcopy(sd["param_groups"]),
     }
 
