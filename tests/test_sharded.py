@@ -397,3 +397,29 @@ def test_a_rank_on_a_gpu_uses_nccl_on_its_device_and_asks_for_one_gpu_once():
     assert rank_gpus(cfg("fsdp", "cuda"), placed=True) == {}  # the bundle's GPU: actor_options asks it
     assert rank_gpus(cfg("fsdp", "cpu"), placed=False) == {}
     assert rank_gpus(cfg("local", "cuda"), placed=False) == {}
+
+
+def test_the_gpu_check_script_runs_its_logic_on_the_cpu_and_refuses_without_cuda(capsys):
+    """benchmarks/gpu_sharded.py (docs/distributed.md): without CUDA one line and exit 0; ``--cpu-check`` runs its
+    comparison (FSDP2 over a group of one rank against the in-process update, fp32 and bf16) on gloo: fp32 equal within
+    1e-6, bf16's masters within the update's move."""
+    import importlib.util
+    import re
+
+    import torch
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("gpu_sharded", ROOT / "benchmarks" / "gpu_sharded.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not torch.cuda.is_available():
+        assert mod.main([]) == 0
+        assert capsys.readouterr().out.strip().splitlines() == [
+            "gpu_sharded: no CUDA device here (torch.cuda.is_available() is False); nothing measured"
+        ]
+    assert mod.main(["--cpu-check"]) == 0
+    out = capsys.readouterr().out
+    found = re.findall(r"vs in process: (\S+) \(the update moved them by up to (\S+)\)", out)
+    assert len(found) == 2, out
+    (d32, m32), (d16, m16) = [(float(a), float(b)) for a, b in found]
+    assert m32 > 1e-5 and d32 < 1e-6 and m16 > 1e-5 and d16 < m16, out
