@@ -10,7 +10,7 @@ prompts of the minecraft words with seeded advantages. Prints, per dtype, the ma
 parameters (masters for bf16) and of the weights, how far the update moved them, the loss and gradient norm of both,
 the seconds of each update and the peak CUDA memory.
 
-    python benchmarks/gpu_sharded.py [--hidden 768] [--layers 12] [--samples 64] [--minibatch 8] [--dtypes float32 bfloat16]
+    python benchmarks/gpu_sharded.py [--hidden 768] [--layers 12] [--samples 64] [--dtypes float32 bfloat16]
 
 Without CUDA it prints one line and exits 0 (CI has no GPU). ``--cpu-check`` runs the same on the CPU with gloo and a
 tiny shape: a check of the script's logic, not a measurement.

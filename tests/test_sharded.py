@@ -250,8 +250,9 @@ def test_a_base_with_its_roles_adapters_sharded_takes_the_one_process_updates(re
     """``model.adapter=lora``: the learner of one base with its 3 roles' LoRA adapters (frozen base weights and
     trainable adapter matrices in each FSDP2 unit) as 2 forked gloo ranks of ``ShardWorker``, against
     ``LearnerWorker`` in process: two action updates (every role's adapter steps in each; 8 samples, minibatch 3,
-    so a rank pads) give the same metrics (within 1e-5 relative), adapter weights (within 1e-3 of the update's move,
-    which is above 1e-5: adapters train at model.lora.lr_scale of the rate) and gathered optimizer state (the in-process format), and the frozen base is not trained."""
+    so a rank pads) give the same metrics (within 1e-5 relative), adapter weights (within 1e-3 of the update's
+    move, which is above 1e-5: adapters train at model.lora.lr_scale of the rate) and gathered optimizer state
+    (the in-process format), and the frozen base is not trained."""
     import torch
     import torch.multiprocessing as mp
 
@@ -318,13 +319,13 @@ def test_a_base_with_its_roles_adapters_sharded_takes_the_one_process_updates(re
 
 
 def test_bf16_full_copies_sharded_keep_fp32_masters_and_compute_in_bf16(registry, tmp_path):
-    """bf16 full copies (a checkpoint loaded with ``hardware.dtype=bfloat16``): each rank shards the fp32 masters (FSDP2 ``MixedPrecisionPolicy``:
-    gathered in bf16 for the forward and backward, gradients reduced and accumulated in fp32; plain AdamW over the
-    masters) against ``LearnerWorker`` in process (bf16 weights, ``MasterWeightAdamW``): 2 forked gloo ranks of
-    ``ShardWorker``, two action updates of the Logger's copy. The metrics, the masters (gathered in
-    ``training_states``, the in-process format) and the weights the driver gets are those of the in-process update
-    within the deviation measured (docs/distributed.md): bf16 gradients accumulated in bf16 in process, in fp32
-    under FSDP2."""
+    """bf16 full copies (a checkpoint loaded with ``hardware.dtype=bfloat16``): each rank shards the fp32 masters
+    (FSDP2 ``MixedPrecisionPolicy``: gathered in bf16 for the forward and backward, gradients reduced and accumulated
+    in fp32; plain AdamW over the masters) against ``LearnerWorker`` in process (bf16 weights,
+    ``MasterWeightAdamW``): 2 forked gloo ranks of ``ShardWorker``, two action updates of the Logger's copy. The
+    metrics, the masters (gathered in ``training_states``, the in-process format) and the weights the driver gets
+    are those of the in-process update within the deviation measured (docs/distributed.md): bf16 gradients
+    accumulated in bf16 in process, in fp32 under FSDP2."""
     import torch
     import torch.multiprocessing as mp
 

@@ -317,10 +317,11 @@ def sharded_update(
     chunk_loss: Callable | None = None,
     device: str = "cpu",
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """One update in rank ``rank`` of an initialised process group of ``world``; returns the full state dict
-    of the policy's model (fp32: a bf16 model's masters; on rank 0, empty elsewhere) and the update's metrics (every rank): ``loss`` (the
-    batch mean, as the one-process update reports it), ``grad_norm`` (before clipping), ``shard_params`` (the
-    parameters this rank holds), ``seconds``."""
+    """One update in rank ``rank`` of an initialised process group of ``world`` (``device``: ``cpu`` with gloo,
+    ``cuda`` with NCCL, the rank's current CUDA device); returns the full state dict of the policy's model (fp32: a
+    bf16 model's masters; on rank 0, empty elsewhere) and the update's metrics (every rank): ``loss`` (the batch
+    mean, as the one-process update reports it), ``grad_norm`` (before clipping), ``shard_params`` (the parameters
+    this rank holds), ``seconds``."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -330,8 +331,9 @@ def sharded_update(
     t0 = time.time()
     policy = make_policy()
     model = policy.model
-    if device != "cpu":
+    if device != "cpu":  # a rank's GPU (NCCL): the model and the policy's inputs there
         model.to(device)
+        policy.device = device
     low = to_masters(model)  # a bf16 model: fp32 masters sharded, bf16 compute
     mesh = init_device_mesh(device, (world,))
     shard_model(model, mesh, mixed_precision(low))
