@@ -1,7 +1,8 @@
 """Sharded learners (issue 28; docs/distributed.md, "Sharded learners"): ``train.engine=fsdp train.shards=S`` with
-``cluster.learners=ray`` makes each learner (a role's full copy) ``S`` Ray actors, the ranks of one gloo process
-group. Each rank keeps the role's model sharded by FSDP2 (``train/sharded.py: shard_model``) and the role's
-optimizers over its shards (``mpt.role_optimizers``: the same settings) across updates.
+``cluster.learners=ray`` makes each learner (a role's full copy, or a base with its roles' LoRA adapters) ``S`` Ray
+actors, the ranks of one process group (gloo on CPUs, nccl on GPUs). Each rank keeps the role's model sharded by
+FSDP2 (``train/sharded.py: shard_policies``) and the role's optimizers over its shards (``mpt.role_optimizers``: the
+same settings) across updates.
 
 An update goes to every rank of a learner alike (the same payload); each runs the same ``action_update`` /
 ``bid_update`` (FSDP forwards are collectives: the KL and bid-reference forwards run on every rank alike), but
@@ -79,8 +80,9 @@ class ShardWorker(LearnerWorker):
         return host, free_port(host)
 
     def join(self, host: str, port: int) -> int:
-        """Join the group at ``host:port`` (gloo; every rank at once), shard each policy's model over it and make
-        the optimizers over the shards. Returns this process's pid."""
+        """Join the group at ``host:port`` (every rank at once; gloo on the CPU, nccl on this actor's GPU:
+        :func:`rank_device`), shard each policy's model over it and make the optimizers over the shards. Returns this
+        process's pid."""
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
