@@ -3,7 +3,8 @@ local Ray bound to 127.0.0.1: a real ``swarm run`` whose learners are two FSDP2 
 metrics.jsonl (within :data:`TOL`: FSDP reduces gradients in another order) and eval.json; its checkpoint holds the
 optimizer state in the in-process format and resumes under ``train.engine=local``; a rank killed with kill -9 in an
 update brings its learner's ranks back as a new group and the run rewinds to its last checkpoint (loaded into the
-shards) and ends with the unkilled run's metrics; bad input is one line and exit 2."""
+shards) and ends with the unkilled run's metrics; a base with its roles' LoRA adapters sharded runs as in process and
+resumes under local; bad input is one line and exit 2."""
 
 import shutil
 
