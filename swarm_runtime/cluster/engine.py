@@ -55,6 +55,15 @@ def read_folder(folder: Path) -> dict[str, bytes]:
 
 
 def write_folder(files: dict[str, bytes], folder: Path) -> Path:
+    """Write ``files`` (relative path -> bytes, :func:`read_folder`'s) as ``folder``, replacing what was there.
+    Every path is checked first, nothing written or removed if one is bad: an absolute path or a ``..`` part (one
+    that would land outside ``folder``) is a :class:`ValueError` naming it."""
+    for rel in files:
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts:
+            raise ValueError(
+                f"write_folder: {rel!r} is not a relative path inside the folder (absolute, empty or with a '..' part)"
+            )
     folder = Path(folder)
     if folder.exists():
         shutil.rmtree(folder)

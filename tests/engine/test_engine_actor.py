@@ -232,3 +232,17 @@ def test_a_vllm_python_missing_on_the_node_is_one_line(tmp_path):
     last = out.strip().splitlines()[-1]
     assert last.startswith("swarm: error: the sampler actor of base 'default' could not start its vLLM server:"), last
     assert "SWARM_VLLM_PYTHON=" in last and "cannot be run" in last and "virtualenv with vLLM" in last, last
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../outside", "a/../../outside", "a/..", ""])
+def test_write_folder_refuses_paths_outside_its_folder_before_writing(tmp_path, bad):
+    """The files a node writes come through the object store: an absolute path or a ``..`` part (one that would
+    land outside the folder) is refused naming it, before anything is written or the old folder removed."""
+    from swarm_runtime.cluster.engine import read_folder, write_folder
+
+    folder = tmp_path / "base"
+    write_folder({"config.json": b"{}", "sub/w.bin": b"x"}, folder)
+    with pytest.raises(ValueError, match=re.escape(repr(bad))):
+        write_folder({"first.json": b"1", bad: b"2"}, folder)
+    assert read_folder(folder) == {"config.json": b"{}", "sub/w.bin": b"x"}  # the old folder, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
