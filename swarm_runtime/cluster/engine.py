@@ -327,25 +327,36 @@ class EngineActor:
         self.pid, self.url, self.log, self.started_s = hello["pid"], hello["url"], hello["log"], hello["started_s"]
 
     def _hello(self, wait_s: float) -> dict:
-        """The actor's :meth:`EngineWorker.hello` once it answers (its constructor started the server)."""
-        ray = self.ray
-        end = time.monotonic() + wait_s
-        while True:
-            if actor_state(self.actor) == "DEAD":
-                raise EngineSamplerError(
-                    f"the engine sampler actor of base {self.name!r} died and its restarts are spent "
-                    f"(cluster.sampler_restarts={self.max_restarts}); the run can go on from its last checkpoint "
-                    "with resume=true"
-                )
-            try:
-                return ray.get(self.actor.hello.remote(), timeout=max(1.0, end - time.monotonic()))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                if time.monotonic() > end:
-                    raise EngineSamplerError(
-                        f"the engine sampler actor of base {self.name!r} did not answer within {wait_s:.0f} s "
-                        f"({type(exc).__name__}); the run can go on from its last checkpoint with resume=true"
-                    ) from None
-                time.sleep(0.5)
+        """The actor's :meth:`EngineWorker.hello` once it answers (its constructor started the server), from any
+        process (:meth:`_adopt` compares it with the one the trainer knows)."""
+        from swarm_runtime.cluster.remote import wait_restarted
+
+        try:
+            return wait_restarted(
+                self.ray,
+                self.actor,
+                None,
+                wait_s,
+                same_ok=True,
+                check=self._alive,
+                call=lambda actor: actor.hello.remote(),
+                pid_of=lambda hello: hello["pid"],
+                try_s=None,
+            )
+        except TimeoutError as exc:
+            raise EngineSamplerError(
+                f"the engine sampler actor of base {self.name!r} did not answer: {exc}; the run can go on from its "
+                "last checkpoint with resume=true"
+            ) from None
+
+    def _alive(self) -> None:
+        """Raise :class:`EngineSamplerError` if Ray will not restart the actor again (its restarts are spent)."""
+        if actor_state(self.actor) == "DEAD":
+            raise EngineSamplerError(
+                f"the engine sampler actor of base {self.name!r} died and its restarts are spent "
+                f"(cluster.sampler_restarts={self.max_restarts}); the run can go on from its last checkpoint "
+                "with resume=true"
+            )
 
     def call(self, method: str, *args):
         """``method`` on the actor with the process the trainer knows; a restarted actor is adopted first (loaded

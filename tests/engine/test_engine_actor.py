@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, TINY_RUN
@@ -246,3 +247,67 @@ def test_write_folder_refuses_paths_outside_its_folder_before_writing(tmp_path, 
         write_folder({"first.json": b"1", bad: b"2"}, folder)
     assert read_folder(folder) == {"config.json": b"{}", "sub/w.bin": b"x"}  # the old folder, untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+class _FakeRay:
+    """What ``wait_restarted`` asks of Ray: ``get`` (an exception in the script is raised) and its two errors."""
+
+    class exceptions:  # noqa: N801 - ray.exceptions
+        class RayActorError(Exception):
+            pass
+
+        class GetTimeoutError(Exception):
+            pass
+
+    def get(self, ref, timeout=None):
+        assert timeout is not None and timeout > 0
+        if isinstance(ref, Exception):
+            raise ref
+        return ref
+
+
+class _ScriptedActor:
+    """An actor whose ``hello`` (and ``pid``) answer from a script: the next item each call."""
+
+    def __init__(self, *script):
+        self.script, self.asked = list(script), []
+
+    def _next(self, method):
+        self.asked.append(method)
+        return self.script.pop(0)
+
+    def __getattr__(self, method):  # actor.hello.remote(), actor.pid.remote()
+        return SimpleNamespace(remote=lambda: self._next(method))
+
+
+def test_wait_restarted_asks_the_method_it_is_given_and_returns_its_answer():
+    """One wait for a restarted actor (cluster/remote.py): ``call`` picks what is asked, ``pid_of`` reads the
+    answering process from its answer; an answer from the dead process (not seen dead yet) is passed over."""
+    from swarm_runtime.cluster.remote import wait_restarted
+
+    ray = _FakeRay()
+    actor = _ScriptedActor(ray.exceptions.RayActorError(), {"pid": 5}, {"pid": 7, "url": "u"})
+    got = wait_restarted(ray, actor, 5, 30, call=lambda a: a.hello.remote(), pid_of=lambda h: h["pid"])
+    assert got == {"pid": 7, "url": "u"} and actor.asked == ["hello"] * 3
+    actor = _ScriptedActor(ray.exceptions.GetTimeoutError(), 9)
+    assert wait_restarted(ray, actor, 5, 30) == 9 and actor.asked == ["pid", "pid"]  # the default: pid()
+    with pytest.raises(TimeoutError, match=r"did not come back within 0 s \(RayActorError\)"):
+        wait_restarted(ray, _ScriptedActor(ray.exceptions.RayActorError()), 5, 0, call=lambda a: a.hello.remote())
+
+
+def test_the_engine_actors_hello_waits_through_wait_restarted(monkeypatch):
+    """``EngineActor._hello``: the actor's hello from whichever process answers first, its errors as one
+    ``EngineSamplerError`` each (restarts spent; no answer in time)."""
+    from swarm_runtime.cluster import engine
+
+    ray = _FakeRay()
+    actor = object.__new__(engine.EngineActor)
+    actor.ray, actor.name, actor.max_restarts = ray, "default", 2
+    actor.actor = _ScriptedActor(ray.exceptions.GetTimeoutError(), {"pid": 11})
+    assert actor._hello(30) == {"pid": 11}
+    actor.actor = _ScriptedActor(*[ray.exceptions.RayActorError()] * 3)
+    with pytest.raises(engine.EngineSamplerError, match=r"'default' did not answer: it did not come back within 0 s"):
+        actor._hello(0)
+    monkeypatch.setattr(engine, "actor_state", lambda a: "DEAD")
+    with pytest.raises(engine.EngineSamplerError, match=r"restarts are spent \(cluster.sampler_restarts=2\)"):
+        actor._hello(30)
