@@ -331,11 +331,32 @@ def test_a_ray_cluster_saved_in_a_run_folder_is_not_joined(runs, tmp_path, warm_
                 )
         assert not _heard(listener)
         assert _tree(run) == before
-        res = warm_swarm("eval", str(run), "cluster.kind=local", "serve.cluster=local", cwd=tmp_path)
+        res = warm_swarm("eval", str(run), "cluster.kind=local", cwd=tmp_path)  # serve.cluster=ray: eval serves nothing
         assert res.returncode == 0, res.stderr[-2000:]
         assert not _heard(listener)
     finally:
         listener.close()
+
+
+def test_each_command_asks_for_ray_only_where_it_uses_it(runs, tmp_path):
+    """Without the ray extra, a run folder saved with ``serve.cluster=ray`` and ``cluster.kind=ray``: swarm eval
+    with ``cluster.kind=local`` evaluates (it serves nothing), and swarm serve with ``serve.cluster=local`` goes past
+    validation to the checkpoint it is asked for (its gateway steps no env); each still names the extra for the Ray
+    it would use."""
+    from omegaconf import OmegaConf
+
+    run = _copy(runs, "full", tmp_path / "run")
+    cfg = OmegaConf.load(run / "config.yaml")
+    cfg.cluster.kind, cfg.serve.cluster = "ray", "ray"
+    OmegaConf.save(cfg, run / "config.yaml")
+    extra = "needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"
+    res = swarm("eval", str(run), "cluster.kind=local", cwd=tmp_path, without_ray=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "saved " in res.stdout
+    _error(swarm("eval", str(run), cwd=tmp_path, without_ray=True), f"cluster.kind=ray {extra}")
+    serve = ("serve", str(run), "checkpoint=nope")  # stops after validation, before a gateway starts
+    _error(swarm(*serve, "serve.cluster=local", cwd=tmp_path, without_ray=True), "checkpoint 'nope' not found")
+    _error(swarm(*serve, cwd=tmp_path, without_ray=True), f"serve.cluster=ray {extra}")
 
 
 def test_a_saved_ray_head_is_joined_only_when_the_command_line_gives_it(registry, tmp_path):
