@@ -359,6 +359,29 @@ def test_each_command_asks_for_ray_only_where_it_uses_it(runs, tmp_path):
     _error(swarm(*serve, cwd=tmp_path, without_ray=True), f"serve.cluster=ray {extra}")
 
 
+@pytest.mark.ray
+def test_a_recipes_ray_head_is_joined_a_saved_one_is_not(tmp_path):
+    """6d. A recipe (``recipe=PATH.yaml``) is a file the user named, trusted like the command line: the
+    ``cluster.address`` it sets is joined on a fresh run (nothing answers on that port here: the run says so, having
+    tried), and on resume when the recipe is given again; the same address saved in the run folder the fresh run
+    left is refused on ``resume=true`` without the recipe, before anything connects."""
+    from omegaconf import OmegaConf
+
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port on loopback where nothing listens
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    recipe = tmp_path / "cluster.yaml"
+    recipe.write_text(f"cluster.kind: ray\ncluster.address: {address}\n")
+    run = tmp_path / "run"
+    tried = f"cluster.address={address!r}: no Ray cluster answers there"
+    _error(swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), tried)
+    assert OmegaConf.load(run / "config.yaml").cluster.address == address  # saved with the folder
+    resume = ("run", "resume=true", f"run_dir={run}")
+    _error(swarm(*resume, cwd=tmp_path), f"cluster.address={address!r} comes from {run / 'config.yaml'}")
+    _error(swarm(*resume, f"recipe={recipe}", cwd=tmp_path), tried)
+
+
 def test_a_saved_ray_head_is_joined_only_when_the_command_line_gives_it(registry, tmp_path):
     """6c. In process: the address given again (as itself or inside its section), or not joined (another kind),
     passes; a resumed experiment whose saved arguments name a Ray head is refused like a run folder."""
