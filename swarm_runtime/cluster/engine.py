@@ -21,11 +21,21 @@ from the pid file in the node's folder), writes the base again and starts a new 
 Every call names the actor process the trainer knows; a restarted one answers "lost" until the trainer has loaded
 it with the last synced versions (the files it keeps in the object store) and taken its URL; the interrupted
 requests are sent again (same version names, same seeds). Closing stops the server, then the actor.
+
+Keys. The actor's server listens on its node's address when it is not the trainer's node, where anyone who reaches
+that address could sample from it or load and unload adapters. So it demands a bearer key on its ``/v1`` routes
+(vLLM's API key, given through ``VLLM_API_KEY``: never on its command line or in a log): a random one the trainer
+makes per run and base (:class:`EngineActor`), sent by the trainer's sampling client and by the actor's adapter
+sync. On the trainer's node too (loopback): one rule, and other users of a shared node are kept out as well.
+vLLM 0.32 guards only paths under ``/v1`` (and ``/v2``, ``/inference``, ``/cohere``):
+``/health``, ``/metrics``, ``/tokenize`` and the SageMaker routes it mounts (``/invocations``, ``/adapters``) stay
+open (docs/distributed.md).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -124,7 +134,8 @@ class EngineWorker:
     ``settings``: :class:`VLLMServer`'s keyword arguments but the base, log and host; ``keep``: versions kept per
     model; ``token``: the folder's name on the node (the same for a restarted actor); ``name``: the base's name;
     ``host``: the address the server listens on when the actor is on the trainer's node ``driver_node`` (Ray's node
-    id; ``rollout.vllm.host``, 127.0.0.1 by default), else the node's address as Ray knows it."""
+    id; ``rollout.vllm.host``, 127.0.0.1 by default), else the node's address as Ray knows it; ``api_key``: the bearer
+    key the server demands (the trainer's, for the whole run: a restarted actor's server takes the same)."""
 
     def __init__(
         self,
@@ -137,8 +148,9 @@ class EngineWorker:
         timeout_s: float = 120.0,
         host: str = "127.0.0.1",
         driver_node: str | None = None,
+        api_key: str | None = None,
     ):
-        self.host, self.driver_node = host, driver_node
+        self.host, self.driver_node, self.api_key = host, driver_node, api_key
         self.error: str | None = None
         self.server = self.adapters = None
         self.folder = Path(tempfile.gettempdir()) / f"swarm-engine-{token}" / name
@@ -163,12 +175,14 @@ class EngineWorker:
             check_cpu_shape(model)
         here = ray.get_runtime_context().get_node_id() == self.driver_node
         host = self.host if here else ray.util.get_node_ip_address()
-        self.server = VLLMServer(python, model, self.folder / "vllm.log", host=host, die_with_parent=True, **settings)
+        self.server = VLLMServer(
+            python, model, self.folder / "vllm.log", host=host, die_with_parent=True, api_key=self.api_key, **settings
+        )
         if int(settings.get("port", 0)):
             self.server._wait_port()  # a stale server's port is freed as its process group ends
         self.server.start()
         self._pidfile()
-        self.client = Client(self.server.url, timeout=float(timeout_s))
+        self.client = Client(self.server.url, timeout=float(timeout_s), api_key=self.api_key)
         self.adapters = AdapterSync(self.client, self.folder / "adapters", keep=keep)
 
     def _pidfile(self) -> None:
@@ -279,6 +293,8 @@ class EngineActor:
         #: the base's files, kept in the object store for the whole run (a restarted actor's constructor reads them)
         self._base = ray.put(read_folder(base_folder))
         token = uuid.uuid4().hex[:12]
+        #: the bearer key of the actor's server (module docstring, "Keys"): made here for this run, never logged
+        self.api_key = secrets.token_urlsafe(32)
         opts = {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(options or {})}
         self.actor = (
             ray.remote(EngineWorker)
@@ -293,6 +309,7 @@ class EngineActor:
                 float(timeout_s),
                 host,
                 ray.get_runtime_context().get_node_id(),
+                self.api_key,
             )
         )
         self.kept: dict[str, list] = {}  #: model -> [(version, ref of its files)] the server holds, oldest first
