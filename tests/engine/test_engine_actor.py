@@ -401,3 +401,37 @@ def test_a_keyed_vllm_server_refuses_requests_without_its_key(registry, tmp_path
         sampler.close()
     finally:
         server.stop()
+
+
+def test_the_base_is_used_in_place_or_shipped_once_per_node(tmp_path):
+    """``place_base`` (how an engine actor finds the base on its node): the trainer's folder when this node sees the
+    same files there (nothing shipped); else shipped once into this run's folder on the node and used again by a
+    restarted actor (nothing shipped again); a folder at the trainer's path with other files is not used. Stopping
+    removes the node's copy and the link to the base, never the trainer's folder."""
+    from swarm_runtime.cluster.engine import EngineWorker, files_digest, place_base, read_folder, write_folder
+
+    files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
+    trainer = write_folder(files, tmp_path / "run" / "engine" / "base")
+    shipped = {"path": str(trainer), "digest": files_digest(files), "files": ["ref"]}
+    fetched = []
+
+    def fetch(ref):
+        fetched.append(ref)
+        return dict(files)
+
+    node = tmp_path / "node"
+    node.mkdir()
+    assert place_base(shipped, node, fetch) == (trainer, "in place") and not fetched
+    elsewhere = {**shipped, "path": str(tmp_path / "not-on-this-node")}
+    where, how = place_base(elsewhere, node, fetch)
+    assert how == "shipped" and fetched == ["ref"] and read_folder(where) == files and where.parent == node
+    assert place_base(elsewhere, node, fetch) == (where, "cached") and fetched == ["ref"]  # a restarted actor
+    (trainer / "config.json").write_bytes(b'{"a": 2}')  # another base at that path
+    assert place_base(shipped, node, fetch) == (where, "cached")
+
+    worker = object.__new__(EngineWorker)
+    worker.server, worker.folder = None, node
+    (node / "base").symlink_to(trainer, target_is_directory=True)
+    (node / "adapters").mkdir()
+    worker.stop()
+    assert sorted(p.name for p in node.iterdir()) == [] and read_folder(trainer)["model.safetensors"]
