@@ -245,38 +245,41 @@ def actor_options(spec: PlacementSpec, group: str, role: str, index: int = 0) ->
 
 def check_engine_wired(cfg) -> None:
     """What ``swarm run`` can train with (``swarm config ... --plan`` plans every engine all the same, so these are
-    run-time refusals, one line each): ``train.engine=local``, or ``fsdp`` on learner actors
-    (``cluster.learners=ray``: each learner ``train.shards`` Ray actors, swarm_runtime/cluster/shards.py) for
-    full-copy roles with fp32 weights. ``deepspeed`` runs in benchmarks/sharded_update.py only."""
+    run-time refusals, one line each): ``train.engine=local``, or ``fsdp`` / ``deepspeed`` on learner actors
+    (``cluster.learners=ray``: each learner ``train.shards`` Ray actors, swarm_runtime/cluster/shards.py and
+    deepspeed_shards.py) for full-copy roles with fp32 weights; ``deepspeed`` where the package imports."""
     t = cfg.get("train")
     if t is None or str(t.engine) == "local":
         return
-    if str(t.engine) != "fsdp":
-        raise ConfigError(
-            f"train.engine={t.engine} is not wired into runs yet (a run's learner trains in the trainer's "
-            "process or in fsdp learner actors): the sharded update runs today in benchmarks/sharded_update.py "
-            "(docs/distributed.md); `swarm config ... --plan` sizes it. Valid for swarm run: train.engine=local "
-            "or fsdp"
-        )
+    engine = str(t.engine)  # fsdp or deepspeed (validation.py: the choices)
     c = cfg.get("cluster")
     learners = "local" if c is None else str(c.get("learners", "local"))
     if learners != "ray":
         raise ConfigError(
-            f"train.engine=fsdp shards each learner over train.shards Ray actors, so it needs cluster.learners=ray "
+            f"train.engine={engine} shards each learner over train.shards Ray actors, so it needs cluster.learners=ray "
             f"(and cluster.kind=ray); got cluster.learners={learners}. Valid: cluster.learners=ray with it, or "
             "train.engine=local"
         )
     adapter = str(cfg.model.get("adapter") or "none")
     if adapter != "none":
         raise ConfigError(
-            f"train.engine=fsdp with model.adapter={adapter}: a sharded learner holds a role's full copy (a base's "
-            "adapters are small enough for one process, and the frozen base is not sharded yet); valid: "
-            "model.adapter=none with train.engine=fsdp, or train.engine=local"
+            f"train.engine={engine} with model.adapter={adapter}: a sharded learner holds a role's full copy (a base's "
+            f"adapters are small enough for one process, and the frozen base is not sharded yet); valid: "
+            f"model.adapter=none with train.engine={engine}, or train.engine=local"
         )
     dtype = str(cfg.hardware.get("dtype") or cfg.model.get("dtype") or "float32")
     if dtype != "float32":
         raise ConfigError(
-            f"train.engine=fsdp with {dtype} weights: the sharded learner steps fp32 parameters (FSDP2's "
-            "MixedPrecisionPolicy is not wired yet); valid: hardware.dtype=float32 (model.dtype=float32), or "
-            "train.engine=local"
+            f"train.engine={engine} with {dtype} weights: the sharded learner steps fp32 parameters (FSDP2's "
+            "MixedPrecisionPolicy, DeepSpeed's bf16/fp16 modes are not wired yet); valid: hardware.dtype=float32 "
+            f"(model.dtype=float32), or train.engine=local"
         )
+    if engine == "deepspeed":
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(
+                "train.engine=deepspeed needs the deepspeed package where the learners run: pip install -e "
+                "'.[deepspeed]' (on a machine without a GPU the learner ranks set DS_ACCELERATOR=cpu themselves); "
+                "valid without it: train.engine=fsdp or local"
+            )

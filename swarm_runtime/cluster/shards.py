@@ -115,18 +115,28 @@ class ShardWorker(LearnerWorker):
         return self.lrs()
 
 
+def _worker_class(engine: str) -> type:
+    """A rank's actor class for ``train.engine``: :class:`ShardWorker` (fsdp) or the ZeRO-3 one (deepspeed)."""
+    if engine == "deepspeed":
+        from swarm_runtime.cluster.deepspeed_shards import DeepSpeedShardWorker
+
+        return DeepSpeedShardWorker
+    return ShardWorker
+
+
 class ShardedLearnerGroup(LearnerGroup):
     """:class:`LearnerGroup` whose learners are ``shards`` :class:`ShardWorker` ranks each (``self.ranks``;
-    ``self.actors``: each learner's rank 0)."""
+    ``self.actors``: each learner's rank 0); ``engine="deepspeed"``: ZeRO-3 ranks (cluster/deepspeed_shards.py)."""
 
-    def __init__(self, *args, shards: int, **kw):
-        self.shards = int(shards)
+    def __init__(self, *args, shards: int, engine: str = "fsdp", **kw):
+        self.shards, self.engine = int(shards), str(engine)
         self.ranks: dict[str, list] = {}  #: learner -> its ranks' actors
         self.rank_pids: dict[str, list[int]] = {}  #: learner -> its ranks' pids
         super().__init__(*args, **kw)
         logger.info(
-            "learners sharded: {} ranks each (fsdp): {}",
+            "learners sharded: {} ranks each ({}): {}",
             self.shards,
+            self.engine,
             ", ".join(f"{n} pids {'+'.join(map(str, pids))}" for n, pids in self.rank_pids.items()),
         )
 
@@ -135,7 +145,7 @@ class ShardedLearnerGroup(LearnerGroup):
         return None if f is None else str(Path(f).with_name(f"{name}.{k}.pid"))
 
     def _start(self, agents: list, make_optimizers: Callable, threads: int) -> dict:
-        actor = self.ray.remote(ShardWorker)
+        actor = self.ray.remote(_worker_class(self.engine))
         for name, args in self._args.items():
             self.ranks[name] = [
                 actor.options(**self.options(name, k)).remote(

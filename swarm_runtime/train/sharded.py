@@ -89,6 +89,7 @@ class Shard:
 
     rank: int
     world: int
+    engine: str = "fsdp"  #: ``fsdp`` (``policy.model`` sharded by FSDP2) or ``deepspeed`` (it is a ZeRO-3 engine)
 
 
 def _merge_side(side: Sequence, parts: Sequence[Sequence]) -> None:
@@ -117,7 +118,7 @@ def shard_step(policy, batch: Sequence, minibatch: int, chunk_loss, opt, sched, 
     gather (``side``: lists, ``Mismatch``) and the FLOPs they record (``policy.flops.events``) are merged across ranks
     (in batch order; a padding chunk's are dropped), so every rank holds the one-process figures."""
     rank, world = policy.shard.rank, policy.shard.world
-    model = policy.model
+    model, ds = policy.model, policy.shard.engine == "deepspeed"
     flops = getattr(getattr(policy, "flops", None), "events", None)
     n0 = None if flops is None else len(flops)
     chunks = rank_chunks(batch, rank, world, minibatch)
@@ -128,20 +129,27 @@ def shard_step(policy, batch: Sequence, minibatch: int, chunk_loss, opt, sched, 
         if i == real:  # padding chunks (a rank short of samples): their statistics and FLOPs are dropped
             saved = copy.deepcopy(list(side))
             mine = None if flops is None else flops[n0:]
-        model.set_requires_gradient_sync(i == len(chunks) - 1)  # reduce once, after the last chunk
+        last = i == len(chunks) - 1  # reduce once, after the last chunk
+        (model.set_gradient_accumulation_boundary if ds else model.set_requires_gradient_sync)(last)
         loss = chunk_loss(policy, chunk) * weight
-        (loss * world).backward()  # FSDP averages over ranks; the batch mean is their sum
+        if ds:  # ZeRO-3 accumulates into its gradient partitions; it averages over ranks as FSDP does
+            model.backward(loss * world, scale_wrt_gas=False)
+        else:
+            (loss * world).backward()  # FSDP averages over ranks; the batch mean is their sum
         total += float(loss.detach())
     if saved is not None:
         _restore(side, saved)
     elif flops is not None:
         mine = flops[n0:]
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if params else torch.zeros(())
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    opt.step()
+    if ds:
+        norm = _zero3_step(model, opt, grad_clip)
+    else:
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if params else torch.zeros(())
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     sched.step()
-    opt.zero_grad(set_to_none=True)
     policy.eval()
     loss_sum = torch.tensor([total], dtype=torch.float64)
     dist.all_reduce(loss_sum)
@@ -151,6 +159,15 @@ def shard_step(policy, batch: Sequence, minibatch: int, chunk_loss, opt, sched, 
     if flops is not None:
         flops[n0:] = [e for p in parts for e in p[1]]
     return float(loss_sum), float(norm)
+
+
+def _zero3_step(engine, opt, grad_clip: float):
+    """Step a ZeRO-3 ``engine`` at its accumulation boundary with client optimizer ``opt`` (the kind's own AdamW:
+    swarm_runtime/cluster/deepspeed_shards.py), its gradients clipped at ``grad_clip`` (the global norm); the norm."""
+    engine.optimizer.optimizer = opt
+    engine.optimizer.clip_grad = float(grad_clip)
+    engine.step()
+    return torch.as_tensor(engine.get_global_grad_norm())
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list:
