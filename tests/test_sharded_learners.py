@@ -113,6 +113,10 @@ def test_a_rank_killed_mid_update_regroups_its_learner_and_the_run_rewinds(in_pr
         (["train.engine=fsdp", "train.shards=2"], "cluster.learners=ray"),
         (["train.engine=fsdp", "cluster.kind=ray", "cluster.learners=ray", "model.adapter=lora"], "model.adapter=none"),
         (["train.engine=fsdp", "cluster.kind=ray", "cluster.learners=ray", "hardware.dtype=bfloat16"], "float32"),
+        # the same refusals for ZeRO-3 learners (cluster/deepspeed_shards.py), with or without the package
+        (["train.engine=deepspeed", "train.shards=2"], "cluster.learners=ray"),
+        (["train.engine=deepspeed", "cluster.kind=ray", "cluster.learners=ray", "model.adapter=lora"], "adapter=none"),
+        (["train.engine=deepspeed", "cluster.kind=ray", "cluster.learners=ray", "hardware.dtype=bfloat16"], "float32"),
     ],
 )
 def test_what_a_sharded_run_cannot_do_is_refused_before_writing(args, valid, tmp_path):
