@@ -31,18 +31,6 @@ def ds_accelerator() -> str:
     return os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def zero3_config() -> dict:
-    """The engine's config: ZeRO stage 3; gradient accumulation and clipping are set per update by
-    :func:`~swarm_runtime.train.sharded.shard_step` (a batch's chunk count and ``algo.grad_clip`` come with it)."""
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": 3},
-        "zero_force_ds_cpu_optimizer": False,  # the run's torch AdamW, not DeepSpeed's CPU Adam
-        "steps_per_print": 1 << 30,
-    }
-
-
 class DeepSpeedShardWorker(ShardWorker):
     """Rank ``rank`` of a learner whose roles are ZeRO-3 engines (:class:`ShardWorker` otherwise)."""
 
@@ -54,7 +42,7 @@ class DeepSpeedShardWorker(ShardWorker):
         import deepspeed
 
         from swarm_runtime.train.optim import LOW_PRECISION
-        from swarm_runtime.train.sharded import Shard
+        from swarm_runtime.train.sharded import Shard, zero3_config
 
         deepspeed.init_distributed(
             dist_backend="nccl" if accel == "cuda" else "gloo",

@@ -170,6 +170,18 @@ def _zero3_step(engine, opt, grad_clip: float):
     return torch.as_tensor(engine.get_global_grad_norm())
 
 
+def zero3_config() -> dict:
+    """A ZeRO-3 engine's config: stage 3, the run's torch AdamW as the client optimizer; the gradient accumulation
+    (a batch's chunk count) and clipping (``grad_clip``) are set per update by :func:`shard_step`."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3},
+        "zero_force_ds_cpu_optimizer": False,  # the run's torch AdamW, not DeepSpeed's CPU Adam
+        "steps_per_print": 1 << 30,
+    }
+
+
 def _fsdp_modules(model: torch.nn.Module) -> list:
     from torch.distributed.fsdp import FSDPModule
 
@@ -317,8 +329,8 @@ def deepspeed_update(
     settings: OptimSettings,
     chunk_loss: Callable | None = None,
 ) -> tuple[dict, dict[str, float]]:
-    """The same update under DeepSpeed ZeRO-3 (``deepspeed.initialize`` with the run's AdamW and schedule as the
-    client optimizer; gradient accumulation over the rank's chunks, clipping at the global norm), in rank
+    """The same update under DeepSpeed ZeRO-3 (``deepspeed.initialize`` with the run's AdamW as the client optimizer,
+    then :func:`shard_step`: gradient accumulation over the rank's chunks, clipping at the global norm), in rank
     ``rank`` of a process group DeepSpeed initialised. Returns the full fp32 parameters by name (rank 0; empty
     elsewhere) and the metrics of :func:`sharded_update`. Runs where ``DS_ACCELERATOR`` names a working
     accelerator (``cpu`` here: docs/distributed.md)."""
@@ -330,7 +342,6 @@ def deepspeed_update(
     chunk_loss = chunk_loss or _default_chunk_loss()
     t0 = time.time()
     policy = make_policy()
-    chunks = rank_chunks(batch, rank, world, settings.minibatch)
     opt, sched = make_optimizer(
         policy.model.parameters(),
         settings.lr,
@@ -339,33 +350,16 @@ def deepspeed_update(
         settings.warmup,
         eps=settings.eps,
     )
-    config = {
-        "train_micro_batch_size_per_gpu": max(1, int(settings.minibatch)),
-        "gradient_accumulation_steps": len(chunks),
-        "gradient_clipping": float(settings.grad_clip),
-        "zero_optimization": {"stage": 3},
-        "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 1 << 30,
-    }
-    engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=opt, lr_scheduler=sched, config=config)
+    engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=opt, config=zero3_config())
     # forwards go through the engine: ZeRO-3 counts micro-steps there, and one that is not counted overwrites
     # the accumulated gradient partitions instead of adding to them (measured: only the last chunk's gradient)
-    policy.model = engine
-    policy.train()
-    total = 0.0
-    for chunk, weight in chunks:
-        loss = chunk_loss(policy, chunk) * weight
-        engine.backward(loss * world, scale_wrt_gas=False)  # DeepSpeed averages over ranks too
-        engine.step()  # steps at the accumulation boundary (the last chunk) only
-        total += float(loss.detach())
-    policy.eval()
-    loss_sum = torch.tensor([total], dtype=torch.float64)
-    dist.all_reduce(loss_sum)
+    policy.model, policy.shard = engine, Shard(rank, world, "deepspeed")
+    loss, norm = shard_step(policy, batch, settings.minibatch, chunk_loss, opt, sched, settings.grad_clip)
     held = sum(int(getattr(p, "ds_tensor", p).numel()) for p in engine.module.parameters())
     full = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in engine.module.named_parameters()}
     metrics = {
-        "loss": float(loss_sum),
-        "grad_norm": float(engine.get_global_grad_norm()),
+        "loss": loss,
+        "grad_norm": norm,
         "shard_params": float(held),
         "seconds": time.time() - t0,
     }
