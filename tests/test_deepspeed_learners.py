@@ -30,7 +30,7 @@ def in_process(tmp_path_factory):
 def test_a_deepspeed_run_equals_the_in_process_run_and_resumes_under_local(in_process, tmp_path):
     """Three updates (action, bid, action: both optimizer kinds of a role step the same ZeRO-3 partition, each with
     its own moments) against the in-process run; the checkpoint after update 2 resumes in process."""
-    r = swarm("run", *RUN, *DEEPSPEED, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+    r = swarm("run", *RUN, *DEEPSPEED, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr and "2 ranks each (deepspeed)" in r.stderr
     rows = run_rows(tmp_path / "run")
