@@ -25,7 +25,7 @@ from swarm_runtime.cluster.shards import GROUP_TIMEOUT_S, ShardWorker
 
 def ds_accelerator() -> str:
     """``DS_ACCELERATOR`` for a learner rank: the user's, else ``cuda`` where torch sees a GPU and ``cpu`` otherwise
-    (DeepSpeed's own detection needs Intel's extension for the CPU; unset, it fails without a GPU)."""
+    (DeepSpeed 0.19.8 unset falls back to the CPU with a warning; named here, every rank and the backend agree)."""
     import torch
 
     return os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
