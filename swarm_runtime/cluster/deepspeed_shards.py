@@ -20,15 +20,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from swarm_runtime.cluster.shards import GROUP_TIMEOUT_S, ShardWorker
-
-
-def ds_accelerator() -> str:
-    """``DS_ACCELERATOR`` for a learner rank: the user's, else ``cuda`` where torch sees a GPU and ``cpu`` otherwise
-    (DeepSpeed 0.19.8 unset falls back to the CPU with a warning; named here, every rank and the backend agree)."""
-    import torch
-
-    return os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
+from swarm_runtime.cluster.shards import GROUP_TIMEOUT_S, ShardWorker, rank_device, to_device
 
 
 class DeepSpeedShardWorker(ShardWorker):
@@ -36,16 +28,24 @@ class DeepSpeedShardWorker(ShardWorker):
 
     def join(self, host: str, port: int) -> int:
         """Join the group at ``host:port`` (every rank at once) and wrap each role's model in a ZeRO-3 engine."""
-        os.environ["DS_ACCELERATOR"] = accel = ds_accelerator()
+        import torch
+
+        backend, kind, device = rank_device(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        # DeepSpeed's accelerator: the user's, else this rank's device (0.19.8 unset falls back to the CPU with a
+        # warning; named here, every rank and the backend agree)
+        os.environ["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR") or kind
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port), RANK=str(self.rank), WORLD_SIZE=str(self.world))
-        os.environ["LOCAL_RANK"] = "0" if accel == "cuda" else str(self.rank)  # Ray gives a GPU rank its own device
+        os.environ["LOCAL_RANK"] = "0" if kind == "cuda" else str(self.rank)  # Ray gives a GPU rank its own device
+        if kind == "cuda":  # written as fsdp's GPU ranks (cluster/shards.py); not run on a GPU
+            torch.cuda.set_device(0)
+            to_device([*self.policies.values(), *(self.reference or {}).values()], device)
         import deepspeed
 
         from swarm_runtime.train.optim import LOW_PRECISION
         from swarm_runtime.train.sharded import Shard, zero3_config
 
         deepspeed.init_distributed(
-            dist_backend="nccl" if accel == "cuda" else "gloo",
+            dist_backend=backend,
             auto_mpi_discovery=False,
             timeout=timedelta(seconds=GROUP_TIMEOUT_S),
             init_method=f"tcp://{host}:{port}",
@@ -62,7 +62,7 @@ class DeepSpeedShardWorker(ShardWorker):
             first = next(t[role][0] for t in self.optimizers.values() if role in t)
             engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=first, config=zero3_config())
             policy.model = engine
-            policy.shard = Shard(self.rank, self.world, "deepspeed")
+            policy.shard = Shard(self.rank, self.world, engine="deepspeed")
         return os.getpid()
 
     def _params(self, role: str) -> list:

@@ -243,11 +243,86 @@ def actor_options(spec: PlacementSpec, group: str, role: str, index: int = 0) ->
     return out
 
 
+def bundles_in_use(spec: PlacementSpec, group: str) -> list[dict]:
+    """Per bundle of ``group``'s reserved placement group: the resources its actors hold now, as Ray accounts them
+    (a bundle's resources are Ray resources of their own, ``CPU_group_<bundle>_<group id>``: held = total -
+    available)."""
+    from swarm_runtime.cluster.remote import import_ray
+
+    ray = import_ray()
+    whole, free, pg = ray.cluster_resources(), ray.available_resources(), spec.pgs[group].id.hex()
+    out = []
+    for i, bundle in enumerate(spec.group(group).bundles):
+        keys = {k: f"{k}_group_{i}_{pg}" for k in bundle}
+        out.append({k: round(whole.get(key, 0) - free.get(key, 0), 6) for k, key in keys.items()})
+    return out
+
+
+#: Seconds :func:`check_learners_placed` waits for Ray's accounts of a bundle to show an actor's share (Ray's
+#: resource view reaches the control store a little after the raylet grants it)
+ACCOUNTS_WAIT_S = 10.0
+
+
+def check_learners_placed(
+    spec: PlacementSpec, ranks: dict[str, list], roles: dict[str, list], wait_s: float = ACCOUNTS_WAIT_S
+) -> list[str]:
+    """Check that each learner's ranks (``ranks``: learner -> the placement group id each rank reports from inside
+    its actor, hex) run in the placement group of its roles (``roles``: learner -> its roles), and that the bundles
+    hold what the placement gives them (:func:`bundles_in_use`, asked again for up to ``wait_s`` seconds; the
+    learner's shares of bundles with no other actor running yet: a sampler's share stays free while the sampler runs
+    in the trainer); a ``RuntimeError`` names the first that does not. Returns one line per learner for the log."""
+    import time
+
+    end = time.monotonic() + float(wait_s)
+    while True:
+        try:
+            return _placed_lines(spec, ranks, roles)
+        except _Short:
+            if time.monotonic() > end:
+                return _placed_lines(spec, ranks, roles, short=RuntimeError)
+            time.sleep(0.2)
+
+
+class _Short(RuntimeError):
+    """A bundle that does not hold a rank's share (yet)."""
+
+
+def _placed_lines(spec: PlacementSpec, ranks: dict, roles: dict, short: type = _Short) -> list[str]:
+    lines = []
+    for name, pgs in ranks.items():
+        group = next((g.name for g in spec.groups if set(roles[name]) <= set(g.roles)), None)
+        if group is None:
+            raise RuntimeError(f"learner {name!r}: no placement group holds its roles {roles[name]}")
+        want = spec.pgs[group].id.hex()
+        for k, got in enumerate(pgs):
+            if got != want:
+                raise RuntimeError(
+                    f"learner {name!r} rank {k} runs in placement group {got} (None: none), not in its group "
+                    f"{group!r}'s {want}"
+                )
+        g, held = spec.group(group), bundles_in_use(spec, group)
+        for k in range(len(pgs)):
+            b = g.actors["learner"][k]
+            asked = actor_options(spec, group, "learner", k)
+            if held[b].get("CPU", 0) + 1e-6 < asked["num_cpus"]:
+                raise short(
+                    f"learner {name!r} rank {k}: its bundle {b} of placement group {group!r} holds {_res(held[b])}, "
+                    f"less than the rank's share {{CPU: {asked['num_cpus']:g}}}"
+                )
+        lines.append(
+            f"learner {name}: ranks {', '.join(map(str, range(len(pgs))))} in placement group {group} ({want}); "
+            + ", ".join(f"bundle {i} holds {_res(h)} of {_res(g.bundles[i])}" for i, h in enumerate(held))
+        )
+    return lines
+
+
 def check_engine_wired(cfg) -> None:
     """What ``swarm run`` can train with (``swarm config ... --plan`` plans every engine all the same, so these are
-    run-time refusals, one line each): ``train.engine=local``, or ``fsdp`` / ``deepspeed`` on learner actors
-    (``cluster.learners=ray``: each learner ``train.shards`` Ray actors, swarm_runtime/cluster/shards.py and
-    deepspeed_shards.py) for full-copy roles with fp32 weights; ``deepspeed`` where the package imports."""
+    run-time refusals, one line each): ``train.engine=local``, or ``fsdp`` on learner actors
+    (``cluster.learners=ray``: each learner ``train.shards`` Ray actors, swarm_runtime/cluster/shards.py) for
+    a role's full copy (fp32, or bf16/fp16: fp32 masters sharded, computing in the low dtype), or an fp32 base with
+    its roles' LoRA adapters (``model.adapter=lora``); or ``deepspeed`` on learner actors too (ZeRO-3,
+    swarm_runtime/cluster/deepspeed_shards.py) for fp32 full copies, where the package imports."""
     t = cfg.get("train")
     if t is None or str(t.engine) == "local":
         return
@@ -260,26 +335,39 @@ def check_engine_wired(cfg) -> None:
             f"(and cluster.kind=ray); got cluster.learners={learners}. Valid: cluster.learners=ray with it, or "
             "train.engine=local"
         )
+    dtype = str(cfg.hardware.get("dtype") or cfg.model.get("dtype") or "float32")
     adapter = str(cfg.model.get("adapter") or "none")
+    if engine == "deepspeed":
+        _check_deepspeed(adapter, dtype)
+    elif dtype != "float32" and adapter != "none":
+        raise ConfigError(
+            f"train.engine=fsdp with model.adapter={adapter} on {dtype} weights: FSDP2 shards a unit of one dtype, so "
+            "the frozen base would be held as fp32 masters and the adapters computed in "
+            f"{dtype} (not wired); valid: hardware.dtype=float32 (model.dtype=float32) with model.adapter={adapter}, "
+            "model.adapter=none (full copies: fp32 masters sharded, computing in bf16/fp16), or train.engine=local"
+        )
+
+
+def _check_deepspeed(adapter: str, dtype: str) -> None:
+    """``train.engine=deepspeed``'s own limits: fp32 full copies (its LoRA and bf16/fp16 modes are not wired; fsdp
+    has both), and the package present."""
+    import importlib.util
+
     if adapter != "none":
         raise ConfigError(
-            f"train.engine={engine} with model.adapter={adapter}: a sharded learner holds a role's full copy (a base's "
-            f"adapters are small enough for one process, and the frozen base is not sharded yet); valid: "
-            f"model.adapter=none with train.engine={engine}, or train.engine=local"
+            f"train.engine=deepspeed with model.adapter={adapter}: a ZeRO-3 learner holds a role's full copy (LoRA "
+            f"bases are not wired under deepspeed); valid: model.adapter=none with train.engine=deepspeed, or "
+            f"train.engine=fsdp (it shards LoRA bases) or local"
         )
-    dtype = str(cfg.hardware.get("dtype") or cfg.model.get("dtype") or "float32")
     if dtype != "float32":
         raise ConfigError(
-            f"train.engine={engine} with {dtype} weights: the sharded learner steps fp32 parameters (FSDP2's "
-            "MixedPrecisionPolicy, DeepSpeed's bf16/fp16 modes are not wired yet); valid: hardware.dtype=float32 "
-            f"(model.dtype=float32), or train.engine=local"
+            f"train.engine=deepspeed with {dtype} weights: the ZeRO-3 learner steps fp32 parameters (DeepSpeed's "
+            "bf16/fp16 modes are not wired); valid: hardware.dtype=float32 (model.dtype=float32) with it, or "
+            "train.engine=fsdp (fp32 masters computing in bf16/fp16) or local"
         )
-    if engine == "deepspeed":
-        import importlib.util
-
-        if importlib.util.find_spec("deepspeed") is None:
-            raise ConfigError(
-                "train.engine=deepspeed needs the deepspeed package where the learners run: pip install -e "
-                "'.[deepspeed]' (on a machine without a GPU the learner ranks set DS_ACCELERATOR=cpu themselves); "
-                "valid without it: train.engine=fsdp or local"
-            )
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(
+            "train.engine=deepspeed needs the deepspeed package where the learners run: pip install -e "
+            "'.[deepspeed]' (on a machine without a GPU the learner ranks set DS_ACCELERATOR=cpu themselves); "
+            "valid without it: train.engine=fsdp or local"
+        )
