@@ -244,15 +244,6 @@ def test_swarm_config_plan_sizes_each_ranks_bundle(tmp_path):
     assert re.search(r"^    bundle 1: \{CPU: 1\} +env 1$", r.stdout, re.M), r.stdout
 
 
-def test_swarm_run_refuses_a_sharded_engine_before_writing(tmp_path):
-    """deepspeed stays out of runs (fsdp's refusals: tests/test_sharded_learners.py)."""
-    args = ("train.engine=deepspeed", "train.shards=2")
-    r = swarm("run", *TINY_RUN, *args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert r.returncode == 2 and "train.engine=deepspeed is not wired into runs yet" in r.stderr, r.stderr
-    assert "benchmarks/sharded_update.py" in r.stderr and "Traceback" not in r.stderr
-    assert not (tmp_path / "run").exists()
-
-
 # ---------------------------------------------------------------- on a local Ray
 @pytest.fixture(scope="module")
 def local_ray():

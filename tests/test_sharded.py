@@ -398,6 +398,7 @@ def test_a_rank_on_a_gpu_uses_nccl_on_its_device_and_asks_for_one_gpu_once():
     assert rank_gpus(cfg("fsdp", "cuda"), placed=True) == {}  # the bundle's GPU: actor_options asks it
     assert rank_gpus(cfg("fsdp", "cpu"), placed=False) == {}
     assert rank_gpus(cfg("local", "cuda"), placed=False) == {}
+    assert rank_gpus(cfg("deepspeed", "cuda"), placed=False) == {"num_gpus": 1}  # ZeRO-3 ranks alike
 
 
 def test_the_gpu_check_script_runs_its_logic_on_the_cpu_and_refuses_without_cuda(capsys):

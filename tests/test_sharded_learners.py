@@ -79,6 +79,12 @@ def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_proc
     # the checkpoint's optimizer state, gathered from the shards: the in-process optimizer's format and numbers
     _same_training_states(tmp_path / "run", in_process, "iter-000003", rtol=1e-4)
     # the checkpoint written under fsdp after update 2 resumes in process (keep_checkpoints=2: iter-000001 pruned)
+    _resumes_under_local(tmp_path, in_process)
+
+
+def _resumes_under_local(tmp_path, in_process) -> None:
+    """The checkpoint after update 2 of the sharded run ``tmp_path/run`` resumes in process (``train.engine=local``,
+    no Ray) to the in-process run's metrics (within :data:`TOL`) and eval.json."""
     run2 = _from(tmp_path / "run", "iter-000002", tmp_path / "run2")
     r = swarm(
         "run",
@@ -103,7 +109,13 @@ def test_a_rank_killed_mid_update_regroups_its_learner_and_the_run_rewinds(in_pr
     collective (seen: gloo's error comes back before the dead rank's) and is killed too, Ray restarts both, they form a new group, the run rewinds to
     iter-000001 (written under fsdp; loaded into the new shards) and plays update 2 again: metrics.jsonl (no row
     twice) and eval.json as the unkilled in-process run's."""
-    r = _killed_run(tmp_path, 2, run=(*RUN, *FSDP))  # test_learner_actors' killer: the learner's last rank
+    _killed_rank_rewinds(tmp_path, in_process, FSDP)
+
+
+def _killed_rank_rewinds(tmp_path, in_process, engine: list) -> None:
+    """``RUN`` with ``engine``'s arguments, the last rank of a learner killed in update 2 (test_learner_actors'
+    killer): one restart, one rewind to iter-000001, then the in-process run's metrics.jsonl and eval.json."""
+    r = _killed_run(tmp_path, 2, run=(*RUN, *engine))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1, r.stderr[-3000:]
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
@@ -157,6 +169,10 @@ def test_a_base_with_its_adapters_sharded_runs_as_in_process_and_resumes_under_l
             ],
             "model.adapter=none",
         ),
+        # ZeRO-3 learners (cluster/deepspeed_shards.py): the same, and fp32 full copies only (with or without the package)
+        (["train.engine=deepspeed", "train.shards=2"], "cluster.learners=ray"),
+        (["train.engine=deepspeed", "cluster.kind=ray", "cluster.learners=ray", "model.adapter=lora"], "adapter=none"),
+        (["train.engine=deepspeed", "cluster.kind=ray", "cluster.learners=ray", "hardware.dtype=bfloat16"], "float32"),
     ],
 )
 def test_what_a_sharded_run_cannot_do_is_refused_before_writing(args, valid, tmp_path):

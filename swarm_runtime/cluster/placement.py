@@ -321,31 +321,53 @@ def check_engine_wired(cfg) -> None:
     run-time refusals, one line each): ``train.engine=local``, or ``fsdp`` on learner actors
     (``cluster.learners=ray``: each learner ``train.shards`` Ray actors, swarm_runtime/cluster/shards.py) for
     a role's full copy (fp32, or bf16/fp16: fp32 masters sharded, computing in the low dtype), or an fp32 base with
-    its roles' LoRA adapters (``model.adapter=lora``). ``deepspeed`` runs in benchmarks/sharded_update.py only."""
+    its roles' LoRA adapters (``model.adapter=lora``); or ``deepspeed`` on learner actors too (ZeRO-3,
+    swarm_runtime/cluster/deepspeed_shards.py) for fp32 full copies, where the package imports."""
     t = cfg.get("train")
     if t is None or str(t.engine) == "local":
         return
-    if str(t.engine) != "fsdp":
-        raise ConfigError(
-            f"train.engine={t.engine} is not wired into runs yet (a run's learner trains in the trainer's "
-            "process or in fsdp learner actors): the sharded update runs today in benchmarks/sharded_update.py "
-            "(docs/distributed.md); `swarm config ... --plan` sizes it. Valid for swarm run: train.engine=local "
-            "or fsdp"
-        )
+    engine = str(t.engine)  # fsdp or deepspeed (validation.py: the choices)
     c = cfg.get("cluster")
     learners = "local" if c is None else str(c.get("learners", "local"))
     if learners != "ray":
         raise ConfigError(
-            f"train.engine=fsdp shards each learner over train.shards Ray actors, so it needs cluster.learners=ray "
+            f"train.engine={engine} shards each learner over train.shards Ray actors, so it needs cluster.learners=ray "
             f"(and cluster.kind=ray); got cluster.learners={learners}. Valid: cluster.learners=ray with it, or "
             "train.engine=local"
         )
     dtype = str(cfg.hardware.get("dtype") or cfg.model.get("dtype") or "float32")
     adapter = str(cfg.model.get("adapter") or "none")
-    if dtype != "float32" and adapter != "none":
+    if engine == "deepspeed":
+        _check_deepspeed(adapter, dtype)
+    elif dtype != "float32" and adapter != "none":
         raise ConfigError(
             f"train.engine=fsdp with model.adapter={adapter} on {dtype} weights: FSDP2 shards a unit of one dtype, so "
             "the frozen base would be held as fp32 masters and the adapters computed in "
             f"{dtype} (not wired); valid: hardware.dtype=float32 (model.dtype=float32) with model.adapter={adapter}, "
             "model.adapter=none (full copies: fp32 masters sharded, computing in bf16/fp16), or train.engine=local"
+        )
+
+
+def _check_deepspeed(adapter: str, dtype: str) -> None:
+    """``train.engine=deepspeed``'s own limits: fp32 full copies (its LoRA and bf16/fp16 modes are not wired; fsdp
+    has both), and the package present."""
+    import importlib.util
+
+    if adapter != "none":
+        raise ConfigError(
+            f"train.engine=deepspeed with model.adapter={adapter}: a ZeRO-3 learner holds a role's full copy (LoRA "
+            f"bases are not wired under deepspeed); valid: model.adapter=none with train.engine=deepspeed, or "
+            f"train.engine=fsdp (it shards LoRA bases) or local"
+        )
+    if dtype != "float32":
+        raise ConfigError(
+            f"train.engine=deepspeed with {dtype} weights: the ZeRO-3 learner steps fp32 parameters (DeepSpeed's "
+            "bf16/fp16 modes are not wired); valid: hardware.dtype=float32 (model.dtype=float32) with it, or "
+            "train.engine=fsdp (fp32 masters computing in bf16/fp16) or local"
+        )
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(
+            "train.engine=deepspeed needs the deepspeed package where the learners run: pip install -e "
+            "'.[deepspeed]' (on a machine without a GPU the learner ranks set DS_ACCELERATOR=cpu themselves); "
+            "valid without it: train.engine=fsdp or local"
         )

@@ -47,11 +47,12 @@ def rank_device(visible_gpus: int) -> tuple[str, str, str]:
 
 
 def rank_gpus(cfg, placed: bool) -> dict:
-    """Ray options a sharded learner's rank adds for its GPU: ``num_gpus=1`` with ``train.engine=fsdp`` on a CUDA
+    """Ray options a sharded learner's rank adds for its GPU: ``num_gpus=1`` with ``train.engine=fsdp`` (or
+    ``deepspeed``) on a CUDA
     profile (``hardware.device=cuda...``) when no placement group holds it (``placed``: ``cluster.placement``'s bundle
     has its GPU already, ``placement.actor_options``, which must not be asked twice); {} otherwise."""
     t = cfg.get("train")
-    sharded = t is not None and str(t.engine) == "fsdp"
+    sharded = t is not None and str(t.engine) in ("fsdp", "deepspeed")
     return {"num_gpus": 1} if sharded and not placed and str(cfg.hardware.device).startswith("cuda") else {}
 
 
@@ -151,18 +152,28 @@ class ShardWorker(LearnerWorker):
         return self.lrs()
 
 
+def _worker_class(engine: str) -> type:
+    """A rank's actor class for ``train.engine``: :class:`ShardWorker` (fsdp) or the ZeRO-3 one (deepspeed)."""
+    if engine == "deepspeed":
+        from swarm_runtime.cluster.deepspeed_shards import DeepSpeedShardWorker
+
+        return DeepSpeedShardWorker
+    return ShardWorker
+
+
 class ShardedLearnerGroup(LearnerGroup):
     """:class:`LearnerGroup` whose learners are ``shards`` :class:`ShardWorker` ranks each (``self.ranks``;
-    ``self.actors``: each learner's rank 0)."""
+    ``self.actors``: each learner's rank 0); ``engine="deepspeed"``: ZeRO-3 ranks (cluster/deepspeed_shards.py)."""
 
-    def __init__(self, *args, shards: int, **kw):
-        self.shards = int(shards)
+    def __init__(self, *args, shards: int, engine: str = "fsdp", **kw):
+        self.shards, self.engine = int(shards), str(engine)
         self.ranks: dict[str, list] = {}  #: learner -> its ranks' actors
         self.rank_pids: dict[str, list[int]] = {}  #: learner -> its ranks' pids
         super().__init__(*args, **kw)
         logger.info(
-            "learners sharded: {} ranks each (fsdp): {}",
+            "learners sharded: {} ranks each ({}): {}",
             self.shards,
+            self.engine,
             ", ".join(f"{n} pids {'+'.join(map(str, pids))}" for n, pids in self.rank_pids.items()),
         )
 
@@ -171,7 +182,7 @@ class ShardedLearnerGroup(LearnerGroup):
         return None if f is None else str(Path(f).with_name(f"{name}.{k}.pid"))
 
     def _start(self, agents: list, make_optimizers: Callable, threads: int) -> dict:
-        actor = self.ray.remote(ShardWorker)
+        actor = self.ray.remote(_worker_class(self.engine))
         for name, args in self._args.items():
             self.ranks[name] = [
                 actor.options(**self.options(name, k)).remote(
@@ -187,17 +198,17 @@ class ShardedLearnerGroup(LearnerGroup):
                 )
                 for k in range(self.shards)
             ]
-        for name in self.ranks:
-            self._join(name)
+        self._join(*self.ranks)
         return {name: ranks[0] for name, ranks in self.ranks.items()}
 
-    def _join(self, name: str) -> list[int]:
-        """Form learner ``name``'s process group (rank 0's address; every rank joins at once); the ranks' pids."""
-        ranks = self.ranks[name]
-        host, port = self.ray.get(ranks[0].address.remote())
-        pids = self.ray.get([a.join.remote(host, port) for a in ranks], timeout=GROUP_TIMEOUT_S + 30)
-        self.rank_pids[name] = pids
-        return pids
+    def _join(self, *names: str) -> list[int]:
+        """Form the process groups of learners ``names`` (each at rank 0's address; every rank of every learner
+        joins at once: a ZeRO-3 join takes tens of seconds on a loaded CPU); the last learner's ranks' pids."""
+        addresses = self.ray.get([self.ranks[n][0].address.remote() for n in names])
+        refs = {n: [a.join.remote(*at) for a in self.ranks[n]] for n, at in zip(names, addresses)}
+        for name, rs in refs.items():
+            self.rank_pids[name] = self.ray.get(rs, timeout=GROUP_TIMEOUT_S + 30)
+        return self.rank_pids[names[-1]]
 
     def processes(self, name: str) -> list:
         return list(self.ranks[name])

@@ -221,8 +221,9 @@ class MPTTrainer(PhasedTrainer):
             c, a = self.cfg.cluster, self.cfg.algo
             needs_ref = float(a.kl_coef) > 0 or str(a.bid_reference) == "sft"
             t = self.cfg.get("train")
-            sharded = t is not None and str(t.engine) == "fsdp"  # each learner train.shards ranks (cluster/shards.py)
-            make = partial(ShardedLearnerGroup, shards=int(t.shards)) if sharded else LearnerGroup
+            # fsdp, deepspeed: each learner train.shards ranks (cluster/shards.py)
+            sharded = t is not None and str(t.engine) in ("fsdp", "deepspeed")
+            make = partial(ShardedLearnerGroup, shards=int(t.shards), engine=str(t.engine)) if sharded else LearnerGroup
             self._group = make(
                 self.policies,
                 [(x.name, x.role) for x in self.agents],

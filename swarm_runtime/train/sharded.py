@@ -92,6 +92,7 @@ class Shard:
     #: the compute dtype of a bf16/fp16 model (its sharded parameters are the fp32 masters: :func:`to_masters`);
     #: None: an fp32 model
     compute: torch.dtype | None = None
+    engine: str = "fsdp"  #: ``fsdp`` (``policy.model`` sharded by FSDP2) or ``deepspeed`` (it is a ZeRO-3 engine)
 
 
 def _merge_side(side: Sequence, parts: Sequence[Sequence]) -> None:
@@ -120,7 +121,7 @@ def shard_step(policy, batch: Sequence, minibatch: int, chunk_loss, opt, sched, 
     gather (``side``: lists, ``Mismatch``) and the FLOPs they record (``policy.flops.events``) are merged across ranks
     (in batch order; a padding chunk's are dropped), so every rank holds the one-process figures."""
     rank, world = policy.shard.rank, policy.shard.world
-    model = policy.model
+    model, ds = policy.model, policy.shard.engine == "deepspeed"
     flops = getattr(getattr(policy, "flops", None), "events", None)
     n0 = None if flops is None else len(flops)
     chunks = rank_chunks(batch, rank, world, minibatch)
@@ -131,20 +132,27 @@ def shard_step(policy, batch: Sequence, minibatch: int, chunk_loss, opt, sched, 
         if i == real:  # padding chunks (a rank short of samples): their statistics and FLOPs are dropped
             saved = copy.deepcopy(list(side))
             mine = None if flops is None else flops[n0:]
-        model.set_requires_gradient_sync(i == len(chunks) - 1)  # reduce once, after the last chunk
+        last = i == len(chunks) - 1  # reduce once, after the last chunk
+        (model.set_gradient_accumulation_boundary if ds else model.set_requires_gradient_sync)(last)
         loss = chunk_loss(policy, chunk) * weight
-        (loss * world).backward()  # FSDP averages over ranks; the batch mean is their sum
+        if ds:  # ZeRO-3 accumulates into its gradient partitions; it averages over ranks as FSDP does
+            model.backward(loss * world, scale_wrt_gas=False)
+        else:
+            (loss * world).backward()  # FSDP averages over ranks; the batch mean is their sum
         total += float(loss.detach())
     if saved is not None:
         _restore(side, saved)
     elif flops is not None:
         mine = flops[n0:]
-    params = [p for p in policy.parameters() if p.grad is not None]  # an adapter's own (its base is frozen)
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if params else torch.zeros(())
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    opt.step()
+    if ds:
+        norm = _zero3_step(model, opt, grad_clip)
+    else:
+        params = [p for p in policy.parameters() if p.grad is not None]  # an adapter's own (its base is frozen)
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if params else torch.zeros(())
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     sched.step()
-    opt.zero_grad(set_to_none=True)
     policy.eval()
     loss_sum = torch.tensor([total], dtype=torch.float64)
     dist.all_reduce(loss_sum)
@@ -154,6 +162,27 @@ def shard_step(policy, batch: Sequence, minibatch: int, chunk_loss, opt, sched, 
     if flops is not None:
         flops[n0:] = [e for p in parts for e in p[1]]
     return float(loss_sum), float(norm)
+
+
+def _zero3_step(engine, opt, grad_clip: float):
+    """Step a ZeRO-3 ``engine`` at its accumulation boundary with client optimizer ``opt`` (the kind's own AdamW:
+    swarm_runtime/cluster/deepspeed_shards.py), its gradients clipped at ``grad_clip`` (the global norm); the norm."""
+    engine.optimizer.optimizer = opt
+    engine.optimizer.clip_grad = float(grad_clip)
+    engine.step()
+    return torch.as_tensor(engine.get_global_grad_norm())
+
+
+def zero3_config() -> dict:
+    """A ZeRO-3 engine's config: stage 3, the run's torch AdamW as the client optimizer; the gradient accumulation
+    (a batch's chunk count) and clipping (``grad_clip``) are set per update by :func:`shard_step`."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3},
+        "zero_force_ds_cpu_optimizer": False,  # the run's torch AdamW, not DeepSpeed's CPU Adam
+        "steps_per_print": 1 << 30,
+    }
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list:
@@ -361,8 +390,8 @@ def deepspeed_update(
     settings: OptimSettings,
     chunk_loss: Callable | None = None,
 ) -> tuple[dict, dict[str, float]]:
-    """The same update under DeepSpeed ZeRO-3 (``deepspeed.initialize`` with the run's AdamW and schedule as the
-    client optimizer; gradient accumulation over the rank's chunks, clipping at the global norm), in rank
+    """The same update under DeepSpeed ZeRO-3 (``deepspeed.initialize`` with the run's AdamW as the client optimizer,
+    then :func:`shard_step`: gradient accumulation over the rank's chunks, clipping at the global norm), in rank
     ``rank`` of a process group DeepSpeed initialised. Returns the full fp32 parameters by name (rank 0; empty
     elsewhere) and the metrics of :func:`sharded_update`. Runs where ``DS_ACCELERATOR`` names a working
     accelerator (``cpu`` here: docs/distributed.md)."""
@@ -374,7 +403,6 @@ def deepspeed_update(
     chunk_loss = chunk_loss or _default_chunk_loss()
     t0 = time.time()
     policy = make_policy()
-    chunks = rank_chunks(batch, rank, world, settings.minibatch)
     opt, sched = make_optimizer(
         policy.model.parameters(),
         settings.lr,
@@ -383,33 +411,16 @@ def deepspeed_update(
         settings.warmup,
         eps=settings.eps,
     )
-    config = {
-        "train_micro_batch_size_per_gpu": max(1, int(settings.minibatch)),
-        "gradient_accumulation_steps": len(chunks),
-        "gradient_clipping": float(settings.grad_clip),
-        "zero_optimization": {"stage": 3},
-        "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 1 << 30,
-    }
-    engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=opt, lr_scheduler=sched, config=config)
+    engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=opt, config=zero3_config())
     # forwards go through the engine: ZeRO-3 counts micro-steps there, and one that is not counted overwrites
     # the accumulated gradient partitions instead of adding to them (measured: only the last chunk's gradient)
-    policy.model = engine
-    policy.train()
-    total = 0.0
-    for chunk, weight in chunks:
-        loss = chunk_loss(policy, chunk) * weight
-        engine.backward(loss * world, scale_wrt_gas=False)  # DeepSpeed averages over ranks too
-        engine.step()  # steps at the accumulation boundary (the last chunk) only
-        total += float(loss.detach())
-    policy.eval()
-    loss_sum = torch.tensor([total], dtype=torch.float64)
-    dist.all_reduce(loss_sum)
+    policy.model, policy.shard = engine, Shard(rank, world, engine="deepspeed")
+    loss, norm = shard_step(policy, batch, settings.minibatch, chunk_loss, opt, sched, settings.grad_clip)
     held = sum(int(getattr(p, "ds_tensor", p).numel()) for p in engine.module.parameters())
     full = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in engine.module.named_parameters()}
     metrics = {
-        "loss": float(loss_sum),
-        "grad_norm": float(engine.get_global_grad_norm()),
+        "loss": loss,
+        "grad_norm": norm,
         "shard_params": float(held),
         "seconds": time.time() - t0,
     }

@@ -1,0 +1,70 @@
+"""DeepSpeed ZeRO-3 learners (``train.engine=deepspeed train.shards=2 cluster.learners=ray``,
+swarm_runtime/cluster/deepspeed_shards.py) on a local Ray bound to 127.0.0.1: a real ``swarm run`` whose learners are two
+ZeRO-3 ranks each writes the in-process run's metrics.jsonl (within tests/test_sharded_learners.py's tolerance) and
+eval.json; its checkpoints hold the optimizer state in the in-process format and resume under ``train.engine=local``; a
+rank killed in an update regroups its learner and the run rewinds (the checkpoint loaded into the ZeRO-3 partitions).
+Skipped without the deepspeed extra (it is not imported here: 9 s); without the package a run is refused in one line."""
+
+import importlib.util
+
+import pytest
+
+from swarm_runtime.cluster.placement import check_engine_wired
+from swarm_runtime.config import ConfigError
+from tests.conftest import LOCAL_RAY, in_process_twin, run_eval, run_rows, swarm
+from tests.test_learner_actors import RAY_ARGS, _same_training_states
+from tests.test_sharded_learners import RUN, _close, _killed_rank_rewinds, _resumes_under_local
+
+DEEPSPEED = [*RAY_ARGS, "train.engine=deepspeed", "train.shards=2"]
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="the deepspeed extra")
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory):
+    return in_process_twin(tmp_path_factory, *RUN)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@needs_deepspeed
+def test_a_deepspeed_run_equals_the_in_process_run_and_resumes_under_local(in_process, tmp_path):
+    """Three updates (action, bid, action: both optimizer kinds of a role step the same ZeRO-3 partition, each with
+    its own moments) against the in-process run; the checkpoint after update 2 resumes in process."""
+    r = swarm("run", *RUN, *DEEPSPEED, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "learners on Ray: 3" in r.stderr and "2 ranks each (deepspeed)" in r.stderr
+    rows = run_rows(tmp_path / "run")
+    updates = [row for row in rows if "kind" in row]
+    assert [u["kind"] for u in updates] == ["action", "bid", "action"]
+    assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
+    _close(rows, run_rows(in_process))
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
+    for tag in ("iter-000002", "iter-000003"):  # gathered through safe_get_full_optimizer_state: the same format
+        _same_training_states(tmp_path / "run", in_process, tag, rtol=1e-4)
+    _resumes_under_local(tmp_path, in_process)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@needs_deepspeed
+def test_a_deepspeed_rank_killed_mid_update_regroups_and_the_run_rewinds(in_process, tmp_path):
+    """kill -9 of the last rank of a learner in update 2 (bid): its learner's ranks come back as a new group (joined
+    by deepspeed.init_distributed again), iter-000001 (written under deepspeed: the action moments) is loaded into
+    the new ZeRO-3 partitions through safe_set_full_*, updates 2 and 3 are played: the in-process run's metrics."""
+    _killed_rank_rewinds(tmp_path, in_process, DEEPSPEED)
+
+
+def test_deepspeed_without_the_package_is_refused_in_one_line(registry, monkeypatch):
+    """Where ``swarm run`` checks what it can train with (run.py), before anything is written; what else a ZeRO-3 run
+    cannot do is refused as fsdp's is (tests/test_sharded_learners.py)."""
+    from swarm_runtime.config import resolve
+
+    cfg = resolve([*RUN[:2], *DEEPSPEED], registry[1])
+    real = importlib.util.find_spec
+    if real("deepspeed") is not None:
+        check_engine_wired(cfg)  # with the package: wired
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(ConfigError) as err:
+        check_engine_wired(cfg)
+    msg = str(err.value)
+    assert "\n" not in msg and "'.[deepspeed]'" in msg and "DS_ACCELERATOR=cpu" in msg and "train.engine=fsdp" in msg
