@@ -245,3 +245,51 @@ def test_a_learner_worker_updates_as_in_process_and_round_trips_its_state(regist
         assert all(torch.equal(x, y) for x, y in zip(a["params"][r], b["params"][r]))
     copy_params(policies[next(iter(g))], a["params"][next(iter(g))])  # the trainer's sync
     assert all(torch.equal(x, y) for x, y in zip(policies[next(iter(g))].parameters(), g[next(iter(g))].parameters()))
+
+
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_a_learner_worker_runs_the_sft_cold_start_as_in_process(registry, adapter):
+    """No Ray: ``LearnerWorker.sft`` (what a learner actor runs before RL) on a copy of the swarm gives the metrics,
+    FLOPs, weights and (lora) trained shared base of ``sft_units`` in process; the driver's copy takes them."""
+    import random
+    from functools import partial
+
+    import torch
+
+    from swarm_runtime.cluster.learner import LearnerWorker, copy_params, learner_groups, replay_flops
+    from swarm_runtime.flops import FlopCounter
+    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers, sft_units
+    from swarm_runtime.train.sft import collect_demos
+
+    ctx, (agents, policies), (_, copies) = _swarm_pair(registry, f"model.adapter={adapter}", "algo.sft.epochs=2")
+    demos = collect_demos(ctx.domain, ctx.task, [0, 1], rng=random.Random(0))
+    seeds = {r: 5 + i for i, r in enumerate(policies)}
+    settings = dict(epochs=2, lr=1e-3, lr_scale=1.0, batch_size=8, action_epochs=None, seed=5, progress=False)
+
+    here, cuts = FlopCounter(category="sft"), []
+    for p in policies.values():
+        p.flops = here
+    want = sft_units(policies, demos=demos, seeds=seeds, after=lambda: cuts.append(here.training_total), **settings)
+    assert [u[0] for u in want] == (["base"] if adapter == "lora" else []) + ["role"] * 3 and len(cuts) == len(want)
+    got = []
+    for name, g in learner_groups(copies).items():
+        make = partial(role_optimizers, settings=optimizer_settings(ctx.cfg))
+        w = LearnerWorker(name, g, [(a.name, a.role) for a in agents], make)
+        res = w.sft(sft_units, {**settings, "demos": {r: demos[r] for r in g}, "seeds": {r: seeds[r] for r in g}})
+        got += res["units"]
+        assert set(res["params"]) == set(g) and bool(res["bases"]) == (adapter == "lora")
+    assert repr([u[:4] for u in got]) == repr(want)  # metrics equal (NaN: an accuracy with no action demos), in order
+    there = FlopCounter(category="sft")
+    for u in got:
+        replay_flops(there, u[4])
+    assert there.by_category == here.by_category and there.training_total > 0
+    for role in policies:
+        assert all(torch.equal(a, b) for a, b in zip(policies[role].parameters(), copies[role].parameters()))
+    if adapter == "lora":
+        mine, theirs = (next(iter(ps.values())).shared_base._base_params for ps in (policies, copies))
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+        assert not all(torch.equal(a, b) for a, b in zip(mine, ctx.build_swarm()[1]["Logger"].shared_base._base_params))
+    # the driver's sampling copy (a fresh, untrained build) takes the trained weights
+    _, fresh = ctx.build_swarm()
+    copy_params(fresh["Miner"], list(copies["Miner"].parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(fresh["Miner"].parameters(), policies["Miner"].parameters()))

@@ -80,6 +80,12 @@ class ShardWorker(LearnerWorker):
         self.optimizers = self._make_optimizers(self.policies)
         return os.getpid()
 
+    def sft(self, fn: Callable, kwargs: dict) -> dict:
+        """:meth:`LearnerWorker.sft` on this rank's own full copy, before :meth:`join` shards it (every rank alike:
+        the same seed and examples, the same result); rank 0 answers, the others send nothing back."""
+        out = super().sft(fn, kwargs)
+        return out if self.rank == 0 else {}
+
     def _params(self, role: str) -> list:
         from swarm_runtime.train.sharded import full_params
 
@@ -119,16 +125,34 @@ class ShardedLearnerGroup(LearnerGroup):
     """:class:`LearnerGroup` whose learners are ``shards`` :class:`ShardWorker` ranks each (``self.ranks``;
     ``self.actors``: each learner's rank 0)."""
 
-    def __init__(self, *args, shards: int, **kw):
+    def __init__(self, *args, shards: int, join: bool = True, **kw):
+        """``join`` False: the ranks form their groups (and shard their models) only after :meth:`sft` (the SFT cold
+        start, each rank on its own full copy)."""
         self.shards = int(shards)
         self.ranks: dict[str, list] = {}  #: learner -> its ranks' actors
         self.rank_pids: dict[str, list[int]] = {}  #: learner -> its ranks' pids
+        self._unjoined = not join  #: ranks started and not in their groups yet (until sft)
         super().__init__(*args, **kw)
+        if join:
+            self._joined()
+
+    def _joined(self) -> None:
         logger.info(
             "learners sharded: {} ranks each (fsdp): {}",
             self.shards,
             ", ".join(f"{n} pids {'+'.join(map(str, pids))}" for n, pids in self.rank_pids.items()),
         )
+
+    def sft(self, fn: Callable, payloads) -> dict:
+        """:meth:`LearnerGroup.sft` on every rank (each its own full copy, :meth:`ShardWorker.sft`), then the ranks
+        of each learner form their group and shard the trained models."""
+        out = super().sft(fn, payloads)
+        if self._unjoined:
+            for name in self.ranks:
+                self._join(name)
+            self._unjoined = False
+            self._joined()
+        return out
 
     def _shard_pid_file(self, name: str, k: int) -> str | None:
         f = self.pid_files[name]
@@ -151,8 +175,11 @@ class ShardedLearnerGroup(LearnerGroup):
                 )
                 for k in range(self.shards)
             ]
-        for name in self.ranks:
-            self._join(name)
+        for name, ranks in self.ranks.items():
+            if self._unjoined:  # their pids now (a rank lost during SFT is named by them); the group after it
+                self.rank_pids[name] = self.ray.get([a.pid.remote() for a in ranks])
+            else:
+                self._join(name)
         return {name: ranks[0] for name, ranks in self.ranks.items()}
 
     def _join(self, name: str) -> list[int]:
