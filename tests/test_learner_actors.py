@@ -27,6 +27,7 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
     r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr  # one per role: full copies
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
     rows = run_rows(tmp_path / "run")
     assert rows == run_rows(in_process) and len(rows) >= 3
     updates = [row for row in rows if "kind" in row]
@@ -37,6 +38,22 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
     assert run_eval(tmp_path / "run") == run_eval(in_process)
     # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
     _same_training_states(tmp_path / "run", in_process, "iter-000003")
+
+
+def _sft_ran_on_the_learners(log: str, learner_of: dict) -> None:
+    """The run's log says the learner actors started before SFT and that each role's SFT ran on its learner, in the
+    process (pid) that the learner's start named, not the driver's."""
+    import re
+
+    lines = log.splitlines()
+    start = next(i for i, line in enumerate(lines) if "learners on Ray:" in line)
+    pids = dict(re.findall(r"([\w-]+): [\w+]+ pid (\d+)", lines[start]))
+    first_sft = next(i for i, line in enumerate(lines) if re.search(r"SFT (shared )?\w+: \d+ examples", line))
+    assert start < first_sft, "the learners started after SFT"
+    ran = dict(re.findall(r"SFT of [\w+]+ ran on learner (\S+) \(pid (\d+)\)", log))
+    assert ran == {n: pids[n] for n in set(learner_of.values())}, (ran, pids)
+    for role, name in learner_of.items():
+        assert re.search(rf"SFT of \S*{role}\S* ran on learner {name} ", log), role
 
 
 def _same_training_states(run, other, tag: str, rtol: float = 0.0) -> None:
@@ -60,6 +77,25 @@ def _same_training_states(run, other, tag: str, rtol: float = 0.0) -> None:
                     same = torch.equal(t, want) if not rtol else torch.allclose(t, want, rtol=rtol, atol=1e-9)
                     assert same and t.shape == want.shape and t.dtype == want.dtype, (role, kind, k, name)
             assert mine[f"scheduler_{kind}"] == theirs[f"scheduler_{kind}"]
+
+
+LORA_RUN = [*TINY_RUN, "model.adapter=lora", "algo.sft.epochs=4", "algo.kl_coef=0.1", "algo.bid_reference=sft"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sft_of_lora_adapters_and_their_shared_base_runs_on_their_learner(tmp_path_factory, tmp_path):
+    """``model.adapter=lora``: one learner actor for the base; the shared base's SFT and each adapter's run in it,
+    before RL; metrics.jsonl (sft/* rows included) and eval.json equal the in-process run's."""
+    in_process = in_process_twin(tmp_path_factory, *LORA_RUN)
+    r = swarm("run", *LORA_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "learners on Ray: 1 (base-default: Logger+Miner+Smith" in r.stderr
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "base-default", "Miner": "base-default", "Smith": "base-default"})
+    rows = run_rows(tmp_path / "run")
+    assert any(k.startswith("sft/loss_base") for k in rows[0]) or any("sft/loss_base" in row for row in rows)
+    assert rows == run_rows(in_process) and len([row for row in rows if "kind" in row]) == 2
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 KILLER = textwrap.dedent("""
