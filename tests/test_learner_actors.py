@@ -103,10 +103,11 @@ KILLER = textwrap.dedent("""
     from swarm_runtime.cluster import learner
 
     KILL_AT = int(os.environ["KILL_AT"])
+    KILL_IN = os.environ.get("KILL_IN", "update")  # the LearnerGroup call whose KILL_AT-th kills: update or sft
     seen = {"n": 0, "kills": 0}
-    update = learner.LearnerGroup.update
+    update = getattr(learner.LearnerGroup, KILL_IN)
 
-    def killing_update(self, fn, kind, payloads):
+    def killing_update(self, fn, *args):
         seen["n"] += 1
         if seen["n"] == KILL_AT:  # the update is sent; kill its first learner before it answers
             get = self._get
@@ -123,9 +124,9 @@ KILLER = textwrap.dedent("""
                 return get(refs)
 
             self._get = get_after_kill
-        return update(self, fn, kind, payloads)
+        return update(self, fn, *args)
 
-    learner.LearnerGroup.update = killing_update
+    setattr(learner.LearnerGroup, KILL_IN, killing_update)
     from swarm_runtime.cli import main
     rc = main(sys.argv[1:])
     print(f"KILLS {seen['kills']}", file=sys.stderr, flush=True)
@@ -133,12 +134,36 @@ KILLER = textwrap.dedent("""
 """)
 
 
-def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS)):
-    """``swarm run`` (``run`` and ``extra``) under :data:`KILLER` (a learner killed in update ``kill_at``)."""
+def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS), kill_in: str = "update"):
+    """``swarm run`` (``run`` and ``extra``) under :data:`KILLER` (a learner killed in update ``kill_at``; ``kill_in``
+    ``sft``: in the SFT cold start)."""
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     run_dir = f"run_dir={tmp_path / 'run'}"
-    return patched_swarm(script, "run", *run, *extra, run_dir, cwd=tmp_path, env={"KILL_AT": str(kill_at)})
+    env = {"KILL_AT": str(kill_at), "KILL_IN": kill_in}
+    return patched_swarm(script, "run", *run, *extra, run_dir, cwd=tmp_path, env=env)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_learner_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(in_process, tmp_path):
+    """kill -9 of a learner actor while the SFT cold start runs on it: the run stops with one line (there is no
+    checkpoint to rewind to) naming the learner and the command that starts it again; exit 2. That resume does the
+    SFT from the start and ends with the unkilled in-process run's metrics and eval."""
+    r = _killed_run(tmp_path, 1, kill_in="sft")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "KILLS 1" in r.stderr
+    last = r.stderr.strip().splitlines()[-2]  # the last is the script's KILLS line
+    assert last.startswith("swarm: error: learner 'Logger' lost (pid "), last
+    assert "during the SFT cold start" in last and "no checkpoint yet" in last
+    resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
+    assert resume in last
+    assert not (tmp_path / "run" / "checkpoints" / "latest").exists()
+    r = swarm(*resume.split()[1:], cwd=tmp_path, env=LOCAL_RAY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
+    assert run_rows(tmp_path / "run") == run_rows(in_process)
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 @pytest.mark.ray

@@ -136,9 +136,10 @@ class ShardedLearnerGroup(LearnerGroup):
         if join:
             self._joined()
 
-    def _joined(self) -> None:
+    def _joined(self, when: str = "") -> None:
         logger.info(
-            "learners sharded: {} ranks each (fsdp): {}",
+            "learners sharded{}: {} ranks each (fsdp): {}",
+            when,
             self.shards,
             ", ".join(f"{n} pids {'+'.join(map(str, pids))}" for n, pids in self.rank_pids.items()),
         )
@@ -151,7 +152,7 @@ class ShardedLearnerGroup(LearnerGroup):
             for name in self.ranks:
                 self._join(name)
             self._unjoined = False
-            self._joined()
+            self._joined(" after their SFT")
         return out
 
     def _shard_pid_file(self, name: str, k: int) -> str | None:

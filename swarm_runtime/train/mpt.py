@@ -14,12 +14,12 @@ import torch
 from loguru import logger
 
 from swarm_runtime import checkpoint as ckpt
+from swarm_runtime.bases import base_dir
 from swarm_runtime.cluster import close_cluster
 from swarm_runtime.env import close_all
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.evaluate import evaluate, paired_difference
 from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
-from swarm_runtime.bases import base_dir
 from swarm_runtime.policy.adapters import adapter_lr_scale, sft_shared_base
 from swarm_runtime.rollout.factory import make_sampler
 from swarm_runtime.rollout.local import LocalLearner, LockedSampler, model_names
