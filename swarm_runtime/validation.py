@@ -539,18 +539,13 @@ def cluster_samplers(cfg: DictConfig, registry) -> None:
 
 @register_check
 def cluster_learners(cfg: DictConfig, registry) -> None:
-    """``cluster.learners=ray``: on the Ray of ``cluster.kind=ray``, and rollouts played now (on-policy)."""
+    """``cluster.learners=ray``: on the Ray of ``cluster.kind=ray`` (with ``rollout.max_staleness`` > 0 too: the
+    actors train while the trainer plays ahead on the engine's weights; a rewind drops the rollouts played ahead:
+    ``MPTTrainer._rewind``)."""
     c = cfg.get("cluster")
     if c is None or c.get("learners", "local") != "ray":
         return
     _needs_ray_cluster(c, "learners", "the learners run on the run's Ray")
-    r = cfg.get("rollout")
-    if r is not None and int(r.get("max_staleness", 0) or 0) > 0:
-        raise ConfigError(
-            f"cluster.learners=ray with rollout.max_staleness={r.max_staleness} is not supported yet (a learner "
-            "lost mid-run rewinds the run, and rollouts played ahead would have to be rewound too); valid: "
-            "rollout.max_staleness=0, or cluster.learners=local"
-        )
 
 
 @register_check
@@ -827,6 +822,15 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
         return
     if r.get("engine", "local") == "local":
         if int(r.get("max_staleness", 0) or 0) > 0:
+            c = cfg.get("cluster")
+            if c is not None and c.get("samplers", "local") == "ray":  # the sampler actor of in-process policies
+                raise ConfigError(
+                    f"rollout.max_staleness={r.max_staleness} with cluster.samplers=ray and rollout.engine=local is "
+                    "not supported: the sampler actor's forwards count into the run's FLOPs under the trainer's phase "
+                    "of the moment (a rollout played ahead would count as update or branch FLOPs), and in process "
+                    'this engine cannot play ahead, so no run checks it (docs/distributed.md, "Staleness on Ray"); '
+                    "valid: rollout.max_staleness=0, or rollout.engine=vllm (a sampler actor runs the server)"
+                )
             raise ConfigError(
                 f"rollout.max_staleness={r.max_staleness} needs an engine sampler (rollouts played ahead on "
                 "the server's weights while this process trains); valid: rollout.max_staleness=0, or "

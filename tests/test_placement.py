@@ -2,18 +2,23 @@
 "Placement and sizing"): the sharding term with hand-computed numbers for a Qwen3-8B shape, the placement spec
 (colocated and split), the plan and placement printed by the real ``swarm config --plan``, ``swarm run`` refusing a
 sharded engine before anything is written, and on a local Ray (num_cpus=2): a placement reserved with env workers
-in its bundles, and one that cannot be satisfied refused with the bundles asked and what Ray has."""
+in its bundles, a learner outside its bundle caught, and one that cannot be satisfied refused with the bundles asked
+and what Ray has (with sharded learners too); on a local Ray declaring the CPUs asked, a real fsdp run's ranks in
+their bundles, colocated and split."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import TINY_RUN, swarm
+from tests.conftest import TINY_RUN, run_eval, run_rows, swarm
 
+#: TINY_RUN's two updates with each learner two FSDP ranks on a local Ray and one env worker
+SHARDED = ["cluster.kind=ray", "cluster.env_workers=1", "cluster.learners=ray", "train.engine=fsdp", "train.shards=2"]
 #: Qwen3-8B (its config.json; the recipe minecraft-qwen3-8b-h200's model.arch).
 QWEN3_8B = {
     "hidden_size": 4096,
@@ -212,6 +217,33 @@ def test_swarm_config_plan_prints_devices_and_placement(tmp_path):
     assert "learner (x3)" in r.stdout
 
 
+def test_swarm_config_plan_sizes_each_ranks_bundle(tmp_path):
+    """fsdp with a colocated placement: each rank's bundle is shown with its device's planned size (rank 0 with the
+    sampler: the busiest device; rank 1: a learner shard's), the same numbers as the per-device plan above it; the
+    env workers' bundles hold no model (no size); a device over the hardware's memory fails (exit 2)."""
+    pytest.importorskip("ray")
+    args = [
+        "config",
+        *H200_8B,
+        "train.engine=fsdp",
+        "train.shards=2",
+        "cluster.kind=ray",
+        "cluster.placement=colocated",
+    ]
+    r = swarm(*args, "--plan", cwd=tmp_path)
+    assert r.returncode == 2 and "does not fit: ~153.8 GiB on the busiest device" in r.stderr, r.stderr
+    totals = re.findall(r"^    total +([\d.]+) GiB", r.stdout, re.M)
+    assert len(totals) == 2  # learner shard + sampler, learner shard
+    bundles = re.findall(
+        r"^    bundle (\d): \{CPU: 1, GPU: 1\} +(learner \d(?:, sampler)?) +~([\d.]+) GiB planned$", r.stdout, re.M
+    )
+    assert (
+        bundles
+        == [("0", "learner 0, sampler", f"{float(totals[0]):.1f}"), ("1", "learner 1", f"{float(totals[1]):.1f}")] * 3
+    )
+    assert re.search(r"^    bundle 1: \{CPU: 1\} +env 1$", r.stdout, re.M), r.stdout
+
+
 def test_swarm_run_refuses_a_sharded_engine_before_writing(tmp_path):
     """deepspeed stays out of runs (fsdp's refusals: tests/test_sharded_learners.py)."""
     args = ("train.engine=deepspeed", "train.shards=2")
@@ -277,6 +309,40 @@ def test_an_unsatisfiable_placement_names_asked_and_available(local_ray):
 
 
 @pytest.mark.ray
+def test_a_learner_outside_its_bundle_is_caught(local_ray):
+    """check_learners_placed against what Ray says: a learner's actor in its slot passes (its bundle holds its
+    share, half of bundle 0 beside the sampler's); a rank reporting no placement group, or a bundle not holding the
+    rank's share (no actor in it), is a RuntimeError naming the learner and the rank."""
+    from swarm_runtime.cluster.placement import actor_options, check_learners_placed, release, reserve
+
+    spec = _cpu_spec("cluster.placement=colocated", "cluster.env_workers=1", "model.adapter=lora")
+    roles = {"base-default": ["Logger", "Miner", "Smith"]}
+    reserve(spec, 20)
+    try:
+
+        @local_ray.remote
+        class Rank:
+            def placement_group(self):
+                return local_ray.get_runtime_context().get_placement_group_id()
+
+        with pytest.raises(RuntimeError, match="'base-default' rank 0: its bundle 0 .* holds {CPU: 0}, less than"):
+            check_learners_placed(spec, {"base-default": [spec.pgs["default"].id.hex()]}, roles, wait_s=1)
+        rank = Rank.options(**actor_options(spec, "default", "learner", 0)).remote()
+        pg = local_ray.get(rank.placement_group.remote())
+        assert pg == spec.pgs["default"].id.hex()
+        lines = check_learners_placed(spec, {"base-default": [pg]}, roles)
+        assert lines == [
+            f"learner base-default: ranks 0 in placement group default ({pg}); bundle 0 holds {{CPU: 0.5}} of {{CPU: 1}}"
+        ]
+        with pytest.raises(RuntimeError, match="'base-default' rank 0 runs in placement group None"):
+            check_learners_placed(spec, {"base-default": [None]}, roles)
+        local_ray.kill(rank)
+    finally:
+        release(spec)
+    assert _cpus_back(local_ray)
+
+
+@pytest.mark.ray
 def test_env_workers_start_in_their_bundles(local_ray):
     from swarm_runtime.cluster.placement import actor_options
     from swarm_runtime.cluster.remote import EnvCluster
@@ -305,14 +371,22 @@ def test_env_workers_start_in_their_bundles(local_ray):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_swarm_run_refuses_a_placement_ray_cannot_hold(tmp_path):
+@pytest.mark.parametrize(
+    "sharded, learner, total",
+    [((), "Logger: 1 x {CPU: 1}", 5), (SHARDED[2:], "Logger: 2 x {CPU: 1}", 8)],
+    ids=["local", "fsdp"],
+)
+def test_swarm_run_refuses_a_placement_ray_cannot_hold(sharded, learner, total, tmp_path):
     """The real run's path (config -> plan -> placement -> EnvCluster reserving it) up to the reservation; env
-    workers in their bundles past it: test_env_workers_start_in_their_bundles."""
+    workers in their bundles past it: test_env_workers_start_in_their_bundles; learner ranks:
+    test_sharded_learners_run_in_their_bundles_colocated_and_split."""
     pytest.importorskip("ray")
-    # 3 roles with full copies (3 bundles) + 2 env workers = 5 CPUs; a local Ray of 2 cannot hold them
+    # 3 roles with full copies (3 bundles; fsdp with 2 ranks: 6) + 2 env workers = 5 (8) CPUs; a local Ray of 2
+    # cannot hold them
     r = swarm(
         "run",
         *TINY_RUN,
+        *sharded,
         "cluster.kind=ray",
         "cluster.env_workers=2",
         "cluster.placement=colocated",
@@ -324,9 +398,56 @@ def test_swarm_run_refuses_a_placement_ray_cannot_hold(tmp_path):
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     line = r.stderr.strip().splitlines()[-1]
-    assert "could not reserve" in line and "Logger: 1 x {CPU: 1}" in line and "envs: 2 x {CPU: 1}" in line
-    assert "(in all {CPU: 5})" in line and "available of {CPU: 2}" in line
+    assert "could not reserve" in line and learner in line and "envs: 2 x {CPU: 1}" in line
+    assert f"(in all {{CPU: {total}}})" in line and "available of {CPU: 2}" in line
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before SFT
+
+
+#: the run's line per learner (mpt: placement.check_learners_placed): the group its ranks report from inside, and
+#: what each bundle of the group holds by Ray's accounts
+PLACED = re.compile(r"placement: learner (\w+): ranks 0, 1 in placement group (\w+) \((\w+)\); (.*)$", re.M)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sharded_learners_run_in_their_bundles_colocated_and_split(tiny_run, tmp_path):
+    """A real ``swarm run`` (TINY_RUN, fsdp with 2 ranks per learner) under each placement, on a local Ray that has
+    the CPUs it asks (colocated 3 x 2 + 1, split 3 x 3 + 1): every rank reports its group's placement group from
+    inside its actor, the bundles hold the ranks' shares (colocated: rank 0 half of bundle 0, beside the sampler's
+    share, which stays free with the sampler in the trainer; rank 1 all of bundle 1; split: a bundle per rank and the
+    sampler's empty), and the metrics are the same under both placements, and the in-process run's within
+    test_sharded_learners' tolerance (FSDP sums gradients in another order); eval.json equal."""
+    from tests.test_sharded_learners import _close
+
+    held = {
+        "colocated": "bundle 0 holds {CPU: 0.5} of {CPU: 1}, bundle 1 holds {CPU: 1} of {CPU: 1}",
+        "split": "bundle 0 holds {CPU: 1} of {CPU: 1}, bundle 1 holds {CPU: 1} of {CPU: 1}, bundle 2 holds "
+        "{CPU: 0} of {CPU: 1}",
+    }
+    rows = {}
+    for kind, cpus in (("colocated", 7), ("split", 10)):
+        run = tmp_path / kind
+        r = swarm(
+            "run",
+            *TINY_RUN,
+            *SHARDED,
+            f"cluster.placement={kind}",
+            f"cluster.num_cpus={cpus}",
+            f"run_dir={run}",
+            cwd=tmp_path,
+            env={"RAY_ADDRESS": "local"},
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"placement ({kind}) reserved" in r.stderr and "2 ranks each (fsdp)" in r.stderr, r.stderr[-3000:]
+        placed = {m.group(1): m.groups()[1:] for m in PLACED.finditer(r.stderr)}
+        assert set(placed) == {"Logger", "Miner", "Smith"}, r.stderr[-3000:]
+        assert all(group == name for name, (group, _, _) in placed.items())  # a full copy's group is its role
+        assert len({pg for _, pg, _ in placed.values()}) == 3  # a placement group each
+        assert all(line == held[kind] for _, _, line in placed.values()), placed
+        rows[kind] = run_rows(run)
+        _close(rows[kind], run_rows(tiny_run[0]))
+        assert run_eval(run) == run_eval(tiny_run[0])
+    assert rows["colocated"] == rows["split"]
 
 
 def test_a_run_folder_of_config_version_6_loads_without_the_new_keys(tmp_path):

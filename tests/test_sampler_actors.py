@@ -223,6 +223,10 @@ def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_p
             ["model.adapter=lora", "rollout.engine=openai", "cluster.kind=ray", "cluster.samplers=ray"],
             ["rollout.engine=openai", "not the run's to place", "rollout.engine=vllm", "cluster.samplers=local"],
         ),
+        (  # the sampler actor of in-process policies cannot play ahead (docs/distributed.md, "Staleness on Ray")
+            ["rollout.max_staleness=1", "cluster.kind=ray", "cluster.samplers=ray"],
+            ["rollout.max_staleness=1", "rollout.engine=local", "FLOPs", "rollout.engine=vllm"],
+        ),
     ],
 )
 def test_bad_sampler_keys_are_refused(args, words, tmp_path):

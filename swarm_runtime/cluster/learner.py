@@ -146,6 +146,12 @@ class LearnerWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def placement_group(self) -> str | None:
+        """The id (hex) of the Ray placement group this actor runs in, as Ray tells the actor; None: none."""
+        import ray
+
+        return ray.get_runtime_context().get_placement_group_id()
+
     def lrs(self) -> dict:
         """``{kind: {role: learning rate}}`` of the schedulers as they are."""
         return {k: {r: s.get_last_lr()[0] for r, (_, s) in t.items()} for k, t in self.optimizers.items()}
@@ -298,6 +304,14 @@ class LearnerGroup:
             )
             for name, args in self._args.items()
         }
+
+    def processes(self, name: str) -> list:
+        """The actors of learner ``name`` (one; a sharded learner's ranks in order)."""
+        return [self.actors[name]]
+
+    def placement_groups(self) -> dict[str, list]:
+        """Per learner, the placement group id (hex, or None) each of its actors reports from inside."""
+        return {n: self.ray.get([a.placement_group.remote() for a in self.processes(n)]) for n in self.actors}
 
     def _call(self, name: str, method: str, *args):
         """Call ``method`` of learner ``name``; what :meth:`_get` takes."""

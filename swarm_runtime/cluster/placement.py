@@ -243,6 +243,79 @@ def actor_options(spec: PlacementSpec, group: str, role: str, index: int = 0) ->
     return out
 
 
+def bundles_in_use(spec: PlacementSpec, group: str) -> list[dict]:
+    """Per bundle of ``group``'s reserved placement group: the resources its actors hold now, as Ray accounts them
+    (a bundle's resources are Ray resources of their own, ``CPU_group_<bundle>_<group id>``: held = total -
+    available)."""
+    from swarm_runtime.cluster.remote import import_ray
+
+    ray = import_ray()
+    whole, free, pg = ray.cluster_resources(), ray.available_resources(), spec.pgs[group].id.hex()
+    out = []
+    for i, bundle in enumerate(spec.group(group).bundles):
+        keys = {k: f"{k}_group_{i}_{pg}" for k in bundle}
+        out.append({k: round(whole.get(key, 0) - free.get(key, 0), 6) for k, key in keys.items()})
+    return out
+
+
+#: Seconds :func:`check_learners_placed` waits for Ray's accounts of a bundle to show an actor's share (Ray's
+#: resource view reaches the control store a little after the raylet grants it)
+ACCOUNTS_WAIT_S = 10.0
+
+
+def check_learners_placed(
+    spec: PlacementSpec, ranks: dict[str, list], roles: dict[str, list], wait_s: float = ACCOUNTS_WAIT_S
+) -> list[str]:
+    """Check that each learner's ranks (``ranks``: learner -> the placement group id each rank reports from inside
+    its actor, hex) run in the placement group of its roles (``roles``: learner -> its roles), and that the bundles
+    hold what the placement gives them (:func:`bundles_in_use`, asked again for up to ``wait_s`` seconds; the
+    learner's shares of bundles with no other actor running yet: a sampler's share stays free while the sampler runs
+    in the trainer); a ``RuntimeError`` names the first that does not. Returns one line per learner for the log."""
+    import time
+
+    end = time.monotonic() + float(wait_s)
+    while True:
+        try:
+            return _placed_lines(spec, ranks, roles)
+        except _Short:
+            if time.monotonic() > end:
+                return _placed_lines(spec, ranks, roles, short=RuntimeError)
+            time.sleep(0.2)
+
+
+class _Short(RuntimeError):
+    """A bundle that does not hold a rank's share (yet)."""
+
+
+def _placed_lines(spec: PlacementSpec, ranks: dict, roles: dict, short: type = _Short) -> list[str]:
+    lines = []
+    for name, pgs in ranks.items():
+        group = next((g.name for g in spec.groups if set(roles[name]) <= set(g.roles)), None)
+        if group is None:
+            raise RuntimeError(f"learner {name!r}: no placement group holds its roles {roles[name]}")
+        want = spec.pgs[group].id.hex()
+        for k, got in enumerate(pgs):
+            if got != want:
+                raise RuntimeError(
+                    f"learner {name!r} rank {k} runs in placement group {got} (None: none), not in its group "
+                    f"{group!r}'s {want}"
+                )
+        g, held = spec.group(group), bundles_in_use(spec, group)
+        for k in range(len(pgs)):
+            b = g.actors["learner"][k]
+            asked = actor_options(spec, group, "learner", k)
+            if held[b].get("CPU", 0) + 1e-6 < asked["num_cpus"]:
+                raise short(
+                    f"learner {name!r} rank {k}: its bundle {b} of placement group {group!r} holds {_res(held[b])}, "
+                    f"less than the rank's share {{CPU: {asked['num_cpus']:g}}}"
+                )
+        lines.append(
+            f"learner {name}: ranks {', '.join(map(str, range(len(pgs))))} in placement group {group} ({want}); "
+            + ", ".join(f"bundle {i} holds {_res(h)} of {_res(g.bundles[i])}" for i, h in enumerate(held))
+        )
+    return lines
+
+
 def check_engine_wired(cfg) -> None:
     """What ``swarm run`` can train with (``swarm config ... --plan`` plans every engine all the same, so these are
     run-time refusals, one line each): ``train.engine=local``, or ``fsdp`` on learner actors

@@ -191,6 +191,9 @@ class ShardedLearnerGroup(LearnerGroup):
         self.rank_pids[name] = pids
         return pids
 
+    def processes(self, name: str) -> list:
+        return list(self.ranks[name])
+
     def _call(self, name: str, method: str, *args):
         return [getattr(a, method).remote(*args) for a in self.ranks[name]]
 

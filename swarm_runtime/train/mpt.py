@@ -338,6 +338,12 @@ class MPTTrainer(PhasedTrainer):
                 address=c.address,
                 num_cpus=c.get("num_cpus"),
             )
+            spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
+            if spec is not None:  # each rank in its group's bundle, as the actor and Ray's accounts tell
+                from swarm_runtime.cluster.placement import check_learners_placed
+
+                for line in check_learners_placed(spec, self._group.placement_groups(), self._group.roles):
+                    logger.info("placement: {}", line)
         return self._group
 
     def _learner_placement(self, name: str, roles: list[str], shard: int = 0) -> dict:
@@ -423,6 +429,7 @@ class MPTTrainer(PhasedTrainer):
         )
         self.writer.close()
         truncate_metrics(run_dir, ckpt.load_state(at))
+        self._drop_ahead()
         if self.sampler is not None:
             self.sampler.close()
         self.sampler, self.learner = None, None
@@ -689,6 +696,20 @@ class MPTTrainer(PhasedTrainer):
                 self._ahead[j] = self._pool.submit(run)
         self._ahead_envs.pop(it, None)
         return self._ahead.pop(it).result()
+
+    def _drop_ahead(self) -> None:
+        """Drop the rollouts played ahead (``rollout.max_staleness``) before a rewind: the ones not started are
+        cancelled, the one playing is waited for (it uses the sampler about to close; what it played or raised is
+        dropped), their envs closed; the rewound run makes them again from the checkpoint's RNG."""
+        if not self._ahead:
+            return
+        from concurrent.futures import wait
+
+        for f in self._ahead.values():
+            f.cancel()
+        wait(list(self._ahead.values()))
+        self._close_unplayed()
+        self._ahead.clear()
 
     def _close_unplayed(self) -> None:
         """Close the envs of rollouts made ahead and never played (a run that ended or raised before their
