@@ -367,6 +367,19 @@ def test_a_learner_worker_runs_the_sft_cold_start_as_in_process(registry, adapte
         mine, theirs = (next(iter(ps.values())).shared_base._base_params for ps in (policies, copies))
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
         assert not all(torch.equal(a, b) for a, b in zip(mine, ctx.build_swarm()[1]["Logger"].shared_base._base_params))
+    # a restarted actor (made from its creation arguments: the untrained swarm) loaded as at RL start or after a
+    # rewind holds the trained weights, the shared base included (a lora role's params_of are its adapter's only)
+    from swarm_runtime.cluster.learner import params_of, trained_bases, training_state
+
+    bases = trained_bases(policies)
+    assert set(bases) == ({"Logger"} if adapter == "lora" else set())
+    _, untrained = ctx.build_swarm()
+    for name, g in learner_groups(untrained).items():
+        w = LearnerWorker(name, g, [(a.name, a.role) for a in agents], make)
+        state = {r: {"params": params_of(policies[r]), "state": training_state(policies[r], {})} for r in g}
+        w.load({r: {**st, **({"base": bases[r]} if r in bases else {})} for r, st in state.items()})
+        for r in g:
+            assert all(torch.equal(a, b) for a, b in zip(g[r].model.parameters(), policies[r].model.parameters())), r
     # the driver's sampling copy (a fresh, untrained build) takes the trained weights
     _, fresh = ctx.build_swarm()
     copy_params(fresh["Miner"], list(copies["Miner"].parameters()))

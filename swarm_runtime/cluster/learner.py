@@ -97,6 +97,18 @@ def copy_params(policy, tensors: Sequence) -> None:
             p.copy_(t)
 
 
+def trained_bases(policies: Mapping) -> dict:
+    """``{role: the weights of its shared base}`` for the first role of each shared base the SFT cold start trains
+    (``model.adapter=lora`` on a config-built base): a role's :func:`params_of` are its adapter's only."""
+    out, seen = {}, set()
+    for role, p in policies.items():
+        shared = getattr(p, "shared_base", None)
+        if shared is not None and shared.trains_base and id(shared) not in seen:
+            seen.add(id(shared))
+            out[role] = [t.detach() for t in shared._base_params]
+    return out
+
+
 def training_state(policy, optimizers: Mapping) -> dict:
     """What a checkpoint's ``training_state.pt`` holds of a role beside its RNG: fp32 masters (bf16/fp16
     weights only), then each kind's optimizer and scheduler state (``checkpoint.save_checkpoint``'s order)."""
@@ -193,11 +205,7 @@ class LearnerWorker:
         self.flops.take()
         cuts: list[list] = []
         units = fn(self.policies, after=lambda: cuts.append(self.flops.take()), **kwargs)
-        bases = {}
-        for p in self.policies.values():
-            shared = getattr(p, "shared_base", None)
-            if shared is not None and shared.trains_base and shared.name not in bases:
-                bases[shared.name] = [t.detach() for t in shared._base_params]
+        bases = {self.policies[r].shared_base.name: t for r, t in trained_bases(self.policies).items()}
         return {
             "units": [(*u, f) for u, f in zip(units, cuts)],
             "params": {r: params_of(p) for r, p in self.policies.items()},
@@ -221,6 +229,12 @@ class LearnerWorker:
         for role, st in copy.deepcopy(dict(states)).items():
             policy = self.policies[role]
             copy_params(policy, st["params"])
+            if "base" in st:  # a shared base the SFT trained (a restarted actor has the untrained one it was made with)
+                import torch
+
+                with torch.no_grad():
+                    for p, t in zip(policy.shared_base._base_params, st["base"], strict=True):
+                        p.copy_(t)
             restore_master_weights(policy.parameters(), st["state"].get("master_weights"))
             for kind, table in self.optimizers.items():
                 if f"optimizer_{kind}" in st["state"] and role in table:
@@ -378,8 +392,8 @@ class LearnerGroup:
         self._reference = {n: self.ray.put({r: reference[r] for r in roles}) for n, roles in self.roles.items()}
 
     def load(self, states: Mapping[str, dict]) -> None:
-        """Load ``{role: {"params": ..., "state": ...}}`` into the learners (all of them at once), and their
-        reference policies when :meth:`set_reference` gave them."""
+        """Load ``{role: {"params": ..., "state": ...[, "base": ...]}}`` into the learners (all of them at once; "base":
+        :func:`trained_bases`), and their reference policies when :meth:`set_reference` gave them."""
         if self._reference is not None:
             self._get({n: self._call(n, "set_reference", ref) for n, ref in self._reference.items()})
         refs = {

@@ -297,18 +297,20 @@ class MPTTrainer(PhasedTrainer):
         """``cluster.learners=ray``: the learner actors (:meth:`_learner_group`), given the reference policies and
         loaded with the driver's weights and optimizer state whenever the driver's are the newer (the start of RL, a
         resume's or a rewind's checkpoint); from then on the optimizers live only there."""
-        from swarm_runtime.cluster.learner import params_of, training_state
+        from swarm_runtime.cluster.learner import params_of, trained_bases, training_state
 
         group = self._learner_group()
         if not self._group_loaded:
             a = self.cfg.algo
             if (float(a.kl_coef) > 0 or str(a.bid_reference) == "sft") and group.reference_missing:
                 group.set_reference(self._reference_policies())  # made after SFT: the actors started before it
+            bases = trained_bases(self.policies)  # the actors were made before SFT: a restarted one lacks its base's
             self._group.load(
                 {
                     role: {
                         "params": params_of(p),
                         "state": training_state(p, {k: t[role] for k, t in self.optimizers.items() if role in t}),
+                        **({"base": bases[role]} if role in bases else {}),
                     }
                     for role, p in self.policies.items()
                 }
