@@ -48,7 +48,7 @@ class Device:
 
     def sync(self) -> None:
         if not self.cpu:
-            self.dev.sync()
+            self.torch.cuda.synchronize()
 
     def reset(self) -> None:
         if not self.cpu:

@@ -301,7 +301,7 @@ def _eval_locked(args, run_dir: Path) -> int:
         raise ConfigError(
             f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}"
         )
-    validate(cfg, reg)
+    validate(cfg, reg, ray_keys=("cluster.kind",))  # Ray for its env workers only: eval serves nothing
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     ctx = RunContext(cfg, pm, reg, run_dir)
@@ -404,7 +404,7 @@ def _serve_run(run_dir: Path, overrides: list[str]):
     distrust_saved_endpoints(  # first: a saved Ray head is refused as such, whether or not Ray is installed
         cfg, reg, [o for o in overrides if not o.startswith("checkpoint=")], run_dir / "config.yaml", ("serve.address",)
     )
-    validate(cfg, reg)  # serve.* too, against the run's roles
+    validate(cfg, reg, ray_keys=("serve.cluster",))  # serve.* too, against the run's roles; Ray for the gateway only
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
     tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())

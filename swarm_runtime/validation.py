@@ -416,8 +416,26 @@ def _resolve_all(cfg: DictConfig, prefix: str = "") -> None:
                 raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
 
 
-def validate(cfg: DictConfig, registry) -> None:
-    """Every rule on ``cfg``'s keys, then every cross-key check; the first error is raised."""
+#: The settings that put a command's work on Ray when ``ray``: ``cluster.kind`` (the run's env workers, sampler and
+#: learner actors: ``swarm run``, and ``swarm eval``'s env workers) and ``serve.cluster`` (``swarm serve``'s agent
+#: workers). :func:`validate` asks for Ray only for those of the command (``ray_keys``).
+RAY_KEYS = ("cluster.kind", "serve.cluster")
+
+
+def needs_ray(cfg: DictConfig, keys=RAY_KEYS) -> None:
+    """Ray installed (found, not imported) when one of ``keys`` is ``ray`` in ``cfg``; else one line naming the
+    setting and the extra."""
+    import importlib.util
+
+    for key in keys:
+        if OmegaConf.select(cfg, key, default=None) == "ray" and importlib.util.find_spec("ray") is None:
+            raise ConfigError(f"{key}=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'")
+
+
+def validate(cfg: DictConfig, registry, ray_keys=RAY_KEYS) -> None:
+    """Every rule on ``cfg``'s keys, then Ray installed where the command uses it (``ray_keys``: of
+    :data:`RAY_KEYS`, those the command acts on; ``swarm eval`` serves nothing, ``swarm serve`` steps no env), then
+    every cross-key check; the first error is raised."""
     _resolve_all(cfg)
     for rule in RULES.values():
         try:
@@ -427,6 +445,7 @@ def validate(cfg: DictConfig, registry) -> None:
         if rule.lazy and not _lazy_ok(registry):
             continue
         check_rule(rule, value)
+    needs_ray(cfg, ray_keys)
     for check in CHECKS:
         check(cfg, registry)
 
@@ -491,17 +510,12 @@ def model_shape(cfg: DictConfig, registry) -> None:
 
 @register_check
 def cluster_kind(cfg: DictConfig, registry) -> None:
-    """``cluster.kind=ray``: Ray installed; ``algo=rlcr`` steps its envs on the workers, but its learner and
-    sampler stay in process (``cluster.learners`` / ``cluster.samplers`` ``ray`` are refused, not ignored)."""
+    """``cluster.kind=ray`` (Ray installed: :func:`needs_ray`): ``algo=rlcr`` steps its envs on the workers, but its
+    learner and sampler stay in process (``cluster.learners`` / ``cluster.samplers`` ``ray`` are refused, not
+    ignored)."""
     c = cfg.get("cluster")
     if c is None or c.kind != "ray":
         return
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            "cluster.kind=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"
-        ) from None
     for key in ("learners", "samplers"):
         if cfg.algo.name == "rlcr" and c.get(key, "local") == "ray":
             raise ConfigError(
@@ -966,15 +980,3 @@ register_rules(
     _rule("serve.cluster", choices("local", "ray")),
     _rule("serve.address", RAY_ADDRESS, nullable=True, null_means="start a local Ray for the gateway (127.0.0.1)"),
 )
-
-
-@register_check
-def serve_cluster(cfg: DictConfig, registry) -> None:
-    """``serve.cluster=ray``: Ray installed (found, not imported: every command checks ``serve.*``)."""
-    s = cfg.get("serve")
-    if s is None or s.get("cluster") != "ray":
-        return
-    import importlib.util
-
-    if importlib.util.find_spec("ray") is None:
-        raise ConfigError("serve.cluster=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'")

@@ -55,11 +55,20 @@ TINY_RLCR_EXPERIMENT = [
 ]
 
 
-def swarm(*args: str, cwd: Path, timeout: int = 300, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
-    """Run the real ``swarm`` CLI in a subprocess (``env``: variables to add or change)."""
+#: The CLI as ``python -c`` with Ray not importable (``import ray`` fails, ``importlib.util.find_spec("ray")`` is None):
+#: a machine without the ray extra.
+NO_RAY_CLI = "import sys; sys.modules['ray'] = None; from swarm_runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def swarm(
+    *args: str, cwd: Path, timeout: int = 300, env: dict | None = None, without_ray: bool = False, **popen
+) -> subprocess.CompletedProcess:
+    """Run the real ``swarm`` CLI in a subprocess (``env``: variables to add or change; ``without_ray``: as if the
+    ray extra were not installed, :data:`NO_RAY_CLI`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    cli = ["-c", NO_RAY_CLI] if without_ray else ["-m", "swarm_runtime.cli"]
     return subprocess.run(
-        [sys.executable, "-m", "swarm_runtime.cli", *args],
+        [sys.executable, *cli, *args],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -2,12 +2,11 @@
 127.0.0.1: a real ``swarm run`` writes the same metrics.jsonl and eval.json as in process, also when env workers
 are killed with kill -9 in the middle of an update's rollout; bad input is one line and exit 2."""
 
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import ROOT, TINY_RUN, in_process_twin, patched_swarm, run_eval, run_rows, swarm
+from tests.conftest import TINY_RUN, in_process_twin, patched_swarm, run_eval, run_rows, swarm
 
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2"]
 
@@ -116,19 +115,7 @@ def test_a_worker_killed_mid_update_is_restarted_and_its_episodes_replayed(in_pr
 
 def test_without_ray_the_run_names_the_extra(tmp_path):
     """Ray not importable: one line naming the extra, exit 2, before a run folder is made."""
-    import os
-    import subprocess
-
-    code = "import sys; sys.modules['ray'] = None; from swarm_runtime.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(
-        [sys.executable, "-c", code, "run", *TINY_RUN, "cluster.kind=ray", f"run_dir={tmp_path / 'run'}"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = swarm("run", *TINY_RUN, "cluster.kind=ray", f"run_dir={tmp_path / 'run'}", cwd=tmp_path, without_ray=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
         "swarm: error: cluster.kind=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"

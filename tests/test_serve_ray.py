@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from conftest import ROOT  # noqa: E402
+from conftest import NO_RAY_CLI, ROOT  # noqa: E402
 from test_serve import _env, _free_port, _kill_pid, _start, _stop, _wait_health, build_run, served_equals_in_process  # noqa: E402
 from test_serve_edges import _until  # noqa: E402
 
@@ -211,8 +211,7 @@ def _serve_cli(run, *args, code: str | None = None) -> subprocess.CompletedProce
 
 
 def test_serve_cluster_ray_without_ray_names_the_extra(run):
-    code = "import sys; sys.modules['ray'] = None; from swarm_runtime.cli import main; sys.exit(main(sys.argv[1:]))"
-    r = _serve_cli(run, "serve.cluster=ray", code=code)
+    r = _serve_cli(run, "serve.cluster=ray", code=NO_RAY_CLI)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
         "swarm: error: serve.cluster=ray needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"

@@ -331,11 +331,55 @@ def test_a_ray_cluster_saved_in_a_run_folder_is_not_joined(runs, tmp_path, warm_
                 )
         assert not _heard(listener)
         assert _tree(run) == before
-        res = warm_swarm("eval", str(run), "cluster.kind=local", "serve.cluster=local", cwd=tmp_path)
+        res = warm_swarm("eval", str(run), "cluster.kind=local", cwd=tmp_path)  # serve.cluster=ray: eval serves nothing
         assert res.returncode == 0, res.stderr[-2000:]
         assert not _heard(listener)
     finally:
         listener.close()
+
+
+def test_each_command_asks_for_ray_only_where_it_uses_it(runs, tmp_path):
+    """Without the ray extra, a run folder saved with ``serve.cluster=ray`` and ``cluster.kind=ray``: swarm eval
+    with ``cluster.kind=local`` evaluates (it serves nothing), and swarm serve with ``serve.cluster=local`` goes past
+    validation to the checkpoint it is asked for (its gateway steps no env); each still names the extra for the Ray
+    it would use."""
+    from omegaconf import OmegaConf
+
+    run = _copy(runs, "full", tmp_path / "run")
+    cfg = OmegaConf.load(run / "config.yaml")
+    cfg.cluster.kind, cfg.serve.cluster = "ray", "ray"
+    OmegaConf.save(cfg, run / "config.yaml")
+    extra = "needs Ray, which is not installed: pip install 'swarm-runtime[ray]'"
+    res = swarm("eval", str(run), "cluster.kind=local", cwd=tmp_path, without_ray=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "saved " in res.stdout
+    _error(swarm("eval", str(run), cwd=tmp_path, without_ray=True), f"cluster.kind=ray {extra}")
+    serve = ("serve", str(run), "checkpoint=nope")  # stops after validation, before a gateway starts
+    _error(swarm(*serve, "serve.cluster=local", cwd=tmp_path, without_ray=True), "checkpoint 'nope' not found")
+    _error(swarm(*serve, cwd=tmp_path, without_ray=True), f"serve.cluster=ray {extra}")
+
+
+@pytest.mark.ray
+def test_a_recipes_ray_head_is_joined_a_saved_one_is_not(tmp_path):
+    """6d. A recipe (``recipe=PATH.yaml``) is a file the user named, trusted like the command line: the
+    ``cluster.address`` it sets is joined on a fresh run (nothing answers on that port here: the run says so, having
+    tried), and on resume when the recipe is given again; the same address saved in the run folder the fresh run
+    left is refused on ``resume=true`` without the recipe, before anything connects."""
+    from omegaconf import OmegaConf
+
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port on loopback where nothing listens
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    recipe = tmp_path / "cluster.yaml"
+    recipe.write_text(f"cluster.kind: ray\ncluster.address: {address}\n")
+    run = tmp_path / "run"
+    tried = f"cluster.address={address!r}: no Ray cluster answers there"
+    _error(swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), tried)
+    assert OmegaConf.load(run / "config.yaml").cluster.address == address  # saved with the folder
+    resume = ("run", "resume=true", f"run_dir={run}")
+    _error(swarm(*resume, cwd=tmp_path), f"cluster.address={address!r} comes from {run / 'config.yaml'}")
+    _error(swarm(*resume, f"recipe={recipe}", cwd=tmp_path), tried)
 
 
 def test_a_saved_ray_head_is_joined_only_when_the_command_line_gives_it(registry, tmp_path):

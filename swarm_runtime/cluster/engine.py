@@ -3,9 +3,9 @@
 server ON ITS NODE and keeps it; the trainer's ``OpenAISampler`` speaks HTTP to that server as it does to a
 server it started itself.
 
-- :class:`EngineWorker` (the actor's body, plain Python): writes the base it is shipped (the files of the
-  Hugging Face folder the trainer wrote, through Ray's object store: the trainer's run folder may not be on its
-  node) into a folder of its node (``$TMPDIR/swarm-engine-<id>/<base>``), starts
+- :class:`EngineWorker` (the actor's body, plain Python): finds the base on its node (:func:`place_base`: the
+  Hugging Face folder the trainer wrote, used in place when its node sees the same files there, else this run's copy
+  in a folder of its node, ``$TMPDIR/swarm-engine-<id>/<base>``, written once from Ray's object store), starts
   :class:`~swarm_runtime.rollout.vllm_server.VLLMServer` on the node's address and holds an
   :class:`~swarm_runtime.rollout.sync.AdapterSync` on it, which loads each version from a path of that node.
   A constructor never raises: a failed start is answered by :meth:`EngineWorker.hello` (one line to the trainer).
@@ -21,11 +21,22 @@ from the pid file in the node's folder), writes the base again and starts a new 
 Every call names the actor process the trainer knows; a restarted one answers "lost" until the trainer has loaded
 it with the last synced versions (the files it keeps in the object store) and taken its URL; the interrupted
 requests are sent again (same version names, same seeds). Closing stops the server, then the actor.
+
+Keys. The actor's server listens on its node's address when it is not the trainer's node, where anyone who reaches
+that address could sample from it or load and unload adapters. So it demands a bearer key on its ``/v1`` routes
+(vLLM's API key, given through ``VLLM_API_KEY``: never on its command line or in a log): a random one the trainer
+makes per run and base (:class:`EngineActor`), sent by the trainer's sampling client and by the actor's adapter
+sync. On the trainer's node too (loopback): one rule, and other users of a shared node are kept out as well.
+vLLM 0.32 guards only paths under ``/v1`` (and ``/v2``, ``/inference``, ``/cohere``):
+``/health``, ``/metrics``, ``/tokenize`` and the SageMaker routes it mounts (``/invocations``, ``/adapters``) stay
+open (docs/distributed.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -55,6 +66,15 @@ def read_folder(folder: Path) -> dict[str, bytes]:
 
 
 def write_folder(files: dict[str, bytes], folder: Path) -> Path:
+    """Write ``files`` (relative path -> bytes, :func:`read_folder`'s) as ``folder``, replacing what was there.
+    Every path is checked first, nothing written or removed if one is bad: an absolute path or a ``..`` part (one
+    that would land outside ``folder``) is a :class:`ValueError` naming it."""
+    for rel in files:
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts:
+            raise ValueError(
+                f"write_folder: {rel!r} is not a relative path inside the folder (absolute, empty or with a '..' part)"
+            )
     folder = Path(folder)
     if folder.exists():
         shutil.rmtree(folder)
@@ -63,6 +83,73 @@ def write_folder(files: dict[str, bytes], folder: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return folder
+
+
+def _digest(entries) -> str:
+    """sha256 over ``(relative path, size, chunks of its bytes)`` entries, in the order given."""
+    h = hashlib.sha256()
+    for rel, size, chunks in entries:
+        h.update(f"{rel}\0{size}\0".encode())
+        for chunk in chunks:
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def files_digest(files: dict[str, bytes]) -> str:
+    """A content hash of a folder's files (:func:`read_folder`'s): their relative paths and bytes."""
+    return _digest((rel, len(files[rel]), (files[rel],)) for rel in sorted(files))
+
+
+def folder_digest(folder: Path) -> str:
+    """:func:`files_digest` of the files under ``folder``, read a chunk at a time (a base of many GB)."""
+
+    def chunks(path: Path):
+        with path.open("rb") as fh:
+            while chunk := fh.read(1 << 24):
+                yield chunk
+
+    folder = Path(folder)
+    paths = {str(p.relative_to(folder)): p for p in folder.rglob("*") if p.is_file()}
+    return _digest((rel, paths[rel].stat().st_size, chunks(paths[rel])) for rel in sorted(paths))
+
+
+def ship_base(folder: Path) -> dict:
+    """What the trainer sends an engine actor of the base in ``folder``: its path on the trainer's node, the content
+    hash of its files (:func:`files_digest`) and a list holding the object ref of those files (in a list, so that
+    Ray hands the actor the ref and ships the files only if the actor asks for them: :func:`place_base`)."""
+    import ray
+
+    files = read_folder(folder)
+    return {"path": str(Path(folder).resolve()), "digest": files_digest(files), "files": [ray.put(files)]}
+
+
+def place_base(shipped: dict, scratch: Path, fetch) -> tuple[Path, str]:
+    """The folder an engine actor's server loads the shipped base from (:func:`ship_base`), and how it got there:
+
+    - ``"in place"``: the trainer's folder (``shipped["path"]``) is a folder on this node too (a shared
+      filesystem, or the trainer's own node) with the same content hash, read here (:func:`folder_digest`).
+      Nothing is shipped.
+    - ``"cached"``: this node's copy for this run, ``scratch/base-<hash>``, written complete by an earlier start (of
+      this actor, or of the one Ray restarted), is used again. Nothing is shipped.
+    - ``"shipped"``: else the files come through Ray's object store (``fetch(ref)``: ``ray.get``) and are written to
+      ``scratch/base-<hash>`` (into a folder beside it, renamed when complete, then marked complete)."""
+    digest = str(shipped["digest"])
+    here = Path(shipped["path"])
+    try:
+        if here.is_dir() and folder_digest(here) == digest:
+            return here, "in place"
+    except OSError:
+        pass  # not readable here: ship it
+    scratch = Path(scratch)
+    cached, done = scratch / f"base-{digest[:16]}", scratch / f"base-{digest[:16]}.complete"
+    if done.exists() and done.read_text() == digest and cached.is_dir():
+        return cached, "cached"
+    partial = scratch / f".base-{digest[:16]}-{os.getpid()}"
+    write_folder(fetch(shipped["files"][0]), partial)
+    shutil.rmtree(cached, ignore_errors=True)
+    partial.rename(cached)
+    done.write_text(digest)
+    return cached, "shipped"
 
 
 def stop_stale(pidfile: Path, base: Path) -> bool:
@@ -115,7 +202,8 @@ class EngineWorker:
     ``settings``: :class:`VLLMServer`'s keyword arguments but the base, log and host; ``keep``: versions kept per
     model; ``token``: the folder's name on the node (the same for a restarted actor); ``name``: the base's name;
     ``host``: the address the server listens on when the actor is on the trainer's node ``driver_node`` (Ray's node
-    id; ``rollout.vllm.host``, 127.0.0.1 by default), else the node's address as Ray knows it."""
+    id; ``rollout.vllm.host``, 127.0.0.1 by default), else the node's address as Ray knows it; ``api_key``: the bearer
+    key the server demands (the trainer's, for the whole run: a restarted actor's server takes the same)."""
 
     def __init__(
         self,
@@ -128,9 +216,11 @@ class EngineWorker:
         timeout_s: float = 120.0,
         host: str = "127.0.0.1",
         driver_node: str | None = None,
+        api_key: str | None = None,
     ):
-        self.host, self.driver_node = host, driver_node
+        self.host, self.driver_node, self.api_key = host, driver_node, api_key
         self.error: str | None = None
+        self.base_placed: str | None = None  #: how the base came to this node (:func:`place_base`)
         self.server = self.adapters = None
         self.folder = Path(tempfile.gettempdir()) / f"swarm-engine-{token}" / name
         try:
@@ -146,20 +236,24 @@ class EngineWorker:
         from swarm_runtime.rollout.vllm_server import VLLMServer, check_cpu_shape, probe_python
 
         self.folder.mkdir(parents=True, exist_ok=True)
-        model = self.folder / "base"
+        model = self.folder / "base"  # a link to the base's folder: the server's command names this actor's folder
         if stop_stale(self.folder / "server.pid", model):
             logger.warning("stopped the vLLM server a dead sampler actor left on {}", model)
-        write_folder(base, model)
+        where, self.base_placed = place_base(base, self.folder, ray.get)
+        _unlink(model)
+        model.symlink_to(where, target_is_directory=True)
         if probe_python(python).get("cpu"):
             check_cpu_shape(model)
         here = ray.get_runtime_context().get_node_id() == self.driver_node
         host = self.host if here else ray.util.get_node_ip_address()
-        self.server = VLLMServer(python, model, self.folder / "vllm.log", host=host, die_with_parent=True, **settings)
+        self.server = VLLMServer(
+            python, model, self.folder / "vllm.log", host=host, die_with_parent=True, api_key=self.api_key, **settings
+        )
         if int(settings.get("port", 0)):
             self.server._wait_port()  # a stale server's port is freed as its process group ends
         self.server.start()
         self._pidfile()
-        self.client = Client(self.server.url, timeout=float(timeout_s))
+        self.client = Client(self.server.url, timeout=float(timeout_s), api_key=self.api_key)
         self.adapters = AdapterSync(self.client, self.folder / "adapters", keep=keep)
 
     def _pidfile(self) -> None:
@@ -176,6 +270,7 @@ class EngineWorker:
             "url": s.url if s is not None and self.error is None else None,
             "log": str(self.folder / "vllm.log"),
             "started_s": getattr(s, "started_s", None),
+            "base": self.base_placed,
             "loaded": {m: list(v) for m, v in (self.adapters.loaded if self.adapters else {}).items()},
         }
 
@@ -231,13 +326,23 @@ class EngineWorker:
         return True
 
     def stop(self) -> bool:
-        """Stop the server; its base and adapter folders are removed (the log stays, beside the pid file's place)."""
+        """Stop the server; the link to its base, this node's copies of the base and the adapter folder are removed
+        (the log stays, beside the pid file's place; a base used in place is the trainer's, left alone)."""
         if self.server is not None:
             self.server.stop()
         (self.folder / "server.pid").unlink(missing_ok=True)
-        for sub in ("base", "adapters"):
-            shutil.rmtree(self.folder / sub, ignore_errors=True)
+        _unlink(self.folder / "base")
+        for path in [self.folder / "adapters", *self.folder.glob("base-*"), *self.folder.glob(".base-*")]:
+            _unlink(path)
         return True
+
+
+def _unlink(path: Path) -> None:
+    """Remove ``path``: a link (never what it points to), a file or a folder; nothing if it is not there."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class EngineActor:
@@ -267,9 +372,12 @@ class EngineActor:
         self.started = connect(address, num_cpus)
         self.name, self.max_restarts = name, int(max_restarts)
         self.startup_timeout_s = float(settings.get("startup_timeout_s", 600.0))
-        #: the base's files, kept in the object store for the whole run (a restarted actor's constructor reads them)
-        self._base = ray.put(read_folder(base_folder))
+        #: the base's path, content hash and files, kept in the object store for the whole run (a restarted actor's
+        #: constructor reads them, on a node that has neither the trainer's folder nor its own copy)
+        self._base = ship_base(base_folder)
         token = uuid.uuid4().hex[:12]
+        #: the bearer key of the actor's server (module docstring, "Keys"): made here for this run, never logged
+        self.api_key = secrets.token_urlsafe(32)
         opts = {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(options or {})}
         self.actor = (
             ray.remote(EngineWorker)
@@ -284,6 +392,7 @@ class EngineActor:
                 float(timeout_s),
                 host,
                 ray.get_runtime_context().get_node_id(),
+                self.api_key,
             )
         )
         self.kept: dict[str, list] = {}  #: model -> [(version, ref of its files)] the server holds, oldest first
@@ -294,12 +403,14 @@ class EngineActor:
         self._take(hello)
         self.start_s = time.perf_counter() - t0
         logger.info(
-            "vLLM sampler actor on Ray ({}): pid {}, server {} up in {:.1f} s ({:.1f} s in all; log on its node: {})",
+            "vLLM sampler actor on Ray ({}): pid {}, server {} up in {:.1f} s ({:.1f} s in all; base {}; log on its "
+            "node: {})",
             name,
             self.pid,
             self.url,
             hello["started_s"] or 0.0,
             self.start_s,
+            hello["base"],
             self.log,
         )
 
@@ -318,25 +429,36 @@ class EngineActor:
         self.pid, self.url, self.log, self.started_s = hello["pid"], hello["url"], hello["log"], hello["started_s"]
 
     def _hello(self, wait_s: float) -> dict:
-        """The actor's :meth:`EngineWorker.hello` once it answers (its constructor started the server)."""
-        ray = self.ray
-        end = time.monotonic() + wait_s
-        while True:
-            if actor_state(self.actor) == "DEAD":
-                raise EngineSamplerError(
-                    f"the engine sampler actor of base {self.name!r} died and its restarts are spent "
-                    f"(cluster.sampler_restarts={self.max_restarts}); the run can go on from its last checkpoint "
-                    "with resume=true"
-                )
-            try:
-                return ray.get(self.actor.hello.remote(), timeout=max(1.0, end - time.monotonic()))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                if time.monotonic() > end:
-                    raise EngineSamplerError(
-                        f"the engine sampler actor of base {self.name!r} did not answer within {wait_s:.0f} s "
-                        f"({type(exc).__name__}); the run can go on from its last checkpoint with resume=true"
-                    ) from None
-                time.sleep(0.5)
+        """The actor's :meth:`EngineWorker.hello` once it answers (its constructor started the server), from any
+        process (:meth:`_adopt` compares it with the one the trainer knows)."""
+        from swarm_runtime.cluster.remote import wait_restarted
+
+        try:
+            return wait_restarted(
+                self.ray,
+                self.actor,
+                None,
+                wait_s,
+                same_ok=True,
+                check=self._alive,
+                call=lambda actor: actor.hello.remote(),
+                pid_of=lambda hello: hello["pid"],
+                try_s=None,
+            )
+        except TimeoutError as exc:
+            raise EngineSamplerError(
+                f"the engine sampler actor of base {self.name!r} did not answer: {exc}; the run can go on from its "
+                "last checkpoint with resume=true"
+            ) from None
+
+    def _alive(self) -> None:
+        """Raise :class:`EngineSamplerError` if Ray will not restart the actor again (its restarts are spent)."""
+        if actor_state(self.actor) == "DEAD":
+            raise EngineSamplerError(
+                f"the engine sampler actor of base {self.name!r} died and its restarts are spent "
+                f"(cluster.sampler_restarts={self.max_restarts}); the run can go on from its last checkpoint "
+                "with resume=true"
+            )
 
     def call(self, method: str, *args):
         """``method`` on the actor with the process the trainer knows; a restarted actor is adopted first (loaded
@@ -372,12 +494,13 @@ class EngineActor:
             return
         self.restarts += 1
         logger.warning(
-            "sampler actor of base {} restarted: pid {} -> {}, server {} -> {}; {} versions loaded again",
+            "sampler actor of base {} restarted: pid {} -> {}, server {} -> {}; base {}; {} versions loaded again",
             self.name,
             old,
             self.pid,
             old_url,
             self.url,
+            hello["base"],
             sum(len(v) for v in self.kept.values()),
         )
         if self.url != old_url and self.on_url is not None:

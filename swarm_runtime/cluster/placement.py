@@ -320,7 +320,8 @@ def check_engine_wired(cfg) -> None:
     """What ``swarm run`` can train with (``swarm config ... --plan`` plans every engine all the same, so these are
     run-time refusals, one line each): ``train.engine=local``, or ``fsdp`` on learner actors
     (``cluster.learners=ray``: each learner ``train.shards`` Ray actors, swarm_runtime/cluster/shards.py) for
-    full-copy roles with fp32 weights. ``deepspeed`` runs in benchmarks/sharded_update.py only."""
+    a role's full copy (fp32, or bf16/fp16: fp32 masters sharded, computing in the low dtype), or an fp32 base with
+    its roles' LoRA adapters (``model.adapter=lora``). ``deepspeed`` runs in benchmarks/sharded_update.py only."""
     t = cfg.get("train")
     if t is None or str(t.engine) == "local":
         return
@@ -339,17 +340,12 @@ def check_engine_wired(cfg) -> None:
             f"(and cluster.kind=ray); got cluster.learners={learners}. Valid: cluster.learners=ray with it, or "
             "train.engine=local"
         )
-    adapter = str(cfg.model.get("adapter") or "none")
-    if adapter != "none":
-        raise ConfigError(
-            f"train.engine=fsdp with model.adapter={adapter}: a sharded learner holds a role's full copy (a base's "
-            "adapters are small enough for one process, and the frozen base is not sharded yet); valid: "
-            "model.adapter=none with train.engine=fsdp, or train.engine=local"
-        )
     dtype = str(cfg.hardware.get("dtype") or cfg.model.get("dtype") or "float32")
-    if dtype != "float32":
+    adapter = str(cfg.model.get("adapter") or "none")
+    if dtype != "float32" and adapter != "none":
         raise ConfigError(
-            f"train.engine=fsdp with {dtype} weights: the sharded learner steps fp32 parameters (FSDP2's "
-            "MixedPrecisionPolicy is not wired yet); valid: hardware.dtype=float32 (model.dtype=float32), or "
-            "train.engine=local"
+            f"train.engine=fsdp with model.adapter={adapter} on {dtype} weights: FSDP2 shards a unit of one dtype, so "
+            "the frozen base would be held as fp32 masters and the adapters computed in "
+            f"{dtype} (not wired); valid: hardware.dtype=float32 (model.dtype=float32) with model.adapter={adapter}, "
+            "model.adapter=none (full copies: fp32 masters sharded, computing in bf16/fp16), or train.engine=local"
         )

@@ -80,24 +80,40 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
     return True
 
 
-def wait_restarted(ray, actor, old_pid: int, timeout_s: float = RESTART_TIMEOUT_S, *, same_ok=False, check=None) -> int:
-    """Block until ``actor`` (whose process, pid ``old_pid``, died: Ray restarts it) answers its ``pid()`` from
-    a new process; returns that pid. ``same_ok``: an answer from ``old_pid`` counts too (the actor was out of
-    reach, not dead); else it is the old process's death not seen yet, and the wait goes on. ``check()``,
-    if given, runs before each try (it raises when the actor is gone for good). Raises :class:`TimeoutError`
-    saying why when no answer comes within ``timeout_s``."""
+def wait_restarted(
+    ray,
+    actor,
+    old_pid: int | None,
+    timeout_s: float = RESTART_TIMEOUT_S,
+    *,
+    same_ok=False,
+    check=None,
+    call=None,
+    pid_of=None,
+    try_s: float | None = 10.0,
+):
+    """Block until ``actor`` (whose process, pid ``old_pid``, died: Ray restarts it) answers from a new process;
+    returns its answer. What is asked: ``call(actor)``, an object ref (by default ``actor.pid.remote()``), whose
+    answer's pid is ``pid_of(answer)`` (by default the answer itself: then the pid is returned). ``same_ok``: an
+    answer from ``old_pid`` counts too (the actor was out of reach, not dead); else it is the old process's
+    death not seen yet, and the wait goes on. ``check()``, if given, runs before each try (it raises when the
+    actor is gone for good). ``try_s``: how long one try waits for its answer (None: until ``timeout_s`` is
+    up, for an actor whose constructor takes long). Raises :class:`TimeoutError` saying why when no answer
+    comes within ``timeout_s``."""
     end = time.monotonic() + timeout_s
     while True:
         if check is not None:
             check()
+        wait = max(1.0, end - time.monotonic()) if try_s is None else try_s
         try:
-            pid = ray.get(actor.pid.remote(), timeout=10)
+            answer = ray.get(actor.pid.remote() if call is None else call(actor), timeout=wait)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             if time.monotonic() > end:
                 raise TimeoutError(f"it did not come back within {timeout_s:.0f} s ({type(exc).__name__})") from exc
         else:
+            pid = answer if pid_of is None else pid_of(answer)
             if pid != old_pid or same_ok:
-                return pid
+                return answer
             if time.monotonic() > end:
                 raise TimeoutError(
                     f"it answers from the same process (pid {pid}) after {timeout_s:.0f} s, but lost a call"

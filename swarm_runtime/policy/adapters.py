@@ -276,6 +276,13 @@ class AdapterPolicy(TransformersPolicy):
     def parameters(self):
         return iter(self._params)
 
+    def rebind_params(self) -> None:
+        """Read the adapter's (and the base's) parameters from the model again, after something replaced them
+        (FSDP2's ``fully_shard`` in a sharded learner: train/sharded.py, ``shard_policies``)."""
+        shared = self.shared_base
+        shared._base_params = [p for n, p in shared.model.named_parameters() if "lora_" not in n]
+        self._params = shared.adapter_params(self.adapter)
+
     def save(self, path: str | Path) -> None:
         """``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT format: ``PeftModel.from_pretrained``
         and vLLM's ``--lora-modules`` load it), ``swarm_base.json`` (the base: path, fingerprint,
@@ -336,7 +343,7 @@ class GroupedLoRA:
     whole batch, and each adapter present adds ``scale * B(A(x))`` to its own slice of rows in place:
     the same products PEFT computes for one active adapter, on that adapter's rows only, with no
     per-row weight stacks, no gathers and no scatters. Built once per routed call (the spans and
-    weights are reused by every decode step); eval mode only (no dropout); a context manager that
+    layers are reused by every decode step); eval mode only (no dropout); a context manager that
     patches the LoRA layers' ``forward`` and restores them on exit."""
 
     def __init__(self, layers: list, spans: list[tuple[str, int, int | None]]):
@@ -357,23 +364,24 @@ class GroupedLoRA:
                 return None
             if getattr(m, "merged", False) or any(n not in m.lora_A or n in m.lora_variant for n, _, _ in spans):
                 return None
-            routed.append(
-                (m, [(s, e, m.lora_A[n].weight, m.lora_B[n].weight, float(m.scaling[n])) for n, s, e in spans])
-            )
+            routed.append((m, [(s, e, m.lora_A[n], m.lora_B[n], float(m.scaling[n])) for n, s, e in spans]))
         return cls(routed, spans) if routed else None
 
     def __enter__(self):
         for m, parts in self.layers:
-
+            # the LoRA Linear modules are kept and their weights read at each call: FSDP2 (a sharded learner,
+            # train/sharded.py) swaps a module's sharded weights for the gathered ones only around its forward
             def forward(x, *args, _m=m, _parts=parts, **kwargs):
                 out = _m.base_layer(x, *args, **kwargs)
                 if torch.is_grad_enabled():  # scored for a gradient: out of place, so autograd sees it
                     parts = []
-                    for s, e, A, B, scale in _parts:
+                    for s, e, lin_a, lin_b, scale in _parts:
+                        A, B = lin_a.weight, lin_b.weight
                         r = out[s:e] + F.linear(F.linear(x[s:e].to(A.dtype), A), B) * scale
                         parts.append(r.to(out.dtype))
                     return parts[0] if len(parts) == 1 else torch.cat(parts)
-                for s, e, A, B, scale in _parts:
+                for s, e, lin_a, lin_b, scale in _parts:
+                    A, B = lin_a.weight, lin_b.weight
                     xs = x[s:e] if x.dtype == A.dtype else x[s:e].to(A.dtype)
                     d = F.linear(F.linear(xs, A), B) * scale
                     if d.dtype == out.dtype:

@@ -308,7 +308,9 @@ def engine_sampler(
                 )
             url, describe = str(url), f"rollout.urls.{base}={url}"
     key = os.environ.get(str(r.api_key_env)) if r.get("api_key_env") else None
-    if key:  # a rollout.url a run folder from elsewhere saved gets no key unless the command line gives it
+    if getattr(server, "api_key", None):  # a server started with a key (an engine actor's: cluster/engine.py, "Keys")
+        key = server.api_key
+    elif key:  # a rollout.url a run folder from elsewhere saved gets no key unless the command line gives it
         from swarm_runtime.secrets import check_endpoint
 
         check_endpoint(url, f"the key in ${r.api_key_env}")

@@ -155,8 +155,12 @@ class VLLMServer:
         args: list | None = None,
         startup_timeout_s: float = 600.0,
         die_with_parent: bool = False,
+        api_key: str | None = None,
     ):
         self.python, self.base, self.log = python, Path(base), Path(log)
+        #: the bearer key the server demands on its ``/v1`` routes (vLLM's ``VLLM_API_KEY``, the environment twin of
+        #: ``--api-key``: never on the command line, which the log's first line and ``ps`` show); None: no key
+        self.api_key = api_key
         #: the server is sent SIGTERM when the process that started it dies (Linux; a sampler actor killed with
         #: kill -9 leaves no server behind): :func:`die_with_parent`
         self.die_with_parent = bool(die_with_parent)
@@ -207,6 +211,9 @@ class VLLMServer:
     def env(self) -> dict:
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU (tiny models need little)
+        env.pop("VLLM_API_KEY", None)  # only the key this server was given
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
         return env
 
     def alive(self) -> bool:

@@ -351,8 +351,11 @@ class MPTTrainer(PhasedTrainer):
     def _learner_placement(self, name: str, roles: list[str], shard: int = 0) -> dict:
         """Ray options of learner ``name``'s shard ``shard``: :attr:`learner_options`, and with ``cluster.placement``
         its slot (learner shard ``shard``) in the placement group of its roles, which the env cluster reserved."""
+        from swarm_runtime.cluster.shards import rank_gpus
+
         out = dict(self.learner_options)
         spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
+        out.update(rank_gpus(self.cfg, placed=spec is not None))  # a sharded rank's GPU, unless its bundle has it
         if spec is not None:
             from swarm_runtime.cluster.placement import actor_options
 

@@ -89,6 +89,9 @@ class Shard:
 
     rank: int
     world: int
+    #: the compute dtype of a bf16/fp16 model (its sharded parameters are the fp32 masters: :func:`to_masters`);
+    #: None: an fp32 model
+    compute: torch.dtype | None = None
 
 
 def _merge_side(side: Sequence, parts: Sequence[Sequence]) -> None:
@@ -136,7 +139,7 @@ def shard_step(policy, batch: Sequence, minibatch: int, chunk_loss, opt, sched, 
         _restore(side, saved)
     elif flops is not None:
         mine = flops[n0:]
-    params = [p for p in model.parameters() if p.grad is not None]
+    params = [p for p in policy.parameters() if p.grad is not None]  # an adapter's own (its base is frozen)
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if params else torch.zeros(())
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     opt.step()
@@ -171,9 +174,15 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
 
 
-def full_params(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The full tensors of ``model``'s parameters (``parameters()`` order; a collective: every rank calls it)."""
-    return [_full(p).detach() for p in resharded(model)]
+def _full_cpu(t):
+    return _full(t).cpu() if torch.is_tensor(t) else t
+
+
+def full_params(model: torch.nn.Module, params: Sequence | None = None) -> list[torch.Tensor]:
+    """The full tensors of ``model``'s parameters (``parameters()`` order), or of ``params`` (some of them: a
+    policy's, as an adapter's LoRA matrices on a shared base); a collective: every rank calls it."""
+    every = resharded(model)
+    return [_full(p).detach() for p in (every if params is None else params)]
 
 
 def _sharded_like(p, t: torch.Tensor):
@@ -185,9 +194,11 @@ def _sharded_like(p, t: torch.Tensor):
     return distribute_tensor(t.detach().to(p.device), p.device_mesh, p.placements)
 
 
-def load_full_params(model: torch.nn.Module, tensors: Sequence[torch.Tensor]) -> None:
-    """Copy full ``tensors`` (:func:`full_params` order) into ``model``'s shards, in place (every rank calls it)."""
-    params = resharded(model)
+def load_full_params(model: torch.nn.Module, tensors: Sequence[torch.Tensor], params: Sequence | None = None) -> None:
+    """Copy full ``tensors`` (:func:`full_params` order) into ``model``'s shards (or those of ``params``, some of
+    them), in place (every rank calls it)."""
+    every = resharded(model)
+    params = every if params is None else list(params)
     if len(params) != len(tensors):
         raise RuntimeError(f"sharded learner load: {len(tensors)} tensors for a model of {len(params)} parameters")
     with torch.no_grad():
@@ -199,13 +210,11 @@ def load_full_params(model: torch.nn.Module, tensors: Sequence[torch.Tensor]) ->
 
 
 def full_optimizer_state(opt: torch.optim.Optimizer) -> dict:
-    """``opt.state_dict()`` with each sharded state tensor gathered (a collective): the format of the same
+    """``opt.state_dict()`` with each sharded state tensor gathered (a collective) on the CPU: the format of the same
     optimizer over the unsharded parameters (integer-indexed state in parameter order, the same param groups)."""
     sd = opt.state_dict()
     return {
-        "state": {
-            i: {k: _full(v) if torch.is_tensor(v) else v for k, v in st.items()} for i, st in sd["state"].items()
-        },
+        "state": {i: {k: _full_cpu(v) for k, v in st.items()} for i, st in sd["state"].items()},
         "param_groups": copy.deepcopy(sd["param_groups"]),
     }
 
@@ -229,16 +238,68 @@ def _block_classes(model: torch.nn.Module) -> set[str]:
     return set(getattr(model, "_no_split_modules", None) or ())
 
 
-def shard_model(model: torch.nn.Module, mesh) -> torch.nn.Module:
-    """``fully_shard`` every transformer block, then the root (embeddings, tied head, final norm), in place."""
+def shard_model(model: torch.nn.Module, mesh, mp_policy=None) -> torch.nn.Module:
+    """``fully_shard`` every transformer block, then the root (embeddings, tied head, final norm), in place.
+    A PEFT model (a base with LoRA adapters) is sharded the same way: each unit holds frozen base weights and
+    trainable adapter matrices side by side (FSDP2 keeps ``requires_grad`` per parameter). ``mp_policy``: FSDP2's
+    ``MixedPrecisionPolicy`` (None: compute in the parameters' dtype)."""
     from torch.distributed.fsdp import fully_shard
 
+    kw = {} if mp_policy is None else {"mp_policy": mp_policy}
     blocks = _block_classes(model)
     for m in model.modules():
         if m is not model and type(m).__name__ in blocks:
-            fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(m, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, **kw)
     return model
+
+
+def low_precision(model: torch.nn.Module) -> torch.dtype | None:
+    """The bf16/fp16 dtype of ``model``'s weights (the first such), None when all are fp32."""
+    from swarm_runtime.train.optim import LOW_PRECISION
+
+    return next((p.dtype for p in model.parameters() if p.dtype in LOW_PRECISION), None)
+
+
+def to_masters(model: torch.nn.Module) -> torch.dtype | None:
+    """A bf16/fp16 model's parameters made fp32 in place, each its fp32 master (``train/optim.py: master_weight``:
+    the in-process optimizer's, whose rounding is the weight), so that FSDP2 shards and AdamW steps the masters and
+    computes in the low dtype (:func:`mixed_precision`), as the in-process update does. Returns that dtype (None: an
+    fp32 model, left as it is)."""
+    from swarm_runtime.train.optim import LOW_PRECISION, master_weight
+
+    low = low_precision(model)
+    if low is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dtype in LOW_PRECISION:
+                    p.data = master_weight(p).clone()
+    return low
+
+
+def mixed_precision(low: torch.dtype | None):
+    """FSDP2's ``MixedPrecisionPolicy`` for compute in ``low`` (parameters gathered in it; gradients reduced and
+    accumulated in fp32); None for fp32."""
+    if low is None:
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+
+
+def shard_policies(policies: dict, mesh, rank: int, world: int) -> None:
+    """Shard the models of ``policies`` (a learner's roles) in place, each model once (the roles that are LoRA
+    adapters on one base share it), and give every policy its :class:`Shard`. A bf16/fp16 model is sharded as its
+    fp32 masters computing in its dtype (:func:`to_masters`). ``fully_shard`` replaces each parameter by a sharded
+    one, so an adapter policy reads its parameters from the model again."""
+    done: dict[int, torch.dtype | None] = {}
+    for policy in policies.values():
+        if id(policy.model) not in done:
+            low = done[id(policy.model)] = to_masters(policy.model)
+            shard_model(policy.model, mesh, mixed_precision(low))
+        if hasattr(policy, "rebind_params"):
+            policy.rebind_params()
+        policy.shard = Shard(rank, world, done[id(policy.model)])
 
 
 def _default_chunk_loss():
@@ -256,30 +317,30 @@ def sharded_update(
     chunk_loss: Callable | None = None,
     device: str = "cpu",
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """One update in rank ``rank`` of an initialised process group of ``world``; returns the full state dict
-    of the policy's model (on rank 0; empty elsewhere) and the update's metrics (every rank): ``loss`` (the
-    batch mean, as the one-process update reports it), ``grad_norm`` (before clipping), ``shard_params`` (the
-    parameters this rank holds), ``seconds``."""
+    """One update in rank ``rank`` of an initialised process group of ``world`` (``device``: ``cpu`` with gloo,
+    ``cuda`` with NCCL, the rank's current CUDA device); returns the full state dict of the policy's model (fp32: a
+    bf16 model's masters; on rank 0, empty elsewhere) and the update's metrics (every rank): ``loss`` (the batch
+    mean, as the one-process update reports it), ``grad_norm`` (before clipping), ``shard_params`` (the parameters
+    this rank holds), ``seconds``."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
-    from swarm_runtime.train.optim import LOW_PRECISION, make_optimizer
+    from swarm_runtime.train.optim import make_optimizer
 
     chunk_loss = chunk_loss or _default_chunk_loss()
     t0 = time.time()
     policy = make_policy()
     model = policy.model
-    if any(p.dtype in LOW_PRECISION for p in model.parameters()):
-        raise ValueError(
-            "the sharded learner steps fp32 parameters; a bf16/fp16 model needs FSDP2's "
-            "MixedPrecisionPolicy (not wired yet)"
-        )
+    if device != "cpu":  # a rank's GPU (NCCL): the model and the policy's inputs there
+        model.to(device)
+        policy.device = device
+    low = to_masters(model)  # a bf16 model: fp32 masters sharded, bf16 compute
     mesh = init_device_mesh(device, (world,))
-    shard_model(model, mesh)
+    shard_model(model, mesh, mixed_precision(low))
     opt, sched = make_optimizer(
         model.parameters(), settings.lr, settings.weight_decay, settings.total_steps, settings.warmup, eps=settings.eps
     )
-    policy.shard = Shard(rank, world)
+    policy.shard = Shard(rank, world, low)
     loss, norm = shard_step(policy, batch, settings.minibatch, chunk_loss, opt, sched, settings.grad_clip)
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

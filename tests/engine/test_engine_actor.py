@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, TINY_RUN
@@ -57,12 +58,34 @@ def _same_rows(run, reference) -> None:
         assert g.keys() == w.keys() and all(abs(g[k] - w[k]) < 1e-6 for k in g if k.startswith("mismatch/")), (g, w)
 
 
-def _models(url: str) -> set[str]:
+def _models(url: str, key: str | None = None) -> set[str]:
+    """What the server at ``url`` lists (``key``: its bearer key); empty when it does not answer."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/v1/models", headers=headers), timeout=2) as r:
             return {m["id"] for m in json.loads(r.read())["data"]}
     except Exception:
         return set()
+
+
+def _answers(url: str) -> bool:
+    """Whether anything answers ``/health`` at ``url`` (no key needed)."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2):
+            return True
+    except Exception:
+        return False
+
+
+def _server_key(folder: Path) -> str | None:
+    """The bearer key of the server an actor started (``VLLM_API_KEY`` in its environment, which the test reads
+    as the same user: the run never logs it), from the pid file in the actor's folder."""
+    pid = int((folder / "server.pid").read_text())
+    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        name, _, value = item.decode(errors="replace").partition("=")
+        if name == "VLLM_API_KEY":
+            return value
+    return None
 
 
 #: ``python -m vllm.entrypoints.openai.api_server --model BASE ... --host H --port P`` running our serve worker
@@ -144,16 +167,17 @@ def test_an_actor_started_server_writes_the_same_metrics(served_here, tmp_path):
     # the trainer wrote the base in its run folder (as without the actor); the server loaded the actor's copy
     assert (tmp_path / "run" / "engine" / "base" / "config.json").exists()
     assert not (tmp_path / "run" / "engine" / "adapters").exists()  # adapters are written on the actor's node
-    assert not _models(m.group(2))  # closing stopped the server
+    assert not _answers(m.group(2))  # closing stopped the server
 
 
-def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, tmp_path):
+def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, tmp_path, request):
     """kill -9 of the server's process group once every role's first version is loaded (``@v0`` in its
     /v1/models; the evaluation after SFT comes next): the actor restarts it on its port and loads its versions again; once they are back, kill -9 of the
     actor: its server goes with it (SIGTERM at its parent's death), Ray restarts the actor, which starts a server on
     another port, and the trainer loads it with the synced versions and takes its URL. The run ends with exit 0,
     one actor restart, the unanswered rows sent again, and the same metrics rows as the run without the actor (no
-    episode lost or played twice)."""
+    episode lost or played twice). The actor's server has a key, in no log: vLLM refuses its list without it (our
+    worker standing in for vLLM takes no key)."""
     python, here = served_here
     seen: dict = {}
 
@@ -163,7 +187,7 @@ def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, t
         """Until the server lists all of ``names`` (None: until it does not answer)."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            served = _models(seen["url"])
+            served = _models(seen["url"], seen["key"])
             if (names is None and not served) or (names and names <= served):
                 return True
             time.sleep(0.2)
@@ -171,6 +195,7 @@ def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, t
 
     def killer():
         if wait_for(first):  # then the evaluation after SFT sends its rows
+            seen["refused"] = not _models(seen["url"])  # the same request without the key
             os.killpg(int((seen["folder"] / "server.pid").read_text()), signal.SIGKILL)
             seen["server killed"] = True
             if wait_for(None, 30) and wait_for(first):  # down, then restarted by the actor with its versions
@@ -182,17 +207,20 @@ def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, t
         if m and "pid" not in seen:
             seen["pid"], seen["url"] = int(m.group(1)), m.group(2)
             seen["folder"] = Path(LOG.search(line).group(1)).parent
+            seen["key"] = _server_key(seen["folder"])
             threading.Thread(target=killer, daemon=True).start()
 
     code, out = _run(tmp_path, python, *RAY, watch=watch)
     assert code == 0, out[-4000:]
     assert "server killed" in seen and "actor killed" in seen, (seen, out[-3000:])
+    assert len(seen["key"]) >= 32 and seen["refused"] == (request.node.callspec.params["served_here"] == "vllm")
+    assert seen["key"] not in out and seen["key"] not in (seen["folder"] / "vllm.log").read_text()
     assert "it answers again, the rows are sent again" in out, out[-3000:]
     restarted = [ln for ln in out.splitlines() if "sampler actor of base default restarted: pid" in ln]
     assert len(restarted) == 1, out[-3000:]
     new_url = re.search(r"server \S+ -> (\S+);", restarted[0]).group(1)
     assert new_url != seen["url"], restarted  # the new actor's server took a port of its own
-    assert not _models(seen["url"])  # the dead actor's (restarted) server went with it
+    assert not _answers(seen["url"])  # the dead actor's (restarted) server went with it
     assert "'restarts': 1" in next(ln for ln in out.splitlines() if "sampler actor of base default closed" in ln)
     _same_rows(tmp_path / "run", here)
 
@@ -232,3 +260,178 @@ def test_a_vllm_python_missing_on_the_node_is_one_line(tmp_path):
     last = out.strip().splitlines()[-1]
     assert last.startswith("swarm: error: the sampler actor of base 'default' could not start its vLLM server:"), last
     assert "SWARM_VLLM_PYTHON=" in last and "cannot be run" in last and "virtualenv with vLLM" in last, last
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../outside", "a/../../outside", "a/..", ""])
+def test_write_folder_refuses_paths_outside_its_folder_before_writing(tmp_path, bad):
+    """The files a node writes come through the object store: an absolute path or a ``..`` part (one that would
+    land outside the folder) is refused naming it, before anything is written or the old folder removed."""
+    from swarm_runtime.cluster.engine import read_folder, write_folder
+
+    folder = tmp_path / "base"
+    write_folder({"config.json": b"{}", "sub/w.bin": b"x"}, folder)
+    with pytest.raises(ValueError, match=re.escape(repr(bad))):
+        write_folder({"first.json": b"1", bad: b"2"}, folder)
+    assert read_folder(folder) == {"config.json": b"{}", "sub/w.bin": b"x"}  # the old folder, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+class _FakeRay:
+    """What ``wait_restarted`` asks of Ray: ``get`` (an exception in the script is raised) and its two errors."""
+
+    class exceptions:  # noqa: N801 - ray.exceptions
+        class RayActorError(Exception):
+            pass
+
+        class GetTimeoutError(Exception):
+            pass
+
+    def get(self, ref, timeout=None):
+        assert timeout is not None and timeout > 0
+        if isinstance(ref, Exception):
+            raise ref
+        return ref
+
+
+class _ScriptedActor:
+    """An actor whose ``hello`` (and ``pid``) answer from a script: the next item each call."""
+
+    def __init__(self, *script):
+        self.script, self.asked = list(script), []
+
+    def _next(self, method):
+        self.asked.append(method)
+        return self.script.pop(0)
+
+    def __getattr__(self, method):  # actor.hello.remote(), actor.pid.remote()
+        return SimpleNamespace(remote=lambda: self._next(method))
+
+
+def test_wait_restarted_asks_the_method_it_is_given_and_returns_its_answer():
+    """One wait for a restarted actor (cluster/remote.py): ``call`` picks what is asked, ``pid_of`` reads the
+    answering process from its answer; an answer from the dead process (not seen dead yet) is passed over."""
+    from swarm_runtime.cluster.remote import wait_restarted
+
+    ray = _FakeRay()
+    actor = _ScriptedActor(ray.exceptions.RayActorError(), {"pid": 5}, {"pid": 7, "url": "u"})
+    got = wait_restarted(ray, actor, 5, 30, call=lambda a: a.hello.remote(), pid_of=lambda h: h["pid"])
+    assert got == {"pid": 7, "url": "u"} and actor.asked == ["hello"] * 3
+    actor = _ScriptedActor(ray.exceptions.GetTimeoutError(), 9)
+    assert wait_restarted(ray, actor, 5, 30) == 9 and actor.asked == ["pid", "pid"]  # the default: pid()
+    with pytest.raises(TimeoutError, match=r"did not come back within 0 s \(RayActorError\)"):
+        wait_restarted(ray, _ScriptedActor(ray.exceptions.RayActorError()), 5, 0, call=lambda a: a.hello.remote())
+
+
+def test_the_engine_actors_hello_waits_through_wait_restarted(monkeypatch):
+    """``EngineActor._hello``: the actor's hello from whichever process answers first, its errors as one
+    ``EngineSamplerError`` each (restarts spent; no answer in time)."""
+    from swarm_runtime.cluster import engine
+
+    ray = _FakeRay()
+    actor = object.__new__(engine.EngineActor)
+    actor.ray, actor.name, actor.max_restarts = ray, "default", 2
+    actor.actor = _ScriptedActor(ray.exceptions.GetTimeoutError(), {"pid": 11})
+    assert actor._hello(30) == {"pid": 11}
+    actor.actor = _ScriptedActor(*[ray.exceptions.RayActorError()] * 3)
+    with pytest.raises(engine.EngineSamplerError, match=r"'default' did not answer: it did not come back within 0 s"):
+        actor._hello(0)
+    monkeypatch.setattr(engine, "actor_state", lambda a: "DEAD")
+    with pytest.raises(engine.EngineSamplerError, match=r"restarts are spent \(cluster.sampler_restarts=2\)"):
+        actor._hello(30)
+
+
+def _status(url: str, method: str, path: str, body: dict | None = None, key: str | None = None) -> int:
+    """The HTTP status ``method path`` gets (with ``Authorization: Bearer key`` when ``key``)."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    data = None if body is None else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + path, data, headers, method=method), timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@needs_vllm[0]
+@needs_vllm[1]
+def test_a_keyed_vllm_server_refuses_requests_without_its_key(registry, tmp_path):
+    """What an engine actor's server does with its key (cluster/engine.py, "Keys"), on a real vLLM: the run's
+    sampler (adapter sync and sampling) sends it and works; without it vLLM answers 401 on its /v1 routes (the
+    models list, completions, LoRA load and unload); /health stays open. The key is in neither the server's command
+    line nor its log. Also printed (measured, not asserted: vLLM's choice): what its routes outside /v1 answer."""
+    import secrets
+
+    from enginekit import PROMPTS, learner_for, vllm_python
+
+    from swarm_runtime.rollout.base import Row
+    from swarm_runtime.rollout.factory import _shared, engine_sampler, server_settings, write_base
+    from swarm_runtime.rollout.vllm_server import VLLMServer
+
+    cfg, learner = learner_for(registry, "rollout.engine=vllm")
+    key = secrets.token_urlsafe(32)
+    base = write_base(_shared(learner)[1], tmp_path / "engine" / "default" / "base")
+    server = VLLMServer(
+        vllm_python(), base, tmp_path / "vllm.log", api_key=key, **server_settings(cfg, len(learner.models()))
+    ).start()
+    try:
+        sampler = engine_sampler(cfg, learner, tmp_path, server=server)  # syncs every role's adapter: with the key
+        rows = [Row(m, p, (3, i, 0, 1)) for i, (m, p) in enumerate(PROMPTS.items())]
+        assert all(a.tokens for a in sampler.act(rows))
+        url = server.url
+        assert _status(url, "GET", "/health") == 200
+        assert _status(url, "GET", "/v1/models", key=key) == 200
+        guarded = [
+            ("GET", "/v1/models", None),
+            ("POST", "/v1/completions", {"model": "Logger@v0", "prompt": "you are", "max_tokens": 2}),
+            ("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path)}),
+            ("POST", "/v1/unload_lora_adapter", {"lora_name": "Logger@v0"}),
+        ]
+        for method, path, body in guarded:
+            assert _status(url, method, path, body) == 401, path
+            assert _status(url, method, path, body, key="not-the-key") == 401, path
+        outside = [
+            ("POST", "/tokenize", {"model": str(base), "prompt": "you are"}),
+            ("POST", "/invocations", {"model": "Logger@v0", "prompt": "you are", "max_tokens": 2}),
+            ("POST", "/adapters", {"name": "y", "src": str(tmp_path)}),
+            ("GET", "/metrics", None),
+        ]
+        print("\nwithout the key, outside /v1:", {p: _status(url, m, p, b) for m, p, b in outside})
+        assert "Logger@v0" in {m["id"] for m in sampler.client.get("/v1/models")["data"]}  # nothing was unloaded
+        cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode()
+        assert key not in cmdline and key not in server.log.read_text()
+        sampler.close()
+    finally:
+        server.stop()
+
+
+def test_the_base_is_used_in_place_or_shipped_once_per_node(tmp_path):
+    """``place_base`` (how an engine actor finds the base on its node): the trainer's folder when this node sees the
+    same files there (nothing shipped); else shipped once into this run's folder on the node and used again by a
+    restarted actor (nothing shipped again); a folder at the trainer's path with other files is not used. Stopping
+    removes the node's copy and the link to the base, never the trainer's folder."""
+    from swarm_runtime.cluster.engine import EngineWorker, files_digest, place_base, read_folder, write_folder
+
+    files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
+    trainer = write_folder(files, tmp_path / "run" / "engine" / "base")
+    shipped = {"path": str(trainer), "digest": files_digest(files), "files": ["ref"]}
+    fetched = []
+
+    def fetch(ref):
+        fetched.append(ref)
+        return dict(files)
+
+    node = tmp_path / "node"
+    node.mkdir()
+    assert place_base(shipped, node, fetch) == (trainer, "in place") and not fetched
+    elsewhere = {**shipped, "path": str(tmp_path / "not-on-this-node")}
+    where, how = place_base(elsewhere, node, fetch)
+    assert how == "shipped" and fetched == ["ref"] and read_folder(where) == files and where.parent == node
+    assert place_base(elsewhere, node, fetch) == (where, "cached") and fetched == ["ref"]  # a restarted actor
+    (trainer / "config.json").write_bytes(b'{"a": 2}')  # another base at that path
+    assert place_base(shipped, node, fetch) == (where, "cached")
+
+    worker = object.__new__(EngineWorker)
+    worker.server, worker.folder = None, node
+    (node / "base").symlink_to(trainer, target_is_directory=True)
+    (node / "adapters").mkdir()
+    worker.stop()
+    assert sorted(p.name for p in node.iterdir()) == [] and read_folder(trainer)["model.safetensors"]
