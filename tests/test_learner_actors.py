@@ -27,6 +27,7 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
     r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr  # one per role: full copies
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
     rows = run_rows(tmp_path / "run")
     assert rows == run_rows(in_process) and len(rows) >= 3
     updates = [row for row in rows if "kind" in row]
@@ -35,8 +36,40 @@ def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, 
     assert any(k.startswith("charts/kl_") for k in updates[2])
     assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
     assert run_eval(tmp_path / "run") == run_eval(in_process)
+    _same_sft_checkpoint(tmp_path / "run", in_process)
     # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
     _same_training_states(tmp_path / "run", in_process, "iter-000003")
+
+
+def _sft_ran_on_the_learners(log: str, learner_of: dict) -> None:
+    """The run's log says the learner actors started before SFT and that each role's SFT ran on its learner, in the
+    process (pid) that the learner's start named, not the driver's."""
+    import re
+
+    lines = log.splitlines()
+    start = next(i for i, line in enumerate(lines) if "learners on Ray:" in line)
+    pids = dict(re.findall(r"([\w-]+): [\w+]+ pid (\d+)", lines[start]))
+    first_sft = next(i for i, line in enumerate(lines) if re.search(r"SFT (shared )?\w+: \d+ examples", line))
+    assert start < first_sft, "the learners started after SFT"
+    ran = dict(re.findall(r"SFT of [\w+]+ ran on learner (\S+) \(pid (\d+)\)", log))
+    assert ran == {n: pids[n] for n in set(learner_of.values())}, (ran, pids)
+    for role, name in learner_of.items():
+        assert re.search(rf"SFT of \S*{role}\S* ran on learner {name} ", log), role
+
+
+def _same_sft_checkpoint(run, other) -> None:
+    """``checkpoints/sft`` of ``run`` and ``other`` hold the same files, and every safetensors file (each role's model
+    or adapter, a trained shared base) the same tensors, bit for bit: the RL start and the reference policies."""
+    from safetensors.torch import load_file
+
+    a, b = (d / "checkpoints" / "sft" for d in (run, other))
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    tensors = [f for f in files if f.suffix == ".safetensors"]
+    assert tensors
+    for f in tensors:
+        mine, theirs = load_file(a / f), load_file(b / f)
+        assert mine.keys() == theirs.keys() and all(mine[k].equal(theirs[k]) for k in mine), f
 
 
 def _same_training_states(run, other, tag: str, rtol: float = 0.0) -> None:
@@ -62,15 +95,36 @@ def _same_training_states(run, other, tag: str, rtol: float = 0.0) -> None:
             assert mine[f"scheduler_{kind}"] == theirs[f"scheduler_{kind}"]
 
 
+LORA_RUN = [*TINY_RUN, "model.adapter=lora", "algo.sft.epochs=4", "algo.kl_coef=0.1", "algo.bid_reference=sft"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sft_of_lora_adapters_and_their_shared_base_runs_on_their_learner(tmp_path_factory, tmp_path):
+    """``model.adapter=lora``: one learner actor for the base; the shared base's SFT and each adapter's run in it,
+    before RL; metrics.jsonl (sft/* rows included) and eval.json equal the in-process run's."""
+    in_process = in_process_twin(tmp_path_factory, *LORA_RUN)
+    r = swarm("run", *LORA_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "learners on Ray: 1 (base-default: Logger+Miner+Smith" in r.stderr
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "base-default", "Miner": "base-default", "Smith": "base-default"})
+    rows = run_rows(tmp_path / "run")
+    assert any("sft/loss_base" in row for row in rows)
+    assert rows == run_rows(in_process) and len([row for row in rows if "kind" in row]) == 2
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
+    _same_sft_checkpoint(tmp_path / "run", in_process)  # the adapters and the trained base/
+
+
 KILLER = textwrap.dedent("""
     import os, signal, sys
     from swarm_runtime.cluster import learner
 
     KILL_AT = int(os.environ["KILL_AT"])
+    KILL_IN = os.environ.get("KILL_IN", "update")  # the LearnerGroup call whose KILL_AT-th kills: update or sft
     seen = {"n": 0, "kills": 0}
-    update = learner.LearnerGroup.update
+    update = getattr(learner.LearnerGroup, KILL_IN)
 
-    def killing_update(self, fn, kind, payloads):
+    def killing_update(self, fn, *args):
         seen["n"] += 1
         if seen["n"] == KILL_AT:  # the update is sent; kill its first learner before it answers
             get = self._get
@@ -87,9 +141,9 @@ KILLER = textwrap.dedent("""
                 return get(refs)
 
             self._get = get_after_kill
-        return update(self, fn, kind, payloads)
+        return update(self, fn, *args)
 
-    learner.LearnerGroup.update = killing_update
+    setattr(learner.LearnerGroup, KILL_IN, killing_update)
     from swarm_runtime.cli import main
     rc = main(sys.argv[1:])
     print(f"KILLS {seen['kills']}", file=sys.stderr, flush=True)
@@ -97,12 +151,36 @@ KILLER = textwrap.dedent("""
 """)
 
 
-def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS)):
-    """``swarm run`` (``run`` and ``extra``) under :data:`KILLER` (a learner killed in update ``kill_at``)."""
+def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS), kill_in: str = "update"):
+    """``swarm run`` (``run`` and ``extra``) under :data:`KILLER` (a learner killed in update ``kill_at``; ``kill_in``
+    ``sft``: in the SFT cold start)."""
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     run_dir = f"run_dir={tmp_path / 'run'}"
-    return patched_swarm(script, "run", *run, *extra, run_dir, cwd=tmp_path, env={"KILL_AT": str(kill_at)})
+    env = {"KILL_AT": str(kill_at), "KILL_IN": kill_in}
+    return patched_swarm(script, "run", *run, *extra, run_dir, cwd=tmp_path, env=env)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_learner_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(in_process, tmp_path):
+    """kill -9 of a learner actor while the SFT cold start runs on it: the run stops with one line (there is no
+    checkpoint to rewind to) naming the learner and the command that starts it again; exit 2. That resume does the
+    SFT from the start and ends with the unkilled in-process run's metrics and eval."""
+    r = _killed_run(tmp_path, 1, kill_in="sft")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "KILLS 1" in r.stderr
+    last = r.stderr.strip().splitlines()[-2]  # the last is the script's KILLS line
+    assert last.startswith("swarm: error: learner 'Logger' lost (pid "), last
+    assert "during the SFT cold start" in last and "no checkpoint yet" in last
+    resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
+    assert resume in last
+    assert not (tmp_path / "run" / "checkpoints" / "latest").exists()
+    r = swarm(*resume.split()[1:], cwd=tmp_path, env=LOCAL_RAY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
+    assert run_rows(tmp_path / "run") == run_rows(in_process)
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 @pytest.mark.ray
@@ -245,3 +323,64 @@ def test_a_learner_worker_updates_as_in_process_and_round_trips_its_state(regist
         assert all(torch.equal(x, y) for x, y in zip(a["params"][r], b["params"][r]))
     copy_params(policies[next(iter(g))], a["params"][next(iter(g))])  # the trainer's sync
     assert all(torch.equal(x, y) for x, y in zip(policies[next(iter(g))].parameters(), g[next(iter(g))].parameters()))
+
+
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_a_learner_worker_runs_the_sft_cold_start_as_in_process(registry, adapter):
+    """No Ray: ``LearnerWorker.sft`` (what a learner actor runs before RL) on a copy of the swarm gives the metrics,
+    FLOPs, weights and (lora) trained shared base of ``sft_units`` in process; the driver's copy takes them."""
+    import random
+    from functools import partial
+
+    import torch
+
+    from swarm_runtime.cluster.learner import LearnerWorker, copy_params, learner_groups, replay_flops
+    from swarm_runtime.flops import FlopCounter
+    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers, sft_units
+    from swarm_runtime.train.sft import collect_demos
+
+    ctx, (agents, policies), (_, copies) = _swarm_pair(registry, f"model.adapter={adapter}", "algo.sft.epochs=2")
+    demos = collect_demos(ctx.domain, ctx.task, [0, 1], rng=random.Random(0))
+    seeds = {r: 5 + i for i, r in enumerate(policies)}
+    settings = dict(epochs=2, lr=1e-3, lr_scale=1.0, batch_size=8, action_epochs=None, seed=5, progress=False)
+
+    here, cuts = FlopCounter(category="sft"), []
+    for p in policies.values():
+        p.flops = here
+    want = sft_units(policies, demos=demos, seeds=seeds, after=lambda: cuts.append(here.training_total), **settings)
+    assert [u[0] for u in want] == (["base"] if adapter == "lora" else []) + ["role"] * 3 and len(cuts) == len(want)
+    got = []
+    for name, g in learner_groups(copies).items():
+        make = partial(role_optimizers, settings=optimizer_settings(ctx.cfg))
+        w = LearnerWorker(name, g, [(a.name, a.role) for a in agents], make)
+        res = w.sft(sft_units, {**settings, "demos": {r: demos[r] for r in g}, "seeds": {r: seeds[r] for r in g}})
+        got += res["units"]
+        assert set(res["params"]) == set(g) and bool(res["bases"]) == (adapter == "lora")
+    assert repr([u[:4] for u in got]) == repr(want)  # metrics equal (NaN: an accuracy with no action demos), in order
+    there = FlopCounter(category="sft")
+    for u in got:
+        replay_flops(there, u[4])
+    assert there.by_category == here.by_category and there.training_total > 0
+    for role in policies:
+        assert all(torch.equal(a, b) for a, b in zip(policies[role].parameters(), copies[role].parameters()))
+    if adapter == "lora":
+        mine, theirs = (next(iter(ps.values())).shared_base._base_params for ps in (policies, copies))
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+        assert not all(torch.equal(a, b) for a, b in zip(mine, ctx.build_swarm()[1]["Logger"].shared_base._base_params))
+    # a restarted actor (made from its creation arguments: the untrained swarm) loaded as at RL start or after a
+    # rewind holds the trained weights, the shared base included (a lora role's params_of are its adapter's only)
+    from swarm_runtime.cluster.learner import params_of, trained_bases, training_state
+
+    bases = trained_bases(policies)
+    assert set(bases) == ({"Logger"} if adapter == "lora" else set())
+    _, untrained = ctx.build_swarm()
+    for name, g in learner_groups(untrained).items():
+        w = LearnerWorker(name, g, [(a.name, a.role) for a in agents], make)
+        state = {r: {"params": params_of(policies[r]), "state": training_state(policies[r], {})} for r in g}
+        w.load({r: {**st, **({"base": bases[r]} if r in bases else {})} for r, st in state.items()})
+        for r in g:
+            assert all(torch.equal(a, b) for a, b in zip(g[r].model.parameters(), policies[r].model.parameters())), r
+    # the driver's sampling copy (a fresh, untrained build) takes the trained weights
+    _, fresh = ctx.build_swarm()
+    copy_params(fresh["Miner"], list(copies["Miner"].parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(fresh["Miner"].parameters(), policies["Miner"].parameters()))

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from tests.conftest import LOCAL_RAY, TINY_RUN, in_process_twin, run_eval, run_rows, swarm
-from tests.test_learner_actors import RAY_ARGS, _killed_run, _same_training_states
+from tests.test_learner_actors import RAY_ARGS, _killed_run, _same_training_states, _sft_ran_on_the_learners
 from tests.test_learner_actors import RUN as ACTORS_RUN
 
 #: test_learner_actors' run (TINY_RUN with SFT long enough for bid pairs, 3 updates: action, bid, action, the third's
@@ -69,6 +69,9 @@ def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_proc
     r = swarm("run", *RUN, *FSDP, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr and "2 ranks each (fsdp)" in r.stderr
+    # SFT ran on the ranks (each its own full copy) before they formed their groups and sharded the models
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
+    assert "learners sharded after their SFT: 2 ranks each (fsdp)" in r.stderr
     rows = run_rows(tmp_path / "run")
     updates = [row for row in rows if "kind" in row]
     assert [u["kind"] for u in updates] == ["action", "bid", "action"]

@@ -97,6 +97,18 @@ def copy_params(policy, tensors: Sequence) -> None:
             p.copy_(t)
 
 
+def trained_bases(policies: Mapping) -> dict:
+    """``{role: the weights of its shared base}`` for the first role of each shared base the SFT cold start trains
+    (``model.adapter=lora`` on a config-built base): a role's :func:`params_of` are its adapter's only."""
+    out, seen = {}, set()
+    for role, p in policies.items():
+        shared = getattr(p, "shared_base", None)
+        if shared is not None and shared.trains_base and id(shared) not in seen:
+            seen.add(id(shared))
+            out[role] = [t.detach() for t in shared._base_params]
+    return out
+
+
 def training_state(policy, optimizers: Mapping) -> dict:
     """What a checkpoint's ``training_state.pt`` holds of a role beside its RNG: fp32 masters (bf16/fp16
     weights only), then each kind's optimizer and scheduler state (``checkpoint.save_checkpoint``'s order)."""
@@ -177,6 +189,30 @@ class LearnerWorker:
         """What the driver copies into its sampling copy of ``role`` after an update (:func:`params_of`)."""
         return params_of(self.policies[role])
 
+    def set_reference(self, reference: dict | None) -> None:
+        """This learner's reference policies (the frozen RL-start models), given after the SFT cold start made
+        them: :meth:`LearnerGroup.set_reference`; sent again with every :meth:`LearnerGroup.load` (a restarted
+        actor has only its creation arguments)."""
+        self.reference = reference
+        for p in (reference or {}).values():
+            p.flops = self.flops
+
+    def sft(self, fn: Callable, kwargs: dict) -> dict:
+        """The SFT cold start of this learner's roles (``train/mpt.py: sft_units``): ``fn(policies, after=...,
+        **kwargs)`` -> ``[(kind, name, metrics)]``, ``after()`` called after each unit. Returns each unit with the
+        FLOPs it counted, then every role's trained parameters and fp32 masters, and a trained shared base's
+        weights (``model.adapter=lora``: the adapters' parameters do not hold them), by base name."""
+        self.flops.take()
+        cuts: list[list] = []
+        units = fn(self.policies, after=lambda: cuts.append(self.flops.take()), **kwargs)
+        bases = {self.policies[r].shared_base.name: t for r, t in trained_bases(self.policies).items()}
+        return {
+            "units": [(*u, f) for u, f in zip(units, cuts)],
+            "params": {r: params_of(p) for r, p in self.policies.items()},
+            "masters": {r: master_weights(p.parameters()) for r, p in self.policies.items()},
+            "bases": bases,
+        }
+
     def training_states(self) -> dict:
         """Per role: :func:`training_state` (for the driver's checkpoint)."""
         return {
@@ -193,6 +229,12 @@ class LearnerWorker:
         for role, st in copy.deepcopy(dict(states)).items():
             policy = self.policies[role]
             copy_params(policy, st["params"])
+            if "base" in st:  # a shared base the SFT trained (a restarted actor has the untrained one it was made with)
+                import torch
+
+                with torch.no_grad():
+                    for p, t in zip(policy.shared_base._base_params, st["base"], strict=True):
+                        p.copy_(t)
             restore_master_weights(policy.parameters(), st["state"].get("master_weights"))
             for kind, table in self.optimizers.items():
                 if f"optimizer_{kind}" in st["state"] and role in table:
@@ -251,6 +293,7 @@ class LearnerGroup:
         self.pids = dict(zip(self.actors, ray.get([a.pid.remote() for a in self.actors.values()])))
         self.restarts = {n: 0 for n in self.actors}
         self.lr: dict[str, dict[str, float]] = {}
+        self._reference: dict | None = None  #: learner -> its reference policies in the object store (set_reference)
         self.closed = False
         logger.info(
             "learners on Ray: {} ({}), up in {:.1f} s",
@@ -333,8 +376,26 @@ class LearnerGroup:
                 self.lr.setdefault(k, {}).update(table)
         return [out[n] for n in payloads]
 
+    def sft(self, fn: Callable, payloads: Mapping[str, dict]) -> dict:
+        """The SFT cold start on the learners of ``payloads`` (``{learner: kwargs of fn}``) at once:
+        :meth:`LearnerWorker.sft` of each, by learner."""
+        return self._get({n: self._call(n, "sft", fn, kw) for n, kw in payloads.items()})
+
+    @property
+    def reference_missing(self) -> bool:
+        """Whether :meth:`set_reference` has not given the learners their reference policies yet."""
+        return self._reference is None
+
+    def set_reference(self, reference: Mapping) -> None:
+        """Give every learner its roles' reference policies (made after SFT: the actors started before it); kept
+        in the object store and sent again by every :meth:`load` (a restarted actor lacks them)."""
+        self._reference = {n: self.ray.put({r: reference[r] for r in roles}) for n, roles in self.roles.items()}
+
     def load(self, states: Mapping[str, dict]) -> None:
-        """Load ``{role: {"params": ..., "state": ...}}`` into the learners (all of them at once)."""
+        """Load ``{role: {"params": ..., "state": ...[, "base": ...]}}`` into the learners (all of them at once; "base":
+        :func:`trained_bases`), and their reference policies when :meth:`set_reference` gave them."""
+        if self._reference is not None:
+            self._get({n: self._call(n, "set_reference", ref) for n, ref in self._reference.items()})
         refs = {
             n: self._call(n, "load", {r: states[r] for r in roles if r in states}) for n, roles in self.roles.items()
         }

@@ -110,6 +110,12 @@ class ShardWorker(LearnerWorker):
         self.optimizers = self._make_optimizers(self.policies)
         return os.getpid()
 
+    def sft(self, fn: Callable, kwargs: dict) -> dict:
+        """:meth:`LearnerWorker.sft` on this rank's own full copy, before :meth:`join` shards it (every rank alike:
+        the same seed and examples, the same result); rank 0 answers, the others send nothing back."""
+        out = super().sft(fn, kwargs)
+        return out if self.rank == 0 else {}
+
     def _params(self, role: str) -> list:
         from swarm_runtime.train.sharded import full_params
 
@@ -165,17 +171,35 @@ class ShardedLearnerGroup(LearnerGroup):
     """:class:`LearnerGroup` whose learners are ``shards`` :class:`ShardWorker` ranks each (``self.ranks``;
     ``self.actors``: each learner's rank 0); ``engine="deepspeed"``: ZeRO-3 ranks (cluster/deepspeed_shards.py)."""
 
-    def __init__(self, *args, shards: int, engine: str = "fsdp", **kw):
+    def __init__(self, *args, shards: int, engine: str = "fsdp", join: bool = True, **kw):
+        """``join`` False: the ranks form their groups (and shard their models) only after :meth:`sft` (the SFT cold
+        start, each rank on its own full copy)."""
         self.shards, self.engine = int(shards), str(engine)
         self.ranks: dict[str, list] = {}  #: learner -> its ranks' actors
         self.rank_pids: dict[str, list[int]] = {}  #: learner -> its ranks' pids
+        self._unjoined = not join  #: ranks started and not in their groups yet (until sft)
         super().__init__(*args, **kw)
+        if join:
+            self._joined()
+
+    def _joined(self, when: str = "") -> None:
         logger.info(
-            "learners sharded: {} ranks each ({}): {}",
+            "learners sharded{}: {} ranks each ({}): {}",
+            when,
             self.shards,
             self.engine,
             ", ".join(f"{n} pids {'+'.join(map(str, pids))}" for n, pids in self.rank_pids.items()),
         )
+
+    def sft(self, fn: Callable, payloads) -> dict:
+        """:meth:`LearnerGroup.sft` on every rank (each its own full copy, :meth:`ShardWorker.sft`), then the ranks
+        of each learner form their group and shard the trained models."""
+        out = super().sft(fn, payloads)
+        if self._unjoined:
+            self._join(*self.ranks)
+            self._unjoined = False
+            self._joined(" after their SFT")
+        return out
 
     def _shard_pid_file(self, name: str, k: int) -> str | None:
         f = self.pid_files[name]
@@ -198,7 +222,11 @@ class ShardedLearnerGroup(LearnerGroup):
                 )
                 for k in range(self.shards)
             ]
-        self._join(*self.ranks)
+        if self._unjoined:  # their pids now (a rank lost during SFT is named by them); the group after it
+            for name, ranks in self.ranks.items():
+                self.rank_pids[name] = self.ray.get([a.pid.remote() for a in ranks])
+        else:
+            self._join(*self.ranks)
         return {name: ranks[0] for name, ranks in self.ranks.items()}
 
     def _join(self, *names: str) -> list[int]:

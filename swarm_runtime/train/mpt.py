@@ -14,6 +14,7 @@ import torch
 from loguru import logger
 
 from swarm_runtime import checkpoint as ckpt
+from swarm_runtime.bases import base_dir
 from swarm_runtime.cluster import close_cluster
 from swarm_runtime.env import close_all
 from swarm_runtime.episode import new_slots, play
@@ -104,6 +105,51 @@ def role_optimizers(policies: dict, settings: dict) -> dict:
         kind: {role: make_optimizer(p.parameters(), **kw) for role, p in policies.items()}
         for kind, kw in settings.items()
     }
+
+
+def sft_units(
+    policies: dict,
+    *,
+    demos: dict,
+    seeds: dict,
+    epochs: int,
+    lr: float,
+    lr_scale: float,
+    batch_size: int,
+    action_epochs,
+    seed: int,
+    progress: bool,
+    after=lambda: None,
+) -> list[tuple]:
+    """The SFT cold start of ``policies`` (the run's roles in process, or a learner actor's: ``cluster.learners=ray``,
+    cluster/learner.py: ``LearnerWorker.sft``): each config-built shared base on its roles' demos first
+    (``model.adapter=lora``: ``sft_shared_base``), then each role on its own demos (``seeds[role]``; the learning rate
+    times ``lr_scale``) and its greedy demo-action accuracy. ``after()`` is called after each unit (a learner splits
+    its FLOPs there). ``[(kind "base" | "role", name, metrics, the unit's first role)]`` in that order."""
+    first: dict[str, str] = {}
+    for role, p in policies.items():
+        shared = getattr(p, "shared_base", None)
+        if shared is not None and shared.trains_base:
+            first.setdefault(base_dir(shared.name), role)
+
+    def run(policy, examples, rate, at, desc):
+        return sft(
+            policy, examples, epochs, rate, batch_size, at, desc=desc, progress=progress, action_epochs=action_epochs
+        )
+
+    def base_sft(policy, examples):
+        m = run(policy, examples, lr, seed + 997, "SFT base")
+        after()
+        return m
+
+    units = [("base", b, m, first[b]) for b, m in sft_shared_base(policies, demos, base_sft, seed).items()]
+    for role, policy in policies.items():
+        m = run(policy, demos[role], lr * lr_scale, seeds[role], f"SFT {role}")
+        if demos[role]:
+            m["demo_action_accuracy"] = demo_accuracy(policy, demos[role])
+        after()
+        units.append(("role", role, m, role))
+    return units
 
 
 #: Metrics of ``bid_update`` counted over all pairs: summed over the learner actors that each got a share.
@@ -210,25 +256,89 @@ class MPTTrainer(PhasedTrainer):
             for name, idx in share.items()
         }
 
+    def _sft_on_learners(self, demos: dict, settings: dict, seeds: dict) -> list[tuple]:
+        """``cluster.learners=ray``: the learner actors start now (before SFT) and each runs :func:`sft_units` on its
+        roles (their demos, seeds and settings as in process: the same result); the driver copies the trained
+        weights (and fp32 masters, and a trained shared base) into its copies. The units in the in-process order
+        (bases, then roles), each with the FLOPs it counted. A learner lost here ends the run with one line: there
+        is no checkpoint yet, and a resume does the SFT again."""
+        from swarm_runtime.cluster.learner import LearnerGone, LearnerLost, copy_params
+
+        try:
+            group = self._learner_group(sft_first=True)
+            results = group.sft(
+                sft_units,
+                {
+                    name: {**settings, "demos": {r: demos[r] for r in roles}, "seeds": {r: seeds[r] for r in roles}}
+                    for name, roles in group.roles.items()
+                },
+            )
+        except (LearnerLost, LearnerGone) as exc:
+            raise LearnerGone(
+                f"{exc}, during the SFT cold start; the run has no checkpoint yet: swarm run run_dir={self.ctx.run_dir} "
+                f"resume=true{self._address_arg()} starts it again (SFT from the start)"
+            ) from None
+        shared = {p.shared_base.name: p.shared_base for p in self.policies.values() if hasattr(p, "shared_base")}
+        units = []
+        for name, res in results.items():
+            for role, tensors in res["params"].items():
+                copy_params(self.policies[role], tensors)
+                restore_master_weights(self.policies[role].parameters(), res["masters"][role])
+            for base, tensors in res["bases"].items():
+                with torch.no_grad():
+                    for p, t in zip(shared[base]._base_params, tensors, strict=True):
+                        p.copy_(t)
+            units += res["units"]
+            logger.info("SFT of {} ran on learner {} (pid {})", "+".join(group.roles[name]), name, group.pids[name])
+        order = {role: i for i, role in enumerate(self.policies)}
+        return sorted(units, key=lambda u: (u[0] != "base", order[u[3]]))
+
     def _learners(self):
-        """``cluster.learners=ray``: the learner actors, started on first use (after SFT; they take the driver's
-        weights then) and loaded with the driver's weights and optimizer state whenever the driver's are the newer
-        (the start of RL, a resume's or a rewind's checkpoint); from then on the optimizers live only there."""
-        from swarm_runtime.cluster.learner import LearnerGroup, params_of, training_state
+        """``cluster.learners=ray``: the learner actors (:meth:`_learner_group`), given the reference policies and
+        loaded with the driver's weights and optimizer state whenever the driver's are the newer (the start of RL, a
+        resume's or a rewind's checkpoint); from then on the optimizers live only there."""
+        from swarm_runtime.cluster.learner import params_of, trained_bases, training_state
+
+        group = self._learner_group()
+        if not self._group_loaded:
+            a = self.cfg.algo
+            if (float(a.kl_coef) > 0 or str(a.bid_reference) == "sft") and group.reference_missing:
+                group.set_reference(self._reference_policies())  # made after SFT: the actors started before it
+            bases = trained_bases(self.policies)  # the actors were made before SFT: a restarted one lacks its base's
+            self._group.load(
+                {
+                    role: {
+                        "params": params_of(p),
+                        "state": training_state(p, {k: t[role] for k, t in self.optimizers.items() if role in t}),
+                        **({"base": bases[role]} if role in bases else {}),
+                    }
+                    for role, p in self.policies.items()
+                }
+            )
+            self._group_loaded, self.optimizers = True, {}
+        return self._group
+
+    def _learner_group(self, sft_first: bool = False):
+        """The learner actors, started on first use: before SFT (``sft_first``: a sharded learner's ranks then
+        each run SFT on their own full copy, and are sharded after it) or, on a resumed run, at its first update.
+        They are started without reference policies (those come from the SFT checkpoint: :meth:`_learners`)."""
+        from swarm_runtime.cluster.learner import LearnerGroup
         from swarm_runtime.cluster.shards import ShardedLearnerGroup
 
         if self._group is None:
-            c, a = self.cfg.cluster, self.cfg.algo
-            needs_ref = float(a.kl_coef) > 0 or str(a.bid_reference) == "sft"
-            t = self.cfg.get("train")
+            c, t = self.cfg.cluster, self.cfg.get("train")
             # fsdp, deepspeed: each learner train.shards ranks (cluster/shards.py)
             sharded = t is not None and str(t.engine) in ("fsdp", "deepspeed")
-            make = partial(ShardedLearnerGroup, shards=int(t.shards), engine=str(t.engine)) if sharded else LearnerGroup
+            make = (
+                partial(ShardedLearnerGroup, shards=int(t.shards), engine=str(t.engine), join=not sft_first)
+                if sharded
+                else LearnerGroup
+            )
             self._group = make(
                 self.policies,
                 [(x.name, x.role) for x in self.agents],
                 partial(role_optimizers, settings=optimizer_settings(self.cfg)),
-                self._reference_policies() if needs_ref else None,
+                None,
                 self.ctx.run_dir,
                 max_restarts=int(c.learner_restarts),
                 options=self._learner_placement,
@@ -241,17 +351,6 @@ class MPTTrainer(PhasedTrainer):
 
                 for line in check_learners_placed(spec, self._group.placement_groups(), self._group.roles):
                     logger.info("placement: {}", line)
-        if not self._group_loaded:
-            self._group.load(
-                {
-                    role: {
-                        "params": params_of(p),
-                        "state": training_state(p, {k: t[role] for k, t in self.optimizers.items() if role in t}),
-                    }
-                    for role, p in self.policies.items()
-                }
-            )
-            self._group_loaded, self.optimizers = True, {}
         return self._group
 
     def _learner_placement(self, name: str, roles: list[str], shard: int = 0) -> dict:
@@ -477,58 +576,49 @@ class MPTTrainer(PhasedTrainer):
             rng=random.Random(int(self.cfg.seed)),
         )
         t0 = time.time()
-        bases_m = sft_shared_base(  # model.adapter=lora on config-built bases: each learns its roles' demos first
-            self.policies,
-            demos,
-            lambda policy, examples: sft(
-                policy,
-                examples,
-                int(s.epochs),
-                float(s.lr),
-                int(s.batch_size),
-                int(self.cfg.seed) + 997,
-                desc="SFT base",
-                progress=bool(self.cfg.progress),
-                action_epochs=s.action_epochs,
-            ),
-            int(self.cfg.seed),
+        settings = dict(
+            epochs=int(s.epochs),
+            lr=float(s.lr),
+            lr_scale=adapter_lr_scale(self.cfg),
+            batch_size=int(s.batch_size),
+            action_epochs=s.action_epochs,
+            seed=int(self.cfg.seed),
+            progress=bool(self.cfg.progress),
         )
-        for base, base_m in bases_m.items():  # "base" (model.*), "base-NAME" (model.bases)
-            logger.info(
-                "SFT shared {}: {} examples (its roles), loss {:.3f} -> {:.3f}",
-                base,
-                base_m["examples"],
-                base_m["first_loss"],
-                base_m["loss"],
-            )
-            self.writer.log(0, {f"sft/{k}_{base}": v for k, v in base_m.items()})
-        for i, (role, policy) in enumerate(self.policies.items()):
-            m = sft(
-                policy,
-                demos[role],
-                int(s.epochs),
-                float(s.lr) * adapter_lr_scale(self.cfg),
-                int(s.batch_size),
-                int(self.cfg.seed) + i,
-                desc=f"SFT {role}",
-                progress=bool(self.cfg.progress),
-                action_epochs=s.action_epochs,
-            )
-            if not demos[role]:
-                logger.warning("SFT {}: the expert gave this role no demonstrations; it starts untrained", role)
+        seeds = {role: int(self.cfg.seed) + i for i, role in enumerate(self.policies)}
+        if self._ray_learners():  # on the learner actors, started now; the driver takes their weights
+            units = self._sft_on_learners(demos, settings, seeds)
+        else:
+            units = [(*u, None) for u in sft_units(self.policies, demos=demos, seeds=seeds, **settings)]
+        for kind, name, m, _, events in units:
+            if events is not None:
+                from swarm_runtime.cluster.learner import replay_flops
+
+                replay_flops(ctx.flops, events)
+            if kind == "base":  # "base" (model.*), "base-NAME" (model.bases)
+                logger.info(
+                    "SFT shared {}: {} examples (its roles), loss {:.3f} -> {:.3f}",
+                    name,
+                    m["examples"],
+                    m["first_loss"],
+                    m["loss"],
+                )
+                self.writer.log(0, {f"sft/{k}_{name}": v for k, v in m.items()})
                 continue
-            m["demo_action_accuracy"] = demo_accuracy(policy, demos[role])
+            if not demos[name]:
+                logger.warning("SFT {}: the expert gave this role no demonstrations; it starts untrained", name)
+                continue
             acc = m["demo_action_accuracy"]
             logger.info(
                 "SFT {}: {} examples, loss {:.3f} -> {:.3f}, greedy demo-action accuracy {}",
-                role,
+                name,
                 m["examples"],
                 m["first_loss"],
                 m["loss"],
                 "n/a (no action demos)" if acc != acc else f"{acc:.0%}",
             )
-            self.writer.log(0, {f"sft/{k}_{role}": v for k, v in m.items()})
-            self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": role, **m})
+            self.writer.log(0, {f"sft/{k}_{name}": v for k, v in m.items()})
+            self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": name, **m})
         logger.info("SFT done in {:.0f}s", time.time() - t0)
         self.state["phase"] = "sft_done"
         self._save("sft")
