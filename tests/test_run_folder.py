@@ -50,3 +50,24 @@ def test_a_fresh_start_keeps_a_run_it_finds_and_overwrite_replaces_it(registry, 
             _cfg(registry, f"run_dir={run}", "overwrite=true"), registry[1]
         )
     assert (run / "notes.txt").read_text() == "mine" and (run / "config.yaml").exists()
+
+
+def test_the_folders_actors_write_are_the_runs_own(tmp_path):
+    """``learners/`` (learner actors' pid files, cluster.learners=ray) and ``engine/`` (the engine server's base,
+    adapters and log) are in the manifest, so ``overwrite=true`` of such a run deletes them instead of refusing the
+    folder as holding files swarm did not write (it did, before they were claimed)."""
+    from swarm_runtime.cluster.learner import pid_files
+    from swarm_runtime.rollout.factory import engine_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    runfiles.start(run)
+    files = pid_files(run, ["Logger", "base-default"])
+    assert files == {n: str(run / "learners" / f"{n}.pid") for n in ("Logger", "base-default")}
+    (run / "learners").mkdir()
+    for f in files.values():
+        open(f, "w").write("1\n")
+    engine_folder(run, "other").mkdir(parents=True)
+    assert runfiles.foreign(run) == []
+    assert {"learners", "engine"} <= runfiles.owned(run)
+    assert pid_files(None, ["Logger"]) == {"Logger": None}

@@ -255,6 +255,17 @@ def learner_groups(policies: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def pid_files(run_dir, names) -> dict[str, str | None]:
+    """Where each learner's actor writes its pid: ``<run_dir>/learners/<name>.pid`` (None without a run folder).
+    ``learners`` is recorded in the run folder's manifest, so ``overwrite=true`` deletes it with the run."""
+    if run_dir is None:
+        return dict.fromkeys(names)
+    from swarm_runtime.runfiles import claim
+
+    folder = claim(Path(run_dir) / "learners")
+    return {n: str(folder / f"{n}.pid") for n in names}
+
+
 class LearnerGroup:
     """The learner actors of a run (driver side). ``options``: extra Ray actor options (placement: resources,
     a placement group's bundle): a dict for every actor, or a function ``(learner name, its roles[, shard]) -> dict``
@@ -281,7 +292,7 @@ class LearnerGroup:
         groups = learner_groups(policies)
         self.roles = {name: list(g) for name, g in groups.items()}
         self.learner_of = {r: name for name, rs in self.roles.items() for r in rs}
-        self.pid_files = {n: None if run_dir is None else str(Path(run_dir) / "learners" / f"{n}.pid") for n in groups}
+        self.pid_files = pid_files(run_dir, groups)
         self._options = options
         # the creation arguments (the policies as RL started, their references) stay referenced here while the
         # actors live: Ray restarts an actor from them (a restart whose arguments went out of scope fails)

@@ -162,7 +162,10 @@ def engine_folder(run_dir: Path | None, base: str = "default") -> Path:
     of ``model.bases``); a temporary folder without a run."""
     if run_dir is None:
         return Path(tempfile.mkdtemp(prefix="swarm-engine-"))
-    return Path(run_dir) / "engine" / ("" if base == "default" else base)
+    from swarm_runtime.runfiles import claim
+
+    # in the run folder's manifest: overwrite=true deletes it with the run
+    return claim(Path(run_dir) / "engine") / ("" if base == "default" else base)
 
 
 def write_base(shared, folder: Path) -> Path:
