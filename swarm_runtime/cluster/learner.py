@@ -105,7 +105,7 @@ def trained_bases(policies: Mapping) -> dict:
         shared = getattr(p, "shared_base", None)
         if shared is not None and shared.trains_base and id(shared) not in seen:
             seen.add(id(shared))
-            out[role] = [t.detach() for t in shared._base_params]
+            out[role] = [t.detach() for t in shared.base_params()]
     return out
 
 
@@ -230,11 +230,7 @@ class LearnerWorker:
             policy = self.policies[role]
             copy_params(policy, st["params"])
             if "base" in st:  # a shared base the SFT trained (a restarted actor has the untrained one it was made with)
-                import torch
-
-                with torch.no_grad():
-                    for p, t in zip(policy.shared_base._base_params, st["base"], strict=True):
-                        p.copy_(t)
+                policy.shared_base.load_base_params(st["base"])
             restore_master_weights(policy.parameters(), st["state"].get("master_weights"))
             for kind, table in self.optimizers.items():
                 if f"optimizer_{kind}" in st["state"] and role in table:

@@ -156,6 +156,16 @@ class SharedBase:
         self.lora_layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
         self._saved: dict[str, str] = {}  #: base folder written -> its fingerprint
 
+    def base_params(self) -> list[torch.nn.Parameter]:
+        """The base's own parameters (every one but the adapters'), in the model's order."""
+        return list(self._base_params)
+
+    def load_base_params(self, tensors) -> None:
+        """Copy ``tensors`` (:meth:`base_params`' order, e.g. a base trained in another process) into the base."""
+        with torch.no_grad():
+            for p, t in zip(self._base_params, tensors, strict=True):
+                p.copy_(t)
+
     @property
     def trains_base(self) -> bool:
         """A config-built base: the cold start fine-tunes it (the monolithic SFT model) first."""

@@ -285,9 +285,7 @@ class MPTTrainer(PhasedTrainer):
                 copy_params(self.policies[role], tensors)
                 restore_master_weights(self.policies[role].parameters(), res["masters"][role])
             for base, tensors in res["bases"].items():
-                with torch.no_grad():
-                    for p, t in zip(shared[base]._base_params, tensors, strict=True):
-                        p.copy_(t)
+                shared[base].load_base_params(tensors)
             units += res["units"]
             logger.info("SFT of {} ran on learner {} (pid {})", "+".join(group.roles[name]), name, group.pids[name])
         order = {role: i for i, role in enumerate(self.policies)}
