@@ -1,4 +1,5 @@
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -85,27 +86,33 @@ def pytest_configure(config):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-@pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """``(run folder, result)`` of one cold ``swarm run *TINY_RUN``, trained once for the whole session: by
-    the first module that asks, and under pytest-xdist by the first worker (under a file lock in the
-    workers' common temporary folder; the others wait for it and read it). Read it, never write into it:
-    a test that writes (eval, resume, export, a damaged file) works on a copy (``copy_run``)."""
+def shared_run(tmp_path_factory, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """``(run folder, result)`` of one cold ``swarm run ARGS``, trained once per session for each argument tuple: by
+    the first test that asks, and under pytest-xdist by the first worker (under a file lock of its own per tuple, in
+    the workers' common temporary folder; the others wait for it and read it). Read it, never write into it: a test
+    that writes (eval, resume, export, a damaged file) works on a copy (``copy_run``)."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # popen-gw0, popen-gw1, ... live side by side in it
-    d, lock = root / "tiny-run", root / "tiny-run.lock"
+    name = "tiny-run" if list(args) == TINY_RUN else "run-" + hashlib.sha1("\0".join(args).encode()).hexdigest()[:12]
+    d, lock = root / name, root / f"{name}.lock"
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         saved = d / "result.json"
         if not saved.is_file():
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir()
-            res = swarm("run", *TINY_RUN, f"run_dir={d / 'run'}", cwd=d)
+            res = swarm("run", *args, f"run_dir={d / 'run'}", cwd=d)
             assert res.returncode == 0, res.stderr[-3000:]
             saved.write_text(json.dumps({"args": res.args, "stdout": res.stdout, "stderr": res.stderr}))
         out = json.loads(saved.read_text())
     return d / "run", subprocess.CompletedProcess(out["args"], 0, out["stdout"], out["stderr"])
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """``(run folder, result)`` of one cold ``swarm run *TINY_RUN`` for the whole session (:func:`shared_run`)."""
+    return shared_run(tmp_path_factory, *TINY_RUN)
 
 
 def copy_run(run: Path, dst: Path) -> Path:
@@ -122,12 +129,11 @@ LOCAL_RAY = {"RAY_ADDRESS": "local"}
 
 def in_process_twin(tmp_path_factory, *args: str) -> Path:
     """The folder of ``swarm run ARGS`` in process (skipped without Ray): the twin whose metrics and eval a Ray
-    run of the same arguments must equal (:func:`run_rows`, :func:`run_eval`)."""
+    run of the same arguments must equal (:func:`run_rows`, :func:`run_eval`). One run per argument tuple per
+    session, shared by every module and xdist worker that asks (:func:`shared_run`; TINY_RUN's is ``tiny_run``'s):
+    read it, never write into it."""
     pytest.importorskip("ray")
-    tmp = tmp_path_factory.mktemp("local")
-    r = swarm("run", *args, f"run_dir={tmp / 'run'}", cwd=tmp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return tmp / "run"
+    return shared_run(tmp_path_factory, *args)[0]
 
 
 def run_rows(run_dir: Path) -> list[dict]:

@@ -18,7 +18,10 @@ RUN = [*TINY_RUN, "algo.sft.epochs=12", "algo.iterations=3", "algo.kl_coef=0.1",
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory):
-    return in_process_twin(tmp_path_factory, *RUN)
+    """RUN in process, with a checkpoint after every update: tests/test_sharded_learners.py's and
+    test_deepspeed_learners.py's twin, computed once for all three (``in_process_twin``); its metrics, eval.json, SFT
+    checkpoint and iter-000003 are RUN's (checkpoints change no number: measured equal)."""
+    return in_process_twin(tmp_path_factory, *RUN, "checkpoint_every=1")
 
 
 @pytest.mark.ray
