@@ -47,6 +47,7 @@ from pathlib import Path
 from loguru import logger
 
 from swarm_runtime.cluster.sampler import actor_state
+from swarm_runtime.rollout.http import EngineGone
 
 #: Tries of one call (a first try and its retries after the actor restarted).
 MAX_TRIES = 4
@@ -55,8 +56,9 @@ RESTART_SLACK_S = 120.0
 LOST = ("lost", None)
 
 
-class EngineSamplerError(RuntimeError):
-    """The engine sampler actor is gone for good (its restarts are spent, or it keeps dying)."""
+class EngineSamplerError(EngineGone):
+    """The engine sampler actor is gone for good (its restarts are spent, or it keeps dying): a replica of
+    ``cluster.sampler_replicas`` is dropped, the last one stops the run."""
 
 
 def read_folder(folder: Path) -> dict[str, bytes]:
