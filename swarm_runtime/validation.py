@@ -572,6 +572,12 @@ def cluster_sampler_replicas(cfg: DictConfig, registry) -> None:
             f"(each replica is a sampler actor with its own vLLM server), not cluster.samplers={c.get('samplers')} "
             f"and rollout.engine={engine}; valid: those two, or cluster.sampler_replicas=1"
         )
+    if c.sampler_replicas == "per_node" and c.get("placement", "none") != "none":
+        raise ConfigError(
+            f"cluster.sampler_replicas=per_node with cluster.placement={c.placement}: a placement reserves one "
+            "sampler bundle per group (the replicas share it), not one per node; valid: cluster.placement=none, or "
+            "an integer number of replicas"
+        )
 
 
 @register_check

@@ -243,7 +243,7 @@ class OpenAISampler:
             policy = self.policies[r.model]
             body = build(policy, policy.encode_prompt(r.prompt))
             body["model"] = self.adapters.served(r.model)
-            body["seed"] = row_seed(r.key, self.rng)
+            body["seed"] = r.seed if getattr(r, "seed", None) is not None else row_seed(r.key, self.rng)
             bodies.append(body)
         return [c["choices"][0] for c in self._complete([r.model for r in rows], bodies)]
 

@@ -4,7 +4,9 @@ nodes), so that a rollout's rows are drawn on all of them at once.
 
 - Rows: each call's rows are split into balanced contiguous chunks, one per live replica in order
   (:func:`spread`); the chunks are in flight together and the answers come back in the rows' order. A row keeps
-  its keyed seed (``row_seed``), so it is asked the same whichever replica gets it.
+  its keyed seed (``row_seed``), so it is asked the same whichever replica gets it; an unkeyed row gets the seed a
+  single sampler's generator would have drawn for it (:meth:`ReplicatedSampler.seeded`), so the replicas ask what
+  one server would be asked, whatever their number.
 - Sync: every changed adapter version is loaded on EVERY live replica (the same version names everywhere) before
   the call returns; each version is exported once and copied for the other replicas (:class:`ExportOnce`).
 - Faults: a replica restarts or adopts its own server as a lone sampler does (its rows retried there); one gone
@@ -15,10 +17,12 @@ nodes), so that a rollout's rows are drawn on all of them at once.
 
 from __future__ import annotations
 
+import random
 import shutil
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from loguru import logger
@@ -73,9 +77,10 @@ class ExportOnce:
 class ReplicatedSampler:
     """Several samplers of one base (``replicas``: samplers of the same models on the same weights, e.g. one
     :func:`~swarm_runtime.rollout.factory.engine_sampler` per engine actor); the module docstring says how rows,
-    sync and faults go. ``base``: the base's name, for the log lines."""
+    sync and faults go. ``base``: the base's name, for the log lines; ``seed``: the run's (the generator of the
+    unkeyed rows' seeds, as a single :class:`~swarm_runtime.rollout.openai.OpenAISampler` seeds its own)."""
 
-    def __init__(self, replicas: list, base: str = "default"):
+    def __init__(self, replicas: list, base: str = "default", seed: int = 0):
         if not replicas:
             raise ValueError("ReplicatedSampler: no replicas; valid: at least one sampler")
         self.replicas, self.base = list(replicas), str(base)
@@ -88,6 +93,8 @@ class ReplicatedSampler:
         self.servers = [getattr(s, "server", None) for s in self.replicas]
         self.on_ray = any(getattr(s, "on_ray", False) for s in self.replicas)
         self._pool = ThreadPoolExecutor(max_workers=len(self.replicas), thread_name_prefix="replica")
+        self.closed = False
+        self.rng = random.Random(int(seed))
 
     # ------------------------------------------------------------------ faults
     def _drop(self, j: int, exc: BaseException) -> None:
@@ -115,8 +122,26 @@ class ReplicatedSampler:
         )
 
     # ------------------------------------------------------------------ rows
+    def seeded(self, method: str, rows: list) -> list:
+        """``rows`` with each unkeyed row's ``seed`` drawn from :attr:`rng` in the order one
+        :class:`~swarm_runtime.rollout.openai.OpenAISampler` draws them over the whole call (``act``: the rows' order;
+        ``bid``: the rows drawn as text first, then the ``logits``-mode ones), so a row is asked with the same seed
+        whichever replica gets it and however many there are."""
+        if all(r.key is not None or r.seed is not None for r in rows):
+            return rows
+        order = list(range(len(rows)))
+        if method == "bid":
+            policies = getattr(self.replicas[0], "policies", {})
+
+            def logits(i: int) -> bool:
+                return getattr(policies.get(rows[i].model), "bid_mode", None) == "logits"
+
+            order = [i for i in order if not logits(i)] + [i for i in order if logits(i)]
+        seeds = {i: self.rng.getrandbits(63) for i in order if rows[i].key is None and rows[i].seed is None}
+        return [replace(r, seed=seeds[i]) if i in seeds else r for i, r in enumerate(rows)]
+
     def _call(self, method: str, rows) -> list:
-        rows = list(rows)
+        rows = self.seeded(method, list(rows))
         out: list = [None] * len(rows)
         todo = list(range(len(rows)))
         while todo:
@@ -185,6 +210,9 @@ class ReplicatedSampler:
             raise self._none_left()
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         logger.info(
             "sampler replicas of base {}: rows {}, requests {} per replica; {} dropped",
             self.base,

@@ -59,10 +59,15 @@ def test_rows_spread_over_replicas_in_order_and_sync_reaches_every_replica(two):
     one = engine_sampler(openai_cfg(cfg, servers[0].url), learner, run_dir / "one")
     rep = replicated(cfg, learner, run_dir, servers)
     try:
+        # unkeyed rows: the seeds one sampler's generator draws, in its order, whichever replica asks
+        free = [Row(r.model, r.prompt) for r in ROWS]
+        for _ in range(2):
+            assert [a.tokens for a in rep.act(free)] == [a.tokens for a in one.act(free)]
+            assert [b.level for b in rep.bid(free)] == [b.level for b in one.bid(free)]
         before = [s.requests for s in rep.replicas]
         acts = rep.act(ROWS)
         assert [s.requests - b for s, b in zip(rep.replicas, before)] == [5, 4]  # contiguous halves
-        assert rep.rows == [5, 4]
+        assert rep.rows == [5 * 5, 4 * 5]  # and 2 x (act + bid) of the unkeyed rows before
         alone = one.act(ROWS)
         assert [a.tokens for a in acts] == [a.tokens for a in alone]  # keyed seeds: the same answer on either
         assert [a.logprobs for a in acts] == [a.logprobs for a in alone]
@@ -74,7 +79,7 @@ def test_rows_spread_over_replicas_in_order_and_sync_reaches_every_replica(two):
             assert served_names(s.url) == {"Logger@v0", "Miner@v1", "Smith@v0"}
         assert rep.version("Miner") == 1 == rep.replicas[1].version("Miner")
         after = rep.act(ROWS)
-        assert all(a.version == (1 if r.model == "Miner" else 0) for r, a in zip(ROWS, after))
+        assert [a.version for a in after] == [int(r.model == "Miner") for r in ROWS]
         one.sync(learner, ["Miner"])
         assert [a.tokens for a in after] == [a.tokens for a in one.act(ROWS)]
     finally:
