@@ -13,11 +13,10 @@ import re
 import signal
 import threading
 
-from test_engine_actor import RAY, SERVERS, _rows, _run, _same_rows, served_here  # noqa: F401 - the fixture
-
 import pytest
+from test_engine_actor import RAY, SERVERS, _run, _same_rows, served_here  # noqa: F401 - the fixture
 
-pytestmark = pytest.mark.parametrize("served_here", SERVERS, indirect=True)
+per_server = pytest.mark.parametrize("served_here", SERVERS, indirect=True)
 
 TWO = [*RAY, "cluster.sampler_replicas=2"]
 #: the trainer's log line of replica J's actor: its process
@@ -27,6 +26,7 @@ RESTARTED = re.compile(r"sampler actor of base default#1 restarted: pid (\d+) ->
 COUNTS = re.compile(r"sampler replicas of base default: rows \[(\d+), (\d+)\], requests \[(\d+), (\d+)\]")
 
 
+@per_server
 def test_two_replicas_share_the_rows_and_write_the_same_metrics(served_here, tmp_path):
     python, here = served_here
     code, out = _run(tmp_path, python, *TWO)
@@ -39,6 +39,7 @@ def test_two_replicas_share_the_rows_and_write_the_same_metrics(served_here, tmp
     _same_rows(tmp_path / "run", here)
 
 
+@per_server
 def test_a_killed_replica_is_adopted_then_dropped_and_the_run_finishes(served_here, tmp_path):
     python, here = served_here
     seen: dict = {}
@@ -63,3 +64,50 @@ def test_a_killed_replica_is_adopted_then_dropped_and_the_run_finishes(served_he
     assert len(dropped) == 1 and "dropped, its rows go to the 1 live replica(s)" in dropped[0], out[-3000:]
     assert re.search(r"rows \[\d+, \d+\], requests \[\d+, \d+\] per replica; \[1\] dropped", out), out[-3000:]
     _same_rows(tmp_path / "run", here)
+
+
+@pytest.mark.ray
+def test_the_base_is_hashed_once_and_its_files_put_in_the_object_store_only_when_asked(tmp_path):
+    """``ship_base`` (one record for every replica of a base): the content hash read from disk, the files read and
+    put in the object store on the first ask of an actor that cannot use the trainer's folder in place, the same
+    object for every later ask; a base every node sees in place is never read into memory. ``replica_options``:
+    ``SPREAD``, a node each, or the sampler's bundle shared."""
+    ray = pytest.importorskip("ray")
+    from swarm_runtime.cluster.engine import fetch_base, folder_digest, place_base, ship_base, unship, write_folder
+    from swarm_runtime.cluster.placement import replica_nodes, replica_options
+
+    files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
+    trainer = write_folder(files, tmp_path / "run" / "engine" / "base")
+    ray.init(
+        address="local",
+        num_cpus=1,
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        shipped = ship_base(trainer)
+        assert shipped["digest"] == folder_digest(trainer) and shipped["path"] == str(trainer.resolve())
+        source = shipped["files"][0]
+        assert place_base(shipped, tmp_path / "node0", fetch_base) == (trainer.resolve(), "in place")
+        assert ray.get(source.asked.remote()) == (0, False)  # in place: never read, nothing in the object store
+        elsewhere = {**shipped, "path": str(tmp_path / "not-here")}
+        for j in range(2):  # two replicas on two nodes without the folder
+            (tmp_path / f"node{j + 1}").mkdir()
+            where, how = place_base(elsewhere, tmp_path / f"node{j + 1}", fetch_base)
+            assert how == "shipped" and (where / "model.safetensors").read_bytes() == files["model.safetensors"]
+        assert ray.get(source.asked.remote()) == (2, True)
+        first, second = ray.get(source.files.remote())[0], ray.get(source.files.remote())[0]
+        assert first == second  # one object for every ask
+        unship(shipped)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(source.asked.remote())
+        node = ray.get_runtime_context().get_node_id()
+        assert replica_nodes(ray.nodes()) == [node] and replica_nodes(ray.nodes(), gpus=1) == []
+    finally:
+        ray.shutdown()
+    assert replica_options(None, 2) == {"scheduling_strategy": "SPREAD"}
+    assert replica_options({"num_cpus": 0}, 3, node).get("scheduling_strategy").node_id == node
+    bundle = {"scheduling_strategy": object(), "num_cpus": 1.0, "num_gpus": 1.0}
+    assert replica_options(bundle, 2) == {**bundle, "num_cpus": 0.5, "num_gpus": 0.5}
