@@ -78,14 +78,9 @@ def test_the_base_is_hashed_once_and_its_files_put_in_the_object_store_only_when
 
     files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
     trainer = write_folder(files, tmp_path / "run" / "engine" / "base")
-    ray.init(
-        address="local",
-        num_cpus=1,
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    from swarm_runtime.cluster.remote import connect
+
+    assert connect(None, 1)  # a local Ray on 127.0.0.1, as a run starts it
     try:
         shipped = ship_base(trainer)
         assert shipped["digest"] == folder_digest(trainer) and shipped["path"] == str(trainer.resolve())
