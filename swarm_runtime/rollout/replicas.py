@@ -151,7 +151,10 @@ class ReplicatedSampler:
             parts = [
                 (j, todo[a:b]) for j, (a, b) in zip(live, spread(len(todo), len(live))) if b > a
             ]  # replica -> the rows' indices
-            futures = [(j, idx, self._pool.submit(getattr(self.replicas[j], method), [rows[i] for i in idx])) for j, idx in parts]
+            futures = [
+                (j, idx, self._pool.submit(getattr(self.replicas[j], method), [rows[i] for i in idx]))
+                for j, idx in parts
+            ]
             failed: list[int] = []
             error: BaseException | None = None
             for j, idx, f in futures:

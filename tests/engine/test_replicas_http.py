@@ -103,7 +103,9 @@ def test_a_replica_gone_for_good_is_dropped_and_the_last_one_stops_the_run(two):
         assert served_names(servers[0].url) == {"Logger@v0", "Miner@v0", "Smith@v1"}
         os.killpg(servers[0].proc.pid, signal.SIGKILL)
         servers[0].proc.wait(30)
-        with pytest.raises(EngineGone, match=r"every sampler replica of base 'default' is gone \(2 dropped: .*resume=true"):
+        with pytest.raises(
+            EngineGone, match=r"every sampler replica of base 'default' is gone \(2 dropped: .*resume=true"
+        ):
             rep.act(ROWS)
     finally:
         rep.close()

@@ -14,7 +14,10 @@ import signal
 import threading
 
 import pytest
-from test_engine_actor import RAY, SERVERS, _run, _same_rows, served_here  # noqa: F401 - the fixture
+import test_engine_actor
+from test_engine_actor import RAY, SERVERS, _run, _same_rows
+
+served_here = test_engine_actor.served_here  #: the fixture: (vLLM's Python, the run that starts its own server)
 
 per_server = pytest.mark.parametrize("served_here", SERVERS, indirect=True)
 
