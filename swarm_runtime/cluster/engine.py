@@ -407,6 +407,8 @@ class EngineActor:
     it), else this actor ships the base and ends it at close; ``options``: Ray actor options (placement) over the
     defaults. ``on_url(url)`` is called when a restarted actor's server answers on another URL."""
 
+    on_ray = True  #: a server on Ray (``engine_sampler`` given one speaks to it through :class:`RemoteAdapters`)
+
     def __init__(
         self,
         base_folder: Path,

@@ -101,23 +101,33 @@ def replicated_sampler(
     _, shared = _shared(learner)
     shipped = ship_base(write_base(shared, engine_folder(run_dir, base) / "base"))
     samplers: list = []
+    actors: list = [None] * n
     try:
-        for j in range(n):
-            samplers.append(
-                engine_sampler(
-                    cfg,
-                    learner,
-                    run_dir,
-                    base=base,
-                    port_offset=base_index * n + j,
-                    options=replica_options(options, n, nodes[j] if nodes else None),
-                    shipped=shipped,
-                    replica=j,
-                )
+        from concurrent.futures import ThreadPoolExecutor
+
+        def start(j: int):  # the servers start together; each sampler is then made on its started actor
+            actors[j] = start_engine_actor(
+                cfg,
+                learner,
+                run_dir,
+                base,
+                base_index * n + j,
+                replica_options(options, n, nodes[j] if nodes else None),
+                shipped,
+                j,
             )
+
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="replica-start") as pool:
+            for f in [pool.submit(start, j) for j in range(n)]:
+                f.result()
+        for j in range(n):
+            samplers.append(engine_sampler(cfg, learner, run_dir, server=actors[j], base=base))
     except BaseException:
         for s in samplers:
             s.close()
+        for a in actors[len(samplers) :]:
+            if a is not None:
+                a.close()
         unship(shipped)
         if started:
             ray.shutdown()
@@ -372,7 +382,7 @@ def engine_sampler(
 ):
     """An :class:`~swarm_runtime.rollout.openai.OpenAISampler` on ``rollout.url`` (``openai``; base ``base``
     of ``model.bases``: ``rollout.urls.NAME``) or on a vLLM server the run starts (``vllm``; ``server``: one
-    already started by :func:`start_vllm_server`; with ``cluster.samplers=ray``, one a sampler actor starts on its
+    already started by :func:`start_vllm_server`, or an engine actor started for it, which it then owns; with ``cluster.samplers=ray``, one a sampler actor starts on its
     node: :func:`start_engine_actor`, ``options`` its Ray options, ``shipped`` and ``replica`` its base shipped for
     every replica and its index). The server's base is checked against the run's,
     every model's current version loaded; closing the sampler stops a server it started."""
@@ -388,6 +398,8 @@ def engine_sampler(
     if str(r.engine) == "vllm":
         if server is None and samplers_on_ray(cfg):
             server = start_engine_actor(cfg, learner, run_dir, base, port_offset, options, shipped, replica)
+            owned = on_ray = True
+        elif getattr(server, "on_ray", False):  # an engine actor started for this sampler (a replica's): its own
             owned = on_ray = True
         elif server is None:
             server, owned = start_vllm_server(cfg, learner, run_dir, base, port_offset), True
