@@ -4,7 +4,8 @@ its rows over both (requests counted per replica at close) and writes the same m
 starts one server itself; kill -9 of one replica's actor mid-run: Ray restarts it and the trainer adopts it (its
 rows sent again); kill -9 of its successor once its restarts are spent (``cluster.sampler_restarts=1``): the
 replica is dropped with one warning, its rows go to the other, and the run finishes with the same rows. With our
-serve worker standing in for vLLM (marked ``ray``, the cluster stage) and with a real vLLM (marked ``engine``)."""
+serve worker standing in for vLLM (marked ``ray``, the cluster stage) and, the kill case only (each vLLM start costs
+minutes here), with a real vLLM (marked ``engine``; it also shows rows on both replicas and the same metrics)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ RESTARTED = re.compile(r"sampler actor of base default#1 restarted: pid (\d+) ->
 COUNTS = re.compile(r"sampler replicas of base default: rows \[(\d+), (\d+)\], requests \[(\d+), (\d+)\]")
 
 
-@per_server
+@pytest.mark.parametrize("served_here", SERVERS[:1], indirect=True)  # worker only: the vLLM case is the one below
 def test_two_replicas_share_the_rows_and_write_the_same_metrics(served_here, tmp_path):
     python, here = served_here
     code, out = _run(tmp_path, python, *TWO)
@@ -66,6 +67,8 @@ def test_a_killed_replica_is_adopted_then_dropped_and_the_run_finishes(served_he
     dropped = [ln for ln in out.splitlines() if "sampler replica 1 of base default is gone" in ln]
     assert len(dropped) == 1 and "dropped, its rows go to the 1 live replica(s)" in dropped[0], out[-3000:]
     assert re.search(r"rows \[\d+, \d+\], requests \[\d+, \d+\] per replica; \[1\] dropped", out), out[-3000:]
+    rows = [int(v) for v in COUNTS.search(out).groups()]
+    assert all(v > 0 for v in rows) and len(COUNTS.findall(out)) == 1, rows  # rows on both before the drop
     _same_rows(tmp_path / "run", here)
 
 
