@@ -551,6 +551,35 @@ def cluster_samplers(cfg: DictConfig, registry) -> None:
         )
 
 
+#: ``cluster.sampler_replicas``: engine sampler actors per base (rollout/replicas.py).
+SAMPLER_REPLICAS = (
+    (lambda v: v == "per_node" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024)),
+    "an integer in [1, 1024] or per_node",
+)
+
+
+@register_check
+def cluster_sampler_replicas(cfg: DictConfig, registry) -> None:
+    """``cluster.sampler_replicas`` other than 1: several engine sampler actors per base, which only
+    ``cluster.samplers=ray`` with ``rollout.engine=vllm`` starts (refused elsewhere, not ignored)."""
+    c = cfg.get("cluster")
+    if c is None or c.get("sampler_replicas", 1) == 1:
+        return
+    engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
+    if c.get("samplers", "local") != "ray" or engine != "vllm":
+        raise ConfigError(
+            f"cluster.sampler_replicas={c.sampler_replicas} needs cluster.samplers=ray and rollout.engine=vllm "
+            f"(each replica is a sampler actor with its own vLLM server), not cluster.samplers={c.get('samplers')} "
+            f"and rollout.engine={engine}; valid: those two, or cluster.sampler_replicas=1"
+        )
+    if c.sampler_replicas == "per_node" and c.get("placement", "none") != "none":
+        raise ConfigError(
+            f"cluster.sampler_replicas=per_node with cluster.placement={c.placement}: a placement reserves one "
+            "sampler bundle per group (the replicas share it), not one per node; valid: cluster.placement=none, or "
+            "an integer number of replicas"
+        )
+
+
 @register_check
 def cluster_learners(cfg: DictConfig, registry) -> None:
     """``cluster.learners=ray``: on the Ray of ``cluster.kind=ray`` (with ``rollout.max_staleness`` > 0 too: the
@@ -814,6 +843,7 @@ register_rules(
     _rule("cluster.num_cpus", ints(1, 4096), nullable=True, null_means="Ray's count of this machine's CPUs"),
     _rule("cluster.samplers", choices("local", "ray")),
     _rule("cluster.sampler_restarts", ints(0, 1000)),
+    _rule("cluster.sampler_replicas", SAMPLER_REPLICAS),
     _rule("cluster.learners", choices("local", "ray")),
     _rule("cluster.learner_restarts", ints(0, 1000)),
     _rule("rollout.vllm.python", STR, nullable=True, null_means="$SWARM_VLLM_PYTHON, else python3 on PATH"),

@@ -215,6 +215,9 @@ def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_p
     assert run_eval(run) == run_eval(in_process)
 
 
+ENGINE_RAY = ["model.adapter=lora", "rollout.engine=vllm", "cluster.kind=ray", "cluster.samplers=ray"]
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -228,6 +231,16 @@ def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_p
         (  # the sampler actor of in-process policies cannot play ahead (docs/distributed.md, "Staleness on Ray")
             ["rollout.max_staleness=1", "cluster.kind=ray", "cluster.samplers=ray"],
             ["rollout.max_staleness=1", "rollout.engine=local", "FLOPs", "rollout.engine=vllm"],
+        ),
+        (["cluster.sampler_replicas=0"], ["cluster.sampler_replicas=0", "[1, 1024] or per_node"]),
+        (["cluster.sampler_replicas=two"], ["cluster.sampler_replicas='two'", "[1, 1024] or per_node"]),
+        (  # replicas are engine sampler actors (rollout/replicas.py)
+            ["cluster.sampler_replicas=2"],
+            ["needs cluster.samplers=ray and rollout.engine=vllm", "not cluster.samplers=local", "replicas=1"],
+        ),
+        (
+            [*ENGINE_RAY, "cluster.sampler_replicas=per_node", "cluster.placement=split"],
+            ["sampler_replicas=per_node with cluster.placement=split", "valid: cluster.placement=none"],
         ),
     ],
 )

@@ -47,6 +47,7 @@ from pathlib import Path
 from loguru import logger
 
 from swarm_runtime.cluster.sampler import actor_state
+from swarm_runtime.rollout.http import EngineGone
 
 #: Tries of one call (a first try and its retries after the actor restarted).
 MAX_TRIES = 4
@@ -55,8 +56,9 @@ RESTART_SLACK_S = 120.0
 LOST = ("lost", None)
 
 
-class EngineSamplerError(RuntimeError):
-    """The engine sampler actor is gone for good (its restarts are spent, or it keeps dying)."""
+class EngineSamplerError(EngineGone):
+    """The engine sampler actor is gone for good (its restarts are spent, or it keeps dying): a replica of
+    ``cluster.sampler_replicas`` is dropped, the last one stops the run."""
 
 
 def read_folder(folder: Path) -> dict[str, bytes]:
@@ -113,14 +115,67 @@ def folder_digest(folder: Path) -> str:
     return _digest((rel, paths[rel].stat().st_size, chunks(paths[rel])) for rel in sorted(paths))
 
 
+class BaseFiles:
+    """A Ray actor on the trainer's node that holds a base's files for the engine actors that cannot use the
+    trainer's folder in place: read and put in the object store on the first ask only (a base every node sees
+    in place is never read into memory), then the same object for every later ask (every replica of the base,
+    every restarted actor)."""
+
+    def __init__(self, folder: str):
+        self.folder, self.ref, self.asks = str(folder), None, 0
+
+    def files(self) -> list:
+        """``[ref of read_folder(folder)]`` (in a list: the caller gets the ref, and fetches the files itself)."""
+        import ray
+
+        self.asks += 1
+        if self.ref is None:
+            self.ref = ray.put(read_folder(Path(self.folder)))
+        return [self.ref]
+
+    def asked(self) -> tuple[int, bool]:
+        """``(asks, whether the files are in the object store)``."""
+        return self.asks, self.ref is not None
+
+
 def ship_base(folder: Path) -> dict:
-    """What the trainer sends an engine actor of the base in ``folder``: its path on the trainer's node, the content
-    hash of its files (:func:`files_digest`) and a list holding the object ref of those files (in a list, so that
-    Ray hands the actor the ref and ships the files only if the actor asks for them: :func:`place_base`)."""
+    """What the trainer sends the engine actors of the base in ``folder`` (one record for all the base's replicas):
+    its path on the trainer's node, the content hash of its files (:func:`folder_digest`: read from disk a chunk at
+    a time, once) and a list holding a :class:`BaseFiles` actor on this node that puts the files in the object store
+    when an actor first asks (:func:`place_base`). :func:`unship` ends it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    source = (
+        ray.remote(BaseFiles)
+        .options(
+            num_cpus=0,
+            max_restarts=4,
+            max_task_retries=2,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
+        )
+        .remote(str(Path(folder).resolve()))
+    )
+    return {"path": str(Path(folder).resolve()), "digest": folder_digest(folder), "files": [source]}
+
+
+def fetch_base(source) -> dict[str, bytes]:
+    """The files of a shipped base (:func:`ship_base`'s ``files[0]``), asked of its :class:`BaseFiles` actor."""
     import ray
 
-    files = read_folder(folder)
-    return {"path": str(Path(folder).resolve()), "digest": files_digest(files), "files": [ray.put(files)]}
+    return ray.get(ray.get(source.files.remote())[0])
+
+
+def unship(shipped: dict) -> None:
+    """End the :class:`BaseFiles` actor of a shipped base (its files leave the object store with it)."""
+    import ray
+
+    if ray.is_initialized():
+        try:
+            ray.kill(shipped["files"][0], no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
 
 def place_base(shipped: dict, scratch: Path, fetch) -> tuple[Path, str]:
@@ -131,8 +186,8 @@ def place_base(shipped: dict, scratch: Path, fetch) -> tuple[Path, str]:
       Nothing is shipped.
     - ``"cached"``: this node's copy for this run, ``scratch/base-<hash>``, written complete by an earlier start (of
       this actor, or of the one Ray restarted), is used again. Nothing is shipped.
-    - ``"shipped"``: else the files come through Ray's object store (``fetch(ref)``: ``ray.get``) and are written to
-      ``scratch/base-<hash>`` (into a folder beside it, renamed when complete, then marked complete)."""
+    - ``"shipped"``: else the files come through Ray's object store (``fetch(files[0])``: :func:`fetch_base`) and
+      are written to ``scratch/base-<hash>`` (into a folder beside it, renamed when complete, then marked complete)."""
     digest = str(shipped["digest"])
     here = Path(shipped["path"])
     try:
@@ -239,7 +294,7 @@ class EngineWorker:
         model = self.folder / "base"  # a link to the base's folder: the server's command names this actor's folder
         if stop_stale(self.folder / "server.pid", model):
             logger.warning("stopped the vLLM server a dead sampler actor left on {}", model)
-        where, self.base_placed = place_base(base, self.folder, ray.get)
+        where, self.base_placed = place_base(base, self.folder, fetch_base)
         _unlink(model)
         model.symlink_to(where, target_is_directory=True)
         if probe_python(python).get("cpu"):
@@ -348,8 +403,11 @@ def _unlink(path: Path) -> None:
 class EngineActor:
     """The trainer's side of one base's engine actor (module docstring): what ``OpenAISampler``'s factory holds as
     its ``server`` (``url``, ``log``, ``started_s``, ``stop``). ``base_folder``: the base the trainer wrote;
-    ``options``: Ray actor options (placement) over the defaults. ``on_url(url)`` is called when a restarted
-    actor's server answers on another URL."""
+    ``shipped``: its :func:`ship_base` record when several actors share it (the replicas of a base: its caller ends
+    it), else this actor ships the base and ends it at close; ``options``: Ray actor options (placement) over the
+    defaults. ``on_url(url)`` is called when a restarted actor's server answers on another URL."""
+
+    on_ray = True  #: a server on Ray (``engine_sampler`` given one speaks to it through :class:`RemoteAdapters`)
 
     def __init__(
         self,
@@ -364,6 +422,7 @@ class EngineActor:
         options: dict | None = None,
         timeout_s: float = 120.0,
         host: str = "127.0.0.1",
+        shipped: dict | None = None,
     ):
         from swarm_runtime.cluster.remote import connect, import_ray
 
@@ -372,9 +431,11 @@ class EngineActor:
         self.started = connect(address, num_cpus)
         self.name, self.max_restarts = name, int(max_restarts)
         self.startup_timeout_s = float(settings.get("startup_timeout_s", 600.0))
-        #: the base's path, content hash and files, kept in the object store for the whole run (a restarted actor's
-        #: constructor reads them, on a node that has neither the trainer's folder nor its own copy)
-        self._base = ship_base(base_folder)
+        #: the base's path, content hash and the actor that puts its files in the object store when first asked, for
+        #: the whole run (a restarted actor's constructor asks it, on a node that has neither the trainer's folder
+        #: nor its own copy)
+        self._own_base = shipped is None
+        self._base = ship_base(base_folder) if shipped is None else shipped
         token = uuid.uuid4().hex[:12]
         #: the bearer key of the actor's server (module docstring, "Keys"): made here for this run, never logged
         self.api_key = secrets.token_urlsafe(32)
@@ -528,6 +589,8 @@ class EngineActor:
             except Exception:  # already dead (its server is stopped by its successor's constructor, or by nobody)
                 pass
             ray.kill(self.actor, no_restart=True)
+            if self._own_base:
+                unship(self._base)
             if self.started:
                 ray.shutdown()
         stats = {"calls": self.calls, "restarts": self.restarts}

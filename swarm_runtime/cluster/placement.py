@@ -371,3 +371,35 @@ def _check_deepspeed(adapter: str, dtype: str) -> None:
             "'.[deepspeed]' (on a machine without a GPU the learner ranks set DS_ACCELERATOR=cpu themselves); "
             "valid without it: train.engine=fsdp or local"
         )
+
+
+def replica_options(base: dict | None, n: int, node: str | None = None) -> dict:
+    """The Ray ``.options(...)`` of one of a base's ``n`` engine sampler replicas (``cluster.sampler_replicas``;
+    rollout/replicas.py). ``base``: the options one sampler of the base would get. In a placement group (its
+    ``scheduling_strategy`` is one): the replicas share the sampler's bundle, each asking its ``1/n`` of the
+    bundle's CPUs and GPUs (a placement reserves one sampler bundle per group); else ``node`` (Ray's node id:
+    ``per_node``) pins it to that node, or (None) Ray's ``SPREAD`` strategy puts the replicas on as many nodes as
+    it can."""
+    out = dict(base or {})
+    if out.get("scheduling_strategy") is not None:
+        for key in ("num_cpus", "num_gpus"):
+            if out.get(key):
+                out[key] = out[key] / n
+        return out
+    if node is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        out["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+    else:
+        out["scheduling_strategy"] = "SPREAD"
+    return out
+
+
+def replica_nodes(nodes: list[dict], gpus: float = 0.0) -> list[str]:
+    """The node ids (sorted) of Ray's ``ray.nodes()`` that can hold a sampler replica (``per_node``): alive, with
+    ``gpus`` GPUs when its replica asks for them."""
+    return sorted(
+        str(n["NodeID"])
+        for n in nodes
+        if n.get("Alive") and float((n.get("Resources") or {}).get("GPU", 0)) >= float(gpus)
+    )

@@ -23,6 +23,9 @@ class Row:
     key: tuple[int, ...] | None = None
     #: what the strategy knows about the row beyond its prompt (a scripted expert reads the live state)
     context: Any = field(default=None, compare=False, repr=False)
+    #: the request's seed when whoever split the call drew it (rollout/replicas.py: the one a single sampler's
+    #: generator would give this unkeyed row); None: from ``key``, else the sampler's own generator
+    seed: int | None = field(default=None, compare=False, repr=False)
 
 
 @runtime_checkable

@@ -39,20 +39,113 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict
     def opts(name: str, models: list[str]) -> dict | None:
         return placed(name, models) if placed is not None and samplers_on_ray(cfg) else options
 
-    if len(by_base) == 1:
+    replicas = sampler_replicas(cfg)
+    if len(by_base) == 1 and replicas is None:
         ((name, models),) = by_base.items()
         return engine_sampler(cfg, learner, run_dir, options=opts(name, models))
+    if len(by_base) == 1:
+        ((name, models),) = by_base.items()
+        return replicated_sampler(cfg, learner, run_dir, replicas, options=opts(name, models))
     samplers: dict[str, Sampler] = {}
-    try:  # one server per base (model.bases), each with the adapters of the roles on it
+    try:  # one server per base (model.bases), each with the adapters of the roles on it (or replicas of it)
         for i, (name, models) in enumerate(by_base.items()):
-            samplers[name] = engine_sampler(
-                cfg, BaseLearner(learner, models), run_dir, base=name, port_offset=i, options=opts(name, models)
-            )
+            view = BaseLearner(learner, models)
+            if replicas is None:
+                samplers[name] = engine_sampler(
+                    cfg, view, run_dir, base=name, port_offset=i, options=opts(name, models)
+                )
+            else:
+                samplers[name] = replicated_sampler(
+                    cfg, view, run_dir, replicas, base=name, base_index=i, options=opts(name, models)
+                )
     except BaseException:
         for s in samplers.values():
             s.close()
         raise
     return RoutedSampler(samplers, {m: name for name, models in by_base.items() for m in models})
+
+
+def sampler_replicas(cfg) -> int | str | None:
+    """``cluster.sampler_replicas`` when it asks for more than one engine sampler per base (an int > 1, or
+    ``per_node``: validation.py allows it only with ``cluster.samplers=ray`` and ``rollout.engine=vllm``); None for
+    one (the sampler of one server per base, as without the key)."""
+    c = cfg.get("cluster")
+    n = c.get("sampler_replicas", 1) if c is not None else 1
+    return None if n == 1 or not samplers_on_ray(cfg) else n
+
+
+def replicated_sampler(
+    cfg, learner, run_dir: Path | None, replicas, base: str = "default", base_index: int = 0, options=None
+):
+    """A :class:`~swarm_runtime.rollout.replicas.ReplicatedSampler` over ``replicas`` engine sampler actors of one
+    base (an int, or ``per_node``: one per alive Ray node that can hold one): the base written and shipped once
+    for all (:func:`~swarm_runtime.cluster.engine.ship_base`), each actor's Ray options
+    :func:`~swarm_runtime.cluster.placement.replica_options` of ``options``; ``base_index``: the base's place in
+    ``model.bases`` (a fixed ``rollout.vllm.port`` gives replica ``j`` of base ``i`` that port + ``i * n + j``)."""
+    from loguru import logger
+
+    from swarm_runtime.cluster.engine import ship_base, unship
+    from swarm_runtime.cluster.placement import replica_nodes, replica_options
+    from swarm_runtime.cluster.remote import connect, import_ray
+    from swarm_runtime.rollout.replicas import ReplicatedSampler
+
+    c = cfg.cluster
+    ray = import_ray()
+    started = connect(c.address, c.get("num_cpus"))
+    nodes: list = []
+    if replicas == "per_node":
+        nodes = replica_nodes(ray.nodes(), float((options or {}).get("num_gpus", 0) or 0))
+        if not nodes:
+            raise ConfigError("cluster.sampler_replicas=per_node: no alive Ray node can hold a sampler replica")
+    n = len(nodes) if replicas == "per_node" else int(replicas)
+    _, shared = _shared(learner)
+    shipped = ship_base(write_base(shared, engine_folder(run_dir, base) / "base"))
+    samplers: list = []
+    actors: list = [None] * n
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def start(j: int):  # the servers start together; each sampler is then made on its started actor
+            actors[j] = start_engine_actor(
+                cfg,
+                learner,
+                run_dir,
+                base,
+                base_index * n + j,
+                replica_options(options, n, nodes[j] if nodes else None),
+                shipped,
+                j,
+            )
+
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="replica-start") as pool:
+            for f in [pool.submit(start, j) for j in range(n)]:
+                f.result()
+        for j in range(n):
+            samplers.append(engine_sampler(cfg, learner, run_dir, server=actors[j], base=base))
+    except BaseException:
+        for s in samplers:
+            s.close()
+        for a in actors[len(samplers) :]:
+            if a is not None:
+                a.close()
+        unship(shipped)
+        if started:
+            ray.shutdown()
+        raise
+    logger.info("{} sampler replicas of base {} ({})", n, base, "one per node" if nodes else "Ray's SPREAD")
+    sampler = ReplicatedSampler(samplers, base, seed=int(cfg.get("seed", 0)))
+    _close = sampler.close
+
+    def close() -> None:
+        if sampler.closed:
+            return
+        _close()
+        unship(shipped)
+        if started:
+            ray.shutdown()
+
+    sampler.close = close
+    return sampler
 
 
 def models_by_base(learner) -> dict[str, list[str]]:
@@ -232,30 +325,42 @@ def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: st
 
 
 def start_engine_actor(
-    cfg, learner: LocalLearner, run_dir: Path | None, base: str = "default", port_offset: int = 0, options=None
+    cfg,
+    learner: LocalLearner,
+    run_dir: Path | None,
+    base: str = "default",
+    port_offset: int = 0,
+    options=None,
+    shipped: dict | None = None,
+    replica: int | None = None,
 ):
     """``cluster.samplers=ray``: write the run's base as :func:`start_vllm_server` does, and start the base's engine
     actor (:class:`~swarm_runtime.cluster.engine.EngineActor`), which writes it again on its node and starts the
     vLLM server there (on ``rollout.vllm.host`` on the trainer's node, else on the node's address); ``options``:
-    its Ray actor options (placement)."""
+    its Ray actor options (placement). ``shipped``: the base already written and shipped for all its replicas
+    (:func:`replicated_sampler`; ``replica``: this one's index, in its name ``BASE#j``)."""
     from swarm_runtime.cluster.engine import EngineActor
     from swarm_runtime.rollout.vllm_server import vllm_python
 
     c, v = cfg.cluster, cfg.rollout.vllm
     _, shared = _shared(learner)
-    model = write_base(shared, engine_folder(run_dir, base) / "base")
+    if shipped is None:
+        model = write_base(shared, engine_folder(run_dir, base) / "base")
+    else:
+        model = Path(shipped["path"])
     return EngineActor(
         model,
         vllm_python(v.get("python")),
         server_settings(cfg, len(learner.models()), port_offset),
         int(cfg.rollout.max_staleness) + 1,
-        name=base,
+        name=base if replica is None else f"{base}#{replica}",
         address=c.address,
         num_cpus=c.get("num_cpus"),
         max_restarts=int(c.get("sampler_restarts", 8)),
         options=options,
         timeout_s=float(cfg.rollout.timeout_s),
         host=str(v.host),
+        shipped=shipped,
     )
 
 
@@ -272,11 +377,14 @@ def engine_sampler(
     base: str = "default",
     port_offset: int = 0,
     options: dict | None = None,
+    shipped: dict | None = None,
+    replica: int | None = None,
 ):
     """An :class:`~swarm_runtime.rollout.openai.OpenAISampler` on ``rollout.url`` (``openai``; base ``base``
     of ``model.bases``: ``rollout.urls.NAME``) or on a vLLM server the run starts (``vllm``; ``server``: one
-    already started by :func:`start_vllm_server`; with ``cluster.samplers=ray``, one a sampler actor starts on its
-    node: :func:`start_engine_actor`, ``options`` its Ray options). The server's base is checked against the run's,
+    already started by :func:`start_vllm_server`, or an engine actor started for it, which it then owns; with ``cluster.samplers=ray``, one a sampler actor starts on its
+    node: :func:`start_engine_actor`, ``options`` its Ray options, ``shipped`` and ``replica`` its base shipped for
+    every replica and its index). The server's base is checked against the run's,
     every model's current version loaded; closing the sampler stops a server it started."""
     from swarm_runtime.rollout.http import Client, EngineError, Unreachable
     from swarm_runtime.rollout.openai import OpenAISampler
@@ -289,7 +397,10 @@ def engine_sampler(
     owned = on_ray = False
     if str(r.engine) == "vllm":
         if server is None and samplers_on_ray(cfg):
-            server, owned, on_ray = start_engine_actor(cfg, learner, run_dir, base, port_offset, options), True, True
+            server = start_engine_actor(cfg, learner, run_dir, base, port_offset, options, shipped, replica)
+            owned = on_ray = True
+        elif getattr(server, "on_ray", False):  # an engine actor started for this sampler (a replica's): its own
+            owned = on_ray = True
         elif server is None:
             server, owned = start_vllm_server(cfg, learner, run_dir, base, port_offset), True
         where = "the vLLM server of the sampler actor" if on_ray else "the vLLM server"

@@ -14,6 +14,11 @@ class EngineError(RuntimeError):
     """An inference server refused or failed a request, or cannot be reached (one clear line)."""
 
 
+class EngineGone(EngineError):
+    """A server (or its sampler actor) that stopped answering and was not brought back: gone for good. A
+    replicated sampler (:mod:`swarm_runtime.rollout.replicas`) drops such a replica; alone, the run stops."""
+
+
 class Unreachable(EngineError):
     """No answer (connection refused or reset, timeout): worth a retry, maybe on a restarted server."""
 

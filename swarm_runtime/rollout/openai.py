@@ -40,7 +40,7 @@ from swarm_runtime.policy.base import Bid, Response
 from swarm_runtime.policy.noise import gumbel_max, key_hash
 from swarm_runtime.policy.tokenizer import bid_token
 from swarm_runtime.rollout.base import Learner, Row
-from swarm_runtime.rollout.http import Client, EngineError, HTTPStatusError, Unreachable
+from swarm_runtime.rollout.http import Client, EngineError, EngineGone, HTTPStatusError, Unreachable
 
 #: ``logit_bias`` of a banned token (the OpenAI API's floor): exp(-100) next to any real logit
 BAN = -100.0
@@ -212,12 +212,12 @@ class OpenAISampler:
             if not failed:
                 break
             if self.recover is None:
-                raise EngineError(
+                raise EngineGone(
                     f"{self.describe} does not answer after {self.retries} retries ({last}); start the "
                     "server or give rollout.url of one that runs"
                 ) from None
             if restarts >= max(1, self.retries) or not self.recover():
-                raise EngineError(
+                raise EngineGone(
                     f"{self.describe} stopped answering ({last}) and did not come back after {restarts} "
                     "restart(s); the run stops here: resume it from its last checkpoint "
                     "(swarm run resume=true)"
@@ -243,7 +243,7 @@ class OpenAISampler:
             policy = self.policies[r.model]
             body = build(policy, policy.encode_prompt(r.prompt))
             body["model"] = self.adapters.served(r.model)
-            body["seed"] = row_seed(r.key, self.rng)
+            body["seed"] = r.seed if getattr(r, "seed", None) is not None else row_seed(r.key, self.rng)
             bodies.append(body)
         return [c["choices"][0] for c in self._complete([r.model for r in rows], bodies)]
 

@@ -63,3 +63,61 @@ def test_one_server_per_base_rows_routed_by_model(registry, tmp_path):
     finally:
         for server in servers.values():
             server.stop()
+
+
+def on(cfg, base: str, url: str):
+    """``cfg`` whose server of ``base`` is at ``url``."""
+    cfg = openai_cfg(cfg, url)
+    OmegaConf.update(cfg, f"rollout.urls.{base}", url, force_add=True)
+    return cfg
+
+
+def test_bases_times_replicas_compose(registry, tmp_path):
+    """``model.bases`` x ``cluster.sampler_replicas``: a :class:`RoutedSampler` over one :class:`ReplicatedSampler`
+    per base (what ``make_sampler`` builds on Ray), each replica its own server: each row goes to its base, spread
+    over that base's replicas; a sync reaches every replica of the changed role's base, and no other."""
+    from swarm_runtime.rollout.factory import BaseLearner, engine_sampler, models_by_base
+    from swarm_runtime.rollout.replicas import ReplicatedSampler
+
+    cfg, learner = learner_for(registry, *SMALL)
+    shared = {p.shared_base.name: p.shared_base for p in learner.policies.values()}
+    by_base = models_by_base(learner)
+    servers: dict = {}
+    try:
+        for name, n in (("default", 2), ("small", 2)):
+            base = write_base(shared[name], engine_folder(tmp_path, name) / "base")
+            servers[name] = [start_ref(base, tmp_path / f"ref-{name}-{j}.log") for j in range(n)]
+        routed = RoutedSampler(
+            {
+                name: ReplicatedSampler(
+                    [
+                        engine_sampler(
+                            on(cfg, name, s.url),
+                            BaseLearner(learner, by_base[name]),
+                            tmp_path / f"r{j}",
+                            base=name,
+                        )
+                        for j, s in enumerate(servers[name])
+                    ],
+                    name,
+                )
+                for name in ("default", "small")
+            },
+            {m: name for name, models in by_base.items() for m in models},
+        )
+        try:
+            rows = ROWS * 2  # Logger, Miner (default) and Smith (small), twice
+            want = LocalSampler(learner.policies, learner).bid(rows)
+            assert [b.level for b in routed.bid(rows)] == [b.level for b in want]
+            assert routed.samplers["default"].rows == [2, 2] and routed.samplers["small"].rows == [1, 1]
+            step_adapter(learner, "Smith")
+            routed.sync(learner, ["Smith"])
+            assert [served_names(s.url) for s in servers["small"]] == [{"Smith@v1"}] * 2
+            assert [served_names(s.url) for s in servers["default"]] == [{"Logger@v0", "Miner@v0"}] * 2
+            assert routed.version("Smith") == 1 and routed.version("Logger") == 0
+        finally:
+            routed.close()
+    finally:
+        for group in servers.values():
+            for server in group:
+                server.stop()
