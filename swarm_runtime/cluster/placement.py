@@ -371,3 +371,16 @@ def _check_deepspeed(adapter: str, dtype: str) -> None:
             "'.[deepspeed]' (on a machine without a GPU the learner ranks set DS_ACCELERATOR=cpu themselves); "
             "valid without it: train.engine=fsdp or local"
         )
+
+
+def node_resources(cfg, kind: str) -> dict:
+    """The Ray options that pin an actor of ``kind`` (``env``, ``learner``, ``sampler``) to the nodes holding the custom
+    resources ``cluster.resources.KIND`` names (``{"resources": {...}}``), or ``{}``: anywhere (docs/distributed.md,
+    "More than one node")."""
+    from omegaconf import DictConfig, OmegaConf
+
+    c = cfg.get("cluster")
+    asked = (c.get("resources") or {}).get(kind) if c is not None else None
+    if isinstance(asked, DictConfig):
+        asked = OmegaConf.to_container(asked, resolve=True)
+    return {"resources": {str(k): float(v) for k, v in asked.items()}} if asked else {}

@@ -32,8 +32,9 @@ from collections.abc import Mapping
 
 from loguru import logger
 
+from swarm_runtime.cluster import remote
 from swarm_runtime.cluster.learner import copy_params, params_of
-from swarm_runtime.cluster.remote import RESTART_TIMEOUT_S, wait_restarted
+from swarm_runtime.cluster.remote import wait_restarted
 
 #: Tries of one call (a first try and its retries after restarts) before giving up.
 MAX_TRIES = 5
@@ -87,6 +88,12 @@ class SamplerWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node(self) -> str:
+        """Where this actor runs (:func:`swarm_runtime.cluster.remote.node_here`)."""
+        from swarm_runtime.cluster.remote import node_here
+
+        return node_here()
 
     def load(self, synced: int, refs: dict) -> bool:
         """Take the parameters of some models (``refs``: model -> object ref of its tensors); ``synced``: the
@@ -156,6 +163,10 @@ class RaySampler:
         logger.info(
             "sampler actor on Ray: pid {}, {} models, up in {:.1f} s", self.pid, len(self.policies), self.start_s
         )
+        if opts.get("resources"):  # pinned to a node (cluster.resources.sampler): where it runs, as it says
+            from swarm_runtime.cluster.remote import nodes_of
+
+            logger.info("sampler actor on node {}", nodes_of(ray, [self.actor])[0])
 
     # ------------------------------------------------------------------ the Sampler protocol
     def bid_levels(self, model: str):
@@ -229,7 +240,8 @@ class RaySampler:
         """Wait for the restarted actor (or say that it is gone) and load it with every model's last synced
         parameters, bringing it to the trainer's sync count."""
         ray = self.ray
-        end = time.monotonic() + RESTART_TIMEOUT_S
+        wait_s = remote.RESTART_TIMEOUT_S  # cluster.restart_wait_s
+        end = time.monotonic() + wait_s
         resume = "the run can go on from its last checkpoint with resume=true"
         while True:
             try:
@@ -237,13 +249,13 @@ class RaySampler:
             except TimeoutError as exc:
                 raise SamplerActorError(f"the sampler actor's process died and {exc}; {resume}") from None
             try:
-                ray.get(self.actor.load.remote(self.synced, dict(self._params)), timeout=RESTART_TIMEOUT_S)
+                ray.get(self.actor.load.remote(self.synced, dict(self._params)), timeout=wait_s)
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:  # lost again while loading
                 if time.monotonic() > end:
                     raise SamplerActorError(
                         f"the sampler actor's process died and it did not take the synced models within "
-                        f"{RESTART_TIMEOUT_S:.0f} s ({type(exc).__name__}); {resume}"
+                        f"{wait_s:g} s ({type(exc).__name__}); {resume}"
                     ) from None
                 time.sleep(0.2)
         if pid != self.pid:
