@@ -19,8 +19,9 @@ the policies again (its constructor's argument stays in the object store) and th
 model's last synced parameters. Every call carries the trainer's sync count; an actor that has not taken that
 many syncs (restarted between calls) answers "lost" and is loaded first. The interrupted call is made again
 with the sampling state it was first sent with, so the retried batch draws the same tokens; the episodes live
-in the trainer, so none is lost or counted twice. Restarts exhausted: :class:`SamplerActorError`, one line,
-and the run resumes from its last checkpoint (``resume=true``).
+in the trainer, so none is lost or counted twice. Restarts exhausted, or no node to hold the actor within
+``cluster.restart_wait_s``: :class:`SamplerActorError`; the run stops with one line and the command that resumes it
+from its last checkpoint (``train/mpt.py: MPTTrainer.train``).
 """
 
 from __future__ import annotations
@@ -242,20 +243,21 @@ class RaySampler:
         ray = self.ray
         wait_s = remote.RESTART_TIMEOUT_S  # cluster.restart_wait_s
         end = time.monotonic() + wait_s
-        resume = "the run can go on from its last checkpoint with resume=true"
         while True:
             try:
                 pid = wait_restarted(ray, self.actor, self.pid, same_ok=True, check=self._alive)
             except TimeoutError as exc:
-                raise SamplerActorError(f"the sampler actor's process died and {exc}; {resume}") from None
+                raise SamplerActorError(
+                    f"the sampler actor (pid {self.pid}) was lost: its process died and {exc}"
+                ) from None
             try:
                 ray.get(self.actor.load.remote(self.synced, dict(self._params)), timeout=wait_s)
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:  # lost again while loading
                 if time.monotonic() > end:
                     raise SamplerActorError(
-                        f"the sampler actor's process died and it did not take the synced models within "
-                        f"{wait_s:g} s ({type(exc).__name__}); {resume}"
+                        f"the sampler actor (pid {self.pid}) was lost: its process died and it did not take the synced "
+                        f"models within {wait_s:g} s (cluster.restart_wait_s; {type(exc).__name__})"
                     ) from None
                 time.sleep(0.2)
         if pid != self.pid:
@@ -269,8 +271,7 @@ class RaySampler:
         """Raise :class:`SamplerActorError` if Ray will not restart the actor again (its restarts are spent)."""
         if self._actor_state() == "DEAD":
             raise SamplerActorError(
-                f"the sampler actor died and its restarts are spent (cluster.sampler_restarts="
-                f"{self.max_restarts}); the run can go on from its last checkpoint with resume=true"
+                f"the sampler actor died and its restarts are spent (cluster.sampler_restarts={self.max_restarts})"
             )
 
     def _actor_state(self) -> str | None:
