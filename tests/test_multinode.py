@@ -20,8 +20,6 @@ import pytest
 
 from tests.conftest import TINY_RUN, in_process_twin, run_eval, run_rows, swarm
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
 #: Every actor of the run on the second node.
 ON_B = [f"cluster.resources.{kind}={{nodeB: 0.01}}" for kind in ("env", "learner", "sampler")]
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.learners=ray", "cluster.samplers=ray"]
@@ -181,10 +179,17 @@ def in_process(tmp_path_factory):
     return in_process_twin(tmp_path_factory, *TINY_RUN, "checkpoint_every=1")
 
 
+def _eval(run: Path) -> dict:
+    """eval.json without its provenance and versions (the commit is marked +dirty when the tree changed between runs)."""
+    return {k: v for k, v in run_eval(run).items() if k != "versions"}
+
+
 def _node_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if " on node" in ln]
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_actors_pinned_to_the_second_node_run_there_with_the_same_metrics(two_nodes, in_process, tmp_path):
     """env workers, learners and the sampler asked to run on nodeB say, from inside, that they run there; the run's
     metrics and eval are the in-process run's."""
@@ -202,10 +207,12 @@ def test_actors_pinned_to_the_second_node_run_there_with_the_same_metrics(two_no
     assert envs.count("(nodeB)") == 2 and learners.count("(nodeB)") == 3 and "(nodeB)" in sampler, lines
     assert "nodeA" not in " ".join(lines)
     assert run_rows(tmp_path / "run") == run_rows(in_process)
-    assert run_eval(tmp_path / "run") == run_eval(in_process)
+    assert _eval(tmp_path / "run") == _eval(in_process)
     print(f"pinned run: {wall:.1f} s wall", file=sys.stderr)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_the_second_node_lost_mid_run_stops_with_one_line_and_resumes_without_it(two_nodes, in_process, tmp_path):
     """nodeB (every actor of the run) killed while update 2 is under way: the run stops within cluster.restart_wait_s
     with one line naming what was lost and the resume command; that resume, on the head alone (cluster.resources={}),
@@ -245,4 +252,22 @@ def test_the_second_node_lost_mid_run_stops_with_one_line_and_resumes_without_it
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert run_rows(run) == run_rows(in_process)  # no row lost or counted twice
-    assert run_eval(run) == run_eval(in_process)
+    assert _eval(run) == _eval(in_process)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["cluster.kind=ray", "cluster.resources.envs={nodeB: 1}"], "KIND one of env, learner, sampler"),
+        (["cluster.kind=ray", "cluster.resources.env={CPU: 1}"], "not CPU, GPU, memory, object_store_memory"),
+        (["cluster.kind=ray", "cluster.resources.env={nodeB: 0}"], "amount > 0"),
+        (["cluster.resources.env={nodeB: 1}"], "needs cluster.kind=ray"),
+        (["cluster.kind=ray", "cluster.placement=split", "cluster.resources.env={nodeB: 1}"], "cluster.placement=none"),
+        (["cluster.kind=ray", "cluster.restart_wait_s=0"], "cluster.restart_wait_s=0"),
+    ],
+)
+def test_bad_node_pins_are_one_line(args, says, tmp_path):
+    r = swarm("config", "domain=minecraft", "task=wooden_pickaxe", *args, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("swarm: error: ") and says in last, last
