@@ -8,6 +8,7 @@ ends with the in-process run's metrics and eval."""
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -58,6 +59,10 @@ def _in_group(pgid: int, needle: str) -> list[int]:
     return out
 
 
+class NodeExited(AssertionError):
+    """A node's ``ray start`` exited while it was awaited."""
+
+
 class TwoNodes:
     """A head (``nodeA``) and a second node (``nodeB``) on 127.0.0.1, each ``ray start --block`` in a session of its
     own. Token authentication as ``ray start --head`` sets it up, with a token of this fixture's own
@@ -100,8 +105,15 @@ class TwoNodes:
         t0 = time.perf_counter()
         self._start("nodeA", True, 1)
         self._wait(lambda: self._listening(), "the head's port")
-        self._start("nodeB", False, 2)
-        self._wait(lambda: self.alive() == {"nodeA", "nodeB"}, "two live nodes")
+        for attempt in (1, 2):  # Ray 2.60 gives a joining raylet 30 s to register (fixed): at a high load, once more
+            self._start("nodeB", False, 2)
+            try:
+                self._wait(lambda: self.alive() == {"nodeA", "nodeB"}, "two live nodes")
+                break
+            except NodeExited:
+                if attempt == 2:
+                    raise
+                self.kill("nodeB")
         return time.perf_counter() - t0
 
     def _listening(self) -> bool:
@@ -115,7 +127,8 @@ class TwoNodes:
         end = time.monotonic() + JOIN_S
         while not ok():
             for name, p in self.nodes.items():
-                assert p.poll() is None, f"{name} exited: " + Path(f"{self.tmp}/{name}.out").read_text()[-2000:]
+                if p.poll() is not None:
+                    raise NodeExited(f"{name} exited: " + Path(f"{self.tmp}/{name}.out").read_text()[-2000:])
             assert time.monotonic() < end, f"no {what} within {JOIN_S:.0f} s"
             time.sleep(0.5)
 
@@ -150,7 +163,10 @@ class TwoNodes:
                 if os.getpgid(w) != p.pid:
                     os.kill(w, signal.SIGKILL)
                     killed.append(w)
-        os.killpg(p.pid, signal.SIGKILL)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:  # its `ray start` exited and took its processes along
+            pass
         p.wait(timeout=30)
         return killed
 
@@ -160,6 +176,7 @@ class TwoNodes:
                 self.kill(name)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
