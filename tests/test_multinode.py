@@ -288,3 +288,24 @@ def test_bad_node_pins_are_one_line(args, says, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("swarm: error: ") and says in last, last
+
+
+def test_a_run_folder_of_config_version_7_loads_with_actors_anywhere(registry, tmp_path):
+    """A config.yaml written before cluster.resources and cluster.restart_wait_s (version 7) loads with no pins and the
+    120 s wait it had; the same file claiming version 8 is truncated and refused, naming the key."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.config import ConfigError, load_saved, resolve
+
+    cfg = resolve(["domain=minecraft", "task=wooden_pickaxe"], registry[1])
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("resources", "restart_wait_s"):
+        del saved["cluster"][key]
+    saved["config_version"] = 7
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    old = load_saved(tmp_path / "config.yaml")
+    assert old.cluster.resources == {} and old.cluster.restart_wait_s == 120.0
+    saved["config_version"] = 8
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    with pytest.raises(ConfigError, match="lacks cluster.restart_wait_s"):
+        load_saved(tmp_path / "config.yaml")
