@@ -322,6 +322,12 @@ class ClusterConfig:
     cpus_per_bundle: int = 1  #: CPUs of each bundle (a device's bundle also holds 1 GPU on ``hardware.device=cuda``)
     placement_wait_s: float = 30.0  #: a placement group not reserved within this is an error naming the bundles
     #: asked and the resources Ray has
+    # more than one node (issue 28; docs/distributed.md, "More than one node")
+    resources: dict = field(default_factory=dict)  #: ``cluster.resources.KIND={NAME: amount}``, KIND ``env``,
+    #: ``learner`` or ``sampler``: Ray custom resources each actor of that kind asks, so that it runs on a node
+    #: that has them (``ray start --resources='{"NAME": 1}'``); with ``placement=none`` only
+    restart_wait_s: float = 120.0  #: how long a dead actor (env worker, learner, sampler) is waited for while Ray
+    #: restarts it (its node lost: until a node that can hold it joins); then the run stops, resumable
 
 
 @dataclass
@@ -372,7 +378,7 @@ class RLCRConfig:
 
 
 #: The current version of the config's key set (``RunConfig.config_version``; :data:`ADDED_KEYS`).
-CONFIG_VERSION = 7
+CONFIG_VERSION = 8
 
 
 @dataclass
@@ -439,7 +445,7 @@ def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, st
 
 #: Sections whose keys the user names (``model.bases.big.path``, ``model.role_base.Smith``, ``rollout.urls.big``):
 #: ``_set`` creates a key there; validation checks the names and values.
-OPEN_SECTIONS = ("model.bases", "model.role_base", "rollout.urls")
+OPEN_SECTIONS = ("model.bases", "model.role_base", "rollout.urls", "cluster.resources")
 
 
 def _set(cfg: DictConfig, key: str, value: str) -> None:
@@ -526,6 +532,11 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
         "cluster.placement": "none",  # no placement groups
         "cluster.cpus_per_bundle": 1,
         "cluster.placement_wait_s": 30.0,
+    },
+    8: {
+        "cluster.resources": {},  # actors anywhere
+        "cluster.restart_wait_s": 120.0,  # the restart wait as it was
+        "cluster.sampler_replicas": 1,  # one engine sampler per base
     },
 }
 

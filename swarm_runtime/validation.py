@@ -1010,3 +1010,52 @@ register_rules(
     _rule("serve.cluster", choices("local", "ray")),
     _rule("serve.address", RAY_ADDRESS, nullable=True, null_means="start a local Ray for the gateway (127.0.0.1)"),
 )
+
+
+# ---------------------------------------------------------------- cluster.resources: actors pinned to nodes (issue 28)
+#: The actor kinds ``cluster.resources`` names.
+RESOURCE_KINDS = ("env", "learner", "sampler")
+#: Resources Ray counts itself (asked with ``num_cpus`` / ``num_gpus`` or a placement, not ``resources``).
+RAY_OWN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def _node_resources_ok(v) -> bool:
+    return isinstance(v, dict) and all(
+        k in RESOURCE_KINDS
+        and isinstance(r, dict)
+        and all(isinstance(n, str) and n and n not in RAY_OWN_RESOURCES and _positive(a) for n, a in r.items())
+        for k, r in v.items()
+    )
+
+
+def _positive(a) -> bool:
+    return isinstance(a, (int, float)) and not isinstance(a, bool) and 0 < a <= 1e6
+
+
+register_rules(
+    Rule(
+        "cluster.resources",
+        _node_resources_ok,
+        f"a mapping KIND -> {{NAME: amount > 0}}, KIND one of {', '.join(RESOURCE_KINDS)}, NAME a custom resource "
+        f"of a node (ray start --resources='{{\"NAME\": 1}}'; not {', '.join(RAY_OWN_RESOURCES)}), e.g. "
+        "cluster.resources.env={nodeB: 0.01}",
+    ),
+    _rule("cluster.restart_wait_s", floats(0.0, 86400.0, lo_open=True)),
+)
+
+
+@register_check
+def cluster_resources(cfg: DictConfig, registry) -> None:
+    """``cluster.resources`` pins actors to the nodes that hold a custom resource: on Ray (``cluster.kind=ray``), and not
+    with a placement (a placement group's bundles hold CPUs and GPUs only: an actor in one asking another resource
+    would never start)."""
+    c = cfg.get("cluster")
+    if c is None or not c.get("resources"):
+        return
+    _needs_ray_cluster(c, "resources", "it pins Ray actors to nodes", off="{}")
+    if c.get("placement", "none") != "none":
+        raise ConfigError(
+            f"cluster.resources with cluster.placement={c.placement}: the placement groups' bundles hold CPUs (and "
+            "GPUs) only, so an actor in one that asks a custom resource never starts; valid: cluster.placement=none "
+            "with cluster.resources, or cluster.resources={}"
+        )

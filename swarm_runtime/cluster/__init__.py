@@ -15,9 +15,11 @@ def env_domain(cfg, domain):
     c = cfg.get("cluster")
     if c is None or c.kind == "local":
         return domain, None
-    from swarm_runtime.cluster.placement import plan_and_placement
+    from swarm_runtime.cluster import remote
+    from swarm_runtime.cluster.placement import node_resources, plan_and_placement
     from swarm_runtime.cluster.remote import ClusterDomain, EnvCluster
 
+    remote.RESTART_TIMEOUT_S = float(c.get("restart_wait_s", remote.RESTART_TIMEOUT_S))
     spec = plan_and_placement(cfg, domain)[1] if c.get("placement", "none") != "none" else None
     cluster = EnvCluster(
         cfg.domain,
@@ -27,6 +29,7 @@ def env_domain(cfg, domain):
         c.get("num_cpus"),
         placement=spec,
         placement_wait_s=float(c.get("placement_wait_s", 30.0)),
+        options=node_resources(cfg, "env"),
     )
     return ClusterDomain(domain, cluster), cluster
 

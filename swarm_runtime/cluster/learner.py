@@ -158,6 +158,12 @@ class LearnerWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def node(self) -> str:
+        """Where this actor runs (:func:`swarm_runtime.cluster.remote.node_here`)."""
+        from swarm_runtime.cluster.remote import node_here
+
+        return node_here()
+
     def placement_group(self) -> str | None:
         """The id (hex) of the Ray placement group this actor runs in, as Ray tells the actor; None: none."""
         import ray

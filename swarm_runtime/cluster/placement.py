@@ -395,11 +395,26 @@ def replica_options(base: dict | None, n: int, node: str | None = None) -> dict:
     return out
 
 
-def replica_nodes(nodes: list[dict], gpus: float = 0.0) -> list[str]:
+def replica_nodes(nodes: list[dict], gpus: float = 0.0, resources: dict | None = None) -> list[str]:
     """The node ids (sorted) of Ray's ``ray.nodes()`` that can hold a sampler replica (``per_node``): alive, with
-    ``gpus`` GPUs when its replica asks for them."""
+    ``gpus`` GPUs when its replica asks for them and the custom ``resources`` it is pinned by
+    (``cluster.resources.sampler``: :func:`node_resources`)."""
+    asked = {"GPU": float(gpus), **{str(k): float(v) for k, v in (resources or {}).items()}}
     return sorted(
         str(n["NodeID"])
         for n in nodes
-        if n.get("Alive") and float((n.get("Resources") or {}).get("GPU", 0)) >= float(gpus)
+        if n.get("Alive") and all(float((n.get("Resources") or {}).get(k, 0)) >= v for k, v in asked.items() if v)
     )
+
+
+def node_resources(cfg, kind: str) -> dict:
+    """The Ray options that pin an actor of ``kind`` (``env``, ``learner``, ``sampler``) to the nodes holding the custom
+    resources ``cluster.resources.KIND`` names (``{"resources": {...}}``), or ``{}``: anywhere (docs/distributed.md,
+    "More than one node")."""
+    from omegaconf import DictConfig, OmegaConf
+
+    c = cfg.get("cluster")
+    asked = (c.get("resources") or {}).get(kind) if c is not None else None
+    if isinstance(asked, DictConfig):
+        asked = OmegaConf.to_container(asked, resolve=True)
+    return {"resources": {str(k): float(v) for k, v in asked.items()}} if asked else {}

@@ -24,7 +24,8 @@ from loguru import logger
 from swarm_runtime.cluster.worker import LOST, EnvWorker, Raised
 from swarm_runtime.config import ConfigError
 
-#: A dead actor (env worker, sampler, learner) must answer again within this (Ray restarts its process).
+#: A dead actor (env worker, sampler, learner) must answer again within this (Ray restarts its process); a run sets
+#: it from ``cluster.restart_wait_s`` (``cluster.env_domain``), read at each wait.
 RESTART_TIMEOUT_S = 120.0
 #: Replays of one call before giving up (a worker that dies on every replay is not transient).
 MAX_REPLAYS = 5
@@ -33,6 +34,41 @@ CONNECT_TIMEOUT_S = 5.0
 #: Restarts Ray gives each worker actor.
 MAX_RESTARTS = 8
 RAY_EXTRA = "pip install 'swarm-runtime[ray]'"
+
+
+class ActorGone(ConfigError):
+    """An actor died and did not come back within ``cluster.restart_wait_s`` (its node lost, say): the run stops with one
+    line (a :class:`ConfigError` for the command line's sake: exit 2, no traceback), saying how to resume."""
+
+
+def node_here() -> str:
+    """Inside an actor: its Ray node, ``<id, 8 hex> (<custom resources of the node>)``: what the logs and the
+    multi-node tests read."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    res = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node), {})
+    own = sorted(k for k in res if k not in ("CPU", "GPU", "memory", "object_store_memory") and ":" not in k)
+    return f"{node[:8]} ({', '.join(own) or 'no custom resources'})"
+
+
+def nodes_of(ray, actors) -> list[str]:
+    """:func:`node_here` of each actor (its ``node`` method), in order."""
+    return ray.get([a.node.remote() for a in actors], timeout=RESTART_TIMEOUT_S)
+
+
+def lost_node(actor) -> str:
+    """``; its node <id> is dead`` when Ray's control store says the node that held ``actor`` is dead (else "")."""
+    try:
+        import ray
+        from ray._private.state import state as global_state
+
+        info = global_state.actor_table(actor._actor_id.hex()) or {}
+        node = (info.get("Address") or {}).get("NodeID") or info.get("NodeID")
+        dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+    except Exception:  # a courtesy: the error stands without it
+        return ""
+    return f"; its node {node[:8]} is dead" if node and node in dead else ""
 
 
 def import_ray():
@@ -84,7 +120,7 @@ def wait_restarted(
     ray,
     actor,
     old_pid: int | None,
-    timeout_s: float = RESTART_TIMEOUT_S,
+    timeout_s: float | None = None,
     *,
     same_ok=False,
     check=None,
@@ -99,7 +135,8 @@ def wait_restarted(
     death not seen yet, and the wait goes on. ``check()``, if given, runs before each try (it raises when the
     actor is gone for good). ``try_s``: how long one try waits for its answer (None: until ``timeout_s`` is
     up, for an actor whose constructor takes long). Raises :class:`TimeoutError` saying why when no answer
-    comes within ``timeout_s``."""
+    comes within ``timeout_s`` (None: :data:`RESTART_TIMEOUT_S`), naming what was waited for."""
+    timeout_s = RESTART_TIMEOUT_S if timeout_s is None else float(timeout_s)
     end = time.monotonic() + timeout_s
     while True:
         if check is not None:
@@ -109,14 +146,17 @@ def wait_restarted(
             answer = ray.get(actor.pid.remote() if call is None else call(actor), timeout=wait)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             if time.monotonic() > end:
-                raise TimeoutError(f"it did not come back within {timeout_s:.0f} s ({type(exc).__name__})") from exc
+                raise TimeoutError(
+                    f"it did not come back within {timeout_s:g} s (cluster.restart_wait_s; {type(exc).__name__}"
+                    f"{lost_node(actor)})"
+                ) from exc
         else:
             pid = answer if pid_of is None else pid_of(answer)
             if pid != old_pid or same_ok:
                 return answer
             if time.monotonic() > end:
                 raise TimeoutError(
-                    f"it answers from the same process (pid {pid}) after {timeout_s:.0f} s, but lost a call"
+                    f"it answers from the same process (pid {pid}) after {timeout_s:g} s, but lost a call"
                 )
         time.sleep(0.2)
 
@@ -134,6 +174,7 @@ class EnvCluster:
         plugins: tuple[str, ...] = (),
         placement=None,
         placement_wait_s: float = 30.0,
+        options: dict | None = None,
     ):
         from omegaconf import DictConfig, OmegaConf
 
@@ -143,6 +184,7 @@ class EnvCluster:
         self.ray = import_ray()
         self.started = connect(address, num_cpus)
         self.placement = placement  #: a :class:`~swarm_runtime.cluster.placement.PlacementSpec`, or None
+        self.options = dict(options or {})  #: more Ray options of every worker (``cluster.resources.env``: its node)
         if placement is not None:  # every group reserved before a worker starts (and before anything trains)
             try:
                 P.reserve(placement, placement_wait_s)
@@ -164,6 +206,8 @@ class EnvCluster:
         self.closed = False
         self.start_s = time.perf_counter() - t0  #: seconds to start (or join) Ray and the workers
         logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)), self.start_s)
+        if self.options:  # pinned to nodes: where each runs, as the worker itself says
+            logger.info("env workers on nodes: {}", ", ".join(nodes_of(self.ray, self.workers)))
 
     def _make_workers(self, domain: str, task: dict, plugins: tuple[str, ...], n: int) -> list:
         """The ``n`` worker actors (each an :class:`EnvWorker` for ``domain`` and ``task``), in the placement's
@@ -171,7 +215,7 @@ class EnvCluster:
         from swarm_runtime.cluster import placement as P
 
         actor = self.ray.remote(EnvWorker)
-        base = dict(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0)
+        base = dict(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=0, **self.options)
 
         def options(i: int) -> dict:
             return base if self.placement is None else {**base, **P.actor_options(self.placement, P.ENVS, "env", i)}
@@ -218,9 +262,9 @@ class EnvCluster:
 
     def _read_unread(self) -> None:
         refs, self._unread = self._unread, []
-        try:
-            self.ray.get(refs)
-        except self.ray.exceptions.RayActorError:
+        try:  # bounded: a worker waiting for a node to hold it again answers nothing
+            self.ray.get(refs, timeout=RESTART_TIMEOUT_S)
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
             pass  # a worker that died had lost those envs anyway
 
     def new_env(self, kind: str = "env") -> RemoteEnv:
@@ -233,7 +277,7 @@ class EnvCluster:
         try:
             pid = wait_restarted(self.ray, self.workers[w], self.pids[w], same_ok=True)
         except TimeoutError as exc:
-            raise RuntimeError(f"env worker {w} died and {exc}") from exc
+            raise ActorGone(f"env worker {w} (pid {self.pids[w]}) was lost: its process died and {exc}") from exc
         if pid != self.pids[w]:
             logger.warning("env worker {} restarted: pid {} -> {}", w, self.pids[w], pid)
             self.pids[w] = pid
@@ -247,7 +291,16 @@ class EnvCluster:
         self.closed = True
         ray = self.ray
         try:
-            stats = ray.get([self.submit(w, "shutdown") for w in range(len(self.workers))])
+            try:  # bounded: a worker lost with its node (waiting for a node to hold it again) answers nothing
+                stats = ray.get(
+                    [self.submit(w, "shutdown") for w in range(len(self.workers))], timeout=RESTART_TIMEOUT_S
+                )
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                logger.warning(
+                    "env workers: not every worker answered at the end ({}); the envs of a lost one went with it",
+                    type(exc).__name__,
+                )
+                stats = []
             self._read_unread()
         finally:
             for w in self.workers:

@@ -19,8 +19,9 @@ the policies again (its constructor's argument stays in the object store) and th
 model's last synced parameters. Every call carries the trainer's sync count; an actor that has not taken that
 many syncs (restarted between calls) answers "lost" and is loaded first. The interrupted call is made again
 with the sampling state it was first sent with, so the retried batch draws the same tokens; the episodes live
-in the trainer, so none is lost or counted twice. Restarts exhausted: :class:`SamplerActorError`, one line,
-and the run resumes from its last checkpoint (``resume=true``).
+in the trainer, so none is lost or counted twice. Restarts exhausted, or no node to hold the actor within
+``cluster.restart_wait_s``: :class:`SamplerActorError`; the run stops with one line and the command that resumes it
+from its last checkpoint (``train/mpt.py: MPTTrainer.train``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from collections.abc import Mapping
 
 from loguru import logger
 
+from swarm_runtime.cluster import remote
 from swarm_runtime.cluster.learner import copy_params, params_of
-from swarm_runtime.cluster.remote import RESTART_TIMEOUT_S, wait_restarted
+from swarm_runtime.cluster.remote import wait_restarted
 
 #: Tries of one call (a first try and its retries after restarts) before giving up.
 MAX_TRIES = 5
@@ -87,6 +89,12 @@ class SamplerWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node(self) -> str:
+        """Where this actor runs (:func:`swarm_runtime.cluster.remote.node_here`)."""
+        from swarm_runtime.cluster.remote import node_here
+
+        return node_here()
 
     def load(self, synced: int, refs: dict) -> bool:
         """Take the parameters of some models (``refs``: model -> object ref of its tensors); ``synced``: the
@@ -156,6 +164,10 @@ class RaySampler:
         logger.info(
             "sampler actor on Ray: pid {}, {} models, up in {:.1f} s", self.pid, len(self.policies), self.start_s
         )
+        if opts.get("resources"):  # pinned to a node (cluster.resources.sampler): where it runs, as it says
+            from swarm_runtime.cluster.remote import nodes_of
+
+            logger.info("sampler actor on node {}", nodes_of(ray, [self.actor])[0])
 
     # ------------------------------------------------------------------ the Sampler protocol
     def bid_levels(self, model: str):
@@ -229,21 +241,23 @@ class RaySampler:
         """Wait for the restarted actor (or say that it is gone) and load it with every model's last synced
         parameters, bringing it to the trainer's sync count."""
         ray = self.ray
-        end = time.monotonic() + RESTART_TIMEOUT_S
-        resume = "the run can go on from its last checkpoint with resume=true"
+        wait_s = remote.RESTART_TIMEOUT_S  # cluster.restart_wait_s
+        end = time.monotonic() + wait_s
         while True:
             try:
                 pid = wait_restarted(ray, self.actor, self.pid, same_ok=True, check=self._alive)
             except TimeoutError as exc:
-                raise SamplerActorError(f"the sampler actor's process died and {exc}; {resume}") from None
+                raise SamplerActorError(
+                    f"the sampler actor (pid {self.pid}) was lost: its process died and {exc}"
+                ) from None
             try:
-                ray.get(self.actor.load.remote(self.synced, dict(self._params)), timeout=RESTART_TIMEOUT_S)
+                ray.get(self.actor.load.remote(self.synced, dict(self._params)), timeout=wait_s)
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:  # lost again while loading
                 if time.monotonic() > end:
                     raise SamplerActorError(
-                        f"the sampler actor's process died and it did not take the synced models within "
-                        f"{RESTART_TIMEOUT_S:.0f} s ({type(exc).__name__}); {resume}"
+                        f"the sampler actor (pid {self.pid}) was lost: its process died and it did not take the synced "
+                        f"models within {wait_s:g} s (cluster.restart_wait_s; {type(exc).__name__})"
                     ) from None
                 time.sleep(0.2)
         if pid != self.pid:
@@ -257,8 +271,7 @@ class RaySampler:
         """Raise :class:`SamplerActorError` if Ray will not restart the actor again (its restarts are spent)."""
         if self._actor_state() == "DEAD":
             raise SamplerActorError(
-                f"the sampler actor died and its restarts are spent (cluster.sampler_restarts="
-                f"{self.max_restarts}); the run can go on from its last checkpoint with resume=true"
+                f"the sampler actor died and its restarts are spent (cluster.sampler_restarts={self.max_restarts})"
             )
 
     def _actor_state(self) -> str | None:

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from loguru import logger
 
+from swarm_runtime.cluster import remote
 from swarm_runtime.cluster.learner import LearnerGone, LearnerGroup, LearnerLost, LearnerWorker
-from swarm_runtime.cluster.remote import RESTART_TIMEOUT_S, wait_restarted
+from swarm_runtime.cluster.remote import wait_restarted
 
 #: Seconds a collective of a learner's ranks (joining the group included) waits for a rank that does not come.
 GROUP_TIMEOUT_S = 120.0
@@ -281,7 +282,7 @@ class ShardedLearnerGroup(LearnerGroup):
         for k, a in enumerate(self.ranks[name]):
             if k != lost:
                 ray.kill(a, no_restart=False)
-        end = time.monotonic() + RESTART_TIMEOUT_S  # for all ranks together
+        end = time.monotonic() + remote.RESTART_TIMEOUT_S  # for all ranks together (cluster.restart_wait_s)
         for k, a in enumerate(self.ranks[name]):
             try:
                 wait_restarted(ray, a, old[k], max(1.0, end - time.monotonic()))

@@ -59,6 +59,12 @@ class EnvWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def node(self) -> str:
+        """Where this actor runs (:func:`swarm_runtime.cluster.remote.node_here`)."""
+        from swarm_runtime.cluster.remote import node_here
+
+        return node_here()
+
     def _pool(self, kind: str) -> list:
         return self.free if kind == "env" else self.free_concurrent
 

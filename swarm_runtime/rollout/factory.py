@@ -94,7 +94,8 @@ def replicated_sampler(
     started = connect(c.address, c.get("num_cpus"))
     nodes: list = []
     if replicas == "per_node":
-        nodes = replica_nodes(ray.nodes(), float((options or {}).get("num_gpus", 0) or 0))
+        o = options or {}
+        nodes = replica_nodes(ray.nodes(), float(o.get("num_gpus", 0) or 0), o.get("resources"))
         if not nodes:
             raise ConfigError("cluster.sampler_replicas=per_node: no alive Ray node can hold a sampler replica")
     n = len(nodes) if replicas == "per_node" else int(replicas)

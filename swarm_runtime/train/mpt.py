@@ -16,6 +16,7 @@ from loguru import logger
 from swarm_runtime import checkpoint as ckpt
 from swarm_runtime.bases import base_dir
 from swarm_runtime.cluster import close_cluster
+from swarm_runtime.cluster.placement import node_resources
 from swarm_runtime.env import close_all
 from swarm_runtime.episode import new_slots, play
 from swarm_runtime.evaluate import evaluate, paired_difference
@@ -191,7 +192,13 @@ class MPTTrainer(PhasedTrainer):
         if self.sampler is None:
             self.learner = LocalLearner(self.policies)
             self.learner.set_versions({m: int(self.state.get("iteration", 0)) for m in self.policies})
-            self.sampler = make_sampler(self.cfg, self.learner, self.ctx.run_dir, placed=self._sampler_placement)
+            self.sampler = make_sampler(
+                self.cfg,
+                self.learner,
+                self.ctx.run_dir,
+                options=node_resources(self.cfg, "sampler"),
+                placed=self._sampler_placement,
+            )
             if int(self.cfg.rollout.get("max_staleness", 0) or 0) > 0:  # rollouts played ahead on a thread
                 self.sampler = LockedSampler(self.sampler)
         return self.sampler, model_names(self.agents)
@@ -349,6 +356,13 @@ class MPTTrainer(PhasedTrainer):
 
                 for line in check_learners_placed(spec, self._group.placement_groups(), self._group.roles):
                     logger.info("placement: {}", line)
+            if node_resources(self.cfg, "learner"):  # pinned to nodes: where each rank runs, as it says
+                from swarm_runtime.cluster.remote import nodes_of
+
+                g = self._group
+                names = [(n, k) for n in g.actors for k in range(len(g.processes(n)))]
+                where = nodes_of(g.ray, [g.processes(n)[k] for n, k in names])
+                logger.info("learners on nodes: {}", ", ".join(f"{n}[{k}] {w}" for (n, k), w in zip(names, where)))
         return self._group
 
     def _learner_placement(self, name: str, roles: list[str], shard: int = 0) -> dict:
@@ -356,7 +370,7 @@ class MPTTrainer(PhasedTrainer):
         its slot (learner shard ``shard``) in the placement group of its roles, which the env cluster reserved."""
         from swarm_runtime.cluster.shards import rank_gpus
 
-        out = dict(self.learner_options)
+        out = {**node_resources(self.cfg, "learner"), **self.learner_options}
         spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
         out.update(rank_gpus(self.cfg, placed=spec is not None))  # a sharded rank's GPU, unless its bundle has it
         if spec is not None:
@@ -373,7 +387,7 @@ class MPTTrainer(PhasedTrainer):
         with ``cluster.placement``, the sampler's bundle of the placement group of its roles; else none."""
         spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
         if spec is None:
-            return {}
+            return node_resources(self.cfg, "sampler")
         from swarm_runtime.cluster.placement import actor_options
 
         group = next((g.name for g in spec.groups if set(roles) <= set(g.roles)), None)
@@ -402,12 +416,12 @@ class MPTTrainer(PhasedTrainer):
         except LearnerGone as gone:
             raise self._stopped(gone) from None
 
-    def _stopped(self, gone):
+    def _stopped(self, gone, kind=None):
         """The error that ends the run when a learner actor cannot be restarted: what was lost, where the run
         stopped, and how to go on from the last checkpoint."""
         at = ckpt.latest_checkpoint(self.ctx.run_dir)
         where = f"its last checkpoint is {at.name}" if at is not None else "it has no checkpoint"
-        return type(gone)(
+        return (kind or type(gone))(
             f"{gone}; the run stopped at update {int(self.state.get('iteration', 0)) + 1} ({where}): go on with "
             f"swarm run run_dir={self.ctx.run_dir} resume=true{self._address_arg()}"
         )
@@ -450,9 +464,14 @@ class MPTTrainer(PhasedTrainer):
     def train(self) -> dict:
         """:meth:`PhasedTrainer.train`; the env workers (``cluster.kind=ray``) are started first (a cluster that
         cannot be reached ends the run before SFT) and closed at the end, also when it raised."""
+        from swarm_runtime.cluster.remote import ActorGone
+        from swarm_runtime.cluster.sampler import SamplerActorError
+
         self.env_domain()
         try:
             return super().train()
+        except (ActorGone, SamplerActorError) as gone:  # an env worker or the sampler lost for good (its node, say)
+            raise self._stopped(gone, ActorGone) from None
         finally:
             if self._group is not None:
                 logger.info("learners closed: {}", self._group.close())

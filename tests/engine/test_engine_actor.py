@@ -318,7 +318,7 @@ def test_wait_restarted_asks_the_method_it_is_given_and_returns_its_answer():
     assert got == {"pid": 7, "url": "u"} and actor.asked == ["hello"] * 3
     actor = _ScriptedActor(ray.exceptions.GetTimeoutError(), 9)
     assert wait_restarted(ray, actor, 5, 30) == 9 and actor.asked == ["pid", "pid"]  # the default: pid()
-    with pytest.raises(TimeoutError, match=r"did not come back within 0 s \(RayActorError\)"):
+    with pytest.raises(TimeoutError, match=r"did not come back within 0 s \(cluster.restart_wait_s; RayActorError\)"):
         wait_restarted(ray, _ScriptedActor(ray.exceptions.RayActorError()), 5, 0, call=lambda a: a.hello.remote())
 
 

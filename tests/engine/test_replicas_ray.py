@@ -106,6 +106,9 @@ def test_the_base_is_hashed_once_and_its_files_put_in_the_object_store_only_when
             ray.get(source.asked.remote())
         node = ray.get_runtime_context().get_node_id()
         assert replica_nodes(ray.nodes()) == [node] and replica_nodes(ray.nodes(), gpus=1) == []
+        # a sampler pinned by cluster.resources.sampler: only nodes holding that resource
+        assert replica_nodes(ray.nodes(), resources={"nodeB": 1}) == []
+        assert replica_nodes(ray.nodes(), resources={"CPU": 1}) == [node]
     finally:
         ray.shutdown()
     assert replica_options(None, 2) == {"scheduling_strategy": "SPREAD"}

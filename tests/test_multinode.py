@@ -1,0 +1,311 @@
+"""More than one Ray node, on this machine (issue 28; docs/distributed.md, "More than one node"): a Ray of two nodes
+on loopback (a head holding the custom resource ``nodeA``, a second node holding ``nodeB``, each its own raylet, its
+own ports), started with ``ray start --block`` in process groups this module owns and kills by their ids (never
+``ray stop``: other jobs' Rays run on the same machine). A real ``swarm run`` joins the head with its env workers,
+learners and sampler pinned to the second node (``cluster.resources``); the actors say where they ran. Then the second
+node is killed mid-run: the run stops with one line naming what was lost, and ``resume=true`` without that node
+ends with the in-process run's metrics and eval."""
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_RUN, in_process_twin, run_eval, run_rows, swarm
+
+#: Every actor of the run on the second node.
+ON_B = [f"cluster.resources.{kind}={{nodeB: 0.01}}" for kind in ("env", "learner", "sampler")]
+RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.learners=ray", "cluster.samplers=ray"]
+#: Seconds a node may take to join (each raylet imports and starts its agents; more at a high load).
+JOIN_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a raylet's workers: each in a process group of its own)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _in_group(pgid: int, needle: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.getpgid(int(d.name)) == pgid and needle in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    out.append(int(d.name))
+            except (OSError, ProcessLookupError):
+                pass
+    return out
+
+
+class NodeExited(AssertionError):
+    """A node's ``ray start`` exited while it was awaited."""
+
+
+class TwoNodes:
+    """A head (``nodeA``) and a second node (``nodeB``) on 127.0.0.1, each ``ray start --block`` in a session of its
+    own. Token authentication as ``ray start --head`` sets it up, with a token of this fixture's own
+    (``RAY_AUTH_TOKEN``), so the machine's ``~/.ray/auth_token`` is neither read nor written."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="rn", dir="/tmp")  # short: Ray's socket paths must stay under 107 bytes
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), OMP_NUM_THREADS="1")
+        self.nodes: dict[str, subprocess.Popen] = {}
+
+    def _start(self, name: str, head: bool, cpus: int) -> None:
+        ports = [
+            f"--node-manager-port={_free_port()}",
+            f"--object-manager-port={_free_port()}",
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--runtime-env-agent-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}",
+        ]
+        where = (
+            ["--head", f"--port={self.port}", "--include-dashboard=false", f"--dashboard-port={_free_port()}",
+             f"--ray-client-server-port={_free_port()}"]
+            if head
+            else [f"--address={self.address}"]
+        )  # fmt: skip
+        ray = str(Path(sys.executable).with_name("ray"))
+        cmd = [ray, "start", *where, "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--num-gpus=0",
+               f"--resources={{\"{name}\": 1}}", "--object-store-memory=100000000", "--disable-usage-stats",
+               f"--temp-dir={self.tmp}", "--block", *ports]  # fmt: skip
+        log = open(f"{self.tmp}/{name}.out", "w")
+        self.nodes[name] = subprocess.Popen(
+            cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def start(self) -> float:
+        """Start both nodes; the seconds until Ray lists two live nodes."""
+        t0 = time.perf_counter()
+        self._start("nodeA", True, 1)
+        self._wait(lambda: self._listening(), "the head's port")
+        for attempt in (1, 2):  # Ray 2.60 gives a joining raylet 30 s to register (fixed): at a high load, once more
+            self._start("nodeB", False, 2)
+            try:
+                self._wait(lambda: self.alive() == {"nodeA", "nodeB"}, "two live nodes")
+                break
+            except NodeExited:
+                if attempt == 2:
+                    raise
+                self.kill("nodeB")
+        return time.perf_counter() - t0
+
+    def _listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), 1).close()
+            return True
+        except OSError:
+            return False
+
+    def _wait(self, ok, what: str) -> None:
+        end = time.monotonic() + JOIN_S
+        while not ok():
+            for name, p in self.nodes.items():
+                if p.poll() is not None:
+                    raise NodeExited(f"{name} exited: " + Path(f"{self.tmp}/{name}.out").read_text()[-2000:])
+            assert time.monotonic() < end, f"no {what} within {JOIN_S:.0f} s"
+            time.sleep(0.5)
+
+    def alive(self) -> set[str]:
+        """The ``node*`` resources of the live nodes, as a driver of this fixture's own sees them (within ``JOIN_S``: it
+        waits for both nodes)."""
+        probe = (
+            "import json, sys, time, ray\n"
+            f"ray.init(address={self.address!r}, log_to_driver=False, configure_logging=False)\n"
+            f"end = time.monotonic() + {JOIN_S}\n"
+            "while True:\n"
+            "    live = sorted(k for n in ray.nodes() if n['Alive'] for k in n['Resources'] if k.startswith('node') and ':' not in k)\n"
+            "    if len(live) >= 2 or time.monotonic() > end: break\n"
+            "    time.sleep(0.5)\n"
+            "print('LIVE', json.dumps(live))\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", probe], env=self.env, capture_output=True, text=True, timeout=JOIN_S + 60
+        )
+        import json
+
+        live = [ln[5:] for ln in r.stdout.splitlines() if ln.startswith("LIVE ")]
+        return set(json.loads(live[-1])) if r.returncode == 0 and live else set()
+
+    def kill(self, name: str) -> list[int]:
+        """SIGKILL node ``name`` whole: its raylet's workers (each in a group of its own), then its process group (the
+        raylet, its agents, ``ray start``); the pids killed."""
+        p = self.nodes.pop(name)
+        killed = []
+        for raylet in _in_group(p.pid, "raylet/raylet"):
+            for w in _children(raylet):
+                if os.getpgid(w) != p.pid:
+                    os.kill(w, signal.SIGKILL)
+                    killed.append(w)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:  # its `ray start` exited and took its processes along
+            pass
+        p.wait(timeout=30)
+        return killed
+
+    def close(self) -> None:
+        for name in list(self.nodes):
+            try:
+                self.kill(name)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    pytest.importorskip("ray")
+    nodes = TwoNodes()
+    try:
+        took = nodes.start()
+        print(f"two Ray nodes up in {took:.1f} s", file=sys.stderr)
+        yield nodes
+    finally:
+        nodes.close()
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory):
+    return in_process_twin(tmp_path_factory, *TINY_RUN, "checkpoint_every=1")
+
+
+def _eval(run: Path) -> dict:
+    """eval.json without its provenance and versions (the commit is marked +dirty when the tree changed between runs)."""
+    return {k: v for k, v in run_eval(run).items() if k != "versions"}
+
+
+def _node_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if " on node" in ln]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_actors_pinned_to_the_second_node_run_there_with_the_same_metrics(two_nodes, in_process, tmp_path):
+    """env workers, learners and the sampler asked to run on nodeB say, from inside, that they run there; the run's
+    metrics and eval are the in-process run's."""
+    t0 = time.perf_counter()
+    r = swarm(
+        "run", *TINY_RUN, "checkpoint_every=1", *RAY_ARGS, *ON_B, f"cluster.address={two_nodes.address}",
+        f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=two_nodes.env, timeout=600,
+    )  # fmt: skip
+    wall = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = _node_lines(r.stderr)
+    envs = next(ln for ln in lines if "env workers on nodes" in ln)
+    learners = next(ln for ln in lines if "learners on nodes" in ln)
+    sampler = next(ln for ln in lines if "sampler actor on node" in ln)
+    assert envs.count("(nodeB)") == 2 and learners.count("(nodeB)") == 3 and "(nodeB)" in sampler, lines
+    assert "nodeA" not in " ".join(lines)
+    assert run_rows(tmp_path / "run") == run_rows(in_process)
+    assert _eval(tmp_path / "run") == _eval(in_process)
+    print(f"pinned run: {wall:.1f} s wall", file=sys.stderr)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_second_node_lost_mid_run_stops_with_one_line_and_resumes_without_it(two_nodes, in_process, tmp_path):
+    """nodeB (every actor of the run) killed while update 2 is under way: the run stops within cluster.restart_wait_s
+    with one line naming what was lost and the resume command; that resume, on the head alone (cluster.resources={}),
+    ends with the in-process run's metrics (each row once) and eval."""
+    run = tmp_path / "run"
+    args = ["run", *TINY_RUN, "checkpoint_every=1", *RAY_ARGS, f"cluster.address={two_nodes.address}"]
+    cmd = [sys.executable, "-m", "swarm_runtime.cli", *args, *ON_B, "cluster.restart_wait_s=15", f"run_dir={run}"]
+    env = {**two_nodes.env, "PYTHONUNBUFFERED": "1"}
+    err = open(tmp_path / "stderr", "w")
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    t0, killed = time.monotonic(), None
+    try:
+        while p.poll() is None and time.monotonic() - t0 < 540:
+            if killed is None and (run / "checkpoints" / "iter-000001").is_dir():  # update 1 saved: update 2 starts
+                killed = two_nodes.kill("nodeB")
+                t_kill = time.monotonic()
+            time.sleep(0.1)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    stderr = (tmp_path / "stderr").read_text()
+    assert killed is not None, stderr[-3000:]
+    print(
+        f"nodeB killed ({len(killed)} workers); the run stopped {time.monotonic() - t_kill:.1f} s later",
+        file=sys.stderr,
+    )
+    assert p.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("swarm: error: ") and "was lost" in last, last
+    assert "cluster.restart_wait_s" in last and f"swarm run run_dir={run} resume=true" in last, last
+    assert f"cluster.address={two_nodes.address}" in last, last
+
+    r = swarm(
+        "run", f"run_dir={run}", "resume=true", f"cluster.address={two_nodes.address}", "cluster.resources={}",
+        cwd=tmp_path, env=two_nodes.env, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert run_rows(run) == run_rows(in_process)  # no row lost or counted twice
+    assert _eval(run) == _eval(in_process)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["cluster.kind=ray", "cluster.resources.envs={nodeB: 1}"], "KIND one of env, learner, sampler"),
+        (["cluster.kind=ray", "cluster.resources.env={CPU: 1}"], "not CPU, GPU, memory, object_store_memory"),
+        (["cluster.kind=ray", "cluster.resources.env={nodeB: 0}"], "amount > 0"),
+        (["cluster.resources.env={nodeB: 1}"], "needs cluster.kind=ray"),
+        (["cluster.kind=ray", "cluster.placement=split", "cluster.resources.env={nodeB: 1}"], "cluster.placement=none"),
+        (["cluster.kind=ray", "cluster.restart_wait_s=0"], "cluster.restart_wait_s=0"),
+    ],
+)
+def test_bad_node_pins_are_one_line(args, says, tmp_path):
+    r = swarm("config", "domain=minecraft", "task=wooden_pickaxe", *args, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("swarm: error: ") and says in last, last
+
+
+def test_a_run_folder_of_config_version_7_loads_with_actors_anywhere(registry, tmp_path):
+    """A config.yaml written before cluster.resources and cluster.restart_wait_s (version 7) loads with no pins and the
+    120 s wait it had; the same file claiming version 8 is truncated and refused, naming the key."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.config import ConfigError, load_saved, resolve
+
+    cfg = resolve(["domain=minecraft", "task=wooden_pickaxe"], registry[1])
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("resources", "restart_wait_s"):
+        del saved["cluster"][key]
+    saved["config_version"] = 7
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    old = load_saved(tmp_path / "config.yaml")
+    assert old.cluster.resources == {} and old.cluster.restart_wait_s == 120.0
+    saved["config_version"] = 8
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    with pytest.raises(ConfigError, match="lacks cluster.restart_wait_s"):
+        load_saved(tmp_path / "config.yaml")
