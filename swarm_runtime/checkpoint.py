@@ -75,11 +75,13 @@ def save_checkpoint(
     run_rng: random.Random,
     keep: int = 2,
     training_states: dict | None = None,
+    sampler_rng=None,
 ) -> Path:
     """Write ``checkpoints/<tag>/`` with one Hugging Face folder per agent model
     (``agents/<role>/``), optimizer/scheduler/RNG state, and ``state.json``. ``training_states``
     (role -> fp32 masters and optimizer/scheduler state, as ``training_state.pt`` holds them): given
-    where they live outside ``optimizers`` (learner actors, ``cluster/learner.py``)."""
+    where they live outside ``optimizers`` (learner actors, ``cluster/learner.py``). ``sampler_rng``: the state of
+    the engine sampler's own generator (:func:`swarm_runtime.rollout.openai.sampler_rng_state`), None without one."""
     root = claim(run_dir / "checkpoints")
     root.mkdir(parents=True, exist_ok=True)
     final, tmp, aside = root / tag, root / f".tmp-{tag}", root / f".old-{tag}"
@@ -99,7 +101,7 @@ def save_checkpoint(
                 opt, sched = table[role]
                 extra[f"optimizer_{kind}"], extra[f"scheduler_{kind}"] = opt.state_dict(), sched.state_dict()
         torch.save(extra, d / "training_state.pt")
-    save_rng(tmp / "rng.pt", run_rng)
+    save_rng(tmp / "rng.pt", run_rng, sampler_rng)
     state = {**state, "metrics_rows": metrics_rows(run_dir)}
     (tmp / "state.json").write_text(json.dumps(state, indent=1, default=float))  # last: the folder is complete
     if final.exists():
@@ -113,9 +115,13 @@ def save_checkpoint(
     return final
 
 
-def save_rng(path: Path, run_rng: random.Random) -> None:
-    """The run's, Python's and torch's random streams (plain values and a tensor)."""
-    torch.save({"run": run_rng.getstate(), "python": random.getstate(), "torch": torch.get_rng_state()}, path)
+def save_rng(path: Path, run_rng: random.Random, sampler_rng=None) -> None:
+    """The run's, Python's and torch's random streams (plain values and a tensor), and the engine sampler's
+    (``sampler``: the seeds of rows without a common-random-numbers key; absent without one)."""
+    st = {"run": run_rng.getstate(), "python": random.getstate(), "torch": torch.get_rng_state()}
+    if sampler_rng is not None:
+        st["sampler"] = sampler_rng
+    torch.save(st, path)
 
 
 def _prune(root: Path, keep: int, protect: set[str]) -> None:
@@ -312,6 +318,12 @@ def load_tensors(path: Path) -> dict:
 
 def load_training_state(ckpt: Path, role: str) -> dict:
     return load_tensors(Path(ckpt) / "agents" / role / "training_state.pt")
+
+
+def sampler_rng(ckpt: Path):
+    """The engine sampler's generator state a checkpoint saved (:func:`save_rng`), None when it has none (a run
+    without an engine sampler, or a checkpoint written before it was saved)."""
+    return load_tensors(Path(ckpt) / "rng.pt").get("sampler")
 
 
 def restore_rng(ckpt: Path, run_rng: random.Random) -> None:

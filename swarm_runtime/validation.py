@@ -901,6 +901,33 @@ def _rollout_engine(cfg: DictConfig, registry) -> None:
         )
 
 
+def key_arg(args) -> str | None:
+    """The argument of ``rollout.vllm.args`` that would set vLLM's API key (``--api-key``, ``--api_key``, an
+    abbreviation argparse takes, ``=VALUE`` forms), else None."""
+    for a in args or []:
+        name = str(a).split("=", 1)[0].replace("_", "-")
+        if len(name) >= len("--api-k") and "--api-key".startswith(name):
+            return str(a).split("=", 1)[0]
+    return None
+
+
+@register_check
+def _vllm_key_arg(cfg: DictConfig, registry) -> None:
+    """Every vLLM server a run starts demands a key the run makes for it (docs/engine.md, "Keys"), given through
+    ``VLLM_API_KEY``; vLLM takes an ``--api-key`` of the command line over it, so the run's own client would get
+    401 on every request: refused before anything is written (and a key on a command line is one ``ps`` shows)."""
+    r = cfg.get("rollout")
+    if r is None or r.get("engine") != "vllm" or r.get("vllm") is None:
+        return
+    bad = key_arg(r.vllm.get("args"))
+    if bad is not None:
+        raise ConfigError(
+            f"rollout.vllm.args gives {bad}: the run gives each vLLM server it starts a random key of its own "
+            '(through VLLM_API_KEY, sent by its client; docs/engine.md, "Keys"), and vLLM would take yours over '
+            f"it; valid: rollout.vllm.args without {bad}"
+        )
+
+
 #: ``model.bases``, ``model.role_base``, ``rollout.urls``: mappings whose keys the user names (README, "A base per role").
 MAPPING = ((lambda v: isinstance(v, dict)), "a mapping of NAME: value (set one entry as model.bases.NAME.KEY=VALUE)")
 

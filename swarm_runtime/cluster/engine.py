@@ -23,13 +23,12 @@ it with the last synced versions (the files it keeps in the object store) and ta
 requests are sent again (same version names, same seeds). Closing stops the server, then the actor.
 
 Keys. The actor's server listens on its node's address when it is not the trainer's node, where anyone who reaches
-that address could sample from it or load and unload adapters. So it demands a bearer key on its ``/v1`` routes
-(vLLM's API key, given through ``VLLM_API_KEY``: never on its command line or in a log): a random one the trainer
-makes per run and base (:class:`EngineActor`), sent by the trainer's sampling client and by the actor's adapter
-sync. On the trainer's node too (loopback): one rule, and other users of a shared node are kept out as well.
-vLLM 0.32 guards only paths under ``/v1`` (and ``/v2``, ``/inference``, ``/cohere``):
-``/health``, ``/metrics``, ``/tokenize`` and the SageMaker routes it mounts (``/invocations``, ``/adapters``) stay
-open (docs/distributed.md).
+that address could sample from it or load and unload adapters. So it demands a bearer key on every route but
+``GET /health`` (vLLM's API key, given through ``VLLM_API_KEY``: never on its command line or in a log; vLLM guards
+only ``/v1`` and a few more prefixes with it, our middleware the rest, the SageMaker ``/adapters`` and
+``/invocations`` among them: :mod:`swarm_runtime.rollout.vllm_server`, docs/engine.md, "Keys"): a random one the
+trainer makes per run and base (:class:`EngineActor`), sent by the trainer's sampling client and by the actor's
+adapter sync. On the trainer's node too (loopback): one rule, and other users of a shared node are kept out as well.
 """
 
 from __future__ import annotations

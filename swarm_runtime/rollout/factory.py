@@ -306,7 +306,10 @@ def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: st
     """Write the run's base (``base``: the learner's models' base, of ``model.bases``) and start a vLLM server on
     it (``rollout.vllm.*``: :func:`server_settings`); the started
     :class:`~swarm_runtime.rollout.vllm_server.VLLMServer`. Used by :func:`make_sampler` and by tests that need
-    the server a run would start."""
+    the server a run would start. The server demands a bearer key made here for it (docs/engine.md, "Keys"; never
+    logged or on its command line), which :func:`engine_sampler` sends (sampling and adapter sync)."""
+    import secrets
+
     from swarm_runtime.rollout.vllm_server import VLLMServer, check_cpu_shape, probe_python, vllm_python
 
     v = cfg.rollout.vllm
@@ -318,7 +321,8 @@ def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: st
     if info.get("cpu"):
         check_cpu_shape(model)
     settings = server_settings(cfg, len(learner.models()), port_offset)
-    server = VLLMServer(python, model, folder / "vllm.log", host=str(v.host), **settings).start()
+    key = secrets.token_urlsafe(32)
+    server = VLLMServer(python, model, folder / "vllm.log", host=str(v.host), api_key=key, **settings).start()
     from loguru import logger
 
     logger.info("vLLM server at {} up in {:.1f} s (log: {})", server.url, server.started_s, server.log)

@@ -54,6 +54,34 @@ def row_seed(key: tuple[int, ...] | None, rng: random.Random) -> int:
     return rng.getrandbits(63)
 
 
+def sampler_rng_state(sampler):
+    """The state of the generator(s) an engine sampler draws the seeds of unkeyed rows from (:func:`row_seed`), for
+    a checkpoint: an :class:`OpenAISampler`'s ``rng`` state, ``{base: state}`` for a sampler of several bases
+    (``samplers``); None for a sampler without one (in process, the policies' generators are saved per role)."""
+    subs = getattr(sampler, "samplers", None)
+    if isinstance(subs, dict):
+        states = {b: sampler_rng_state(s) for b, s in subs.items()}
+        return {b: v for b, v in states.items() if v is not None} or None
+    rng = getattr(sampler, "rng", None)
+    return rng.getstate() if isinstance(rng, random.Random) else None
+
+
+def restore_sampler_rng(sampler, state) -> None:
+    """Put back what :func:`sampler_rng_state` saved (None, or a part the sampler lacks: nothing)."""
+    if state is None:
+        return
+    subs = getattr(sampler, "samplers", None)
+    if isinstance(subs, dict):
+        for b, s in subs.items():
+            if isinstance(state, dict) and b in state:
+                restore_sampler_rng(s, state[b])
+        return
+    rng = getattr(sampler, "rng", None)
+    if isinstance(rng, random.Random) and not isinstance(state, dict):
+        version, internal, gauss = state
+        rng.setstate((version, tuple(internal), gauss))
+
+
 def sampling_fields(policy) -> dict:
     """The fields every request carries: the policy's temperature, the full distribution (no top-p/k,
     no penalties), ids in and out, the sampled token's log-prob."""
@@ -151,6 +179,7 @@ class OpenAISampler:
         self.client, self.policies, self.adapters = client, dict(policies), adapters
         self.retries, self.recover = int(retries), recover
         self.describe = describe or f"rollout.url={client.url}"
+        #: draws the seeds of rows without a key (:func:`row_seed`); saved in checkpoints (:func:`sampler_rng_state`)
         self.rng = random.Random(int(seed))
         self._pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="sampler")
         self.requests = 0  #: completion requests sent (retries included)

@@ -10,6 +10,12 @@ writes its (frozen) base once as a Hugging Face folder, then starts::
 with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (the runtime load/unload endpoints), waits for
 ``/health``, and stops it (its whole process group: the API server and its engine core) at close, at
 interpreter exit, or when the run fails. A server that dies is started again on the same port.
+
+A server given a key (``api_key``: every server a run starts, docs/engine.md, "Keys") gets it through
+``VLLM_API_KEY`` (never on its command line, which its log's first line and ``ps`` show) and also
+``--middleware swarm_vllm_guard.BearerGuard`` (:mod:`swarm_runtime.rollout.vllm_guard`, its folder first on the
+server's ``PYTHONPATH``): vLLM's own key guards only ``/v1`` and a few more prefixes; the guard demands it on every
+path but ``GET /health``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from pathlib import Path
 
 from swarm_runtime.config import ConfigError
 from swarm_runtime.rollout.http import Client, EngineError
+from swarm_runtime.rollout.vllm_guard import FOLDER as GUARD_FOLDER
+from swarm_runtime.rollout.vllm_guard import MIDDLEWARE
 
 #: Head sizes vLLM 0.32's CPU attention backend takes (``CPUAttentionBackend.get_supported_head_sizes``,
 #: ``vllm/v1/attention/backends/cpu_attn.py``); the default tiny model's 32 and the issue's 64 both work.
@@ -158,8 +166,8 @@ class VLLMServer:
         api_key: str | None = None,
     ):
         self.python, self.base, self.log = python, Path(base), Path(log)
-        #: the bearer key the server demands on its ``/v1`` routes (vLLM's ``VLLM_API_KEY``, the environment twin of
-        #: ``--api-key``: never on the command line, which the log's first line and ``ps`` show); None: no key
+        #: the bearer key the server demands on every route but ``GET /health`` (vLLM's ``VLLM_API_KEY``, the
+        #: environment twin of ``--api-key``, and our guard: module docstring); None: no key
         self.api_key = api_key
         #: the server is sent SIGTERM when the process that started it dies (Linux; a sampler actor killed with
         #: kill -9 leaves no server behind): :func:`die_with_parent`
@@ -205,6 +213,7 @@ class VLLMServer:
             self.host,
             "--port",
             str(self.port),
+            *(["--middleware", MIDDLEWARE] if self.api_key else []),
             *self.args,
         ]
 
@@ -214,6 +223,7 @@ class VLLMServer:
         env.pop("VLLM_API_KEY", None)  # only the key this server was given
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key
+            env["PYTHONPATH"] = os.pathsep.join([str(GUARD_FOLDER), *filter(None, [env.get("PYTHONPATH")])])
         return env
 
     def alive(self) -> bool:

@@ -24,6 +24,7 @@ from swarm_runtime.outputs import MetricsWriter, format_table, plot_training
 from swarm_runtime.policy.adapters import adapter_lr_scale, sft_shared_base
 from swarm_runtime.rollout.factory import make_sampler
 from swarm_runtime.rollout.local import LocalLearner, LockedSampler, model_names
+from swarm_runtime.rollout.openai import restore_sampler_rng, sampler_rng_state
 from swarm_runtime.run import RunContext, truncate_metrics
 from swarm_runtime.runfiles import claim
 from swarm_runtime.train.action import action_update, credit_samples_and_turns
@@ -168,6 +169,8 @@ class MPTTrainer(PhasedTrainer):
         self._reference: dict | None = None  #: frozen RL-start models (:meth:`_reference_policies`)
         self.learner: LocalLearner | None = None  #: the trainable weights (:meth:`_rollouts`)
         self.sampler = None  #: who draws bids and actions (``rollout.engine``; :meth:`_rollouts`)
+        #: the engine sampler's generator state of the checkpoint resumed from, put into the sampler when it is made
+        self._sampler_rng_saved = None
         self._ahead: dict | None = None  #: update -> its rollout played ahead (``rollout.max_staleness``)
         self._ahead_envs: dict[int, list] = {}  #: update -> the envs of its rollout played ahead, until it is taken
         self._pool = None
@@ -199,9 +202,15 @@ class MPTTrainer(PhasedTrainer):
                 options=node_resources(self.cfg, "sampler"),
                 placed=self._sampler_placement,
             )
+            restore_sampler_rng(self.sampler, self._sampler_rng_saved)  # the unkeyed rows' seeds go on as saved
+            self._sampler_rng_saved = None
             if int(self.cfg.rollout.get("max_staleness", 0) or 0) > 0:  # rollouts played ahead on a thread
                 self.sampler = LockedSampler(self.sampler)
         return self.sampler, model_names(self.agents)
+
+    def _sampler_rng(self):
+        """The engine sampler's generator state (a checkpoint's): its own once made, else the one resumed from."""
+        return sampler_rng_state(self.sampler) if self.sampler is not None else self._sampler_rng_saved
 
     def _synced(self, it: int, m: dict) -> None:
         """After update ``it``: the roles it stepped get version ``it + 1``, and the sampler takes them."""
@@ -515,6 +524,7 @@ class MPTTrainer(PhasedTrainer):
                     "{} steps: {} {} from the config (the checkpoint's optimizer had {})", kind, name, now, was
                 )
             ckpt.restore_rng(ctx.resume_from, self.rng)
+            self._sampler_rng_saved = ckpt.sampler_rng(ctx.resume_from)
             ctx.flops.load_state_dict(self.state.get("flops", {}))
             logger.info("resumed at phase {} iteration {}", self.state["phase"], self.state["iteration"])
         else:

@@ -51,7 +51,12 @@ class PhasedTrainer:
             self.rng,
             keep=int(self.cfg.keep_checkpoints),
             training_states=self._training_states(),
+            sampler_rng=self._sampler_rng(),
         )
+
+    def _sampler_rng(self):
+        """The state of the engine sampler's own generator for a checkpoint (None: the trainer has none)."""
+        return None
 
     def _training_states(self) -> dict | None:
         """Each role's optimizer state and fp32 masters when they live elsewhere than ``self.optimizers``

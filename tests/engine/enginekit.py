@@ -145,10 +145,47 @@ def start_worker(base: Path, log: Path, timeout: float = 120.0) -> WorkerServer:
     return WorkerServer(sys.executable, base, log, startup_timeout_s=timeout).start()
 
 
-def served_names(url: str) -> set[str]:
+def served_names(url: str, key: str | None = None) -> set[str]:
+    """The adapters the server at ``url`` lists (``key``: its bearer key, a server the run started)."""
     from swarm_runtime.rollout.http import Client
 
-    return {m["id"] for m in Client(url).get("/v1/models")["data"] if m.get("parent")}
+    return {m["id"] for m in Client(url, api_key=key).get("/v1/models")["data"] if m.get("parent")}
+
+
+def served_key(port: int) -> str | None:
+    """The bearer key of the vLLM server a run started on ``port`` (``VLLM_API_KEY`` in its environment, read as the
+    same user: the run never logs it; docs/engine.md, "Keys"); None while no such server runs."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            if b"vllm.entrypoints.openai.api_server" not in cmd or b"--port" not in cmd:
+                continue
+            if cmd[cmd.index(b"--port") + 1] != str(port).encode():
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        for item in env:
+            if item.startswith(b"VLLM_API_KEY="):
+                return item.split(b"=", 1)[1].decode()
+    return None
+
+
+def http_status(url: str, method: str, path: str, body: dict | None = None, key: str | None = None) -> int:
+    """The HTTP status ``method path`` gets (with ``Authorization: Bearer key`` when ``key``)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    data = None if body is None else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + path, data, headers, method=method), timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def openai_cfg(cfg, url: str, **rollout):

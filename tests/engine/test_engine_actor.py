@@ -340,69 +340,6 @@ def test_the_engine_actors_hello_waits_through_wait_restarted(monkeypatch):
         actor._hello(30)
 
 
-def _status(url: str, method: str, path: str, body: dict | None = None, key: str | None = None) -> int:
-    """The HTTP status ``method path`` gets (with ``Authorization: Bearer key`` when ``key``)."""
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    data = None if body is None else json.dumps(body).encode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url + path, data, headers, method=method), timeout=60) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
-@needs_vllm[0]
-@needs_vllm[1]
-def test_a_keyed_vllm_server_refuses_requests_without_its_key(registry, tmp_path):
-    """What an engine actor's server does with its key (cluster/engine.py, "Keys"), on a real vLLM: the run's
-    sampler (adapter sync and sampling) sends it and works; without it vLLM answers 401 on its /v1 routes (the
-    models list, completions, LoRA load and unload); /health stays open. The key is in neither the server's command
-    line nor its log. Also printed (measured, not asserted: vLLM's choice): what its routes outside /v1 answer."""
-    import secrets
-
-    from enginekit import PROMPTS, learner_for, vllm_python
-
-    from swarm_runtime.rollout.base import Row
-    from swarm_runtime.rollout.factory import _shared, engine_sampler, server_settings, write_base
-    from swarm_runtime.rollout.vllm_server import VLLMServer
-
-    cfg, learner = learner_for(registry, "rollout.engine=vllm")
-    key = secrets.token_urlsafe(32)
-    base = write_base(_shared(learner)[1], tmp_path / "engine" / "default" / "base")
-    server = VLLMServer(
-        vllm_python(), base, tmp_path / "vllm.log", api_key=key, **server_settings(cfg, len(learner.models()))
-    ).start()
-    try:
-        sampler = engine_sampler(cfg, learner, tmp_path, server=server)  # syncs every role's adapter: with the key
-        rows = [Row(m, p, (3, i, 0, 1)) for i, (m, p) in enumerate(PROMPTS.items())]
-        assert all(a.tokens for a in sampler.act(rows))
-        url = server.url
-        assert _status(url, "GET", "/health") == 200
-        assert _status(url, "GET", "/v1/models", key=key) == 200
-        guarded = [
-            ("GET", "/v1/models", None),
-            ("POST", "/v1/completions", {"model": "Logger@v0", "prompt": "you are", "max_tokens": 2}),
-            ("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path)}),
-            ("POST", "/v1/unload_lora_adapter", {"lora_name": "Logger@v0"}),
-        ]
-        for method, path, body in guarded:
-            assert _status(url, method, path, body) == 401, path
-            assert _status(url, method, path, body, key="not-the-key") == 401, path
-        outside = [
-            ("POST", "/tokenize", {"model": str(base), "prompt": "you are"}),
-            ("POST", "/invocations", {"model": "Logger@v0", "prompt": "you are", "max_tokens": 2}),
-            ("POST", "/adapters", {"name": "y", "src": str(tmp_path)}),
-            ("GET", "/metrics", None),
-        ]
-        print("\nwithout the key, outside /v1:", {p: _status(url, m, p, b) for m, p, b in outside})
-        assert "Logger@v0" in {m["id"] for m in sampler.client.get("/v1/models")["data"]}  # nothing was unloaded
-        cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode()
-        assert key not in cmdline and key not in server.log.read_text()
-        sampler.close()
-    finally:
-        server.stop()
-
-
 def test_the_base_is_used_in_place_or_shipped_once_per_node(tmp_path):
     """``place_base`` (how an engine actor finds the base on its node): the trainer's folder when this node sees the
     same files there (nothing shipped); else shipped once into this run's folder on the node and used again by a

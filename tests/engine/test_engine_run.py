@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 from conftest import TINY_RUN
-from enginekit import needs_vllm, vllm_env
+from enginekit import needs_vllm, served_key, vllm_env
 
 from swarm_runtime.rollout.vllm_server import free_port, port_free
 
@@ -21,8 +21,11 @@ pytestmark = needs_vllm
 
 
 def _models(port: int) -> set[str]:
+    """What the run's server on ``port`` lists, asked with its key (every route but /health needs it)."""
+    headers = {"Authorization": f"Bearer {served_key(port)}"}
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+        url = f"http://127.0.0.1:{port}/v1/models"
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as r:
             return {m["id"] for m in json.loads(r.read())["data"]}
     except Exception:
         return set()

@@ -7,10 +7,20 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from enginekit import PROMPTS, kill_mid_call, learner_for, needs_vllm, openai_cfg, served_names, step_adapter
+from enginekit import (
+    PROMPTS,
+    http_status,
+    kill_mid_call,
+    learner_for,
+    needs_vllm,
+    openai_cfg,
+    served_names,
+    step_adapter,
+)
 
 from swarm_runtime.config import ConfigError
 from swarm_runtime.rollout.base import Row
@@ -40,7 +50,7 @@ def served(registry, tmp_path_factory):
 def test_vllm_answers_with_the_learners_log_probs(served):
     cfg, learner, run_dir, s = served
     assert s.name == "vllm" and (run_dir / "engine" / "base" / "config.json").exists()
-    assert served_names(s.client.url) == {"Logger@v0", "Miner@v0", "Smith@v0"}
+    assert served_names(s.client.url, s.server.api_key) == {"Logger@v0", "Miner@v0", "Smith@v0"}
     acts = s.act(ROWS * 4)
     worst = 0.0
     for r, a in zip(ROWS * 4, acts):
@@ -68,11 +78,52 @@ def test_a_new_adapter_version_is_loaded_and_the_old_one_unloaded(served):
     before = s.act(ROWS)
     step_adapter(learner, "Smith", scale=0.3)
     s.sync(learner, ["Smith"])
-    models = served_names(s.client.url)
+    models = served_names(s.client.url, s.server.api_key)
     assert "Smith@v1" in models and "Smith@v0" not in models
     after = s.act(ROWS)
     assert after[2].version == 1 and (after[2].tokens, after[2].logprobs) != (before[2].tokens, before[2].logprobs)
     assert after[0].tokens == before[0].tokens
+
+
+def test_the_runs_server_demands_its_key_on_every_route_but_health(served, tmp_path):
+    """The server the run starts itself (``cluster.samplers=local``; an engine actor's is started by the same
+    ``VLLMServer`` code with the trainer's key) demands a key made for it on every route but ``/health``: vLLM's own
+    key on its ``/v1`` routes, our guard (``--middleware swarm_vllm_guard.BearerGuard``) on the rest, among them
+    the SageMaker routes vLLM leaves open (``/adapters``: LoRA load and unload, ``/invocations``). Without the key
+    (or with another): 401; with it they work; the run's sampler sends it. The key is in neither the server's command
+    line nor its log."""
+    cfg, learner, run_dir, s = served
+    url, key = s.server.url, s.server.api_key
+    assert key and s.client._headers["Authorization"] == f"Bearer {key}"
+    adapter = next(p.parent for p in (run_dir / "engine" / "adapters").rglob("adapter_config.json"))
+    ids = learner.policy("Logger").encode_prompt(PROMPTS["Logger"])  # token ids, as the run sends them
+    completion = {"model": "Logger@v0", "prompt": ids, "max_tokens": 2}
+    routes = [
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/completions", completion),
+        ("POST", "/invocations", completion),
+        ("POST", "/tokenize", {"model": "Logger@v0", "prompt": "you are"}),
+        ("GET", "/metrics", None),
+        ("POST", "/adapters", {"name": "probe", "src": str(adapter)}),
+        ("DELETE", "/adapters/probe", None),
+        ("POST", "/v1/load_lora_adapter", {"lora_name": "probe", "lora_path": str(adapter)}),
+        ("POST", "/v1/unload_lora_adapter", {"lora_name": "probe"}),
+        ("DELETE", "/adapters/Logger@v0", None),
+        ("POST", "/v1/unload_lora_adapter", {"lora_name": "Miner@v0"}),
+    ]
+    loaded = served_names(url, key)
+    refused = {f"{m} {p}": http_status(url, m, p, b) for m, p, b in routes}
+    assert set(refused.values()) == {401}, refused
+    assert {http_status(url, m, p, b, key="not-the-key") for m, p, b in routes} == {401}
+    assert http_status(url, "GET", "/health") == 200
+    assert served_names(url, key) == loaded  # nothing was loaded or unloaded
+    answered = {f"{m} {p}": http_status(url, m, p, b, key=key) for m, p, b in routes[:-2]}  # the last two: ours
+    print("\nwith the key:", answered)
+    assert set(answered.values()) == {200}, answered
+    assert served_names(url, key) == loaded  # probe loaded and unloaded, twice
+    cmdline = Path(f"/proc/{s.server.proc.pid}/cmdline").read_bytes().decode()
+    assert "swarm_vllm_guard.BearerGuard" in cmdline and key not in cmdline and key not in s.server.log.read_text()
+    assert all(a.tokens for a in s.act(ROWS))
 
 
 def test_a_server_on_another_base_is_refused(served, registry):
@@ -81,7 +132,7 @@ def test_a_server_on_another_base_is_refused(served, registry):
     with pytest.raises(EngineError, match="not the run's base"):
         from swarm_runtime.rollout.factory import engine_sampler
 
-        engine_sampler(openai_cfg(cfg, s.client.url), other, run_dir / "other")
+        engine_sampler(openai_cfg(cfg, s.client.url), other, run_dir / "other", server=s.server)  # with its key
 
 
 def test_a_port_in_use_and_a_rank_vllm_lacks_are_refused_before_a_server_starts(registry, tmp_path):
@@ -103,14 +154,14 @@ def test_a_vllm_server_killed_mid_call_is_restarted_with_its_versions(served):
     cfg, learner, run_dir, s = served
     rows = [Row(r.model, r.prompt, (11, i, 0, 1)) for i, r in enumerate(ROWS * 8)]
     want = s.act(rows)
-    loaded = served_names(s.client.url)
+    loaded = served_names(s.client.url, s.server.api_key)
     t0 = time.monotonic()
     out = kill_mid_call(s, s.server, rows)
     print(f"\nkilled and restarted in {time.monotonic() - t0:.1f} s")
     assert "err" not in out, out.get("err")
     assert s.server.starts == 2 and s.server.alive()
     assert [a.tokens for a in out["res"]] == [a.tokens for a in want]
-    assert served_names(s.client.url) == loaded
+    assert served_names(s.client.url, s.server.api_key) == loaded
 
 
 def test_a_vllm_server_without_lora_names_the_flags(registry, tmp_path):

@@ -1,0 +1,152 @@
+"""The engine sampler's own seed stream across a resume (docs/engine.md, section 5): rows without a
+common-random-numbers key (``algo.common_random_numbers=false``, the default: every training and held-out row) get
+their request ``seed`` from ``OpenAISampler.rng``; its state is saved in each checkpoint's ``rng.pt`` and put back
+into the sampler a resumed run makes, so a run stopped after a checkpoint and resumed draws what the uninterrupted
+run draws. On any CPU: ``rollout.engine=openai`` against :mod:`refserver` (which samples with the request's seed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT, TINY_RUN
+from enginekit import learner_for, start_ref
+
+from swarm_runtime.checkpoint import load_tensors
+from swarm_runtime.rollout.factory import write_base
+
+#: ``swarm run`` that counts the seeds drawn for unkeyed rows and, with ``SWARM_TEST_STOP_AT=TAG``, ends at once
+#: (``os._exit``, as a kill would) after writing checkpoint TAG.
+STOPPER = textwrap.dedent("""
+    import os, sys
+    from swarm_runtime import checkpoint
+    from swarm_runtime.rollout import openai
+
+    unkeyed = {"n": 0}
+    row_seed = openai.row_seed
+    def counting(key, rng):
+        unkeyed["n"] += key is None
+        return row_seed(key, rng)
+
+    save = checkpoint.save_checkpoint
+    def stopping(run_dir, tag, *a, **kw):
+        out = save(run_dir, tag, *a, **kw)
+        print(f"CHECKPOINT {tag}: {unkeyed['n']} unkeyed seeds drawn", file=sys.stderr, flush=True)
+        if tag == os.environ.get("SWARM_TEST_STOP_AT"):
+            os._exit(9)
+        return out
+
+    openai.row_seed, checkpoint.save_checkpoint = counting, stopping
+    from swarm_runtime.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def _rows(run) -> list[dict]:
+    return [
+        {k: v for k, v in json.loads(x).items() if not k.startswith("time/")}
+        for x in (run / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def _sampler_rng(run):
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    return load_tensors(run / "checkpoints" / latest / "rng.pt").get("sampler")
+
+
+@pytest.mark.slow
+def test_a_run_stopped_after_a_checkpoint_and_resumed_draws_the_uninterrupted_runs_seeds(registry, tmp_path):
+    script = tmp_path / "stopper.py"
+    script.write_text(STOPPER)
+    _, learner = learner_for(registry)
+    base = write_base(next(iter(learner.policies.values())).shared_base, tmp_path / "base")
+    server = start_ref(base, tmp_path / "ref.log")
+
+    def run(name: str, *extra: str, stop_at: str | None = None) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        if stop_at:
+            env["SWARM_TEST_STOP_AT"] = stop_at
+        small = ("algo.iterations", "tensorboard", "task.max_decisions", "algo.envs_per_step", "eval.episodes")
+        args = [a for a in TINY_RUN if not a.startswith(small)]
+        return subprocess.run(
+            [sys.executable, str(script), "run", *args]
+            + [
+                "algo.iterations=2",
+                "task.max_decisions=4",
+                "algo.envs_per_step=1",
+                "eval.episodes=1",
+                "checkpoint_every=1",
+                "tensorboard=false",
+                "skip_sft_eval=true",
+                "model=local",
+                f"model.path={base}",
+                "model.dtype=float32",
+                "model.adapter=lora",
+                "rollout.engine=openai",
+                f"rollout.url={server.url}",
+                f"run_dir={tmp_path / name}",
+                *extra,
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+
+    try:
+        whole = run("whole")
+        assert whole.returncode == 0, whole.stderr[-3000:]
+        stopped = run("stopped", stop_at="iter-000001")
+        assert stopped.returncode == 9, stopped.stderr[-3000:]
+        resumed = run("stopped", "resume=true")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finally:
+        server.stop()
+    drawn = [ln for ln in stopped.stderr.splitlines() if ln.startswith("CHECKPOINT iter-000001")]
+    assert drawn and int(drawn[0].split(": ")[1].split()[0]) > 0, stopped.stderr[-2000:]  # unkeyed rows were drawn
+    assert "resumed at phase rl iteration 1" in (tmp_path / "stopped" / "run.log").read_text()
+    assert _rows(tmp_path / "stopped") == _rows(tmp_path / "whole")
+    assert _sampler_rng(tmp_path / "stopped") == _sampler_rng(tmp_path / "whole") is not None
+    results = [json.loads((tmp_path / r / "eval.json").read_text())["results"] for r in ("whole", "stopped")]
+    assert results[0] == results[1]
+
+
+def test_the_sampler_generators_state_goes_through_rng_pt(tmp_path):
+    """``sampler_rng_state`` / ``restore_sampler_rng`` through a checkpoint's ``rng.pt``: one engine sampler (behind
+    the lock of rollouts played ahead), one per base (``RoutedSampler``), and none (in process: nothing saved)."""
+    import random
+
+    from swarm_runtime.checkpoint import sampler_rng, save_rng
+    from swarm_runtime.rollout.factory import RoutedSampler
+    from swarm_runtime.rollout.http import Client
+    from swarm_runtime.rollout.local import LocalSampler, LockedSampler
+    from swarm_runtime.rollout.openai import OpenAISampler, restore_sampler_rng, row_seed, sampler_rng_state
+
+    def sampler(seed: int) -> OpenAISampler:
+        s = OpenAISampler(Client("http://127.0.0.1:9"), {}, None, seed=seed)
+        s.name, s.server = "openai", None
+        return s
+
+    def draws(s, n=5):
+        return [row_seed(None, s.rng) for _ in range(n)]
+
+    one, routed = sampler(3), RoutedSampler({"default": sampler(3), "small": sampler(4)}, {})
+    draws(one), draws(routed.samplers["small"], 7)
+    for made, fresh in (
+        (LockedSampler(one), sampler(3)),
+        (routed, RoutedSampler({"default": sampler(3), "small": sampler(4)}, {})),
+    ):
+        save_rng(tmp_path / "rng.pt", random.Random(0), sampler_rng_state(made))
+        restore_sampler_rng(LockedSampler(fresh), sampler_rng(tmp_path))
+        subs = getattr(made, "samplers", None) or {"": one}
+        for name, s in subs.items():
+            f = fresh.samplers[name] if name else fresh
+            assert draws(f) == draws(s), name
+    assert draws(sampler(3)) != draws(one)  # the restored streams went on; a fresh one starts over
+    save_rng(tmp_path / "rng.pt", random.Random(0), sampler_rng_state(LocalSampler({}, None)))
+    assert sampler_rng(tmp_path) is None
