@@ -41,7 +41,8 @@ class DeepSpeedShardWorker(ShardWorker):
             to_device([*self.policies.values(), *(self.reference or {}).values()], device)
         import deepspeed
 
-        from swarm_runtime.train.sharded import Shard, to_masters, zero3_config
+        from swarm_runtime.train.optim import LOW_PRECISION
+        from swarm_runtime.train.sharded import Shard, zero3_config
 
         deepspeed.init_distributed(
             dist_backend=backend,
@@ -52,25 +53,16 @@ class DeepSpeedShardWorker(ShardWorker):
             world_size=self.world,
             verbose=False,
         )
-        low: dict = {}
-        for role, policy in self.policies.items():
-            if not hasattr(policy, "model") or hasattr(policy, "shared_base"):
-                raise RuntimeError(f"learner {self.name!r}: role {role} is not a full copy; ZeRO-3 cannot shard it")
-            if any(p.dtype == torch.float16 for p in policy.parameters()):
-                raise RuntimeError(f"learner {self.name!r}: role {role} is fp16 (DeepSpeed's fp16 mode is not wired)")
-            # a bf16 copy: its fp32 masters (the SFT's, train/optim.py: master_weight), which the optimizers are
-            # made over (plain AdamW: ZeRO-3 steps its fp32 partition) and ZeRO's partition is set to below
-            low[role] = to_masters(policy.model)
         self.optimizers = self._make_optimizers(self.policies)
         for role, policy in self.policies.items():
-            masters = [p.detach().clone() for p in policy.model.parameters()] if low[role] else None
+            if not hasattr(policy, "model") or any(p.dtype in LOW_PRECISION for p in policy.parameters()):
+                raise RuntimeError(
+                    f"learner {self.name!r}: role {role} is not a full fp32 copy; ZeRO-3 cannot shard it"
+                )
             first = next(t[role][0] for t in self.optimizers.values() if role in t)
-            config = zero3_config(low[role])
-            engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=first, config=config)
-            if masters is not None:  # the engine cast the module to bf16 (the masters rounded, as in process)
-                set_fp32_params(engine, masters)
+            engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=first, config=zero3_config())
             policy.model = engine
-            policy.shard = Shard(self.rank, self.world, compute=low[role], engine="deepspeed")
+            policy.shard = Shard(self.rank, self.world, engine="deepspeed")
         return os.getpid()
 
     def _params(self, role: str) -> list:
@@ -80,13 +72,10 @@ class DeepSpeedShardWorker(ShardWorker):
         return full if self.rank == 0 else []  # every rank gathered (a collective)
 
     def training_states(self) -> dict:
-        """Per role: a bf16 copy's fp32 masters (ZeRO's partition, gathered), each kind's optimizer state
-        (:func:`full_optimizer_state`) and scheduler state (rank 0's); ``learner.training_state``'s format."""
+        """Per role: each kind's optimizer state (:func:`full_optimizer_state`) and scheduler state (rank 0's)."""
         out: dict = {}
         for role, policy in self.policies.items():
             st = out[role] = {}
-            if policy.shard.compute is not None:
-                st["master_weights"] = self._params(role) or None  # every rank gathers; rank 0's answer is sent
             for kind, table in self.optimizers.items():
                 if role in table:
                     opt, sched = table[role]
@@ -101,8 +90,7 @@ class DeepSpeedShardWorker(ShardWorker):
 
         for role, st in copy.deepcopy(dict(states)).items():
             engine = self.policies[role].model
-            masters = st["state"].get("master_weights") or [None] * len(st["params"])  # a bf16 run's fp32 masters
-            load_full_params(engine, [t if m is None else m for t, m in zip(st["params"], masters)])
+            load_full_params(engine, st["params"])
             for kind, table in self.optimizers.items():
                 if f"optimizer_{kind}" in st["state"] and role in table:
                     opt, sched = table[role]
@@ -171,6 +159,7 @@ def load_full_params(engine, tensors) -> None:
     again) and into ZeRO's fp32 master partition (``safe_set_full_fp32_param``); every rank calls it."""
     import deepspeed
     import torch
+    from deepspeed.utils import safe_set_full_fp32_param
 
     params = list(engine.module.parameters())
     if len(params) != len(tensors):
@@ -178,13 +167,5 @@ def load_full_params(engine, tensors) -> None:
     with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
         for p, t in zip(params, tensors):
             p.data.copy_(t.to(p.dtype))
-    set_fp32_params(engine, tensors)
-
-
-def set_fp32_params(engine, tensors) -> None:
-    """Set ZeRO's fp32 master partition of ``engine`` to full ``tensors`` (``parameters()`` order; every rank)."""
-    import torch
-    from deepspeed.utils import safe_set_full_fp32_param
-
-    for p, t in zip(engine.module.parameters(), tensors, strict=True):
+    for p, t in zip(params, tensors):
         safe_set_full_fp32_param(p, t.to(torch.float32))

@@ -173,23 +173,16 @@ def _zero3_step(engine, opt, grad_clip: float):
     return torch.as_tensor(engine.get_global_grad_norm())
 
 
-def zero3_config(low: torch.dtype | None = None) -> dict:
+def zero3_config() -> dict:
     """A ZeRO-3 engine's config: stage 3, the run's torch AdamW as the client optimizer; the gradient accumulation
-    (a batch's chunk count) and clipping (``grad_clip``) are set per update by :func:`shard_step`. ``low``
-    ``torch.bfloat16``: DeepSpeed's bf16 mode (the module in bf16, ZeRO's partition the fp32 masters the optimizer
-    steps, the weights rounded from them: the in-process ``MasterWeightAdamW``'s scheme)."""
-    config = {
+    (a batch's chunk count) and clipping (``grad_clip``) are set per update by :func:`shard_step`."""
+    return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": 3},
         "zero_force_ds_cpu_optimizer": False,  # the run's torch AdamW, not DeepSpeed's CPU Adam
         "steps_per_print": 1 << 30,
     }
-    if low is not None:
-        if low != torch.bfloat16:
-            raise ValueError(f"ZeRO-3 learners compute in bf16 or fp32, not {low}")
-        config["bf16"] = {"enabled": True}
-    return config
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list:
