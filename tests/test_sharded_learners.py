@@ -162,16 +162,6 @@ def test_a_base_with_its_adapters_sharded_runs_as_in_process_and_resumes_under_l
     "args, valid",
     [
         (["train.engine=fsdp", "train.shards=2"], "cluster.learners=ray"),
-        (
-            [
-                "train.engine=fsdp",
-                "cluster.kind=ray",
-                "cluster.learners=ray",
-                "hardware.dtype=bfloat16",
-                "model.adapter=lora",
-            ],
-            "model.adapter=none",
-        ),
         # ZeRO-3 learners (cluster/deepspeed_shards.py): the same, and fp32 full copies only (with or without the package)
         (["train.engine=deepspeed", "train.shards=2"], "cluster.learners=ray"),
         (["train.engine=deepspeed", "cluster.kind=ray", "cluster.learners=ray", "model.adapter=lora"], "adapter=none"),

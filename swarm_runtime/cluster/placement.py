@@ -320,9 +320,10 @@ def check_engine_wired(cfg) -> None:
     """What ``swarm run`` can train with (``swarm config ... --plan`` plans every engine all the same, so these are
     run-time refusals, one line each): ``train.engine=local``, or ``fsdp`` on learner actors
     (``cluster.learners=ray``: each learner ``train.shards`` Ray actors, swarm_runtime/cluster/shards.py) for
-    a role's full copy (fp32, or bf16/fp16: fp32 masters sharded, computing in the low dtype), or an fp32 base with
-    its roles' LoRA adapters (``model.adapter=lora``); or ``deepspeed`` on learner actors too (ZeRO-3,
-    swarm_runtime/cluster/deepspeed_shards.py) for fp32 full copies, where the package imports."""
+    a role's full copy (fp32, or bf16/fp16: fp32 masters sharded, computing in the low dtype), or a base (fp32, or
+    bf16/fp16 frozen as it is) with its roles' fp32 LoRA adapters (``model.adapter=lora``); or ``deepspeed`` on
+    learner actors too (ZeRO-3, swarm_runtime/cluster/deepspeed_shards.py) for fp32 full copies, where the package
+    imports."""
     t = cfg.get("train")
     if t is None or str(t.engine) == "local":
         return
@@ -339,31 +340,25 @@ def check_engine_wired(cfg) -> None:
     adapter = str(cfg.model.get("adapter") or "none")
     if engine == "deepspeed":
         _check_deepspeed(adapter, dtype)
-    elif dtype != "float32" and adapter != "none":
-        raise ConfigError(
-            f"train.engine=fsdp with model.adapter={adapter} on {dtype} weights: FSDP2 shards a unit of one dtype, so "
-            "the frozen base would be held as fp32 masters and the adapters computed in "
-            f"{dtype} (not wired); valid: hardware.dtype=float32 (model.dtype=float32) with model.adapter={adapter}, "
-            "model.adapter=none (full copies: fp32 masters sharded, computing in bf16/fp16), or train.engine=local"
-        )
 
 
 def _check_deepspeed(adapter: str, dtype: str) -> None:
-    """``train.engine=deepspeed``'s own limits: fp32 full copies (its LoRA and bf16/fp16 modes are not wired; fsdp
-    has both), and the package present."""
+    """``train.engine=deepspeed``'s own limits: fp32 full copies (its LoRA and bf16/fp16 modes are not wired, for the
+    reasons the messages give; fsdp has both), and the package present."""
     import importlib.util
 
     if adapter != "none":
         raise ConfigError(
-            f"train.engine=deepspeed with model.adapter={adapter}: a ZeRO-3 learner holds a role's full copy (LoRA "
-            f"bases are not wired under deepspeed); valid: model.adapter=none with train.engine=deepspeed, or "
+            f"train.engine=deepspeed with model.adapter={adapter}: a ZeRO-3 engine owns its module (one per base) and "
+            "steps the whole fp32 partition of its optimizer at each step, but each role trains only its own adapter "
+            f"with its own optimizers (not wired); valid: model.adapter=none with train.engine=deepspeed, or "
             f"train.engine=fsdp (it shards LoRA bases) or local"
         )
     if dtype != "float32":
         raise ConfigError(
-            f"train.engine=deepspeed with {dtype} weights: the ZeRO-3 learner steps fp32 parameters (DeepSpeed's "
-            "bf16/fp16 modes are not wired); valid: hardware.dtype=float32 (model.dtype=float32) with it, or "
-            "train.engine=fsdp (fp32 masters computing in bf16/fp16) or local"
+            f"train.engine=deepspeed with {dtype} weights: the ZeRO-3 learner steps fp32 full copies (DeepSpeed's bf16 "
+            "mode is not wired to the run's fp32 masters, its fp16 mode scales the loss); valid: hardware.dtype=float32 "
+            "(model.dtype=float32) with it, or train.engine=fsdp (fp32 masters computing in bf16/fp16) or local"
         )
     if importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(

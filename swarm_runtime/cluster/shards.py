@@ -141,7 +141,8 @@ class ShardWorker(LearnerWorker):
         return out if self.rank == 0 else {}
 
     def load(self, states: dict) -> dict:
-        """:meth:`LearnerWorker.load` into the shards (full weights and optimizer state, sharded here)."""
+        """:meth:`LearnerWorker.load` into the shards (full weights, a trained shared base, optimizer state, sharded
+        here)."""
         import copy
 
         from swarm_runtime.train.sharded import load_full_optimizer_state, load_full_params
@@ -151,6 +152,8 @@ class ShardWorker(LearnerWorker):
             masters = st["state"].get("master_weights") or [None] * len(st["params"])  # a bf16 run's fp32 masters
             full = [t if m is None else m for t, m in zip(st["params"], masters)]
             load_full_params(policy.model, full, list(policy.parameters()))
+            if "base" in st:  # a shared base the SFT trained (restarted ranks were made with the untrained one)
+                load_full_params(policy.model, st["base"], policy.shared_base.base_params())
             for kind, table in self.optimizers.items():
                 if f"optimizer_{kind}" in st["state"] and role in table:
                     opt, sched = table[role]

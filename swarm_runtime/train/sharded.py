@@ -267,14 +267,17 @@ def _block_classes(model: torch.nn.Module) -> set[str]:
     return set(getattr(model, "_no_split_modules", None) or ())
 
 
-def shard_model(model: torch.nn.Module, mesh, mp_policy=None) -> torch.nn.Module:
-    """``fully_shard`` every transformer block, then the root (embeddings, tied head, final norm), in place.
-    A PEFT model (a base with LoRA adapters) is sharded the same way: each unit holds frozen base weights and
-    trainable adapter matrices side by side (FSDP2 keeps ``requires_grad`` per parameter). ``mp_policy``: FSDP2's
+def shard_model(model: torch.nn.Module, mesh, mp_policy=None, units: Sequence = ()) -> torch.nn.Module:
+    """``fully_shard`` each of ``units`` (inner units first), every transformer block, then the root (embeddings,
+    tied head, final norm), in place. A PEFT model (a base with LoRA adapters) is sharded the same way: each unit
+    holds frozen base weights and trainable adapter matrices side by side (FSDP2 keeps ``requires_grad`` per
+    parameter); on a bf16/fp16 base the LoRA layers are ``units`` (:func:`lora_units`). ``mp_policy``: FSDP2's
     ``MixedPrecisionPolicy`` (None: compute in the parameters' dtype)."""
     from torch.distributed.fsdp import fully_shard
 
     kw = {} if mp_policy is None else {"mp_policy": mp_policy}
+    for m in units:
+        fully_shard(m, mesh=mesh, **kw)
     blocks = _block_classes(model)
     for m in model.modules():
         if m is not model and type(m).__name__ in blocks:
@@ -316,16 +319,31 @@ def mixed_precision(low: torch.dtype | None):
     return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
 
 
+def lora_units(shared) -> list:
+    """The FSDP2 units of LoRA adapters on a bf16/fp16 base (``shared``: policy/adapters.py's ``SharedBase``): FSDP2
+    gathers a unit's parameters as one buffer of one dtype, so each LoRA layer's frozen base Linear is a unit (bf16)
+    and the LoRA layer around it another (its adapters' fp32 matrices, gathered around the layer's forward, which
+    ``GroupedLoRA`` keeps); the blocks and the root then hold bf16 weights only. Inner units first."""
+    return [u for m in shared.lora_layers for u in (m.base_layer, m)]
+
+
 def shard_policies(policies: dict, mesh, rank: int, world: int) -> None:
     """Shard the models of ``policies`` (a learner's roles) in place, each model once (the roles that are LoRA
     adapters on one base share it), and give every policy its :class:`Shard`. A bf16/fp16 model is sharded as its
-    fp32 masters computing in its dtype (:func:`to_masters`). ``fully_shard`` replaces each parameter by a sharded
-    one, so an adapter policy reads its parameters from the model again."""
+    fp32 masters computing in its dtype (:func:`to_masters`); a bf16/fp16 base with LoRA adapters stays as it is (the
+    base frozen in its dtype, the fp32 adapters trained as they are, as in process: :func:`lora_units`).
+    ``fully_shard`` replaces each parameter by a sharded one, so an adapter policy reads its parameters from the model
+    again."""
     done: dict[int, torch.dtype | None] = {}
     for policy in policies.values():
         if id(policy.model) not in done:
-            low = done[id(policy.model)] = to_masters(policy.model)
-            shard_model(policy.model, mesh, mixed_precision(low))
+            shared = getattr(policy, "shared_base", None)
+            if shared is not None and low_precision(policy.model) is not None:
+                done[id(policy.model)] = None  # no masters: the frozen base is not stepped, the adapters are fp32
+                shard_model(policy.model, mesh, units=lora_units(shared))
+            else:
+                low = done[id(policy.model)] = to_masters(policy.model)
+                shard_model(policy.model, mesh, mixed_precision(low))
         if hasattr(policy, "rebind_params"):
             policy.rebind_params()
         policy.shard = Shard(rank, world, done[id(policy.model)])
