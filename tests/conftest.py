@@ -16,6 +16,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # starts, so that two workers on two cores do not each spin a pool sized for the whole machine
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Ray in tests stays on loopback. Ray 2.60 turns a node address of 127.0.0.1 (``ray.init(_node_ip_address=...)``,
+# ``ray start --node-ip-address``) into the machine's routable address and advertises that; unless Ray clusters
+# are off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, ray/_private/services.py: get_node_ip_address), when every
+# local Ray, in a test or in a ``swarm`` it starts, listens on and advertises 127.0.0.1 only (measured: ``ss -ltn``).
+# tests/test_multinode.py turns clusters back on for its two nodes, on 127.0.0.3 and 127.0.0.2.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 #: Small budget for runs in tests: a few demo episodes, short episodes, two updates.
 TINY_RUN = [
     "domain=minecraft",

@@ -118,6 +118,10 @@ def local_ray():
         log_to_driver=False,
         configure_logging=False,
     )
+    # test traffic stays on loopback (tests/conftest.py): the node and its GCS advertise 127.0.0.1
+    nodes = ray.nodes()
+    assert [n["NodeManagerAddress"] for n in nodes] == ["127.0.0.1"], nodes
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
     yield ray
     ray.shutdown()
 

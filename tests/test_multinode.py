@@ -59,21 +59,28 @@ def _in_group(pgid: int, needle: str) -> list[int]:
     return out
 
 
+#: The nodes' addresses: loopback, but not 127.0.0.1, which Ray 2.60 replaces with the machine's routable address
+HEAD_IP, NODE_B_IP = "127.0.0.3", "127.0.0.2"
+
+
 class NodeExited(AssertionError):
     """A node's ``ray start`` exited while it was awaited."""
 
 
 class TwoNodes:
-    """A head (``nodeA``) and a second node (``nodeB``) on 127.0.0.1, each ``ray start --block`` in a session of its
+    """A head (``nodeA``, on 127.0.0.3) and a second node (``nodeB``, on 127.0.0.2), each ``ray start --block`` in a session of its
     own. Token authentication as ``ray start --head`` sets it up, with a token of this fixture's own
     (``RAY_AUTH_TOKEN``), so the machine's ``~/.ray/auth_token`` is neither read nor written."""
 
     def __init__(self):
         self.tmp = tempfile.mkdtemp(prefix="rn", dir="/tmp")  # short: Ray's socket paths must stay under 107 bytes
         self.port = _free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{HEAD_IP}:{self.port}"
         self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), OMP_NUM_THREADS="1")
+        # a multi-node Ray needs clusters on (tests/conftest.py turns them off for one-node Rays); then Ray turns
+        # 127.0.0.1 into the machine's routable address, but keeps other loopback addresses: each node gets one
+        self.env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"
         self.nodes: dict[str, subprocess.Popen] = {}
 
     def _start(self, name: str, head: bool, cpus: int) -> None:
@@ -92,7 +99,7 @@ class TwoNodes:
             else [f"--address={self.address}"]
         )  # fmt: skip
         ray = str(Path(sys.executable).with_name("ray"))
-        cmd = [ray, "start", *where, "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--num-gpus=0",
+        cmd = [ray, "start", *where, f"--node-ip-address={HEAD_IP if head else NODE_B_IP}", f"--num-cpus={cpus}", "--num-gpus=0",
                f"--resources={{\"{name}\": 1}}", "--object-store-memory=100000000", "--disable-usage-stats",
                f"--temp-dir={self.tmp}", "--block", *ports]  # fmt: skip
         log = open(f"{self.tmp}/{name}.out", "w")
@@ -118,7 +125,7 @@ class TwoNodes:
 
     def _listening(self) -> bool:
         try:
-            socket.create_connection(("127.0.0.1", self.port), 1).close()
+            socket.create_connection((HEAD_IP, self.port), 1).close()
             return True
         except OSError:
             return False

@@ -80,8 +80,13 @@ def import_ray():
 
 
 def connect(address: str | None, num_cpus: int | None = None, key: str = "cluster.address") -> bool:
-    """Join the Ray cluster at ``address``, or (None) start a local one bound to 127.0.0.1. Returns whether
-    this call started Ray (then :meth:`EnvCluster.close` stops it). ``key``: the setting errors name."""
+    """Join the Ray cluster at ``address``, or (None) start a local one. Returns whether this call started Ray
+    (then :meth:`EnvCluster.close` stops it). ``key``: the setting errors name.
+
+    A local Ray is asked for 127.0.0.1, but Ray 2.60 replaces that with the machine's routable address (and its
+    servers listen on every interface) unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is in the environment before
+    Ray is imported: then it listens on and advertises 127.0.0.1 only (measured; the tests set it:
+    tests/conftest.py). docs/distributed.md, "Which addresses Ray uses"."""
     ray = import_ray()
     if ray.is_initialized():
         return False
