@@ -53,10 +53,14 @@ def in_process(tmp_path_factory):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ray_env_workers_write_the_same_metrics_and_eval(in_process, tmp_path):
+def test_ray_env_workers_write_the_same_metrics_and_eval(in_process, tmp_path, monkeypatch):
+    # the run's own local Ray keeps to loopback without the tests' setting (tests/conftest.py): swarm sets it
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
     r = swarm("run", *TINY_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "env workers on Ray: 2" in r.stderr
+    nodes = next(line for line in r.stderr.splitlines() if "env workers on nodes:" in line)
+    assert nodes.count(" at 127.0.0.1 (") == 2, nodes  # both workers on a node that advertises loopback
     assert run_rows(tmp_path / "run") == run_rows(in_process) and len(run_rows(in_process)) >= 3
     assert run_eval(tmp_path / "run") == run_eval(in_process)
     closed = next(line for line in r.stderr.splitlines() if "env workers closed" in line)

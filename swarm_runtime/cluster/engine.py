@@ -426,8 +426,8 @@ class EngineActor:
         from swarm_runtime.cluster.remote import connect, import_ray
 
         t0 = time.perf_counter()
+        self.started = connect(address, num_cpus)  # first: a local Ray is set to loopback before Ray is imported
         self.ray = ray = import_ray()
-        self.started = connect(address, num_cpus)
         self.name, self.max_restarts = name, int(max_restarts)
         self.startup_timeout_s = float(settings.get("startup_timeout_s", 600.0))
         #: the base's path, content hash and the actor that puts its files in the object store when first asked, for

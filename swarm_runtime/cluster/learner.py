@@ -288,8 +288,8 @@ class LearnerGroup:
         import torch
 
         t0 = time.perf_counter()
-        self.ray = ray = import_ray()
         self.started = connect(address, num_cpus)  # the env workers' Ray when cluster.kind=ray started it first
+        self.ray = ray = import_ray()
         self.max_restarts = int(max_restarts)
         groups = learner_groups(policies)
         self.roles = {name: list(g) for name, g in groups.items()}

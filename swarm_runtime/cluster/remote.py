@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -42,14 +43,15 @@ class ActorGone(ConfigError):
 
 
 def node_here() -> str:
-    """Inside an actor: its Ray node, ``<id, 8 hex> (<custom resources of the node>)``: what the logs and the
-    multi-node tests read."""
+    """Inside an actor: its Ray node, ``<id, 8 hex> at <the node's address> (<custom resources of the node>)``:
+    what the logs and the multi-node tests read."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
-    res = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node), {})
+    info = next((n for n in ray.nodes() if n.get("NodeID") == node), {})
+    res = info.get("Resources", {})
     own = sorted(k for k in res if k not in ("CPU", "GPU", "memory", "object_store_memory") and ":" not in k)
-    return f"{node[:8]} ({', '.join(own) or 'no custom resources'})"
+    return f"{node[:8]} at {info.get('NodeManagerAddress', '?')} ({', '.join(own) or 'no custom resources'})"
 
 
 def nodes_of(ray, actors) -> list[str]:
@@ -71,6 +73,10 @@ def lost_node(actor) -> str:
     return f"; its node {node[:8]} is dead" if node and node in dead else ""
 
 
+#: Ray's switch for a one-machine Ray (ray/_private/ray_constants.py: ``ENABLE_RAY_CLUSTER``, read at import)
+LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 def import_ray():
     try:
         import ray
@@ -83,10 +89,13 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
     """Join the Ray cluster at ``address``, or (None) start a local one. Returns whether this call started Ray
     (then :meth:`EnvCluster.close` stops it). ``key``: the setting errors name.
 
-    A local Ray is asked for 127.0.0.1, but Ray 2.60 replaces that with the machine's routable address (and its
-    servers listen on every interface) unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is in the environment before
-    Ray is imported: then it listens on and advertises 127.0.0.1 only (measured; the tests set it:
-    tests/conftest.py). docs/distributed.md, "Which addresses Ray uses"."""
+    A local Ray stays on loopback: Ray 2.60 would replace the 127.0.0.1 asked for with the machine's routable
+    address (and listen on every interface) unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray's switch for a
+    one-machine Ray) is in the environment when Ray is imported; then it listens on and advertises 127.0.0.1 only
+    (measured). It is set here, before the first import (a value the user set is kept; docs/distributed.md,
+    "Loopback")."""
+    if address is None and "ray" not in sys.modules:
+        os.environ.setdefault(LOCAL_ONLY, "0")
     ray = import_ray()
     if ray.is_initialized():
         return False
@@ -186,8 +195,8 @@ class EnvCluster:
         from swarm_runtime.cluster import placement as P
 
         t0 = time.perf_counter()
+        self.started = connect(address, num_cpus)  # first: a local Ray is set to loopback before Ray is imported
         self.ray = import_ray()
-        self.started = connect(address, num_cpus)
         self.placement = placement  #: a :class:`~swarm_runtime.cluster.placement.PlacementSpec`, or None
         self.options = dict(options or {})  #: more Ray options of every worker (``cluster.resources.env``: its node)
         if placement is not None:  # every group reserved before a worker starts (and before anything trains)
@@ -211,8 +220,8 @@ class EnvCluster:
         self.closed = False
         self.start_s = time.perf_counter() - t0  #: seconds to start (or join) Ray and the workers
         logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)), self.start_s)
-        if self.options:  # pinned to nodes: where each runs, as the worker itself says
-            logger.info("env workers on nodes: {}", ", ".join(nodes_of(self.ray, self.workers)))
+        # where each runs (its node's id, address and custom resources), as the worker itself says
+        logger.info("env workers on nodes: {}", ", ".join(nodes_of(self.ray, self.workers)))
 
     def _make_workers(self, domain: str, task: dict, plugins: tuple[str, ...], n: int) -> list:
         """The ``n`` worker actors (each an :class:`EnvWorker` for ``domain`` and ``task``), in the placement's

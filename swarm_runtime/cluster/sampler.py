@@ -142,8 +142,8 @@ class RaySampler:
         from swarm_runtime.cluster.remote import connect, import_ray
 
         t0 = time.perf_counter()
+        self.started = connect(address, num_cpus)  # first: a local Ray is set to loopback before Ray is imported
         self.ray = ray = import_ray()
-        self.started = connect(address, num_cpus)
         self.learner = learner
         self.policies = dict(learner.policies)
         self.counters = flop_counters(self.policies)

@@ -90,8 +90,8 @@ def replicated_sampler(
     from swarm_runtime.rollout.replicas import ReplicatedSampler
 
     c = cfg.cluster
+    started = connect(c.address, c.get("num_cpus"))  # first: a local Ray is set to loopback before Ray is imported
     ray = import_ray()
-    started = connect(c.address, c.get("num_cpus"))
     nodes: list = []
     if replicas == "per_node":
         o = options or {}

@@ -91,8 +91,8 @@ class RayWorkers:
         """``restart``: Ray restarts an actor whose process died (``serve.restart_workers``)."""
         from swarm_runtime.cluster.remote import connect, import_ray
 
+        self.started = connect(address, key="serve.address")  # first: a local Ray stays on loopback
         self.ray = import_ray()
-        self.started = connect(address, key="serve.address")
         self.local = address is None
         self.restart = restart
         self.actor = self.ray.remote(AgentActor)
