@@ -164,23 +164,29 @@ def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS), kill
     return patched_swarm(script, "run", *run, *extra, run_dir, cwd=tmp_path, env=env)
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_learner_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(in_process, tmp_path):
-    """kill -9 of a learner actor while the SFT cold start runs on it: the run stops with one line (there is no
-    checkpoint to rewind to) naming the learner and the command that starts it again; exit 2. That resume does the
-    SFT from the start and ends with the unkilled in-process run's metrics and eval."""
-    r = _killed_run(tmp_path, 1, kill_in="sft")
+def _stopped_during_sft_and_resumed(r, learner: str, tmp_path):
+    """``r``, a run whose learner ``learner`` was killed during the SFT cold start, stopped with one line naming it
+    and the command that starts it again (exit 2, no checkpoint); that command run: its result."""
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "KILLS 1" in r.stderr
-    last = r.stderr.strip().splitlines()[-2]  # the last is the script's KILLS line
-    assert last.startswith("swarm: error: learner 'Logger' lost (pid "), last
+    last = r.stderr.strip().splitlines()[-2]  # the last is the killer's KILLS line
+    assert last.startswith(f"swarm: error: learner '{learner}' lost (pid "), last
     assert "during the SFT cold start" in last and "no checkpoint yet" in last
     resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
     assert resume in last
     assert not (tmp_path / "run" / "checkpoints" / "latest").exists()
     r = swarm(*resume.split()[1:], cwd=tmp_path, env=LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_learner_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(in_process, tmp_path):
+    """kill -9 of a learner actor while the SFT cold start runs on it: the run stops with one line (there is no
+    checkpoint to rewind to) naming the learner and the command that starts it again; exit 2. That resume does the
+    SFT from the start and ends with the unkilled in-process run's metrics and eval."""
+    r = _stopped_during_sft_and_resumed(_killed_run(tmp_path, 1, kill_in="sft"), "Logger", tmp_path)
     _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
     assert run_rows(tmp_path / "run") == run_rows(in_process)
     assert run_eval(tmp_path / "run") == run_eval(in_process)

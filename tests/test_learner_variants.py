@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import LOCAL_RAY, in_process_twin, run_eval, run_rows, swarm
 from tests.test_bases import SMALL
 from tests.test_learner_actors import LORA_RUN as ACTORS_LORA_RUN
-from tests.test_learner_actors import RAY_ARGS, _killed_run, _sft_ran_on_the_learners
+from tests.test_learner_actors import RAY_ARGS, _killed_run, _sft_ran_on_the_learners, _stopped_during_sft_and_resumed
 from tests.test_sharded_learners import FSDP, LOGP_GAPS, LORA_RUN, _from
 
 #: test_sharded_learners' LoRA run (2 updates: action, bid) on a bf16 base, a checkpoint after each update
@@ -85,17 +85,8 @@ def test_a_sharded_rank_killed_during_sft_stops_the_run_and_a_resume_does_sft_ag
     """kill -9 of the last rank of the (LoRA, bf16 base) learner while the SFT cold start runs on its ranks (each its
     own full copy, before the group forms): the run stops with one line naming the learner and the command that starts
     it again, exit 2, no checkpoint; that resume does the SFT again on new ranks and ends as the in-process run."""
-    r = _killed_run(tmp_path, 1, kill_in="sft", run=(*LORA_BF16, *FSDP))
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert "KILLS 1" in r.stderr
-    last = r.stderr.strip().splitlines()[-2]  # the last is the killer's KILLS line
-    assert last.startswith("swarm: error: learner 'base-default' lost (pid "), last
-    assert "during the SFT cold start" in last and "no checkpoint yet" in last
-    resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
-    assert resume in last
-    assert not (tmp_path / "run" / "checkpoints" / "latest").exists()
-    r = swarm(*resume.split()[1:], cwd=tmp_path, env=LOCAL_RAY)
-    assert r.returncode == 0, r.stderr[-3000:]
+    killed = _killed_run(tmp_path, 1, kill_in="sft", run=(*LORA_BF16, *FSDP))
+    r = _stopped_during_sft_and_resumed(killed, "base-default", tmp_path)
     _sft_ran_on_the_learners(r.stderr, {"Logger": "base-default", "Miner": "base-default", "Smith": "base-default"})
     assert "learners sharded after their SFT: 2 ranks each (fsdp)" in r.stderr
     _near(run_rows(tmp_path / "run"), run_rows(lora_bf16), BF16_TOL)

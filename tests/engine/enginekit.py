@@ -219,3 +219,17 @@ def kill_mid_call(sampler, server, rows):
 def vllm_env() -> dict:
     """Environment for a ``swarm run ... rollout.engine=vllm`` subprocess (tests/conftest.py ``swarm(env=...)``)."""
     return {"SWARM_VLLM_PYTHON": vllm_python() or ""}
+
+
+def on_server(base, url: str) -> list[str]:
+    """The run arguments of a LoRA swarm on the local base ``base`` (its folder, fp32) sampled on the
+    OpenAI-compatible server at ``url`` (no SFT evaluation: the run's updates are what these tests compare)."""
+    return [
+        "skip_sft_eval=true",
+        "model=local",
+        f"model.path={base}",
+        "model.dtype=float32",
+        "model.adapter=lora",
+        "rollout.engine=openai",
+        f"rollout.url={url}",
+    ]

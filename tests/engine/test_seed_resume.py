@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 from conftest import ROOT, TINY_RUN
-from enginekit import learner_for, start_ref
+from enginekit import learner_for, on_server, start_ref
 
 from swarm_runtime.checkpoint import load_tensors
 from swarm_runtime.rollout.factory import write_base
@@ -81,13 +81,7 @@ def test_a_run_stopped_after_a_checkpoint_and_resumed_draws_the_uninterrupted_ru
                 "eval.episodes=1",
                 "checkpoint_every=1",
                 "tensorboard=false",
-                "skip_sft_eval=true",
-                "model=local",
-                f"model.path={base}",
-                "model.dtype=float32",
-                "model.adapter=lora",
-                "rollout.engine=openai",
-                f"rollout.url={server.url}",
+                *on_server(base, server.url),
                 f"run_dir={tmp_path / name}",
                 *extra,
             ],

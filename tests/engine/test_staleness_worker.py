@@ -12,7 +12,7 @@ import sys
 import textwrap
 
 from conftest import ROOT, TINY_RUN
-from enginekit import learner_for, start_worker
+from enginekit import learner_for, on_server, start_worker
 
 from swarm_runtime.rollout.factory import write_base
 
@@ -72,13 +72,7 @@ def test_a_run_plays_rollouts_ahead_on_our_worker_within_max_staleness(registry,
             + [
                 "algo.iterations=3",
                 "tensorboard=false",
-                "skip_sft_eval=true",
-                "model=local",
-                f"model.path={base}",
-                "model.dtype=float32",
-                "model.adapter=lora",
-                "rollout.engine=openai",
-                f"rollout.url={server.url}",
+                *on_server(base, server.url),
                 "rollout.max_staleness=1",
                 f"run_dir={tmp_path / 'run'}",
             ],
