@@ -236,6 +236,11 @@ def test_stop_stale_stops_only_the_server_of_its_base(tmp_path):
         for b in (tmp_path / "other", base)
     ]
     try:
+        for p, b in zip(procs, (tmp_path / "other", base)):  # each command line readable first (bounded)
+            end = time.monotonic() + 10.0
+            while str(b) not in Path(f"/proc/{p.pid}/cmdline").read_bytes().decode(errors="replace"):
+                assert time.monotonic() < end, f"process {p.pid} never showed its command line"
+                time.sleep(0.05)
         pidfile = tmp_path / "server.pid"
         assert not stop_stale(pidfile, base)  # no pid file
         pidfile.write_text(str(procs[0].pid))
