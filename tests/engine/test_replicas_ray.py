@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import threading
+import time
 
 import pytest
 import test_engine_actor
@@ -102,8 +103,14 @@ def test_the_base_is_hashed_once_and_its_files_put_in_the_object_store_only_when
         first, second = ray.get(source.files.remote())[0], ray.get(source.files.remote())[0]
         assert first == second  # one object for every ask
         unship(shipped)
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(source.asked.remote())
+        end = time.monotonic() + 30.0  # ray.kill is asynchronous: a call made at once may still be answered
+        while True:
+            try:
+                ray.get(source.asked.remote(), timeout=10)
+            except ray.exceptions.RayActorError:
+                break
+            assert time.monotonic() < end, "the BaseFiles actor still answers 30 s after unship"
+            time.sleep(0.2)
         node = ray.get_runtime_context().get_node_id()
         assert replica_nodes(ray.nodes()) == [node] and replica_nodes(ray.nodes(), gpus=1) == []
         # a sampler pinned by cluster.resources.sampler: only nodes holding that resource
