@@ -71,6 +71,30 @@ def matched_sft_plan(
     return math.ceil(target / max(1, n_single)), math.ceil(target / batch_size)
 
 
+def monolithic_sft_units(
+    policies: dict,
+    *,
+    demos: list,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    max_steps: int | None,
+    progress: bool,
+    after=lambda: None,
+) -> list[tuple]:
+    """The monolithic model's SFT cold start on ``demos`` (all roles' expert actions, ``single_prompt``) and its
+    greedy demo-action accuracy, in process or on its learner actor (``cluster.learners=ray``: ``LearnerWorker.sft``
+    calls it as it calls ``train/mpt.py: sft_units``, whose unit shape it shares): ``[("role", MONOLITHIC,
+    metrics, MONOLITHIC)]``; ``after()`` once the unit is done (a learner counts its FLOPs there)."""
+    policy = policies[MONOLITHIC]
+    m = sft(policy, demos, epochs, lr, batch_size, seed, max_steps=max_steps, desc="SFT monolithic", progress=progress)
+    if demos:
+        m["demo_action_accuracy"] = demo_accuracy(policy, demos)
+    after()
+    return [("role", MONOLITHIC, m, MONOLITHIC)]
+
+
 @dataclasses.dataclass
 class _MonolithicContext(RunContext):
     """The run's context, but the "swarm" is one model and it always acts (round-robin over one)."""
@@ -110,21 +134,24 @@ class MonolithicTrainer(MPTTrainer):
                 len(demos), len(ctx.domain.roles), int(s.epochs), int(s.batch_size), s.action_epochs
             )
             matched = "examples x epochs"
-        policy = self.policies[MONOLITHIC]
         t0 = time.time()
-        m = sft(
-            policy,
-            demos,
-            epochs,
-            float(s.lr),
-            int(s.batch_size),
-            int(self.cfg.seed),
+        settings = dict(
+            demos=demos,
+            epochs=epochs,
+            lr=float(s.lr),
+            batch_size=int(s.batch_size),
+            seed=int(self.cfg.seed),
             max_steps=steps,
-            desc="SFT monolithic",
             progress=bool(self.cfg.progress),
         )
+        if self._ray_learners():  # on its learner actor, as the swarm's SFT is (MPTTrainer._sft_on_learners)
+            from swarm_runtime.cluster.learner import replay_flops
+
+            (_, _, m, _, events), *_ = self._sft_on_learners(monolithic_sft_units, lambda roles: settings)
+            replay_flops(ctx.flops, events)
+        else:
+            m = monolithic_sft_units(self.policies, **settings)[0][2]
         if demos:
-            m["demo_action_accuracy"] = demo_accuracy(policy, demos)
             m["matched_examples"] = float(m["steps"] * int(s.batch_size))
             logger.info(
                 "SFT monolithic: {} demo actions x {} epochs ({} steps, matched to the swarm's {}), loss "
@@ -147,4 +174,11 @@ class MonolithicTrainer(MPTTrainer):
         return super().held_out(label.replace("MPT", "RL"))
 
 
-__all__ = ["MONOLITHIC", "MonolithicTrainer", "build_monolithic", "matched_sft_plan", "reward_to_go_credit"]
+__all__ = [
+    "MONOLITHIC",
+    "MonolithicTrainer",
+    "build_monolithic",
+    "matched_sft_plan",
+    "monolithic_sft_units",
+    "reward_to_go_credit",
+]

@@ -272,23 +272,18 @@ class MPTTrainer(PhasedTrainer):
             for name, idx in share.items()
         }
 
-    def _sft_on_learners(self, demos: dict, settings: dict, seeds: dict) -> list[tuple]:
-        """``cluster.learners=ray``: the learner actors start now (before SFT) and each runs :func:`sft_units` on its
-        roles (their demos, seeds and settings as in process: the same result); the driver copies the trained
-        weights (and fp32 masters, and a trained shared base) into its copies. The units in the in-process order
-        (bases, then roles), each with the FLOPs it counted. A learner lost here ends the run with one line: there
-        is no checkpoint yet, and a resume does the SFT again."""
+    def _sft_on_learners(self, fn, kwargs_of) -> list[tuple]:
+        """``cluster.learners=ray``: the learner actors start now (before SFT) and each runs ``fn`` (:func:`sft_units`,
+        or the monolithic model's) on its roles, with ``kwargs_of(roles)`` (their demos, seeds and settings as in
+        process: the same result); the driver copies the trained weights (and fp32 masters, and a trained shared
+        base) into its copies. The units in the in-process order (bases, then roles), each with the FLOPs it
+        counted. A learner lost here ends the run with one line: there is no checkpoint yet, and a resume does the
+        SFT again."""
         from swarm_runtime.cluster.learner import LearnerGone, LearnerLost, copy_params
 
         try:
             group = self._learner_group(sft_first=True)
-            results = group.sft(
-                sft_units,
-                {
-                    name: {**settings, "demos": {r: demos[r] for r in roles}, "seeds": {r: seeds[r] for r in roles}}
-                    for name, roles in group.roles.items()
-                },
-            )
+            results = group.sft(fn, {name: kwargs_of(roles) for name, roles in group.roles.items()})
         except (LearnerLost, LearnerGone) as exc:
             raise LearnerGone(
                 f"{exc}, during the SFT cold start; the run has no checkpoint yet: swarm run run_dir={self.ctx.run_dir} "
@@ -614,7 +609,14 @@ class MPTTrainer(PhasedTrainer):
         )
         seeds = {role: int(self.cfg.seed) + i for i, role in enumerate(self.policies)}
         if self._ray_learners():  # on the learner actors, started now; the driver takes their weights
-            units = self._sft_on_learners(demos, settings, seeds)
+            units = self._sft_on_learners(
+                sft_units,
+                lambda roles: {
+                    **settings,
+                    "demos": {r: demos[r] for r in roles},
+                    "seeds": {r: seeds[r] for r in roles},
+                },
+            )
         else:
             units = [(*u, None) for u in sft_units(self.policies, demos=demos, seeds=seeds, **settings)]
         for kind, name, m, _, events in units:
