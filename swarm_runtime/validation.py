@@ -928,6 +928,19 @@ def _vllm_key_arg(cfg: DictConfig, registry) -> None:
         )
 
 
+@register_check
+def _vllm_parallel_args(cfg: DictConfig, registry) -> None:
+    """The parallel sizes of ``rollout.vllm.args`` (tensor, pipeline, data) are the GPUs an engine sampler actor
+    asks Ray for (cluster/placement.py, ``server_gpus``): a value that is not a positive integer is refused here,
+    before anything is written."""
+    r = cfg.get("rollout")
+    if r is None or r.get("engine") != "vllm" or r.get("vllm") is None:
+        return
+    from swarm_runtime.cluster.placement import server_gpus
+
+    server_gpus(r.vllm.get("args"))
+
+
 #: ``model.bases``, ``model.role_base``, ``rollout.urls``: mappings whose keys the user names (README, "A base per role").
 MAPPING = ((lambda v: isinstance(v, dict)), "a mapping of NAME: value (set one entry as model.bases.NAME.KEY=VALUE)")
 

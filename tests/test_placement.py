@@ -224,6 +224,21 @@ def test_sampler_replicas_get_a_bundle_each_with_their_servers_gpus():
     assert engine_actor_options(tp2, in_bundle) == in_bundle  # the bundle holds them: not asked twice
 
 
+def test_swarm_config_plan_shows_a_bundle_per_sampler_replica(tmp_path):
+    """The real ``swarm config --plan``: each replica's bundle with its server's GPUs; a colocated server of 2 GPUs
+    refused in one line (exit 2)."""
+    pytest.importorskip("ray")
+    args = ["config", *H200_8B, "model.adapter=lora", "rollout.engine=vllm", "cluster.kind=ray", "cluster.samplers=ray"]
+    args += ["cluster.sampler_replicas=2", "rollout.vllm.args=[--tensor-parallel-size=2]"]
+    r = swarm(*args, "cluster.placement=split", "--plan", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^    bundle 1: \{CPU: 1, GPU: 2\} +sampler 0 ", r.stdout, re.M), r.stdout
+    assert re.search(r"^    bundle 2: \{CPU: 1, GPU: 2\} +sampler 1 ", r.stdout, re.M), r.stdout
+    r = swarm(*args, "cluster.placement=colocated", "--plan", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "colocated with a vLLM server of 2 GPUs" in r.stderr and "valid: cluster.placement=split" in r.stderr
+
+
 @pytest.mark.parametrize(
     "arg, valid",
     [

@@ -347,7 +347,7 @@ class EngineWorker:
             self.adapters.sync(learner, list(shipped))
         except Unreachable:  # the server died under the sync: back with the versions it had, then the rest
             if not self._revive():
-                raise
+                return "down", self.hello()["loaded"]  # it did not come back: gone (RemoteAdapters.sync)
             self.adapters.sync(learner, list(shipped))
         return "ok", self.hello()["loaded"]
 
@@ -359,8 +359,8 @@ class EngineWorker:
         for m, versions in kept.items():
             for v, ref in versions:
                 out = self.sync(pid, {m: (v, ref)})
-                if out == LOST:
-                    return LOST
+                if out[0] != "ok":
+                    return out
         return "ok", self.hello()["loaded"]
 
     def ensure(self, pid: int):
@@ -657,7 +657,13 @@ class RemoteAdapters:
             shipped[m] = (v, refs[m])
         if not shipped:
             return []
-        _, loaded = self.engine.call("sync", shipped)
+        status, loaded = self.engine.call("sync", shipped)
+        if status != "ok":  # its server died under the sync and did not come back
+            raise EngineSamplerError(
+                f"the vLLM server of the sampler actor of base {self.engine.name!r} died while loading "
+                f"{', '.join(sorted(shipped))} and did not come back; the run can go on from its last checkpoint "
+                "with resume=true"
+            )
         self._held(loaded, {(m, v): ref for m, (v, ref) in shipped.items()})
         return [version_name(m, v) for m, (v, _) in shipped.items()]
 

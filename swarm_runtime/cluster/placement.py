@@ -197,7 +197,7 @@ def server_gpus(args) -> int:
         if value is None:
             continue
         if not value.isdigit() or int(value) < 1:
-            raise ConfigError(f"rollout.vllm.args: {names[0]} {value!r} is not valid; valid: a positive integer")
+            raise ConfigError(f"rollout.vllm.args: {names[0]} ({names[1]}) {value!r} is not valid; valid: a positive integer")
         out *= int(value)
     return out
 

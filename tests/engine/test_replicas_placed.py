@@ -5,7 +5,8 @@ worker standing in for vLLM: each replica's engine actor in a bundle of its own 
 per-bundle accounts), the two given different GPU ids, each server started with its actor's id as
 ``CUDA_VISIBLE_DEVICES``; a changed adapter version put in the object store ONCE for both replicas, and loaded on
 both; a replica whose actor is killed and whose restarted actor's server cannot start is dropped (its rows go to the
-other) instead of stopping the run."""
+other) instead of stopping the run; the last one, whose server dies and cannot start again under a sync, stops it with
+the resumable line."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from omegaconf import OmegaConf
 from test_engine_actor import _answers, worker_python
 
 from swarm_runtime.rollout.base import Row
+from swarm_runtime.rollout.http import EngineGone
 
 #: 6 keyed rows over the three roles (3 per replica)
 ROWS = [Row(m, p, (9, i, 0, 1)) for i, (m, p) in enumerate(list(PROMPTS.items()) * 2)]
@@ -150,6 +152,21 @@ def test_replicas_in_their_bundles_with_their_gpus_one_put_per_version_and_a_fai
         assert "the restarted sampler actor of base 'default#1' could not start its vLLM server" in why, why
         assert "exited with code 3" in why and "resume=true" in why, why
         assert [a.tokens for a in after] == [a.tokens for a in before]  # keyed rows: the same answers on replica 0
+
+        # 5. the last replica's server killed, and it cannot start again: the sync that finds it dead stops the run
+        pid = int((Path(actors[0].log).parent / "server.pid").read_text())
+        os.killpg(pid, signal.SIGKILL)
+        end = time.monotonic() + 30.0
+        while _answers(actors[0].url):
+            assert time.monotonic() < end, "the killed server still answers after 30 s"
+            time.sleep(0.2)
+        step_adapter(learner, "Miner")
+        with pytest.raises(EngineGone) as e:
+            rep.sync(learner, learner.models())
+        msg = str(e.value)
+        assert msg.startswith("every sampler replica of base 'default' is gone (2 dropped: replica 0: "), msg
+        assert "base 'default#0' died while loading Miner and did not come back" in msg, msg
+        assert msg.endswith("resume it from its last checkpoint (swarm run resume=true)"), msg
     finally:
         if rep is not None:
             rep.close()
