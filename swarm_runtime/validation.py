@@ -575,8 +575,8 @@ def cluster_sampler_replicas(cfg: DictConfig, registry) -> None:
     if c.sampler_replicas == "per_node" and c.get("placement", "none") != "none":
         raise ConfigError(
             f"cluster.sampler_replicas=per_node with cluster.placement={c.placement}: a placement reserves one "
-            "sampler bundle per replica before Ray is asked, and the number of nodes is Ray's; valid: cluster.placement=none, or "
-            "an integer number of replicas"
+            "sampler bundle per replica before Ray is asked, and the number of nodes is Ray's; valid: "
+            "cluster.placement=none, or an integer number of replicas"
         )
 
 

@@ -4,8 +4,10 @@
 :class:`PlacementSpec`: per agent group (a role with its full copy, or a base with its roles' adapters:
 ``memory_plan.agent_groups``) one Ray placement group whose bundles are devices: ``train.shards`` for the
 learner's shards, with the sampler on the first (``cluster.placement=colocated``) or on one more of its own
-(``split``), one sampler slot per replica of ``cluster.sampler_replicas`` (:func:`make_placement`); and an ``envs`` group, one bundle per env worker. A bundle is ``{"CPU": cluster.cpus_per_bundle}``,
-plus ``{"GPU": 1}`` on ``hardware.device=cuda``; the plan's bytes of the busiest device sit beside each.
+(``split``), one sampler slot per replica of ``cluster.sampler_replicas`` (:func:`make_placement`); and an ``envs``
+group, one bundle per env worker. A bundle is ``{"CPU": cluster.cpus_per_bundle}``, plus ``{"GPU": 1}`` on
+``hardware.device=cuda`` (a sampler's own bundle: its server's GPUs, :func:`sampler_gpus`); the plan's bytes of the
+busiest device sit beside each.
 
 :func:`reserve` reserves the groups on Ray before anything trains (a group not placed within
 ``cluster.placement_wait_s`` is a :class:`ConfigError` naming the bundles asked and the resources Ray has), and
@@ -197,7 +199,9 @@ def server_gpus(args) -> int:
         if value is None:
             continue
         if not value.isdigit() or int(value) < 1:
-            raise ConfigError(f"rollout.vllm.args: {names[0]} ({names[1]}) {value!r} is not valid; valid: a positive integer")
+            raise ConfigError(
+                f"rollout.vllm.args: {names[0]} ({names[1]}) {value!r} is not valid; valid: a positive integer"
+            )
         out *= int(value)
     return out
 
