@@ -220,11 +220,10 @@ def sampler_gpus(cfg) -> int:
 
 def engine_actor_options(cfg, options: dict | None) -> dict:
     """``options`` of an engine sampler actor with its GPUs (:func:`sampler_gpus`) asked, unless a placement's
-    bundle holds them (its ``scheduling_strategy`` a placement group's: :func:`actor_options` asked them already)."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
+    bundle holds them (its ``scheduling_strategy`` a placement group's: :func:`actor_options` asked them already).
+    Ray is not imported here: a local Ray is set to loopback before its first import (``cluster.remote.connect``)."""
     out = dict(options or {})
-    if isinstance(out.get("scheduling_strategy"), PlacementGroupSchedulingStrategy):
+    if type(out.get("scheduling_strategy")).__name__ == "PlacementGroupSchedulingStrategy":
         return out
     gpus = sampler_gpus(cfg)
     if gpus:
