@@ -308,7 +308,8 @@ class ClusterConfig:
     # sampler replicas (rollout/replicas.py; docs/distributed.md, "Sampler replicas")
     sampler_replicas: Any = 1  #: ``samplers=ray`` with ``rollout.engine=vllm``: engine sampler actors per base, each
     #: its own vLLM server, spread over the nodes (a call's rows split among them); an int >= 1 (1: one server per
-    #: base) or ``per_node`` (one per alive Ray node); a replica gone for good is dropped, its rows go to the rest
+    #: base) or ``per_node`` (one per alive Ray node); a replica gone for good is dropped, its rows go to the rest;
+    #: with ``placement`` (an int only) a sampler bundle each; on a CUDA profile each asks its server's GPUs
     # learner actors (docs/distributed.md, "Learner actors")
     learners: str = "local"  #: where the trainable weights and optimizers live: ``local`` (the trainer's process)
     #: or ``ray`` (needs ``kind=ray``: learner actors, one per role with a full copy, one per base of adapters;

@@ -575,8 +575,8 @@ def cluster_sampler_replicas(cfg: DictConfig, registry) -> None:
     if c.sampler_replicas == "per_node" and c.get("placement", "none") != "none":
         raise ConfigError(
             f"cluster.sampler_replicas=per_node with cluster.placement={c.placement}: a placement reserves one "
-            "sampler bundle per group (the replicas share it), not one per node; valid: cluster.placement=none, or "
-            "an integer number of replicas"
+            "sampler bundle per replica before Ray is asked, and the number of nodes is Ray's; valid: "
+            "cluster.placement=none, or an integer number of replicas"
         )
 
 
@@ -926,6 +926,19 @@ def _vllm_key_arg(cfg: DictConfig, registry) -> None:
             '(through VLLM_API_KEY, sent by its client; docs/engine.md, "Keys"), and vLLM would take yours over '
             f"it; valid: rollout.vllm.args without {bad}"
         )
+
+
+@register_check
+def _vllm_parallel_args(cfg: DictConfig, registry) -> None:
+    """The parallel sizes of ``rollout.vllm.args`` (tensor, pipeline, data) are the GPUs an engine sampler actor
+    asks Ray for (cluster/placement.py, ``server_gpus``): a value that is not a positive integer is refused here,
+    before anything is written."""
+    r = cfg.get("rollout")
+    if r is None or r.get("engine") != "vllm" or r.get("vllm") is None:
+        return
+    from swarm_runtime.cluster.placement import server_gpus
+
+    server_gpus(r.vllm.get("args"))
 
 
 #: ``model.bases``, ``model.role_base``, ``rollout.urls``: mappings whose keys the user names (README, "A base per role").

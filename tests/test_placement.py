@@ -185,6 +185,60 @@ def test_make_placement_colocated_split_and_adapters():
     assert "Smith: 2 x {CPU: 1, GPU: 1}" in spec.asked() and "envs: 3 x {CPU: 1}" in spec.asked()
 
 
+def test_sampler_replicas_get_a_bundle_each_with_their_servers_gpus():
+    """``cluster.sampler_replicas=N`` in a placement: N sampler slots per group (``split``: N bundles after the
+    shards'; ``colocated``: replica j in shard j's bundle, the rest in bundles of their own); on a CUDA profile a
+    sampler's own bundle holds its vLLM server's GPUs (tensor x pipeline x data parallel sizes of
+    ``rollout.vllm.args``), which a colocated placement refuses beyond one; the engine actor's options ask them
+    unless its bundle holds them."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from swarm_runtime.cluster.placement import engine_actor_options, make_placement, sampler_gpus, server_gpus
+    from swarm_runtime.config import ConfigError
+
+    names = ["Logger", "Miner", "Smith"]
+    base = [*H200_8B, "model.adapter=lora", "rollout.engine=vllm", "train.engine=fsdp", "train.shards=2"]
+    ray = ["cluster.kind=ray", "cluster.env_workers=1", "cluster.samplers=ray", "cluster.sampler_replicas=3"]
+    split = make_placement(_cfg(*base, *ray, "cluster.placement=split"), names).group("default")
+    assert split.bundles == ({"CPU": 1, "GPU": 1},) * 5 and split.actors == {"learner": (0, 1), "sampler": (2, 3, 4)}
+    assert split.share(2) == split.share(4) == 1 and len(split.gib) == 5
+    co = make_placement(_cfg(*base, *ray, "cluster.placement=colocated"), names)
+    g = co.group("default")
+    assert len(g.bundles) == 3 and g.actors["sampler"] == (0, 1, 2) and [g.share(i) for i in range(3)] == [2, 2, 1]
+    assert "bundle 2: {CPU: 1, GPU: 1}     sampler 2" in co.format() and "learner 1, sampler 1" in co.format()
+    tp2 = _cfg(*base, *ray, "cluster.placement=split", "rollout.vllm.args=[--tensor-parallel-size=2]")
+    assert sampler_gpus(tp2) == 2
+    assert make_placement(tp2, names).group("default").bundles[2:] == ({"CPU": 1, "GPU": 2},) * 3
+    with pytest.raises(ConfigError, match="colocated with a vLLM server of 2 GPUs.*valid: cluster.placement=split"):
+        make_placement(_cfg(*base, *ray, "cluster.placement=colocated", "rollout.vllm.args=[-tp=2]"), names)
+    assert server_gpus([]) == 1 and server_gpus(["--tensor-parallel-size=4", "-pp", "2"]) == 8
+    assert server_gpus(["--data-parallel-size", "2", "--max-model-len", "64"]) == 2
+    for bad in (["-tp", "two"], ["--tensor-parallel-size=0"], ["-tp"]):
+        with pytest.raises(ConfigError, match="is not valid; valid: a positive integer"):
+            server_gpus(bad)
+    on_cpu = _cfg(*[a for a in base if not a.startswith("hardware=")], "rollout.vllm.args=[-tp=2]")
+    assert sampler_gpus(on_cpu) == 0  # no CUDA profile: no GPU asked
+    assert engine_actor_options(tp2, {"resources": {"a": 1.0}}) == {"resources": {"a": 1.0}, "num_gpus": 2}
+    assert engine_actor_options(on_cpu, None) == {}
+    in_bundle = {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=None), "num_gpus": 2}
+    assert engine_actor_options(tp2, in_bundle) == in_bundle  # the bundle holds them: not asked twice
+
+
+def test_swarm_config_plan_shows_a_bundle_per_sampler_replica(tmp_path):
+    """The real ``swarm config --plan``: each replica's bundle with its server's GPUs; a colocated server of 2 GPUs
+    refused in one line (exit 2)."""
+    pytest.importorskip("ray")
+    args = ["config", *H200_8B, "model.adapter=lora", "rollout.engine=vllm", "cluster.kind=ray", "cluster.samplers=ray"]
+    args += ["cluster.sampler_replicas=2", "rollout.vllm.args=[--tensor-parallel-size=2]"]
+    r = swarm(*args, "cluster.placement=split", "--plan", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^    bundle 1: \{CPU: 1, GPU: 2\} +sampler 0 ", r.stdout, re.M), r.stdout
+    assert re.search(r"^    bundle 2: \{CPU: 1, GPU: 2\} +sampler 1 ", r.stdout, re.M), r.stdout
+    r = swarm(*args, "cluster.placement=colocated", "--plan", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "colocated with a vLLM server of 2 GPUs" in r.stderr and "valid: cluster.placement=split" in r.stderr
+
+
 @pytest.mark.parametrize(
     "arg, valid",
     [

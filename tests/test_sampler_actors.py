@@ -242,6 +242,10 @@ ENGINE_RAY = ["model.adapter=lora", "rollout.engine=vllm", "cluster.kind=ray", "
             [*ENGINE_RAY, "cluster.sampler_replicas=per_node", "cluster.placement=split"],
             ["sampler_replicas=per_node with cluster.placement=split", "valid: cluster.placement=none"],
         ),
+        (  # the parallel sizes are the GPUs each engine actor asks Ray for (placement.py, server_gpus)
+            [*ENGINE_RAY, "rollout.vllm.args=[-tp=x]"],
+            ["rollout.vllm.args: --tensor-parallel-size (-tp) 'x' is not valid", "a positive integer"],
+        ),
     ],
 )
 def test_bad_sampler_keys_are_refused(args, words, tmp_path):

@@ -325,6 +325,7 @@ class EngineWorker:
             "log": str(self.folder / "vllm.log"),
             "started_s": getattr(s, "started_s", None),
             "base": self.base_placed,
+            "gpus": _gpu_ids(),
             "loaded": {m: list(v) for m, v in (self.adapters.loaded if self.adapters else {}).items()},
         }
 
@@ -346,7 +347,7 @@ class EngineWorker:
             self.adapters.sync(learner, list(shipped))
         except Unreachable:  # the server died under the sync: back with the versions it had, then the rest
             if not self._revive():
-                raise
+                return "down", self.hello()["loaded"]  # it did not come back: gone (RemoteAdapters.sync)
             self.adapters.sync(learner, list(shipped))
         return "ok", self.hello()["loaded"]
 
@@ -358,8 +359,8 @@ class EngineWorker:
         for m, versions in kept.items():
             for v, ref in versions:
                 out = self.sync(pid, {m: (v, ref)})
-                if out == LOST:
-                    return LOST
+                if out[0] != "ok":
+                    return out
         return "ok", self.hello()["loaded"]
 
     def ensure(self, pid: int):
@@ -389,6 +390,14 @@ class EngineWorker:
         for path in [self.folder / "adapters", *self.folder.glob("base-*"), *self.folder.glob(".base-*")]:
             _unlink(path)
         return True
+
+
+def _gpu_ids() -> list[str]:
+    """The GPU ids Ray gave this actor (none: it asked for no GPU); Ray sets ``CUDA_VISIBLE_DEVICES`` to them in
+    the actor's environment, which its vLLM server inherits (``VLLMServer.env`` copies it)."""
+    import ray
+
+    return [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
 
 
 def _unlink(path: Path) -> None:
@@ -463,30 +472,41 @@ class EngineActor:
         self._take(hello)
         self.start_s = time.perf_counter() - t0
         logger.info(
-            "vLLM sampler actor on Ray ({}): pid {}, server {} up in {:.1f} s ({:.1f} s in all; base {}; log on its "
-            "node: {})",
+            "vLLM sampler actor on Ray ({}): pid {}, server {} up in {:.1f} s ({:.1f} s in all; base {}; GPUs {}; "
+            "log on its node: {})",
             name,
             self.pid,
             self.url,
             hello["started_s"] or 0.0,
             self.start_s,
             hello["base"],
+            ",".join(self.gpus) or "none",
             self.log,
         )
 
     # ------------------------------------------------------------------ what the sampler's factory reads
-    def _take(self, hello: dict) -> None:
+    def _take(self, hello: dict, restarted: bool = False) -> None:
+        """Take the actor's process and server; one that has no server is closed, and the error says why: at the
+        first start a plain one (the run stops: a setting to fix), after a restart (``restarted``) an
+        :class:`EngineSamplerError` (gone for good: a replica is dropped, the last one stops the run, resumable)."""
         if hello["error"]:
             self.close()
             from swarm_runtime.config import ConfigError
             from swarm_runtime.rollout.http import EngineError
 
+            why = hello["error"].split(": ", 1)[-1].strip().splitlines()[0]
+            if restarted:
+                raise EngineSamplerError(
+                    f"the restarted sampler actor of base {self.name!r} could not start its vLLM server: {why}; "
+                    "the run can go on from its last checkpoint with resume=true"
+                )
             kind = ConfigError if hello["error"].startswith("ConfigError") else EngineError
             raise kind(
                 f"the sampler actor of base {self.name!r} could not start its vLLM server: "
                 f"{hello['error'].split(': ', 1)[-1]}"
             )
         self.pid, self.url, self.log, self.started_s = hello["pid"], hello["url"], hello["log"], hello["started_s"]
+        self.gpus = hello.get("gpus") or []  #: the GPU ids Ray gave the actor (its server's CUDA_VISIBLE_DEVICES)
 
     def _hello(self, wait_s: float) -> dict:
         """The actor's :meth:`EngineWorker.hello` once it answers (its constructor started the server), from any
@@ -544,7 +564,7 @@ class EngineActor:
         if hello["pid"] == self.pid:
             return  # the same process: a call that failed on the way (it answers again)
         old, old_url = self.pid, self.url
-        self._take(hello)
+        self._take(hello, restarted=True)
         ray = self.ray
         try:
             status, _ = ray.get(self.actor.restore.remote(self.pid, self.kept))
@@ -601,7 +621,8 @@ class RemoteAdapters:
     """The trainer's stand-in for the actor's :class:`~swarm_runtime.rollout.sync.AdapterSync` (what
     ``OpenAISampler`` asks: ``version``, ``served``, ``sync``): each changed model's adapter is exported here, its
     files put in the object store and loaded by the actor; the versions the server holds come back. The files of
-    every version held stay in the object store (``engine.kept``): a restarted actor is loaded with them."""
+    every version held stay in the object store (``engine.kept``): a restarted actor is loaded with them. Replicas of
+    one base share each version's object (``learner.put``: :class:`~swarm_runtime.rollout.replicas.ExportOnce`)."""
 
     def __init__(self, engine: EngineActor, folder: Path):
         self.engine, self.folder = engine, Path(folder)
@@ -627,13 +648,22 @@ class RemoteAdapters:
             v = int(learner.version(m))
             if self.loaded.get(m) and self.loaded[m][-1] == v:
                 continue
-            with tempfile.TemporaryDirectory(prefix="swarm-export-") as tmp:
-                files = read_folder(learner.export(m, Path(tmp) / version_name(m, v)))
-            refs[m] = ray.put(files)
+            if hasattr(learner, "put"):  # replicas of a base: one object for all (rollout/replicas.py, ExportOnce)
+                v, refs[m] = learner.put(m, ray)
+            else:
+                with tempfile.TemporaryDirectory(prefix="swarm-export-") as tmp:
+                    files = read_folder(learner.export(m, Path(tmp) / version_name(m, v)))
+                refs[m] = ray.put(files)
             shipped[m] = (v, refs[m])
         if not shipped:
             return []
-        _, loaded = self.engine.call("sync", shipped)
+        status, loaded = self.engine.call("sync", shipped)
+        if status != "ok":  # its server died under the sync and did not come back
+            raise EngineSamplerError(
+                f"the vLLM server of the sampler actor of base {self.engine.name!r} died while loading "
+                f"{', '.join(sorted(shipped))} and did not come back; the run can go on from its last checkpoint "
+                "with resume=true"
+            )
         self._held(loaded, {(m, v): ref for m, (v, ref) in shipped.items()})
         return [version_name(m, v) for m, (v, _) in shipped.items()]
 

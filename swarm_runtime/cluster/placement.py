@@ -4,8 +4,10 @@
 :class:`PlacementSpec`: per agent group (a role with its full copy, or a base with its roles' adapters:
 ``memory_plan.agent_groups``) one Ray placement group whose bundles are devices: ``train.shards`` for the
 learner's shards, with the sampler on the first (``cluster.placement=colocated``) or on one more of its own
-(``split``); and an ``envs`` group, one bundle per env worker. A bundle is ``{"CPU": cluster.cpus_per_bundle}``,
-plus ``{"GPU": 1}`` on ``hardware.device=cuda``; the plan's bytes of the busiest device sit beside each.
+(``split``), one sampler slot per replica of ``cluster.sampler_replicas`` (:func:`make_placement`); and an ``envs``
+group, one bundle per env worker. A bundle is ``{"CPU": cluster.cpus_per_bundle}``, plus ``{"GPU": 1}`` on
+``hardware.device=cuda`` (a sampler's own bundle: its server's GPUs, :func:`sampler_gpus`); the plan's bytes of the
+busiest device sit beside each.
 
 :func:`reserve` reserves the groups on Ray before anything trains (a group not placed within
 ``cluster.placement_wait_s`` is a :class:`ConfigError` naming the bundles asked and the resources Ray has), and
@@ -105,38 +107,128 @@ def _internal(key: str) -> bool:
 def make_placement(cfg, roles: list[str], plan=None) -> PlacementSpec | None:
     """The placement of ``cluster.placement`` (None for ``none``): per agent group its learner's
     ``train.shards`` bundles and its sampler's, and the env workers' (``cluster.env_workers``). ``plan``: the
-    run's memory plan (a :class:`PlacedPlan`), whose busiest device per bundle is shown beside it."""
+    run's memory plan (a :class:`PlacedPlan`), whose busiest device per bundle is shown beside it.
+
+    Sampler replicas (``cluster.sampler_replicas=N``, :func:`placed_replicas`): one sampler slot per replica,
+    replica ``j`` in slot ``j``: ``colocated``, replica ``j`` shares learner shard ``j``'s bundle (the replicas past
+    the shards get a bundle of their own); ``split``, N sampler bundles after the shards'. On a CUDA profile a
+    sampler's bundle holds the GPUs its server uses (:func:`sampler_gpus`: vLLM's tensor x pipeline parallel size;
+    with ``colocated`` a server of more than one GPU is refused: the learner shard shares its device)."""
     c = cfg.cluster
     kind = str(c.get("placement", "none"))
     if kind == "none":
         return None
     shards = int(cfg.train.shards) if cfg.get("train") is not None else 1
     cpus = int(c.get("cpus_per_bundle", 1))
-    device = {"CPU": cpus, "GPU": 1} if str(cfg.hardware.device).startswith("cuda") else {"CPU": cpus}
+    cuda = str(cfg.hardware.device).startswith("cuda")
+    device = {"CPU": cpus, "GPU": 1} if cuda else {"CPU": cpus}
+    n = placed_replicas(cfg)
+    gpus = sampler_gpus(cfg)
+    if kind == "colocated" and gpus > 1:
+        raise ConfigError(
+            f"cluster.placement=colocated with a vLLM server of {gpus} GPUs (rollout.vllm.args' tensor/pipeline "
+            "parallel sizes): a colocated sampler shares one device with a learner shard; valid: "
+            "cluster.placement=split (the sampler's bundle holds its GPUs), or a server of one GPU"
+        )
+    alone = {"CPU": cpus, "GPU": max(1, gpus)} if cuda else {"CPU": cpus}  # a sampler's own bundle
     per = plan.per_group if isinstance(plan, PlacedPlan) else {}
     groups = []
     for g in agent_groups(cfg, list(roles)):
         mem = per.get(g.name, {})
         learner = tuple(range(shards))
         if kind == "colocated":
-            bundles, sampler = shards, (0,)
-            gib = [mem.get("learner+sampler")] + [mem.get("learner")] * (shards - 1)
+            both = min(n, shards)  # bundles with a learner shard and a sampler replica
+            bundles = [dict(device) for _ in range(shards)] + [dict(alone) for _ in range(n - both)]
+            gib = [mem.get("learner+sampler")] * both + [mem.get("learner")] * (shards - both)
+            gib += [mem.get("sampler")] * (n - both)
         else:
-            bundles, sampler = shards + 1, (shards,)
-            gib = [mem.get("learner")] * shards + [mem.get("sampler")]
+            bundles = [dict(device) for _ in range(shards)] + [dict(alone) for _ in range(n)]
+            gib = [mem.get("learner")] * shards + [mem.get("sampler")] * n
         groups.append(
             GroupPlacement(
                 g.name,
                 tuple(g.roles),
-                tuple(dict(device) for _ in range(bundles)),
-                {"learner": learner, "sampler": sampler},
+                tuple(bundles),
+                {"learner": learner, "sampler": _sampler_slots(kind, shards, n)},
                 "PACK",
                 tuple(None if b is None else b / GiB for b in gib),
             )
         )
-    n = int(c.env_workers)
-    groups.append(GroupPlacement(ENVS, (), tuple({"CPU": cpus} for _ in range(n)), {"env": tuple(range(n))}, "SPREAD"))
+    n_env = int(c.env_workers)
+    groups.append(
+        GroupPlacement(ENVS, (), tuple({"CPU": cpus} for _ in range(n_env)), {"env": tuple(range(n_env))}, "SPREAD")
+    )
     return PlacementSpec(kind, groups)
+
+
+def _sampler_slots(kind: str, shards: int, n: int) -> tuple[int, ...]:
+    """The bundle of each of ``n`` sampler replicas (:func:`make_placement`)."""
+    if kind == "colocated":
+        return tuple(range(n))  # shard j's bundle, then bundles of their own (numbered after the shards')
+    return tuple(range(shards, shards + n))
+
+
+def placed_replicas(cfg) -> int:
+    """Sampler slots per agent group in a placement: ``cluster.sampler_replicas`` (an int; ``per_node`` is refused
+    with a placement by validation.py, its count known only once Ray is asked)."""
+    c = cfg.get("cluster")
+    n = c.get("sampler_replicas", 1) if c is not None else 1
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+
+
+#: vLLM's flags (and short forms) whose product is the GPUs one server uses (its world size).
+PARALLEL_FLAGS = (
+    ("--tensor-parallel-size", "-tp"),
+    ("--pipeline-parallel-size", "-pp"),
+    ("--data-parallel-size", "-dp"),
+)
+
+
+def server_gpus(args) -> int:
+    """The GPUs a vLLM server started with ``args`` (``rollout.vllm.args``) uses: its tensor-, pipeline- and
+    data-parallel sizes multiplied (vLLM's defaults: 1 each), as ``--flag N``, ``--flag=N`` or the short ``-tp N``; a
+    value that is not a positive integer is a :class:`ConfigError` naming it."""
+    args = [str(a) for a in (args or [])]
+    out = 1
+    for names in PARALLEL_FLAGS:
+        value = None
+        for i, a in enumerate(args):
+            name, eq, rest = a.partition("=")
+            if name in names:
+                value = rest if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if value is None:
+            continue
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(
+                f"rollout.vllm.args: {names[0]} ({names[1]}) {value!r} is not valid; valid: a positive integer"
+            )
+        out *= int(value)
+    return out
+
+
+def sampler_gpus(cfg) -> int:
+    """The GPUs an engine sampler actor asks Ray for (``rollout.engine=vllm``; Ray then sets its
+    ``CUDA_VISIBLE_DEVICES`` to the GPU ids it gave, which the actor's vLLM server inherits): its server's
+    (:func:`server_gpus` of ``rollout.vllm.args``) on a CUDA profile (``hardware.device=cuda...``), 0 else."""
+    if not str(cfg.hardware.device).startswith("cuda"):
+        return 0
+    r = cfg.get("rollout")
+    if r is None or str(r.get("engine", "local")) != "vllm":
+        return 0
+    return server_gpus((r.get("vllm") or {}).get("args"))
+
+
+def engine_actor_options(cfg, options: dict | None) -> dict:
+    """``options`` of an engine sampler actor with its GPUs (:func:`sampler_gpus`) asked, unless a placement's
+    bundle holds them (its ``scheduling_strategy`` a placement group's: :func:`actor_options` asked them already).
+    Ray is not imported here: a local Ray is set to loopback before its first import (``cluster.remote.connect``)."""
+    out = dict(options or {})
+    if type(out.get("scheduling_strategy")).__name__ == "PlacementGroupSchedulingStrategy":
+        return out
+    gpus = sampler_gpus(cfg)
+    if gpus:
+        out["num_gpus"] = gpus
+    return out
 
 
 def plan_and_placement(cfg, domain):
@@ -368,18 +460,14 @@ def _check_deepspeed(adapter: str, dtype: str) -> None:
         )
 
 
-def replica_options(base: dict | None, n: int, node: str | None = None) -> dict:
-    """The Ray ``.options(...)`` of one of a base's ``n`` engine sampler replicas (``cluster.sampler_replicas``;
+def replica_options(base: dict | None, node: str | None = None) -> dict:
+    """The Ray ``.options(...)`` of one of a base's engine sampler replicas (``cluster.sampler_replicas``;
     rollout/replicas.py). ``base``: the options one sampler of the base would get. In a placement group (its
-    ``scheduling_strategy`` is one): the replicas share the sampler's bundle, each asking its ``1/n`` of the
-    bundle's CPUs and GPUs (a placement reserves one sampler bundle per group); else ``node`` (Ray's node id:
-    ``per_node``) pins it to that node, or (None) Ray's ``SPREAD`` strategy puts the replicas on as many nodes as
-    it can."""
+    ``scheduling_strategy`` is one): as they are (each replica its own bundle: :func:`make_placement`,
+    ``actor_options(spec, group, "sampler", j)``); else ``node`` (Ray's node id: ``per_node``) pins it to that node,
+    or (None) Ray's ``SPREAD`` strategy puts the replicas on as many nodes as it can."""
     out = dict(base or {})
     if out.get("scheduling_strategy") is not None:
-        for key in ("num_cpus", "num_gpus"):
-            if out.get(key):
-                out[key] = out[key] / n
         return out
     if node is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -36,8 +36,17 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict
         raise ConfigError(f"rollout.engine={engine} is not valid; valid: local, openai, vllm")
     by_base = models_by_base(learner)
 
-    def opts(name: str, models: list[str]) -> dict | None:
-        return placed(name, models) if placed is not None and samplers_on_ray(cfg) else options
+    def opts(name: str, models: list[str], replica: int = 0) -> dict | None:
+        """The Ray options of the engine actor ``replica`` of base ``name``: its placement bundle, or ``options``,
+        with the GPUs its server uses (placement.py, ``engine_actor_options``)."""
+        if not samplers_on_ray(cfg) or engine != "vllm":
+            return options
+        from swarm_runtime.cluster.placement import engine_actor_options
+
+        return engine_actor_options(cfg, placed(name, models, replica) if placed is not None else options)
+
+    def each(name: str, models: list[str]):
+        return lambda j: opts(name, models, j)
 
     replicas = sampler_replicas(cfg)
     if len(by_base) == 1 and replicas is None:
@@ -45,7 +54,7 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict
         return engine_sampler(cfg, learner, run_dir, options=opts(name, models))
     if len(by_base) == 1:
         ((name, models),) = by_base.items()
-        return replicated_sampler(cfg, learner, run_dir, replicas, options=opts(name, models))
+        return replicated_sampler(cfg, learner, run_dir, replicas, options=each(name, models))
     samplers: dict[str, Sampler] = {}
     try:  # one server per base (model.bases), each with the adapters of the roles on it (or replicas of it)
         for i, (name, models) in enumerate(by_base.items()):
@@ -56,7 +65,7 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict
                 )
             else:
                 samplers[name] = replicated_sampler(
-                    cfg, view, run_dir, replicas, base=name, base_index=i, options=opts(name, models)
+                    cfg, view, run_dir, replicas, base=name, base_index=i, options=each(name, models)
                 )
     except BaseException:
         for s in samplers.values():
@@ -80,8 +89,9 @@ def replicated_sampler(
     """A :class:`~swarm_runtime.rollout.replicas.ReplicatedSampler` over ``replicas`` engine sampler actors of one
     base (an int, or ``per_node``: one per alive Ray node that can hold one): the base written and shipped once
     for all (:func:`~swarm_runtime.cluster.engine.ship_base`), each actor's Ray options
-    :func:`~swarm_runtime.cluster.placement.replica_options` of ``options``; ``base_index``: the base's place in
-    ``model.bases`` (a fixed ``rollout.vllm.port`` gives replica ``j`` of base ``i`` that port + ``i * n + j``)."""
+    :func:`~swarm_runtime.cluster.placement.replica_options` of ``options`` (a dict, or ``options(j)``: replica
+    ``j``'s, its own bundle of a placement); ``base_index``: the base's place in ``model.bases`` (a fixed
+    ``rollout.vllm.port`` gives replica ``j`` of base ``i`` that port + ``i * n + j``)."""
     from loguru import logger
 
     from swarm_runtime.cluster.engine import ship_base, unship
@@ -92,9 +102,10 @@ def replicated_sampler(
     c = cfg.cluster
     started = connect(c.address, c.get("num_cpus"))  # first: a local Ray is set to loopback before Ray is imported
     ray = import_ray()
+    each = options if callable(options) else (lambda j: options)
     nodes: list = []
     if replicas == "per_node":
-        o = options or {}
+        o = each(0) or {}
         nodes = replica_nodes(ray.nodes(), float(o.get("num_gpus", 0) or 0), o.get("resources"))
         if not nodes:
             raise ConfigError("cluster.sampler_replicas=per_node: no alive Ray node can hold a sampler replica")
@@ -113,7 +124,7 @@ def replicated_sampler(
                 run_dir,
                 base,
                 base_index * n + j,
-                replica_options(options, n, nodes[j] if nodes else None),
+                replica_options(each(j), nodes[j] if nodes else None),
                 shipped,
                 j,
             )
@@ -133,7 +144,9 @@ def replicated_sampler(
         if started:
             ray.shutdown()
         raise
-    logger.info("{} sampler replicas of base {} ({})", n, base, "one per node" if nodes else "Ray's SPREAD")
+    placed = not nodes and not isinstance(replica_options(each(0)).get("scheduling_strategy"), str)
+    how = "one per node" if nodes else ("a placement bundle each" if placed else "Ray's SPREAD")
+    logger.info("{} sampler replicas of base {} ({})", n, base, how)
     sampler = ReplicatedSampler(samplers, base, seed=int(cfg.get("seed", 0)))
     _close = sampler.close
 

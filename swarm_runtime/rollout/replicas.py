@@ -8,7 +8,8 @@ nodes), so that a rollout's rows are drawn on all of them at once.
   single sampler's generator would have drawn for it (:meth:`ReplicatedSampler.seeded`), so the replicas ask what
   one server would be asked, whatever their number.
 - Sync: every changed adapter version is loaded on EVERY live replica (the same version names everywhere) before
-  the call returns; each version is exported once and copied for the other replicas (:class:`ExportOnce`).
+  the call returns; each version is exported once and copied for the other replicas, or (engine actors) put in
+  Ray's object store once and the same object loaded by all (:class:`ExportOnce`).
 - Faults: a replica restarts or adopts its own server as a lone sampler does (its rows retried there); one gone
   for good (:class:`~swarm_runtime.rollout.http.EngineGone`: its restarts spent, its node lost, its server not
   back) is dropped with one warning line and its rows go to the live replicas. When none is left the run stops with
@@ -46,13 +47,16 @@ def spread(n_rows: int, n_replicas: int) -> list[tuple[int, int]]:
 
 class ExportOnce:
     """The learner as each replica's sync sees it: a model's version is exported once (under a lock: replicas sync
-    from threads) and copied for every other replica; the rest is the learner's."""
+    from threads) and copied for every other replica; for replicas on Ray (engine actors), its files are put in
+    Ray's object store once (:meth:`put`) and the same object loaded by every replica. The rest is the learner's."""
 
     def __init__(self, learner):
         self.learner = learner
         self._lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="swarm-replicas-"))
         self._done: dict[tuple[str, int], Path] = {}
+        self._refs: dict[tuple[str, int], object] = {}
+        self.puts = 0  #: objects put in Ray's object store (one per changed model's version)
 
     def version(self, model: str) -> int:
         return self.learner.version(model)
@@ -70,8 +74,27 @@ class ExportOnce:
         shutil.copytree(src, folder)
         return folder
 
+    def put(self, model: str, ray) -> tuple[int, object]:
+        """``(version, ref)``: the files of ``model``'s current version (``cluster.engine.read_folder``'s) put in
+        ``ray``'s object store on the first ask, the same ref for every later one (every replica's
+        ``RemoteAdapters.sync``)."""
+        from swarm_runtime.cluster.engine import read_folder
+
+        v = int(self.learner.version(model))
+        with self._lock:
+            ref = self._refs.get((model, v))
+            if ref is None:
+                src = self._done.get((model, v))
+                if src is None:
+                    src = self.learner.export(model, self._tmp / f"{model}@v{v}")
+                    self._done[(model, v)] = src
+                ref = self._refs[(model, v)] = ray.put(read_folder(src))
+                self.puts += 1
+        return v, ref
+
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
+        self._refs.clear()  # the replicas that loaded a version hold its ref (their ``kept``) for as long as needed
 
 
 class ReplicatedSampler:

@@ -386,9 +386,10 @@ class MPTTrainer(PhasedTrainer):
             out.update(actor_options(spec, group, "learner", shard))
         return out
 
-    def _sampler_placement(self, name: str, roles: list[str]) -> dict:
-        """Ray options of the engine sampler actor of base ``name`` (``cluster.samplers=ray``, ``rollout.engine=vllm``):
-        with ``cluster.placement``, the sampler's bundle of the placement group of its roles; else none."""
+    def _sampler_placement(self, name: str, roles: list[str], replica: int = 0) -> dict:
+        """Ray options of the engine sampler actor of base ``name`` (``cluster.samplers=ray``, ``rollout.engine=vllm``;
+        ``replica``: its index of ``cluster.sampler_replicas``): with ``cluster.placement``, that replica's bundle of
+        the placement group of its roles; else none."""
         spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
         if spec is None:
             return node_resources(self.cfg, "sampler")
@@ -397,7 +398,7 @@ class MPTTrainer(PhasedTrainer):
         group = next((g.name for g in spec.groups if set(roles) <= set(g.roles)), None)
         if group is None:
             raise RuntimeError(f"sampler of base {name!r}: no placement group holds its roles {roles}")
-        return actor_options(spec, group, "sampler", 0)
+        return actor_options(spec, group, "sampler", replica)
 
     def _last_lr(self, kind: str) -> float:
         """The learning rate of the first role's ``kind`` optimizer (the ``charts/lr`` metric)."""

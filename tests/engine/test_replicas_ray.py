@@ -78,7 +78,7 @@ def test_the_base_is_hashed_once_and_its_files_put_in_the_object_store_only_when
     """``ship_base`` (one record for every replica of a base): the content hash read from disk, the files read and
     put in the object store on the first ask of an actor that cannot use the trainer's folder in place, the same
     object for every later ask; a base every node sees in place is never read into memory. ``replica_options``:
-    ``SPREAD``, a node each, or the sampler's bundle shared."""
+    ``SPREAD``, a node each, or the replica's own bundle."""
     ray = pytest.importorskip("ray")
     from swarm_runtime.cluster.engine import fetch_base, folder_digest, place_base, ship_base, unship, write_folder
     from swarm_runtime.cluster.placement import replica_nodes, replica_options
@@ -118,7 +118,7 @@ def test_the_base_is_hashed_once_and_its_files_put_in_the_object_store_only_when
         assert replica_nodes(ray.nodes(), resources={"CPU": 1}) == [node]
     finally:
         ray.shutdown()
-    assert replica_options(None, 2) == {"scheduling_strategy": "SPREAD"}
-    assert replica_options({"num_cpus": 0}, 3, node).get("scheduling_strategy").node_id == node
+    assert replica_options(None) == {"scheduling_strategy": "SPREAD"}
+    assert replica_options({"num_cpus": 0}, node).get("scheduling_strategy").node_id == node
     bundle = {"scheduling_strategy": object(), "num_cpus": 1.0, "num_gpus": 1.0}
-    assert replica_options(bundle, 2) == {**bundle, "num_cpus": 0.5, "num_gpus": 0.5}
+    assert replica_options(bundle) == bundle  # a placement: each replica its own bundle, asked whole
