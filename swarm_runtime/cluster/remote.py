@@ -12,6 +12,7 @@ contract), then makes the call again. The episode itself lives on the driver, so
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import socket
@@ -77,6 +78,58 @@ def lost_node(actor) -> str:
 LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
+#: Addresses Ray 2.60 replaces with this machine's routable address when clusters are on (services.py:
+#: ``resolve_ip_for_localhost``)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def routable_ip() -> str:
+    """This machine's address on its default route (a UDP socket "connected" to a public address: no packet is
+    sent), as Ray picks a node's address when clusters are on; 127.0.0.1 where there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("8.8.8.8", 80))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+        return True
+    except OSError:
+        return False
+
+
+def _keep_loopback(key: str, address: str, host: str, port: int) -> None:
+    """Joining a head on this machine by a loopback address: Ray (clusters on, the default on Linux) dials this
+    machine's routable address instead, and where the head listens on loopback only (started with
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, as the runs of this project start theirs) ``ray.init`` retries without
+    end (measured: 10 min, "Failed to connect to GCS at address 192.0.2.2:PORT"). So where the routable address does
+    not answer, keep the loopback one: clusters off before Ray is imported; if Ray is already imported with clusters
+    on, or the user turned them on, say so in one line instead of hanging."""
+    there = routable_ip()
+    if there == host or _answers(there, port):
+        return  # the head listens on every interface (ray start's default): Ray's rewrite reaches it
+    clusters = os.environ.get(LOCAL_ONLY)
+    if "ray" not in sys.modules and clusters is None:
+        os.environ[LOCAL_ONLY] = "0"  # Ray keeps 127.0.0.1 (and this driver's node address is loopback too)
+        return
+    if "ray" in sys.modules:
+        from ray._private import ray_constants
+
+        on = bool(ray_constants.ENABLE_RAY_CLUSTER)
+    else:
+        on = str(clusters).lower() in ("1", "true")
+    if on:
+        raise ConfigError(
+            f"{key}={address!r}: the head there listens on loopback only, and Ray would dial this "
+            f"machine's address {there}:{port} instead (nothing answers there); start this command with "
+            f"{LOCAL_ONLY}=0, or start the head without it (it then listens on every interface)"
+        )
+
+
 def import_ray():
     try:
         import ray
@@ -93,27 +146,22 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
     address (and listen on every interface) unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray's switch for a
     one-machine Ray) is in the environment when Ray is imported; then it listens on and advertises 127.0.0.1 only
     (measured). It is set here, before the first import (a value the user set is kept; docs/distributed.md,
-    "Loopback")."""
-    if address is None and "ray" not in sys.modules:
+    "Loopback"); so is it for a head on this machine that listens on loopback only (:func:`_keep_loopback`)."""
+    if "ray" in sys.modules and import_ray().is_initialized():
+        return False
+    if address is not None:
+        if importlib.util.find_spec("ray") is None:
+            import_ray()  # the message naming the extra, before any probe
+        _probe(key, address)  # before Ray is imported: a head on loopback may need Ray's clusters off
+    elif "ray" not in sys.modules:
         os.environ.setdefault(LOCAL_ONLY, "0")
     ray = import_ray()
-    if ray.is_initialized():
-        return False
     opts = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address is None:
         # "local": a new Ray, never the cluster $RAY_ADDRESS names or the last `ray start` on this machine left in
         # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one: measured, Ray 2.60)
         ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
         return True
-    unreachable = (
-        f"{key}={address!r}: no Ray cluster answers there ({{}}); give the address of a running "
-        "cluster's head (ray start --head prints it), or null to start a local Ray"
-    )
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:  # ray.init waits minutes for an address where nothing listens; a connect says it at once
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except (OSError, ValueError) as exc:
-        raise ConfigError(unreachable.format(f"{type(exc).__name__}: {exc}")) from exc
     try:
         ray.init(address=address, **opts)
     except Exception as exc:  # something listens there, but not a Ray head, or a head this process may not join
@@ -126,8 +174,27 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
                 "; if the head was started with `ray start --head`, it requires token authentication: run with "
                 "RAY_AUTH_MODE=token and the head's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH)"
             )
-        raise ConfigError(unreachable.format(f"{type(exc).__name__}: {first}") + auth) from exc
+        raise ConfigError(_unreachable(key, address, f"{type(exc).__name__}: {first}") + auth) from exc
     return True
+
+
+def _unreachable(key: str, address: str, why: str) -> str:
+    return (
+        f"{key}={address!r}: no Ray cluster answers there ({why}); give the address of a running cluster's head "
+        "(ray start --head prints it), or null to start a local Ray"
+    )
+
+
+def _probe(key: str, address: str) -> None:
+    """A TCP connect to ``address`` (ray.init waits minutes for an address where nothing listens; this says it at
+    once), then :func:`_keep_loopback` for a loopback address."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(_unreachable(key, address, f"{type(exc).__name__}: {exc}")) from exc
+    if host in LOOPBACK_HOSTS:
+        _keep_loopback(key, address, host, int(port))
 
 
 def wait_restarted(
