@@ -928,16 +928,44 @@ def _vllm_key_arg(cfg: DictConfig, registry) -> None:
         )
 
 
+#: vLLM's flags (and short forms) whose product is the GPUs one server uses (its world size).
+PARALLEL_FLAGS = (
+    ("--tensor-parallel-size", "-tp"),
+    ("--pipeline-parallel-size", "-pp"),
+    ("--data-parallel-size", "-dp"),
+)
+
+
+def server_gpus(args) -> int:
+    """The GPUs a vLLM server started with ``args`` (``rollout.vllm.args``) uses: its tensor-, pipeline- and
+    data-parallel sizes multiplied (vLLM's defaults: 1 each), as ``--flag N``, ``--flag=N`` or the short ``-tp N``; a
+    value that is not a positive integer is a :class:`ConfigError` naming it."""
+    args = [str(a) for a in (args or [])]
+    out = 1
+    for names in PARALLEL_FLAGS:
+        value = None
+        for i, a in enumerate(args):
+            name, eq, rest = a.partition("=")
+            if name in names:
+                value = rest if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if value is None:
+            continue
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(
+                f"rollout.vllm.args: {names[0]} ({names[1]}) {value!r} is not valid; valid: a positive integer"
+            )
+        out *= int(value)
+    return out
+
+
 @register_check
 def _vllm_parallel_args(cfg: DictConfig, registry) -> None:
     """The parallel sizes of ``rollout.vllm.args`` (tensor, pipeline, data) are the GPUs an engine sampler actor
-    asks Ray for (cluster/placement.py, ``server_gpus``): a value that is not a positive integer is refused here,
+    asks Ray for (:func:`server_gpus`, cluster/placement.py): a value that is not a positive integer is refused here,
     before anything is written."""
     r = cfg.get("rollout")
     if r is None or r.get("engine") != "vllm" or r.get("vllm") is None:
         return
-    from swarm_runtime.cluster.placement import server_gpus
-
     server_gpus(r.vllm.get("args"))
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from swarm_runtime.config import ConfigError
 from swarm_runtime.memory_plan import GiB, PlacedPlan, agent_groups
+from swarm_runtime.validation import server_gpus  # the parallel sizes' product (checked at validation)
 
 #: The actors of a placement: a learner shard, a sampler, an env worker.
 ACTORS = ("learner", "sampler", "env")
@@ -174,36 +175,6 @@ def placed_replicas(cfg) -> int:
     c = cfg.get("cluster")
     n = c.get("sampler_replicas", 1) if c is not None else 1
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-
-
-#: vLLM's flags (and short forms) whose product is the GPUs one server uses (its world size).
-PARALLEL_FLAGS = (
-    ("--tensor-parallel-size", "-tp"),
-    ("--pipeline-parallel-size", "-pp"),
-    ("--data-parallel-size", "-dp"),
-)
-
-
-def server_gpus(args) -> int:
-    """The GPUs a vLLM server started with ``args`` (``rollout.vllm.args``) uses: its tensor-, pipeline- and
-    data-parallel sizes multiplied (vLLM's defaults: 1 each), as ``--flag N``, ``--flag=N`` or the short ``-tp N``; a
-    value that is not a positive integer is a :class:`ConfigError` naming it."""
-    args = [str(a) for a in (args or [])]
-    out = 1
-    for names in PARALLEL_FLAGS:
-        value = None
-        for i, a in enumerate(args):
-            name, eq, rest = a.partition("=")
-            if name in names:
-                value = rest if eq else (args[i + 1] if i + 1 < len(args) else "")
-        if value is None:
-            continue
-        if not value.isdigit() or int(value) < 1:
-            raise ConfigError(
-                f"rollout.vllm.args: {names[0]} ({names[1]}) {value!r} is not valid; valid: a positive integer"
-            )
-        out *= int(value)
-    return out
 
 
 def sampler_gpus(cfg) -> int:
