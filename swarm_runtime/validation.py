@@ -944,7 +944,7 @@ def _vllm_key_arg(cfg: DictConfig, registry) -> None:
     if r is None or r.get("engine") != "vllm" or r.get("vllm") is None:
         return
     why = (
-        'the run gives each vLLM server it starts a random key of its own (through VLLM_API_KEY, sent by its client; '
+        "the run gives each vLLM server it starts a random key of its own (through VLLM_API_KEY, sent by its client; "
         'docs/engine.md, "Keys"), and vLLM would take yours over it'
     )
     bad = key_arg(r.vllm.get("args"))

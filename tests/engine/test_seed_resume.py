@@ -112,8 +112,10 @@ def test_a_run_stopped_after_a_checkpoint_and_resumed_draws_the_uninterrupted_ru
     assert _sampler_rng(tmp_path / "stopped") == _sampler_rng(tmp_path / "whole") is not None
     results = [json.loads((tmp_path / r / "eval.json").read_text())["results"] for r in ("whole", "stopped")]
     assert results[0] == results[1]
-    updates = [[{k: v for k, v in u.items() if k != "flops/eval"} for u in _rows(tmp_path / r) if "kind" in u]
-               for r in ("whole", "unevaluated")]
+    updates = [
+        [{k: v for k, v in u.items() if k != "flops/eval"} for u in _rows(tmp_path / r) if "kind" in u]
+        for r in ("whole", "unevaluated")
+    ]
     assert len(updates[0]) == 2 and updates[1] == updates[0]
     final = [json.loads((tmp_path / r / "eval.json").read_text())["results"] for r in ("whole", "unevaluated")]
     assert final[1]["MPT"] == final[0]["MPT"], final
@@ -183,8 +185,15 @@ def test_an_evaluation_on_the_engine_neither_depends_on_nor_moves_the_samplers_s
 
         def held_out() -> dict:
             res, _ = evaluate(
-                agents, ctx.coordinator(), ctx.domain, ctx.task, ctx.seeds("eval")[:2], 2, 7919,
-                sampler=s, models=model_names(agents),
+                agents,
+                ctx.coordinator(),
+                ctx.domain,
+                ctx.task,
+                ctx.seeds("eval")[:2],
+                2,
+                7919,
+                sampler=s,
+                models=model_names(agents),
             )
             return res
 
