@@ -89,8 +89,9 @@ def evaluate(
     models=None,
 ) -> tuple[dict, list[Episode]]:
     """Play ``runs`` sampled episodes on every seed (one batch) and summarise. The
-    policies' sampling RNG and temperature are restored afterwards, so evaluation
-    never perturbs training. ``common_random_numbers``: run ``r`` on held-out seed ``s``
+    policies' sampling RNG (and an engine ``sampler``'s stream of unkeyed rows' seeds) is seeded from ``seed`` for
+    the evaluation and, with the temperature, restored afterwards, so evaluation never perturbs training and does not
+    depend on where training left those streams. ``common_random_numbers``: run ``r`` on held-out seed ``s``
     draws keyed noise ``(seed, r, s)``, so two swarms evaluated with the same ``seed``
     meet the same noise episode by episode (a tighter paired comparison). ``sampler`` / ``models``: who
     draws the bids and actions (default: in process, from the agents' policies; :func:`~swarm_runtime.episode.play`)."""
@@ -106,7 +107,7 @@ def evaluate(
         if common_random_numbers:
             for i, s in enumerate(slots):
                 s.episode.noise = key_hash(seed, i // max(1, len(seeds)), s.episode.seed)
-        with torch.no_grad():
+        with torch.no_grad(), _seeded(sampler, seed):
             episodes = play(
                 slots,
                 agents,
@@ -123,3 +124,15 @@ def evaluate(
             p.set_rng_state(state)
             p.temperature = temp
     return summarize(episodes, runs, agents), episodes
+
+
+def _seeded(sampler, seed: int):
+    """An engine sampler's stream of unkeyed rows' seeds seeded from ``seed`` inside (then put back: rollout/openai.py,
+    ``sampler_rng_seeded``); nothing to do in process (the policies' generators are seeded above)."""
+    if sampler is None:
+        from contextlib import nullcontext
+
+        return nullcontext()
+    from swarm_runtime.rollout.openai import sampler_rng_seeded
+
+    return sampler_rng_seeded(sampler, seed)

@@ -911,6 +911,30 @@ def key_arg(args) -> str | None:
     return None
 
 
+def config_files(args) -> list[str]:
+    """The files ``rollout.vllm.args`` names with ``--config FILE`` or ``--config=FILE`` (vLLM reads a YAML file's
+    keys as more arguments: ``FlexibleArgumentParser.load_config_file``, ``key: value`` -> ``--key value``)."""
+    args = [str(a) for a in args or []]
+    out = [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    return out + [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+
+
+def config_key(path: str) -> tuple[str | None, str]:
+    """``(key, "")``: the key of vLLM config file ``path`` that would set the API key (:func:`key_arg` on the
+    arguments vLLM makes of its keys), or None; ``(None, why)`` when the file cannot be read as a YAML mapping."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return None, f"cannot be read as YAML ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:120]})"
+    if not isinstance(data, dict):
+        return None, f"holds {type(data).__name__}, not a YAML mapping of vLLM's arguments"
+    bad = key_arg([f"--{k}" for k in data])
+    return (bad[2:] if bad else None), ""
+
+
 @register_check
 def _vllm_key_arg(cfg: DictConfig, registry) -> None:
     """Every vLLM server a run starts demands a key the run makes for it (docs/engine.md, "Keys"), given through
@@ -919,13 +943,25 @@ def _vllm_key_arg(cfg: DictConfig, registry) -> None:
     r = cfg.get("rollout")
     if r is None or r.get("engine") != "vllm" or r.get("vllm") is None:
         return
+    why = (
+        "the run gives each vLLM server it starts a random key of its own (through VLLM_API_KEY, sent by its client; "
+        'docs/engine.md, "Keys"), and vLLM would take yours over it'
+    )
     bad = key_arg(r.vllm.get("args"))
     if bad is not None:
-        raise ConfigError(
-            f"rollout.vllm.args gives {bad}: the run gives each vLLM server it starts a random key of its own "
-            '(through VLLM_API_KEY, sent by its client; docs/engine.md, "Keys"), and vLLM would take yours over '
-            f"it; valid: rollout.vllm.args without {bad}"
-        )
+        raise ConfigError(f"rollout.vllm.args gives {bad}: {why}; valid: rollout.vllm.args without {bad}")
+    for path in config_files(r.vllm.get("args")):  # its keys are arguments too: read it before anything is written
+        key, unread = config_key(path)
+        if unread:
+            raise ConfigError(
+                f"rollout.vllm.args gives --config {path}, which {unread}; the run reads it to check that it does "
+                "not set vLLM's API key: give a readable YAML file (vLLM's --config), or leave --config out"
+            )
+        if key is not None:
+            raise ConfigError(
+                f"rollout.vllm.args gives --config {path}, whose key {key!r} sets vLLM's API key: {why}; valid: "
+                f"a --config file without {key!r}"
+            )
 
 
 #: vLLM's flags (and short forms) whose product is the GPUs one server uses (its world size).

@@ -66,8 +66,8 @@ def test_lora_on_a_bf16_base_sharded_runs_as_in_process_and_resumes_under_local(
     print(f"fsdp lora bf16 vs in process: worst relative difference {_near(rows, run_rows(lora_bf16), BF16_TOL):.3g}")
     assert run_eval(tmp_path / "run") == run_eval(lora_bf16)
     # its checkpoint after update 1 (adapters written by the driver, optimizer state gathered from the shards) resumes
-    # in process. Only the rows up to it are compared: a bf16 LoRA run resumed in process does not replay its own
-    # update 2 (measured: the in-process twin resumed from its own iter-000001 draws another rollout; docs/distributed.md)
+    # in process. Only the rows up to it are compared (written when a bf16 LoRA run resumed in process did not replay
+    # its own update 2, since fixed: tests/test_resume_replay.py; the rows after it not compared since)
     run2 = _from(tmp_path / "run", "iter-000001", tmp_path / "run2")
     local = ["cluster.kind=local", "cluster.learners=local", "train.engine=local", "train.shards=1"]
     r = swarm("run", f"run_dir={run2}", "resume=true", *local, cwd=tmp_path)

@@ -41,6 +41,7 @@ from swarm_runtime.policy.tokenizer import build_tokenizer
 from swarm_runtime.policy.transformers_backend import (
     TransformersPolicy,
     build_tiny_model,
+    cast_weights,
     load_pretrained,
     refuse_custom_code,
 )
@@ -722,12 +723,15 @@ def _build_base(
     """Base ``base`` (``model_cfg``: its settings) and the adapters of ``roles`` on it."""
     peft = _peft()
     source, folder, fp = resolve_base(model_cfg, init_dir, roles, base)
+    # a model.path base in hardware.dtype (else model.dtype); a config-built one in hardware.dtype (else fp32): built
+    # and cast so, and its trained copy (a checkpoint's base/) loaded back so, to the same weights and buffers
     dtype = str(hardware_cfg.get("dtype") or model_cfg.get("dtype", "float32"))
+    built = str(hardware_cfg.get("dtype") or "float32")
     if folder is not None:
         model, tok = load_pretrained(
             folder,
             bid_levels,
-            dtype if source is not None else "float32",
+            dtype if source is not None else built,
             attention=hardware_cfg.get("attention"),
             seeded_resize=True,
         )
@@ -735,7 +739,7 @@ def _build_base(
         tok = build_tokenizer(words, bid_levels)
         model = build_tiny_model(len(tok), model_cfg, int(seeds[0]))
         if hardware_cfg.get("dtype"):  # a GPU profile: the built base in its dtype (bf16)
-            model = model.to(getattr(torch, str(hardware_cfg.dtype)))
+            model = cast_weights(model, built)
     if hardware_cfg.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()

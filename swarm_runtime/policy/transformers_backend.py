@@ -108,6 +108,23 @@ def build_tiny_model(vocab_size: int, cfg, seed: int):
     return model
 
 
+def cast_weights(model, dtype: str):
+    """``model`` with its parameters and saved buffers in ``dtype``; the buffers a checkpoint does not hold
+    (non-persistent: the rotary embedding's ``inv_freq``) kept as built (fp32), as ``from_pretrained(dtype=...)``
+    leaves them: a model built from the config and cast computes as the same model saved and loaded back (a resumed
+    run as the run it resumes); ``model.to`` would round them to ``dtype`` too."""
+    kept = [
+        (m, name, m._buffers[name])
+        for m in model.modules()
+        for name in m._non_persistent_buffers_set
+        if m._buffers.get(name) is not None
+    ]
+    model = model.to(getattr(torch, dtype))
+    for m, name, buf in kept:
+        m._buffers[name] = buf
+    return model
+
+
 class TransformersPolicy:
     """One agent's model: bids and acts by sampling; scores responses for training."""
 
@@ -600,9 +617,10 @@ def make_transformers_policy(
     """Factory registered as the ``transformers`` backend."""
     path = init_path or model_cfg.get("path")
     if path:
-        model, tok = load_pretrained(
-            path, bid_levels, str(model_cfg.get("dtype", "float32")), attention=model_cfg.get("attention")
-        )
+        # a model built from the config (no model.path) trains in fp32 whatever the dtype says: its checkpoints load
+        # so (a resumed run computes as the run it resumes); a model.path checkpoint's in the dtype it was run in
+        dtype = str(model_cfg.get("dtype", "float32")) if model_cfg.get("path") else "float32"
+        model, tok = load_pretrained(path, bid_levels, dtype, attention=model_cfg.get("attention"))
     else:
         tok = build_tokenizer(words, bid_levels)
         model = build_tiny_model(len(tok), model_cfg, seed)

@@ -32,6 +32,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import torch
 from loguru import logger
@@ -64,6 +65,31 @@ def sampler_rng_state(sampler):
         return {b: v for b, v in states.items() if v is not None} or None
     rng = getattr(sampler, "rng", None)
     return rng.getstate() if isinstance(rng, random.Random) else None
+
+
+def _sampler_rngs(sampler) -> list[random.Random]:
+    """The generators :func:`sampler_rng_state` saves, in its order (one per base of a sampler of several)."""
+    subs = getattr(sampler, "samplers", None)
+    if isinstance(subs, dict):
+        return [rng for s in subs.values() for rng in _sampler_rngs(s)]
+    rng = getattr(sampler, "rng", None)
+    return [rng] if isinstance(rng, random.Random) else []
+
+
+@contextmanager
+def sampler_rng_seeded(sampler, seed: int):
+    """Inside: the engine sampler's generator(s) of unkeyed rows' seeds (:func:`row_seed`; an
+    :class:`OpenAISampler`'s, a :class:`~swarm_runtime.rollout.replicas.ReplicatedSampler`'s, each base's of a sampler
+    of several) seeded from ``seed`` (the i-th from ``key_hash(seed, i)``), so what is drawn inside does not depend
+    on where the stream stood; afterwards the stream put back where it was, so the draws after it are those made
+    without it (held-out evaluations: :func:`swarm_runtime.evaluate.evaluate`). A sampler without one: nothing."""
+    saved = sampler_rng_state(sampler)
+    for i, rng in enumerate(_sampler_rngs(sampler)):
+        rng.seed(key_hash(int(seed), i))
+    try:
+        yield
+    finally:
+        restore_sampler_rng(sampler, saved)
 
 
 def restore_sampler_rng(sampler, state) -> None:

@@ -22,7 +22,7 @@ from conftest import swarm
 
 from swarm_runtime.rollout.vllm_guard import FOLDER, MIDDLEWARE
 from swarm_runtime.rollout.vllm_server import VLLMServer, free_port
-from swarm_runtime.validation import key_arg
+from swarm_runtime.validation import config_files, config_key, key_arg
 
 KEY = "k3y-" + "x" * 40
 
@@ -171,14 +171,16 @@ def test_key_arg(args, bad):
     assert key_arg(args) == bad
 
 
-def test_a_users_api_key_is_refused_before_anything_is_written(tmp_path):
+def _refused(tmp_path, args: str) -> str:
+    """``swarm run`` on vLLM with ``rollout.vllm.args=ARGS``: exit 2 with one line (returned), no traceback, the key's
+    value never printed, nothing written."""
     run_dir = tmp_path / "run"
     r = swarm(
         "run",
         "domain=minecraft",
         "model.adapter=lora",
         "rollout.engine=vllm",
-        "rollout.vllm.args=[--enforce-eager,--api-key=secret]",
+        f"rollout.vllm.args={args}",
         f"run_dir={run_dir}",
         cwd=tmp_path,
         timeout=120,
@@ -186,6 +188,43 @@ def test_a_users_api_key_is_refused_before_anything_is_written(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "rollout.vllm.args gives --api-key" in lines[0] and "valid: rollout.vllm.args without --api-key" in lines[0]
     assert "secret" not in r.stderr + r.stdout
     assert not run_dir.exists()
+    return lines[0]
+
+
+def test_a_users_api_key_is_refused_before_anything_is_written(tmp_path):
+    line = _refused(tmp_path, "[--enforce-eager,--api-key=secret]")
+    assert "rollout.vllm.args gives --api-key" in line and "valid: rollout.vllm.args without --api-key" in line
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("api-key: secret\nport: 8000\n", "api-key"),
+        ("enforce-eager: true\napi_key: secret\n", "api_key"),
+        ("api-k: secret\n", "api-k"),  # an abbreviation argparse takes
+        ("api-server-count: 1\nmax-model-len: 64\n", None),
+    ],
+)
+def test_config_key(text, key, tmp_path):
+    """vLLM's ``--config FILE``: each YAML key becomes ``--key`` (``load_config_file``), so a key argparse reads as
+    ``--api-key`` is found; a file that is not a YAML mapping says why."""
+    f = tmp_path / "vllm.yaml"
+    f.write_text(text)
+    assert config_key(str(f)) == (key, "")
+    assert config_files(["--enforce-eager", "--config", str(f)]) == config_files([f"--config={f}"]) == [str(f)]
+    f.write_text("- api-key\n")
+    assert config_key(str(f)) == (None, "holds list, not a YAML mapping of vLLM's arguments")
+    assert config_key(str(tmp_path / "missing.yaml"))[1].startswith("cannot be read as YAML (FileNotFoundError")
+
+
+def test_a_config_file_setting_the_api_key_is_refused_before_anything_is_written(tmp_path):
+    """``--config FILE`` in ``rollout.vllm.args`` whose YAML sets ``api-key`` would give vLLM a key over the run's:
+    refused in one line naming the file and the key; a file that cannot be read, refused too (it cannot be checked)."""
+    (tmp_path / "vllm.yaml").write_text("enforce-eager: true\napi-key: secret\n")
+    line = _refused(tmp_path, "[--config,vllm.yaml]")
+    assert "--config vllm.yaml, whose key 'api-key' sets vLLM's API key" in line, line
+    assert "valid: a --config file without 'api-key'" in line, line
+    line = _refused(tmp_path, "[--config,nowhere.yaml]")
+    assert "--config nowhere.yaml, which cannot be read as YAML (FileNotFoundError" in line, line

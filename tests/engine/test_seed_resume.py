@@ -99,6 +99,10 @@ def test_a_run_stopped_after_a_checkpoint_and_resumed_draws_the_uninterrupted_ru
         assert stopped.returncode == 9, stopped.stderr[-3000:]
         resumed = run("stopped", "resume=true")
         assert resumed.returncode == 0, resumed.stderr[-3000:]
+        # without the evaluation after SFT: the evaluations draw from a stream of their own (evaluate), so the
+        # training rows are the same (but the FLOPs of that evaluation)
+        unevaluated = run("unevaluated", "skip_sft_eval=true")
+        assert unevaluated.returncode == 0, unevaluated.stderr[-3000:]
     finally:
         server.stop()
     drawn = [ln for ln in stopped.stderr.splitlines() if ln.startswith("CHECKPOINT iter-000001")]
@@ -108,6 +112,13 @@ def test_a_run_stopped_after_a_checkpoint_and_resumed_draws_the_uninterrupted_ru
     assert _sampler_rng(tmp_path / "stopped") == _sampler_rng(tmp_path / "whole") is not None
     results = [json.loads((tmp_path / r / "eval.json").read_text())["results"] for r in ("whole", "stopped")]
     assert results[0] == results[1]
+    updates = [
+        [{k: v for k, v in u.items() if k != "flops/eval"} for u in _rows(tmp_path / r) if "kind" in u]
+        for r in ("whole", "unevaluated")
+    ]
+    assert len(updates[0]) == 2 and updates[1] == updates[0]
+    final = [json.loads((tmp_path / r / "eval.json").read_text())["results"] for r in ("whole", "unevaluated")]
+    assert final[1]["MPT"] == final[0]["MPT"], final
 
 
 def test_the_sampler_generators_state_goes_through_rng_pt(tmp_path):
@@ -144,3 +155,58 @@ def test_the_sampler_generators_state_goes_through_rng_pt(tmp_path):
     assert draws(sampler(3)) != draws(one)  # the restored streams went on; a fresh one starts over
     save_rng(tmp_path / "rng.pt", random.Random(0), sampler_rng_state(LocalSampler({}, None)))
     assert sampler_rng(tmp_path) is None
+
+
+def test_an_evaluation_on_the_engine_neither_depends_on_nor_moves_the_samplers_stream(registry, tmp_path, monkeypatch):
+    """``evaluate`` with an engine sampler (refserver): its unkeyed rows' seeds are drawn from a stream seeded from the
+    evaluation's seed (``sampler_rng_seeded``), as the in-process policies' generators are, so the same evaluation
+    from two positions of the training stream is the same evaluation; afterwards the stream stands where it stood, so
+    the training draws after an evaluation are those made without it. Before, the held-out rows drew from the training
+    stream and moved it."""
+    from enginekit import LORA, openai_cfg, perturb
+
+    from swarm_runtime.evaluate import evaluate
+    from swarm_runtime.rollout import openai
+    from swarm_runtime.rollout.factory import engine_folder, engine_sampler
+    from swarm_runtime.rollout.local import LocalLearner, model_names
+    from tests.conftest import run_context
+
+    ctx = run_context(registry, *LORA, "task.max_decisions=4")
+    agents, policies = ctx.build_swarm()
+    perturb(policies)
+    learner = LocalLearner(policies)
+    base = write_base(next(iter(policies.values())).shared_base, engine_folder(tmp_path) / "base")
+    server = start_ref(base, tmp_path / "ref.log")
+    unkeyed = []
+    row_seed = openai.row_seed
+    monkeypatch.setattr(openai, "row_seed", lambda key, rng: unkeyed.append(key is None) or row_seed(key, rng))
+    s = engine_sampler(openai_cfg(ctx.cfg, server.url), learner, tmp_path)
+    try:
+
+        def held_out() -> dict:
+            res, _ = evaluate(
+                agents,
+                ctx.coordinator(),
+                ctx.domain,
+                ctx.task,
+                ctx.seeds("eval")[:2],
+                2,
+                7919,
+                sampler=s,
+                models=model_names(agents),
+            )
+            return res
+
+        stream = openai.sampler_rng_state(s)
+        first = held_out()
+        assert any(unkeyed), "the evaluation drew no unkeyed row"
+        assert openai.sampler_rng_state(s) == stream  # put back: training draws on as without the evaluation
+        for _ in range(5):  # training draws move the stream
+            openai.row_seed(None, s.rng)
+        moved = openai.sampler_rng_state(s)
+        assert moved != stream
+        assert held_out() == first
+        assert openai.sampler_rng_state(s) == moved
+    finally:
+        s.close()
+        server.stop()
