@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -316,3 +317,47 @@ def test_a_run_folder_of_config_version_7_loads_with_actors_anywhere(registry, t
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
     with pytest.raises(ConfigError, match="lacks cluster.restart_wait_s"):
         load_saved(tmp_path / "config.yaml")
+
+
+def test_each_actor_wrapper_waits_the_restart_wait_it_was_given():
+    """``cluster.restart_wait_s`` is passed down (``cluster.restart_wait_s(cfg)``) to the env workers, the learners and
+    the sampler actor, each waiting its own value for a dead actor (here 0 s, an actor that never answers again:
+    each gives up at once, naming the wait); nothing module-wide is set."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.cluster import remote, restart_wait_s
+    from swarm_runtime.cluster.learner import LearnerGone, LearnerGroup
+    from swarm_runtime.cluster.remote import ActorGone, EnvCluster
+    from swarm_runtime.cluster.sampler import RaySampler, SamplerActorError
+
+    assert restart_wait_s(OmegaConf.create({"cluster": {"restart_wait_s": 7}})) == 7.0
+    assert restart_wait_s(OmegaConf.create({})) == remote.RESTART_WAIT_S == 120.0
+
+    class ray:  # what a wait asks of Ray, for actors that never answer again (each call's ref: Ray's error)
+        exceptions = SimpleNamespace(
+            RayActorError=type("RayActorError", (Exception,), {}), GetTimeoutError=type("GetTimeout", (Exception,), {})
+        )
+
+        @staticmethod
+        def get(ref, timeout=None):
+            raise ref
+
+    def dead():
+        return SimpleNamespace(pid=SimpleNamespace(remote=ray.exceptions.RayActorError))
+
+    def wrapper(cls, **attrs):
+        w = cls.__new__(cls)
+        w.__dict__.update(ray=ray, restart_wait_s=0.0, **attrs)
+        return w
+
+    envs = wrapper(EnvCluster, workers=[dead()], pids=[5])
+    with pytest.raises(ActorGone, match=r"env worker 0 \(pid 5\) was lost: .* within 0 s \(cluster.restart_wait_s"):
+        envs.wait_alive(0)
+    learners = wrapper(LearnerGroup, actors={"a": dead()}, pids={"a": 5}, restarts={"a": 0}, max_restarts=4)
+    learners.roles = {"a": ["a"]}
+    gone = learners._recover("a")
+    assert isinstance(gone, LearnerGone) and "within 0 s (cluster.restart_wait_s" in str(gone), gone
+    sampler = wrapper(RaySampler, actor=dead(), pid=5, max_restarts=8)
+    with pytest.raises(SamplerActorError, match=r"within 0 s \(cluster.restart_wait_s"):
+        sampler._recover()
+    assert not hasattr(remote, "RESTART_TIMEOUT_S")

@@ -34,7 +34,7 @@ from typing import Any
 
 from loguru import logger
 
-from swarm_runtime.cluster.remote import connect, import_ray, wait_restarted
+from swarm_runtime.cluster.remote import RESTART_WAIT_S, connect, import_ray, node_of, wait_restarted
 from swarm_runtime.config import ConfigError
 from swarm_runtime.masters import master_weights, restore_master_weights
 
@@ -271,7 +271,8 @@ def pid_files(run_dir, names) -> dict[str, str | None]:
 class LearnerGroup:
     """The learner actors of a run (driver side). ``options``: extra Ray actor options (placement: resources,
     a placement group's bundle): a dict for every actor, or a function ``(learner name, its roles[, shard]) -> dict``
-    (the shard given for shards > 0 of a sharded learner: swarm_runtime/cluster/shards.py)."""
+    (the shard given for shards > 0 of a sharded learner: swarm_runtime/cluster/shards.py). ``restart_wait_s``: how
+    long a dead actor is waited for (``cluster.restart_wait_s``)."""
 
     def __init__(
         self,
@@ -284,10 +285,12 @@ class LearnerGroup:
         options: dict | Callable[[str, list[str]], dict] | None = None,
         address: str | None = None,
         num_cpus: int | None = None,
+        restart_wait_s: float = RESTART_WAIT_S,
     ):
         import torch
 
         t0 = time.perf_counter()
+        self.restart_wait_s = float(restart_wait_s)
         self.started = connect(address, num_cpus)  # the env workers' Ray when cluster.kind=ray started it first
         self.ray = ray = import_ray()
         self.max_restarts = int(max_restarts)
@@ -365,12 +368,13 @@ class LearnerGroup:
                 self._gone(name, f"Ray restarts it at most cluster.learner_restarts={self.max_restarts} times")
             )
         try:
-            new = wait_restarted(self.ray, self.actors[name], pid)
+            new = wait_restarted(self.ray, self.actors[name], pid, self.restart_wait_s)
         except TimeoutError as exc:
             return LearnerGone(self._gone(name, str(exc)))
         self.restarts[name] += 1
         self.pids[name] = new
-        logger.warning("learner {} restarted: pid {} -> {}", name, pid, new)
+        where = node_of(self.ray, self.actors[name], self.restart_wait_s)
+        logger.warning("learner {} restarted: pid {} -> {} on node {}", name, pid, new, where)
         return LearnerLost(name, pid, new)
 
     def _gone(self, name: str, why: str) -> str:

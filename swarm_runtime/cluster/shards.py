@@ -28,7 +28,6 @@ from pathlib import Path
 
 from loguru import logger
 
-from swarm_runtime.cluster import remote
 from swarm_runtime.cluster.learner import LearnerGone, LearnerGroup, LearnerLost, LearnerWorker
 from swarm_runtime.cluster.remote import wait_restarted
 
@@ -285,7 +284,7 @@ class ShardedLearnerGroup(LearnerGroup):
         for k, a in enumerate(self.ranks[name]):
             if k != lost:
                 ray.kill(a, no_restart=False)
-        end = time.monotonic() + remote.RESTART_TIMEOUT_S  # for all ranks together (cluster.restart_wait_s)
+        end = time.monotonic() + self.restart_wait_s  # for all ranks together (cluster.restart_wait_s)
         for k, a in enumerate(self.ranks[name]):
             try:
                 wait_restarted(ray, a, old[k], max(1.0, end - time.monotonic()))
