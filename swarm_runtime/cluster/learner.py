@@ -40,6 +40,9 @@ from swarm_runtime.masters import master_weights, restore_master_weights
 
 #: Restarts Ray gives a learner actor by default (``cluster.learner_restarts``).
 MAX_RESTARTS = 4
+#: What a learner actor answers a call meant for another process of it (:meth:`LearnerWorker.checked`): Ray restarted it
+#: between calls (its node lost while the driver asked nothing), from its creation arguments
+RESTARTED = "learner restarted"
 
 
 class LearnerLost(RuntimeError):
@@ -157,6 +160,14 @@ class LearnerWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def checked(self, pid: int, method: str, *args):
+        """``method(*args)``, if this is process ``pid`` (the one the driver loaded); else :data:`RESTARTED`, the call
+        not made: a restarted actor holds its creation arguments' weights, not the trained ones (measured with a node
+        lost between two calls: the next update or checkpoint was answered from the first weights, unnoticed)."""
+        if int(pid) != os.getpid():
+            return RESTARTED
+        return getattr(self, method)(*args)
 
     def node(self) -> str:
         """Where this actor runs (:func:`swarm_runtime.cluster.remote.node_here`)."""
@@ -344,18 +355,22 @@ class LearnerGroup:
         return {n: self.ray.get([a.placement_group.remote() for a in self.processes(n)]) for n in self.actors}
 
     def _call(self, name: str, method: str, *args):
-        """Call ``method`` of learner ``name``; what :meth:`_get` takes."""
-        return getattr(self.actors[name], method).remote(*args)
+        """Call ``method`` of learner ``name`` in the process the driver knows (:meth:`LearnerWorker.checked`); what
+        :meth:`_get` takes."""
+        return self.actors[name].checked.remote(self.pids[name], method, *args)
 
     def _get(self, refs: dict):
-        """``ray.get`` of ``{learner: ref}``; a learner whose process died: :meth:`_recover`, then
-        :class:`LearnerLost` (or :class:`LearnerGone`)."""
+        """``ray.get`` of ``{learner: ref}``; a learner whose process died (during the call, or before it: restarted,
+        :data:`RESTARTED`): :meth:`_recover`, then :class:`LearnerLost` (or :class:`LearnerGone`)."""
         ray, out, lost = self.ray, {}, None
         for name, ref in refs.items():
             try:
                 out[name] = ray.get(ref)
             except ray.exceptions.RayActorError:
                 lost = lost or name
+            else:
+                if isinstance(out[name], str) and out[name] == RESTARTED:
+                    lost = lost or name
         if lost is not None:
             raise self._recover(lost)
         return out

@@ -49,10 +49,28 @@ def node_here() -> str:
     import ray
 
     node = ray.get_runtime_context().get_node_id()
-    info = next((n for n in ray.nodes() if n.get("NodeID") == node), {})
+    return node_label(node, next((n for n in ray.nodes() if n.get("NodeID") == node), {}))
+
+
+def node_label(node: str, info: dict) -> str:
+    """``<id, 8 hex> at <address> (<custom resources>)`` of node ``node`` (``info``: its entry of ``ray.nodes()``)."""
     res = info.get("Resources", {})
     own = sorted(k for k in res if k not in ("CPU", "GPU", "memory", "object_store_memory") and ":" not in k)
     return f"{node[:8]} at {info.get('NodeManagerAddress', '?')} ({', '.join(own) or 'no custom resources'})"
+
+
+def bundle_nodes(ray, spec) -> str:
+    """Where Ray placed each bundle of ``spec``'s reserved placement groups (``placement_group_table``), in bundle
+    order: ``Smith: <node_label>; envs: <node_label>, <node_label>`` (what the multi-node tests compare with the
+    nodes the actors say they run on)."""
+    from ray.util import placement_group_table
+
+    info = {n["NodeID"]: n for n in ray.nodes()}
+    parts = []
+    for name, pg in spec.pgs.items():
+        where = placement_group_table(pg).get("bundles_to_node_id") or {}
+        parts.append(f"{name}: " + ", ".join(node_label(where[i], info.get(where[i], {})) for i in sorted(where)))
+    return "; ".join(parts)
 
 
 def nodes_of(ray, actors, timeout_s: float) -> list[str]:
@@ -217,6 +235,7 @@ class EnvCluster:
                 if self.started:
                     self.ray.shutdown()
                 raise
+            logger.info("placement bundles on nodes: {}", bundle_nodes(self.ray, placement))
         plain = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(task)
         self.workers = self._make_workers(domain, plain, tuple(plugins), int(n))
         self.pids = self.ray.get([w.pid.remote() for w in self.workers])
