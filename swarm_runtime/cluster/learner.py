@@ -163,8 +163,9 @@ class LearnerWorker:
 
     def checked(self, pid: int, method: str, *args):
         """``method(*args)``, if this is process ``pid`` (the one the driver loaded); else :data:`RESTARTED`, the call
-        not made: a restarted actor holds its creation arguments' weights, not the trained ones (measured with a node
-        lost between two calls: the next update or checkpoint was answered from the first weights, unnoticed)."""
+        not made: a restarted actor holds its creation arguments' weights, not the trained ones (found on two nodes,
+        tests/test_multinode.py: a learner whose node was lost between two calls answered the run's next calls from
+        its restarted process, and the run ended with that learner's restarts at 0)."""
         if int(pid) != os.getpid():
             return RESTARTED
         return getattr(self, method)(*args)
