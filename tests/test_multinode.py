@@ -7,6 +7,7 @@ node is killed mid-run: the run stops with one line naming what was lost, and ``
 ends with the in-process run's metrics and eval."""
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -59,6 +61,8 @@ def _in_group(pgid: int, needle: str) -> list[int]:
     return out
 
 
+#: Each node's CPUs (Ray's logical count): the placement test's five one-CPU bundles fit on neither node alone
+CPUS = {"nodeA": 2, "nodeB": 3}
 #: The nodes' addresses: loopback, but not 127.0.0.1, which Ray 2.60 replaces with the machine's routable address
 HEAD_IP, NODE_B_IP = "127.0.0.3", "127.0.0.2"
 
@@ -110,10 +114,15 @@ class TwoNodes:
     def start(self) -> float:
         """Start both nodes; the seconds until Ray lists two live nodes."""
         t0 = time.perf_counter()
-        self._start("nodeA", True, 1)
+        self._start("nodeA", True, CPUS["nodeA"])
         self._wait(lambda: self._listening(), "the head's port")
+        self.start_b()
+        return time.perf_counter() - t0
+
+    def start_b(self) -> None:
+        """Start the second node (again, after :meth:`kill`: a new node, the same resources) until Ray lists it live."""
         for attempt in (1, 2):  # Ray 2.60 gives a joining raylet 30 s to register (fixed): at a high load, once more
-            self._start("nodeB", False, 2)
+            self._start("nodeB", False, CPUS["nodeB"])
             try:
                 self._wait(lambda: self.alive() == {"nodeA", "nodeB"}, "two live nodes")
                 break
@@ -121,7 +130,6 @@ class TwoNodes:
                 if attempt == 2:
                     raise
                 self.kill("nodeB")
-        return time.perf_counter() - t0
 
     def _listening(self) -> bool:
         try:
@@ -139,16 +147,16 @@ class TwoNodes:
             assert time.monotonic() < end, f"no {what} within {JOIN_S:.0f} s"
             time.sleep(0.5)
 
-    def alive(self) -> set[str]:
-        """The ``node*`` resources of the live nodes, as a driver of this fixture's own sees them (within ``JOIN_S``: it
-        waits for both nodes)."""
+    def alive(self, until: str = "len(live) >= 2") -> set[str]:
+        """The ``node*`` resources of the live nodes, as a driver of this fixture's own sees them, once ``until`` (a
+        Python condition on ``live``, the sorted names) holds, or ``JOIN_S`` has passed (by default: both nodes)."""
         probe = (
             "import json, sys, time, ray\n"
             f"ray.init(address={self.address!r}, log_to_driver=False, configure_logging=False)\n"
             f"end = time.monotonic() + {JOIN_S}\n"
             "while True:\n"
             "    live = sorted(k for n in ray.nodes() if n['Alive'] for k in n['Resources'] if k.startswith('node') and ':' not in k)\n"
-            "    if len(live) >= 2 or time.monotonic() > end: break\n"
+            f"    if ({until}) or time.monotonic() > end: break\n"
             "    time.sleep(0.5)\n"
             "print('LIVE', json.dumps(live))\n"
         )
@@ -235,24 +243,31 @@ def test_actors_pinned_to_the_second_node_run_there_with_the_same_metrics(two_no
     print(f"pinned run: {wall:.1f} s wall", file=sys.stderr)
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_the_second_node_lost_mid_run_stops_with_one_line_and_resumes_without_it(two_nodes, in_process, tmp_path):
-    """nodeB (every actor of the run) killed while update 2 is under way: the run stops within cluster.restart_wait_s
-    with one line naming what was lost and the resume command; that resume, on the head alone (cluster.resources={}),
-    ends with the in-process run's metrics (each row once) and eval."""
+class Killed(list):
+    """The pids :meth:`TwoNodes.kill` killed; ``stopped_s``: seconds from the kill to the run's end."""
+
+    stopped_s = 0.0
+
+
+def _run_killing_b(two_nodes, tmp_path, args: list[str], then=None) -> tuple[subprocess.Popen, str, Killed]:
+    """``swarm run`` (tiny, a checkpoint each update) of ``args`` on the two nodes, in ``tmp_path/run``; nodeB killed once
+    update 1 is saved (update 2 under way), then ``then(stderr so far)`` called (None: nothing). Returns the
+    finished process, its stderr and what the kill killed (bounded: 540 s, then the run is killed)."""
     run = tmp_path / "run"
-    args = ["run", *TINY_RUN, "checkpoint_every=1", *RAY_ARGS, f"cluster.address={two_nodes.address}"]
-    cmd = [sys.executable, "-m", "swarm_runtime.cli", *args, *ON_B, "cluster.restart_wait_s=15", f"run_dir={run}"]
+    args = ["run", *TINY_RUN, "checkpoint_every=1", *args, f"cluster.address={two_nodes.address}", f"run_dir={run}"]
     env = {**two_nodes.env, "PYTHONUNBUFFERED": "1"}
     err = open(tmp_path / "stderr", "w")
-    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "swarm_runtime.cli", *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err
+    )
     t0, killed = time.monotonic(), None
     try:
         while p.poll() is None and time.monotonic() - t0 < 540:
             if killed is None and (run / "checkpoints" / "iter-000001").is_dir():  # update 1 saved: update 2 starts
-                killed = two_nodes.kill("nodeB")
+                killed = Killed(two_nodes.kill("nodeB"))
                 t_kill = time.monotonic()
+                if then is not None:
+                    then((tmp_path / "stderr").read_text())
             time.sleep(0.1)
     finally:
         if p.poll() is None:
@@ -260,10 +275,106 @@ def test_the_second_node_lost_mid_run_stops_with_one_line_and_resumes_without_it
         p.wait()
     stderr = (tmp_path / "stderr").read_text()
     assert killed is not None, stderr[-3000:]
+    killed.stopped_s = time.monotonic() - t_kill
+    return p, stderr, killed
+
+
+#: One node as :func:`swarm_runtime.cluster.remote.node_here` writes it: its id, address and custom resource
+NODE = r"([0-9a-f]{8}) at [\d.]+ \((node[AB])\)"
+
+
+def _nodes(stderr: str, what: str) -> list[tuple[str, str]]:
+    """``(node id, nodeA/nodeB)`` of each actor in the first log line that starts with ``what``, in order."""
+    line = next(ln for ln in stderr.splitlines() if what in ln)
+    return re.findall(NODE, line.split(what, 1)[1])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_second_node_lost_and_replaced_within_the_wait_the_run_recovers(two_nodes, in_process, tmp_path):
+    """The env workers and learners placed by Ray (no cluster.resources: 0-CPU actors, each on a node Ray draws), the
+    sampler pinned to nodeB; nodeB killed while update 2 is under way, and, once Ray has marked it dead, a new nodeB
+    (the same resources) started within cluster.restart_wait_s. Every unpinned actor that was on nodeB is restarted
+    by Ray on nodeA (its episodes replayed, the learners rewound to their checkpoint), the pinned sampler on the new
+    nodeB (loaded with the synced weights), and the run ends with the in-process run's metrics and eval."""
+    run = tmp_path / "run"
+    before: dict = {}
+
+    def replace_b(stderr: str) -> None:
+        before.update(
+            envs=_nodes(stderr, "env workers on nodes: "),
+            learners=re.findall(r"(\S+)\[0\] " + NODE, stderr.split("learners on nodes: ", 1)[1].splitlines()[0]),
+            sampler=_nodes(stderr, "sampler actor on node ")[0],
+        )
+        t0 = time.monotonic()
+        gone = two_nodes.alive(until="'nodeB' not in live")  # Ray's restarts of unpinned actors start here
+        assert gone == {"nodeA"}, gone
+        two_nodes.start_b()
+        before["b_down_s"] = time.monotonic() - t0
+
+    args = [*RAY_ARGS, "cluster.env_workers=4", "cluster.resources.sampler={nodeB: 0.01}", "cluster.restart_wait_s=300"]
+    p, stderr, killed = _run_killing_b(two_nodes, tmp_path, args, then=replace_b)
+    assert p.returncode == 0, stderr[-3000:]
+    envs_b = [w for w, (_, name) in enumerate(before["envs"]) if name == "nodeB"]
+    learners_b = [n for n, _, name in before["learners"] if name == "nodeB"]
+    old_b = before["sampler"][0]
+    assert before["sampler"][1] == "nodeB", before
+    first = [int(x) for x in re.search(r"env workers on Ray: \d+ \(pids ([\d, ]+)\)", stderr).group(1).split(", ")]
+    last = [int(x) for x in re.findall(r"'pid': (\d+)", stderr.split("env workers closed: ", 1)[1].splitlines()[0])]
+    assert [w for w in range(len(first)) if first[w] != last[w]] == envs_b, (first, last)  # restarted by Ray: those
+    for w in envs_b:  # the run asked again (a worker with no env under way is not): on the surviving node
+        at = re.search(rf"env worker {w} restarted: pid \d+ -> \d+ on node {NODE}", stderr)
+        assert at is None or at.group(2) == "nodeA", at.group(0)
+    for n in learners_b:  # asked again (an update or a checkpoint): refused from the new process, the run rewound
+        at = re.search(rf"learner {n} restarted: pid \d+ -> \d+ on node {NODE}", stderr)
+        assert at and at.group(2) == "nodeA", stderr[-3000:]
+    again = re.search(rf"sampler actor restarted: pid \d+ -> \d+ on node {NODE}", stderr)
+    assert again and again.group(2) == "nodeB" and again.group(1) != old_b, stderr[-3000:]  # the new nodeB
+    assert run_rows(run) == run_rows(in_process)  # no row lost or counted twice
+    assert _eval(run) == _eval(in_process)
     print(
-        f"nodeB killed ({len(killed)} workers); the run stopped {time.monotonic() - t_kill:.1f} s later",
+        f"unpinned on nodeB: env workers {envs_b}, learners {learners_b}; nodeB back {before['b_down_s']:.1f} s "
+        f"after the kill; the run ended {killed.stopped_s:.1f} s after it",
         file=sys.stderr,
     )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_placement_too_big_for_one_node_spans_both_each_actor_on_its_bundles_node(two_nodes, in_process, tmp_path):
+    """cluster.placement=colocated asks five one-CPU bundles (a PACK group per role, a SPREAD group of the two env
+    workers): neither node holds them all (CPUS), so Ray places them on both; each env worker and learner says, from
+    inside, that it runs on the node of its bundle, and the run's metrics and eval are the in-process run's."""
+    run = tmp_path / "run"
+    r = swarm(
+        "run", *TINY_RUN, "checkpoint_every=1", "cluster.kind=ray", "cluster.env_workers=2", "cluster.learners=ray",
+        "cluster.placement=colocated", f"cluster.address={two_nodes.address}", f"run_dir={run}",
+        cwd=tmp_path, env=two_nodes.env, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next(ln for ln in r.stderr.splitlines() if "placement bundles on nodes: " in ln)
+    bundles = {
+        g.split(": ", 1)[0]: re.findall(NODE, g) for g in line.split("placement bundles on nodes: ", 1)[1].split("; ")
+    }
+    assert set(bundles) == {"Logger", "Miner", "Smith", "envs"}, line
+    assert {name for where in bundles.values() for _, name in where} == {"nodeA", "nodeB"}, line
+    assert _nodes(r.stderr, "env workers on nodes: ") == bundles["envs"], r.stderr[-3000:]
+    learners = re.findall(r"(\w+)\[0\] " + NODE, r.stderr.split("learners on nodes: ", 1)[1].splitlines()[0])
+    assert {n: (i, name) for n, i, name in learners} == {g: where[0] for g, where in bundles.items() if g != "envs"}
+    assert run_rows(run) == run_rows(in_process)
+    assert _eval(run) == _eval(in_process)
+    print(f"placement: {line.split('placement bundles on nodes: ', 1)[1]}", file=sys.stderr)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_second_node_lost_mid_run_stops_with_one_line_and_resumes_without_it(two_nodes, in_process, tmp_path):
+    """nodeB (every actor of the run) killed while update 2 is under way: the run stops within cluster.restart_wait_s
+    with one line naming what was lost and the resume command; that resume, on the head alone (cluster.resources={}),
+    ends with the in-process run's metrics (each row once) and eval."""
+    run = tmp_path / "run"
+    p, stderr, killed = _run_killing_b(two_nodes, tmp_path, [*RAY_ARGS, *ON_B, "cluster.restart_wait_s=15"])
+    print(f"nodeB killed ({len(killed)} workers); the run stopped {killed.stopped_s:.1f} s later", file=sys.stderr)
     assert p.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("swarm: error: ") and "was lost" in last, last
@@ -316,3 +427,72 @@ def test_a_run_folder_of_config_version_7_loads_with_actors_anywhere(registry, t
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
     with pytest.raises(ConfigError, match="lacks cluster.restart_wait_s"):
         load_saved(tmp_path / "config.yaml")
+
+
+def test_each_actor_wrapper_waits_the_restart_wait_it_was_given():
+    """``cluster.restart_wait_s`` is passed down (``cluster.restart_wait_s(cfg)``) to the env workers, the learners and
+    the sampler actor, each waiting its own value for a dead actor (here 0 s, an actor that never answers again:
+    each gives up at once, naming the wait); nothing module-wide is set."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.cluster import remote, restart_wait_s
+    from swarm_runtime.cluster.learner import LearnerGone, LearnerGroup
+    from swarm_runtime.cluster.remote import ActorGone, EnvCluster
+    from swarm_runtime.cluster.sampler import RaySampler, SamplerActorError
+
+    assert restart_wait_s(OmegaConf.create({"cluster": {"restart_wait_s": 7}})) == 7.0
+    assert restart_wait_s(OmegaConf.create({})) == remote.RESTART_WAIT_S == 120.0
+
+    class ray:  # what a wait asks of Ray, for actors that never answer again (each call's ref: Ray's error)
+        exceptions = SimpleNamespace(
+            RayActorError=type("RayActorError", (Exception,), {}), GetTimeoutError=type("GetTimeout", (Exception,), {})
+        )
+
+        @staticmethod
+        def get(ref, timeout=None):
+            raise ref
+
+    def dead():
+        return SimpleNamespace(pid=SimpleNamespace(remote=ray.exceptions.RayActorError))
+
+    def wrapper(cls, **attrs):
+        w = cls.__new__(cls)
+        w.__dict__.update(ray=ray, restart_wait_s=0.0, **attrs)
+        return w
+
+    envs = wrapper(EnvCluster, workers=[dead()], pids=[5])
+    with pytest.raises(ActorGone, match=r"env worker 0 \(pid 5\) was lost: .* within 0 s \(cluster.restart_wait_s"):
+        envs.wait_alive(0)
+    learners = wrapper(LearnerGroup, actors={"a": dead()}, pids={"a": 5}, restarts={"a": 0}, max_restarts=4)
+    learners.roles = {"a": ["a"]}
+    gone = learners._recover("a")
+    assert isinstance(gone, LearnerGone) and "within 0 s (cluster.restart_wait_s" in str(gone), gone
+    sampler = wrapper(RaySampler, actor=dead(), pid=5, max_restarts=8)
+    with pytest.raises(SamplerActorError, match=r"within 0 s \(cluster.restart_wait_s"):
+        sampler._recover()
+    assert not hasattr(remote, "RESTART_TIMEOUT_S")
+
+
+@pytest.mark.ray
+def test_a_learner_restarted_between_calls_is_lost_not_answering_from_its_first_weights():
+    """A learner actor whose process dies while the driver asks it nothing (found on two nodes: the learner on the lost
+    node, restarted by Ray on the head before the run's next call) is restarted by Ray from its creation arguments:
+    the driver's next call is refused from the new process (LearnerWorker.checked), so the run rewinds to its
+    checkpoint (LearnerLost) instead of taking the first weights' answer (before: answered, unnoticed)."""
+    pytest.importorskip("ray")
+    from swarm_runtime.cluster.learner import LearnerGroup, LearnerLost
+    from swarm_runtime.cluster.remote import wait_restarted
+    from swarm_runtime.cluster.shards import _no_optimizers
+
+    group = LearnerGroup({"a": SimpleNamespace()}, [("x", "a")], _no_optimizers, num_cpus=1, restart_wait_s=60)
+    try:
+        assert group._get({"a": group._call("a", "lrs")}) == {"a": {}}
+        old = group.pids["a"]
+        os.kill(old, signal.SIGKILL)
+        new = wait_restarted(group.ray, group.actors["a"], old, 60)  # Ray restarted it; the driver was told nothing
+        with pytest.raises(LearnerLost, match=rf"learner 'a' lost \(pid {old}\); restarted as pid {new}"):
+            group._get({"a": group._call("a", "lrs")})
+        assert group.pids["a"] == new and group.restarts["a"] == 1
+        assert group._get({"a": group._call("a", "lrs")}) == {"a": {}}  # then asked in its new process
+    finally:
+        group.close()

@@ -15,11 +15,9 @@ def env_domain(cfg, domain):
     c = cfg.get("cluster")
     if c is None or c.kind == "local":
         return domain, None
-    from swarm_runtime.cluster import remote
     from swarm_runtime.cluster.placement import node_resources, plan_and_placement
     from swarm_runtime.cluster.remote import ClusterDomain, EnvCluster
 
-    remote.RESTART_TIMEOUT_S = float(c.get("restart_wait_s", remote.RESTART_TIMEOUT_S))
     spec = plan_and_placement(cfg, domain)[1] if c.get("placement", "none") != "none" else None
     cluster = EnvCluster(
         cfg.domain,
@@ -30,8 +28,19 @@ def env_domain(cfg, domain):
         placement=spec,
         placement_wait_s=float(c.get("placement_wait_s", 30.0)),
         options=node_resources(cfg, "env"),
+        restart_wait_s=restart_wait_s(cfg),
     )
     return ClusterDomain(domain, cluster), cluster
+
+
+def restart_wait_s(cfg) -> float:
+    """``cluster.restart_wait_s`` of ``cfg`` (how long a dead actor is waited for), its default where the config has no
+    cluster section (every actor wrapper is given it: :class:`~swarm_runtime.cluster.remote.EnvCluster`,
+    ``RaySampler``, ``LearnerGroup``)."""
+    from swarm_runtime.cluster.remote import RESTART_WAIT_S
+
+    c = cfg.get("cluster")
+    return float(c.get("restart_wait_s", RESTART_WAIT_S)) if c is not None else RESTART_WAIT_S
 
 
 def close_cluster(cluster) -> None:

@@ -34,12 +34,15 @@ from typing import Any
 
 from loguru import logger
 
-from swarm_runtime.cluster.remote import connect, import_ray, wait_restarted
+from swarm_runtime.cluster.remote import RESTART_WAIT_S, connect, import_ray, node_of, wait_restarted
 from swarm_runtime.config import ConfigError
 from swarm_runtime.masters import master_weights, restore_master_weights
 
 #: Restarts Ray gives a learner actor by default (``cluster.learner_restarts``).
 MAX_RESTARTS = 4
+#: What a learner actor answers a call meant for another process of it (:meth:`LearnerWorker.checked`): Ray restarted it
+#: between calls (its node lost while the driver asked nothing), from its creation arguments
+RESTARTED = "learner restarted"
 
 
 class LearnerLost(RuntimeError):
@@ -158,6 +161,15 @@ class LearnerWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def checked(self, pid: int, method: str, *args):
+        """``method(*args)``, if this is process ``pid`` (the one the driver loaded); else :data:`RESTARTED`, the call
+        not made: a restarted actor holds its creation arguments' weights, not the trained ones (found on two nodes,
+        tests/test_multinode.py: a learner whose node was lost between two calls answered the run's next calls from
+        its restarted process, and the run ended with that learner's restarts at 0)."""
+        if int(pid) != os.getpid():
+            return RESTARTED
+        return getattr(self, method)(*args)
+
     def node(self) -> str:
         """Where this actor runs (:func:`swarm_runtime.cluster.remote.node_here`)."""
         from swarm_runtime.cluster.remote import node_here
@@ -271,7 +283,8 @@ def pid_files(run_dir, names) -> dict[str, str | None]:
 class LearnerGroup:
     """The learner actors of a run (driver side). ``options``: extra Ray actor options (placement: resources,
     a placement group's bundle): a dict for every actor, or a function ``(learner name, its roles[, shard]) -> dict``
-    (the shard given for shards > 0 of a sharded learner: swarm_runtime/cluster/shards.py)."""
+    (the shard given for shards > 0 of a sharded learner: swarm_runtime/cluster/shards.py). ``restart_wait_s``: how
+    long a dead actor is waited for (``cluster.restart_wait_s``)."""
 
     def __init__(
         self,
@@ -284,10 +297,12 @@ class LearnerGroup:
         options: dict | Callable[[str, list[str]], dict] | None = None,
         address: str | None = None,
         num_cpus: int | None = None,
+        restart_wait_s: float = RESTART_WAIT_S,
     ):
         import torch
 
         t0 = time.perf_counter()
+        self.restart_wait_s = float(restart_wait_s)
         self.started = connect(address, num_cpus)  # the env workers' Ray when cluster.kind=ray started it first
         self.ray = ray = import_ray()
         self.max_restarts = int(max_restarts)
@@ -341,18 +356,22 @@ class LearnerGroup:
         return {n: self.ray.get([a.placement_group.remote() for a in self.processes(n)]) for n in self.actors}
 
     def _call(self, name: str, method: str, *args):
-        """Call ``method`` of learner ``name``; what :meth:`_get` takes."""
-        return getattr(self.actors[name], method).remote(*args)
+        """Call ``method`` of learner ``name`` in the process the driver knows (:meth:`LearnerWorker.checked`); what
+        :meth:`_get` takes."""
+        return self.actors[name].checked.remote(self.pids[name], method, *args)
 
     def _get(self, refs: dict):
-        """``ray.get`` of ``{learner: ref}``; a learner whose process died: :meth:`_recover`, then
-        :class:`LearnerLost` (or :class:`LearnerGone`)."""
+        """``ray.get`` of ``{learner: ref}``; a learner whose process died (during the call, or before it: restarted,
+        :data:`RESTARTED`): :meth:`_recover`, then :class:`LearnerLost` (or :class:`LearnerGone`)."""
         ray, out, lost = self.ray, {}, None
         for name, ref in refs.items():
             try:
                 out[name] = ray.get(ref)
             except ray.exceptions.RayActorError:
                 lost = lost or name
+            else:
+                if isinstance(out[name], str) and out[name] == RESTARTED:
+                    lost = lost or name
         if lost is not None:
             raise self._recover(lost)
         return out
@@ -365,12 +384,13 @@ class LearnerGroup:
                 self._gone(name, f"Ray restarts it at most cluster.learner_restarts={self.max_restarts} times")
             )
         try:
-            new = wait_restarted(self.ray, self.actors[name], pid)
+            new = wait_restarted(self.ray, self.actors[name], pid, self.restart_wait_s)
         except TimeoutError as exc:
             return LearnerGone(self._gone(name, str(exc)))
         self.restarts[name] += 1
         self.pids[name] = new
-        logger.warning("learner {} restarted: pid {} -> {}", name, pid, new)
+        where = node_of(self.ray, self.actors[name], self.restart_wait_s)
+        logger.warning("learner {} restarted: pid {} -> {} on node {}", name, pid, new, where)
         return LearnerLost(name, pid, new)
 
     def _gone(self, name: str, why: str) -> str:

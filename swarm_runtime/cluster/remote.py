@@ -26,9 +26,10 @@ from loguru import logger
 from swarm_runtime.cluster.worker import LOST, EnvWorker, Raised
 from swarm_runtime.config import ConfigError
 
-#: A dead actor (env worker, sampler, learner) must answer again within this (Ray restarts its process); a run sets
-#: it from ``cluster.restart_wait_s`` (``cluster.env_domain``), read at each wait.
-RESTART_TIMEOUT_S = 120.0
+#: How long a dead actor (env worker, sampler, learner) is waited for by default (Ray restarts its process):
+#: ``cluster.restart_wait_s``'s default (config.py). A run passes its own value down to each actor's wrapper
+#: (:class:`EnvCluster`, ``RaySampler``, ``LearnerGroup``), which passes it to each wait.
+RESTART_WAIT_S = 120.0
 #: Replays of one call before giving up (a worker that dies on every replay is not transient).
 MAX_REPLAYS = 5
 #: Seconds a TCP connect to ``cluster.address`` may take before it counts as unreachable.
@@ -49,15 +50,41 @@ def node_here() -> str:
     import ray
 
     node = ray.get_runtime_context().get_node_id()
-    info = next((n for n in ray.nodes() if n.get("NodeID") == node), {})
+    return node_label(node, next((n for n in ray.nodes() if n.get("NodeID") == node), {}))
+
+
+def node_label(node: str, info: dict) -> str:
+    """``<id, 8 hex> at <address> (<custom resources>)`` of node ``node`` (``info``: its entry of ``ray.nodes()``)."""
     res = info.get("Resources", {})
     own = sorted(k for k in res if k not in ("CPU", "GPU", "memory", "object_store_memory") and ":" not in k)
     return f"{node[:8]} at {info.get('NodeManagerAddress', '?')} ({', '.join(own) or 'no custom resources'})"
 
 
-def nodes_of(ray, actors) -> list[str]:
-    """:func:`node_here` of each actor (its ``node`` method), in order."""
-    return ray.get([a.node.remote() for a in actors], timeout=RESTART_TIMEOUT_S)
+def bundle_nodes(ray, spec) -> str:
+    """Where Ray placed each bundle of ``spec``'s reserved placement groups (``placement_group_table``), in bundle
+    order: ``Smith: <node_label>; envs: <node_label>, <node_label>`` (what the multi-node tests compare with the
+    nodes the actors say they run on)."""
+    from ray.util import placement_group_table
+
+    info = {n["NodeID"]: n for n in ray.nodes()}
+    parts = []
+    for name, pg in spec.pgs.items():
+        where = placement_group_table(pg).get("bundles_to_node_id") or {}
+        parts.append(f"{name}: " + ", ".join(node_label(where[i], info.get(where[i], {})) for i in sorted(where)))
+    return "; ".join(parts)
+
+
+def nodes_of(ray, actors, timeout_s: float) -> list[str]:
+    """:func:`node_here` of each actor (its ``node`` method), in order; within ``timeout_s``."""
+    return ray.get([a.node.remote() for a in actors], timeout=timeout_s)
+
+
+def node_of(ray, actor, timeout_s: float) -> str:
+    """:func:`node_here` of one actor for a log line: what Ray's error was instead when it does not answer."""
+    try:
+        return nodes_of(ray, [actor], timeout_s)[0]
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        return f"unknown ({type(exc).__name__})"
 
 
 def lost_node(actor) -> str:
@@ -201,7 +228,7 @@ def wait_restarted(
     ray,
     actor,
     old_pid: int | None,
-    timeout_s: float | None = None,
+    timeout_s: float,
     *,
     same_ok=False,
     check=None,
@@ -216,8 +243,8 @@ def wait_restarted(
     death not seen yet, and the wait goes on. ``check()``, if given, runs before each try (it raises when the
     actor is gone for good). ``try_s``: how long one try waits for its answer (None: until ``timeout_s`` is
     up, for an actor whose constructor takes long). Raises :class:`TimeoutError` saying why when no answer
-    comes within ``timeout_s`` (None: :data:`RESTART_TIMEOUT_S`), naming what was waited for."""
-    timeout_s = RESTART_TIMEOUT_S if timeout_s is None else float(timeout_s)
+    comes within ``timeout_s`` (the run's ``cluster.restart_wait_s``), naming what was waited for."""
+    timeout_s = float(timeout_s)
     end = time.monotonic() + timeout_s
     while True:
         if check is not None:
@@ -256,6 +283,7 @@ class EnvCluster:
         placement=None,
         placement_wait_s: float = 30.0,
         options: dict | None = None,
+        restart_wait_s: float = RESTART_WAIT_S,
     ):
         from omegaconf import DictConfig, OmegaConf
 
@@ -266,6 +294,7 @@ class EnvCluster:
         self.ray = import_ray()
         self.placement = placement  #: a :class:`~swarm_runtime.cluster.placement.PlacementSpec`, or None
         self.options = dict(options or {})  #: more Ray options of every worker (``cluster.resources.env``: its node)
+        self.restart_wait_s = float(restart_wait_s)  #: how long a dead worker is waited for (cluster.restart_wait_s)
         if placement is not None:  # every group reserved before a worker starts (and before anything trains)
             try:
                 P.reserve(placement, placement_wait_s)
@@ -273,6 +302,7 @@ class EnvCluster:
                 if self.started:
                     self.ray.shutdown()
                 raise
+            logger.info("placement bundles on nodes: {}", bundle_nodes(self.ray, placement))
         plain = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(task)
         self.workers = self._make_workers(domain, plain, tuple(plugins), int(n))
         self.pids = self.ray.get([w.pid.remote() for w in self.workers])
@@ -288,7 +318,7 @@ class EnvCluster:
         self.start_s = time.perf_counter() - t0  #: seconds to start (or join) Ray and the workers
         logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)), self.start_s)
         # where each runs (its node's id, address and custom resources), as the worker itself says
-        logger.info("env workers on nodes: {}", ", ".join(nodes_of(self.ray, self.workers)))
+        logger.info("env workers on nodes: {}", ", ".join(nodes_of(self.ray, self.workers, self.restart_wait_s)))
 
     def _make_workers(self, domain: str, task: dict, plugins: tuple[str, ...], n: int) -> list:
         """The ``n`` worker actors (each an :class:`EnvWorker` for ``domain`` and ``task``), in the placement's
@@ -344,7 +374,7 @@ class EnvCluster:
     def _read_unread(self) -> None:
         refs, self._unread = self._unread, []
         try:  # bounded: a worker waiting for a node to hold it again answers nothing
-            self.ray.get(refs, timeout=RESTART_TIMEOUT_S)
+            self.ray.get(refs, timeout=self.restart_wait_s)
         except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
             pass  # a worker that died had lost those envs anyway
 
@@ -354,13 +384,14 @@ class EnvCluster:
         return cls(self, next(self._next) % len(self.workers), next(self._ids))
 
     def wait_alive(self, w: int) -> None:
-        """Block until worker ``w`` answers again (restarted by Ray), at most :data:`RESTART_TIMEOUT_S`."""
+        """Block until worker ``w`` answers again (restarted by Ray), at most :attr:`restart_wait_s`."""
         try:
-            pid = wait_restarted(self.ray, self.workers[w], self.pids[w], same_ok=True)
+            pid = wait_restarted(self.ray, self.workers[w], self.pids[w], self.restart_wait_s, same_ok=True)
         except TimeoutError as exc:
             raise ActorGone(f"env worker {w} (pid {self.pids[w]}) was lost: its process died and {exc}") from exc
         if pid != self.pids[w]:
-            logger.warning("env worker {} restarted: pid {} -> {}", w, self.pids[w], pid)
+            where = node_of(self.ray, self.workers[w], self.restart_wait_s)
+            logger.warning("env worker {} restarted: pid {} -> {} on node {}", w, self.pids[w], pid, where)
             self.pids[w] = pid
             self.restarts += 1
 
@@ -374,7 +405,7 @@ class EnvCluster:
         try:
             try:  # bounded: a worker lost with its node (waiting for a node to hold it again) answers nothing
                 stats = ray.get(
-                    [self.submit(w, "shutdown") for w in range(len(self.workers))], timeout=RESTART_TIMEOUT_S
+                    [self.submit(w, "shutdown") for w in range(len(self.workers))], timeout=self.restart_wait_s
                 )
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                 logger.warning(

@@ -33,9 +33,8 @@ from collections.abc import Mapping
 
 from loguru import logger
 
-from swarm_runtime.cluster import remote
 from swarm_runtime.cluster.learner import copy_params, params_of
-from swarm_runtime.cluster.remote import wait_restarted
+from swarm_runtime.cluster.remote import RESTART_WAIT_S, node_of, nodes_of, wait_restarted
 
 #: Tries of one call (a first try and its retries after restarts) before giving up.
 MAX_TRIES = 5
@@ -124,7 +123,8 @@ class SamplerWorker:
 class RaySampler:
     """The trainer's side of a sampler actor over ``learner``'s policies (see the module's docstring). ``local``:
     the in-process sampler class the actor answers with (``LocalSampler``). ``options``: Ray actor options
-    (placement: resources, a node, a placement group), over the defaults."""
+    (placement: resources, a node, a placement group), over the defaults. ``restart_wait_s``: how long a dead actor
+    is waited for (``cluster.restart_wait_s``)."""
 
     name = "ray"
 
@@ -136,6 +136,7 @@ class RaySampler:
         num_cpus: int | None = None,
         max_restarts: int = 8,
         options: dict | None = None,
+        restart_wait_s: float = RESTART_WAIT_S,
     ):
         import torch
 
@@ -149,6 +150,7 @@ class RaySampler:
         self.counters = flop_counters(self.policies)
         self._versions = {m: learner.version(m) for m in self.policies}
         self.max_restarts = int(max_restarts)
+        self.restart_wait_s = float(restart_wait_s)
         #: the policies as the sampler was made: kept in the object store (a restarted actor unpickles it again)
         self._blob = ray.put(pickle.dumps((self.policies, self.counters, local)))
         opts = {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(options or {})}
@@ -164,10 +166,8 @@ class RaySampler:
         logger.info(
             "sampler actor on Ray: pid {}, {} models, up in {:.1f} s", self.pid, len(self.policies), self.start_s
         )
-        if opts.get("resources"):  # pinned to a node (cluster.resources.sampler): where it runs, as it says
-            from swarm_runtime.cluster.remote import nodes_of
-
-            logger.info("sampler actor on node {}", nodes_of(ray, [self.actor])[0])
+        # where it runs, as it says (the multi-node tests read it)
+        logger.info("sampler actor on node {}", nodes_of(ray, [self.actor], self.restart_wait_s)[0])
 
     # ------------------------------------------------------------------ the Sampler protocol
     def bid_levels(self, model: str):
@@ -241,11 +241,11 @@ class RaySampler:
         """Wait for the restarted actor (or say that it is gone) and load it with every model's last synced
         parameters, bringing it to the trainer's sync count."""
         ray = self.ray
-        wait_s = remote.RESTART_TIMEOUT_S  # cluster.restart_wait_s
+        wait_s = self.restart_wait_s  # cluster.restart_wait_s
         end = time.monotonic() + wait_s
         while True:
             try:
-                pid = wait_restarted(ray, self.actor, self.pid, same_ok=True, check=self._alive)
+                pid = wait_restarted(ray, self.actor, self.pid, wait_s, same_ok=True, check=self._alive)
             except TimeoutError as exc:
                 raise SamplerActorError(
                     f"the sampler actor (pid {self.pid}) was lost: its process died and {exc}"
@@ -262,7 +262,11 @@ class RaySampler:
                 time.sleep(0.2)
         if pid != self.pid:
             logger.warning(
-                "sampler actor restarted: pid {} -> {}; loaded with {} synced models", self.pid, pid, len(self._params)
+                "sampler actor restarted: pid {} -> {} on node {}; loaded with {} synced models",
+                self.pid,
+                pid,
+                node_of(ray, self.actor, self.restart_wait_s),
+                len(self._params),
             )
             self.pid = pid
             self.restarts += 1

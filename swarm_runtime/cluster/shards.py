@@ -28,8 +28,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from swarm_runtime.cluster import remote
-from swarm_runtime.cluster.learner import LearnerGone, LearnerGroup, LearnerLost, LearnerWorker
+from swarm_runtime.cluster.learner import RESTARTED, LearnerGone, LearnerGroup, LearnerLost, LearnerWorker
 from swarm_runtime.cluster.remote import wait_restarted
 
 #: Seconds a collective of a learner's ranks (joining the group included) waits for a rank that does not come.
@@ -246,7 +245,7 @@ class ShardedLearnerGroup(LearnerGroup):
         return list(self.ranks[name])
 
     def _call(self, name: str, method: str, *args):
-        return [getattr(a, method).remote(*args) for a in self.ranks[name]]
+        return [a.checked.remote(pid, method, *args) for a, pid in zip(self.ranks[name], self.rank_pids[name])]
 
     def _get(self, refs: dict):
         """Every rank's answer (rank 0's returned per learner); a rank lost: :meth:`_regroup`, then
@@ -265,6 +264,8 @@ class ShardedLearnerGroup(LearnerGroup):
                 except ray.exceptions.RayTaskError as exc:
                     failed = failed or exc
                     continue
+                if isinstance(value, str) and value == RESTARTED:  # restarted between calls (LearnerWorker.checked)
+                    raise self._regroup(name, k) from None
                 if k == 0:
                     out[name] = value
             if failed is not None:
@@ -285,7 +286,7 @@ class ShardedLearnerGroup(LearnerGroup):
         for k, a in enumerate(self.ranks[name]):
             if k != lost:
                 ray.kill(a, no_restart=False)
-        end = time.monotonic() + remote.RESTART_TIMEOUT_S  # for all ranks together (cluster.restart_wait_s)
+        end = time.monotonic() + self.restart_wait_s  # for all ranks together (cluster.restart_wait_s)
         for k, a in enumerate(self.ranks[name]):
             try:
                 wait_restarted(ray, a, old[k], max(1.0, end - time.monotonic()))

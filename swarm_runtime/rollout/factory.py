@@ -25,10 +25,17 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict
     engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
     c = cfg.get("cluster")
     if engine == "local" and c is not None and c.get("samplers", "local") == "ray":
+        from swarm_runtime.cluster import restart_wait_s
         from swarm_runtime.cluster.sampler import RaySampler
 
         return RaySampler(
-            learner, LocalSampler, c.address, c.get("num_cpus"), int(c.get("sampler_restarts", 8)), options=options
+            learner,
+            LocalSampler,
+            c.address,
+            c.get("num_cpus"),
+            int(c.get("sampler_restarts", 8)),
+            options=options,
+            restart_wait_s=restart_wait_s(cfg),
         )
     if engine == "local":
         return LocalSampler(learner.policies, learner)

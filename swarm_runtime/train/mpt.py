@@ -15,7 +15,7 @@ from loguru import logger
 
 from swarm_runtime import checkpoint as ckpt
 from swarm_runtime.bases import base_dir
-from swarm_runtime.cluster import close_cluster
+from swarm_runtime.cluster import close_cluster, restart_wait_s
 from swarm_runtime.cluster.placement import node_resources
 from swarm_runtime.env import close_all
 from swarm_runtime.episode import new_slots, play
@@ -353,6 +353,7 @@ class MPTTrainer(PhasedTrainer):
                 options=self._learner_placement,
                 address=c.address,
                 num_cpus=c.get("num_cpus"),
+                restart_wait_s=restart_wait_s(self.cfg),
             )
             spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
             if spec is not None:  # each rank in its group's bundle, as the actor and Ray's accounts tell
@@ -360,13 +361,14 @@ class MPTTrainer(PhasedTrainer):
 
                 for line in check_learners_placed(spec, self._group.placement_groups(), self._group.roles):
                     logger.info("placement: {}", line)
-            if node_resources(self.cfg, "learner"):  # pinned to nodes: where each rank runs, as it says
-                from swarm_runtime.cluster.remote import nodes_of
+            # where each rank runs (its node's id, address and custom resources), as it says: on more than one node
+            # (cluster.resources, a placement's bundles, or Ray's choice) the logs and the multi-node tests read it
+            from swarm_runtime.cluster.remote import nodes_of
 
-                g = self._group
-                names = [(n, k) for n in g.actors for k in range(len(g.processes(n)))]
-                where = nodes_of(g.ray, [g.processes(n)[k] for n, k in names])
-                logger.info("learners on nodes: {}", ", ".join(f"{n}[{k}] {w}" for (n, k), w in zip(names, where)))
+            g = self._group
+            names = [(n, k) for n in g.actors for k in range(len(g.processes(n)))]
+            where = nodes_of(g.ray, [g.processes(n)[k] for n, k in names], g.restart_wait_s)
+            logger.info("learners on nodes: {}", ", ".join(f"{n}[{k}] {w}" for (n, k), w in zip(names, where)))
         return self._group
 
     def _learner_placement(self, name: str, roles: list[str], shard: int = 0) -> dict:
