@@ -122,8 +122,8 @@ def in_process(tmp_path_factory):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_sampler_actor_writes_the_same_metrics_and_eval(in_process, tmp_path):
-    r = swarm("run", *ARGS, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+def test_a_sampler_actor_writes_the_same_metrics_and_eval(in_process, ray_head, tmp_path):
+    r = swarm("run", *ARGS, *RAY_ARGS, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sampler actor on Ray: pid" in r.stderr
     closed = next(line for line in r.stderr.splitlines() if "sampler actor closed" in line)
@@ -162,7 +162,9 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _killed_run(tmp_path, kill_at: str, *args: str):
+def _killed_run(tmp_path, kill_at: str, head, *args: str):
+    """``swarm run`` (ARGS, RAY_ARGS, ``args``) joining Ray ``head``, its sampler actor killed in calls ``kill_at``
+    (:data:`KILLING_WORKER`): the result and the kills as ``call:syncs``."""
     (tmp_path / "killing_worker.py").write_text(KILLING_WORKER)
     (tmp_path / "driver.py").write_text(DRIVER)
     count = tmp_path / "calls"
@@ -172,9 +174,10 @@ def _killed_run(tmp_path, kill_at: str, *args: str):
         *ARGS,
         *RAY_ARGS,
         *args,
+        *head.args,
         cwd=tmp_path,
         paths=[tmp_path],  # the actor imports the killing body too
-        env={"HSAMP_COUNT": str(count), "HSAMP_KILL_AT": kill_at},
+        env={"HSAMP_COUNT": str(count), "HSAMP_KILL_AT": kill_at, **head.env},
     )
     kills = (tmp_path / "calls.kills").read_text().split() if (tmp_path / "calls.kills").exists() else []
     return r, kills
@@ -182,11 +185,11 @@ def _killed_run(tmp_path, kill_at: str, *args: str):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_sampler_actor_killed_mid_call_is_restarted_reloaded_and_the_call_retried(in_process, tmp_path):
+def test_a_sampler_actor_killed_mid_call_is_restarted_reloaded_and_the_call_retried(in_process, ray_head, tmp_path):
     """kill -9 of the sampler actor inside its 5th call (the evaluation after SFT: no sync yet), its 100th and its
     150th (after syncs: the restarted actor must be loaded with the synced weights, and the retried call draw with
     the generator state it was first sent): metrics.jsonl and eval.json equal the unkilled in-process run's."""
-    r, kills = _killed_run(tmp_path, "5,100,150", f"run_dir={tmp_path / 'run'}")
+    r, kills = _killed_run(tmp_path, "5,100,150", ray_head, f"run_dir={tmp_path / 'run'}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert [k.split(":")[0] for k in kills] == ["5", "100", "150"]
     assert kills[0] == "5:0" and all(int(k.split(":")[1]) >= 1 for k in kills[1:])  # two kills after syncs
@@ -199,11 +202,11 @@ def test_a_sampler_actor_killed_mid_call_is_restarted_reloaded_and_the_call_retr
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_process, tmp_path):
+def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_process, ray_head, tmp_path):
     """cluster.sampler_restarts=0 and the actor killed in the second update's rollout: exit 2 with one line that
     says to resume; ``resume=true`` (samplers in process) then finishes the run with the in-process numbers."""
     run = tmp_path / "run"
-    r, kills = _killed_run(tmp_path, "120", "cluster.sampler_restarts=0", f"run_dir={run}")
+    r, kills = _killed_run(tmp_path, "120", ray_head, "cluster.sampler_restarts=0", f"run_dir={run}")
     assert [k.split(":")[0] for k in kills] == ["120"]
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
