@@ -133,7 +133,9 @@ def test_a_sampler_actor_writes_the_same_metrics_and_eval(in_process, ray_head, 
 
 
 #: An actor body that kills its own process (kill -9) in the middle of chosen calls, after it has sampled (its
-#: generators moved) and before it answers; a file counts the calls across restarts.
+#: generators moved) and before it answers; a file counts the calls across restarts. Its ``COUNT`` (the file) and
+#: ``KILL_AT`` are written above it (:func:`_killed_run`): an actor of a Ray the run joins does not see the run's
+#: environment (its workers get the head's).
 KILLING_WORKER = textwrap.dedent("""
     import os, signal
     from pathlib import Path
@@ -142,11 +144,11 @@ KILLING_WORKER = textwrap.dedent("""
     class KillingWorker(SamplerWorker):
         def call(self, method, synced, rows, state):
             answer = super().call(method, synced, rows, state)
-            count = Path(os.environ["HSAMP_COUNT"])
+            count = Path(COUNT)
             n = int(count.read_text()) + 1 if count.exists() else 1
             count.write_text(str(n))
-            if n in {int(k) for k in os.environ["HSAMP_KILL_AT"].split(",")}:
-                with open(os.environ["HSAMP_COUNT"] + ".kills", "a") as f:
+            if n in {int(k) for k in KILL_AT.split(",")}:
+                with open(COUNT + ".kills", "a") as f:
                     f.write(f"{n}:{self.synced}\\n")  # the call's number, the syncs the actor had taken
                 os.kill(os.getpid(), signal.SIGKILL)
             return answer
@@ -165,9 +167,9 @@ DRIVER = textwrap.dedent("""
 def _killed_run(tmp_path, kill_at: str, head, *args: str):
     """``swarm run`` (ARGS, RAY_ARGS, ``args``) joining Ray ``head``, its sampler actor killed in calls ``kill_at``
     (:data:`KILLING_WORKER`): the result and the kills as ``call:syncs``."""
-    (tmp_path / "killing_worker.py").write_text(KILLING_WORKER)
-    (tmp_path / "driver.py").write_text(DRIVER)
     count = tmp_path / "calls"
+    (tmp_path / "killing_worker.py").write_text(f"COUNT, KILL_AT = {str(count)!r}, {kill_at!r}\n" + KILLING_WORKER)
+    (tmp_path / "driver.py").write_text(DRIVER)
     r = patched_swarm(
         tmp_path / "driver.py",
         "run",
@@ -177,7 +179,7 @@ def _killed_run(tmp_path, kill_at: str, head, *args: str):
         *head.args,
         cwd=tmp_path,
         paths=[tmp_path],  # the actor imports the killing body too
-        env={"HSAMP_COUNT": str(count), "HSAMP_KILL_AT": kill_at, **head.env},
+        env=head.env,
     )
     kills = (tmp_path / "calls.kills").read_text().split() if (tmp_path / "calls.kills").exists() else []
     return r, kills
