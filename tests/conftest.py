@@ -134,6 +134,68 @@ def copy_run(run: Path, dst: Path) -> Path:
 LOCAL_RAY = {"RAY_ADDRESS": "local"}
 
 
+#: A Ray head held for the session (:func:`ray_head`): ``ray.init`` of a local Ray in a process of its own, which
+#: prints the head's address and holds it until its stdin closes (the fixture's end, or pytest gone).
+HOLD_RAY = """
+import sys
+import ray
+ctx = ray.init(address="local", num_cpus=int(sys.argv[1]), _node_ip_address="127.0.0.1", include_dashboard=False,
+               log_to_driver=False, configure_logging=False)
+print(ctx.address_info["gcs_address"], flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+
+class RayHead:
+    """A running Ray head that runs join (:func:`ray_head`): ``args`` (``cluster.address=``) and ``env`` (its
+    token) to give a ``swarm run`` or :func:`patched_swarm`."""
+
+    def __init__(self, address: str, token: str):
+        self.address = address
+        self.args = [f"cluster.address={address}"]
+        # the head's own token (as tests/test_multinode.py's): the machine's ~/.ray/auth_token is neither read nor
+        # written; RAY_ADDRESS the head too (ray.init prefers the address it is given: Ray 2.60, services.py)
+        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_ADDRESS": address}
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory):
+    """One local Ray (2 CPUs, on 127.0.0.1 only: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) for the session's Ray runs
+    that do not test a run's own start of a local Ray: they join it (``cluster.address=``, a user's path) and skip
+    the ~7 s (idle; 10-20 s under load) of a Ray start and stop each. A run's actors are its job's: they end with
+    the run's driver, whatever the run did. Under pytest-xdist, one per worker. Skipped without Ray."""
+    import secrets
+    import select
+
+    pytest.importorskip("ray")
+    token = secrets.token_hex(32)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    env.pop("RAY_ADDRESS", None)
+    log = tmp_path_factory.getbasetemp() / "ray-head.log"
+    with open(log, "w") as err:
+        p = subprocess.Popen(
+            [sys.executable, "-c", HOLD_RAY, "2"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=env,
+            text=True,
+        )
+    try:
+        ready, _, _ = select.select([p.stdout], [], [], 180)
+        address = p.stdout.readline().strip() if ready else ""
+        assert address.startswith("127.0.0.1:"), f"no Ray head within 180 s: {log.read_text()[-2000:]}"
+        yield RayHead(address, token)
+    finally:
+        p.stdin.close()
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def in_process_twin(tmp_path_factory, *args: str) -> Path:
     """The folder of ``swarm run ARGS`` in process (skipped without Ray): the twin whose metrics and eval a Ray
     run of the same arguments must equal (:func:`run_rows`, :func:`run_eval`). One run per argument tuple per
@@ -152,9 +214,12 @@ def run_rows(run_dir: Path) -> list[dict]:
 
 
 def run_eval(run_dir: Path) -> dict:
-    """A run's eval.json without its provenance."""
+    """A run's eval.json without its provenance and without the code's commit (``versions.commit``: a commit made
+    while the tests run, or a file edited, differs between two runs of the same code; the library versions stay)."""
     out = json.loads((run_dir / "eval.json").read_text())
     out.pop("provenance", None)
+    if isinstance(out.get("versions"), dict):
+        out["versions"] = {k: v for k, v in out["versions"].items() if k != "commit"}
     return out
 
 
@@ -163,7 +228,8 @@ def patched_swarm(
 ) -> subprocess.CompletedProcess:
     """``python SCRIPT ARGS``: a script that patches a part (to kill an actor mid-run, say) and then runs the CLI's
     ``main``, as :func:`swarm` runs the CLI, on a local Ray of its own (:data:`LOCAL_RAY`), with the repository and
-    ``paths`` importable (an actor imports a patched body from there too); ``env``: variables to add."""
+    ``paths`` importable (an actor imports a patched body from there too); ``env``: variables to add (a
+    :class:`RayHead`'s ``env``, with its ``args`` among ``args``: the run joins that Ray)."""
     pythonpath = os.pathsep.join([*map(str, paths), str(ROOT)])
     base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath, **LOCAL_RAY}
     return subprocess.run(

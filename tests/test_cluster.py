@@ -102,13 +102,14 @@ KILLER = textwrap.dedent("""
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_worker_killed_mid_update_is_restarted_and_its_episodes_replayed(in_process, tmp_path):
+def test_a_worker_killed_mid_update_is_restarted_and_its_episodes_replayed(in_process, ray_head, tmp_path):
     """kill -9 of an env worker during each update's rollout and each held-out evaluation (after SFT, after MPT):
     Ray restarts the actor, the interrupted episodes are replayed on it from their seeds and actions, and the
     run's metrics and eval equal the unkilled run's."""
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
-    r = patched_swarm(script, "run", *TINY_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    run = (*TINY_RUN, *RAY_ARGS, *ray_head.args, f"run_dir={tmp_path / 'run'}")
+    r = patched_swarm(script, "run", *run, cwd=tmp_path, env=ray_head.env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "KILLS 4" in r.stderr  # in the evaluation after SFT, in both updates, in the final evaluation
     assert r.stderr.count("restarted: pid") == 4

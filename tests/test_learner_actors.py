@@ -26,8 +26,8 @@ def in_process(tmp_path_factory):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, tmp_path):
-    r = swarm("run", *RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, ray_head, tmp_path):
+    r = swarm("run", *RUN, *RAY_ARGS, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr  # one per role: full copies
     _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
@@ -103,11 +103,13 @@ LORA_RUN = [*TINY_RUN, "model.adapter=lora", "algo.sft.epochs=4", "algo.kl_coef=
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_sft_of_lora_adapters_and_their_shared_base_runs_on_their_learner(tmp_path_factory, tmp_path):
+def test_sft_of_lora_adapters_and_their_shared_base_runs_on_their_learner(tmp_path_factory, ray_head, tmp_path):
     """``model.adapter=lora``: one learner actor for the base; the shared base's SFT and each adapter's run in it,
     before RL; metrics.jsonl (sft/* rows included) and eval.json equal the in-process run's."""
     in_process = in_process_twin(tmp_path_factory, *LORA_RUN)
-    r = swarm("run", *LORA_RUN, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+    r = swarm(
+        "run", *LORA_RUN, *RAY_ARGS, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 1 (base-default: Logger+Miner+Smith" in r.stderr
     _sft_ran_on_the_learners(r.stderr, {"Logger": "base-default", "Miner": "base-default", "Smith": "base-default"})
@@ -154,14 +156,15 @@ KILLER = textwrap.dedent("""
 """)
 
 
-def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS), kill_in: str = "update"):
+def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS), kill_in: str = "update", head=None):
     """``swarm run`` (``run`` and ``extra``) under :data:`KILLER` (a learner killed in update ``kill_at``; ``kill_in``
-    ``sft``: in the SFT cold start)."""
+    ``sft``: in the SFT cold start), on a local Ray of its own, or joining ``head`` (a ``RayHead``)."""
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     run_dir = f"run_dir={tmp_path / 'run'}"
-    env = {"KILL_AT": str(kill_at), "KILL_IN": kill_in}
-    return patched_swarm(script, "run", *run, *extra, run_dir, cwd=tmp_path, env=env)
+    env = {"KILL_AT": str(kill_at), "KILL_IN": kill_in, **(head.env if head else {})}
+    joins = head.args if head else []
+    return patched_swarm(script, "run", *run, *extra, *joins, run_dir, cwd=tmp_path, env=env)
 
 
 def _stopped_during_sft_and_resumed(r, learner: str, tmp_path):
@@ -194,11 +197,11 @@ def test_a_learner_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(i
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_learner_killed_mid_update_is_restarted_and_the_run_rewinds(in_process, tmp_path):
+def test_a_learner_killed_mid_update_is_restarted_and_the_run_rewinds(in_process, ray_head, tmp_path):
     """kill -9 of a learner actor while the second update (a bid update) is in flight: Ray restarts it, the run
     rewinds to its last checkpoint (iter-000000) inside the same ``swarm run`` and plays updates 1 and 2 again;
     metrics.jsonl (no row twice) and eval.json equal the unkilled in-process run's."""
-    r = _killed_run(tmp_path, 2)
+    r = _killed_run(tmp_path, 2, head=ray_head)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]

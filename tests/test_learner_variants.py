@@ -5,11 +5,11 @@ actors; a sharded rank killed during the SFT cold start; a restarted rank of a L
 
 import pytest
 
-from tests.conftest import LOCAL_RAY, in_process_twin, run_eval, run_rows, swarm
+from tests.conftest import in_process_twin, run_eval, run_rows, swarm
 from tests.test_bases import SMALL
 from tests.test_learner_actors import LORA_RUN as ACTORS_LORA_RUN
 from tests.test_learner_actors import RAY_ARGS, _killed_run, _sft_ran_on_the_learners, _stopped_during_sft_and_resumed
-from tests.test_sharded_learners import FSDP, LOGP_GAPS, LORA_RUN, _from
+from tests.test_sharded_learners import FSDP, LOGP_GAPS, LORA_RUN, _resumed_under_local
 
 #: test_sharded_learners' LoRA run (2 updates: action, bid) on a bf16 base, a checkpoint after each update
 LORA_BF16 = [*LORA_RUN, "hardware.dtype=bfloat16", "checkpoint_every=1"]
@@ -51,12 +51,12 @@ def lora_bf16(tmp_path_factory):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_lora_on_a_bf16_base_sharded_runs_as_in_process_and_resumes_under_local(lora_bf16, tmp_path):
+def test_lora_on_a_bf16_base_sharded_runs_as_in_process_and_resumes_under_local(lora_bf16, ray_head, tmp_path):
     """One learner (the bf16 base with its 3 roles' fp32 adapters) of 2 FSDP2 ranks: each LoRA layer's base Linear
     and its adapters are units of their own dtype; metrics.jsonl within test_sharded_learners' tolerance of the
     in-process run's, eval.json equal; the checkpoint after update 1 (no masters: the adapters are fp32) resumes under
     ``train.engine=local`` and runs to the end."""
-    r = swarm("run", *LORA_BF16, *FSDP, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+    r = swarm("run", *LORA_BF16, *FSDP, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 1" in r.stderr and "2 ranks each (fsdp)" in r.stderr
     rows = run_rows(tmp_path / "run")
@@ -68,11 +68,7 @@ def test_lora_on_a_bf16_base_sharded_runs_as_in_process_and_resumes_under_local(
     # its checkpoint after update 1 (adapters written by the driver, optimizer state gathered from the shards) resumes
     # in process. Only the rows up to it are compared (written when a bf16 LoRA run resumed in process did not replay
     # its own update 2, since fixed: tests/test_resume_replay.py; the rows after it not compared since)
-    run2 = _from(tmp_path / "run", "iter-000001", tmp_path / "run2")
-    local = ["cluster.kind=local", "cluster.learners=local", "train.engine=local", "train.shards=1"]
-    r = swarm("run", f"run_dir={run2}", "resume=true", *local, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed at phase rl iteration 1" in r.stderr
+    run2 = _resumed_under_local(tmp_path, "iter-000001")
     resumed = run_rows(run2)
     assert [u["kind"] for u in resumed if "kind" in u] == ["action", "bid"]
     upto = [row for row in run_rows(lora_bf16) if row.get("step", 0) <= 1]
@@ -99,12 +95,14 @@ TWO_BASES = [*ACTORS_LORA_RUN, *SMALL]
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_two_bases_on_two_learner_actors_run_as_in_process(tmp_path_factory, tmp_path):
+def test_two_bases_on_two_learner_actors_run_as_in_process(tmp_path_factory, ray_head, tmp_path):
     """``model.bases``: one learner actor per base (Logger and Miner's adapters on the default base, Smith's on
     ``small``), each base's SFT (the shared base, then its adapters) on its own learner: metrics.jsonl and eval.json
     equal the in-process run's."""
     here = in_process_twin(tmp_path_factory, *TWO_BASES)
-    r = swarm("run", *TWO_BASES, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+    r = swarm(
+        "run", *TWO_BASES, *RAY_ARGS, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 2" in r.stderr, r.stderr[-3000:]
     _sft_ran_on_the_learners(r.stderr, {"Logger": "base-default", "Miner": "base-default", "Smith": "base-small"})

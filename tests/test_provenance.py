@@ -167,3 +167,21 @@ def test_swarm_commit_that_is_no_commit_hash_is_a_config_error_naming_it(monkeyp
     monkeypatch.setenv("SWARM_COMMIT", "853EDF0+dirty")
     versions.cache_clear()
     assert provenance.pin()["commit"] == "853edf0+dirty"
+
+
+def test_run_eval_compares_everything_but_the_commit(tmp_path):
+    """tests/conftest.py ``run_eval``: two runs of the same code with a commit made between them (the tests' own
+    checks of Ray runs against their in-process twins) read equal; any other version, or a result, still differs."""
+    from tests.conftest import run_eval
+
+    def written(name: str, commit: str, torch: str = "2.13.0", reward: float = 1.0) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        out = {"reward": reward, "versions": {"torch": torch, "commit": commit}, "provenance": {"run": name}}
+        (d / "eval.json").write_text(json.dumps(out))
+        return d
+
+    a, b = written("a", "1111111"), written("b", "2222222+dirty")
+    assert run_eval(a) == run_eval(b) == {"reward": 1.0, "versions": {"torch": "2.13.0"}}
+    assert run_eval(a) != run_eval(written("c", "1111111", torch="2.12.0"))
+    assert run_eval(a) != run_eval(written("d", "1111111", reward=0.5))

@@ -122,8 +122,8 @@ def in_process(tmp_path_factory):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_sampler_actor_writes_the_same_metrics_and_eval(in_process, tmp_path):
-    r = swarm("run", *ARGS, *RAY_ARGS, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+def test_a_sampler_actor_writes_the_same_metrics_and_eval(in_process, ray_head, tmp_path):
+    r = swarm("run", *ARGS, *RAY_ARGS, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sampler actor on Ray: pid" in r.stderr
     closed = next(line for line in r.stderr.splitlines() if "sampler actor closed" in line)
@@ -133,7 +133,9 @@ def test_a_sampler_actor_writes_the_same_metrics_and_eval(in_process, tmp_path):
 
 
 #: An actor body that kills its own process (kill -9) in the middle of chosen calls, after it has sampled (its
-#: generators moved) and before it answers; a file counts the calls across restarts.
+#: generators moved) and before it answers; a file counts the calls across restarts. Its ``COUNT`` (the file) and
+#: ``KILL_AT`` are written above it (:func:`_killed_run`): an actor of a Ray the run joins does not see the run's
+#: environment (its workers get the head's).
 KILLING_WORKER = textwrap.dedent("""
     import os, signal
     from pathlib import Path
@@ -142,11 +144,11 @@ KILLING_WORKER = textwrap.dedent("""
     class KillingWorker(SamplerWorker):
         def call(self, method, synced, rows, state):
             answer = super().call(method, synced, rows, state)
-            count = Path(os.environ["HSAMP_COUNT"])
+            count = Path(COUNT)
             n = int(count.read_text()) + 1 if count.exists() else 1
             count.write_text(str(n))
-            if n in {int(k) for k in os.environ["HSAMP_KILL_AT"].split(",")}:
-                with open(os.environ["HSAMP_COUNT"] + ".kills", "a") as f:
+            if n in {int(k) for k in KILL_AT.split(",")}:
+                with open(COUNT + ".kills", "a") as f:
                     f.write(f"{n}:{self.synced}\\n")  # the call's number, the syncs the actor had taken
                 os.kill(os.getpid(), signal.SIGKILL)
             return answer
@@ -162,19 +164,22 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _killed_run(tmp_path, kill_at: str, *args: str):
-    (tmp_path / "killing_worker.py").write_text(KILLING_WORKER)
-    (tmp_path / "driver.py").write_text(DRIVER)
+def _killed_run(tmp_path, kill_at: str, head, *args: str):
+    """``swarm run`` (ARGS, RAY_ARGS, ``args``) joining Ray ``head``, its sampler actor killed in calls ``kill_at``
+    (:data:`KILLING_WORKER`): the result and the kills as ``call:syncs``."""
     count = tmp_path / "calls"
+    (tmp_path / "killing_worker.py").write_text(f"COUNT, KILL_AT = {str(count)!r}, {kill_at!r}\n" + KILLING_WORKER)
+    (tmp_path / "driver.py").write_text(DRIVER)
     r = patched_swarm(
         tmp_path / "driver.py",
         "run",
         *ARGS,
         *RAY_ARGS,
         *args,
+        *head.args,
         cwd=tmp_path,
         paths=[tmp_path],  # the actor imports the killing body too
-        env={"HSAMP_COUNT": str(count), "HSAMP_KILL_AT": kill_at},
+        env=head.env,
     )
     kills = (tmp_path / "calls.kills").read_text().split() if (tmp_path / "calls.kills").exists() else []
     return r, kills
@@ -182,11 +187,11 @@ def _killed_run(tmp_path, kill_at: str, *args: str):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_sampler_actor_killed_mid_call_is_restarted_reloaded_and_the_call_retried(in_process, tmp_path):
+def test_a_sampler_actor_killed_mid_call_is_restarted_reloaded_and_the_call_retried(in_process, ray_head, tmp_path):
     """kill -9 of the sampler actor inside its 5th call (the evaluation after SFT: no sync yet), its 100th and its
     150th (after syncs: the restarted actor must be loaded with the synced weights, and the retried call draw with
     the generator state it was first sent): metrics.jsonl and eval.json equal the unkilled in-process run's."""
-    r, kills = _killed_run(tmp_path, "5,100,150", f"run_dir={tmp_path / 'run'}")
+    r, kills = _killed_run(tmp_path, "5,100,150", ray_head, f"run_dir={tmp_path / 'run'}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert [k.split(":")[0] for k in kills] == ["5", "100", "150"]
     assert kills[0] == "5:0" and all(int(k.split(":")[1]) >= 1 for k in kills[1:])  # two kills after syncs
@@ -199,11 +204,11 @@ def test_a_sampler_actor_killed_mid_call_is_restarted_reloaded_and_the_call_retr
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_process, tmp_path):
+def test_restarts_spent_is_one_line_and_the_run_resumes_from_its_checkpoint(in_process, ray_head, tmp_path):
     """cluster.sampler_restarts=0 and the actor killed in the second update's rollout: exit 2 with one line that
     says to resume; ``resume=true`` (samplers in process) then finishes the run with the in-process numbers."""
     run = tmp_path / "run"
-    r, kills = _killed_run(tmp_path, "120", "cluster.sampler_restarts=0", f"run_dir={run}")
+    r, kills = _killed_run(tmp_path, "120", ray_head, "cluster.sampler_restarts=0", f"run_dir={run}")
     assert [k.split(":")[0] for k in kills] == ["120"]
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]

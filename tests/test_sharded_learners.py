@@ -7,10 +7,11 @@ shards) and ends with the unkilled run's metrics; a base with its roles' LoRA ad
 resumes under local; bad input is one line and exit 2."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import LOCAL_RAY, TINY_RUN, in_process_twin, run_eval, run_rows, swarm
+from tests.conftest import TINY_RUN, in_process_twin, run_eval, run_rows, swarm
 from tests.test_learner_actors import RAY_ARGS, _killed_run, _same_training_states, _sft_ran_on_the_learners
 from tests.test_learner_actors import RUN as ACTORS_RUN
 
@@ -65,8 +66,8 @@ def _from(run, tag: str, dest):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_process, tmp_path):
-    r = swarm("run", *RUN, *FSDP, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_process, ray_head, tmp_path):
+    r = swarm("run", *RUN, *FSDP, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr and "2 ranks each (fsdp)" in r.stderr
     # SFT ran on the ranks (each its own full copy) before they formed their groups and sharded the models
@@ -88,37 +89,37 @@ def test_a_sharded_run_equals_the_in_process_run_and_resumes_under_local(in_proc
 def _resumes_under_local(tmp_path, in_process) -> None:
     """The checkpoint after update 2 of the sharded run ``tmp_path/run`` resumes in process (``train.engine=local``,
     no Ray) to the in-process run's metrics (within :data:`TOL`) and eval.json."""
-    run2 = _from(tmp_path / "run", "iter-000002", tmp_path / "run2")
-    r = swarm(
-        "run",
-        f"run_dir={run2}",
-        "resume=true",
-        "cluster.kind=local",
-        "cluster.learners=local",
-        "train.engine=local",
-        "train.shards=1",
-        cwd=tmp_path,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed at phase rl iteration 2" in r.stderr
+    run2 = _resumed_under_local(tmp_path, "iter-000002")
     _close(run_rows(run2), run_rows(in_process))
     assert run_eval(run2) == run_eval(in_process)
 
 
+def _resumed_under_local(tmp_path, tag: str) -> Path:
+    """A copy of the Ray run ``tmp_path/run`` stopped at checkpoint ``tag`` (``iter-00000N``, :func:`_from`),
+    resumed in process (``train.engine=local``, no Ray) to its end at ``tmp_path/run2``: that folder."""
+    run2 = _from(tmp_path / "run", tag, tmp_path / "run2")
+    local = ["cluster.kind=local", "cluster.learners=local", "train.engine=local", "train.shards=1"]
+    r = swarm("run", f"run_dir={run2}", "resume=true", *local, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed at phase rl iteration {int(tag.removeprefix('iter-'))}" in r.stderr
+    return run2
+
+
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_rank_killed_mid_update_regroups_its_learner_and_the_run_rewinds(in_process, tmp_path):
+def test_a_rank_killed_mid_update_regroups_its_learner_and_the_run_rewinds(in_process, ray_head, tmp_path):
     """kill -9 of rank 1 of a learner while the second update (bid) is in flight: its other rank fails in its
     collective (seen: gloo's error comes back before the dead rank's) and is killed too, Ray restarts both, they form a new group, the run rewinds to
     iter-000001 (written under fsdp; loaded into the new shards) and plays update 2 again: metrics.jsonl (no row
     twice) and eval.json as the unkilled in-process run's."""
-    _killed_rank_rewinds(tmp_path, in_process, FSDP)
+    _killed_rank_rewinds(tmp_path, in_process, FSDP, ray_head)
 
 
-def _killed_rank_rewinds(tmp_path, in_process, engine: list) -> None:
+def _killed_rank_rewinds(tmp_path, in_process, engine: list, head) -> None:
     """``RUN`` with ``engine``'s arguments, the last rank of a learner killed in update 2 (test_learner_actors'
-    killer): one restart, one rewind to iter-000001, then the in-process run's metrics.jsonl and eval.json."""
-    r = _killed_run(tmp_path, 2, run=(*RUN, *engine))
+    killer; the run joins Ray ``head``): one restart, one rewind to iter-000001, then the in-process run's
+    metrics.jsonl and eval.json."""
+    r = _killed_run(tmp_path, 2, run=(*RUN, *engine), head=head)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1, r.stderr[-3000:]
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
@@ -135,25 +136,23 @@ LORA_RUN = [*TINY_RUN, "algo.sft.epochs=12", "algo.kl_coef=0.1", "algo.bid_refer
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_base_with_its_adapters_sharded_runs_as_in_process_and_resumes_under_local(tmp_path_factory, tmp_path):
+def test_a_base_with_its_adapters_sharded_runs_as_in_process_and_resumes_under_local(
+    tmp_path_factory, ray_head, tmp_path
+):
     """``model.adapter=lora``: one learner (the base with its 3 roles' adapters) of 2 FSDP2 ranks, frozen base weights
     and trainable adapters sharded together: metrics.jsonl within :data:`TOL` of the in-process run's, eval.json
     equal; its first checkpoint (adapters written by the driver, optimizer state gathered from the shards) resumes
     under ``train.engine=local`` and ends as the in-process run."""
     args = [*LORA_RUN, "checkpoint_every=1"]
     here = in_process_twin(tmp_path_factory, *args)
-    r = swarm("run", *args, *FSDP, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=LOCAL_RAY)
+    r = swarm("run", *args, *FSDP, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 1" in r.stderr and "2 ranks each (fsdp)" in r.stderr
     rows = run_rows(tmp_path / "run")
     assert [u["kind"] for u in rows if "kind" in u] == ["action", "bid"]
     _close(rows, run_rows(here))
     assert run_eval(tmp_path / "run") == run_eval(here)
-    run2 = _from(tmp_path / "run", "iter-000001", tmp_path / "run2")
-    local = ["cluster.kind=local", "cluster.learners=local", "train.engine=local", "train.shards=1"]
-    r = swarm("run", f"run_dir={run2}", "resume=true", *local, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed at phase rl iteration 1" in r.stderr
+    run2 = _resumed_under_local(tmp_path, "iter-000001")
     _close(run_rows(run2), run_rows(here))
     assert run_eval(run2) == run_eval(here)
 

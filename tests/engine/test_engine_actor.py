@@ -115,11 +115,13 @@ def worker_python(folder) -> str:
 SERVERS = [pytest.param("worker", marks=[pytest.mark.ray, pytest.mark.slow]), pytest.param("vllm", marks=needs_vllm)]
 
 
-def _run(tmp_path, python: str, *extra: str, watch=None) -> tuple[int, str]:
-    """``swarm run ARGS extra`` in a subprocess with vLLM's Python ``python``; ``watch(line)`` sees each log line as
-    it comes."""
-    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *ARGS, *extra, f"run_dir={tmp_path / 'run'}"]
+def _run(tmp_path, python: str, *extra: str, watch=None, head=None) -> tuple[int, str]:
+    """``swarm run ARGS extra`` in a subprocess with vLLM's Python ``python``, on a local Ray of its own or joining
+    ``head`` (a ``RayHead``, tests/conftest.py); ``watch(line)`` sees each log line as it comes."""
+    joins = head.args if head else []
+    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *ARGS, *extra, *joins, f"run_dir={tmp_path / 'run'}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "RAY_ADDRESS": "local"}
+    env.update(head.env if head else {})
     env["SWARM_VLLM_PYTHON"] = python
     lines: list[str] = []
     with subprocess.Popen(
@@ -155,9 +157,9 @@ def served_here(request, tmp_path_factory):
     return python, tmp / "run"
 
 
-def test_an_actor_started_server_writes_the_same_metrics(served_here, tmp_path):
+def test_an_actor_started_server_writes_the_same_metrics(served_here, ray_head, tmp_path):
     python, here = served_here
-    code, out = _run(tmp_path, python, *RAY)
+    code, out = _run(tmp_path, python, *RAY, head=ray_head)
     assert code == 0, out[-4000:]
     m = STARTED.search(out)
     assert m, out[-3000:]
@@ -170,7 +172,7 @@ def test_an_actor_started_server_writes_the_same_metrics(served_here, tmp_path):
     assert not _answers(m.group(2))  # closing stopped the server
 
 
-def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, tmp_path, request):
+def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, ray_head, tmp_path, request):
     """kill -9 of the server's process group once every role's first version is loaded (``@v0`` in its
     /v1/models; the evaluation after SFT comes next): the actor restarts it on its port and loads its versions again; once they are back, kill -9 of the
     actor: its server goes with it (SIGTERM at its parent's death), Ray restarts the actor, which starts a server on
@@ -210,7 +212,7 @@ def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, t
             seen["key"] = _server_key(seen["folder"])
             threading.Thread(target=killer, daemon=True).start()
 
-    code, out = _run(tmp_path, python, *RAY, watch=watch)
+    code, out = _run(tmp_path, python, *RAY, watch=watch, head=ray_head)
     assert code == 0, out[-4000:]
     assert "server killed" in seen and "actor killed" in seen, (seen, out[-3000:])
     assert len(seen["key"]) >= 32 and seen["refused"] == (request.node.callspec.params["served_here"] == "vllm")

@@ -80,9 +80,9 @@ def in_process(tmp_path_factory):
     return python, tmp / "run"
 
 
-def test_an_engine_actor_plays_ahead_as_the_trainers_server(in_process, tmp_path):
+def test_an_engine_actor_plays_ahead_as_the_trainers_server(in_process, ray_head, tmp_path):
     python, here = in_process
-    r = _run(tmp_path, python, *ON_RAY, "cluster.samplers=ray")
+    r = _run(tmp_path, python, *ON_RAY, *ray_head.args, "cluster.samplers=ray", env=ray_head.env)
     assert "vLLM sampler actor on Ray (default)" in r.stderr and "sampler actor of base default closed" in r.stderr
     _same_rows(tmp_path / "run", here)
     assert (
@@ -91,7 +91,7 @@ def test_an_engine_actor_plays_ahead_as_the_trainers_server(in_process, tmp_path
     )
 
 
-def test_learner_actors_train_while_the_trainer_plays_ahead_and_a_rewind_drops_it(in_process, tmp_path):
+def test_learner_actors_train_while_the_trainer_plays_ahead_and_a_rewind_drops_it(in_process, ray_head, tmp_path):
     """The learners on Ray (one actor: the base's adapters); kill -9 of it while update 2 (bid) is in flight, the
     rollout of update 3 playing ahead: Ray restarts it, the run drops that rollout (waits for it, closes its envs) and
     rewinds to its checkpoint before RL (iter-000000: no rollout made yet, so the rewound run draws as the unkilled
@@ -99,7 +99,8 @@ def test_learner_actors_train_while_the_trainer_plays_ahead_and_a_rewind_drops_i
     from test_learner_actors import KILLER
 
     python, here = in_process
-    r = _run(tmp_path, python, *ON_RAY, "cluster.learners=ray", script=WAIT + KILLER, env={"KILL_AT": "2"})
+    extra = (*ON_RAY, *ray_head.args, "cluster.learners=ray")
+    r = _run(tmp_path, python, *extra, script=WAIT + KILLER, env={"KILL_AT": "2", **ray_head.env})
     assert "learners on Ray: 1 (base-default: Logger+Miner+Smith" in r.stderr, r.stderr[-3000:]
     assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1, r.stderr[-3000:]
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
