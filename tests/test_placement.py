@@ -191,6 +191,7 @@ def test_sampler_replicas_get_a_bundle_each_with_their_servers_gpus():
     sampler's own bundle holds its vLLM server's GPUs (tensor x pipeline x data parallel sizes of
     ``rollout.vllm.args``), which a colocated placement refuses beyond one; the engine actor's options ask them
     unless its bundle holds them."""
+    pytest.importorskip("ray")
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from swarm_runtime.cluster.placement import engine_actor_options, make_placement, sampler_gpus, server_gpus
