@@ -121,12 +121,13 @@ def routable_ip() -> str:
         return "127.0.0.1"
 
 
-def _answers(host: str, port: int) -> bool:
+def _refused(host: str, port) -> Exception | None:
+    """Why a TCP connect to ``host:port`` failed within :data:`CONNECT_TIMEOUT_S` (None: something answers)."""
     try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-        return True
-    except OSError:
-        return False
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        return exc
+    return None
 
 
 def _keep_loopback(key: str, address: str, host: str, port: int) -> None:
@@ -137,7 +138,7 @@ def _keep_loopback(key: str, address: str, host: str, port: int) -> None:
     not answer, keep the loopback one: clusters off before Ray is imported; if Ray is already imported with clusters
     on, or the user turned them on, say so in one line instead of hanging."""
     there = routable_ip()
-    if there == host or _answers(there, port):
+    if there == host or _refused(there, port) is None:
         return  # the head listens on every interface (ray start's default): Ray's rewrite reaches it
     clusters = os.environ.get(LOCAL_ONLY)
     if "ray" not in sys.modules and clusters is None:
@@ -216,9 +217,8 @@ def _probe(key: str, address: str) -> None:
     """A TCP connect to ``address`` (ray.init waits minutes for an address where nothing listens; this says it at
     once), then :func:`_keep_loopback` for a loopback address."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except (OSError, ValueError) as exc:
+    exc = _refused(host, port)
+    if exc is not None:
         raise ConfigError(_unreachable(key, address, f"{type(exc).__name__}: {exc}")) from exc
     if host in LOOPBACK_HOSTS:
         _keep_loopback(key, address, host, int(port))
