@@ -13,8 +13,10 @@ contract), then makes the call again. The episode itself lives on the driver, so
 from __future__ import annotations
 
 import importlib.util
+import contextlib
 import itertools
 import os
+import signal
 import socket
 import sys
 import threading
@@ -188,10 +190,12 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
     if address is None:
         # "local": a new Ray, never the cluster $RAY_ADDRESS names or the last `ray start` on this machine left in
         # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one: measured, Ray 2.60)
-        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
+        with _own_sigterm():
+            ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
         return True
     try:
-        ray.init(address=address, **opts)
+        with _own_sigterm():
+            ray.init(address=address, **opts)
     except Exception as exc:  # something listens there, but not a Ray head, or a head this process may not join
         first = str(exc).splitlines()[0] if str(exc) else ""
         auth = ""
@@ -204,6 +208,24 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
             )
         raise ConfigError(_unreachable(key, address, f"{type(exc).__name__}: {first}") + auth) from exc
     return True
+
+
+@contextlib.contextmanager
+def _own_sigterm():
+    """Keep this process's SIGTERM handler across ``ray.init``. Ray 2.60's ``ray.init`` sets a Python handler of its
+    own (``sys.exit(15)``, ray/_private/worker.py) and its core worker then installs absl's failure signal handler
+    for SIGTERM too (``*** SIGTERM received ***``, a native backtrace, then the process ends with SIGABRT once
+    Python's exit has run); the handler that was there before (the CLI's :func:`~swarm_runtime.errors.stop_on_sigterm`,
+    or the default) is set again after it, which replaces both (``signal.signal`` is a ``sigaction``). Ray documents
+    no option of ``ray.init`` for this; ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1`` would drop absl's handler for
+    SIGSEGV and the rest too, in every worker the run's own Ray starts (they inherit the environment)."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 def _unreachable(key: str, address: str, why: str) -> str:
