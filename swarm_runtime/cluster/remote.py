@@ -193,9 +193,12 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
         with _own_sigterm():
             ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
         return True
+    from swarm_runtime.cluster import actor_env
+
+    env = actor_env.runtime_env()  # the actors start with the raylet's environment, not this process's
     try:
         with _own_sigterm():
-            ray.init(address=address, **opts)
+            ray.init(address=address, runtime_env=env or None, **opts)
     except Exception as exc:  # something listens there, but not a Ray head, or a head this process may not join
         first = str(exc).splitlines()[0] if str(exc) else ""
         auth = ""
@@ -207,6 +210,7 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
                 "RAY_AUTH_MODE=token and the head's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH)"
             )
         raise ConfigError(_unreachable(key, address, f"{type(exc).__name__}: {first}") + auth) from exc
+    logger.info("joined the Ray cluster at {}; the run's variables its actors get: {}", address, actor_env.listed())
     return True
 
 
@@ -341,6 +345,28 @@ class EnvCluster:
         logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)), self.start_s)
         # where each runs (its node's id, address and custom resources), as the worker itself says
         logger.info("env workers on nodes: {}", ", ".join(nodes_of(self.ray, self.workers, self.restart_wait_s)))
+        self._check_env()
+
+    def _check_env(self) -> None:
+        """Ask each worker whether the run's forwarded variables (:mod:`.actor_env`) have the run's values there
+        (digests only); one that differs is logged as a warning naming the variable and the worker, never a value."""
+        from swarm_runtime.cluster import actor_env
+
+        wanted = [n for n in actor_env.names() if n in os.environ]
+        if not wanted:
+            return
+        answers = self.ray.get([w.env_digests.remote(wanted) for w in self.workers], timeout=self.restart_wait_s)
+        bad = {i: actor_env.differing(a) for i, a in enumerate(answers)}
+        bad = {i: names for i, names in bad.items() if names}
+        if not bad:
+            logger.info("env workers have the run's {}", ", ".join(wanted))
+        for i, names in bad.items():
+            logger.warning(
+                "env worker {} (pid {}) does not have the run's {}: it reads its node's environment there",
+                i,
+                self.pids[i],
+                ", ".join(names),
+            )
 
     def _make_workers(self, domain: str, task: dict, plugins: tuple[str, ...], n: int) -> list:
         """The ``n`` worker actors (each an :class:`EnvWorker` for ``domain`` and ``task``), in the placement's
