@@ -617,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(sys.stderr, level="INFO", format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
     args = build_parser().parse_args(argv)
-    stop_on_sigterm()
+    if args.command in RESUMABLE:  # `swarm serve` drains on SIGTERM (uvicorn's handler), the rest end at once
+        stop_on_sigterm()
     try:
         return args.func(args)
     except Stopped as exc:
@@ -646,11 +647,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+#: The commands SIGTERM stops with one line saying how to resume (:class:`~swarm_runtime.errors.Stopped`).
+RESUMABLE = ("run", "experiment")
+
+
 def _resume_hint(args, run_dir) -> str:
     """``; continue with: swarm run resume=true run_dir=DIR`` for a stopped ``run`` or ``experiment`` (the folder when
-    the command had opened one), else nothing."""
-    if args.command not in ("run", "experiment"):
-        return ""
+    the command had opened one)."""
     return f"; continue with: swarm {args.command} resume=true" + (f" run_dir={run_dir}" if run_dir is not None else "")
 
 

@@ -29,8 +29,16 @@ def stop_on_sigterm() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
 
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Stopped()
+    signal.signal(signal.SIGTERM, _raise_stopped)
 
-    signal.signal(signal.SIGTERM, handler)
+
+def _raise_stopped(signum, frame):
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Stopped()
+
+
+def stops_on_sigterm(handler) -> bool:
+    """Whether ``handler`` (``signal.getsignal(SIGTERM)``) is :func:`stop_on_sigterm`'s."""
+    return handler is _raise_stopped

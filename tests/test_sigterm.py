@@ -3,7 +3,6 @@ started: one line saying the run was stopped and the command that resumes it, ex
 native stack (Ray's failure signal handler printed ``*** SIGTERM received ***`` and a backtrace and the process
 ended with SIGABRT), the run folder's lock released, and the resume equal to the uninterrupted run."""
 
-import json
 import os
 import signal
 import subprocess

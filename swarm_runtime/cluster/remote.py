@@ -12,8 +12,8 @@ contract), then makes the call again. The episode itself lives on the driver, so
 
 from __future__ import annotations
 
-import importlib.util
 import contextlib
+import importlib.util
 import itertools
 import os
 import signal
@@ -219,16 +219,19 @@ def _own_sigterm():
     """Keep this process's SIGTERM handler across ``ray.init``. Ray 2.60's ``ray.init`` sets a Python handler of its
     own (``sys.exit(15)``, ray/_private/worker.py) and its core worker then installs absl's failure signal handler
     for SIGTERM too (``*** SIGTERM received ***``, a native backtrace, then the process ends with SIGABRT once
-    Python's exit has run); the handler that was there before (the CLI's :func:`~swarm_runtime.errors.stop_on_sigterm`,
-    or the default) is set again after it, which replaces both (``signal.signal`` is a ``sigaction``). Ray documents
+    Python's exit has run); the CLI's handler for ``swarm run`` and ``swarm experiment``
+    (:func:`~swarm_runtime.errors.stop_on_sigterm`), when it was there before, is set again after it, which replaces
+    both (``signal.signal`` is a ``sigaction``); any other command keeps what Ray installs, as before. Ray documents
     no option of ``ray.init`` for this; ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1`` would drop absl's handler for
     SIGSEGV and the rest too, in every worker the run's own Ray starts (they inherit the environment)."""
+    from swarm_runtime.errors import stops_on_sigterm
+
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM) if main else None
     try:
         yield
     finally:
-        if main and before is not None:
+        if main and stops_on_sigterm(before):
             signal.signal(signal.SIGTERM, before)
 
 
