@@ -565,17 +565,6 @@ class RunFolder:
             )
 
 
-def forward_env(cfg: DictConfig, registry) -> None:
-    """The variables a run's actors on a joined cluster get besides the core's (swarm_runtime/cluster/actor_env.py):
-    its domain's ``env_vars`` and ``cluster.env_vars`` (each set in this environment: validation.py refuses one
-    that is not)."""
-    from swarm_runtime.cluster.actor_env import forward
-
-    domain = registry.domains.get(cfg.domain) if cfg.get("domain") else None
-    c = cfg.get("cluster")
-    forward([*getattr(domain, "env_vars", ()), *((c.get("env_vars") or []) if c is not None else [])])
-
-
 def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) -> RunContext:
     """Pick (or find, for ``resume=true``) the run folder, lock it, start the run in it
     (:class:`RunFolder`: fresh, overwrite or resume), save the resolved config, set up logging.
@@ -583,6 +572,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     ``algo.iterations`` (to train longer) apply and any other change is refused
     (:func:`refuse_resume_conflicts`). The lock (``ctx.lock``) is held until the
     process ends or :meth:`RunLock.release`."""
+    from swarm_runtime.cluster.actor_env import forward_env
     from swarm_runtime.provenance import pin
 
     check_hardware(cfg)
@@ -595,7 +585,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     try:
         cfg = folder.start(cfg, registry, args)
         folder.save_config(cfg)
-        forward_env(cfg, registry)
+        forward_env(cfg, registry.domains.get(cfg.domain))
     except BaseException:
         lock.release()
         raise

@@ -591,13 +591,15 @@ def cluster_learners(cfg: DictConfig, registry) -> None:
     _needs_ray_cluster(c, "learners", "the learners run on the run's Ray")
 
 
+#: A name an environment variable may have (POSIX: letters, digits, underscores, not starting with a digit).
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 @register_check
 def cluster_env_vars(cfg: DictConfig, registry) -> None:
     """``cluster.env_vars`` (a list: the typed config refuses anything else): environment variable names, each set
     in this environment (its value is what the actors get: a name not set would silently reach them as nothing)."""
     import os
-
-    from swarm_runtime.cluster.actor_env import ENV_NAME
 
     c = cfg.get("cluster")
     given = c.get("env_vars") if c is not None else None

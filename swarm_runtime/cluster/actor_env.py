@@ -20,7 +20,6 @@ Nothing here writes a value into the run folder or a log line: the log names the
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 
 #: The variables the core reads in code that runs in actors: plugins.py (SWARM_LOAD_PLUGINS, SWARM_DISABLE_PLUGINS:
@@ -33,8 +32,6 @@ FORWARDED = (
     "SWARM_VLLM_PYTHON",
     "XDG_CACHE_HOME",
 )
-#: A name an environment variable may have (POSIX: letters, digits, underscores, not starting with a digit).
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: The names a run forwards besides :data:`FORWARDED` (the domain's ``env_vars`` and ``cluster.env_vars``), set by
 #: :func:`forward` when the run starts; read by :func:`swarm_runtime.cluster.remote.connect` when it joins.
 _EXTRA: list[str] = []
@@ -43,6 +40,14 @@ _EXTRA: list[str] = []
 def forward(names: Iterable[str]) -> None:
     """Forward ``names`` too when this process joins a cluster (the run's domain's ``env_vars`` and ``cluster.env_vars``)."""
     _EXTRA[:] = [str(n) for n in names]
+
+
+def forward_env(cfg, domain) -> None:
+    """:func:`forward` a run's domain's ``env_vars`` and its ``cluster.env_vars`` (each set in this environment:
+    validation.py refuses one that is not). ``swarm run`` calls it when the run starts, ``env_domain`` (every
+    command with env workers) before it joins."""
+    c = cfg.get("cluster")
+    forward([*getattr(domain, "env_vars", ()), *((c.get("env_vars") or []) if c is not None else [])])
 
 
 def names() -> list[str]:
