@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from swarm_runtime.config import GROUPS, RUN_CONTROL, ConfigError, load_saved, presets
+from swarm_runtime.errors import Stopped, stop_on_sigterm
 
 
 def _registry():
@@ -68,6 +69,9 @@ def cmd_run(args) -> int:
         from swarm_runtime.provenance import stamp
 
         stamp(ctx.run_dir / "eval.json")  # library versions and commit beside the figures (issue 18)
+    except Stopped as exc:
+        exc.run_dir = ctx.run_dir  # the resume line names the folder
+        raise
     finally:
         ctx.lock.release()
     return 0
@@ -600,7 +604,7 @@ def _debug(argv: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command. Every error ends with one line on stderr and exit code 2 (130 when
-    interrupted); the traceback only with ``--debug`` or ``log_level=DEBUG``."""
+    interrupted, 143 when stopped by SIGTERM); the traceback only with ``--debug`` or ``log_level=DEBUG``."""
     from loguru import logger
 
     from swarm_runtime.secrets import install_log_scrubber, note_args, scrub
@@ -613,8 +617,13 @@ def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(sys.stderr, level="INFO", format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
     args = build_parser().parse_args(argv)
+    if args.command in RESUMABLE:  # `swarm serve` drains on SIGTERM (uvicorn's handler), the rest end at once
+        stop_on_sigterm()
     try:
         return args.func(args)
+    except Stopped as exc:
+        print(f"swarm: stopped by SIGTERM{_resume_hint(args, exc.run_dir)}", file=sys.stderr)
+        return 128 + 15  # the shell's code for a process SIGTERM ended
     except KeyboardInterrupt:
         print("swarm: interrupted; continue with resume=true", file=sys.stderr)
         return 130
@@ -636,6 +645,16 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             pass
         return 2
+
+
+#: The commands SIGTERM stops with one line saying how to resume (:class:`~swarm_runtime.errors.Stopped`).
+RESUMABLE = ("run", "experiment")
+
+
+def _resume_hint(args, run_dir) -> str:
+    """``; continue with: swarm run resume=true run_dir=DIR`` for a stopped ``run`` or ``experiment`` (the folder when
+    the command had opened one)."""
+    return f"; continue with: swarm {args.command} resume=true" + (f" run_dir={run_dir}" if run_dir is not None else "")
 
 
 def _one_line(exc: Exception) -> str:

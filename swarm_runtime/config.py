@@ -329,6 +329,9 @@ class ClusterConfig:
     #: that has them (``ray start --resources='{"NAME": 1}'``); with ``placement=none`` only
     restart_wait_s: float = 120.0  #: how long a dead actor (env worker, learner, sampler) is waited for while Ray
     #: restarts it (its node lost: until a node that can hold it joins); then the run stops, resumable
+    # the run's environment on a joined cluster (swarm_runtime/cluster/actor_env.py; docs/distributed.md)
+    env_vars: list = field(default_factory=list)  #: names of more environment variables (a third-party domain's own)
+    #: that the run's actors on a joined cluster (``address``) get as the run has them; each must be set
 
 
 @dataclass
@@ -379,7 +382,7 @@ class RLCRConfig:
 
 
 #: The current version of the config's key set (``RunConfig.config_version``; :data:`ADDED_KEYS`).
-CONFIG_VERSION = 8
+CONFIG_VERSION = 9
 
 
 @dataclass
@@ -539,6 +542,7 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
         "cluster.restart_wait_s": 120.0,  # the restart wait as it was
         "cluster.sampler_replicas": 1,  # one engine sampler per base
     },
+    9: {"cluster.env_vars": None},  # no more variables for the actors of a joined cluster (the default, [])
 }
 
 

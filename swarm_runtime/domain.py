@@ -65,6 +65,9 @@ class Domain(ABC):
     roles: Sequence[Role] = ()
     tasks_dir: Path | None = None
     log_window: int = 4
+    #: Environment variables the domain reads in its envs (an API key, a base URL): a run on a joined Ray cluster
+    #: gives them, as the run has them, to its actors (swarm_runtime/cluster/actor_env.py; docs/distributed.md)
+    env_vars: Sequence[str] = ()
 
     # ---- tasks -----------------------------------------------------------------
     def task_names(self) -> list[str]:

@@ -572,6 +572,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     ``algo.iterations`` (to train longer) apply and any other change is refused
     (:func:`refuse_resume_conflicts`). The lock (``ctx.lock``) is held until the
     process ends or :meth:`RunLock.release`."""
+    from swarm_runtime.cluster.actor_env import forward_env
     from swarm_runtime.provenance import pin
 
     check_hardware(cfg)
@@ -584,6 +585,7 @@ def prepare_run(cfg: DictConfig, pm, registry, command: str = "run", args=()) ->
     try:
         cfg = folder.start(cfg, registry, args)
         folder.save_config(cfg)
+        forward_env(cfg, registry.domains.get(cfg.domain))
     except BaseException:
         lock.release()
         raise

@@ -591,6 +591,31 @@ def cluster_learners(cfg: DictConfig, registry) -> None:
     _needs_ray_cluster(c, "learners", "the learners run on the run's Ray")
 
 
+#: A name an environment variable may have (POSIX: letters, digits, underscores, not starting with a digit).
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@register_check
+def cluster_env_vars(cfg: DictConfig, registry) -> None:
+    """``cluster.env_vars`` (a list: the typed config refuses anything else): environment variable names, each set
+    in this environment (its value is what the actors get: a name not set would silently reach them as nothing)."""
+    import os
+
+    c = cfg.get("cluster")
+    given = c.get("env_vars") if c is not None else None
+    if not given:
+        return
+    for name in given:
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise ConfigError(
+                f"cluster.env_vars: {name!r} is not an environment variable name (letters, digits, underscores)"
+            )
+        if name not in os.environ:
+            raise ConfigError(
+                f"cluster.env_vars: {name} is not set in this environment; set it (export {name}=...) or drop it"
+            )
+
+
 @register_check
 def eval_split(cfg: DictConfig, registry) -> None:
     """``eval.episodes`` within the task's held-out split (not silently clamped)."""

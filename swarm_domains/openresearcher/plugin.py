@@ -20,6 +20,8 @@ class OpenResearcherDomain(Domain):
     """Deep research over a corpus (OpenResearcher, BrowseComp-style questions)."""
 
     name = "openresearcher"
+    #: the judge (judge.py, called in env.step: in env workers on Ray) and the search cache (search.py)
+    env_vars = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "XDG_CACHE_HOME")
     description = (
         "Answer multi-hop questions with browser tools over a corpus: the Searcher searches, the "
         "Opener opens links and scrolls, the Finder finds words in a page; any role may answer."

@@ -15,8 +15,11 @@ def env_domain(cfg, domain):
     c = cfg.get("cluster")
     if c is None or c.kind == "local":
         return domain, None
+    from swarm_runtime.cluster.actor_env import forward_env
     from swarm_runtime.cluster.placement import node_resources, plan_and_placement
     from swarm_runtime.cluster.remote import ClusterDomain, EnvCluster
+
+    forward_env(cfg, domain)  # the run's variables, for the actors of a joined cluster
 
     spec = plan_and_placement(cfg, domain)[1] if c.get("placement", "none") != "none" else None
     cluster = EnvCluster(

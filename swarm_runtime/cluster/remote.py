@@ -12,9 +12,11 @@ contract), then makes the call again. The episode itself lives on the driver, so
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import os
+import signal
 import socket
 import sys
 import threading
@@ -188,10 +190,15 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
     if address is None:
         # "local": a new Ray, never the cluster $RAY_ADDRESS names or the last `ray start` on this machine left in
         # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one: measured, Ray 2.60)
-        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
+        with _own_sigterm():
+            ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts)
         return True
+    from swarm_runtime.cluster import actor_env
+
+    env = actor_env.runtime_env()  # the actors start with the raylet's environment, not this process's
     try:
-        ray.init(address=address, **opts)
+        with _own_sigterm():
+            ray.init(address=address, runtime_env=env or None, **opts)
     except Exception as exc:  # something listens there, but not a Ray head, or a head this process may not join
         first = str(exc).splitlines()[0] if str(exc) else ""
         auth = ""
@@ -203,7 +210,29 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
                 "RAY_AUTH_MODE=token and the head's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH)"
             )
         raise ConfigError(_unreachable(key, address, f"{type(exc).__name__}: {first}") + auth) from exc
+    logger.info("joined the Ray cluster at {}; the run's variables its actors get: {}", address, actor_env.listed())
     return True
+
+
+@contextlib.contextmanager
+def _own_sigterm():
+    """Keep this process's SIGTERM handler across ``ray.init``. Ray 2.60's ``ray.init`` sets a Python handler of its
+    own (``sys.exit(15)``, ray/_private/worker.py) and its core worker then installs absl's failure signal handler
+    for SIGTERM too (``*** SIGTERM received ***``, a native backtrace, then the process ends with SIGABRT once
+    Python's exit has run); the CLI's handler for ``swarm run`` and ``swarm experiment``
+    (:func:`~swarm_runtime.errors.stop_on_sigterm`), when it was there before, is set again after it, which replaces
+    both (``signal.signal`` is a ``sigaction``); any other command keeps what Ray installs, as before. Ray documents
+    no option of ``ray.init`` for this; ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1`` would drop absl's handler for
+    SIGSEGV and the rest too, in every worker the run's own Ray starts (they inherit the environment)."""
+    from swarm_runtime.errors import stops_on_sigterm
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and stops_on_sigterm(before):
+            signal.signal(signal.SIGTERM, before)
 
 
 def _unreachable(key: str, address: str, why: str) -> str:
@@ -319,6 +348,28 @@ class EnvCluster:
         logger.info("env workers on Ray: {} (pids {}), up in {:.1f} s", n, ", ".join(map(str, self.pids)), self.start_s)
         # where each runs (its node's id, address and custom resources), as the worker itself says
         logger.info("env workers on nodes: {}", ", ".join(nodes_of(self.ray, self.workers, self.restart_wait_s)))
+        self._check_env()
+
+    def _check_env(self) -> None:
+        """Ask each worker whether the run's forwarded variables (:mod:`.actor_env`) have the run's values there
+        (digests only); one that differs is logged as a warning naming the variable and the worker, never a value."""
+        from swarm_runtime.cluster import actor_env
+
+        wanted = [n for n in actor_env.names() if n in os.environ]
+        if not wanted:
+            return
+        answers = self.ray.get([w.env_digests.remote(wanted) for w in self.workers], timeout=self.restart_wait_s)
+        bad = {i: actor_env.differing(a) for i, a in enumerate(answers)}
+        bad = {i: names for i, names in bad.items() if names}
+        if not bad:
+            logger.info("env workers have the run's {}", ", ".join(wanted))
+        for i, names in bad.items():
+            logger.warning(
+                "env worker {} (pid {}) does not have the run's {}: it reads its node's environment there",
+                i,
+                self.pids[i],
+                ", ".join(names),
+            )
 
     def _make_workers(self, domain: str, task: dict, plugins: tuple[str, ...], n: int) -> list:
         """The ``n`` worker actors (each an :class:`EnvWorker` for ``domain`` and ``task``), in the placement's

@@ -65,6 +65,12 @@ class EnvWorker:
 
         return node_here()
 
+    def env_digests(self, names: list[str]) -> dict:
+        """This process's values of ``names`` as digests (:func:`swarm_runtime.cluster.actor_env.digests`)."""
+        from swarm_runtime.cluster.actor_env import digests
+
+        return digests(names)
+
     def _pool(self, kind: str) -> list:
         return self.free if kind == "env" else self.free_concurrent
 
