@@ -1,0 +1,67 @@
+"""DeepSpeed ZeRO-3 learners with bf16 weights (issue 28; swarm_runtime/cluster/deepspeed_shards.py): each role's
+bf16 full copy is a ZeRO-3 engine in DeepSpeed's bf16 mode (the module computing in bf16, ZeRO's fp32 partition
+holding the run's fp32 masters, gradients reduced and accumulated in fp32: train/sharded.py ``zero3_config``). A real
+``swarm run`` on the shared test Ray against its in-process twin (bf16 weights, ``MasterWeightAdamW``), its
+checkpoint resumed under ``train.engine=local``.
+
+A config-built full copy trains in fp32 whatever ``hardware.dtype`` says (policy/transformers_backend.py:
+``make_transformers_policy``); bf16 full copies are checkpoints loaded with ``model.path``: here the run's own
+config-built model, saved as a checkpoint saves it, so that the SFT and RL of the tiny run train it as they train the
+fp32 one (rewards and gradients not zero)."""
+
+import importlib.util
+
+import pytest
+
+from tests.conftest import in_process_twin, run_context, run_eval, run_rows, swarm
+from tests.test_deepspeed_learners import DEEPSPEED
+from tests.test_learner_variants import BF16_TOL, _near
+from tests.test_sharded_learners import RUN, _resumed_under_local
+
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="the deepspeed extra")
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory, registry):
+    """``RUN`` (action, bid, action; a checkpoint after each) on bf16 full copies, and its in-process twin."""
+    ctx = run_context(registry, *RUN[:2])
+    _, policies = ctx.build_swarm()
+    ckpt = tmp_path_factory.mktemp("bf16-base") / "Logger"
+    policies["Logger"].save(ckpt)
+    run = [*RUN, f"model.path={ckpt}", "hardware.dtype=bfloat16"]
+    return run, in_process_twin(tmp_path_factory, *run)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@needs_deepspeed
+def test_a_bf16_deepspeed_run_is_the_in_process_run_and_resumes_under_local(bf16_run, ray_head, tmp_path):
+    """3 learners of 2 ZeRO-3 ranks in bf16: metrics.jsonl within test_learner_variants' bf16 tolerance of the
+    in-process run's, eval.json equal; the checkpoint after update 2 holds the fp32 masters (gathered from ZeRO's
+    partition) and resumes in process to the in-process run's end."""
+    import torch
+
+    run, here = bf16_run
+    r = swarm("run", *run, *DEEPSPEED, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "learners on Ray: 3" in r.stderr and "2 ranks each (deepspeed)" in r.stderr
+    rows = run_rows(tmp_path / "run")
+    updates = [u for u in rows if "kind" in u]
+    assert [u["kind"] for u in updates] == ["action", "bid", "action"]
+    assert all(updates[i].get(f"charts/grad_norm_{r}", 0) > 0 for i in (0, 2) for r in ("Logger", "Miner", "Smith"))
+    print(f"deepspeed bf16 vs in process: worst relative difference {_near(rows, run_rows(here), BF16_TOL):.3g}")
+    assert run_eval(tmp_path / "run") == run_eval(here)
+    state = torch.load(
+        tmp_path / "run" / "checkpoints" / "iter-000002" / "agents" / "Logger" / "training_state.pt", weights_only=False
+    )
+    want = torch.load(
+        here / "checkpoints" / "iter-000002" / "agents" / "Logger" / "training_state.pt", weights_only=False
+    )
+    got, exp = state["master_weights"], want["master_weights"]
+    assert len(got) == len(exp) and all(g.dtype == torch.float32 and g.shape == e.shape for g, e in zip(got, exp))
+    gap = max(float((g - e).abs().max()) for g, e in zip(got, exp))
+    print(f"fp32 masters after update 2: at most {gap:.3g} apart")
+    assert all(torch.allclose(g, e, rtol=0, atol=1e-3) for g, e in zip(got, exp))
+    run2 = _resumed_under_local(tmp_path, "iter-000002")
+    _near(run_rows(run2), run_rows(here), BF16_TOL)
+    assert run_eval(run2) == run_eval(here)
