@@ -21,6 +21,21 @@ from tests.test_sharded_learners import RUN, _resumed_under_local
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="the deepspeed extra")
 
 
+#: the largest gap of a sampled token's log-prob between the sampler and the learner: in bf16 the max over tokens of
+#: rounding noise, about one bf16 step of a logit (1.6e-2 at 2 to 4). Measured: 1.18e-2 in process (Smith, update
+#: 3: the sampler's batched forward against the learner's chunk), 4.5e-4 in the deepspeed run
+MAX_DLOGP, BF16_DLOGP = "mismatch/max_abs_dlogp_", 2e-2
+
+
+def _near_bf16(rows, want) -> float:
+    """test_learner_variants' ``_near`` (``BF16_TOL``) but for the ``MAX_DLOGP`` maxima, within ``BF16_DLOGP``."""
+    cut = [[{k: v for k, v in r.items() if not k.startswith(MAX_DLOGP)} for r in rs] for rs in (rows, want)]
+    for got, exp in zip(rows, want):
+        for k in (k for k in exp if k.startswith(MAX_DLOGP)):
+            assert got[k] == pytest.approx(exp[k], rel=0, abs=BF16_DLOGP), (exp.get("step"), k, got[k], exp[k])
+    return _near(*cut, BF16_TOL)
+
+
 @pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory, registry):
     """``RUN`` (action, bid, action; a checkpoint after each) on bf16 full copies, and its in-process twin."""
@@ -52,7 +67,7 @@ def test_a_bf16_deepspeed_run_is_the_in_process_run_and_resumes_under_local(bf16
     updates = [u for u in rows if "kind" in u]
     assert [u["kind"] for u in updates] == ["action", "bid", "action"]
     assert all(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
-    print(f"deepspeed bf16 vs in process: worst relative difference {_near(rows, run_rows(here), BF16_TOL):.3g}")
+    print(f"deepspeed bf16 vs in process: worst relative difference {_near_bf16(rows, run_rows(here)):.3g}")
     assert run_eval(tmp_path / "run") == run_eval(here)
     state = torch.load(
         tmp_path / "run" / "checkpoints" / "iter-000002" / "agents" / "Logger" / "training_state.pt", weights_only=False
@@ -66,7 +81,7 @@ def test_a_bf16_deepspeed_run_is_the_in_process_run_and_resumes_under_local(bf16
     print(f"fp32 masters after update 2: at most {gap:.3g} apart")
     assert all(torch.allclose(g, e, rtol=0, atol=1e-3) for g, e in zip(got, exp))
     run2 = _resumed_under_local(tmp_path, "iter-000002")
-    _near(run_rows(run2), run_rows(here), BF16_TOL)
+    _near_bf16(run_rows(run2), run_rows(here))
     assert run_eval(run2) == run_eval(here)
 
 
