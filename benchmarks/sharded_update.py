@@ -20,12 +20,20 @@ import random
 import time
 
 from swarm_runtime.config import resolve
+from swarm_runtime.masters import MASTER_ATTR
 from swarm_runtime.plugins import get_registry
-from swarm_runtime.policy.transformers_backend import make_transformers_policy
+from swarm_runtime.policy.transformers_backend import cast_weights, make_transformers_policy
 from swarm_runtime.train.action import _reinforce_chunk
 from swarm_runtime.train.optim import accumulate_and_step, make_optimizer
 from swarm_runtime.train.sft import collect_demos
 from swarm_runtime.train.sharded import ENGINES, OptimSettings, spawn_update
+
+
+def _cast(make, dtype: str):
+    """``make()``'s policy with its model's weights in ``dtype`` (``cast_weights``: the rotary buffers kept fp32)."""
+    pol = make()
+    pol.model = cast_weights(pol.model, dtype)
+    return pol
 
 
 def main(argv=None) -> None:
@@ -35,6 +43,9 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, default=2, help="expert episodes whose actions make the batch")
     ap.add_argument("--minibatch", type=int, default=8)
     ap.add_argument("--start-method", default="fork", choices=("fork", "spawn"))
+    ap.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16"), help="the model's weights (a GPU run's)"
+    )
     ap.add_argument("overrides", nargs="*", help="run config keys, e.g. model.hidden_size=128")
     args = ap.parse_args(argv)
     _, reg = get_registry()
@@ -43,6 +54,8 @@ def main(argv=None) -> None:
     words = domain.all_words(cfg.task)
     levels = tuple(float(b) for b in cfg.algo.bid_levels)
     make = functools.partial(make_transformers_policy, cfg.model, words, levels, int(cfg.seed))
+    if args.dtype != "float32":  # built, then cast as a run's GPU profile casts it (policy/adapters.py)
+        make = functools.partial(_cast, make, args.dtype)
     demos = collect_demos(domain, cfg.task, list(range(args.seeds)))
     pol = make()
     rng = random.Random(0)
@@ -66,7 +79,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     loss, norm = accumulate_and_step(pol, batch, s.minibatch, _reinforce_chunk, opt, sched, s.grad_clip)
     one_s = time.perf_counter() - t0
-    one = dict(pol.model.named_parameters())
+    one = {n: getattr(p, MASTER_ATTR, p) for n, p in pol.model.named_parameters()}  # a bf16 model's fp32 masters
     t0 = time.perf_counter()
     state, m = spawn_update(make, batch, s, args.world, start_method=args.start_method, engine=args.engine)
     wall = time.perf_counter() - t0
@@ -74,11 +87,16 @@ def main(argv=None) -> None:
     diff = max(float((state[n] - one[n].detach()).abs().max()) for n in names)
     moved = max(float((before[n] - one[n].detach()).abs().max()) for n in names)
     total = sum(p.numel() for p in one.values())
+    # the two updates as vectors (sharded minus one-process, against the one-process move): a whole-model figure
+    # beside the max, which a single element whose tiny gradient flips sign sets (AdamW's first step is ~lr * sign)
+    gap = sum(float((state[n].float() - one[n].detach().float()).pow(2).sum()) for n in names) ** 0.5
+    step = sum(float((one[n].detach().float() - before[n].float()).pow(2).sum()) for n in names) ** 0.5
     print(
-        f"engine {args.engine}, {args.world} ranks, {len(batch)} samples, minibatch {args.minibatch}, "
+        f"engine {args.engine}, {args.world} ranks, {args.dtype}, {len(batch)} samples, minibatch {args.minibatch}, "
         f"{total} parameters ({len(names)} tensors compared)"
     )
     print(f"max abs diff vs 1 process: {diff:.3g} (the update moved parameters by up to {moved:.3g})")
+    print(f"norm of the difference of the updates: {gap / max(step, 1e-30):.3g} of the norm of the 1-process update")
     print(f"loss {m['loss']:.6g} vs {loss:.6g}; grad norm {m['grad_norm']:.6g} vs {norm:.6g}")
     print(f"parameters held per rank: {m.get('shard_params_by_rank')}")
     print(

@@ -41,8 +41,7 @@ class DeepSpeedShardWorker(ShardWorker):
             to_device([*self.policies.values(), *(self.reference or {}).values()], device)
         import deepspeed
 
-        from swarm_runtime.train.optim import LOW_PRECISION
-        from swarm_runtime.train.sharded import Shard, zero3_config
+        from swarm_runtime.train.sharded import Shard, to_masters, zero3_engine
 
         deepspeed.init_distributed(
             dist_backend=backend,
@@ -53,16 +52,19 @@ class DeepSpeedShardWorker(ShardWorker):
             world_size=self.world,
             verbose=False,
         )
-        self.optimizers = self._make_optimizers(self.policies)
+        low = {}
         for role, policy in self.policies.items():
-            if not hasattr(policy, "model") or any(p.dtype in LOW_PRECISION for p in policy.parameters()):
-                raise RuntimeError(
-                    f"learner {self.name!r}: role {role} is not a full fp32 copy; ZeRO-3 cannot shard it"
-                )
+            if not hasattr(policy, "model") or getattr(policy, "shared_base", None) is not None:
+                raise RuntimeError(f"learner {self.name!r}: role {role} is not a full copy; ZeRO-3 cannot shard it")
+            # a bf16 model: its fp32 masters, which ZeRO's partition holds (the module computes in bf16)
+            low[role] = to_masters(policy.model)
+            if low[role] not in (None, torch.bfloat16):
+                raise RuntimeError(f"learner {self.name!r}: role {role} is {low[role]}; ZeRO-3 steps fp32 or bf16")
+        self.optimizers = self._make_optimizers(self.policies)  # plain AdamW: the parameters are fp32 now
+        for role, policy in self.policies.items():
             first = next(t[role][0] for t in self.optimizers.values() if role in t)
-            engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=first, config=zero3_config())
-            policy.model = engine
-            policy.shard = Shard(self.rank, self.world, engine="deepspeed")
+            policy.model = zero3_engine(policy.model, first, low[role])
+            policy.shard = Shard(self.rank, self.world, low[role], engine="deepspeed")
         return os.getpid()
 
     def _params(self, role: str) -> list:
@@ -72,10 +74,13 @@ class DeepSpeedShardWorker(ShardWorker):
         return full if self.rank == 0 else []  # every rank gathered (a collective)
 
     def training_states(self) -> dict:
-        """Per role: each kind's optimizer state (:func:`full_optimizer_state`) and scheduler state (rank 0's)."""
+        """Per role: a bf16 model's fp32 masters, each kind's optimizer state (:func:`full_optimizer_state`) and
+        scheduler state (rank 0's)."""
         out: dict = {}
         for role, policy in self.policies.items():
             st = out[role] = {}
+            if policy.shard.compute is not None:  # ZeRO's fp32 partition holds the masters (the in-process format)
+                st["master_weights"] = self._params(role)
             for kind, table in self.optimizers.items():
                 if role in table:
                     opt, sched = table[role]
@@ -85,12 +90,14 @@ class DeepSpeedShardWorker(ShardWorker):
 
     def load(self, states: dict) -> dict:
         """:meth:`LearnerWorker.load` into the engines: the full weights (the module's partitions and ZeRO's fp32
-        master partition) and each kind's optimizer and scheduler state."""
+        master partition: a bf16 run's masters where the state has them) and each kind's optimizer and scheduler
+        state."""
         import copy
 
         for role, st in copy.deepcopy(dict(states)).items():
             engine = self.policies[role].model
-            load_full_params(engine, st["params"])
+            masters = st["state"].get("master_weights") or [None] * len(st["params"])  # a bf16 run's fp32 masters
+            load_full_params(engine, [t if m is None else m for t, m in zip(st["params"], masters)])
             for kind, table in self.optimizers.items():
                 if f"optimizer_{kind}" in st["state"] and role in table:
                     opt, sched = table[role]

@@ -385,8 +385,8 @@ def check_engine_wired(cfg) -> None:
     (``cluster.learners=ray``: each learner ``train.shards`` Ray actors, swarm_runtime/cluster/shards.py) for
     a role's full copy (fp32, or bf16/fp16: fp32 masters sharded, computing in the low dtype), or a base (fp32, or
     bf16/fp16 frozen as it is) with its roles' fp32 LoRA adapters (``model.adapter=lora``); or ``deepspeed`` on
-    learner actors too (ZeRO-3, swarm_runtime/cluster/deepspeed_shards.py) for fp32 full copies, where the package
-    imports."""
+    learner actors too (ZeRO-3, swarm_runtime/cluster/deepspeed_shards.py) for full copies in fp32 or bf16 (fp32
+    masters in ZeRO's partition, computing in bf16), where the package imports."""
     t = cfg.get("train")
     if t is None or str(t.engine) == "local":
         return
@@ -406,8 +406,9 @@ def check_engine_wired(cfg) -> None:
 
 
 def _check_deepspeed(adapter: str, dtype: str) -> None:
-    """``train.engine=deepspeed``'s own limits: fp32 full copies (its LoRA and bf16/fp16 modes are not wired, for the
-    reasons the messages give; fsdp has both), and the package present."""
+    """``train.engine=deepspeed``'s own limits: full copies in fp32 or bf16 (fp32 masters in ZeRO's partition,
+    computing in bf16; its LoRA and fp16 modes are not wired, for the reasons the messages give; fsdp has both), and
+    the package present."""
     import importlib.util
 
     if adapter != "none":
@@ -417,11 +418,12 @@ def _check_deepspeed(adapter: str, dtype: str) -> None:
             f"with its own optimizers (not wired); valid: model.adapter=none with train.engine=deepspeed, or "
             f"train.engine=fsdp (it shards LoRA bases) or local"
         )
-    if dtype != "float32":
+    if dtype not in ("float32", "bfloat16"):
         raise ConfigError(
-            f"train.engine=deepspeed with {dtype} weights: the ZeRO-3 learner steps fp32 full copies (DeepSpeed's bf16 "
-            "mode is not wired to the run's fp32 masters, its fp16 mode scales the loss); valid: hardware.dtype=float32 "
-            "(model.dtype=float32) with it, or train.engine=fsdp (fp32 masters computing in bf16/fp16) or local"
+            f"train.engine=deepspeed with {dtype} weights: DeepSpeed's fp16 mode scales the loss and skips a step whose "
+            "gradients overflow, which the in-process update does not (and CPU ranks may lack fp16); valid: "
+            "hardware.dtype=float32 or bfloat16 (model.dtype) with it, or train.engine=fsdp (fp32 masters computing "
+            "in fp16) or local"
         )
     if importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(

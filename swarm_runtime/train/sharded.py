@@ -173,16 +173,46 @@ def _zero3_step(engine, opt, grad_clip: float):
     return torch.as_tensor(engine.get_global_grad_norm())
 
 
-def zero3_config() -> dict:
+def zero3_config(low: torch.dtype | None = None) -> dict:
     """A ZeRO-3 engine's config: stage 3, the run's torch AdamW as the client optimizer; the gradient accumulation
-    (a batch's chunk count) and clipping (``grad_clip``) are set per update by :func:`shard_step`."""
-    return {
+    (a batch's chunk count) and clipping (``grad_clip``) are set per update by :func:`shard_step`. ``low``
+    (bfloat16): DeepSpeed's bf16 mode, the module computing in bf16 over ZeRO's fp32 master partition (what the
+    client optimizers step), gradients reduced and accumulated in fp32 as FSDP's :func:`mixed_precision` does (its
+    default reduces and accumulates them in bf16: docs/distributed.md has both measured), torch's linear kept."""
+    out = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": 3},
         "zero_force_ds_cpu_optimizer": False,  # the run's torch AdamW, not DeepSpeed's CPU Adam
         "steps_per_print": 1 << 30,
     }
+    if low is torch.bfloat16:
+        out.update(
+            bf16={"enabled": True},
+            communication_data_type="fp32",
+            data_types={"grad_accum_dtype": "fp32"},
+        )
+        # ZeRO-3's own linear (``memory_efficient_linear``) adds the bias after rounding the matmul to bf16, where
+        # torch's adds it before: the learner's log-probs then differ from the sampler's (measured: up to 1.3e-2)
+        out["zero_optimization"] = {"stage": 3, "memory_efficient_linear": False}
+    elif low is not None:  # placement.py refuses it before a run starts
+        raise ValueError(f"a ZeRO-3 learner computes in float32 or bfloat16, not {low}")
+    return out
+
+
+def zero3_engine(model: torch.nn.Module, opt: torch.optim.Optimizer, low: torch.dtype | None):
+    """``model`` (fp32 parameters: a bf16 model's masters, :func:`to_masters`) as a ZeRO-3 engine stepping ``opt``;
+    ``low``: the module is cast to it (DeepSpeed's bf16 mode) and ZeRO's fp32 master partition set from the masters
+    (it would be made from the rounded weights otherwise: the sub-bf16 progress of an SFT before lost). Every rank
+    calls it."""
+    import deepspeed
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    masters = [p.detach().clone() for p in model.parameters()] if low is not None else []
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=zero3_config(low))
+    for p, m in zip(engine.module.parameters(), masters):
+        safe_set_full_fp32_param(p, m)
+    return engine
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list:
@@ -413,7 +443,6 @@ def deepspeed_update(
     ``rank`` of a process group DeepSpeed initialised. Returns the full fp32 parameters by name (rank 0; empty
     elsewhere) and the metrics of :func:`sharded_update`. Runs where ``DS_ACCELERATOR`` names a working
     accelerator (``cpu`` here: docs/distributed.md)."""
-    import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param
 
     from swarm_runtime.train.optim import make_optimizer
@@ -421,6 +450,7 @@ def deepspeed_update(
     chunk_loss = chunk_loss or _default_chunk_loss()
     t0 = time.time()
     policy = make_policy()
+    low = to_masters(policy.model)  # a bf16 model: ZeRO's fp32 partition holds its masters (zero3_engine)
     opt, sched = make_optimizer(
         policy.model.parameters(),
         settings.lr,
@@ -429,10 +459,10 @@ def deepspeed_update(
         settings.warmup,
         eps=settings.eps,
     )
-    engine, _, _, _ = deepspeed.initialize(model=policy.model, optimizer=opt, config=zero3_config())
+    engine = zero3_engine(policy.model, opt, low)
     # forwards go through the engine: ZeRO-3 counts micro-steps there, and one that is not counted overwrites
     # the accumulated gradient partitions instead of adding to them (measured: only the last chunk's gradient)
-    policy.model, policy.shard = engine, Shard(rank, world, engine="deepspeed")
+    policy.model, policy.shard = engine, Shard(rank, world, low, engine="deepspeed")
     loss, norm = shard_step(policy, batch, settings.minibatch, chunk_loss, opt, sched, settings.grad_clip)
     held = sum(int(getattr(p, "ds_tensor", p).numel()) for p in engine.module.parameters())
     full = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in engine.module.named_parameters()}
