@@ -1,3 +1,4 @@
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -91,6 +92,40 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    elif getattr(config.option, "dist", "no") == "loadfile":
+        # the files go to the workers in the order pytest_collection_modifyitems below gives them (the longest
+        # first), not xdist's own (the files with the most tests first: a file of one long test came last)
+        config.option.loadscopereorder = False
+
+
+#: The cluster stage's files (``-m ray``, .ci/run) by what their Ray tests cost on one worker, in seconds (measured
+#: with ``--durations=0`` on two workers, issue 28): under ``-n 2 --dist loadfile`` the longest go first, so that the
+#: last file a worker takes is a short one (the stage's tail). A file not listed goes after them, in collection order.
+RAY_FILE_COST = {
+    "tests/test_multinode.py": 445,
+    "tests/test_learner_actors.py": 390,
+    "tests/test_learner_variants.py": 290,
+    "tests/test_sharded_learners.py": 230,
+    "tests/test_deepspeed_learners.py": 200,
+    "tests/test_placement.py": 200,
+    "tests/test_cluster_more.py": 200,
+    "tests/test_sampler_actors.py": 200,
+    "tests/engine/test_replicas_ray.py": 190,
+    "tests/test_serve_ray.py": 180,
+    "tests/engine/test_staleness_ray.py": 155,
+    "tests/engine/test_engine_actor.py": 150,
+    "tests/test_cluster.py": 150,
+}
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` deselected: a run without Ray tests keeps its order
+def pytest_collection_modifyitems(config, items):
+    if not any(item.get_closest_marker("ray") for item in items):
+        return
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.partition("::")[0], i)
+    items.sort(key=lambda item: (-RAY_FILE_COST.get(f := item.nodeid.partition("::")[0], 0), first[f]))
 
 
 def shared_run(tmp_path_factory, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
@@ -165,6 +200,14 @@ def ray_head(tmp_path_factory):
     that do not test a run's own start of a local Ray: they join it (``cluster.address=``, a user's path) and skip
     the ~7 s (idle; 10-20 s under load) of a Ray start and stop each. A run's actors are its job's: they end with
     the run's driver, whatever the run did. Under pytest-xdist, one per worker. Skipped without Ray."""
+    with held_ray(tmp_path_factory.getbasetemp() / "ray-head.log", 2) as head:
+        yield head
+
+
+@contextlib.contextmanager
+def held_ray(log: Path, cpus: int):
+    """A local Ray head of ``cpus`` CPUs (:data:`HOLD_RAY`, in a process of its own, its log at ``log``, with a
+    token of its own) held for the ``with`` block: its :class:`RayHead`. Skipped without Ray."""
     import secrets
     import select
 
@@ -172,10 +215,9 @@ def ray_head(tmp_path_factory):
     token = secrets.token_hex(32)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     env.pop("RAY_ADDRESS", None)
-    log = tmp_path_factory.getbasetemp() / "ray-head.log"
     with open(log, "w") as err:
         p = subprocess.Popen(
-            [sys.executable, "-c", HOLD_RAY, "2"],
+            [sys.executable, "-c", HOLD_RAY, str(cpus)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err,
