@@ -98,9 +98,11 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
-#: The cluster stage's files (``-m ray``, .ci/run) by what their Ray tests cost on one worker, in seconds (measured
-#: with ``--durations=0`` on two workers, issue 28): under ``-n 2 --dist loadfile`` the longest go first, so that the
-#: last file a worker takes is a short one (the stage's tail). A file not listed goes after them, in collection order.
+#: The cluster stage's files (``-m ray``, .ci/run) by what their Ray tests cost on one worker, in seconds: estimates
+#: from the stage's slowest tests at fa36747 and a3077c5 (``--durations``, idle), less the runs merged since (issue 28).
+#: Under ``-n 2 --dist loadfile`` the costliest go first, so that the last file a worker takes is a short one (the
+#: stage's tail: test_multinode.py, taken last, ended the stage at fa36747). Only the order matters: a file not listed
+#: goes after them, in collection order.
 RAY_FILE_COST = {
     "tests/test_multinode.py": 445,
     "tests/test_learner_actors.py": 390,
