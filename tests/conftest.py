@@ -98,25 +98,28 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
-#: The cluster stage's files (``-m ray``, .ci/run) by what their Ray tests cost on one worker, in seconds: estimates
-#: from the stage's slowest tests at fa36747 and a3077c5 (``--durations``, idle), less the runs merged since (issue 28).
+#: The cluster stage's files (``-m ray``, .ci/run) by what their Ray tests cost on one worker, in seconds (setup and
+#: call, ``--durations=0``), measured at a3dca1d on two workers (49 passed in 38 min 58 s at load 10-20; issue 28).
 #: Under ``-n 2 --dist loadfile`` the costliest go first, so that the last file a worker takes is a short one (the
 #: stage's tail: test_multinode.py, taken last, ended the stage at fa36747). Only the order matters: a file not listed
 #: goes after them, in collection order.
 RAY_FILE_COST = {
-    "tests/test_multinode.py": 445,
-    "tests/test_learner_actors.py": 390,
-    "tests/test_learner_variants.py": 290,
-    "tests/test_sharded_learners.py": 230,
-    "tests/test_deepspeed_learners.py": 200,
-    "tests/test_placement.py": 200,
-    "tests/test_cluster_more.py": 200,
-    "tests/test_sampler_actors.py": 200,
-    "tests/engine/test_replicas_ray.py": 190,
-    "tests/test_serve_ray.py": 180,
-    "tests/engine/test_staleness_ray.py": 155,
-    "tests/engine/test_engine_actor.py": 150,
-    "tests/test_cluster.py": 150,
+    "tests/test_multinode.py": 946,
+    "tests/test_learner_actors.py": 731,
+    "tests/test_learner_variants.py": 461,
+    "tests/test_sharded_learners.py": 308,
+    "tests/engine/test_replicas_ray.py": 286,
+    "tests/test_deepspeed_learners.py": 283,
+    "tests/test_sampler_actors.py": 249,
+    "tests/engine/test_engine_actor.py": 246,
+    "tests/test_placement.py": 243,
+    "tests/test_cluster_more.py": 223,
+    "tests/engine/test_staleness_ray.py": 194,
+    "tests/test_cluster.py": 97,
+    "tests/test_serve_ray.py": 93,
+    "tests/test_monolithic_learner.py": 56,
+    "tests/engine/test_replicas_placed.py": 45,
+    "tests/test_trust.py": 15,
 }
 
 
