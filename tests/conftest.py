@@ -1,3 +1,4 @@
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -91,6 +92,45 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    elif getattr(config.option, "dist", "no") == "loadfile":
+        # the files go to the workers in the order pytest_collection_modifyitems below gives them (the longest
+        # first), not xdist's own (the files with the most tests first: a file of one long test came last)
+        config.option.loadscopereorder = False
+
+
+#: The cluster stage's files (``-m ray``, .ci/run) by what their Ray tests cost on one worker, in seconds (setup and
+#: call, ``--durations=0``), measured at a3dca1d on two workers (49 passed in 38 min 58 s at load 10-20; issue 28).
+#: Under ``-n 2 --dist loadfile`` the costliest go first, so that the last file a worker takes is a short one (the
+#: stage's tail: test_multinode.py, taken last, ended the stage at fa36747). Only the order matters: a file not listed
+#: goes after them, in collection order.
+RAY_FILE_COST = {
+    "tests/test_multinode.py": 946,
+    "tests/test_learner_actors.py": 731,
+    "tests/test_learner_variants.py": 461,
+    "tests/test_sharded_learners.py": 308,
+    "tests/engine/test_replicas_ray.py": 286,
+    "tests/test_deepspeed_learners.py": 283,
+    "tests/test_sampler_actors.py": 249,
+    "tests/engine/test_engine_actor.py": 246,
+    "tests/test_placement.py": 243,
+    "tests/test_cluster_more.py": 223,
+    "tests/engine/test_staleness_ray.py": 194,
+    "tests/test_cluster.py": 97,
+    "tests/test_serve_ray.py": 93,
+    "tests/test_monolithic_learner.py": 56,
+    "tests/engine/test_replicas_placed.py": 45,
+    "tests/test_trust.py": 15,
+}
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` deselected: a run without Ray tests keeps its order
+def pytest_collection_modifyitems(config, items):
+    if not any(item.get_closest_marker("ray") for item in items):
+        return
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.partition("::")[0], i)
+    items.sort(key=lambda item: (-RAY_FILE_COST.get(f := item.nodeid.partition("::")[0], 0), first[f]))
 
 
 def shared_run(tmp_path_factory, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
@@ -165,6 +205,14 @@ def ray_head(tmp_path_factory):
     that do not test a run's own start of a local Ray: they join it (``cluster.address=``, a user's path) and skip
     the ~7 s (idle; 10-20 s under load) of a Ray start and stop each. A run's actors are its job's: they end with
     the run's driver, whatever the run did. Under pytest-xdist, one per worker. Skipped without Ray."""
+    with held_ray(tmp_path_factory.getbasetemp() / "ray-head.log", 2) as head:
+        yield head
+
+
+@contextlib.contextmanager
+def held_ray(log: Path, cpus: int):
+    """A local Ray head of ``cpus`` CPUs (:data:`HOLD_RAY`, in a process of its own, its log at ``log``, with a
+    token of its own) held for the ``with`` block: its :class:`RayHead`. Skipped without Ray."""
     import secrets
     import select
 
@@ -172,10 +220,9 @@ def ray_head(tmp_path_factory):
     token = secrets.token_hex(32)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     env.pop("RAY_ADDRESS", None)
-    log = tmp_path_factory.getbasetemp() / "ray-head.log"
     with open(log, "w") as err:
         p = subprocess.Popen(
-            [sys.executable, "-c", HOLD_RAY, "2"],
+            [sys.executable, "-c", HOLD_RAY, str(cpus)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err,

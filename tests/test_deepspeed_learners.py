@@ -11,9 +11,9 @@ import pytest
 
 from swarm_runtime.cluster.placement import check_engine_wired
 from swarm_runtime.config import ConfigError
-from tests.conftest import in_process_twin, run_eval, run_rows, swarm
+from tests.conftest import in_process_twin
 from tests.test_learner_actors import RAY_ARGS, _same_training_states
-from tests.test_sharded_learners import RUN, _close, _killed_rank_rewinds, _resumes_under_local
+from tests.test_sharded_learners import RUN, _killed_rank_rewinds, _resumes_under_local
 
 DEEPSPEED = [*RAY_ARGS, "train.engine=deepspeed", "train.shards=2"]
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="the deepspeed extra")
@@ -27,32 +27,20 @@ def in_process(tmp_path_factory):
 @pytest.mark.ray
 @pytest.mark.slow
 @needs_deepspeed
-def test_a_deepspeed_run_equals_the_in_process_run_and_resumes_under_local(in_process, ray_head, tmp_path):
-    """Three updates (action, bid, action: both optimizer kinds of a role step the same ZeRO-3 partition, each with
-    its own moments) against the in-process run; the checkpoint after update 2 resumes in process."""
-    run = (*RUN, *DEEPSPEED, *ray_head.args, f"run_dir={tmp_path / 'run'}")
-    r = swarm("run", *run, cwd=tmp_path, env=ray_head.env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "learners on Ray: 3" in r.stderr and "2 ranks each (deepspeed)" in r.stderr
-    rows = run_rows(tmp_path / "run")
-    updates = [row for row in rows if "kind" in row]
-    assert [u["kind"] for u in updates] == ["action", "bid", "action"]
-    assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
-    _close(rows, run_rows(in_process))
-    assert run_eval(tmp_path / "run") == run_eval(in_process)
+def test_a_deepspeed_run_with_a_rank_killed_mid_update_regroups_rewinds_and_equals_the_in_process_run(
+    in_process, ray_head, tmp_path
+):
+    """kill -9 of the last rank of a learner in update 2 (bid): its learner's ranks come back as a new group (joined
+    by deepspeed.init_distributed again), iter-000001 (written under deepspeed: the action moments) is loaded into
+    the new ZeRO-3 partitions through safe_set_full_*, updates 2 and 3 are played: the in-process run's metrics (three
+    updates, action, bid, action: both optimizer kinds of a role step the same ZeRO-3 partition, each with its own
+    moments) and eval.json; the checkpoints after updates 2 and 3 hold the in-process optimizer state, and the one
+    after update 2 resumes in process. (One run for what a plain DeepSpeed run and a killed one each checked: the
+    killed run's end must equal the in-process twin anyway; the cluster stage's cost, issue 28.)"""
+    _killed_rank_rewinds(tmp_path, in_process, DEEPSPEED, ray_head, "deepspeed")
     for tag in ("iter-000002", "iter-000003"):  # gathered through safe_get_full_optimizer_state: the same format
         _same_training_states(tmp_path / "run", in_process, tag, rtol=1e-4)
     _resumes_under_local(tmp_path, in_process)
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-@needs_deepspeed
-def test_a_deepspeed_rank_killed_mid_update_regroups_and_the_run_rewinds(in_process, ray_head, tmp_path):
-    """kill -9 of the last rank of a learner in update 2 (bid): its learner's ranks come back as a new group (joined
-    by deepspeed.init_distributed again), iter-000001 (written under deepspeed: the action moments) is loaded into
-    the new ZeRO-3 partitions through safe_set_full_*, updates 2 and 3 are played: the in-process run's metrics."""
-    _killed_rank_rewinds(tmp_path, in_process, DEEPSPEED, ray_head)
 
 
 def test_deepspeed_without_the_package_is_refused_in_one_line(registry, monkeypatch):

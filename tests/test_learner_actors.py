@@ -24,26 +24,6 @@ def in_process(tmp_path_factory):
     return in_process_twin(tmp_path_factory, *RUN, "checkpoint_every=1")
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_learner_actors_write_the_same_metrics_eval_and_checkpoints(in_process, ray_head, tmp_path):
-    r = swarm("run", *RUN, *RAY_ARGS, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "learners on Ray: 3" in r.stderr  # one per role: full copies
-    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
-    rows = run_rows(tmp_path / "run")
-    assert rows == run_rows(in_process) and len(rows) >= 3
-    updates = [row for row in rows if "kind" in row]
-    assert [u["kind"] for u in updates] == ["action", "bid", "action"]
-    assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("charts/bid_ref_logodds_") for k in updates[1])
-    assert any(k.startswith("charts/kl_") for k in updates[2])
-    assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
-    assert run_eval(tmp_path / "run") == run_eval(in_process)
-    _same_sft_checkpoint(tmp_path / "run", in_process)
-    # the last checkpoint's optimizer state came from the actors: the same as the in-process run's
-    _same_training_states(tmp_path / "run", in_process, "iter-000003")
-
-
 def _sft_ran_on_the_learners(log: str, learner_of: dict) -> None:
     """The run's log says the learner actors started before SFT and that each role's SFT ran on its learner, in the
     process (pid) that the learner's start named, not the driver's."""
@@ -197,20 +177,33 @@ def test_a_learner_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(i
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_learner_killed_mid_update_is_restarted_and_the_run_rewinds(in_process, ray_head, tmp_path):
+def test_learner_actors_killed_mid_update_restart_rewind_and_write_the_same_metrics_eval_and_checkpoints(
+    in_process, ray_head, tmp_path
+):
     """kill -9 of a learner actor while the second update (a bid update) is in flight: Ray restarts it, the run
     rewinds to its last checkpoint (iter-000000) inside the same ``swarm run`` and plays updates 1 and 2 again;
-    metrics.jsonl (no row twice) and eval.json equal the unkilled in-process run's."""
+    metrics.jsonl (no row twice), eval.json, the SFT checkpoint and the last checkpoint's optimizer state (from the
+    actors) equal the unkilled in-process run's. (One run for what a plain Ray run and a killed one each checked: the
+    killed run's end must equal the in-process twin anyway; the cluster stage's cost, issue 28.)"""
     r = _killed_run(tmp_path, 2, head=ray_head)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "learners on Ray: 3" in r.stderr  # one per role: full copies
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
     assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
     assert len(rewound) == 1 and "lost at update 2" in rewound[0] and "iter-000000" in rewound[0], rewound
     rows = run_rows(tmp_path / "run")
-    steps = [row["step"] for row in rows if "kind" in row]
-    assert steps == [1, 2, 3]  # each update once
+    updates = [row for row in rows if "kind" in row]
+    assert [u["step"] for u in updates] == [1, 2, 3]  # each update once
+    assert [u["kind"] for u in updates] == ["action", "bid", "action"]
+    assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("charts/bid_ref_logodds_") for k in updates[1])
+    assert any(k.startswith("charts/kl_") for k in updates[2])
+    assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
     assert rows == run_rows(in_process)
     assert run_eval(tmp_path / "run") == run_eval(in_process)
+    _same_sft_checkpoint(tmp_path / "run", in_process)
+    # the last checkpoint's optimizer state came from the actors (a restarted one among them): the in-process run's
+    _same_training_states(tmp_path / "run", in_process, "iter-000003")
 
 
 @pytest.mark.ray

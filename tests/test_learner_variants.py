@@ -51,14 +51,22 @@ def lora_bf16(tmp_path_factory):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_lora_on_a_bf16_base_sharded_runs_as_in_process_and_resumes_under_local(lora_bf16, ray_head, tmp_path):
-    """One learner (the bf16 base with its 3 roles' fp32 adapters) of 2 FSDP2 ranks: each LoRA layer's base Linear
-    and its adapters are units of their own dtype; metrics.jsonl within test_sharded_learners' tolerance of the
-    in-process run's, eval.json equal; the checkpoint after update 1 (no masters: the adapters are fp32) resumes under
-    ``train.engine=local`` and runs to the end."""
-    r = swarm("run", *LORA_BF16, *FSDP, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_lora_on_a_bf16_base_sharded_with_a_rank_killed_during_sft_resumes_as_in_process_and_under_local(
+    lora_bf16, tmp_path
+):
+    """kill -9 of the last rank of the (LoRA, bf16 base) learner while the SFT cold start runs on its ranks (each its
+    own full copy, before the group forms): the run stops with one line naming the learner and the command that starts
+    it again, exit 2, no checkpoint; that resume does the SFT again on new ranks: one learner (the bf16 base with its 3
+    roles' fp32 adapters) of 2 FSDP2 ranks, each LoRA layer's base Linear and its adapters units of their own dtype;
+    metrics.jsonl within test_sharded_learners' tolerance of the in-process run's, eval.json equal; the checkpoint
+    after update 1 (no masters: the adapters are fp32) resumes under ``train.engine=local`` and runs to the end. (One
+    run for what a plain sharded bf16 LoRA run and one killed during SFT each checked: the resumed run's end must
+    equal the in-process twin anyway; the cluster stage's cost, issue 28.)"""
+    killed = _killed_run(tmp_path, 1, kill_in="sft", run=(*LORA_BF16, *FSDP))
+    r = _stopped_during_sft_and_resumed(killed, "base-default", tmp_path)
     assert "learners on Ray: 1" in r.stderr and "2 ranks each (fsdp)" in r.stderr
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "base-default", "Miner": "base-default", "Smith": "base-default"})
+    assert "learners sharded after their SFT: 2 ranks each (fsdp)" in r.stderr
     rows = run_rows(tmp_path / "run")
     updates = [u for u in rows if "kind" in u]
     assert [u["kind"] for u in updates] == ["action", "bid"]
@@ -73,20 +81,6 @@ def test_lora_on_a_bf16_base_sharded_runs_as_in_process_and_resumes_under_local(
     assert [u["kind"] for u in resumed if "kind" in u] == ["action", "bid"]
     upto = [row for row in run_rows(lora_bf16) if row.get("step", 0) <= 1]
     _near(resumed[: len(upto)], upto, BF16_TOL)
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_sharded_rank_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(lora_bf16, tmp_path):
-    """kill -9 of the last rank of the (LoRA, bf16 base) learner while the SFT cold start runs on its ranks (each its
-    own full copy, before the group forms): the run stops with one line naming the learner and the command that starts
-    it again, exit 2, no checkpoint; that resume does the SFT again on new ranks and ends as the in-process run."""
-    killed = _killed_run(tmp_path, 1, kill_in="sft", run=(*LORA_BF16, *FSDP))
-    r = _stopped_during_sft_and_resumed(killed, "base-default", tmp_path)
-    _sft_ran_on_the_learners(r.stderr, {"Logger": "base-default", "Miner": "base-default", "Smith": "base-default"})
-    assert "learners sharded after their SFT: 2 ranks each (fsdp)" in r.stderr
-    _near(run_rows(tmp_path / "run"), run_rows(lora_bf16), BF16_TOL)
-    assert run_eval(tmp_path / "run") == run_eval(lora_bf16)
 
 
 #: test_learner_actors' LoRA run with Smith's adapter on a second, smaller base (tests/test_bases.py)
