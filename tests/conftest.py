@@ -99,7 +99,8 @@ def pytest_configure(config):
 
 
 #: The cluster stage's files (``-m ray``, .ci/run) by what their Ray tests cost on one worker, in seconds (setup and
-#: call, ``--durations=0``), measured at a3dca1d on two workers (49 passed in 38 min 58 s at load 10-20; issue 28).
+#: call, ``--durations=0``), measured at a3dca1d on two workers (49 passed in 38 min 58 s at load 10-20; issue 28);
+#: test_deepspeed_bf16.py, test_sigterm.py and test_actor_env.py, added after, from their own runs at load 12-19.
 #: Under ``-n 2 --dist loadfile`` the costliest go first, so that the last file a worker takes is a short one (the
 #: stage's tail: test_multinode.py, taken last, ended the stage at fa36747). Only the order matters: a file not listed
 #: goes after them, in collection order.
@@ -110,6 +111,7 @@ RAY_FILE_COST = {
     "tests/test_sharded_learners.py": 308,
     "tests/engine/test_replicas_ray.py": 286,
     "tests/test_deepspeed_learners.py": 283,
+    "tests/test_deepspeed_bf16.py": 240,
     "tests/test_sampler_actors.py": 249,
     "tests/engine/test_engine_actor.py": 246,
     "tests/test_placement.py": 243,
@@ -117,6 +119,8 @@ RAY_FILE_COST = {
     "tests/engine/test_staleness_ray.py": 194,
     "tests/test_cluster.py": 97,
     "tests/test_serve_ray.py": 93,
+    "tests/test_sigterm.py": 60,
+    "tests/test_actor_env.py": 40,
     "tests/test_monolithic_learner.py": 56,
     "tests/engine/test_replicas_placed.py": 45,
     "tests/test_trust.py": 15,
