@@ -6,9 +6,11 @@ SIGKILL, files, locks as with the ``swarm`` executable), without paying the impo
     python tests/forkcli.py serve [ARG...]         # a warm CLI: one JSON request a line (``WarmCLI``)
 
 ``sweep``: an uninterrupted run (``WORKDIR/ref``) counts the file operations (``os.replace``,
-``os.rename``, ``shutil.rmtree``) that :mod:`swarm_runtime.checkpoint` makes; then for each N, a run
-in ``WORKDIR/kill-N`` is SIGKILLed just before its N-th such operation and resumed with the plain
-CLI (``resume=true``, no injection). ``WORKDIR/sweep.json`` records every exit code. No hook in the
+``os.rename``, ``shutil.rmtree``) that :mod:`swarm_runtime.checkpoint` makes, and just before its N-th
+such operation copies its run folder to ``WORKDIR/kill-N``: the folder a SIGKILL at that operation
+leaves (below, ``_snapshot``); each ``kill-N`` is then resumed with the plain CLI (``resume=true``, no
+injection). The first operation is also met by a real run SIGKILLed there, whose folder is resumed
+too (``WORKDIR/real-1``): the copy's claim, witnessed once. ``WORKDIR/sweep.json`` records every exit code. No hook in the
 production code: the operations are wrapped here, in the child, before ``main`` runs.
 
 ``serve``: the warm interpreter behind ``conftest.warm_swarm`` (``WarmCLI``). Each request line
@@ -34,8 +36,10 @@ import traceback
 from pathlib import Path
 
 
-def _inject(kill_at: int | None, counter: list) -> None:
+def _inject(kill_at: int | None, counter: list, snapshot=None) -> None:
     import swarm_runtime.checkpoint as ckpt_module
+
+    copytree = shutil.copytree  # the unwrapped one: _snapshot's copy is no checkpoint operation
 
     def wrap(fn):
         def op(*a, **k):
@@ -43,6 +47,8 @@ def _inject(kill_at: int | None, counter: list) -> None:
                 counter[0] += 1
                 if kill_at is not None and counter[0] == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
+                if snapshot is not None:
+                    snapshot(counter[0], copytree)
             return fn(*a, **k)
 
         return op
@@ -50,7 +56,28 @@ def _inject(kill_at: int | None, counter: list) -> None:
     os.replace, os.rename, shutil.rmtree = wrap(os.replace), wrap(os.rename), wrap(shutil.rmtree)
 
 
-def run(argv: list[str], log: Path, kill_at: int | None = None, count: bool = False) -> tuple[int, int]:
+def _snapshot(run_dir: Path, work: Path):
+    """Before each checkpoint operation N of the run in ``run_dir``: its folder copied to ``work/kill-N``, the
+    state a SIGKILL there leaves. The run's thread is held in the operation while the copy is made, and a kill
+    keeps exactly what the kernel has of each file (the page cache outlives the process; what sits in the
+    process's own buffers is lost to both); the flock on ``.lock`` goes with the process, and the copy holds none.
+    The one difference, the run folder's own path in ``config.yaml``, is set to the copy's (``retarget``)."""
+
+    def take(n: int, copytree) -> None:
+        copytree(run_dir, work / f"kill-{n}", symlinks=True)
+
+    return take
+
+
+def retarget(run_dir: Path, copy: Path) -> None:
+    """``copy``, a copy of the run folder ``run_dir``, names itself where the run named its folder."""
+    hits = [p for p in copy.rglob("*") if p.is_file() and str(run_dir).encode() in p.read_bytes()]
+    cfg = copy / "config.yaml"
+    assert {p.name for p in hits} <= {"config.yaml", "swarm.log", "run.log"}, hits  # nothing else names it
+    cfg.write_text(cfg.read_text().replace(f"run_dir: {run_dir}\n", f"run_dir: {copy}\n"))
+
+
+def run(argv: list[str], log: Path, kill_at: int | None = None, count: bool = False, snapshot=None) -> tuple[int, int]:
     """``swarm ARGV`` in a forked child (stdout and stderr to ``log``); returns (exit code, or
     -signal, and the number of checkpoint file operations when ``count``)."""
     ops_file = log.with_suffix(".ops")
@@ -60,8 +87,8 @@ def run(argv: list[str], log: Path, kill_at: int | None = None, count: bool = Fa
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         counter = [0]
-        if count or kill_at is not None:
-            _inject(kill_at, counter)
+        if count or kill_at is not None or snapshot is not None:
+            _inject(kill_at, counter, snapshot)
         _fresh_thread_pool()
         rc = 1
         try:
@@ -79,13 +106,19 @@ def run(argv: list[str], log: Path, kill_at: int | None = None, count: bool = Fa
 
 
 def sweep(work: Path, args: list[str]) -> dict:
-    rc, ops = run(["run", *args, f"run_dir={work / 'ref'}"], work / "ref.log", count=True)
-    out = {"ref": rc, "ops": ops, "cases": {}}
+    ref = work / "ref"
+    rc, ops = run(["run", *args, f"run_dir={ref}"], work / "ref.log", count=True, snapshot=_snapshot(ref, work))
+    out = {"ref": rc, "ops": ops, "cases": {}, "real": {}}
     for n in range(1, ops + 1):
         d = work / f"kill-{n}"
-        killed, _ = run(["run", *args, f"run_dir={d}"], work / f"kill-{n}.log", kill_at=n)
+        retarget(ref, d)
         resumed, _ = run(["run", "resume=true", f"run_dir={d}"], work / f"resume-{n}.log")
-        out["cases"][n] = [killed, resumed]
+        out["cases"][n] = resumed
+    for n in [1]:  # a real kill at the first operation
+        d = work / f"real-{n}"
+        killed, _ = run(["run", *args, f"run_dir={d}"], work / f"real-{n}.log", kill_at=n)
+        resumed, _ = run(["run", "resume=true", f"run_dir={d}"], work / f"resume-real-{n}.log")
+        out["real"][n] = [killed, resumed]
     return out
 
 

@@ -79,10 +79,16 @@ def test_a_kill_at_every_checkpoint_file_operation_resumes_to_the_uninterrupted_
     assert out["ref"] == 0 and out["ops"] >= 15, out
     rows, weights, results = _rows(ref), _weights(ref), _results(ref)
     assert [r["step"] for r in rows if "kind" in r] == [1]
-    for n, (killed, resumed) in out["cases"].items():
-        run = work / f"kill-{n}"
-        assert killed == -9, (n, (work / f"kill-{n}.log").read_text()[-2000:])
-        assert resumed == 0, (n, (work / f"resume-{n}.log").read_text()[-2000:])
+    # every operation's crash state (the run folder as a SIGKILL there leaves it, tests/forkcli.py _snapshot), and a
+    # real SIGKILL of the CLI at the first operation
+    assert sorted(map(int, out["cases"])) == list(range(1, out["ops"] + 1))
+    assert list(out["real"]) == ["1"]
+    cases = [(f"kill-{n}", f"resume-{n}", -9, resumed) for n, resumed in out["cases"].items()]
+    cases += [(f"real-{n}", f"resume-real-{n}", *codes) for n, codes in out["real"].items()]
+    for n, resume_log, killed, resumed in cases:
+        run = work / n
+        assert killed == -9, (n, (work / f"{n}.log").read_text()[-2000:])
+        assert resumed == 0, (n, (work / f"{resume_log}.log").read_text()[-2000:])
         assert _rows(run) == rows, n  # every row exactly once, with the same numbers
         got = _weights(run)
         assert got.keys() == weights.keys()
