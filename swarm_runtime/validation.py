@@ -433,9 +433,10 @@ def needs_ray(cfg: DictConfig, keys=RAY_KEYS) -> None:
 
 
 def validate(cfg: DictConfig, registry, ray_keys=RAY_KEYS) -> None:
-    """Every rule on ``cfg``'s keys, then Ray installed where the command uses it (``ray_keys``: of
-    :data:`RAY_KEYS`, those the command acts on; ``swarm eval`` serves nothing, ``swarm serve`` steps no env), then
-    every cross-key check; the first error is raised."""
+    """Every rule on ``cfg``'s keys, then every cross-key check, then Ray installed where the command uses it
+    (``ray_keys``: of :data:`RAY_KEYS`, those the command acts on; ``swarm eval`` serves nothing, ``swarm serve``
+    steps no env); the first error is raised. A config that cannot run is named before the extra it would need:
+    installing Ray would not make it valid."""
     _resolve_all(cfg)
     for rule in RULES.values():
         try:
@@ -445,9 +446,9 @@ def validate(cfg: DictConfig, registry, ray_keys=RAY_KEYS) -> None:
         if rule.lazy and not _lazy_ok(registry):
             continue
         check_rule(rule, value)
-    needs_ray(cfg, ray_keys)
     for check in CHECKS:
         check(cfg, registry)
+    needs_ray(cfg, ray_keys)
 
 
 # ---------------------------------------------------------------- cross-key checks

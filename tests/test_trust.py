@@ -359,6 +359,18 @@ def test_each_command_asks_for_ray_only_where_it_uses_it(runs, tmp_path):
     _error(swarm(*serve, cwd=tmp_path, without_ray=True), f"serve.cluster=ray {extra}")
 
 
+def test_without_ray_a_config_that_cannot_run_is_named_before_the_extra(tmp_path):
+    """Without the ray extra, a Ray run whose keys cannot go together is refused for them (installing Ray would not
+    make it valid), and a valid one for the extra it needs: every cross-key check comes before the Ray check
+    (validation.py: validate)."""
+    bad = ("rollout.max_staleness=1", "cluster.kind=ray", "cluster.samplers=ray")
+    res = swarm("run", *TINY_RUN, *bad, f"run_dir={tmp_path / 'a'}", cwd=tmp_path, without_ray=True)
+    _error(res, "rollout.max_staleness=1 with cluster.samplers=ray and rollout.engine=local")
+    res = swarm("run", *TINY_RUN, "cluster.kind=ray", f"run_dir={tmp_path / 'b'}", cwd=tmp_path, without_ray=True)
+    _error(res, "cluster.kind=ray needs Ray, which is not installed")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 @pytest.mark.ray
 def test_a_recipes_ray_head_is_joined_a_saved_one_is_not(tmp_path):
     """6d. A recipe (``recipe=PATH.yaml``) is a file the user named, trusted like the command line: the
