@@ -48,6 +48,7 @@ def test_deepspeed_without_the_package_is_refused_in_one_line(registry, monkeypa
     cannot do is refused as fsdp's is (tests/test_sharded_learners.py)."""
     from swarm_runtime.config import resolve
 
+    pytest.importorskip("ray")  # without it, resolve refuses cluster.kind=ray for the extra (validation.needs_ray)
     cfg = resolve([*RUN[:2], *DEEPSPEED], registry[1])
     real = importlib.util.find_spec
     if real("deepspeed") is not None:
