@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from loguru import logger
 
-from swarm_runtime.config import resolve
-from swarm_runtime.plugins import get_registry
-from swarm_runtime.run import RunContext
+from swarm_runtime.config.load import resolve
+from swarm_runtime.plugins.manager import get_registry
+from swarm_runtime.runs.context import RunContext
 
 
 def parser(doc: str, seed: int) -> argparse.ArgumentParser:

@@ -34,8 +34,10 @@ from collections import defaultdict
 import torch
 from _checkpoint import add_batch_options, load, parser  # benchmarks/_checkpoint.py
 
-from swarm_runtime.episode import ForcedTurn, new_slots, play
-from swarm_runtime.train.bid import forced_slot
+from swarm_runtime.core.episode import ForcedTurn
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.bid import forced_slot
+from swarm_runtime.sampling.play import play
 
 CONTINUATIONS = 2  #: K: continuations per sampled action (two are what the covariance needs)
 

@@ -63,7 +63,7 @@ def peak_rss() -> int:
 def model_cfg(rank: int):
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import LORA_TARGETS
+    from swarm_runtime.config.schema import LORA_TARGETS
 
     return OmegaConf.create(
         {
@@ -99,8 +99,8 @@ def build(mode: str, agents: int, rank: int, adapters: int | None = None):
     import torch
     from omegaconf import OmegaConf
 
-    from swarm_runtime.policy.adapters import MixedBatch, build_adapter_swarm
-    from swarm_runtime.policy.transformers_backend import make_transformers_policy
+    from swarm_runtime.models.adapters import MixedBatch, build_adapter_swarm
+    from swarm_runtime.models.transformers_backend import make_transformers_policy
 
     levels = [0.0, 0.2, 0.4, 0.6, 0.8]
     cfg = model_cfg(rank)
@@ -141,8 +141,8 @@ def measure_memory(args) -> dict:
     ``--optimizers`` AdamW per distinct trained policy (the trainer has two per role: action and bid)."""
     import torch
 
-    from swarm_runtime.policy.adapters import MixedBatch
-    from swarm_runtime.train.optim import clip_and_step, make_optimizer
+    from swarm_runtime.learn.optim import clip_and_step, make_optimizer
+    from swarm_runtime.models.adapters import MixedBatch
 
     torch.set_num_threads(args.threads)
     phases = {"start": status_mib()}
@@ -341,7 +341,7 @@ def batching(args) -> None:
     batches can do short of one merged full copy per agent."""
     import torch
 
-    from swarm_runtime.policy.adapters import MixedBatch
+    from swarm_runtime.models.adapters import MixedBatch
 
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter

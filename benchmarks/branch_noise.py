@@ -32,8 +32,9 @@ import sys
 import torch
 from _checkpoint import add_batch_options, load, parser  # benchmarks/_checkpoint.py
 
-from swarm_runtime.episode import new_slots, play
-from swarm_runtime.train.bid import forced_slot, forced_turns, pick_contested, resample_lower, window_score
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.bid import forced_slot, forced_turns, pick_contested, resample_lower, window_score
+from swarm_runtime.sampling.play import play
 
 
 def measure(

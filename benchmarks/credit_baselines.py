@@ -32,8 +32,9 @@ from collections import defaultdict
 import torch
 from _checkpoint import load, parser  # benchmarks/_checkpoint.py
 
-from swarm_runtime.episode import new_slots, play
-from swarm_runtime.train.action import credit_samples
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.action import credit_samples
+from swarm_runtime.sampling.play import play
 
 DIM = 4096  #: hashed feature dimension of the text baseline
 

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from swarm_runtime.config import resolve
-from swarm_runtime.env import closing_all
-from swarm_runtime.episode import AuctionTurns, new_slots
-from swarm_runtime.plugins import get_registry
-from swarm_runtime.rollout.engine import TurnEngine
-from swarm_runtime.rollout.factory import make_sampler
-from swarm_runtime.rollout.local import LocalLearner, LocalSampler, model_names
-from swarm_runtime.run import RunContext
+from swarm_runtime.config.load import resolve
+from swarm_runtime.core.engine import TurnEngine
+from swarm_runtime.core.env import closing_all
+from swarm_runtime.core.loop import AuctionTurns, new_slots
+from swarm_runtime.plugins.manager import get_registry
+from swarm_runtime.runs.context import RunContext
+from swarm_runtime.sampling.factory import make_sampler
+from swarm_runtime.sampling.local import LocalLearner, LocalSampler, model_names
 
 
 def play(ctx, agents, sampler, seeds, decisions):
@@ -34,7 +34,9 @@ def play(ctx, agents, sampler, seeds, decisions):
     for i, p in enumerate({id(a.policy): a.policy for a in agents}.values()):
         p.gen.manual_seed(i)
     engine = TurnEngine(sampler)
-    turns = AuctionTurns(agents, model_names(agents), ctx.coordinator(), ctx.domain, decisions, random.Random(0))
+    turns = AuctionTurns.for_agents(
+        agents, model_names(agents), ctx.coordinator(), ctx.domain, decisions, random.Random(0)
+    )
     t0 = time.perf_counter()
     slots = new_slots(ctx.domain, ctx.task, seeds)
     with torch.no_grad(), closing_all([s.env for s in slots]):  # the envs closed at the end, also when it raised
@@ -46,7 +48,7 @@ def play(ctx, agents, sampler, seeds, decisions):
 
 def mismatch(agents, episodes) -> tuple[float, int]:
     """Largest |server - learner| per-token log-prob over every acted turn, and the tokens compared."""
-    from swarm_runtime.policy.base import sampled_logprobs
+    from swarm_runtime.learn.logprobs import sampled_logprobs
 
     worst, count = 0.0, 0
     for e in episodes:

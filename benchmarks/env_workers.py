@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from swarm_runtime import hookimpl
-from swarm_runtime.env import DomainEnv
+from swarm_runtime.core.env import DomainEnv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,7 +70,7 @@ class SleepyEnv(DomainEnv):
 
 
 def sleepy_domain():
-    from swarm_runtime.plugins import get_registry
+    from swarm_runtime.plugins.manager import get_registry
 
     base = type(get_registry()[1].domains["minecraft"])
 
@@ -91,8 +91,8 @@ def swarm_register_domains(register) -> None:
 def _task(latency: float):
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import resolve
-    from swarm_runtime.plugins import get_registry
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.plugins.manager import get_registry
 
     task = resolve(["domain=minecraft", "task=wooden_pickaxe"], get_registry()[1]).task
     plain = OmegaConf.to_container(task, resolve=True)
@@ -103,8 +103,9 @@ def step_turns(domain, task, n_envs: int, turns: int, role: str) -> tuple[int, i
     """Reset ``n_envs`` envs of ``domain`` and step them ``turns`` turns as ``episode.play`` does (the
     observation read, every step sent first, then collected; each env's metrics at the end); (steps, turns
     played, seconds of the turns)."""
-    from swarm_runtime.env import close_all
-    from swarm_runtime.episode import make_env, prefetch_steps
+    from swarm_runtime.core.engine import prefetch_steps
+    from swarm_runtime.core.env import close_all
+    from swarm_runtime.core.loop import make_env
 
     envs = [make_env(domain, task) for _ in range(n_envs)]
     for i, env in enumerate(envs):
@@ -131,7 +132,7 @@ def step_turns(domain, task, n_envs: int, turns: int, role: str) -> tuple[int, i
 def throughput(args) -> None:
     import ray
 
-    from swarm_runtime.cluster.remote import ClusterDomain, EnvCluster
+    from swarm_runtime.cluster.env_cluster import ClusterDomain, EnvCluster
 
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # the workers'
     task, domain = _task(args.latency), sleepy_domain()
@@ -192,7 +193,7 @@ def job(args) -> None:
             name, extra = sides[side]
             t0 = time.perf_counter()
             r = subprocess.run(
-                [sys.executable, "-m", "swarm_runtime.cli", "run", *argv, *extra, f"run_dir={tmp}/{side}"],
+                [sys.executable, "-m", "swarm_runtime.cli.main", "run", *argv, *extra, f"run_dir={tmp}/{side}"],
                 cwd=tmp,
                 env=env,
                 capture_output=True,

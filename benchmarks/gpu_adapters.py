@@ -2,13 +2,13 @@
 an H200; no download): a Qwen2-style model of ~0.5B parameters built from a config (random weights,
 bf16), then for 3 and 12 adapter agents (one adapter each) on one base:
 
-1. one SFT step of every agent's adapter (:func:`swarm_runtime.train.sft.sft`, one step each);
+1. one SFT step of every agent's adapter (:func:`swarm_runtime.learn.sft.sft`, one step each);
 2. one MPT update: a rollout turn over ``--envs`` envs (every agent's bid prompt in one mixed-adapter
    batch, then the winners' actions generated in one mixed batch) and one REINFORCE step per agent
-   (:func:`swarm_runtime.train.action.action_update`);
+   (:func:`swarm_runtime.learn.action.action_update`);
 
 printing the peak CUDA memory (``torch.cuda.max_memory_allocated``), tokens/s of each phase, and the
-memory plan's estimate for the same settings (:mod:`swarm_runtime.memory_plan`) beside it.
+memory plan's estimate for the same settings (:mod:`swarm_runtime.models.memory_plan`) beside it.
 
     python benchmarks/gpu_adapters.py [--agents 3 12] [--envs 16] [--prompt 512] [--profile h200]
 
@@ -88,14 +88,14 @@ def main() -> int:
     from loguru import logger
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import resolve
-    from swarm_runtime.episode import Agent
-    from swarm_runtime.memory_plan import make_plan
-    from swarm_runtime.plugins import get_registry
-    from swarm_runtime.policy.adapters import MixedBatch, build_adapter_swarm
-    from swarm_runtime.train.action import action_update
-    from swarm_runtime.train.optim import make_optimizer
-    from swarm_runtime.train.sft import Example, sft
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.core.episode import Agent
+    from swarm_runtime.learn.action import action_update
+    from swarm_runtime.learn.optim import make_optimizer
+    from swarm_runtime.learn.sft import Example, sft
+    from swarm_runtime.models.adapters import MixedBatch, build_adapter_swarm
+    from swarm_runtime.models.memory_plan import make_plan
+    from swarm_runtime.plugins.manager import get_registry
 
     logger.remove()
     logger.add(sys.stderr, level="WARNING")

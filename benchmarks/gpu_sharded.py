@@ -33,7 +33,7 @@ def make_policy(hidden: int, layers: int, device: str, dtype: str, seed: int = 0
     import torch
     from omegaconf import OmegaConf
 
-    from swarm_runtime.policy.transformers_backend import make_transformers_policy
+    from swarm_runtime.models.transformers_backend import make_transformers_policy
 
     heads = max(1, hidden // 64)
     cfg = OmegaConf.create(
@@ -75,9 +75,9 @@ def compare(args, dtype: str, device: str) -> dict:
     and batch in ``dtype``; the differences and seconds."""
     import torch
 
-    from swarm_runtime.train.action import _reinforce_chunk
-    from swarm_runtime.train.optim import accumulate_and_step, make_optimizer, master_weight
-    from swarm_runtime.train.sharded import OptimSettings, sharded_update
+    from swarm_runtime.learn.losses import reinforce_chunk
+    from swarm_runtime.learn.optim import accumulate_and_step, make_optimizer, master_weight
+    from swarm_runtime.learn.sharded import OptimSettings, sharded_update
 
     make = functools.partial(make_policy, args.hidden, args.layers, device, dtype)
     s = OptimSettings(lr=1e-4, weight_decay=0.01, total_steps=10, eps=1e-6, minibatch=args.minibatch, grad_clip=1.0)
@@ -90,7 +90,7 @@ def compare(args, dtype: str, device: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
     sync()
     t0 = time.perf_counter()
-    loss, norm = accumulate_and_step(pol, batch, s.minibatch, _reinforce_chunk, opt, sched, s.grad_clip)
+    loss, norm = accumulate_and_step(pol, batch, s.minibatch, reinforce_chunk, opt, sched, s.grad_clip)
     sync()
     one_s = time.perf_counter() - t0
     one_peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
         device, backend = "cuda", "nccl"
         torch.cuda.set_device(0)
     os.environ.setdefault("SWARM_PROMPT_OVERFLOW", "warn")
-    from swarm_runtime.train.sharded import free_port
+    from swarm_runtime.learn.sharded import free_port
 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:

@@ -51,11 +51,11 @@ def measure(args) -> dict:
     import torch
     from loguru import logger
 
-    from swarm_runtime.config import resolve
-    from swarm_runtime.episode import Agent
-    from swarm_runtime.evaluate import evaluate
-    from swarm_runtime.plugins import get_registry
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.core.episode import Agent
+    from swarm_runtime.evaluation.heldout import evaluate
+    from swarm_runtime.plugins.manager import get_registry
+    from swarm_runtime.runs.context import RunContext
 
     logger.remove()
     torch.set_num_threads(args.threads)

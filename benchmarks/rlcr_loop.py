@@ -43,13 +43,15 @@ import time
 import torch
 from loguru import logger
 
-from swarm_runtime.config import resolve
-from swarm_runtime.episode import Agent, new_slots, play
-from swarm_runtime.plugins import get_registry
-from swarm_runtime.rlcr.loop import play_concurrent, policy_decider
-from swarm_runtime.rlcr.trainer import demo_examples, loop_options, make_shared_policy
-from swarm_runtime.run import RunContext
-from swarm_runtime.train.sft import sft
+from swarm_runtime.config.load import resolve
+from swarm_runtime.core.episode import Agent
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.rlcr.loop import play_concurrent, policy_decider
+from swarm_runtime.learn.rlcr.trainer import demo_examples, loop_options, make_shared_policy
+from swarm_runtime.learn.sft import sft
+from swarm_runtime.plugins.manager import get_registry
+from swarm_runtime.runs.context import RunContext
+from swarm_runtime.sampling.play import play
 
 
 class CountingDecider:

@@ -24,11 +24,12 @@ import time
 import torch
 from loguru import logger
 
-from swarm_runtime.config import resolve
-from swarm_runtime.episode import new_slots, play
-from swarm_runtime.plugins import get_registry
-from swarm_runtime.run import RunContext
-from swarm_runtime.train.sft import collect_demos, sft
+from swarm_runtime.config.load import resolve
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.sft import collect_demos, sft
+from swarm_runtime.plugins.manager import get_registry
+from swarm_runtime.runs.context import RunContext
+from swarm_runtime.sampling.play import play
 
 
 class ForwardTimer:

@@ -1,4 +1,4 @@
-"""Sampler actors (``cluster.samplers=ray``, swarm_runtime/cluster/sampler.py): decisions per second of the batched
+"""Sampler actors (``cluster.samplers=ray``, swarm_runtime/cluster/samplers.py): decisions per second of the batched
 episode loop with its bids and actions drawn in a sampler actor on a local Ray, against in process.
 
 The tiny job's swarm (the default model, ``domain=minecraft task=wooden_pickaxe``, a short SFT so the models emit
@@ -18,12 +18,13 @@ import time
 import torch
 from loguru import logger
 
-from swarm_runtime.config import resolve
-from swarm_runtime.episode import new_slots, play
-from swarm_runtime.plugins import get_registry
-from swarm_runtime.rollout.local import LocalLearner, LocalSampler, model_names
-from swarm_runtime.run import RunContext
-from swarm_runtime.train.sft import collect_demos, sft
+from swarm_runtime.config.load import resolve
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.sft import collect_demos, sft
+from swarm_runtime.plugins.manager import get_registry
+from swarm_runtime.runs.context import RunContext
+from swarm_runtime.sampling.local import LocalLearner, LocalSampler, model_names
+from swarm_runtime.sampling.play import play
 
 
 def main() -> None:
@@ -70,7 +71,7 @@ def main() -> None:
             getattr(sampler, "calls", 0) - calls,
         )
 
-    from swarm_runtime.cluster.sampler import RaySampler
+    from swarm_runtime.cluster.samplers import RaySampler
 
     learner = LocalLearner(policies)
     local = LocalSampler(policies, learner)

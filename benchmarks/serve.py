@@ -72,7 +72,7 @@ class Gateway:
         self.argv = [
             sys.executable,
             "-m",
-            "swarm_runtime.cli",
+            "swarm_runtime.cli.main",
             "serve",
             str(run),
             f"checkpoint={tag}",
@@ -157,7 +157,7 @@ async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s
     Returns (bodies, kills, wall, gateway_kill)."""
     import httpx
 
-    from swarm_runtime.policy.noise import key_hash
+    from swarm_runtime.core.noise import key_hash
     from swarm_runtime.serve.client import SwarmClient
 
     kills = []
@@ -286,11 +286,11 @@ def main() -> None:
 
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
-    from swarm_runtime.config import load_saved
-    from swarm_runtime.deploy import dropout_presence
-    from swarm_runtime.evaluate import evaluate
-    from swarm_runtime.plugins import get_registry
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.config.load import load_saved
+    from swarm_runtime.evaluation.deploy import dropout_presence
+    from swarm_runtime.evaluation.heldout import evaluate
+    from swarm_runtime.plugins.manager import get_registry
+    from swarm_runtime.runs.context import RunContext
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     run = scratch_run(Path(a.run), a.checkpoint, tmp / "run")

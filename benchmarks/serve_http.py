@@ -7,7 +7,7 @@ the worker's CPU (``/proc/PID/stat``, Linux) and the wall time:
 
 - ``httpx``: ``httpx.AsyncClient`` (what the gateway used before);
 - ``httpcore``: ``httpcore.AsyncConnectionPool`` (the engine under httpx; what the gateway uses now,
-  ``swarm_runtime.serve.engine.AgentClients``);
+  ``swarm_runtime.serve.episodes.AgentClients``);
 - ``aiohttp``: ``aiohttp.ClientSession``, only if aiohttp is installed (it is not a dependency).
 
     python benchmarks/serve_http.py --model RUN/checkpoints/TAG/agents/ROLE [--requests 400] [--rounds 2]
@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    from swarm_runtime.policy.tokenizer import bid_token
+    from swarm_runtime.models.tokenizer import bid_token
     from swarm_runtime.serve.population import free_port
     from swarm_runtime.serve.protocol import seed_for
 

@@ -1,5 +1,5 @@
 """One REINFORCE update of a real role model, in one process and sharded over a learner group
-(swarm_runtime/train/sharded.py), compared parameter by parameter.
+(swarm_runtime/learn/sharded.py), compared parameter by parameter.
 
 The batch: every action the minecraft expert takes on a few training seeds (prompts as the role's model sees
 them), each with a seeded advantage. The 1-process update is ``accumulate_and_step`` with the run's AdamW;
@@ -19,14 +19,14 @@ import functools
 import random
 import time
 
-from swarm_runtime.config import resolve
-from swarm_runtime.masters import MASTER_ATTR
-from swarm_runtime.plugins import get_registry
-from swarm_runtime.policy.transformers_backend import cast_weights, make_transformers_policy
-from swarm_runtime.train.action import _reinforce_chunk
-from swarm_runtime.train.optim import accumulate_and_step, make_optimizer
-from swarm_runtime.train.sft import collect_demos
-from swarm_runtime.train.sharded import ENGINES, OptimSettings, spawn_update
+from swarm_runtime.config.load import resolve
+from swarm_runtime.learn.losses import reinforce_chunk
+from swarm_runtime.learn.optim import accumulate_and_step, make_optimizer
+from swarm_runtime.learn.sft import collect_demos
+from swarm_runtime.learn.sharded import ENGINES, OptimSettings, spawn_update
+from swarm_runtime.models.masters import MASTER_ATTR
+from swarm_runtime.models.transformers_backend import cast_weights, make_transformers_policy
+from swarm_runtime.plugins.manager import get_registry
 
 
 def _cast(make, dtype: str):
@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     words = domain.all_words(cfg.task)
     levels = tuple(float(b) for b in cfg.algo.bid_levels)
     make = functools.partial(make_transformers_policy, cfg.model, words, levels, int(cfg.seed))
-    if args.dtype != "float32":  # built, then cast as a run's GPU profile casts it (policy/adapters.py)
+    if args.dtype != "float32":  # built, then cast as a run's GPU profile casts it (models/adapters.py)
         make = functools.partial(_cast, make, args.dtype)
     demos = collect_demos(domain, cfg.task, list(range(args.seeds)))
     pol = make()
@@ -77,7 +77,7 @@ def main(argv=None) -> None:
     before = {n: p.detach().clone() for n, p in pol.model.named_parameters()}
     opt, sched = make_optimizer(pol.parameters(), s.lr, s.weight_decay, s.total_steps, s.warmup, eps=s.eps)
     t0 = time.perf_counter()
-    loss, norm = accumulate_and_step(pol, batch, s.minibatch, _reinforce_chunk, opt, sched, s.grad_clip)
+    loss, norm = accumulate_and_step(pol, batch, s.minibatch, reinforce_chunk, opt, sched, s.grad_clip)
     one_s = time.perf_counter() - t0
     one = {n: getattr(p, MASTER_ATTR, p) for n, p in pol.model.named_parameters()}  # a bf16 model's fp32 masters
     t0 = time.perf_counter()

@@ -150,7 +150,9 @@ def main(argv=None) -> int:
         run_dir = out / f"k{k}"
         t0 = time.perf_counter()
         res = subprocess.run(
-            [sys.executable, "-m", "swarm_runtime.cli", "run", *run_args(k, a, run_dir)], capture_output=True, text=True
+            [sys.executable, "-m", "swarm_runtime.cli.main", "run", *run_args(k, a, run_dir)],
+            capture_output=True,
+            text=True,
         )
         if res.returncode != 0:
             print(

@@ -1,5 +1,5 @@
 """Cross-cutting plugins that ship with swarm-runtime and use only the public hooks
-(:mod:`swarm_runtime.hookspecs`), exactly as a third-party package would.
+(:mod:`swarm_runtime.plugins.hookspecs`), exactly as a third-party package would.
 
 - :mod:`swarm_plugins.wandb_observer`: a Weights & Biases logger on the observer hooks
   (``pip install 'swarm-runtime[wandb]'``; inert unless ``SWARM_WANDB`` is set).

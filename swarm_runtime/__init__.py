@@ -1,6 +1,6 @@
 """swarm-runtime: train and deploy swarms of LLM agents with the MPT method.
 
-The core knows no domain by name; domains arrive through :mod:`swarm_runtime.hookspecs`.
+The core knows no domain by name; domains arrive through :mod:`swarm_runtime.plugins.hookspecs`.
 """
 
 import pluggy

@@ -66,7 +66,9 @@ TINY_RLCR_EXPERIMENT = [
 
 #: The CLI as ``python -c`` with Ray not importable (``import ray`` fails, ``importlib.util.find_spec("ray")`` is None):
 #: a machine without the ray extra.
-NO_RAY_CLI = "import sys; sys.modules['ray'] = None; from swarm_runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+NO_RAY_CLI = (
+    "import sys; sys.modules['ray'] = None; from swarm_runtime.cli.main import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def swarm(
@@ -75,7 +77,7 @@ def swarm(
     """Run the real ``swarm`` CLI in a subprocess (``env``: variables to add or change; ``without_ray``: as if the
     ray extra were not installed, :data:`NO_RAY_CLI`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    cli = ["-c", NO_RAY_CLI] if without_ray else ["-m", "swarm_runtime.cli"]
+    cli = ["-c", NO_RAY_CLI] if without_ray else ["-m", "swarm_runtime.cli.main"]
     return subprocess.run(
         [sys.executable, *cli, *args],
         cwd=cwd,
@@ -311,7 +313,7 @@ def warm_swarm():
 
 @pytest.fixture(scope="session")
 def registry():
-    from swarm_runtime.plugins import build_registry, make_plugin_manager
+    from swarm_runtime.plugins.manager import build_registry, make_plugin_manager
 
     pm = make_plugin_manager()
     return pm, build_registry(pm)
@@ -319,8 +321,8 @@ def registry():
 
 def run_context(registry, *args: str):
     """A ``RunContext`` (no run folder) for ``key=value`` arguments, as ``swarm run`` resolves them."""
-    from swarm_runtime.config import resolve
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.runs.context import RunContext
 
     pm, reg = registry
     return RunContext(resolve(list(args), reg), pm, reg, None)

@@ -1,4 +1,4 @@
-"""Run the real ``swarm`` CLI (``swarm_runtime.cli.main``) many times from one process that has
+"""Run the real ``swarm`` CLI (``swarm_runtime.cli.main.main``) many times from one process that has
 imported everything once: each command runs in a forked child, a process of its own (exit codes,
 SIGKILL, files, locks as with the ``swarm`` executable), without paying the imports again.
 
@@ -6,7 +6,7 @@ SIGKILL, files, locks as with the ``swarm`` executable), without paying the impo
     python tests/forkcli.py serve [ARG...]         # a warm CLI: one JSON request a line (``WarmCLI``)
 
 ``sweep``: an uninterrupted run (``WORKDIR/ref``) counts the file operations (``os.replace``,
-``os.rename``, ``shutil.rmtree``) that :mod:`swarm_runtime.checkpoint` makes, and just before its N-th
+``os.rename``, ``shutil.rmtree``) that :mod:`swarm_runtime.runs.checkpoint` makes, and just before its N-th
 such operation copies its run folder to ``WORKDIR/kill-N``: the folder a SIGKILL at that operation
 leaves (below, ``_snapshot``); each ``kill-N`` is then resumed with the plain CLI (``resume=true``, no
 injection). The first operation is also met by a real run SIGKILLed there, whose folder is resumed
@@ -37,7 +37,7 @@ from pathlib import Path
 
 
 def _inject(kill_at: int | None, counter: list, snapshot=None) -> None:
-    import swarm_runtime.checkpoint as ckpt_module
+    import swarm_runtime.runs.checkpoint as ckpt_module
 
     copytree = shutil.copytree  # the unwrapped one: _snapshot's copy is no checkpoint operation
 
@@ -92,7 +92,7 @@ def run(argv: list[str], log: Path, kill_at: int | None = None, count: bool = Fa
         _fresh_thread_pool()
         rc = 1
         try:
-            from swarm_runtime.cli import main
+            from swarm_runtime.cli.main import main
 
             rc = main(argv)
         finally:
@@ -145,14 +145,14 @@ def _child(req: dict, out: str, err: str) -> None:
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         sys.argv = ["swarm", *req["argv"]]
         _fresh_thread_pool()
-        from swarm_runtime.cli import main
+        from swarm_runtime.cli.main import main
 
         try:
             rc = main(list(req["argv"]))
         except SystemExit as exc:  # argparse: --help, usage errors
             code = exc.code
             rc = code if isinstance(code, int) else (0 if code is None else (print(code, file=sys.stderr) or 1))
-        except BaseException:  # as `python -m swarm_runtime.cli` would: the traceback, exit 1
+        except BaseException:  # as `python -m swarm_runtime.cli.main` would: the traceback, exit 1
             traceback.print_exc()
             rc = 1
     finally:
@@ -254,9 +254,9 @@ def warm_up(args: list[str]) -> None:
     code is loaded before the forks and each child only trains."""
     import torch
 
-    from swarm_runtime.config import resolve
-    from swarm_runtime.plugins import get_registry
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.plugins.manager import get_registry
+    from swarm_runtime.runs.context import RunContext
 
     torch.set_num_threads(1)
     pm, reg = get_registry()
@@ -266,13 +266,13 @@ def warm_up(args: list[str]) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from swarm_runtime.plugins import get_registry
+    from swarm_runtime.plugins.manager import get_registry
 
     get_registry()  # every plugin imported once, before the forks
     import matplotlib
 
-    import swarm_runtime.cli  # noqa: F401
-    import swarm_runtime.train.mpt  # noqa: F401
+    import swarm_runtime.cli.main  # noqa: F401
+    import swarm_runtime.learn.mpt  # noqa: F401
 
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401  (the run's plots)

@@ -34,9 +34,9 @@ def _snapshot(model) -> dict:
 
 
 def test_a_step_on_one_role_leaves_the_other_adapters_and_the_base_bit_identical(registry):
-    from swarm_runtime.train.action import action_update
-    from swarm_runtime.train.bid import BranchPair, bid_update  # noqa: F401  (the same accumulate_and_step)
-    from swarm_runtime.train.optim import make_optimizer
+    from swarm_runtime.learn.action import action_update
+    from swarm_runtime.learn.bid import BranchPair, bid_update  # noqa: F401  (the same accumulate_and_step)
+    from swarm_runtime.learn.optim import make_optimizer
 
     ctx, agents, policies = _swarm(registry)
     shared = policies["Miner"].shared_base
@@ -62,7 +62,7 @@ def test_save_and_load_round_trip_through_peft_and_build_swarm(registry, tmp_pat
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from swarm_runtime.policy.transformers_backend import TransformersPolicy
+    from swarm_runtime.models.transformers_backend import TransformersPolicy
 
     ctx, _, policies = _swarm(registry)
     resp = policies["Miner"].action_target("mine stone")
@@ -86,8 +86,8 @@ def test_save_and_load_round_trip_through_peft_and_build_swarm(registry, tmp_pat
 
 
 def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
-    import swarm_runtime.policy.adapters as adapters
-    from swarm_runtime.policy.adapters import GroupedLoRA, MixedBatch
+    import swarm_runtime.models.adapters as adapters
+    from swarm_runtime.models.adapters import GroupedLoRA, MixedBatch
 
     _, _, policies = _swarm(registry)
     roles = ["Logger", "Miner", "Smith", "Miner", "Logger", "Smith"]  # interleaved, as the episode loop sends them
@@ -151,8 +151,9 @@ def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
 
 
 def test_the_episode_loop_makes_one_bid_call_per_turn_for_all_roles(registry, monkeypatch):
-    from swarm_runtime.episode import new_slots, play
-    from swarm_runtime.policy.transformers_backend import TransformersPolicy
+    from swarm_runtime.core.loop import new_slots
+    from swarm_runtime.models.transformers_backend import TransformersPolicy
+    from swarm_runtime.sampling.play import play
 
     ctx, agents, policies = _swarm(registry)
     calls = []
@@ -170,7 +171,7 @@ def test_the_episode_loop_makes_one_bid_call_per_turn_for_all_roles(registry, mo
 
 
 def test_flops_count_the_frozen_base_honestly(registry):
-    from swarm_runtime.flops import FlopCounter, train_flops
+    from swarm_runtime.models.flops import FlopCounter, train_flops
 
     assert train_flops(10, 3) == 6.0 * 10 * 3
     assert train_flops(110, 3, frozen=100) == (4.0 * 100 + 6.0 * 10) * 3
@@ -186,7 +187,7 @@ def test_flops_count_the_frozen_base_honestly(registry):
     p.logprobs([PROMPTS["Smith"]], [resp]).sum().backward()
     assert p.flops.by_category["update"] == (4.0 * shared.n_base + 6.0 * n_adapter) * tokens
     # the plan's parameter counts are the model's
-    from swarm_runtime.memory_plan import Arch
+    from swarm_runtime.models.memory_plan import Arch
 
     cfg = shared.model.get_base_model().config
     arch = Arch.from_hf(cfg.to_dict())
@@ -196,9 +197,9 @@ def test_flops_count_the_frozen_base_honestly(registry):
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
 def test_every_recipe_fits_its_gpu_by_the_memory_plan(registry, recipe):
-    from swarm_runtime.cli import expand_recipe
-    from swarm_runtime.config import resolve
-    from swarm_runtime.memory_plan import make_plan
+    from swarm_runtime.cli.recipes import expand_recipe
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.models.memory_plan import make_plan
 
     pm, reg = registry
     cfg = resolve(expand_recipe([f"recipe={ROOT / 'configs' / recipe}"]), reg)
@@ -215,7 +216,7 @@ def test_recipes_ship_in_the_package_and_load_by_name_from_anywhere(tmp_path, mo
     import fnmatch
     from importlib.resources import files
 
-    from swarm_runtime.cli import expand_recipe, recipe_names
+    from swarm_runtime.cli.recipes import expand_recipe, recipe_names
 
     shipped = sorted(f.name for f in files("swarm_runtime").joinpath("recipes").iterdir() if f.name.endswith(".yaml"))
     assert shipped and shipped == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))  # one source of truth
@@ -234,7 +235,7 @@ def test_recipes_ship_in_the_package_and_load_by_name_from_anywhere(tmp_path, mo
 
 
 def _main(capsys, *argv) -> tuple[int, str]:
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
 
     rc = main(list(argv))
     err = capsys.readouterr().err.strip().splitlines()
@@ -408,7 +409,7 @@ def test_gpu_adapters_script():
 def test_mixed_adapter_batch_generates_bids_as_per_agent_calls(registry):
     """``model.bid_mode=generate``: a mixed batch's sampled bid texts are parsed like each policy's own
     (greedy, so both ways generate the same tokens); every bid is a configured level or unparsed 0."""
-    from swarm_runtime.policy.adapters import MixedBatch
+    from swarm_runtime.models.adapters import MixedBatch
 
     _, _, policies = _swarm(registry, "model.bid_mode=generate", "model.temperature=0")
     roles = ["Logger", "Miner", "Smith", "Smith"]
@@ -426,8 +427,8 @@ def test_grouped_mixed_batch_on_a_bf16_base_adds_like_the_training_path(registry
     as PEFT's single-adapter forward (the one training scores with) does: bit for bit on the same rows.
     A mixed batch against row-by-row calls agrees within bf16 rounding only: a CPU may run a bf16
     product of 4 rows and one of 1 row through different kernels (it does on some machines)."""
-    import swarm_runtime.policy.adapters as adapters
-    from swarm_runtime.policy.adapters import MixedBatch
+    import swarm_runtime.models.adapters as adapters
+    from swarm_runtime.models.adapters import MixedBatch
 
     _, _, policies = _swarm(registry, "hardware.dtype=bfloat16")
     lead = policies["Logger"]
@@ -451,7 +452,7 @@ def test_grouped_mixed_batch_on_a_bf16_base_adds_like_the_training_path(registry
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_eager_adam_state_steps_exactly_as_the_lazy_one(dtype):
-    from swarm_runtime.train.optim import clip_and_step, make_optimizer
+    from swarm_runtime.learn.optim import clip_and_step, make_optimizer
 
     torch.manual_seed(0)
     a = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(dtype)
@@ -479,8 +480,8 @@ def test_lr_scale_multiplies_the_rates_the_adapters_train_at(registry):
     rates times the scale with adapters; full copies ignore it (and refuse it, above)."""
     from types import SimpleNamespace
 
-    from swarm_runtime.policy.adapters import adapter_lr_scale
-    from swarm_runtime.train.mpt import MPTTrainer
+    from swarm_runtime.learn.mpt import MPTTrainer
+    from swarm_runtime.models.adapters import adapter_lr_scale
 
     def rates(*extra):
         cfg = run_context(registry, *extra).cfg

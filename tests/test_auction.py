@@ -1,7 +1,7 @@
 import random
 from collections import Counter
 
-from swarm_runtime.auction import AuctionCoordinator, RoundRobinCoordinator, auction
+from swarm_runtime.core.auction import AuctionCoordinator, RoundRobinCoordinator, auction
 
 
 def test_highest_bid_wins_and_runner_up():

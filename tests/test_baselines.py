@@ -8,19 +8,21 @@ import pytest
 import torch
 from conftest import run_context
 
-from swarm_runtime.config import resolve
-from swarm_runtime.coordinators import (
+from swarm_runtime.config.load import resolve
+from swarm_runtime.core.coordinators import (
     AgentNetCoordinator,
     GraphOfAgentsCoordinator,
     agentnet_choice,
     goa_choice,
     most_relevant,
 )
-from swarm_runtime.episode import SINGLE_ACTOR, TurnInfo, new_slots, play
-from swarm_runtime.policy.split import SplitPolicy
-from swarm_runtime.run import RunContext
-from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic, matched_sft_plan, reward_to_go_credit
-from swarm_runtime.train.sft import collect_demos
+from swarm_runtime.core.episode import SINGLE_ACTOR, TurnInfo
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.monolithic import MONOLITHIC, build_monolithic, matched_sft_plan, reward_to_go_credit
+from swarm_runtime.learn.sft import collect_demos
+from swarm_runtime.models.split import SplitPolicy
+from swarm_runtime.runs.context import RunContext
+from swarm_runtime.sampling.play import play
 
 
 # ---------------------------------------------------------------------- pure choice rules
@@ -179,8 +181,8 @@ def test_monolithic_acts_every_turn_on_single_prompts_and_learns(ctx):
         )
     assert all(t.winner == 0 for e in eps for t in e.turns)
     assert all(t.action_prompt == ctx.domain.single_prompt(*_obs_log(t)) for e in eps for t in e.turns[:1])
-    from swarm_runtime.train.action import action_update, credit_samples
-    from swarm_runtime.train.optim import make_optimizer
+    from swarm_runtime.learn.action import action_update, credit_samples
+    from swarm_runtime.learn.optim import make_optimizer
 
     samples = credit_samples(eps, reward_to_go_credit, rng)
     samples[0] = (*samples[0][:3], samples[0][3] + 10.0)  # a non-zero advantage
@@ -202,7 +204,7 @@ def test_reward_to_go_credit_ignores_bids():
 
 
 def test_monolithic_trainer_rl_step_updates_the_model(registry, tmp_path):
-    from swarm_runtime.train.monolithic import MonolithicTrainer
+    from swarm_runtime.learn.monolithic import MonolithicTrainer
 
     pm, reg = registry
     cfg = resolve(
@@ -233,7 +235,7 @@ def test_monolithic_trainer_rl_step_updates_the_model(registry, tmp_path):
 
 @pytest.mark.parametrize("arg", ["algo.sft.match=flops", "experiment.monolithic_sft=[compute,flops]"])
 def test_bad_sft_match_names_the_valid_ones(registry, arg):
-    from swarm_runtime.config import ConfigError
+    from swarm_runtime.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"'flops'\]? is not valid: must be .*one of compute, data"):
         resolve(["domain=minecraft", "task=wooden_pickaxe", arg], registry[1])
@@ -241,14 +243,14 @@ def test_bad_sft_match_names_the_valid_ones(registry, arg):
 
 @pytest.mark.parametrize("arg, key", [("algo.sft.action_epochs=0", "action_epochs"), ("algo.sft.epochs=0", "epochs")])
 def test_sft_passes_must_be_positive(registry, arg, key):
-    from swarm_runtime.config import ConfigError
+    from swarm_runtime.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=rf"algo.sft.{key}=0 is not valid: must be an integer in \[1, "):
         resolve(["domain=minecraft", "task=wooden_pickaxe", arg], registry[1])
 
 
 def test_bad_bid_pair_weight_names_the_valid_ones(registry):
-    from swarm_runtime.config import ConfigError
+    from swarm_runtime.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="algo.bid_pair_weight='median' is not valid: must be one of uniform, margin"):
         resolve(["domain=minecraft", "task=wooden_pickaxe", "algo.bid_pair_weight=median"], registry[1])

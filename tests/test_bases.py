@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import TINY_RUN, run_context, swarm
 
-from swarm_runtime.config import ConfigError
+from swarm_runtime.config.errors import ConfigError
 
 #: Smith on a smaller base than model.* (hidden 128, 2 layers): hidden 64, 1 layer, 2 heads (head size 32).
 SMALL = (
@@ -100,7 +100,7 @@ def test_cli_refuses_a_bad_role_in_one_line(tmp_path):
 
 
 def test_defaults_name_no_base_and_roles_keep_model_settings(registry):
-    from swarm_runtime import bases as B
+    from swarm_runtime.models import bases as B
 
     ctx = run_context(registry, *MC, *SMALL)
     m = ctx.cfg.model
@@ -113,8 +113,8 @@ def test_defaults_name_no_base_and_roles_keep_model_settings(registry):
 
 
 def test_adapter_swarm_has_one_base_per_distinct_base(registry):
-    from swarm_runtime.rollout.base import Row
-    from swarm_runtime.rollout.local import LocalSampler
+    from swarm_runtime.core.protocols import Row
+    from swarm_runtime.sampling.local import LocalSampler
 
     _, policies = run_context(registry, *MC, *SMALL, "model.adapter=lora").build_swarm()
     lg, mi, sm = (policies[r] for r in ("Logger", "Miner", "Smith"))
@@ -136,8 +136,8 @@ def test_full_copies_build_each_role_from_its_base(registry):
 
 
 def test_memory_plan_counts_each_base_once(registry):
-    from swarm_runtime.bases import role_cfg
-    from swarm_runtime.memory_plan import arch_of, make_plan
+    from swarm_runtime.models.bases import role_cfg
+    from swarm_runtime.models.memory_plan import arch_of, make_plan
 
     cfg = run_context(registry, *MC, *SMALL, "model.adapter=lora").cfg
     plan = dict((w, b) for w, b, _ in make_plan(cfg, 3, 3, vocab=100).rows)
@@ -260,7 +260,7 @@ def test_serve_starts_one_worker_per_base(two_base_run):
 
     d, run = two_base_run
     port, log = _free_port(), d / "gateway.log"
-    g = _start(["swarm_runtime.cli", "serve", str(run), f"serve.port={port}", "serve.probe_interval_ms=200"], log)
+    g = _start(["swarm_runtime.cli.main", "serve", str(run), f"serve.port={port}", "serve.probe_interval_ms=200"], log)
     pids = []
     try:
         url = f"http://127.0.0.1:{port}"
@@ -285,7 +285,7 @@ def test_serve_starts_one_worker_per_base(two_base_run):
 
 
 def test_a_saved_base_url_is_an_endpoint_no_key_goes_to():
-    from swarm_runtime.secrets import is_endpoint_key
+    from swarm_runtime.config.secrets import is_endpoint_key
 
     assert is_endpoint_key("rollout.urls.small") and is_endpoint_key("rollout.url")
     assert not is_endpoint_key("model.bases.small.path")
@@ -297,8 +297,8 @@ def test_bases_with_different_tokenizers_each_tokenize_their_roles(registry, tmp
     role's prompts go through its own base's tokenizer, sampled and scored."""
     from conftest import make_local_checkpoint
 
-    from swarm_runtime.rollout.base import Row
-    from swarm_runtime.rollout.local import LocalSampler
+    from swarm_runtime.core.protocols import Row
+    from swarm_runtime.sampling.local import LocalSampler
 
     local = make_local_checkpoint(tmp_path / "local")
     ctx = run_context(

@@ -84,7 +84,7 @@ def test_checkpoint_is_hugging_face_format(smoke_run, registry):
     from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.runs.context import RunContext
 
     run, _ = smoke_run
     latest = (run / "checkpoints" / "latest").read_text().strip()
@@ -116,7 +116,7 @@ def test_eval_command(smoke_run):
 
 
 def test_eval_under_other_settings_keeps_the_earlier_file():
-    from swarm_runtime.cli import eval_file_name
+    from swarm_runtime.cli.eval import eval_file_name
 
     assert eval_file_name("sft", []) == "eval-sft.json"
     assert eval_file_name("iter-000020", ["eval.temperature=0.4"]) == "eval-iter-000020--eval.temperature=0.4.json"
@@ -151,7 +151,7 @@ def _older_version(text: str) -> str:
     """config.yaml ``text`` as config version 1 wrote it: no ``config_version`` and none of the keys version 2 added."""
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import ADDED_KEYS
+    from swarm_runtime.config.load import ADDED_KEYS
 
     cfg = OmegaConf.to_container(OmegaConf.create(text))
     cfg.pop("config_version")
@@ -172,7 +172,9 @@ def test_a_run_folder_of_an_earlier_config_version_evaluates_with_that_versions_
     is truncated and refused, naming the keys."""
     import shutil
 
-    from swarm_runtime.config import CONFIG_VERSION, ConfigError, load_saved
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import load_saved
+    from swarm_runtime.config.schema import CONFIG_VERSION
 
     old = tmp_path / "v1_run"
     shutil.copytree(smoke_run[0], old)
@@ -300,7 +302,7 @@ def test_kill_and_resume(tmp_path):
         "checkpoint_every=1",
         f"run_dir={run}",
     ]
-    env_cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args]
+    env_cmd = [sys.executable, "-m", "swarm_runtime.cli.main", "run", *args]
     proc = subprocess.Popen(env_cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = run / "checkpoints" / "iter-000002" / "state.json"
     deadline = time.time() + 240

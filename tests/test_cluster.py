@@ -14,15 +14,15 @@ RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2"]
 def _task():
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import resolve
-    from swarm_runtime.plugins import get_registry
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.plugins.manager import get_registry
 
     cfg = resolve(["domain=minecraft", "task=wooden_pickaxe"], get_registry()[1])
     return OmegaConf.to_container(cfg.task, resolve=True)
 
 
 def test_env_worker_reuses_released_envs_and_closes_every_env_once(monkeypatch):
-    from swarm_runtime.cluster.worker import LOST, EnvWorker
+    from swarm_runtime.cluster.env_worker import LOST, EnvWorker
 
     w = EnvWorker("minecraft", _task())
     for eid in (1, 2):
@@ -69,8 +69,8 @@ def test_ray_env_workers_write_the_same_metrics_and_eval(in_process, tmp_path, m
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    from swarm_runtime.cluster import remote
-    from swarm_runtime.train import mpt
+    from swarm_runtime.cluster import env_cluster as remote
+    from swarm_runtime.learn import mpt
 
     sent = {"n": 0, "kills": 0}
     rl_step, held_out, prefetch = mpt.MPTTrainer.rl_step, mpt.MPTTrainer.held_out, remote.RemoteEnv.prefetch_step
@@ -93,7 +93,7 @@ KILLER = textwrap.dedent("""
 
     mpt.MPTTrainer.rl_step, mpt.MPTTrainer.held_out = counting_rl_step, counting_held_out
     remote.RemoteEnv.prefetch_step = killing_prefetch
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
     rc = main(sys.argv[1:])
     print(f"KILLS {sent['kills']}", file=sys.stderr, flush=True)
     sys.exit(rc)
@@ -167,7 +167,7 @@ def test_a_resume_may_move_its_envs():
     may change it, as it may change the machine (hardware.*), and it is not a conflict with the saved run."""
     from omegaconf import OmegaConf
 
-    from swarm_runtime.run import resume_conflicts, resume_overrides
+    from swarm_runtime.runs.folder import resume_conflicts, resume_overrides
 
     args = ["cluster.kind=ray", "cluster.env_workers=4", "algo.lr=0.5"]
     applied = resume_overrides(args)

@@ -19,8 +19,8 @@ RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2"]
 
 
 def _task():
-    from swarm_runtime.config import resolve
-    from swarm_runtime.plugins import get_registry
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.plugins.manager import get_registry
 
     return resolve(["domain=minecraft", "task=wooden_pickaxe"], get_registry()[1]).task
 
@@ -129,8 +129,9 @@ def local_ray():
 def _play(domain, task, seeds, turns, on_sent=None):
     """Reset an env per seed and step them ``turns`` turns as ``episode.play`` does (every step sent, then
     collected); each env's observations and final metrics."""
-    from swarm_runtime.env import close_all
-    from swarm_runtime.episode import make_env, prefetch_steps
+    from swarm_runtime.core.engine import prefetch_steps
+    from swarm_runtime.core.env import close_all
+    from swarm_runtime.core.loop import make_env
 
     envs = [make_env(domain, task) for _ in seeds]
     seen = [[env.reset(s)] for env, s in zip(envs, seeds)]
@@ -150,7 +151,7 @@ def _play(domain, task, seeds, turns, on_sent=None):
 @pytest.fixture(scope="module")
 def minecraft_cluster(local_ray):
     """Two env workers of minecraft/wooden_pickaxe on the local Ray (shared: starting workers takes seconds)."""
-    from swarm_runtime.cluster.remote import EnvCluster
+    from swarm_runtime.cluster.env_cluster import EnvCluster
 
     cluster = EnvCluster("minecraft", _task(), 2)
     yield cluster
@@ -159,8 +160,8 @@ def minecraft_cluster(local_ray):
 
 @pytest.mark.ray
 def test_a_turn_is_one_call_per_worker_with_the_in_process_numbers(minecraft_cluster):
-    from swarm_runtime.cluster.remote import ClusterDomain
-    from swarm_runtime.plugins import get_registry
+    from swarm_runtime.cluster.env_cluster import ClusterDomain
+    from swarm_runtime.plugins.manager import get_registry
 
     cluster = minecraft_cluster
     domain, task = get_registry()[1].domains["minecraft"], _task()
@@ -186,8 +187,8 @@ def test_a_turn_is_one_call_per_worker_with_the_in_process_numbers(minecraft_clu
 def test_a_worker_killed_with_a_turn_queued_replays_its_envs(minecraft_cluster):
     """kill -9 of a worker after a turn's steps were queued (not yet sent): the batch finds it dead, Ray restarts
     it, each of its envs is replayed from its seed and steps, and every number equals in process."""
-    from swarm_runtime.cluster.remote import ClusterDomain
-    from swarm_runtime.plugins import get_registry
+    from swarm_runtime.cluster.env_cluster import ClusterDomain
+    from swarm_runtime.plugins.manager import get_registry
 
     cluster = minecraft_cluster
     domain, task = get_registry()[1].domains["minecraft"], _task()
@@ -211,10 +212,10 @@ def test_rollouts_made_ahead_and_never_played_close_their_envs(registry, tmp_pat
     future is cancelled, and its envs closed by ``train``'s end (each env made is closed exactly once)."""
     from omegaconf import open_dict
 
-    from swarm_runtime.config import resolve
-    from swarm_runtime.run import RunContext
-    from swarm_runtime.train import mpt
-    from swarm_runtime.train.phases import PhasedTrainer
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.learn import mpt
+    from swarm_runtime.learn.phases import PhasedTrainer
+    from swarm_runtime.runs.context import RunContext
 
     pm, reg = registry
     cfg = resolve([*TINY_RUN, "algo.iterations=4"], reg)

@@ -141,7 +141,7 @@ BAD_TOGETHER = [
 def _swarm(args, cwd):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "swarm_runtime.cli", "run", *args],
+        [sys.executable, "-m", "swarm_runtime.cli.main", "run", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -153,7 +153,7 @@ def _swarm(args, cwd):
 #: ``swarm run ARGS`` for each case through ``cli.main`` in this one process: [exit code, stderr] each.
 IN_PROCESS = """
 import contextlib, io, json, sys, traceback
-from swarm_runtime.cli import main
+from swarm_runtime.cli.main import main
 out = []
 for args in json.load(sys.stdin):
     err = io.StringIO()

@@ -11,20 +11,13 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from swarm_runtime.domain import Domain, Role
-from swarm_runtime.env import DomainEnv, EnvContractError, ExpertStep, StepResult, ValidatedEnv
-from swarm_runtime.testing import (
-    ConformanceError,
-    ConformanceWarning,
-    check_action_choices,
-    check_determinism,
-    check_domain,
-    check_fresh_task_config,
-    check_max_decisions,
-    check_prompts,
-    check_snapshots,
-    check_splits,
-)
+from swarm_runtime.conformance.determinism import check_determinism
+from swarm_runtime.conformance.env import check_action_choices, check_max_decisions, check_snapshots
+from swarm_runtime.conformance.probe import ConformanceError, ConformanceWarning
+from swarm_runtime.conformance.suite import check_domain
+from swarm_runtime.conformance.task import check_fresh_task_config, check_prompts, check_splits
+from swarm_runtime.core.domain import Domain, Role
+from swarm_runtime.core.env import DomainEnv, EnvContractError, ExpertStep, StepResult, ValidatedEnv
 
 TASK = {
     "max_decisions": 30,
@@ -518,7 +511,7 @@ def test_a_domain_whose_expert_stops_early_passes_without_the_kits_own_words_cou
 
 
 def test_a_correct_anytime_return_passes_and_its_checks_run_inside_check_domain(monkeypatch):
-    import swarm_runtime.rlcr.conformance as rc
+    import swarm_runtime.conformance.rlcr as rc
 
     ran = []
     monkeypatch.setattr(rc, "check_progress", lambda d, t, **kw: ran.append("progress"))
@@ -668,7 +661,8 @@ def test_runtime_contract_errors_name_seed_step_and_action():
 def test_builtin_tasks_have_a_disjoint_dev_split_and_eval_split_selects_it(registry):
     from conftest import run_context
 
-    from swarm_runtime.config import ConfigError, resolve
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import resolve
 
     mc = registry[1].domains["minecraft"]
     task = mc.task_config("iron_pickaxe")

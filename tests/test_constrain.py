@@ -9,11 +9,12 @@ import pytest
 import torch
 from conftest import run_context, swarm
 
-from swarm_runtime.config import ConfigError, resolve
-from swarm_runtime.policy.base import sampled_logprobs
-from swarm_runtime.policy.constrain import ActionTrie
-from swarm_runtime.run import RunContext
-from swarm_runtime.testing import check_action_choices
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.config.load import resolve
+from swarm_runtime.conformance.env import check_action_choices
+from swarm_runtime.learn.logprobs import sampled_logprobs
+from swarm_runtime.models.constrain import ActionTrie
+from swarm_runtime.runs.context import RunContext
 
 EOS = 3
 
@@ -81,7 +82,7 @@ def test_a_constrained_policy_samples_and_scores_only_its_choices(ctx):
 
 
 def test_the_monolithic_model_gets_every_roles_choices(ctx):
-    from swarm_runtime.train.monolithic import build_monolithic
+    from swarm_runtime.learn.monolithic import build_monolithic
 
     _, policies = build_monolithic(ctx)
     (policy,) = policies.values()

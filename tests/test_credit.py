@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from swarm_runtime.credit import (
+from swarm_runtime.core.credit import (
     bucket_brigade,
     discarded_passback,
     fold_skipped_rewards,

@@ -1,10 +1,10 @@
 """DeepSpeed ZeRO-3 learners with bf16 weights (issue 28; swarm_runtime/cluster/deepspeed_shards.py): each role's
 bf16 full copy is a ZeRO-3 engine in DeepSpeed's bf16 mode (the module computing in bf16, ZeRO's fp32 partition
-holding the run's fp32 masters, gradients reduced and accumulated in fp32: train/sharded.py ``zero3_config``). A real
+holding the run's fp32 masters, gradients reduced and accumulated in fp32: learn/sharded.py ``zero3_config``). A real
 ``swarm run`` on the shared test Ray against its in-process twin (bf16 weights, ``MasterWeightAdamW``), its
 checkpoint resumed under ``train.engine=local``.
 
-A config-built full copy trains in fp32 whatever ``hardware.dtype`` says (policy/transformers_backend.py:
+A config-built full copy trains in fp32 whatever ``hardware.dtype`` says (models/transformers_backend.py:
 ``make_transformers_policy``); bf16 full copies are checkpoints loaded with ``model.path``: here the run's own
 config-built model, saved as a checkpoint saves it, so that the SFT and RL of the tiny run train it as they train the
 fp32 one."""
@@ -91,7 +91,7 @@ def test_the_zero3_config_of_a_bf16_model_reduces_and_accumulates_in_fp32():
     the config they had; fp16 is not a mode."""
     import torch
 
-    from swarm_runtime.train.sharded import zero3_config
+    from swarm_runtime.learn.sharded import zero3_config
 
     bf16 = zero3_config(torch.bfloat16)
     assert bf16["bf16"] == {"enabled": True} and "fp16" not in bf16

@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 
 from swarm_runtime.cluster.placement import check_engine_wired
-from swarm_runtime.config import ConfigError
+from swarm_runtime.config.errors import ConfigError
 from tests.conftest import in_process_twin
 from tests.test_learner_actors import RAY_ARGS, _same_training_states
 from tests.test_sharded_learners import RUN, _killed_rank_rewinds, _resumes_under_local
@@ -44,9 +44,9 @@ def test_a_deepspeed_run_with_a_rank_killed_mid_update_regroups_rewinds_and_equa
 
 
 def test_deepspeed_without_the_package_is_refused_in_one_line(registry, monkeypatch):
-    """Where ``swarm run`` checks what it can train with (run.py), before anything is written; what else a ZeRO-3 run
+    """Where ``swarm run`` checks what it can train with (runs/folder.py), before anything is written; what else a ZeRO-3 run
     cannot do is refused as fsdp's is (tests/test_sharded_learners.py)."""
-    from swarm_runtime.config import resolve
+    from swarm_runtime.config.load import resolve
 
     pytest.importorskip("ray")  # without it, resolve refuses cluster.kind=ray for the extra (validation.needs_ray)
     cfg = resolve([*RUN[:2], *DEEPSPEED], registry[1])

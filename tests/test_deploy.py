@@ -10,9 +10,11 @@ import pytest
 import torch
 from conftest import run_context
 
-from swarm_runtime.auction import AuctionResult
-from swarm_runtime.config import ConfigError
-from swarm_runtime.deploy import (
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.core.auction import AuctionResult
+from swarm_runtime.core.episode import Agent, Episode, Turn
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.evaluation.deploy import (
     SKIPPED,
     dropout_presence,
     milestone_pass_at_k,
@@ -22,7 +24,7 @@ from swarm_runtime.deploy import (
     plot_participation,
     plot_population,
 )
-from swarm_runtime.episode import Agent, Episode, Turn, new_slots, play
+from swarm_runtime.sampling.play import play
 
 MAX_T = 8
 

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-#: Top-level folders whose paths the docs name (``swarm_runtime/memory_plan.py``, ``tests/test_credit.py``).
+#: Top-level folders whose paths the docs name (``swarm_runtime/models/memory_plan.py``, ``tests/test_credit.py``).
 TOP = ("swarm_runtime", "swarm_domains", "tests", "benchmarks", "docs", "swarm_plugins", "configs", ".ci")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 PATH = re.compile(r"(?<![\w./-])((?:{})/[\w./-]*)".format("|".join(re.escape(t) for t in TOP)))
@@ -144,7 +144,7 @@ def test_the_checks_fail_on_what_they_should(tmp_path):
     assert PATH.findall(text) == ["swarm_runtime/no_such.py"]
     assert MD_NAME.findall("for the rationale see `DESIGN.md`, and docs/results.md") == ["DESIGN.md"]
     assert HASH.findall(text) == ["0badc0de1"]
-    assert placeholder("swarm_runtime/configs/algo/NAME.yaml") and not placeholder("swarm_runtime/config.py")
+    assert placeholder("swarm_runtime/configs/algo/NAME.yaml") and not placeholder("swarm_runtime/config/load.py")
     assert slug("1. The auction", {}) == "1-the-auction"
     assert (
         slug("Held-out: MPT vs monolithic REINFORCE (matched FLOPs)", {})

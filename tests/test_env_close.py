@@ -17,14 +17,16 @@ from conftest import TINY_RLCR, TINY_RUN, run_context
 
 from swarm_domains.minecraft.task import TaskSpec
 from swarm_domains.minecraft.world import CraftWorld
-from swarm_runtime.env import DomainEnv, EnvContractError, StepResult, ValidatedEnv, close_all
-from swarm_runtime.episode import make_env, new_slots, play
-from swarm_runtime.evaluate import evaluate
-from swarm_runtime.rlcr.loop import LoopOptions, play_concurrent
-from swarm_runtime.rollout.local import LocalSampler
-from swarm_runtime.testing import ConformanceError, Probe, check_close
-from swarm_runtime.train.bid import pick_contested, run_branches
-from swarm_runtime.train.sft import collect_demos
+from swarm_runtime.conformance.env import check_close
+from swarm_runtime.conformance.probe import ConformanceError, Probe
+from swarm_runtime.core.env import DomainEnv, EnvContractError, StepResult, ValidatedEnv, close_all
+from swarm_runtime.core.loop import make_env, new_slots
+from swarm_runtime.evaluation.heldout import evaluate
+from swarm_runtime.learn.bid import pick_contested, run_branches
+from swarm_runtime.learn.rlcr.loop import LoopOptions, play_concurrent
+from swarm_runtime.learn.sft import collect_demos
+from swarm_runtime.sampling.local import LocalSampler
+from swarm_runtime.sampling.play import play
 
 
 class Tracker:
@@ -212,9 +214,9 @@ def test_evaluation_demos_and_rlcr_rollouts_close_their_envs(ctx, swarm_agents, 
 def test_the_run_checks_close_the_env_they_build(registry, monkeypatch):
     """A run builds one env to check its task (``run.check_task``) and, under ``algo=rlcr``, one concurrent env
     to check for ``progress()`` (``validation.rlcr``); each is closed right after."""
-    from swarm_runtime.config import resolve
-    from swarm_runtime.run import check_task
-    from swarm_runtime.validation import rlcr
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.config.validation import rlcr
+    from swarm_runtime.runs.context import check_task
 
     _, reg = registry
     cfg = resolve(list(TINY_RLCR), reg)
@@ -244,7 +246,7 @@ CLOSE_AUDIT = textwrap.dedent("""
         return make
 
     plugin.MinecraftDomain.make_env = tracked(plugin.MinecraftDomain.make_env)
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
     rc = main(sys.argv[1:])
     print("CLOSE_AUDIT " + json.dumps({"rc": rc, "made": len(made), "counts": [closes.get(id(e), 0) for e in made]}))
 """)

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from swarm_runtime.episode import Episode
-from swarm_runtime.evaluate import mean_se, paired_difference, summarize
+from swarm_runtime.core.episode import Episode
+from swarm_runtime.evaluation.heldout import mean_se, paired_difference, summarize
 
 
 def _eps(rewards_by_seed):

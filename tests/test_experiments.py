@@ -8,7 +8,7 @@ import re
 import pytest
 from conftest import swarm
 
-from swarm_runtime.config import ConfigError
+from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.experiments.runner import run_experiment
 
 #: Smoke budget: tiny episodes, two updates per training, 2 held-out seeds x 1 run.
@@ -70,13 +70,13 @@ def test_heldout_cli_writes_table_json_plot_and_matches_flops(heldout):
     assert sft["sft/loss_Monolithic"] < sft["sft/first_loss_Monolithic"]
     assert {r["kind"] for r in rows if "kind" in r} == {"action"}
     # `swarm eval` evaluates a monolithic run's checkpoint too
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
 
     assert main(["eval", str(d / "trainings" / "monolithic"), "eval.runs=1"]) == 0
     assert list((d / "trainings" / "monolithic").glob("eval-iter-*.json"))
     # library versions and commit beside every figure (issue 18): results.json, results.md, the footer,
     # each training's eval.json and a `swarm eval` file
-    from swarm_runtime.provenance import versions
+    from swarm_runtime.runs.provenance import versions
 
     def libs(v):  # the commit may move (a commit while the tests run), the libraries do not
         assert (v["commit"] is None) == (versions()["commit"] is None)
@@ -128,7 +128,7 @@ def test_unknown_experiment_exits_2_listing_valid_ones(tmp_path):
 
 
 def test_list(capsys):
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
 
     assert main(["experiment", "--list"]) == 0
     out = capsys.readouterr().out
@@ -247,7 +247,7 @@ def test_transfer_needs_tasks_then_adapts(registry, tmp_path, base):
 
 def greedy(x):
     """Held-out reward of the trained swarm at temperature 0."""
-    from swarm_runtime.experiments import Report
+    from swarm_runtime.experiments.context import Report
 
     x.plan(2)
     run = x.trained_swarm()
@@ -259,7 +259,7 @@ def greedy(x):
 
 def test_third_party_experiment_of_the_docs(tmp_path, base):
     import swarm_runtime
-    from swarm_runtime.plugins import build_registry, make_plugin_manager
+    from swarm_runtime.plugins.manager import build_registry, make_plugin_manager
 
     class GreedyPlugin:
         @swarm_runtime.hookimpl

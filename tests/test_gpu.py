@@ -11,13 +11,14 @@ import pytest
 import torch
 from conftest import TINY_RUN, make_local_checkpoint, swarm
 
-from swarm_runtime.config import resolve
-from swarm_runtime.episode import new_slots, play
-from swarm_runtime.run import RunContext
-from swarm_runtime.train.action import action_update, credit_samples
-from swarm_runtime.train.bid import BranchPair, bid_update
-from swarm_runtime.train.optim import make_optimizer
-from swarm_runtime.train.sft import collect_demos, sft
+from swarm_runtime.config.load import resolve
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.action import action_update, credit_samples
+from swarm_runtime.learn.bid import BranchPair, bid_update
+from swarm_runtime.learn.optim import make_optimizer
+from swarm_runtime.learn.sft import collect_demos, sft
+from swarm_runtime.runs.context import RunContext
+from swarm_runtime.sampling.play import play
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU")]
 

@@ -1,4 +1,4 @@
-"""Learner actors (``cluster.learners=ray``, swarm_runtime/cluster/learner.py) on a local Ray bound to 127.0.0.1: a
+"""Learner actors (``cluster.learners=ray``, swarm_runtime/cluster/learners.py) on a local Ray bound to 127.0.0.1: a
 real ``swarm run`` writes the same metrics.jsonl and eval.json as in process; a learner killed with kill -9 in the
 middle of an update is restarted, the run rewinds to its last checkpoint and ends with the unkilled run's metrics
 and eval; with its restarts used up the run stops with one line naming what was lost and how to resume; bad input
@@ -102,7 +102,7 @@ def test_sft_of_lora_adapters_and_their_shared_base_runs_on_their_learner(tmp_pa
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    from swarm_runtime.cluster import learner
+    from swarm_runtime.cluster import learners as learner
 
     KILL_AT = int(os.environ["KILL_AT"])
     KILL_IN = os.environ.get("KILL_IN", "update")  # the LearnerGroup call whose KILL_AT-th kills: update or sft
@@ -129,7 +129,7 @@ KILLER = textwrap.dedent("""
         return update(self, fn, *args)
 
     setattr(learner.LearnerGroup, KILL_IN, killing_update)
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
     rc = main(sys.argv[1:])
     print(f"KILLS {seen['kills']}", file=sys.stderr, flush=True)
     sys.exit(rc)
@@ -260,7 +260,7 @@ def test_a_learner_worker_updates_as_in_process_and_round_trips_its_state(regist
 
     import torch
 
-    from swarm_runtime.cluster.learner import (
+    from swarm_runtime.cluster.learners import (
         LearnerWorker,
         copy_params,
         learner_groups,
@@ -268,9 +268,9 @@ def test_a_learner_worker_updates_as_in_process_and_round_trips_its_state(regist
         replay_flops,
         training_state,
     )
-    from swarm_runtime.flops import FlopCounter
-    from swarm_runtime.train.action import action_update
-    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers
+    from swarm_runtime.learn.action import action_update
+    from swarm_runtime.learn.mpt import optimizer_settings, role_optimizers
+    from swarm_runtime.models.flops import FlopCounter
 
     ctx, (agents, policies), (_, copies) = _swarm_pair(registry, f"model.adapter={adapter}")
     groups = learner_groups(copies)
@@ -339,10 +339,10 @@ def test_a_learner_worker_runs_the_sft_cold_start_as_in_process(registry, adapte
 
     import torch
 
-    from swarm_runtime.cluster.learner import LearnerWorker, copy_params, learner_groups, replay_flops
-    from swarm_runtime.flops import FlopCounter
-    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers, sft_units
-    from swarm_runtime.train.sft import collect_demos
+    from swarm_runtime.cluster.learners import LearnerWorker, copy_params, learner_groups, replay_flops
+    from swarm_runtime.learn.mpt import optimizer_settings, role_optimizers, sft_units
+    from swarm_runtime.learn.sft import collect_demos
+    from swarm_runtime.models.flops import FlopCounter
 
     ctx, (agents, policies), (_, copies) = _swarm_pair(registry, f"model.adapter={adapter}", "algo.sft.epochs=2")
     demos = collect_demos(ctx.domain, ctx.task, [0, 1], rng=random.Random(0))
@@ -374,7 +374,7 @@ def test_a_learner_worker_runs_the_sft_cold_start_as_in_process(registry, adapte
         assert not all(torch.equal(a, b) for a, b in zip(mine, ctx.build_swarm()[1]["Logger"].shared_base._base_params))
     # a restarted actor (made from its creation arguments: the untrained swarm) loaded as at RL start or after a
     # rewind holds the trained weights, the shared base included (a lora role's params_of are its adapter's only)
-    from swarm_runtime.cluster.learner import params_of, trained_bases, training_state
+    from swarm_runtime.cluster.learners import params_of, trained_bases, training_state
 
     bases = trained_bases(policies)
     assert set(bases) == ({"Logger"} if adapter == "lora" else set())

@@ -1,6 +1,6 @@
 """Learner-actor variants (issue 28) on a local Ray bound to 127.0.0.1, each a real ``swarm run`` against its
 in-process twin: LoRA adapters on a bf16 base sharded by FSDP2 (``train.engine=fsdp``: the base frozen in bf16, the
-fp32 adapters trained as they are, train/sharded.py: ``lora_units``); two bases (``model.bases``) on two learner
+fp32 adapters trained as they are, learn/sharded.py: ``lora_units``); two bases (``model.bases``) on two learner
 actors; a sharded rank killed during the SFT cold start; a restarted rank of a LoRA learner given its trained base."""
 
 import pytest
@@ -114,7 +114,7 @@ def _rank_loads(rank, world, port, name, group, agents, make, states, out):
     import torch.distributed as dist
 
     from swarm_runtime.cluster.shards import ShardWorker
-    from swarm_runtime.train.sharded import full_params
+    from swarm_runtime.learn.sharded import full_params
 
     torch.set_num_threads(1)
     w = ShardWorker(name, rank, world, group, agents, make)
@@ -138,9 +138,9 @@ def test_a_restarted_sharded_lora_learner_loads_the_trained_base(registry, tmp_p
     import torch
     import torch.multiprocessing as mp
 
-    from swarm_runtime.cluster.learner import learner_groups, params_of, trained_bases
-    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers
-    from swarm_runtime.train.sharded import free_port
+    from swarm_runtime.cluster.learners import learner_groups, params_of, trained_bases
+    from swarm_runtime.learn.mpt import optimizer_settings, role_optimizers
+    from swarm_runtime.learn.sharded import free_port
     from tests.conftest import run_context
 
     ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe", "model.adapter=lora")

@@ -50,7 +50,7 @@ def test_a_local_bpe_checkpoint_trains_and_evaluates(local_checkpoint, tmp_path,
 def test_constrained_actions_on_a_tokenizer_whose_pad_is_its_eos(local_checkpoint):
     """A local tokenizer without a pad token gets pad = EOS (``load_pretrained``); EOS still ends an
     action choice, so constraining to the listed choices must not refuse every choice."""
-    from swarm_runtime.policy.transformers_backend import TransformersPolicy, load_pretrained
+    from swarm_runtime.models.transformers_backend import TransformersPolicy, load_pretrained
 
     model, tok = load_pretrained(local_checkpoint, [0.0, 0.5, 1.0])
     assert tok.pad_token_id == tok.eos_token_id

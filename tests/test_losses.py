@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from swarm_runtime.train.losses import bradley_terry_loss, pair_weights, per_agent_advantages, reinforce_loss
+from swarm_runtime.learn.losses import bradley_terry_loss, pair_weights, per_agent_advantages, reinforce_loss
 
 
 def test_per_agent_mean_baseline():

@@ -17,11 +17,11 @@ def test_a_learner_worker_runs_the_monolithic_sft_as_in_process(registry):
 
     import torch
 
-    from swarm_runtime.cluster.learner import LearnerWorker, replay_flops
-    from swarm_runtime.flops import FlopCounter
-    from swarm_runtime.train.monolithic import MONOLITHIC, _MonolithicContext, monolithic_sft_units
-    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers
-    from swarm_runtime.train.sft import collect_demos
+    from swarm_runtime.cluster.learners import LearnerWorker, replay_flops
+    from swarm_runtime.learn.monolithic import MONOLITHIC, _MonolithicContext, monolithic_sft_units
+    from swarm_runtime.learn.mpt import optimizer_settings, role_optimizers
+    from swarm_runtime.learn.sft import collect_demos
+    from swarm_runtime.models.flops import FlopCounter
     from tests.conftest import run_context
 
     ctx = run_context(registry, *MONO)

@@ -258,7 +258,11 @@ def _run_killing_b(two_nodes, tmp_path, args: list[str], then=None) -> tuple[sub
     env = {**two_nodes.env, "PYTHONUNBUFFERED": "1"}
     err = open(tmp_path / "stderr", "w")
     p = subprocess.Popen(
-        [sys.executable, "-m", "swarm_runtime.cli", *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err
+        [sys.executable, "-m", "swarm_runtime.cli.main", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=err,
     )
     t0, killed = time.monotonic(), None
     try:
@@ -279,7 +283,7 @@ def _run_killing_b(two_nodes, tmp_path, args: list[str], then=None) -> tuple[sub
     return p, stderr, killed
 
 
-#: One node as :func:`swarm_runtime.cluster.remote.node_here` writes it: its id, address and custom resource
+#: One node as :func:`swarm_runtime.cluster.env_cluster.node_here` writes it: its id, address and custom resource
 NODE = r"([0-9a-f]{8}) at [\d.]+ \((node[AB])\)"
 
 
@@ -413,7 +417,8 @@ def test_a_run_folder_of_config_version_7_loads_with_actors_anywhere(registry, t
     120 s wait it had; the same file claiming version 8 is truncated and refused, naming the key."""
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import ConfigError, load_saved, resolve
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import load_saved, resolve
 
     cfg = resolve(["domain=minecraft", "task=wooden_pickaxe"], registry[1])
     saved = OmegaConf.to_container(cfg, resolve=True)
@@ -435,10 +440,11 @@ def test_each_actor_wrapper_waits_the_restart_wait_it_was_given():
     each gives up at once, naming the wait); nothing module-wide is set."""
     from omegaconf import OmegaConf
 
-    from swarm_runtime.cluster import remote, restart_wait_s
-    from swarm_runtime.cluster.learner import LearnerGone, LearnerGroup
-    from swarm_runtime.cluster.remote import ActorGone, EnvCluster
-    from swarm_runtime.cluster.sampler import RaySampler, SamplerActorError
+    from swarm_runtime.cluster import env_cluster as remote
+    from swarm_runtime.cluster import restart_wait_s
+    from swarm_runtime.cluster.env_cluster import ActorGone, EnvCluster
+    from swarm_runtime.cluster.learners import LearnerGone, LearnerGroup
+    from swarm_runtime.cluster.samplers import RaySampler, SamplerActorError
 
     assert restart_wait_s(OmegaConf.create({"cluster": {"restart_wait_s": 7}})) == 7.0
     assert restart_wait_s(OmegaConf.create({})) == remote.RESTART_WAIT_S == 120.0
@@ -480,8 +486,8 @@ def test_a_learner_restarted_between_calls_is_lost_not_answering_from_its_first_
     the driver's next call is refused from the new process (LearnerWorker.checked), so the run rewinds to its
     checkpoint (LearnerLost) instead of taking the first weights' answer (before: answered, unnoticed)."""
     pytest.importorskip("ray")
-    from swarm_runtime.cluster.learner import LearnerGroup, LearnerLost
-    from swarm_runtime.cluster.remote import wait_restarted
+    from swarm_runtime.cluster.env_cluster import wait_restarted
+    from swarm_runtime.cluster.learners import LearnerGroup, LearnerLost
     from swarm_runtime.cluster.shards import _no_optimizers
 
     group = LearnerGroup({"a": SimpleNamespace()}, [("x", "a")], _no_optimizers, num_cpus=1, restart_wait_s=60)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import run_context
 
-from swarm_runtime.policy.noise import gumbel, gumbel_max, key_hash
+from swarm_runtime.core.noise import key_hash
+from swarm_runtime.models.noise import gumbel, gumbel_max
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_evaluation_with_common_random_numbers_pairs_episodes_across_batches(ctx
     seed) alone, not on which other seeds share its batch; the generators give no such pairing."""
     from omegaconf import OmegaConf
 
-    from swarm_runtime.evaluate import evaluate
+    from swarm_runtime.evaluation.heldout import evaluate
 
     agents, _ = ctx.build_swarm()
     task = OmegaConf.merge(ctx.task, {"max_decisions": 12})

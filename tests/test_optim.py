@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from swarm_runtime.train.optim import MasterWeightAdamW, clip_and_step, make_optimizer
+from swarm_runtime.learn.optim import MasterWeightAdamW, clip_and_step, make_optimizer
 
 
 def _weights(seed=0):
@@ -66,7 +66,7 @@ def test_master_weight_optimizer_state_round_trips():
 
 
 def test_masters_are_checkpointed_and_restored_in_place():
-    from swarm_runtime.train.optim import master_weights, restore_master_weights
+    from swarm_runtime.models.masters import master_weights, restore_master_weights
 
     fp32 = torch.nn.Parameter(torch.ones(3))
     assert master_weights([fp32]) is None
@@ -86,7 +86,7 @@ def test_masters_are_checkpointed_and_restored_in_place():
 def test_a_resumed_optimizer_keeps_the_configured_lr_and_eps_but_the_saved_moments():
     """``load_state_dict`` alone would bring back the checkpoint's learning rate: a run resumed
     after its config changed ``algo.lr`` would silently train at the old one."""
-    from swarm_runtime.train.optim import load_optimizer_state
+    from swarm_runtime.learn.optim import load_optimizer_state
 
     p = torch.nn.Parameter(torch.ones(4))
     opt, sched = make_optimizer([p], 3e-5, 0.0, 10, eps=1e-4)

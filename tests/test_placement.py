@@ -38,7 +38,7 @@ N = 36 * BLOCK + ROOT  # 8,190,726,144
 
 
 def _arch():
-    from swarm_runtime.memory_plan import Arch
+    from swarm_runtime.models.memory_plan import Arch
 
     return Arch.from_hf(QWEN3_8B)
 
@@ -50,7 +50,7 @@ def test_qwen3_8b_units_by_hand():
 
 
 def test_learner_rows_divide_by_shards_and_add_the_gathered_unit():
-    from swarm_runtime.memory_plan import learner_rows
+    from swarm_runtime.models.memory_plan import learner_rows
 
     rows = {w: b for w, b, _ in learner_rows(_arch(), "bfloat16", 1, 0, 4, reference=False)}
     # bf16 (2 bytes) over 4 shards: weights and gradients N * 2 / 4 = 4,095,363,072 each; AdamW: 2 optimizers x 2
@@ -73,7 +73,7 @@ def test_learner_rows_divide_by_shards_and_add_the_gathered_unit():
 
 
 def test_adapter_group_and_sampler_rows():
-    from swarm_runtime.memory_plan import learner_rows, sampler_rows
+    from swarm_runtime.models.memory_plan import learner_rows, sampler_rows
 
     a = _arch()
     A = a.n_lora(16, ["q_proj", "v_proj"])  # 36 * 16 * ((4096 + 4096) + (4096 + 1024)) = 7,667,712
@@ -92,7 +92,7 @@ def test_adapter_group_and_sampler_rows():
 def _cfg(*args):
     """The resolved config; the ``cluster.*`` keys set after (``cluster.kind=ray`` is checked for Ray installed,
     which these pure functions do not need)."""
-    from swarm_runtime.config import _parse, light_registry, resolve
+    from swarm_runtime.config.load import _parse, light_registry, resolve
 
     cfg = resolve([a for a in args if not a.startswith("cluster.")], light_registry())
     for a in args:
@@ -115,7 +115,7 @@ H200_8B = [
 
 
 def test_the_plan_is_unchanged_at_the_defaults():
-    from swarm_runtime.memory_plan import MemoryPlan, make_plan, placed
+    from swarm_runtime.models.memory_plan import MemoryPlan, make_plan, placed
 
     cfg = _cfg(*H200_8B, "model.adapter=lora")
     assert not placed(cfg)
@@ -123,7 +123,7 @@ def test_the_plan_is_unchanged_at_the_defaults():
 
 
 def test_placed_plan_per_device_rows_split_and_colocated():
-    from swarm_runtime.memory_plan import GiB, PlacedPlan, make_plan
+    from swarm_runtime.models.memory_plan import GiB, PlacedPlan, make_plan
 
     names = ["Logger", "Miner", "Smith"]
     cfg = _cfg(*H200_8B, "train.engine=fsdp", "train.shards=4", "cluster.kind=ray", "cluster.placement=split")
@@ -160,7 +160,7 @@ def test_placed_plan_per_device_rows_split_and_colocated():
 
 def test_make_placement_colocated_split_and_adapters():
     from swarm_runtime.cluster.placement import make_placement
-    from swarm_runtime.memory_plan import make_plan
+    from swarm_runtime.models.memory_plan import make_plan
 
     names = ["Logger", "Miner", "Smith"]
     args = [*H200_8B, "train.engine=fsdp", "train.shards=2", "cluster.kind=ray", "cluster.env_workers=3"]
@@ -194,8 +194,9 @@ def test_sampler_replicas_get_a_bundle_each_with_their_servers_gpus():
     pytest.importorskip("ray")
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from swarm_runtime.cluster.placement import engine_actor_options, make_placement, sampler_gpus, server_gpus
-    from swarm_runtime.config import ConfigError
+    from swarm_runtime.cluster.placement import engine_actor_options, make_placement, sampler_gpus
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.validation import server_gpus
 
     names = ["Logger", "Miner", "Smith"]
     base = [*H200_8B, "model.adapter=lora", "rollout.engine=vllm", "train.engine=fsdp", "train.shards=2"]
@@ -305,7 +306,7 @@ def local_ray():
     pytest.importorskip("ray")
     import ray
 
-    from swarm_runtime.cluster.remote import connect
+    from swarm_runtime.cluster.env_cluster import connect
 
     # RAY_ADDRESS=local: a Ray of our own, even where another process on this machine ran `ray start` (ray.init
     # would join that one, and refuse num_cpus)
@@ -340,7 +341,7 @@ def _cpu_spec(*args):
 @pytest.mark.ray
 def test_an_unsatisfiable_placement_names_asked_and_available(local_ray):
     from swarm_runtime.cluster.placement import reserve
-    from swarm_runtime.config import ConfigError
+    from swarm_runtime.config.errors import ConfigError
 
     spec = _cpu_spec("cluster.placement=split", "cluster.env_workers=1")  # 3 x 2 + 1 = 7 CPUs on a Ray of 2
     t0 = time.monotonic()
@@ -390,9 +391,9 @@ def test_a_learner_outside_its_bundle_is_caught(local_ray):
 
 @pytest.mark.ray
 def test_env_workers_start_in_their_bundles(local_ray):
+    from swarm_runtime.cluster.env_cluster import EnvCluster
     from swarm_runtime.cluster.placement import actor_options
-    from swarm_runtime.cluster.remote import EnvCluster
-    from swarm_runtime.config import ConfigError
+    from swarm_runtime.config.errors import ConfigError
 
     spec = _cpu_spec("cluster.placement=colocated", "cluster.env_workers=1", "model.adapter=lora")
     assert spec.totals() == {"CPU": 2}  # one bundle for the base's group (learner + sampler), one for the worker
@@ -502,7 +503,9 @@ def test_sharded_learners_run_in_their_bundles_colocated_and_split(tiny_run, tmp
 def test_a_run_folder_of_config_version_6_loads_without_the_new_keys(tmp_path):
     """Config version 7 added train.* and cluster.placement/cpus_per_bundle/placement_wait_s: a version-6 run
     gets the behaviour it had (local learner, no placement groups); a version-7 file without them is truncated."""
-    from swarm_runtime.config import CONFIG_VERSION, ConfigError, light_registry, load_saved, resolve
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import light_registry, load_saved, resolve
+    from swarm_runtime.config.schema import CONFIG_VERSION
 
     d = OmegaConf.to_container(resolve(["domain=minecraft"], light_registry()))
     del d["train"]
@@ -521,7 +524,7 @@ def test_a_run_folder_of_config_version_6_loads_without_the_new_keys(tmp_path):
 def test_a_run_checks_the_device_it_trains_on_whatever_the_placement():
     """A run's learners are in its own process today: check_plan plans that one device even with a placement
     (the per-device plan would say a group's share fits where the trainer holds every role)."""
-    from swarm_runtime.memory_plan import MemoryPlan, PlacedPlan, check_plan, make_plan
+    from swarm_runtime.models.memory_plan import MemoryPlan, PlacedPlan, check_plan, make_plan
 
     cfg = _cfg(*H200_8B, "model.adapter=lora", "cluster.kind=ray", "cluster.placement=split")
     assert isinstance(make_plan(cfg, 3, 3), PlacedPlan)

@@ -4,10 +4,10 @@ import pytest
 from omegaconf import OmegaConf
 
 import swarm_runtime
-from swarm_runtime import hookspecs
-from swarm_runtime.domain import Domain, Role
-from swarm_runtime.env import DomainEnv, StepResult
-from swarm_runtime.plugins import PluginError, build_registry, make_plugin_manager
+from swarm_runtime.core.domain import Domain, Role
+from swarm_runtime.core.env import DomainEnv, StepResult
+from swarm_runtime.plugins import hookspecs
+from swarm_runtime.plugins.manager import PluginError, build_registry, make_plugin_manager
 
 
 class CounterEnv(DomainEnv):
@@ -163,7 +163,7 @@ def test_the_built_wheel_is_self_contained(tmp_path):
 
     def cli(*args):
         res = subprocess.run(
-            [sys.executable, "-m", "swarm_runtime.cli", *args],
+            [sys.executable, "-m", "swarm_runtime.cli.main", *args],
             cwd=out,
             env=env,
             capture_output=True,

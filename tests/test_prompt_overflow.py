@@ -8,8 +8,8 @@ import pytest
 from conftest import TINY_RUN, swarm
 from omegaconf import OmegaConf
 
-from swarm_runtime.config import ModelConfig
-from swarm_runtime.policy.transformers_backend import PromptOverflowError, make_transformers_policy
+from swarm_runtime.config.schema import ModelConfig
+from swarm_runtime.models.transformers_backend import PromptOverflowError, make_transformers_policy
 
 WORDS = ["goal", "chop", "tree", "log", "planks"]
 

@@ -1,4 +1,4 @@
-"""Library versions and the code's commit in results files (issue 18): what :mod:`swarm_runtime.provenance`
+"""Library versions and the code's commit in results files (issue 18): what :mod:`swarm_runtime.runs.provenance`
 records, that it never fails outside a checkout, and that it does not take another repository's commit."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from swarm_runtime import __version__
-from swarm_runtime.provenance import NOT_INSTALLED, code_commit, stamp, versions, versions_line
+from swarm_runtime.runs.provenance import NOT_INSTALLED, code_commit, stamp, versions, versions_line
 
 
 def test_versions_name_python_the_libraries_the_package_and_its_commit():
@@ -79,7 +79,7 @@ def test_a_copy_without_git_says_so_and_takes_the_commit_from_swarm_commit(tmp_p
         Path(swarm_runtime.__file__).parent, copy / "swarm_runtime", ignore=shutil.ignore_patterns("__pycache__")
     )
     show = (
-        "import json; from swarm_runtime import provenance; from swarm_runtime.provenance import versions, "
+        "import json; from swarm_runtime.runs import provenance; from swarm_runtime.runs.provenance import versions, "
         "versions_line; print(json.dumps(versions())); print(versions_line()); print(provenance.__file__)"
     )
     env = {k: v for k, v in os.environ.items() if k != "SWARM_COMMIT"}
@@ -114,8 +114,8 @@ def fresh_versions():
 def test_experiment_results_name_no_checkout_instead_of_unknown_and_git_wins_over_the_variable(
     monkeypatch, fresh_versions
 ):
-    from swarm_runtime import provenance
     from swarm_runtime.experiments import runner
+    from swarm_runtime.runs import provenance
 
     monkeypatch.delenv("SWARM_COMMIT", raising=False)
     monkeypatch.setattr(provenance, "code_commit", lambda where=None: None)  # git fails or finds no checkout
@@ -134,10 +134,10 @@ def test_a_run_carries_the_commit_it_started_from_not_the_one_at_its_end(
 ):
     """``prepare_run`` pins the versions when a run starts; a checkout that moves on while it trains
     (a commit made during a long run) does not relabel its results."""
-    from swarm_runtime import provenance
-    from swarm_runtime.config import resolve
+    from swarm_runtime.config.load import resolve
     from swarm_runtime.experiments import runner
-    from swarm_runtime.run import prepare_run
+    from swarm_runtime.runs import provenance
+    from swarm_runtime.runs.folder import prepare_run
 
     pm, reg = registry
     monkeypatch.setattr(provenance, "code_commit", lambda where=None: "start01")
@@ -157,8 +157,8 @@ def test_a_run_carries_the_commit_it_started_from_not_the_one_at_its_end(
 
 @pytest.mark.parametrize("value", ["main", "v0.1.0", "abc12", "853edf0 extra", "g853edf0"])
 def test_swarm_commit_that_is_no_commit_hash_is_a_config_error_naming_it(monkeypatch, fresh_versions, value):
-    from swarm_runtime import provenance
-    from swarm_runtime.config import ConfigError
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.runs import provenance
 
     monkeypatch.setattr(provenance, "code_commit", lambda where=None: None)
     monkeypatch.setenv("SWARM_COMMIT", value)

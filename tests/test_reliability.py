@@ -192,8 +192,8 @@ def test_corrupted_run_files_are_named(sweep, tmp_path, warm_swarm):
     run = case(
         "mc", lambda r, c: (r / "metrics.jsonl").write_text('{"step": 0, "a"\n' + (r / "metrics.jsonl").read_text())
     )
-    from swarm_runtime.config import ConfigError
-    from swarm_runtime.outputs import read_metrics
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.runs.outputs import read_metrics
 
     with pytest.raises(ConfigError, match="metrics.jsonl line 1"):
         read_metrics(run)
@@ -211,7 +211,7 @@ def test_a_locked_run_folder_refuses_a_second_run_naming_the_first(sweep, tmp_pa
     """While a run holds its folder, a second ``swarm run`` on it exits 2 naming the holder's pid;
     once the holder is killed (-9), its stale lock is taken over. A fresh run into a folder that
     holds a finished run is refused unless ``overwrite=true``."""
-    from swarm_runtime.runlock import RunLock
+    from swarm_runtime.runs.runlock import RunLock
 
     run = _copy(sweep[0] / "ref", tmp_path / "locked")
     holder = subprocess.Popen(
@@ -219,7 +219,7 @@ def test_a_locked_run_folder_refuses_a_second_run_naming_the_first(sweep, tmp_pa
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; "
-            "from swarm_runtime.runlock import RunLock; "
+            "from swarm_runtime.runs.runlock import RunLock; "
             f"RunLock(Path({str(run)!r}), 'run').acquire(); print('locked', flush=True); time.sleep(120)",
         ],
         stdout=subprocess.PIPE,
@@ -281,15 +281,15 @@ def test_secrets_given_on_the_command_line_are_written_nowhere(tmp_path):
         if p.is_file():
             assert secret.encode() not in p.read_bytes(), p
     assert list(run.glob("eval-sft--*redacted*.json"))
-    from swarm_runtime.cli import eval_file_name
+    from swarm_runtime.cli.eval import eval_file_name
 
     name = eval_file_name("iter-000002", [f"task.llm_judge.api_key={secret}", "eval.runs=2"])
     assert secret not in name and "redacted" in name
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import load_saved, resolve
-    from swarm_runtime.plugins import get_registry
-    from swarm_runtime.secrets import save_config
+    from swarm_runtime.config.load import load_saved, resolve
+    from swarm_runtime.config.secrets import save_config
+    from swarm_runtime.plugins.manager import get_registry
 
     _, reg = get_registry()
     cfg = resolve(args, reg)
@@ -301,7 +301,7 @@ def test_secrets_given_on_the_command_line_are_written_nowhere(tmp_path):
 
 
 def test_parse_bid_is_strict():
-    from swarm_runtime.policy.transformers_backend import parse_bid
+    from swarm_runtime.models.transformers_backend import parse_bid
 
     levels = [0.0, 0.2, 0.4, 0.6, 0.8]
     for text in ["-0.5", "5.0.3", "0,5", "NaN", "nan", "5.0", "0.5", "1", "1e-3", "v0.4", "<bid_0.4.3>", "", "bid"]:
@@ -311,7 +311,7 @@ def test_parse_bid_is_strict():
 
 
 def test_a_backend_bid_that_is_not_a_level_is_unparsed_not_a_crash():
-    from swarm_runtime.episode import checked_bid
+    from swarm_runtime.core.turn import checked_bid
 
     levels = [0.0, 0.2, 0.4, 0.6, 0.8]
     for bad in [float("nan"), 5.0, -0.5, 0.5, "0.4", None, True]:
@@ -323,7 +323,7 @@ def test_a_backend_bid_that_is_not_a_level_is_unparsed_not_a_crash():
 def test_listing_commands_survive_a_closed_pipe(tmp_path):
     for cmd in ("domains", "config"):
         res = subprocess.run(
-            f"{sys.executable} -m swarm_runtime.cli {cmd} | head -1",
+            f"{sys.executable} -m swarm_runtime.cli.main {cmd} | head -1",
             shell=True,
             cwd=tmp_path,
             capture_output=True,
@@ -354,9 +354,9 @@ def test_a_failed_research_tool_call_is_not_a_valid_action(registry, tmp_path):
 def test_overwrite_deletes_only_the_previous_runs_files(tmp_path):
     """``clear_run`` deletes the names the run folder's manifest lists (what the runtime wrote) and
     refuses, before deleting anything, a folder holding anything else (issue 31)."""
-    from swarm_runtime import runfiles
-    from swarm_runtime.config import ConfigError
-    from swarm_runtime.run import check_run_dir, clear_run, holds_run
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.runs import runfiles
+    from swarm_runtime.runs.folder import check_run_dir, clear_run, holds_run
 
     run = tmp_path / "run"
     (run / "checkpoints" / "sft").mkdir(parents=True)

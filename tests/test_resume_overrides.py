@@ -140,8 +140,9 @@ def test_without_resume_the_same_arguments_in_other_spellings_are_the_same_run(e
 def test_swarm_run_refuses_what_resuming_would_change_with_the_same_comparison(registry, tmp_path):
     """``swarm run resume=true`` asks the same comparison as the experiment: groups by the name they
     pick, values resolved; the machine, the display and ``algo.iterations`` apply."""
-    from swarm_runtime.config import ConfigError, resolve
-    from swarm_runtime.run import refuse_resume_conflicts, resume_conflicts
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.runs.folder import refuse_resume_conflicts, resume_conflicts
 
     _, reg = registry
     saved = resolve(["domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=16"], reg)
@@ -254,8 +255,8 @@ def test_a_saved_secret_is_not_read_back_as_the_literal_redacted_marker(tmp_path
 def test_swarm_run_resume_applies_a_secret_given_again(registry):
     """A secret is never saved (``<redacted>``, read back as null): given again on ``swarm run
     resume=true`` it applies, like the machine keys, and is not reported as ignored."""
-    from swarm_runtime.config import resolve
-    from swarm_runtime.run import _apply_resume_overrides, refuse_resume_conflicts
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.runs.folder import _apply_resume_overrides, refuse_resume_conflicts
 
     _, reg = registry
     saved = resolve(["domain=openresearcher", "task=embedded"], reg)

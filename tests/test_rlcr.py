@@ -11,15 +11,17 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from swarm_runtime.config import ConfigError, ModelConfig, resolve
-from swarm_runtime.domain import Domain, Role
-from swarm_runtime.env import DomainEnv, StepResult
-from swarm_runtime.rlcr.clock import EventQueue, latency_penalized, t_max_at
-from swarm_runtime.rlcr.conformance import check_concurrent, check_progress
-from swarm_runtime.rlcr.learn import collective_returns, flat_samples, group_advantages, reinforce_step
-from swarm_runtime.rlcr.loop import LoopOptions, Rollout, Turn, play_concurrent, policy_decider
-from swarm_runtime.rlcr.messages import Board, parse_command
-from swarm_runtime.rlcr.org import Organisation
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.config.load import resolve
+from swarm_runtime.config.schema import ModelConfig
+from swarm_runtime.conformance.rlcr import check_concurrent, check_progress
+from swarm_runtime.core.domain import Domain, Role
+from swarm_runtime.core.env import DomainEnv, StepResult
+from swarm_runtime.learn.rlcr.clock import EventQueue, latency_penalized, t_max_at
+from swarm_runtime.learn.rlcr.learn import collective_returns, flat_samples, group_advantages, reinforce_step
+from swarm_runtime.learn.rlcr.loop import LoopOptions, Rollout, Turn, play_concurrent, policy_decider
+from swarm_runtime.learn.rlcr.messages import Board, parse_command
+from swarm_runtime.learn.rlcr.org import Organisation
 from tests.conftest import ROOT, TINY_RLCR, swarm
 
 TICK_TASK = OmegaConf.create(
@@ -256,8 +258,8 @@ def test_flat_advantage_on_every_token_of_every_agent():
 
 @pytest.fixture(scope="module")
 def tiny_policy():
-    from swarm_runtime.policy.transformers_backend import make_transformers_policy
-    from swarm_runtime.rlcr.trainer import RLCR_WORDS
+    from swarm_runtime.learn.rlcr.loop import RLCR_WORDS
+    from swarm_runtime.models.transformers_backend import make_transformers_policy
 
     cfg = OmegaConf.merge(
         OmegaConf.structured(ModelConfig), {"hidden_size": 32, "intermediate_size": 64, "max_action_tokens": 4}
@@ -266,7 +268,7 @@ def tiny_policy():
 
 
 def test_reinforce_step_moves_each_rollouts_tokens_by_its_sign(tiny_policy):
-    from swarm_runtime.train.optim import make_optimizer
+    from swarm_runtime.learn.optim import make_optimizer
 
     p = tiny_policy
     good, bad = (
@@ -307,14 +309,14 @@ def test_concurrent_loop_with_a_real_policy_is_batched_and_deterministic(tiny_po
 
 
 def test_minecraft_parallel_form_split_work_finishes_sooner(registry):
-    from swarm_runtime.rlcr.conformance import _WordCount
-    from swarm_runtime.rlcr.loop import expert_decider
-    from swarm_runtime.rlcr.trainer import loop_options
+    from swarm_runtime.conformance.rlcr import _WordCount
+    from swarm_runtime.learn.rlcr.loop import expert_decider
+    from swarm_runtime.learn.rlcr.trainer import loop_options
 
     _, reg = registry
     d = reg.domains["minecraft"]
     task = d.task_config("iron_pickaxe")
-    cfg = OmegaConf.structured(__import__("swarm_runtime.config", fromlist=["RunConfig"]).RunConfig)
+    cfg = OmegaConf.structured(__import__("swarm_runtime.config.load", fromlist=["RunConfig"]).RunConfig)
     minutes = {}
     for n in (1, 3):
         rs = play_concurrent(d, task, list(range(6)), expert_decider(_WordCount(), n), loop_options(cfg, 1e9, agents=n))
@@ -362,7 +364,7 @@ class GiveUpDomain(TickDomain):
 
 
 def test_rlcr_success_comes_from_the_envs_metrics_not_from_done():
-    from swarm_runtime.rlcr.signs import rollout_metrics, summarize_rollouts
+    from swarm_runtime.learn.rlcr.signs import rollout_metrics, summarize_rollouts
 
     opts = LoopOptions(t_max=1e6, seconds_per_token=1.0, agents=1)
     quit_, solve = (

@@ -4,9 +4,9 @@ per decision of each round of the concurrent loop), as it sees every turn of an 
 from __future__ import annotations
 
 from swarm_runtime import hookimpl
-from swarm_runtime.config import resolve
-from swarm_runtime.rlcr.loop import LoopOptions, play_concurrent, turn_report
-from swarm_runtime.run import RunContext
+from swarm_runtime.config.load import resolve
+from swarm_runtime.learn.rlcr.loop import LoopOptions, play_concurrent, turn_report
+from swarm_runtime.runs.context import RunContext
 from tests.test_rlcr import TICK_TASK, TickDomain, scripted
 
 
@@ -57,7 +57,7 @@ def test_observers_see_every_action_of_an_rlcr_training_rollout(tmp_path, regist
 
 
 def _one_update(pm, reg, tmp_path, obs):
-    from swarm_runtime.rlcr.trainer import RLCRTrainer
+    from swarm_runtime.learn.rlcr.trainer import RLCRTrainer
 
     cfg = resolve(
         [

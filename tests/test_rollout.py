@@ -10,11 +10,12 @@ import pytest
 import torch
 from conftest import run_context, swarm
 
-from swarm_runtime.episode import new_slots, play
-from swarm_runtime.policy.base import sampled_logprobs
-from swarm_runtime.rollout.base import Learner, Row, Sampler
-from swarm_runtime.rollout.local import LocalLearner, LocalSampler, model_names
-from swarm_runtime.rollout.mismatch import Mismatch, importance_weight, token_deltas
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.core.protocols import Learner, Row, Sampler
+from swarm_runtime.learn.logprobs import sampled_logprobs
+from swarm_runtime.sampling.local import LocalLearner, LocalSampler, model_names
+from swarm_runtime.sampling.mismatch import Mismatch, importance_weight, token_deltas
+from swarm_runtime.sampling.play import play
 
 
 @pytest.fixture(scope="module", params=["none", "lora"])
@@ -116,7 +117,7 @@ def test_play_through_an_explicit_sampler_is_play_by_default(swarm_ctx):
 def test_mismatch_and_importance_weights_from_real_scores(registry):
     """A sampler that reported each token one nat less likely than the learner scores it: k3 KL e - 2 per
     token, max |d| 1, every token past a 1.5 cap, and the REINFORCE loss weighted by the capped ratio."""
-    from swarm_runtime.train.action import _reinforce_chunk
+    from swarm_runtime.learn.losses import reinforce_chunk
 
     ctx = run_context(registry, "domain=minecraft", "task=iron_pickaxe")
     _, policies = ctx.build_swarm()
@@ -129,11 +130,9 @@ def test_mismatch_and_importance_weights_from_real_scores(registry):
         out: list = []
         sampled_logprobs(pol, [prompt] * 2, [r.tokens for r in res], actions=True, per_token_out=out)
     shifted = [[float(x) - 1.0 for x in lt] for lt in out]
-    plain = _reinforce_chunk(pol, [(prompt, r.tokens, 1.0) for r in res])
+    plain = reinforce_chunk(pol, [(prompt, r.tokens, 1.0) for r in res])
     stats = Mismatch(cap=1.5)
-    weighted = _reinforce_chunk(
-        pol, [(prompt, r.tokens, 1.0, s) for r, s in zip(res, shifted)], stats=stats, is_cap=1.5
-    )
+    weighted = reinforce_chunk(pol, [(prompt, r.tokens, 1.0, s) for r, s in zip(res, shifted)], stats=stats, is_cap=1.5)
     torch.testing.assert_close(weighted, 1.5 * plain)
     m = stats.metrics("Logger")
     n = sum(len(r.tokens) for r in res)
@@ -168,8 +167,8 @@ def test_engine_settings_are_checked_before_anything_runs(tmp_path, args, words)
 
 
 def test_chat_template_auto_prompts_an_instruct_tokenizer_in_its_template(registry):
-    from swarm_runtime.policy.tokenizer import build_tokenizer
-    from swarm_runtime.policy.transformers_backend import TransformersPolicy, build_tiny_model
+    from swarm_runtime.models.tokenizer import build_tokenizer
+    from swarm_runtime.models.transformers_backend import TransformersPolicy, build_tiny_model
 
     ctx = run_context(registry, "domain=minecraft", "task=iron_pickaxe")
     tok = build_tokenizer(ctx.domain.all_words(ctx.task) + ["user", "assistant"], [0.0, 0.5])
@@ -206,7 +205,7 @@ def test_bid_mismatch_and_importance_weights_from_real_scores(registry):
     """The Bradley-Terry loss compares each pair's original bid (drawn by the sampler) with the learner's
     scores: a sampler that reported it one nat less likely gives k3 KL e - 2, max |d| 1, every token past a
     1.5 cap, and each pair's term weighted by the capped ratio, whichever side the original bid is on."""
-    from swarm_runtime.train.bid import _bradley_terry_chunk, _PreferenceRow
+    from swarm_runtime.learn.bid import _bradley_terry_chunk, _PreferenceRow
 
     pol, prompt, bids = _bid_rows(registry)
     assert all(b.logprobs is not None and len(b.logprobs) == len(b.tokens) == 1 for b in bids)
@@ -235,7 +234,7 @@ def test_bid_mismatch_and_importance_weights_from_real_scores(registry):
 def test_bid_loss_without_is_cap_is_the_plain_loss_exactly(registry):
     """algo.is_cap off (the default): the sampler's log-probs only feed the metrics; the loss and its
     gradient are bit for bit those of rows without them (on-policy: a mismatch of 0 to float precision)."""
-    from swarm_runtime.train.bid import _bradley_terry_chunk, _PreferenceRow
+    from swarm_runtime.learn.bid import _bradley_terry_chunk, _PreferenceRow
 
     pol, prompt, bids = _bid_rows(registry)
     rows = [_PreferenceRow(prompt, bids[0].tokens, pol.bid_target(0.0), 1.0)]
@@ -262,7 +261,7 @@ def test_staleness_counts_the_updates_that_changed_the_acting_model():
     rollout.max_staleness."""
     from types import SimpleNamespace
 
-    from swarm_runtime.train.mpt import rollout_staleness
+    from swarm_runtime.learn.mpt import rollout_staleness
 
     learner = LocalLearner({"A": None, "B": None})
     learner.bump(["A"], version=1)  # update 0 changed A, update 1 changed B, update 2 nothing; update 3 trains now

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from swarm_runtime import runfiles
-from swarm_runtime.config import ConfigError, resolve
-from swarm_runtime.run import RunFolder
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.config.load import resolve
+from swarm_runtime.runs import runfiles
+from swarm_runtime.runs.folder import RunFolder
 
 
 def _cfg(registry, *args):
@@ -56,8 +57,8 @@ def test_the_folders_actors_write_are_the_runs_own(tmp_path):
     """``learners/`` (learner actors' pid files, cluster.learners=ray) and ``engine/`` (the engine server's base,
     adapters and log) are in the manifest, so ``overwrite=true`` of such a run deletes them instead of refusing the
     folder as holding files swarm did not write (it did, before they were claimed)."""
-    from swarm_runtime.cluster.learner import pid_files
-    from swarm_runtime.rollout.factory import engine_folder
+    from swarm_runtime.cluster.learners import pid_files
+    from swarm_runtime.sampling.factory import engine_folder
 
     run = tmp_path / "run"
     run.mkdir()

@@ -1,4 +1,4 @@
-"""Sampler actors (``cluster.samplers=ray``, swarm_runtime/cluster/sampler.py): the actor's body in process, then on
+"""Sampler actors (``cluster.samplers=ray``, swarm_runtime/cluster/samplers.py): the actor's body in process, then on
 a local Ray bound to 127.0.0.1: a real ``swarm run`` whose bids and actions are drawn in a sampler actor writes the
 same metrics.jsonl and eval.json as in process, also when the actor's process is killed with kill -9 in the middle
 of its calls; with its restarts spent, one line and a run that resumes from its last checkpoint."""
@@ -21,9 +21,9 @@ def _policies():
     """Two tiny policies on one FLOP counter (model name -> policy)."""
     from omegaconf import OmegaConf
 
-    from swarm_runtime.flops import FlopCounter
-    from swarm_runtime.policy.tokenizer import build_tokenizer
-    from swarm_runtime.policy.transformers_backend import TransformersPolicy, build_tiny_model
+    from swarm_runtime.models.flops import FlopCounter
+    from swarm_runtime.models.tokenizer import build_tokenizer
+    from swarm_runtime.models.transformers_backend import TransformersPolicy, build_tiny_model
 
     levels = [0.0, 0.5, 1.0]
     tok = build_tokenizer(["chop", "tree", "craft", "planks"], levels)
@@ -37,7 +37,7 @@ def _policies():
 
 
 def _sample_rows():
-    from swarm_runtime.rollout.base import Row
+    from swarm_runtime.core.protocols import Row
 
     return [Row("A", "chop tree"), Row("B", "craft planks"), Row("A", "tree")]
 
@@ -58,9 +58,9 @@ def test_the_worker_draws_what_the_trainer_would_and_hands_back_its_state():
 
     import torch
 
-    from swarm_runtime.cluster.learner import copy_params, params_of
-    from swarm_runtime.cluster.sampler import LOST, SamplerWorker, flop_counters, sampling_state
-    from swarm_runtime.rollout.local import LocalSampler
+    from swarm_runtime.cluster.learners import copy_params, params_of
+    from swarm_runtime.cluster.samplers import LOST, SamplerWorker, flop_counters, sampling_state
+    from swarm_runtime.sampling.local import LocalSampler
 
     policies, rows = _policies(), _sample_rows()
     flops = policies["A"].flops
@@ -89,8 +89,8 @@ def test_a_restarted_actor_is_loaded_with_the_synced_weights():
     import signal
 
     pytest.importorskip("ray")
-    from swarm_runtime.cluster.sampler import RaySampler, sampling_state, set_sampling_state
-    from swarm_runtime.rollout.local import LocalLearner, LocalSampler
+    from swarm_runtime.cluster.samplers import RaySampler, sampling_state, set_sampling_state
+    from swarm_runtime.sampling.local import LocalLearner, LocalSampler
 
     policies, rows = _policies(), _sample_rows()
     learner = LocalLearner(policies)
@@ -139,7 +139,7 @@ def test_a_sampler_actor_writes_the_same_metrics_and_eval(in_process, ray_head, 
 KILLING_WORKER = textwrap.dedent("""
     import os, signal
     from pathlib import Path
-    from swarm_runtime.cluster.sampler import SamplerWorker
+    from swarm_runtime.cluster.samplers import SamplerWorker
 
     class KillingWorker(SamplerWorker):
         def call(self, method, synced, rows, state):
@@ -156,10 +156,10 @@ KILLING_WORKER = textwrap.dedent("""
 
 DRIVER = textwrap.dedent("""
     import sys
-    from swarm_runtime.cluster import sampler
+    from swarm_runtime.cluster import samplers as sampler
     from killing_worker import KillingWorker
     sampler.SamplerWorker = KillingWorker
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -239,7 +239,7 @@ ENGINE_RAY = ["model.adapter=lora", "rollout.engine=vllm", "cluster.kind=ray", "
         ),
         (["cluster.sampler_replicas=0"], ["cluster.sampler_replicas=0", "[1, 1024] or per_node"]),
         (["cluster.sampler_replicas=two"], ["cluster.sampler_replicas='two'", "[1, 1024] or per_node"]),
-        (  # replicas are engine sampler actors (rollout/replicas.py)
+        (  # replicas are engine sampler actors (sampling/replicas.py)
             ["cluster.sampler_replicas=2"],
             ["needs cluster.samplers=ray and rollout.engine=vllm", "not cluster.samplers=local", "replicas=1"],
         ),

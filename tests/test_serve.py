@@ -87,9 +87,9 @@ def build_run(registry, out: Path) -> Path:
     """A run folder with a ``final`` checkpoint of three freshly initialised role models."""
     from omegaconf import OmegaConf
 
-    from swarm_runtime.checkpoint import save_checkpoint
-    from swarm_runtime.config import resolve
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.runs.checkpoint import save_checkpoint
+    from swarm_runtime.runs.context import RunContext
 
     pm, reg = registry
     cfg = resolve(RUN_ARGS + [f"run_dir={out}"], reg)
@@ -116,7 +116,7 @@ def served(registry, tmp_path_factory):
     glog, wlog = tmp / "gateway.log", tmp / "faulty.log"
     gateway = _start(
         [
-            "swarm_runtime.cli",
+            "swarm_runtime.cli.main",
             "serve",
             str(run),
             f"serve.port={port}",
@@ -166,9 +166,9 @@ def served_equals_in_process(registry, run, url) -> dict:
     checkpoint exactly, turn by turn (asserted); returns the in-process result."""
     import torch
 
-    from swarm_runtime.config import load_saved
-    from swarm_runtime.evaluate import evaluate
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.config.load import load_saved
+    from swarm_runtime.evaluation.heldout import evaluate
+    from swarm_runtime.runs.context import RunContext
     from swarm_runtime.serve.client import evaluate_served
 
     pm, reg = registry
@@ -203,7 +203,7 @@ def served_equals_in_process(registry, run, url) -> dict:
 
 def test_served_episode_equals_in_process(served, registry, capsys):
     """Keyed sampling: the served swarm plays the in-process `swarm eval` episodes exactly, turn by turn."""
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
 
     res = served_equals_in_process(registry, served.run, served.url)
     # the CLI branch: the same table through the service
@@ -325,8 +325,8 @@ def test_worker_logprobs_are_the_models_token_scores(served, registry):
     guided choices scored as training scores them)."""
     import torch
 
-    from swarm_runtime.config import load_saved
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.config.load import load_saved
+    from swarm_runtime.runs.context import RunContext
     from swarm_runtime.serve.worker import WorkerOptions, load_policy
 
     torch.set_num_threads(1)
@@ -473,7 +473,7 @@ def bare(served, tmp_path_factory):
     log = tmp_path_factory.mktemp("bare") / "gateway.log"
     gateway = _start(
         [
-            "swarm_runtime.cli",
+            "swarm_runtime.cli.main",
             "serve",
             str(served.run),
             "serve.host=0.0.0.0",
@@ -497,7 +497,7 @@ def bare(served, tmp_path_factory):
 
 
 def test_auth_on_non_loopback_bind_and_no_agents_left(served, bare, monkeypatch, capsys):
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
 
     run = served.run
     monkeypatch.delenv("SWARM_API_KEY", raising=False)
@@ -543,7 +543,8 @@ def test_idle_client_episode_expires(served, bare):
 
 def test_seed_carries_the_keyed_draw():
     """The request seed continues the in-process key's hash chain: same Gumbel noise, token by token."""
-    from swarm_runtime.policy.noise import _splitmix64, gumbel, key_hash
+    from swarm_runtime.core.noise import _splitmix64, key_hash
+    from swarm_runtime.models.noise import gumbel
     from swarm_runtime.serve.protocol import key_from_seed, seed_for, unsplitmix64
 
     rng = random.Random(0)
@@ -560,8 +561,9 @@ def test_seed_carries_the_keyed_draw():
 
 
 def test_serve_config_errors_name_the_valid_values(registry):
-    from swarm_runtime.config import ConfigError, resolve
-    from swarm_runtime.validation import serve_roles
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.config.validation import serve_roles
 
     roles = ["Logger", "Miner", "Smith"]
     for args, words in (

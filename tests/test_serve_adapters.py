@@ -21,9 +21,9 @@ PROMPT = "goal wooden_pickaxe . inventory : none"
 def _adapter_run(registry, out):
     from omegaconf import OmegaConf
 
-    from swarm_runtime.checkpoint import save_checkpoint
-    from swarm_runtime.config import resolve
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.config.load import resolve
+    from swarm_runtime.runs.checkpoint import save_checkpoint
+    from swarm_runtime.runs.context import RunContext
 
     pm, reg = registry
     cfg = resolve(RUN_ARGS + ["model.adapter=lora", f"run_dir={out}"], reg)
@@ -56,7 +56,7 @@ def served(registry, tmp_path_factory):
     log = tmp / "gateway.log"
     g = _start(
         [
-            "swarm_runtime.cli",
+            "swarm_runtime.cli.main",
             "serve",
             str(run),
             f"serve.port={port}",
@@ -162,16 +162,16 @@ def test_runtime_lora_endpoints_load_route_and_sync(served):
 
 
 def test_the_trainers_adapter_sync_drives_our_worker(served, registry):
-    """The learner-to-engine sync of ``rollout.engine=openai|vllm`` (swarm_runtime/rollout/sync.py) against our own
+    """The learner-to-engine sync of ``rollout.engine=openai|vllm`` (swarm_runtime/sampling/sync.py) against our own
     worker's runtime LoRA endpoints: each update's adapter loads as ``Role@vN``, answers under that name, and the
     version before it is unloaded (``keep=1``: on-policy)."""
     import torch
 
-    from swarm_runtime.config import load_saved
-    from swarm_runtime.rollout.http import Client
-    from swarm_runtime.rollout.local import LocalLearner
-    from swarm_runtime.rollout.sync import AdapterSync
-    from swarm_runtime.run import RunContext
+    from swarm_runtime.config.load import load_saved
+    from swarm_runtime.runs.context import RunContext
+    from swarm_runtime.sampling.http import Client
+    from swarm_runtime.sampling.local import LocalLearner
+    from swarm_runtime.sampling.sync import AdapterSync
 
     run, _, swarm, tmp = served
     host = swarm["adapter_hosts"][0]["url"]
@@ -179,7 +179,7 @@ def test_the_trainers_adapter_sync_drives_our_worker(served, registry):
     cfg = load_saved(run / "config.yaml")
     _, policies = RunContext(cfg, pm, reg, None).build_swarm(run / "checkpoints" / "final" / "agents")
     # the learner's base is the folder the worker serves (as a run's engine base is): its adapters point there
-    from swarm_runtime.policy.adapters import fingerprint
+    from swarm_runtime.models.adapters import fingerprint
 
     shared = policies["Smith"].shared_base
     shared.source = str(run / "checkpoints" / "final" / "base")

@@ -68,7 +68,7 @@ class Gateway:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        self.proc = _start(["swarm_runtime.cli", "serve", str(run), f"serve.port={self.port}", *args], log, **env)
+        self.proc = _start(["swarm_runtime.cli.main", "serve", str(run), f"serve.port={self.port}", *args], log, **env)
         self.pids: list[int] = []
 
     def agents(self, headers=None) -> list[dict]:

@@ -10,12 +10,12 @@ import httpcore
 import pytest
 from conftest import run_context
 
-from swarm_runtime.episode import make_env
-from swarm_runtime.policy import noise as keyed
-from swarm_runtime.policy.base import Bid, Response
-from swarm_runtime.policy.tokenizer import bid_token
-from swarm_runtime.rollout.engine import Batch, TurnEngine
-from swarm_runtime.serve.engine import Engine, EngineOptions, ServedEpisode
+from swarm_runtime.core import noise as keyed
+from swarm_runtime.core.engine import Batch, TurnEngine
+from swarm_runtime.core.loop import make_env
+from swarm_runtime.core.protocols import Bid, Response
+from swarm_runtime.models.tokenizer import bid_token
+from swarm_runtime.serve.episodes import Engine, EngineOptions, ServedEpisode
 from swarm_runtime.serve.metrics import Metrics
 from swarm_runtime.serve.population import AgentHandle, Population, PopulationOptions
 from swarm_runtime.serve.protocol import seed_for
@@ -114,7 +114,7 @@ def test_answerer_requests_text_bids_constrained_actions_and_the_episodes_temper
     """bid_mode=text bids are generated (``swarm_kind: bid``), constrained actions carry the role's
     choices in both of vLLM's spellings, every request the episode's temperature; with every agent
     down the turn fails after ``agent_wait`` (NoAgentsLeft), naming their states."""
-    from swarm_runtime.serve.engine import NoAgentsLeft
+    from swarm_runtime.serve.episodes import NoAgentsLeft
 
     workers = Workers({"A": 0.4, "B": 0.8})
     ctx, engine = _setup(
@@ -150,7 +150,7 @@ def test_served_strategy_on_a_fake_answerer_skips_when_every_winner_fails(regist
             return [Bid("<bid_0.8>", None, level=0.8), Bid("junk", None, level=0.0, parsed=False), None]
         return [None]
 
-    from swarm_runtime.episode import Episode
+    from swarm_runtime.core.episode import Episode
 
     episode = Episode(7, noise=99)
     engine = TurnEngine()
@@ -169,8 +169,10 @@ def test_served_strategy_plays_the_auction_strategys_episode(registry):
     import random
     from types import SimpleNamespace
 
-    from swarm_runtime.episode import Episode, finish_episode, new_slots, play, step_turn
-    from swarm_runtime.rollout.local import LocalSampler
+    from swarm_runtime.core.episode import Episode
+    from swarm_runtime.core.loop import finish_episode, new_slots, step_turn
+    from swarm_runtime.sampling.local import LocalSampler
+    from swarm_runtime.sampling.play import play
 
     ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe", "task.max_decisions=6", "hardware.threads=1")
     agents, _ = ctx.build_swarm()
@@ -200,11 +202,12 @@ def test_served_strategy_plays_the_auction_strategys_episode(registry):
 
 
 def test_lockstep_sends_each_steps_batches_together_in_order():
-    """``episode.lockstep`` (AuctionTurns over its slots): one batch per kind per step, rows in the
-    generators' order, keys kept only when every row has one, Scores answered without the engine, each
+    """``core.turn.lockstep`` (AuctionTurns over its slots): one request per kind per step, rows in the
+    generators' order, keys kept only when every row has one, score requests merged like batches, each
     generator sent its own answers and its result returned in order."""
-    from swarm_runtime.episode import Scores, lockstep
-    from swarm_runtime.rollout.base import Row
+    from swarm_runtime.core.engine import Scores
+    from swarm_runtime.core.protocols import Row
+    from swarm_runtime.core.turn import lockstep
 
     got = {}
 
@@ -220,6 +223,9 @@ def test_lockstep_sends_each_steps_batches_together_in_order():
     sent = []
 
     def answer(batch):
+        if batch.kind == "score":
+            sent.append(("score", list(batch.rows)))
+            return []
         sent.append((batch.kind, [(r.prompt, r.key) for r in batch.rows]))
         return [f"{batch.kind}:{r.prompt}" for r in batch.rows]
 
@@ -235,6 +241,7 @@ def test_lockstep_sends_each_steps_batches_together_in_order():
         assert n < 10
     assert sent == [
         ("bid", [("x-b0", None), ("x-b1", None), ("y-b0", None), ("z-b0", None)]),  # y unkeyed: none
+        ("score", []),
         ("act", [("x-a", None), ("y-a", None), ("z-a", None)]),
         ("act", [("y-a2", None)]),
     ]

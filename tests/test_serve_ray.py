@@ -54,7 +54,7 @@ def ray_served(run, tmp_path_factory):
     port = _free_port()
     log = tmp / "gateway.log"
     args = [
-        "swarm_runtime.cli",
+        "swarm_runtime.cli.main",
         "serve",
         str(run),
         f"serve.port={port}",
@@ -199,7 +199,7 @@ def test_an_actor_whose_model_cannot_load_says_why(ray_served):
 
 
 def _serve_cli(run, *args, code: str | None = None) -> subprocess.CompletedProcess:
-    prefix = [sys.executable, "-c", code] if code else [sys.executable, "-m", "swarm_runtime.cli"]
+    prefix = [sys.executable, "-c", code] if code else [sys.executable, "-m", "swarm_runtime.cli.main"]
     return subprocess.run(
         [*prefix, "serve", str(run), f"serve.port={_free_port()}", *args],
         cwd=ROOT,
@@ -221,7 +221,8 @@ def test_serve_cluster_ray_without_ray_names_the_extra(run):
 def test_bad_serve_cluster_values_name_the_valid_ones(registry):
     from test_serve import RUN_ARGS
 
-    from swarm_runtime.config import ConfigError, resolve
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import resolve
 
     for arg, valid in (("serve.cluster=slurm", "one of local, ray"), ("serve.address=nohost", "host:port")):
         with pytest.raises(ConfigError, match=f"{arg.split('=')[0]}.*{valid}"):

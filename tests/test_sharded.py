@@ -1,4 +1,4 @@
-"""The sharded learner (swarm_runtime/train/sharded.py): FSDP2 over 2 gloo processes on 127.0.0.1 takes the
+"""The sharded learner (swarm_runtime/learn/sharded.py): FSDP2 over 2 gloo processes on 127.0.0.1 takes the
 update the in-process learner takes (a real tiny Qwen2 TransformersPolicy, the REINFORCE loss, real AdamW)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from swarm_runtime.policy.transformers_backend import make_transformers_policy
-from swarm_runtime.train.action import _reinforce_chunk
-from swarm_runtime.train.optim import accumulate_and_step, make_optimizer
-from swarm_runtime.train.sharded import OptimSettings, rank_chunks, shard_slices, spawn_update
+from swarm_runtime.learn.losses import reinforce_chunk
+from swarm_runtime.learn.optim import accumulate_and_step, make_optimizer
+from swarm_runtime.learn.sharded import OptimSettings, rank_chunks, shard_slices, spawn_update
+from swarm_runtime.models.transformers_backend import make_transformers_policy
 
 WORDS = [
     "chop",
@@ -83,7 +83,7 @@ def test_fsdp_on_two_gloo_processes_takes_the_one_process_update():
     s = OptimSettings(lr=1e-2, weight_decay=0.01, total_steps=10, eps=1e-3, minibatch=3, grad_clip=1.0)
     before = {k: v.clone() for k, v in pol.model.state_dict().items()}
     opt, sched = make_optimizer(pol.parameters(), s.lr, s.weight_decay, s.total_steps, s.warmup, eps=s.eps)
-    loss, norm = accumulate_and_step(pol, batch, s.minibatch, _reinforce_chunk, opt, sched, s.grad_clip)
+    loss, norm = accumulate_and_step(pol, batch, s.minibatch, reinforce_chunk, opt, sched, s.grad_clip)
     one = pol.model.state_dict()
 
     t0 = time.time()
@@ -132,8 +132,7 @@ def _kept_across_updates(rank, world, port, batches, s, out):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from swarm_runtime.rollout.mismatch import Mismatch
-    from swarm_runtime.train.sharded import (
+    from swarm_runtime.learn.sharded import (
         Shard,
         full_optimizer_state,
         full_params,
@@ -141,6 +140,7 @@ def _kept_across_updates(rank, world, port, batches, s, out):
         load_full_params,
         shard_model,
     )
+    from swarm_runtime.sampling.mismatch import Mismatch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -158,14 +158,14 @@ def _kept_across_updates(rank, world, port, batches, s, out):
 
         def loss(policy, chunk):
             seen.extend(r[0] for r in chunk)
-            return _reinforce_chunk(policy, chunk, stats=stats)
+            return reinforce_chunk(policy, chunk, stats=stats)
 
         m1 = accumulate_and_step(first, batches[0], s.minibatch, loss, opt1, sched1, s.grad_clip, side=(seen, stats))
         state = full_optimizer_state(opt1)
         load_full_params(second.model, full_params(first.model))
         load_full_optimizer_state(opt2, state)
         sched2.load_state_dict(sched1.state_dict())
-        m2 = accumulate_and_step(second, batches[1], s.minibatch, _reinforce_chunk, opt2, sched2, s.grad_clip)
+        m2 = accumulate_and_step(second, batches[1], s.minibatch, reinforce_chunk, opt2, sched2, s.grad_clip)
         weights = full_params(second.model)
         if rank == 0:
             torch.save(dict(m1=m1, m2=m2, state=state, weights=weights, seen=seen, stats=stats), out)
@@ -183,8 +183,8 @@ def test_a_sharded_policy_keeps_the_one_process_state_across_updates(tmp_path):
     import torch
     import torch.multiprocessing as mp
 
-    from swarm_runtime.rollout.mismatch import Mismatch
-    from swarm_runtime.train.sharded import free_port
+    from swarm_runtime.learn.sharded import free_port
+    from swarm_runtime.sampling.mismatch import Mismatch
 
     pol = make_policy()
     texts = ["chop tree", "craft planks", "craft stick", "chop tree", "craft table"]
@@ -199,10 +199,10 @@ def test_a_sharded_policy_keeps_the_one_process_state_across_updates(tmp_path):
     opt, sched = make_optimizer(pol.parameters(), s.lr, s.weight_decay, s.total_steps, eps=s.eps)
     stats = Mismatch()
     want1 = accumulate_and_step(
-        pol, batches[0], s.minibatch, functools.partial(_reinforce_chunk, stats=stats), opt, sched, s.grad_clip
+        pol, batches[0], s.minibatch, functools.partial(reinforce_chunk, stats=stats), opt, sched, s.grad_clip
     )
     want_state = copy.deepcopy(opt.state_dict())  # the live moments move on with update 2
-    want2 = accumulate_and_step(pol, batches[1], s.minibatch, _reinforce_chunk, opt, sched, s.grad_clip)
+    want2 = accumulate_and_step(pol, batches[1], s.minibatch, reinforce_chunk, opt, sched, s.grad_clip)
 
     out = str(tmp_path / "rank0.pt")
     mp.start_processes(
@@ -232,7 +232,7 @@ def _sharded_learner(rank, world, port, name, group, agents, make, batches, kw, 
     import torch.distributed as dist
 
     from swarm_runtime.cluster.shards import ShardWorker
-    from swarm_runtime.train.action import action_update
+    from swarm_runtime.learn.action import action_update
 
     torch.set_num_threads(1)
     w = ShardWorker(name, rank, world, group, agents, make)
@@ -256,10 +256,10 @@ def test_a_base_with_its_roles_adapters_sharded_takes_the_one_process_updates(re
     import torch
     import torch.multiprocessing as mp
 
-    from swarm_runtime.cluster.learner import LearnerWorker, learner_groups
-    from swarm_runtime.train.action import action_update
-    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers
-    from swarm_runtime.train.sharded import free_port
+    from swarm_runtime.cluster.learners import LearnerWorker, learner_groups
+    from swarm_runtime.learn.action import action_update
+    from swarm_runtime.learn.mpt import optimizer_settings, role_optimizers
+    from swarm_runtime.learn.sharded import free_port
     from tests.conftest import run_context
 
     ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe", "model.adapter=lora")
@@ -329,10 +329,10 @@ def test_bf16_full_copies_sharded_keep_fp32_masters_and_compute_in_bf16(registry
     import torch
     import torch.multiprocessing as mp
 
-    from swarm_runtime.cluster.learner import LearnerWorker, learner_groups
-    from swarm_runtime.train.action import action_update
-    from swarm_runtime.train.mpt import optimizer_settings, role_optimizers
-    from swarm_runtime.train.sharded import free_port
+    from swarm_runtime.cluster.learners import LearnerWorker, learner_groups
+    from swarm_runtime.learn.action import action_update
+    from swarm_runtime.learn.mpt import optimizer_settings, role_optimizers
+    from swarm_runtime.learn.sharded import free_port
     from tests.conftest import run_context
 
     ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe")

@@ -20,7 +20,7 @@ def _stop_after_first_update(run, args: list[str], cwd) -> subprocess.CompletedP
     """``swarm run ARGS`` in a subprocess, SIGTERM as soon as its ``iter-000001`` checkpoint is written; its result."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)  # the run starts its own local Ray (the case seen: that Ray gone with the run)
-    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *args, f"run_dir={run}"]
+    cmd = [sys.executable, "-m", "swarm_runtime.cli.main", "run", *args, f"run_dir={run}"]
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     target = run / "checkpoints" / "iter-000001" / "state.json"
     deadline = time.time() + 300

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm_runtime.outputs import MetricsWriter, read_metrics
+from swarm_runtime.runs.outputs import MetricsWriter, read_metrics
 
 pytest.importorskip("tensorboard")
 

@@ -17,17 +17,18 @@ import torch
 from omegaconf import OmegaConf
 
 import swarm_runtime
-from swarm_runtime.auction import AuctionResult
-from swarm_runtime.config import resolve
-from swarm_runtime.credit import fold_skipped_rewards
-from swarm_runtime.domain import Domain, Role
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
-from swarm_runtime.episode import new_slots, play
-from swarm_runtime.plugins import build_registry, make_plugin_manager
-from swarm_runtime.run import RunContext
-from swarm_runtime.testing import check_domain
-from swarm_runtime.train.action import action_update, credit_samples
-from swarm_runtime.train.optim import make_optimizer
+from swarm_runtime.config.load import resolve
+from swarm_runtime.conformance.suite import check_domain
+from swarm_runtime.core.auction import AuctionResult
+from swarm_runtime.core.credit import fold_skipped_rewards
+from swarm_runtime.core.domain import Domain, Role
+from swarm_runtime.core.env import DomainEnv, ExpertStep, StepResult
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.action import action_update, credit_samples
+from swarm_runtime.learn.optim import make_optimizer
+from swarm_runtime.plugins.manager import build_registry, make_plugin_manager
+from swarm_runtime.runs.context import RunContext
+from swarm_runtime.sampling.play import play
 
 # --------------------------------------------------------------------------- the domain
 

@@ -6,14 +6,15 @@ import pytest
 import torch
 from conftest import run_context
 
-from swarm_runtime.config import resolve
-from swarm_runtime.episode import new_slots, play
-from swarm_runtime.run import RunContext
-from swarm_runtime.train.action import action_update, credit_samples
-from swarm_runtime.train.bid import BranchPair, bid_update, pick_contested, run_branches
-from swarm_runtime.train.mpt import step_kind
-from swarm_runtime.train.optim import make_optimizer
-from swarm_runtime.train.sft import collect_demos, sft
+from swarm_runtime.config.load import resolve
+from swarm_runtime.core.loop import new_slots
+from swarm_runtime.learn.action import action_update, credit_samples
+from swarm_runtime.learn.bid import BranchPair, bid_update, pick_contested, run_branches
+from swarm_runtime.learn.mpt import step_kind
+from swarm_runtime.learn.optim import make_optimizer
+from swarm_runtime.learn.sft import collect_demos, sft
+from swarm_runtime.runs.context import RunContext
+from swarm_runtime.sampling.play import play
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +144,7 @@ def test_counterfactual_branch_starts_from_exact_state(ctx):
     picks = pick_contested(eps, 1, rng)
     assert picks
     ep, turn = picks[0]
-    from swarm_runtime.episode import make_env
+    from swarm_runtime.core.loop import make_env
 
     env = make_env(ctx.domain, ctx.task)
     env.restore(turn.snapshot[0])
@@ -185,9 +186,9 @@ def test_sampling_logprobs_match_scoring(ctx):
 def test_rl_losses_score_at_the_sampling_temperature(ctx):
     """At model.temperature T != 1 the action sampler draws from softmax(logits / T); REINFORCE and
     Bradley-Terry must score log pi_T (on-policy), not the temperature-1 log-probabilities."""
-    from swarm_runtime.policy.base import sampled_logprobs
-    from swarm_runtime.train.action import _reinforce_chunk
-    from swarm_runtime.train.bid import _bradley_terry_chunk, _PreferenceRow
+    from swarm_runtime.learn.bid import _bradley_terry_chunk, _PreferenceRow
+    from swarm_runtime.learn.logprobs import sampled_logprobs
+    from swarm_runtime.learn.losses import reinforce_chunk
 
     _, policies = ctx.build_swarm()
     pol = policies["Miner"]
@@ -209,7 +210,7 @@ def test_rl_losses_score_at_the_sampling_temperature(ctx):
         at_1 = pol.logprobs(prompts, outs)
         assert torch.allclose(sampled, at_t, atol=1e-4) and not torch.allclose(at_t, at_1, atol=1e-2)
         # the losses use the tempered scores: REINFORCE with advantage 1 is -log pi_T
-        loss = _reinforce_chunk(pol, [(p, o, 1.0) for p, o in zip(prompts, outs)])
+        loss = reinforce_chunk(pol, [(p, o, 1.0) for p, o in zip(prompts, outs)])
         assert float(loss) == pytest.approx(float(-at_t.mean()), rel=1e-4)
         hi, lo = pol.bid_target(0.8), pol.bid_target(0.2)
         bt = _bradley_terry_chunk(pol, [_PreferenceRow(prompts[0], hi, lo, 1.0)])
@@ -314,7 +315,7 @@ def test_kl_coef_charges_each_action_its_drift_from_the_reference(ctx):
 def test_branch_samples_average_several_continuations_per_side(ctx, monkeypatch):
     """algo.branch_samples=3: per pick, 3 branches where the runner-up acts and 2 re-rolls where
     the selected agent acts again, all from the turn's snapshot; each side's score is its mean."""
-    import swarm_runtime.train.bid as bid_mod
+    import swarm_runtime.learn.bid as bid_mod
 
     agents, _ = ctx.build_swarm()
     rng = random.Random(1)
@@ -356,7 +357,7 @@ def test_branch_samples_average_several_continuations_per_side(ctx, monkeypatch)
 def test_branch_horizon_compares_the_same_window_on_both_sides(ctx, monkeypatch):
     """algo.branch_horizon=H: branches stop H decisions after the branched turn and the original
     scores its rewards over the same H decisions."""
-    import swarm_runtime.train.bid as bid_mod
+    import swarm_runtime.learn.bid as bid_mod
 
     agents, _ = ctx.build_swarm()
     rng = random.Random(2)
@@ -394,7 +395,7 @@ def test_runner_up_pairs_train_the_runner_ups_bid_on_the_same_two_outcomes(ctx, 
     """algo.bid_pairs=both: each selected pair is followed by one of the runner-up's bids, its original
     (lower) bid with the original score and a re-sampled bid above the winner's with the branch's;
     no extra rollouts. A Bradley-Terry step then moves the runner-up's bid toward the better side."""
-    import swarm_runtime.train.bid as bid_mod
+    import swarm_runtime.learn.bid as bid_mod
 
     agents, policies = ctx.build_swarm()
     rng = random.Random(4)
@@ -449,7 +450,7 @@ def test_runner_up_pairs_train_the_runner_ups_bid_on_the_same_two_outcomes(ctx, 
 
 
 def test_bad_bid_pair_options_name_the_valid_ones(registry):
-    from swarm_runtime.config import ConfigError
+    from swarm_runtime.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="algo.bid_pairs='all' is not valid: must be one of selected, both"):
         resolve(["domain=minecraft", "algo.bid_pairs=all"], registry[1])
@@ -467,8 +468,8 @@ def test_bad_bid_pair_options_name_the_valid_ones(registry):
 def test_common_random_numbers_make_a_branch_differ_only_by_its_forced_decision(ctx):
     """algo.common_random_numbers: a continuation forced to the decision the original made, with
     the original's noise id, replays the original exactly; with the policies' generators it does not."""
-    from swarm_runtime.episode import ForcedTurn
-    from swarm_runtime.train.bid import forced_slot
+    from swarm_runtime.core.episode import ForcedTurn
+    from swarm_runtime.learn.bid import forced_slot
 
     agents, _ = ctx.build_swarm()
 
@@ -499,9 +500,9 @@ def test_common_random_numbers_make_a_branch_differ_only_by_its_forced_decision(
 
 def test_a_forced_turn_can_also_force_the_winners_action(ctx):
     """ForcedTurn(action=...): the winner takes the given action at the restored turn instead of sampling."""
-    from swarm_runtime.episode import ForcedTurn
-    from swarm_runtime.policy.base import Response
-    from swarm_runtime.train.bid import forced_slot
+    from swarm_runtime.core.episode import ForcedTurn
+    from swarm_runtime.core.protocols import Response
+    from swarm_runtime.learn.bid import forced_slot
 
     agents, _ = ctx.build_swarm()
     rng = random.Random(3)
@@ -535,8 +536,8 @@ def test_a_forced_turn_can_also_force_the_winners_action(ctx):
 def test_mpt_bid_step_passes_noise_ids_to_its_branches(registry, tmp_path, monkeypatch):
     """With algo.common_random_numbers=true every rollout episode gets its own noise id; with
     branch_samples=2 the 0-th branch reuses it and the 1-st branch shares a fresh one with the re-roll."""
-    import swarm_runtime.train.bid as bid_mod
-    import swarm_runtime.train.mpt as mpt_mod
+    import swarm_runtime.learn.bid as bid_mod
+    import swarm_runtime.learn.mpt as mpt_mod
 
     pm, reg = registry
     cfg = resolve(

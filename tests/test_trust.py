@@ -100,8 +100,8 @@ def test_overwrite_deletes_only_what_the_runtime_wrote(runs, tmp_path, warm_swar
     refuses it naming the files, and the error without overwrite does not suggest overwrite=true. A run
     folder the runtime wrote lists every file in its manifest, so overwrite empties it exactly; a file the
     user added to it is named and nothing is deleted."""
-    from swarm_runtime import runfiles
-    from swarm_runtime.run import clear_run
+    from swarm_runtime.runs import runfiles
+    from swarm_runtime.runs.folder import clear_run
 
     mine = tmp_path / "mine"
     (mine / "tb").mkdir(parents=True)
@@ -139,7 +139,8 @@ def test_run_control_keys_come_from_the_command_line_only(runs, tmp_path, regist
         _error(warm_swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), key, str(recipe))
     assert _tree(run / "checkpoints") == before
 
-    from swarm_runtime.config import ConfigError, load_saved, resolve
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import load_saved, resolve
 
     _, reg = registry
 
@@ -362,7 +363,7 @@ def test_each_command_asks_for_ray_only_where_it_uses_it(runs, tmp_path):
 def test_without_ray_a_config_that_cannot_run_is_named_before_the_extra(tmp_path):
     """Without the ray extra, a Ray run whose keys cannot go together is refused for them (installing Ray would not
     make it valid), and a valid one for the extra it needs: every cross-key check comes before the Ray check
-    (validation.py: validate)."""
+    (config/validation.py: validate)."""
     bad = ("rollout.max_staleness=1", "cluster.kind=ray", "cluster.samplers=ray")
     res = swarm("run", *TINY_RUN, *bad, f"run_dir={tmp_path / 'a'}", cwd=tmp_path, without_ray=True)
     _error(res, "rollout.max_staleness=1 with cluster.samplers=ray and rollout.engine=local")
@@ -397,9 +398,10 @@ def test_a_recipes_ray_head_is_joined_a_saved_one_is_not(tmp_path):
 def test_a_saved_ray_head_is_joined_only_when_the_command_line_gives_it(registry, tmp_path):
     """6c. In process: the address given again (as itself or inside its section), or not joined (another kind),
     passes; a resumed experiment whose saved arguments name a Ray head is refused like a run folder."""
-    from swarm_runtime.config import ConfigError, resolve
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import resolve
     from swarm_runtime.experiments.runner import run_experiment
-    from swarm_runtime.run import refuse_saved_ray_heads
+    from swarm_runtime.runs.folder import refuse_saved_ray_heads
 
     pm, reg = registry
     cfg = resolve(["cluster.address=10.0.0.9:6379"], reg)
@@ -471,7 +473,7 @@ def test_a_damaged_state_json_is_named_before_anything_resumes(runs, tmp_path, w
     than metrics.jsonl holds) or sft_eval: exit 2 naming the file and the key, nothing rewritten; the same
     schema refuses an iteration that is not the checkpoint's, infinite FLOPs, a metrics_rows of another type,
     a final_eval without a finite reward."""
-    from swarm_runtime.checkpoint import state_problem
+    from swarm_runtime.runs.checkpoint import state_problem
 
     cases = []
     for i, (key, value, needle) in enumerate(STATE_DAMAGE):
@@ -528,7 +530,7 @@ def test_silent_nonsense_is_one_line(runs, tmp_path, warm_swarm):
 def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path, warm_swarm):
     """12. Eval checks every role's base fingerprint (not only the first role's); a ``latest`` linked to a
     file outside the run is refused without echoing it; new runs write the current config_version."""
-    from swarm_runtime.config import CONFIG_VERSION
+    from swarm_runtime.config.schema import CONFIG_VERSION
 
     run = _copy(runs, "lora", tmp_path / "fp")
     ptr_file = _latest(run) / "agents" / "Smith" / "swarm_base.json"

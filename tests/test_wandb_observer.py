@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_RUN
 
 from swarm_plugins import wandb_observer
-from swarm_runtime import plugins as plugin_mod
+from swarm_runtime.plugins import manager as plugin_mod
 
 
 def _use(monkeypatch, *extra):
@@ -58,7 +58,7 @@ def test_a_broken_plugin_names_itself_and_the_way_to_skip_it(monkeypatch):
 @pytest.mark.slow
 def test_a_real_run_is_mirrored_to_an_offline_wandb_run(monkeypatch, tmp_path):
     pytest.importorskip("wandb")
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
 
     _use(monkeypatch)
     monkeypatch.setenv(wandb_observer.ENV, "swarm-test")

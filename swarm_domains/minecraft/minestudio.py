@@ -29,7 +29,7 @@ from swarm_domains.minecraft.instructions import OWNER, parse
 from swarm_domains.minecraft.recipes import FUELS, GATHERS, ITEMS, RECIPES
 from swarm_domains.minecraft.task import TaskSpec
 from swarm_domains.minecraft.world import missing_for
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
+from swarm_runtime.core.env import DomainEnv, ExpertStep, StepResult
 
 INSTALL_HINT = (
     "the minestudio backend needs the 'minestudio' package: pip install 'swarm-runtime[minestudio]'; "

@@ -18,7 +18,7 @@ from swarm_domains.minecraft import expert
 from swarm_domains.minecraft.instructions import OWNER, parse
 from swarm_domains.minecraft.recipes import FUELS, GATHERS, ITEMS, RECIPES, pickaxe_tier
 from swarm_domains.minecraft.task import TaskSpec
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
+from swarm_runtime.core.env import DomainEnv, ExpertStep, StepResult
 
 LEVELS: tuple[str, ...] = ("none", "few", "some", "many")
 FEATURES: tuple[str, ...] = ("trees", "stone", "coal", "iron")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from swarm_domains.openresearcher.browser import Browser
 from swarm_domains.openresearcher.corpus import Question
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
+from swarm_runtime.core.env import DomainEnv, ExpertStep, StepResult
 
 ROLE_OF_TOOL = {"search": "Searcher", "open": "Opener", "find": "Finder"}
 ROLES = tuple(ROLE_OF_TOOL.values())

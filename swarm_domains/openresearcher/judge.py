@@ -196,7 +196,7 @@ class LLMJudge:
         key = api_key or os.environ.get("OPENAI_API_KEY")
         if not key:
             raise ValueError("judge=llm needs an API key: set OPENAI_API_KEY or task.llm_judge.api_key")
-        from swarm_runtime.secrets import check_endpoint
+        from swarm_runtime.config.secrets import check_endpoint
 
         # a base_url a run folder from elsewhere saved is not sent the key unless the command line gives it
         check_endpoint(self.base_url, "task.llm_judge.api_key" if api_key else "the key in OPENAI_API_KEY")

@@ -139,7 +139,7 @@ def _build(cfg: dict) -> World:
 
 def corpus_words(world: World, limit: int) -> list[str]:
     """The ``limit`` most frequent words of a real corpus and every word of its questions."""
-    from swarm_runtime.policy.tokenizer import split_words
+    from swarm_runtime.models.tokenizer import split_words
 
     counts: Counter = Counter()
     for i in range(len(world.corpus)):

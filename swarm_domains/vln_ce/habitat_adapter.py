@@ -34,7 +34,7 @@ from swarm_domains.vln_ce import actions as A
 from swarm_domains.vln_ce.config import EmbeddedConfig, HabitatConfig
 from swarm_domains.vln_ce.metrics import dedup, is_success, ndtw, resample, spl
 from swarm_domains.vln_ce.stepping import finish_decision, start_decision
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
+from swarm_runtime.core.env import DomainEnv, ExpertStep, StepResult
 
 INSTALL_HINT = (
     "install habitat-sim (conda install habitat-sim headless -c conda-forge -c aihabitat) and "

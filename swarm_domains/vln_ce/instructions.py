@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 
 from swarm_domains.vln_ce.layout import Layout, Point, point_segment_distance
-from swarm_runtime.policy.tokenizer import split_words
+from swarm_runtime.models.tokenizer import split_words
 
 #: Every word an instruction can use besides room types and landmark names.
 INSTRUCTION_WORDS = (

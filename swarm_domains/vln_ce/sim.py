@@ -24,7 +24,7 @@ from swarm_domains.vln_ce.layout import GoalField, Point
 from swarm_domains.vln_ce.metrics import dedup, is_success, ndtw, spl
 from swarm_domains.vln_ce.observation import render_observation
 from swarm_domains.vln_ce.stepping import finish_decision, start_decision
-from swarm_runtime.env import DomainEnv, ExpertStep, StepResult
+from swarm_runtime.core.env import DomainEnv, ExpertStep, StepResult
 
 STEP_M = A.FORWARD_STEP_CM / 100.0
 

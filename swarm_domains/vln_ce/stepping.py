@@ -15,7 +15,7 @@ from typing import Any
 from swarm_domains.vln_ce import actions as A
 from swarm_domains.vln_ce.config import EmbeddedConfig
 from swarm_domains.vln_ce.metrics import is_success, step_reward
-from swarm_runtime.env import StepResult
+from swarm_runtime.core.env import StepResult
 
 
 def start_decision(

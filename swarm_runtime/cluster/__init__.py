@@ -16,8 +16,8 @@ def env_domain(cfg, domain):
     if c is None or c.kind == "local":
         return domain, None
     from swarm_runtime.cluster.actor_env import forward_env
+    from swarm_runtime.cluster.env_cluster import ClusterDomain, EnvCluster
     from swarm_runtime.cluster.placement import node_resources, plan_and_placement
-    from swarm_runtime.cluster.remote import ClusterDomain, EnvCluster
 
     forward_env(cfg, domain)  # the run's variables, for the actors of a joined cluster
 
@@ -38,9 +38,9 @@ def env_domain(cfg, domain):
 
 def restart_wait_s(cfg) -> float:
     """``cluster.restart_wait_s`` of ``cfg`` (how long a dead actor is waited for), its default where the config has no
-    cluster section (every actor wrapper is given it: :class:`~swarm_runtime.cluster.remote.EnvCluster`,
+    cluster section (every actor wrapper is given it: :class:`~swarm_runtime.cluster.env_cluster.EnvCluster`,
     ``RaySampler``, ``LearnerGroup``)."""
-    from swarm_runtime.cluster.remote import RESTART_WAIT_S
+    from swarm_runtime.cluster.env_cluster import RESTART_WAIT_S
 
     c = cfg.get("cluster")
     return float(c.get("restart_wait_s", RESTART_WAIT_S)) if c is not None else RESTART_WAIT_S

@@ -6,11 +6,11 @@ needed). The variables the project and its domains read in code that runs in act
 driver joins (``ray.init(runtime_env=...)``, job-wide: every actor of the run, whatever kind):
 
 - :data:`FORWARDED`: what the core reads there (which plugins load, the prompt-overflow mode, the vLLM python, the
-  cache folder); a domain adds its own with its ``env_vars`` attribute (:class:`swarm_runtime.domain.Domain`), a
+  cache folder); a domain adds its own with its ``env_vars`` attribute (:class:`swarm_runtime.core.domain.Domain`), a
   user with ``cluster.env_vars: [NAME, ...]`` (names only; one not set in the run's environment is refused).
 - A variable that the driver has set travels with its value; one it has not set is not touched.
 - Values of secret-named variables (``*_API_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD``:
-  :func:`swarm_runtime.secrets.is_secret_key`) never go into the runtime env's ``env_vars``, which Ray shows in its
+  :func:`swarm_runtime.config.secrets.is_secret_key`) never go into the runtime env's ``env_vars``, which Ray shows in its
   dashboard and job table: they travel inside a worker-process setup hook (a function Ray pickles into its GCS
   and runs in each of the job's worker processes before any task; the runtime env shows only its name), which
   sets them in ``os.environ``. The other values go in ``env_vars`` (set by Ray before the process starts).
@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-#: The variables the core reads in code that runs in actors: plugins.py (SWARM_LOAD_PLUGINS, SWARM_DISABLE_PLUGINS:
-#: which domains an env worker loads), policy/transformers_backend.py (SWARM_PROMPT_OVERFLOW), rollout/vllm_server.py
+#: The variables the core reads in code that runs in actors: plugins/manager.py (SWARM_LOAD_PLUGINS, SWARM_DISABLE_PLUGINS:
+#: which domains an env worker loads), models/transformers_backend.py (SWARM_PROMPT_OVERFLOW), sampling/vllm_server.py
 #: (SWARM_VLLM_PYTHON: an engine sampler actor starts vLLM), and the cache folder (XDG_CACHE_HOME).
 FORWARDED = (
     "SWARM_LOAD_PLUGINS",
@@ -33,7 +33,7 @@ FORWARDED = (
     "XDG_CACHE_HOME",
 )
 #: The names a run forwards besides :data:`FORWARDED` (the domain's ``env_vars`` and ``cluster.env_vars``), set by
-#: :func:`forward` when the run starts; read by :func:`swarm_runtime.cluster.remote.connect` when it joins.
+#: :func:`forward` when the run starts; read by :func:`swarm_runtime.cluster.env_cluster.connect` when it joins.
 _EXTRA: list[str] = []
 
 
@@ -44,7 +44,7 @@ def forward(names: Iterable[str]) -> None:
 
 def forward_env(cfg, domain) -> None:
     """:func:`forward` a run's domain's ``env_vars`` and its ``cluster.env_vars`` (each set in this environment:
-    validation.py refuses one that is not). ``swarm run`` calls it when the run starts, ``env_domain`` (every
+    config/validation.py refuses one that is not). ``swarm run`` calls it when the run starts, ``env_domain`` (every
     command with env workers) before it joins."""
     c = cfg.get("cluster")
     forward([*getattr(domain, "env_vars", ()), *((c.get("env_vars") or []) if c is not None else [])])
@@ -57,7 +57,7 @@ def names() -> list[str]:
 
 def split(wanted: Iterable[str], environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """``(plain, secret)``: the variables of ``wanted`` that ``environ`` sets, the secret-named ones apart."""
-    from swarm_runtime.secrets import is_secret_key
+    from swarm_runtime.config.secrets import is_secret_key
 
     plain, secret = {}, {}
     for name in wanted:

@@ -6,7 +6,7 @@ A rank joins its group through ``deepspeed.init_distributed`` (gloo on the CPU, 
 model in a ZeRO-3 engine (``deepspeed.initialize``: the role's first optimizer kind as the client optimizer, which
 ZeRO steps over its flat fp32 partition). The policy's model becomes the engine (forwards must go through it:
 docs/distributed.md). The role's other optimizer kinds (``mpt.role_optimizers``: action and bid steps have their
-own AdamW moments and schedules) are plain torch optimizers too: :func:`~swarm_runtime.train.sharded.shard_step`
+own AdamW moments and schedules) are plain torch optimizers too: :func:`~swarm_runtime.learn.sharded.shard_step`
 hands the kind's optimizer to the engine before its step, so each keeps its own state over the same partition.
 Engines and optimizers stay across updates.
 
@@ -41,7 +41,7 @@ class DeepSpeedShardWorker(ShardWorker):
             to_device([*self.policies.values(), *(self.reference or {}).values()], device)
         import deepspeed
 
-        from swarm_runtime.train.sharded import Shard, to_masters, zero3_engine
+        from swarm_runtime.learn.sharded import Shard, to_masters, zero3_engine
 
         deepspeed.init_distributed(
             dist_backend=backend,

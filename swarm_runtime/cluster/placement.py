@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from swarm_runtime.config import ConfigError
-from swarm_runtime.memory_plan import GiB, PlacedPlan, agent_groups
-from swarm_runtime.validation import server_gpus  # the parallel sizes' product (checked at validation)
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.config.validation import server_gpus  # the parallel sizes' product (checked at validation)
+from swarm_runtime.models.memory_plan import GiB, PlacedPlan, agent_groups
 
 #: The actors of a placement: a learner shard, a sampler, an env worker.
 ACTORS = ("learner", "sampler", "env")
@@ -171,7 +171,7 @@ def _sampler_slots(kind: str, shards: int, n: int) -> tuple[int, ...]:
 
 def placed_replicas(cfg) -> int:
     """Sampler slots per agent group in a placement: ``cluster.sampler_replicas`` (an int; ``per_node`` is refused
-    with a placement by validation.py, its count known only once Ray is asked)."""
+    with a placement by config/validation.py, its count known only once Ray is asked)."""
     c = cfg.get("cluster")
     n = c.get("sampler_replicas", 1) if c is not None else 1
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
@@ -203,9 +203,9 @@ def engine_actor_options(cfg, options: dict | None) -> dict:
 
 
 def plan_and_placement(cfg, domain):
-    """The run's memory plan (:func:`swarm_runtime.memory_plan.make_plan`, its groups named after ``domain``'s
+    """The run's memory plan (:func:`swarm_runtime.models.memory_plan.make_plan`, its groups named after ``domain``'s
     roles) and its placement (None: ``cluster.placement=none``)."""
-    from swarm_runtime.memory_plan import make_plan
+    from swarm_runtime.models.memory_plan import make_plan
 
     names = [r.name for r in domain.roles]
     vocab = None
@@ -222,7 +222,7 @@ def reserve(spec: PlacementSpec, wait_s: float) -> None:
     ``NO_RESOURCES``; Ray never refuses it, so the wait is the test)."""
     import time
 
-    from swarm_runtime.cluster.remote import import_ray
+    from swarm_runtime.cluster.env_cluster import import_ray
 
     ray = import_ray()
     from ray.util import placement_group
@@ -310,7 +310,7 @@ def bundles_in_use(spec: PlacementSpec, group: str) -> list[dict]:
     """Per bundle of ``group``'s reserved placement group: the resources its actors hold now, as Ray accounts them
     (a bundle's resources are Ray resources of their own, ``CPU_group_<bundle>_<group id>``: held = total -
     available)."""
-    from swarm_runtime.cluster.remote import import_ray
+    from swarm_runtime.cluster.env_cluster import import_ray
 
     ray = import_ray()
     whole, free, pg = ray.cluster_resources(), ray.available_resources(), spec.pgs[group].id.hex()
@@ -390,7 +390,7 @@ def check_engine_wired(cfg) -> None:
     t = cfg.get("train")
     if t is None or str(t.engine) == "local":
         return
-    engine = str(t.engine)  # fsdp or deepspeed (validation.py: the choices)
+    engine = str(t.engine)  # fsdp or deepspeed (config/validation.py: the choices)
     c = cfg.get("cluster")
     learners = "local" if c is None else str(c.get("learners", "local"))
     if learners != "ray":
@@ -435,7 +435,7 @@ def _check_deepspeed(adapter: str, dtype: str) -> None:
 
 def replica_options(base: dict | None, node: str | None = None) -> dict:
     """The Ray ``.options(...)`` of one of a base's engine sampler replicas (``cluster.sampler_replicas``;
-    rollout/replicas.py). ``base``: the options one sampler of the base would get. In a placement group (its
+    sampling/replicas.py). ``base``: the options one sampler of the base would get. In a placement group (its
     ``scheduling_strategy`` is one): as they are (each replica its own bundle: :func:`make_placement`,
     ``actor_options(spec, group, "sampler", j)``); else ``node`` (Ray's node id: ``per_node``) pins it to that node,
     or (None) Ray's ``SPREAD`` strategy puts the replicas on as many nodes as it can."""

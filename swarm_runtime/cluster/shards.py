@@ -1,20 +1,20 @@
 """Sharded learners (issue 28; docs/distributed.md, "Sharded learners"): ``train.engine=fsdp train.shards=S`` with
 ``cluster.learners=ray`` makes each learner (a role's full copy, or a base with its roles' LoRA adapters) ``S`` Ray
 actors, the ranks of one process group (gloo on CPUs, nccl on GPUs). Each rank keeps the role's model sharded by
-FSDP2 (``train/sharded.py: shard_policies``) and the role's optimizers over its shards (``mpt.role_optimizers``: the
+FSDP2 (``learn/sharded.py: shard_policies``) and the role's optimizers over its shards (``mpt.role_optimizers``: the
 same settings) across updates.
 
 An update goes to every rank of a learner alike (the same payload); each runs the same ``action_update`` /
 ``bid_update`` (FSDP forwards are collectives: the KL and bid-reference forwards run on every rank alike), but
 ``accumulate_and_step`` takes only the rank's chunks of each batch (the policy's ``shard``:
-``train/sharded.py: shard_step``) and the metrics, side statistics and FLOPs are merged across ranks. Rank 0
+``learn/sharded.py: shard_step``) and the metrics, side statistics and FLOPs are merged across ranks. Rank 0
 answers for the learner: the metrics, the changed roles' full parameters (gathered) and the FLOPs, so the driver
-sees what :class:`~swarm_runtime.cluster.learner.LearnerWorker` sends. Checkpoints hold the full optimizer state
+sees what :class:`~swarm_runtime.cluster.learners.LearnerWorker` sends. Checkpoints hold the full optimizer state
 in the in-process optimizer's format (a run checkpointed under fsdp resumes under local, and back).
 
 Faults: a rank that dies breaks its group's collectives (the others would wait out the gloo timeout,
 :data:`GROUP_TIMEOUT_S`). The driver kills the learner's other ranks too (Ray restarts every rank, from its
-creation arguments), forms the group again and raises :class:`~swarm_runtime.cluster.learner.LearnerLost`: the run
+creation arguments), forms the group again and raises :class:`~swarm_runtime.cluster.learners.LearnerLost`: the run
 rewinds to its last checkpoint and loads it into every rank, as with one actor per learner.
 """
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from loguru import logger
 
-from swarm_runtime.cluster.learner import RESTARTED, LearnerGone, LearnerGroup, LearnerLost, LearnerWorker
-from swarm_runtime.cluster.remote import wait_restarted
+from swarm_runtime.cluster.env_cluster import wait_restarted
+from swarm_runtime.cluster.learners import RESTARTED, LearnerGone, LearnerGroup, LearnerLost, LearnerWorker
 
 #: Seconds a collective of a learner's ranks (joining the group included) waits for a rank that does not come.
 GROUP_TIMEOUT_S = 120.0
@@ -75,7 +75,7 @@ class ShardWorker(LearnerWorker):
         """Where the group meets (rank 0's): this node's IP and a free port."""
         import ray
 
-        from swarm_runtime.train.sharded import free_port
+        from swarm_runtime.learn.sharded import free_port
 
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
@@ -88,7 +88,7 @@ class ShardWorker(LearnerWorker):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        from swarm_runtime.train.sharded import shard_policies
+        from swarm_runtime.learn.sharded import shard_policies
 
         backend, kind, device = rank_device(torch.cuda.device_count() if torch.cuda.is_available() else 0)
         if kind == "cuda":  # this actor's GPU (num_gpus): the models there before they are sharded
@@ -117,7 +117,7 @@ class ShardWorker(LearnerWorker):
         return out if self.rank == 0 else {}
 
     def _params(self, role: str) -> list:
-        from swarm_runtime.train.sharded import full_params
+        from swarm_runtime.learn.sharded import full_params
 
         policy = self.policies[role]
         full = full_params(policy.model, list(policy.parameters()))  # a collective: every rank gathers
@@ -126,7 +126,7 @@ class ShardWorker(LearnerWorker):
     def training_states(self) -> dict:
         """Per role: the fp32 masters (a bf16/fp16 model's: its sharded parameters), the optimizer and scheduler
         state of each kind, gathered (rank 0's; the others answer {}); ``learner.training_state``'s format."""
-        from swarm_runtime.train.sharded import full_optimizer_state, full_params
+        from swarm_runtime.learn.sharded import full_optimizer_state, full_params
 
         out: dict = {}
         for role, policy in self.policies.items():
@@ -144,7 +144,7 @@ class ShardWorker(LearnerWorker):
         here)."""
         import copy
 
-        from swarm_runtime.train.sharded import load_full_optimizer_state, load_full_params
+        from swarm_runtime.learn.sharded import load_full_optimizer_state, load_full_params
 
         for role, st in copy.deepcopy(dict(states)).items():
             policy = self.policies[role]

@@ -1,7 +1,7 @@
 """``swarm experiment NAME``: the paper's experiments (docs/method.md, section 6) as commands.
 
 Experiments are registered through the ``swarm_register_experiments`` hook (the
-built-in ones below by :mod:`swarm_runtime.builtins`, exactly as a plugin would):
+built-in ones below by :mod:`swarm_runtime.plugins.builtins`, exactly as a plugin would):
 ``register(name, experiment)`` with ``experiment(x: ExperimentContext) -> Report``.
 Each writes ``results.md``, ``results.json`` and PNG plots into its folder and
 resumes cell by cell (docs/experiments.md).

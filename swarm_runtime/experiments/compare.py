@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swarm_runtime.config import ConfigError
+from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.experiments.context import ExperimentContext, Report
 from swarm_runtime.experiments.report import metric, plot_curves, reward_at
 from swarm_runtime.experiments.training import final_checkpoint

@@ -16,13 +16,14 @@ from loguru import logger
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from swarm_runtime import checkpoint as ckpt
-from swarm_runtime.config import ConfigError, resolve
-from swarm_runtime.evaluate import evaluate
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.config.load import resolve
+from swarm_runtime.evaluation.heldout import evaluate
 from swarm_runtime.experiments.training import budget_cap, final_checkpoint, make_trainer, seed_checkpoint
-from swarm_runtime.outputs import read_metrics
-from swarm_runtime.provenance import stamp
-from swarm_runtime.run import RunContext
+from swarm_runtime.runs import checkpoint as ckpt
+from swarm_runtime.runs.context import RunContext
+from swarm_runtime.runs.outputs import read_metrics
+from swarm_runtime.runs.provenance import stamp
 
 
 @dataclass
@@ -224,7 +225,7 @@ class ExperimentContext:
     # ------------------------------------------------------------------ evaluation
     def load_swarm(self, run_dir: Path, tag: str = "final", replicas: int = 1):
         """Agents of a run's ``final`` (finished) or ``sft`` checkpoint; ``replicas`` per role share a model."""
-        from swarm_runtime.train.monolithic import MONOLITHIC, build_monolithic
+        from swarm_runtime.learn.monolithic import MONOLITHIC, build_monolithic
 
         path = final_checkpoint(run_dir) if tag == "final" else Path(run_dir) / "checkpoints" / tag
         if not (path / "state.json").exists():

@@ -1,15 +1,15 @@
 """Experiments over one trained MPT swarm (``experiment.base`` or trained here):
 ``coordination``, ``bid_action_ablation``, ``population``, ``dropout`` and
 ``participation``. The deployment math (pass@k, dropout masks, participation)
-is :mod:`swarm_runtime.deploy`'s."""
+is :mod:`swarm_runtime.evaluation.deploy`'s."""
 
 from __future__ import annotations
 
-from swarm_runtime.config import ConfigError
-from swarm_runtime.episode import Agent
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.core.episode import Agent
 from swarm_runtime.experiments.context import ExperimentContext, Report
 from swarm_runtime.experiments.report import markdown_table, metric, plot_bars
-from swarm_runtime.policy.split import SplitPolicy
+from swarm_runtime.models.split import SplitPolicy
 
 
 def _eval_row(label: str, cell: dict, **extra) -> dict:
@@ -130,7 +130,7 @@ def _milestones(x: ExperimentContext) -> list[str]:
 
 def population(x: ExperimentContext) -> Report:
     """Replicas 1..4 per role at inference (shared weights): pass@k of the task's milestones."""
-    from swarm_runtime.deploy import milestone_pass_at_k, plot_population
+    from swarm_runtime.evaluation.deploy import milestone_pass_at_k, plot_population
 
     reps = [int(r) for r in x.xcfg.replicas]
     if not reps or min(reps) < 1:
@@ -166,7 +166,7 @@ def population(x: ExperimentContext) -> Report:
 
 def dropout(x: ExperimentContext) -> Report:
     """Each agent absent from a turn's auction with probability p, for 3 and 12 agents."""
-    from swarm_runtime.deploy import dropout_presence, plot_dropout
+    from swarm_runtime.evaluation.deploy import dropout_presence, plot_dropout
 
     ps = [float(p) for p in x.xcfg.dropout_p]
     reps = [int(r) for r in x.xcfg.dropout_replicas]
@@ -198,7 +198,7 @@ def dropout(x: ExperimentContext) -> Report:
 
 def participation(x: ExperimentContext) -> Report:
     """Each role's share of turns by decision index, after SFT vs after MPT (the paper's Figure 6)."""
-    from swarm_runtime.deploy import participation_by_decision, plot_participation
+    from swarm_runtime.evaluation.deploy import participation_by_decision, plot_participation
 
     x.plan(2 + x.trains_swarm)
     run = x.trained_swarm()

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from swarm_runtime.evaluate import mean_se
+from swarm_runtime.evaluation.heldout import mean_se
 from swarm_runtime.experiments.context import Report
 from swarm_runtime.experiments.report import markdown_table, plot_bars
 

@@ -6,7 +6,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from swarm_runtime.outputs import save_figure
+from swarm_runtime.runs.outputs import save_figure
 
 
 def fmt(value) -> str:
@@ -33,7 +33,7 @@ def markdown_table(rows: Sequence[dict], first: str = "label") -> str:
 
 
 def metric(summary: dict, name: str) -> tuple[float, float] | None:
-    """``(mean, se)`` of ``name`` from an :func:`swarm_runtime.evaluate.summarize` dict."""
+    """``(mean, se)`` of ``name`` from an :func:`swarm_runtime.evaluation.heldout.summarize` dict."""
     if f"{name}_mean" not in summary:
         return None
     return summary[f"{name}_mean"], summary[f"{name}_se"]
@@ -50,7 +50,7 @@ def reward_at(curve: Sequence[Sequence[float]], flops: float, window: float = 0.
 
 
 def _plt():
-    from swarm_runtime.outputs import pyplot
+    from swarm_runtime.runs.outputs import pyplot
 
     return pyplot()
 

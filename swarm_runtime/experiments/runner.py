@@ -12,19 +12,14 @@ from pathlib import Path
 from loguru import logger
 from omegaconf import OmegaConf
 
-from swarm_runtime.config import ConfigError, parse_overrides, resolve
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.config.load import parse_overrides, resolve
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
-from swarm_runtime.provenance import NOT_A_CHECKOUT, commit_text, versions, versions_line
-from swarm_runtime.run import (
-    check_hardware,
-    check_task,
-    config_key,
-    refuse_resume_conflicts,
-    refuse_saved_ray_heads,
-    resume_conflicts,
-)
+from swarm_runtime.runs.context import check_hardware, check_task
+from swarm_runtime.runs.folder import config_key, refuse_resume_conflicts, refuse_saved_ray_heads, resume_conflicts
+from swarm_runtime.runs.provenance import NOT_A_CHECKOUT, commit_text, versions, versions_line
 
 _RUN_KEYS = ("run_dir", "resume")
 
@@ -79,7 +74,7 @@ def _find_run_dir(name: str, args: list[str], registry, run_dir: str | None, res
 
 def _argument_changes(saved: list[str], given: list[str], registry) -> list[str]:
     """Where the ``given`` arguments would run another experiment than the ``saved`` ones, each as
-    ``key: saved V, given W``. Values are compared resolved (:func:`~swarm_runtime.run.resume_conflicts`)
+    ``key: saved V, given W``. Values are compared resolved (:func:`~swarm_runtime.runs.folder.resume_conflicts`)
     both ways, so ``x=1`` and ``x=1.0`` of a float key, ``[ 0 ]`` and ``[0]``, ``max_decisions=12`` and
     ``task.max_decisions=12`` or another order are the same run; a saved argument left off counts when
     the value without it differs (``key: saved V, not given, so W``). Secrets (never saved)
@@ -99,7 +94,7 @@ def _saved_args(path: Path, name: str) -> list[str]:
     saved = json.loads(path.read_text())
     if saved.get("experiment") != name:
         raise ConfigError(f"{str(path.parent)!r} holds experiment {saved.get('experiment')!r}, not {name!r}")
-    from swarm_runtime.secrets import REDACTED, is_secret_key
+    from swarm_runtime.config.secrets import REDACTED, is_secret_key
 
     # a secret was saved as <redacted>: drop it, so the environment variable (or the value given again) applies
     return [a for a in saved["args"] if not (is_secret_key(a.partition("=")[0]) and a.partition("=")[2] == REDACTED)]
@@ -108,7 +103,7 @@ def _saved_args(path: Path, name: str) -> list[str]:
 def resume_applies(run_dir: Path, saved_args: list[str], given: list[str], registry) -> list[str]:
     """What a resume's command line adds to the saved arguments: the machine (``hardware=``,
     ``hardware.*``), the display and secrets (saved redacted, so given again). Any other setting that
-    would change the saved run is refused (:func:`~swarm_runtime.run.refuse_resume_conflicts`, as for
+    would change the saved run is refused (:func:`~swarm_runtime.runs.folder.refuse_resume_conflicts`, as for
     ``swarm run resume=true``): resuming reruns the saved arguments."""
     applied = refuse_resume_conflicts(resolve(saved_args, registry), given, run_dir / "experiment.json")
     return [f"{k}={v}" for k, v in applied]
@@ -118,7 +113,7 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     """Run experiment ``name``; returns its folder. A killed run continues with ``resume=true``
     (``run_dir=...`` or the newest matching folder), skipping the cells it finished, with the
     arguments it was started with (a setting that would change them is refused: :func:`resume_applies`)."""
-    from swarm_runtime.provenance import pin
+    from swarm_runtime.runs.provenance import pin
 
     pin()  # the code's commit as it is now, not when the results are written
     if name not in registry.experiments:
@@ -136,8 +131,8 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     check_hardware(cfg)
     check_task(registry.domains[cfg.domain], cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    from swarm_runtime.runlock import RunLock
-    from swarm_runtime.secrets import redact_args, save_config
+    from swarm_runtime.config.secrets import redact_args, save_config
+    from swarm_runtime.runs.runlock import RunLock
 
     lock = RunLock(run_dir, "experiment").acquire()
     try:

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from loguru import logger
 
-from swarm_runtime import checkpoint as ckpt
-from swarm_runtime.config import ConfigError
-from swarm_runtime.train.mpt import MPTTrainer
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.learn.mpt import MPTTrainer
+from swarm_runtime.runs import checkpoint as ckpt
 
 
 class BudgetReached(Exception):

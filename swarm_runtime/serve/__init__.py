@@ -5,7 +5,7 @@
   ``guided_choice``, ``logprobs``, ``seed``), so ``vllm serve <checkpoint>`` is a drop-in worker.
 - :mod:`~swarm_runtime.serve.population`: the live population (who is up, joining, draining),
   the worker processes the gateway owns, health probes and restarts.
-- :mod:`~swarm_runtime.serve.engine`: one turn of a served episode: sealed bids from whoever
+- :mod:`~swarm_runtime.serve.episodes`: one turn of a served episode: sealed bids from whoever
   answers within the deadline, the core's coordinator, the winner's action with failover.
 - :mod:`~swarm_runtime.serve.gateway`: the HTTP service (episodes, turns, agents, health, metrics).
 - :mod:`~swarm_runtime.serve.client`: an async client, and ``swarm eval RUN serve.url=...``.
@@ -25,7 +25,7 @@ def require_serve_extra() -> None:
     """Raise a clear error naming the missing package when the ``serve`` extra is not installed."""
     import importlib.util
 
-    from swarm_runtime.config import ConfigError
+    from swarm_runtime.config.errors import ConfigError
 
     missing = [m for m in ("fastapi", "uvicorn", "httpx") if importlib.util.find_spec(m) is None]
     if missing:

@@ -6,7 +6,7 @@
 The base is loaded once and every adapter onto it (PEFT), as ``vllm serve BASE --enable-lora
 --lora-modules NAME=PATH`` does; each request's ``model`` names its adapter, and requests for several
 adapters that arrive together run as one batch, each row through its own adapter
-(:meth:`swarm_runtime.policy.adapters.AdapterPolicy.routed`, the mixed batch training uses). So 12
+(:meth:`swarm_runtime.models.adapters.AdapterPolicy.routed`, the mixed batch training uses). So 12
 agents of 3 roles on one base cost one base in memory. vLLM's runtime endpoints are served with vLLM's
 request shapes: ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` loads a PEFT adapter folder
 onto the base (replacing one of that name), ``POST /v1/unload_lora_adapter {"lora_name"}`` drops one;
@@ -33,7 +33,7 @@ def adapter_folder(path: str | Path) -> Path:
 
 def base_of(adapter: Path) -> Path:
     """The base folder an adapter checkpoint points to (``swarm_base.json``)."""
-    from swarm_runtime.policy.adapters import POINTER
+    from swarm_runtime.models.adapters import POINTER
 
     ptr = json.loads((adapter / POINTER).read_text())
     base = Path(ptr["base"])
@@ -44,8 +44,8 @@ class AdapterHost:
     """The base and its adapters: one :class:`AdapterPolicy` per adapter name, all on one model."""
 
     def __init__(self, base: str | Path, policy_kw: dict):
-        from swarm_runtime.policy.adapters import fingerprint
-        from swarm_runtime.policy.transformers_backend import load_pretrained
+        from swarm_runtime.models.adapters import fingerprint
+        from swarm_runtime.models.transformers_backend import load_pretrained
 
         self.base_path = Path(base)
         self.kw = dict(policy_kw)
@@ -57,7 +57,7 @@ class AdapterHost:
         self.paths: dict[str, str] = {}
 
     def _check_base(self, folder: Path) -> None:
-        from swarm_runtime.policy.adapters import POINTER
+        from swarm_runtime.models.adapters import POINTER
 
         f = folder / POINTER
         if f.exists():
@@ -73,7 +73,7 @@ class AdapterHost:
         """Load the adapter folder ``path`` as ``name`` (a loaded ``name`` is replaced)."""
         import torch
 
-        from swarm_runtime.policy.adapters import AdapterPolicy, SharedBase, _peft
+        from swarm_runtime.models.adapters import AdapterPolicy, SharedBase, _peft
 
         if not isinstance(name, str) or not NAME_RE.fullmatch(name) or "." in name:
             raise BadRequest(f"lora_name {name!r}: 1-64 letters, digits, '-', '_', '@' (no '.')", param="lora_name")

@@ -83,9 +83,9 @@ class SwarmClient:
 
 
 def to_episode(body: dict):
-    """A service episode as the core's :class:`~swarm_runtime.episode.Episode` (what ``summarize`` reads)."""
-    from swarm_runtime.auction import AuctionResult
-    from swarm_runtime.episode import Episode, Turn
+    """A service episode as the core's :class:`~swarm_runtime.core.episode.Episode` (what ``summarize`` reads)."""
+    from swarm_runtime.core.auction import AuctionResult
+    from swarm_runtime.core.episode import Episode, Turn
 
     index = {name: i for i, name in enumerate(body["agents"])}
     ep = Episode(
@@ -125,12 +125,12 @@ async def evaluate_served(
     split: str = "any",
 ):
     """Play ``runs`` episodes of every held-out seed through the service; return (summary, episodes,
-    bodies) as :func:`swarm_runtime.evaluate.evaluate` does, plus the service's raw answers.
+    bodies) as :func:`swarm_runtime.evaluation.heldout.evaluate` does, plus the service's raw answers.
     ``split``: the seeds' split as the service checks it (``any``: the caller chose them from its run's
     ``eval.split``; the service refuses seeds outside its held-out split unless told)."""
-    from swarm_runtime.episode import Agent
-    from swarm_runtime.evaluate import summarize
-    from swarm_runtime.policy.noise import key_hash
+    from swarm_runtime.core.episode import Agent
+    from swarm_runtime.core.noise import key_hash
+    from swarm_runtime.evaluation.heldout import summarize
 
     grid = [(r, s) for r in range(runs) for s in seeds]
     sem = asyncio.Semaphore(max(1, int(concurrency)))

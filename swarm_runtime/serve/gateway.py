@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from loguru import logger
 
-from swarm_runtime.config import ConfigError
+from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.serve.validate import BadRequest, is_loopback, openai_error
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -162,12 +162,12 @@ def make_app(setup: GatewaySetup):
     from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    from swarm_runtime.domain import Event
-    from swarm_runtime.env import close_all
-    from swarm_runtime.episode import make_env
-    from swarm_runtime.policy.noise import key_hash
-    from swarm_runtime.run import RunContext
-    from swarm_runtime.serve.engine import AgentClients, Engine, EngineOptions, NoAgentsLeft, ServedEpisode, new_id
+    from swarm_runtime.core.domain import Event
+    from swarm_runtime.core.env import close_all
+    from swarm_runtime.core.loop import make_env
+    from swarm_runtime.core.noise import key_hash
+    from swarm_runtime.runs.context import RunContext
+    from swarm_runtime.serve.episodes import AgentClients, Engine, EngineOptions, NoAgentsLeft, ServedEpisode, new_id
     from swarm_runtime.serve.journal import COMPACT_BYTES, Journal, recover
     from swarm_runtime.serve.metrics import Metrics
     from swarm_runtime.serve.population import Population, PopulationOptions
@@ -360,7 +360,7 @@ def make_app(setup: GatewaySetup):
         state["agent_clients"] = AgentClients()
         state["engine"] = Engine(domain, ctx.coordinator(), pop, state["agent_clients"], opts, metrics, ctx.credit_fn())
         if adapter_run:  # one worker for the base, every role's adapter on it; agents join it by URL
-            from swarm_runtime.policy.adapters import adapter_name
+            from swarm_runtime.models.adapters import adapter_name
             from swarm_runtime.serve.adapters import base_of
 
             folders = {r: role_folder(setup.checkpoint, r) for r in roles}
@@ -627,7 +627,7 @@ def make_app(setup: GatewaySetup):
             await pop.probe(state["client"], a)
             return JSONResponse(a.public(), status_code=201)
         if adapter_run:
-            from swarm_runtime.policy.adapters import adapter_name
+            from swarm_runtime.models.adapters import adapter_name
 
             host = (state.get("hosts") or {}).get(req.role, state.get("host"))
             if req.checkpoint not in (None, setup.checkpoint.name) or host is None or host.status == "failed":

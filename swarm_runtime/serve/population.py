@@ -35,7 +35,7 @@ PRELOAD = [
     "transformers.models.qwen2.modeling_qwen2",
     "fastapi",
     "uvicorn",
-    "swarm_runtime.policy.transformers_backend",
+    "swarm_runtime.models.transformers_backend",
     "swarm_runtime.serve.worker",
 ]
 _MP = None

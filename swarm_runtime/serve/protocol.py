@@ -2,7 +2,7 @@
 OpenAI-compatible ``/v1/completions`` the swarm needs, and how a keyed sampling draw travels
 in its ``seed`` field.
 
-Keyed noise (:mod:`swarm_runtime.policy.noise`) draws row ``(noise, turn, agent, kind)``'s token at
+Keyed noise (:mod:`swarm_runtime.core.noise`) draws row ``(noise, turn, agent, kind)``'s token at
 position ``step`` from ``gumbel(key_hash(noise, turn, agent, kind, step))``. ``key_hash`` is a chain
 (``h <- splitmix64(h ^ part)``), so the gateway sends the 64-bit prefix hash
 ``key_hash(noise, turn, agent, kind)`` as the request's ``seed`` (as a signed 64-bit integer, the
@@ -13,7 +13,7 @@ for token. An external server (``vllm serve``) uses the seed its own way: reprod
 
 from __future__ import annotations
 
-from swarm_runtime.policy.noise import key_hash
+from swarm_runtime.core.noise import key_hash
 
 _MASK = (1 << 64) - 1
 _C1, _C2, _GOLD = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
@@ -28,7 +28,7 @@ def _unxorshift(y: int, s: int) -> int:
 
 
 def unsplitmix64(z: int) -> int:
-    """The inverse of :func:`swarm_runtime.policy.noise._splitmix64` (a bijection of 64-bit ints)."""
+    """The inverse of :func:`swarm_runtime.core.noise._splitmix64` (a bijection of 64-bit ints)."""
     z = _unxorshift(z & _MASK, 31)
     z = (z * pow(_C2, -1, 1 << 64)) & _MASK
     z = _unxorshift(z, 27)

@@ -89,7 +89,7 @@ class RayWorkers:
 
     def __init__(self, address: str | None, restart: bool = True):
         """``restart``: Ray restarts an actor whose process died (``serve.restart_workers``)."""
-        from swarm_runtime.cluster.remote import connect, import_ray
+        from swarm_runtime.cluster.env_cluster import connect, import_ray
 
         self.started = connect(address, key="serve.address")  # first: a local Ray stays on loopback
         self.ray = import_ray()

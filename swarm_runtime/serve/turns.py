@@ -1,14 +1,14 @@
 """One served turn as a turn-engine strategy (docs/engine.md): :class:`ServedTurns`, the auction turn
-batched rollouts take (:meth:`swarm_runtime.episode.Auction.turn`) configured for the gateway.
+batched rollouts take (:meth:`swarm_runtime.core.turn.Auction.turn`) configured for the gateway.
 
-``swarm serve``'s gateway takes every turn of an episode on :class:`~swarm_runtime.rollout.engine.TurnEngine`
-(``arun``): this strategy says what to ask, the gateway's answerer (:class:`swarm_runtime.serve.engine.TurnAnswerer`)
+``swarm serve``'s gateway takes every turn of an episode on :class:`~swarm_runtime.core.engine.TurnEngine`
+(``arun``): this strategy says what to ask, the gateway's answerer (:class:`swarm_runtime.serve.episodes.TurnAnswerer`)
 asks the agents over HTTP. The strategy never touches the network, a clock or the population's health:
 
 1. the agents that are up bid: one ``Batch("bid", rows)``, a row per agent keyed ``(noise, t, agent index, bid)``
    (the keyed draw the worker is sent as its request ``seed``: :func:`swarm_runtime.serve.protocol.seed_for`);
    an answer ``None`` (missed the deadline, or failed) is an absent bid, as a dropped-out agent in process;
-2. the coordinator picks with the turn's keyed randomness (:func:`swarm_runtime.episode.coordinator_rng`,
+2. the coordinator picks with the turn's keyed randomness (:func:`swarm_runtime.core.turn.coordinator_rng`,
    the same as in process);
 3. the winner acts: ``Batch("act", [row])`` keyed ``(noise, t, winner, action)``; an answer ``None`` (its
    worker failed) withdraws its bid and the coordinator picks again with the same randomness (failover),
@@ -23,18 +23,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from swarm_runtime.domain import Event
-from swarm_runtime.episode import Auction, Decided, Episode, coordinator_rng
-from swarm_runtime.rollout.base import Row
-from swarm_runtime.rollout.engine import Rounds
+from swarm_runtime.core.domain import Event
+from swarm_runtime.core.engine import Rounds
+from swarm_runtime.core.episode import Episode
+from swarm_runtime.core.protocols import Row
+from swarm_runtime.core.turn import Auction, Decided, coordinator_rng
 
-#: What a served turn decided: the core's :class:`~swarm_runtime.episode.Turn` (not yet stepped or logged),
+#: What a served turn decided: the core's :class:`~swarm_runtime.core.episode.Turn` (not yet stepped or logged),
 #: the agents (indices) whose bid did not come and the winners whose action failed.
 ServedTurn = Decided
 
 
 class ServedTurns:
-    """The served auction's turn (module docstring): :class:`swarm_runtime.episode.Auction`, the auction
+    """The served auction's turn (module docstring): :class:`swarm_runtime.core.turn.Auction`, the auction
     code batched rollouts run too, with every agent that is up asked to bid (whether or not the coordinator
     uses bids), no proposals, and the run's bid levels. ``agents``: every agent of the population by index
     (``.index``, ``.role``, ``.model_id``); ``up``: those asked to bid this turn."""

@@ -1,5 +1,5 @@
 """vLLM's token-level extensions of ``/v1/completions`` on our worker, as vLLM 0.32 answers them, so the
-OpenAI sampler (``rollout.engine=openai``, :mod:`swarm_runtime.rollout.openai`) can sample on a worker
+OpenAI sampler (``rollout.engine=openai``, :mod:`swarm_runtime.sampling.openai`) can sample on a worker
 (docs/engine.md).
 
 A request that carries any of ``return_tokens_as_token_ids``, ``logprob_token_ids``, ``allowed_token_ids``,

@@ -74,12 +74,12 @@ class WorkerOptions:
 
 
 def load_policy(opts: WorkerOptions):
-    """The role's :class:`~swarm_runtime.policy.transformers_backend.TransformersPolicy`, with the bid
+    """The role's :class:`~swarm_runtime.models.transformers_backend.TransformersPolicy`, with the bid
     levels and bid mode its checkpoint was trained with; with ``lora_modules`` or ``enable_lora``, an
     :class:`~swarm_runtime.serve.adapters.AdapterHost` (the base and its adapters)."""
     import torch
 
-    from swarm_runtime.policy.transformers_backend import TransformersPolicy, load_pretrained
+    from swarm_runtime.models.transformers_backend import TransformersPolicy, load_pretrained
 
     path = Path(opts.model)
     if opts.lora_modules or opts.enable_lora:
@@ -124,7 +124,7 @@ class Completer:
     """Turns completion requests into the policy's ``bid`` / ``act`` calls (one at a time)."""
 
     def __init__(self, policy, model_id: str, opts: WorkerOptions):
-        from swarm_runtime.policy.tokenizer import bid_token
+        from swarm_runtime.models.tokenizer import bid_token
         from swarm_runtime.serve.adapters import AdapterHost
 
         self.host = policy if isinstance(policy, AdapterHost) else None
@@ -148,9 +148,9 @@ class Completer:
 
     def base_policy(self):
         """An adapter host's base as a policy of its own (requests whose ``model`` names the base, as vLLM serves
-        it: the run's base check, :func:`swarm_runtime.rollout.sync.check_base`); run with the adapters off."""
+        it: the run's base check, :func:`swarm_runtime.sampling.sync.check_base`); run with the adapters off."""
         if self._base is None:
-            from swarm_runtime.policy.transformers_backend import TransformersPolicy
+            from swarm_runtime.models.transformers_backend import TransformersPolicy
 
             self._base = TransformersPolicy(self.host.base_model, self.host.tok, **self.host.kw).eval()
         return self._base
@@ -188,7 +188,7 @@ class Completer:
 
     def check_context(self, prompt: str, param: str) -> None:
         """A prompt longer than the model's context is a 400 (as vLLM answers), never cut silently."""
-        from swarm_runtime.policy.transformers_backend import PromptOverflowError
+        from swarm_runtime.models.transformers_backend import PromptOverflowError
         from swarm_runtime.serve.validate import BadRequest
 
         ctx = self.context()
@@ -343,7 +343,7 @@ class Completer:
                 texts = [p.decode(o) for o in outs]
                 logprobs = [rec.row(r, o, t, p.decode) for r, (o, t) in enumerate(zip(outs, texts))]
             elif j0.is_bid and self.opts.fault_bid is not None:
-                from swarm_runtime.policy.transformers_backend import parse_bid
+                from swarm_runtime.models.transformers_backend import parse_bid
 
                 level, _ = parse_bid(str(self.opts.fault_bid), p.bid_levels)
                 texts = [self.bid_texts[p.bid_levels.index(level)]] * len(prompts)

@@ -26,8 +26,9 @@ from swarm_domains.openresearcher.env import parse_action
 from swarm_domains.openresearcher.judge import ExactJudge, Grade, make_judge, normalize_answer, token_f1
 from swarm_domains.openresearcher.plugin import OpenResearcherDomain
 from swarm_domains.openresearcher.search import build_index, cache_key
-from swarm_runtime.policy.tokenizer import build_tokenizer, split_words, unknown_words
-from swarm_runtime.testing import check_domain, check_splits
+from swarm_runtime.conformance.suite import check_domain
+from swarm_runtime.conformance.task import check_splits
+from swarm_runtime.models.tokenizer import build_tokenizer, split_words, unknown_words
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -85,7 +86,7 @@ def test_conformance_kit(domain, task):
 
 
 def test_plugin_registers_through_entry_point():
-    from swarm_runtime.plugins import build_registry, make_plugin_manager
+    from swarm_runtime.plugins.manager import build_registry, make_plugin_manager
 
     reg = build_registry(make_plugin_manager())
     d = reg.get("domains", "openresearcher")
@@ -693,7 +694,9 @@ def test_a_run_folder_from_before_the_dev_split_still_loads(tmp_path, registry, 
     them is truncated."""
     from omegaconf import OmegaConf
 
-    from swarm_runtime.config import CONFIG_VERSION, ConfigError, load_saved, resolve
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import load_saved, resolve
+    from swarm_runtime.config.schema import CONFIG_VERSION
 
     reg = registry[1]
     name, task = domain_task.split("/")
@@ -738,7 +741,7 @@ def test_eval_on_the_dev_split_through_the_cli(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     ev = json.loads((run / "eval.json").read_text())
     assert sorted(ev["results"]["SFT only"]["seed_rewards"]) == ["1000000", "1000001"]  # 0 updates: one row
-    from swarm_runtime.provenance import versions_line
+    from swarm_runtime.runs.provenance import versions_line
 
     assert ev["versions"]["transformers"] and versions_line(ev["versions"]).startswith("versions: python ")
     res = swarm("eval", str(run), "eval.split=dev", "eval.episodes=3", "eval.runs=1", cwd=tmp_path)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE.parent))  # tests/conftest.py helpers (run_context, 
 
 from conftest import run_context  # noqa: E402
 
-from swarm_runtime.rollout.vllm_server import VLLMServer  # noqa: E402
+from swarm_runtime.sampling.vllm_server import VLLMServer  # noqa: E402
 
 #: An adapter swarm on the default tiny base (head size 32, which vLLM's CPU attention runs).
 LORA = ("domain=minecraft", "task=wooden_pickaxe", "model.adapter=lora")
@@ -36,7 +36,7 @@ PROMPTS = {
 @functools.lru_cache(maxsize=1)
 def vllm_python() -> str | None:
     """``$SWARM_VLLM_PYTHON`` when it is a python with vLLM, else None."""
-    from swarm_runtime.rollout.vllm_server import probe_python
+    from swarm_runtime.sampling.vllm_server import probe_python
 
     py = os.environ.get("SWARM_VLLM_PYTHON")
     if not py:
@@ -70,7 +70,7 @@ def perturb(policies: dict, seed: int = 1, scale: float = 0.05) -> None:
 
 def learner_for(registry, *extra: str, noise: int = 1):
     """``(cfg, learner)``: an adapter swarm from the config (perturbed adapters) in a LocalLearner."""
-    from swarm_runtime.rollout.local import LocalLearner
+    from swarm_runtime.sampling.local import LocalLearner
 
     ctx = run_context(registry, *LORA, *extra)
     _, policies = ctx.build_swarm()
@@ -147,7 +147,7 @@ def start_worker(base: Path, log: Path, timeout: float = 120.0) -> WorkerServer:
 
 def served_names(url: str, key: str | None = None) -> set[str]:
     """The adapters the server at ``url`` lists (``key``: its bearer key, a server the run started)."""
-    from swarm_runtime.rollout.http import Client
+    from swarm_runtime.sampling.http import Client
 
     return {m["id"] for m in Client(url, api_key=key).get("/v1/models")["data"] if m.get("parent")}
 

@@ -8,9 +8,9 @@ import torch
 from enginekit import PROMPTS, learner_for, openai_cfg, served_names, start_ref, step_adapter
 from omegaconf import OmegaConf
 
-from swarm_runtime.rollout.base import Row
-from swarm_runtime.rollout.factory import RoutedSampler, engine_folder, make_sampler, write_base
-from swarm_runtime.rollout.local import LocalSampler
+from swarm_runtime.core.protocols import Row
+from swarm_runtime.sampling.factory import RoutedSampler, engine_folder, make_sampler, write_base
+from swarm_runtime.sampling.local import LocalSampler
 
 SMALL = (
     "model.bases.small.hidden_size=64",
@@ -76,8 +76,8 @@ def test_bases_times_replicas_compose(registry, tmp_path):
     """``model.bases`` x ``cluster.sampler_replicas``: a :class:`RoutedSampler` over one :class:`ReplicatedSampler`
     per base (what ``make_sampler`` builds on Ray), each replica its own server: each row goes to its base, spread
     over that base's replicas; a sync reaches every replica of the changed role's base, and no other."""
-    from swarm_runtime.rollout.factory import BaseLearner, engine_sampler, models_by_base
-    from swarm_runtime.rollout.replicas import ReplicatedSampler
+    from swarm_runtime.sampling.factory import BaseLearner, engine_sampler, models_by_base
+    from swarm_runtime.sampling.replicas import ReplicatedSampler
 
     cfg, learner = learner_for(registry, *SMALL)
     shared = {p.shared_base.name: p.shared_base for p in learner.policies.values()}

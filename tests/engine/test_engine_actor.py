@@ -1,4 +1,4 @@
-"""Engine sampler actors (``cluster.samplers=ray rollout.engine=vllm``; swarm_runtime/cluster/engine.py) on a local
+"""Engine sampler actors (``cluster.samplers=ray rollout.engine=vllm``; swarm_runtime/cluster/vllm_actors.py) on a local
 Ray bound to 127.0.0.1, with a real vLLM (marked ``engine``) and with our own serve worker standing in for vLLM's
 server (marked ``ray``: the cluster stage, no vLLM needed; ``swarm_runtime.serve.worker`` speaks vLLM's completion
 and runtime-LoRA API, started by the same ``VLLMServer`` code through a ``vllm`` module that runs it): a tiny
@@ -119,7 +119,7 @@ def _run(tmp_path, python: str, *extra: str, watch=None, head=None) -> tuple[int
     """``swarm run ARGS extra`` in a subprocess with vLLM's Python ``python``, on a local Ray of its own or joining
     ``head`` (a ``RayHead``, tests/conftest.py); ``watch(line)`` sees each log line as it comes."""
     joins = head.args if head else []
-    cmd = [sys.executable, "-m", "swarm_runtime.cli", "run", *ARGS, *extra, *joins, f"run_dir={tmp_path / 'run'}"]
+    cmd = [sys.executable, "-m", "swarm_runtime.cli.main", "run", *ARGS, *extra, *joins, f"run_dir={tmp_path / 'run'}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "RAY_ADDRESS": "local"}
     env.update(head.env if head else {})
     env["SWARM_VLLM_PYTHON"] = python
@@ -230,7 +230,7 @@ def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, r
 def test_stop_stale_stops_only_the_server_of_its_base(tmp_path):
     """A restarted actor stops the server its dead predecessor left (the pid file's process group), and never a
     process that merely took that pid (its command does not name the base folder)."""
-    from swarm_runtime.cluster.engine import stop_stale
+    from swarm_runtime.cluster.vllm_actors import stop_stale
 
     base = tmp_path / "base"
     procs = [
@@ -273,7 +273,7 @@ def test_a_vllm_python_missing_on_the_node_is_one_line(tmp_path):
 def test_write_folder_refuses_paths_outside_its_folder_before_writing(tmp_path, bad):
     """The files a node writes come through the object store: an absolute path or a ``..`` part (one that would
     land outside the folder) is refused naming it, before anything is written or the old folder removed."""
-    from swarm_runtime.cluster.engine import read_folder, write_folder
+    from swarm_runtime.cluster.vllm_actors import read_folder, write_folder
 
     folder = tmp_path / "base"
     write_folder({"config.json": b"{}", "sub/w.bin": b"x"}, folder)
@@ -315,9 +315,9 @@ class _ScriptedActor:
 
 
 def test_wait_restarted_asks_the_method_it_is_given_and_returns_its_answer():
-    """One wait for a restarted actor (cluster/remote.py): ``call`` picks what is asked, ``pid_of`` reads the
+    """One wait for a restarted actor (cluster/env_cluster.py): ``call`` picks what is asked, ``pid_of`` reads the
     answering process from its answer; an answer from the dead process (not seen dead yet) is passed over."""
-    from swarm_runtime.cluster.remote import wait_restarted
+    from swarm_runtime.cluster.env_cluster import wait_restarted
 
     ray = _FakeRay()
     actor = _ScriptedActor(ray.exceptions.RayActorError(), {"pid": 5}, {"pid": 7, "url": "u"})
@@ -332,7 +332,7 @@ def test_wait_restarted_asks_the_method_it_is_given_and_returns_its_answer():
 def test_the_engine_actors_hello_waits_through_wait_restarted(monkeypatch):
     """``EngineActor._hello``: the actor's hello from whichever process answers first, its errors as one
     ``EngineSamplerError`` each (restarts spent; no answer in time)."""
-    from swarm_runtime.cluster import engine
+    from swarm_runtime.cluster import vllm_actors as engine
 
     ray = _FakeRay()
     actor = object.__new__(engine.EngineActor)
@@ -352,7 +352,7 @@ def test_the_base_is_used_in_place_or_shipped_once_per_node(tmp_path):
     same files there (nothing shipped); else shipped once into this run's folder on the node and used again by a
     restarted actor (nothing shipped again); a folder at the trainer's path with other files is not used. Stopping
     removes the node's copy and the link to the base, never the trainer's folder."""
-    from swarm_runtime.cluster.engine import EngineWorker, files_digest, place_base, read_folder, write_folder
+    from swarm_runtime.cluster.vllm_actors import EngineWorker, files_digest, place_base, read_folder, write_folder
 
     files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
     trainer = write_folder(files, tmp_path / "run" / "engine" / "base")

@@ -15,7 +15,7 @@ import urllib.request
 from conftest import TINY_RUN
 from enginekit import needs_vllm, served_key, vllm_env
 
-from swarm_runtime.rollout.vllm_server import free_port, port_free
+from swarm_runtime.sampling.vllm_server import free_port, port_free
 
 pytestmark = needs_vllm
 
@@ -38,7 +38,7 @@ def test_a_run_trains_on_vllm_rollouts_and_syncs_every_update(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "swarm_runtime.cli",
+        "swarm_runtime.cli.main",
         "run",
         *args,
         "algo.iterations=3",
@@ -91,7 +91,7 @@ def test_a_run_stopped_with_sigterm_stops_its_server(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "swarm_runtime.cli",
+        "swarm_runtime.cli.main",
         "run",
         *args,
         "algo.iterations=50",
@@ -132,7 +132,7 @@ def test_a_run_with_two_bases_starts_one_server_each(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "swarm_runtime.cli",
+        "swarm_runtime.cli.main",
         "run",
         *args,
         *small,

@@ -1,5 +1,5 @@
 """The bearer key of the vLLM servers a run starts (docs/engine.md, "Keys"), without vLLM: our guard
-(``swarm_runtime/rollout/vllm_guard/swarm_vllm_guard.py``) imported by its top-level name from its folder, as vLLM's
+(``swarm_runtime/sampling/vllm_guard/swarm_vllm_guard.py``) imported by its top-level name from its folder, as vLLM's
 ``--middleware`` imports it, in front of a real FastAPI app on a real uvicorn server; what :class:`VLLMServer` starts
 a keyed server with; a user's ``--api-key`` refused before anything is written. The same on a real vLLM:
 tests/engine/test_vllm.py ``-k key``."""
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from conftest import swarm
 
-from swarm_runtime.rollout.vllm_guard import FOLDER, MIDDLEWARE
-from swarm_runtime.rollout.vllm_server import VLLMServer, free_port
-from swarm_runtime.validation import config_files, config_key, key_arg
+from swarm_runtime.config.validation import config_files, config_key, key_arg
+from swarm_runtime.sampling.vllm_guard import FOLDER, MIDDLEWARE
+from swarm_runtime.sampling.vllm_server import VLLMServer, free_port
 
 KEY = "k3y-" + "x" * 40
 

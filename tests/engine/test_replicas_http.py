@@ -1,4 +1,4 @@
-"""Sampler replicas (swarm_runtime/rollout/replicas.py, ``cluster.sampler_replicas``) on any CPU: two reference
+"""Sampler replicas (swarm_runtime/sampling/replicas.py, ``cluster.sampler_replicas``) on any CPU: two reference
 servers (tests/engine/refserver.py, vLLM's HTTP API on transformers + PEFT) of the run's base, an engine sampler on
 each, under one :class:`ReplicatedSampler`: rows spread over both and back in order, the same answers as one
 server, sync to every replica, a replica killed for good dropped and its rows answered by the other, none left one
@@ -12,10 +12,10 @@ import signal
 import pytest
 from enginekit import PROMPTS, learner_for, openai_cfg, served_names, start_ref, step_adapter
 
-from swarm_runtime.rollout.base import Row
-from swarm_runtime.rollout.factory import engine_folder, engine_sampler, write_base
-from swarm_runtime.rollout.http import EngineGone
-from swarm_runtime.rollout.replicas import ReplicatedSampler, spread
+from swarm_runtime.core.protocols import Row
+from swarm_runtime.sampling.factory import engine_folder, engine_sampler, write_base
+from swarm_runtime.sampling.http import EngineGone
+from swarm_runtime.sampling.replicas import ReplicatedSampler, spread
 
 #: 9 keyed rows over the three roles (3 per replica of 2: 5 and 4)
 ROWS = [Row(m, p, (5, i, 0, 1)) for i, (m, p) in enumerate(list(PROMPTS.items()) * 3)]

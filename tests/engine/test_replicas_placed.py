@@ -1,5 +1,5 @@
 """Sampler replicas in a placement, with GPUs (``cluster.sampler_replicas=2``, ``cluster.placement=split`` on a CUDA
-profile; swarm_runtime/cluster/placement.py, rollout/replicas.py, cluster/engine.py), on a local Ray that declares
+profile; swarm_runtime/cluster/placement.py, sampling/replicas.py, cluster/vllm_actors.py), on a local Ray that declares
 3 GPUs (Ray accepts a GPU count a machine does not have, and hands out their ids as if it had them) and our serve
 worker standing in for vLLM: each replica's engine actor in a bundle of its own holding one CPU and one GPU (Ray's
 per-bundle accounts), the two given different GPU ids, each server started with its actor's id as
@@ -20,8 +20,8 @@ from enginekit import PROMPTS, learner_for, step_adapter
 from omegaconf import OmegaConf
 from test_engine_actor import _answers, worker_python
 
-from swarm_runtime.rollout.base import Row
-from swarm_runtime.rollout.http import EngineGone
+from swarm_runtime.core.protocols import Row
+from swarm_runtime.sampling.http import EngineGone
 
 #: 6 keyed rows over the three roles (3 per replica)
 ROWS = [Row(m, p, (9, i, 0, 1)) for i, (m, p) in enumerate(list(PROMPTS.items()) * 2)]
@@ -82,7 +82,7 @@ def test_replicas_in_their_bundles_with_their_gpus_one_put_per_version_and_a_fai
         release,
         reserve,
     )
-    from swarm_runtime.rollout.factory import replicated_sampler
+    from swarm_runtime.sampling.factory import replicated_sampler
 
     flag = tmp_path / "fail-the-next-start"
     cfg, learner = learner_for(registry)

@@ -1,4 +1,4 @@
-"""Sampler replicas on Ray (``cluster.sampler_replicas=2``; swarm_runtime/rollout/replicas.py): a tiny ``swarm run``
+"""Sampler replicas on Ray (``cluster.sampler_replicas=2``; swarm_runtime/sampling/replicas.py): a tiny ``swarm run``
 whose base is served by two engine sampler actors (each its own server, the base shipped once for both) spreads
 its rows over both (requests counted per replica at close) and writes the same metrics.jsonl rows as the run that
 starts one server itself; kill -9 of one replica's actor mid-run: Ray restarts it and the trainer adopts it (its
@@ -80,12 +80,12 @@ def test_the_base_is_hashed_once_and_its_files_put_in_the_object_store_only_when
     object for every later ask; a base every node sees in place is never read into memory. ``replica_options``:
     ``SPREAD``, a node each, or the replica's own bundle."""
     ray = pytest.importorskip("ray")
-    from swarm_runtime.cluster.engine import fetch_base, folder_digest, place_base, ship_base, unship, write_folder
     from swarm_runtime.cluster.placement import replica_nodes, replica_options
+    from swarm_runtime.cluster.vllm_actors import fetch_base, folder_digest, place_base, ship_base, unship, write_folder
 
     files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
     trainer = write_folder(files, tmp_path / "run" / "engine" / "base")
-    from swarm_runtime.cluster.remote import connect
+    from swarm_runtime.cluster.env_cluster import connect
 
     assert connect(None, 1)  # a local Ray on 127.0.0.1, as a run starts it
     try:

@@ -21,11 +21,11 @@ from enginekit import (
     step_adapter,
 )
 
-from swarm_runtime.config import ConfigError
-from swarm_runtime.rollout.base import Row
-from swarm_runtime.rollout.factory import engine_folder, engine_sampler, write_base
-from swarm_runtime.rollout.http import EngineError
-from swarm_runtime.rollout.local import LocalSampler
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.core.protocols import Row
+from swarm_runtime.sampling.factory import engine_folder, engine_sampler, write_base
+from swarm_runtime.sampling.http import EngineError
+from swarm_runtime.sampling.local import LocalSampler
 
 ROWS = [Row(m, p, (5, i, 0, 1)) for i, (m, p) in enumerate(PROMPTS.items())]
 
@@ -156,7 +156,7 @@ def test_the_cli_refuses_a_rank_vllm_lacks_in_one_line_before_writing(tmp_path):
 
 
 def test_a_port_in_use_is_one_clear_error(tmp_path):
-    from swarm_runtime.rollout.vllm_server import VLLMServer
+    from swarm_runtime.sampling.vllm_server import VLLMServer
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -169,7 +169,7 @@ def test_a_port_in_use_is_one_clear_error(tmp_path):
 
 
 def test_an_unsupported_cpu_head_size_is_refused_before_the_server_starts(tmp_path):
-    from swarm_runtime.rollout.vllm_server import check_cpu_shape
+    from swarm_runtime.sampling.vllm_server import check_cpu_shape
 
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 96, "num_attention_heads": 2}))
     with pytest.raises(ConfigError, match="head size 48 .* valid: 32, 64"):
@@ -214,7 +214,7 @@ def test_the_worker_checks_vllm_token_fields_in_one_line(ref):
     """Our worker: a token id out of the vocabulary is a 400 naming the field and the valid range, vLLM's fields
     do not mix with guided_choice, stop_token_ids end a completion after the token (kept), and return_token_ids
     gives the prompt's and the completion's ids."""
-    from swarm_runtime.rollout.http import Client, HTTPStatusError
+    from swarm_runtime.sampling.http import Client, HTTPStatusError
 
     cfg, learner, run_dir, server = ref
     if "worker" not in str(server.log):

@@ -16,15 +16,15 @@ import pytest
 from conftest import ROOT, TINY_RUN
 from enginekit import learner_for, on_server, start_ref
 
-from swarm_runtime.checkpoint import load_tensors
-from swarm_runtime.rollout.factory import write_base
+from swarm_runtime.runs.checkpoint import load_tensors
+from swarm_runtime.sampling.factory import write_base
 
 #: ``swarm run`` that counts the seeds drawn for unkeyed rows and, with ``SWARM_TEST_STOP_AT=TAG``, ends at once
 #: (``os._exit``, as a kill would) after writing checkpoint TAG.
 STOPPER = textwrap.dedent("""
     import os, sys
-    from swarm_runtime import checkpoint
-    from swarm_runtime.rollout import openai
+    from swarm_runtime.runs import checkpoint
+    from swarm_runtime.sampling import openai
 
     unkeyed = {"n": 0}
     row_seed = openai.row_seed
@@ -41,7 +41,7 @@ STOPPER = textwrap.dedent("""
         return out
 
     openai.row_seed, checkpoint.save_checkpoint = counting, stopping
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -126,11 +126,11 @@ def test_the_sampler_generators_state_goes_through_rng_pt(tmp_path):
     the lock of rollouts played ahead), one per base (``RoutedSampler``), and none (in process: nothing saved)."""
     import random
 
-    from swarm_runtime.checkpoint import sampler_rng, save_rng
-    from swarm_runtime.rollout.factory import RoutedSampler
-    from swarm_runtime.rollout.http import Client
-    from swarm_runtime.rollout.local import LocalSampler, LockedSampler
-    from swarm_runtime.rollout.openai import OpenAISampler, restore_sampler_rng, row_seed, sampler_rng_state
+    from swarm_runtime.runs.checkpoint import sampler_rng, save_rng
+    from swarm_runtime.sampling.factory import RoutedSampler
+    from swarm_runtime.sampling.http import Client
+    from swarm_runtime.sampling.local import LocalSampler, LockedSampler
+    from swarm_runtime.sampling.openai import OpenAISampler, restore_sampler_rng, row_seed, sampler_rng_state
 
     def sampler(seed: int) -> OpenAISampler:
         s = OpenAISampler(Client("http://127.0.0.1:9"), {}, None, seed=seed)
@@ -165,10 +165,10 @@ def test_an_evaluation_on_the_engine_neither_depends_on_nor_moves_the_samplers_s
     stream and moved it."""
     from enginekit import LORA, openai_cfg, perturb
 
-    from swarm_runtime.evaluate import evaluate
-    from swarm_runtime.rollout import openai
-    from swarm_runtime.rollout.factory import engine_folder, engine_sampler
-    from swarm_runtime.rollout.local import LocalLearner, model_names
+    from swarm_runtime.evaluation.heldout import evaluate
+    from swarm_runtime.sampling import openai
+    from swarm_runtime.sampling.factory import engine_folder, engine_sampler
+    from swarm_runtime.sampling.local import LocalLearner, model_names
     from tests.conftest import run_context
 
     ctx = run_context(registry, *LORA, "task.max_decisions=4")

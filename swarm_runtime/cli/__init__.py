@@ -1,0 +1,1 @@
+"""The ``swarm`` command line, one module per command."""

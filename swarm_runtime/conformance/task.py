@@ -1,0 +1,179 @@
+"""Conformance of a domain's tasks: seed splits, fresh task configs and prompts that fit the model."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from omegaconf import DictConfig
+
+from swarm_runtime.conformance.probe import (
+    DEFAULT_MAX_PROMPT_TOKENS,
+    EXPERT_LED,
+    GARBAGE,
+    KIT_WORDS,
+    MOSTLY_RANDOM,
+    Mix,
+    Probe,
+    Where,
+    _roles,
+    _short,
+    _task,
+    _task_name,
+    action_pool,
+    choose,
+)
+from swarm_runtime.core.domain import SPLITS, Domain, Event
+from swarm_runtime.models.tokenizer import build_tokenizer, split_words, unknown_words
+
+
+def check_splits(domain: Domain, task: str | DictConfig) -> None:
+    """train, dev (when the task defines one) and eval seeds are disjoint; and, when the domain
+    defines ``instances(task, seeds)`` (what each seed picks: a question, a layout; hashables, one
+    per seed), so are the instances the splits' seeds pick (distinct seeds may pick one instance,
+    e.g. a question pool indexed by ``seed % len``)."""
+    cfg = _task(domain, task)
+    name = _task_name(task)
+    got = {}
+    for split in SPLITS:
+        try:
+            got[split] = set(domain.episode_seeds(cfg, split))
+        except ValueError:
+            if split != "dev":
+                raise
+    for i, a in enumerate(got):
+        for b in list(got)[i + 1 :]:
+            both = got[a] & got[b]
+            if both:
+                Where(domain.name, name).fail(
+                    f"{a} and {b} seeds overlap ({len(both)} shared, e.g. {sorted(both)[:5]}); tuning on dev or "
+                    "training on held-out worlds would leak into the reported numbers"
+                )
+    instances = getattr(domain, "instances", None)
+    if not callable(instances):
+        return
+    picked: dict[str, dict[Any, int]] = {}
+    for split, seeds in got.items():
+        picked[split] = {}
+        order = sorted(seeds)
+        for seed, inst in zip(order, instances(cfg, order)):
+            picked[split].setdefault(inst, seed)
+    for i, a in enumerate(picked):
+        for b in list(picked)[i + 1 :]:
+            both = picked[a].keys() & picked[b].keys()
+            if both:
+                inst = sorted(both, key=repr)[0]
+                Where(domain.name, name, picked[b][inst]).fail(
+                    f"{a} and {b} seeds pick the same instances ({len(both)} shared, e.g. {_short(inst)} by {a} seed "
+                    f"{picked[a][inst]} and {b} seed {picked[b][inst]}); the seeds are disjoint but what they "
+                    "pick is not"
+                )
+
+
+def check_fresh_task_config(domain: Domain, task: str | DictConfig) -> None:
+    """Each ``task_config()`` (what ``resolve()`` starts from) is a fresh object: a run that edits
+    its config (``task.max_decisions=...``) must not leak into the next run."""
+    if not isinstance(task, str):
+        return
+    w = Where(domain.name, task)
+    a = w.call("task_config()", domain.task_config, task)
+    b = w.call("task_config()", domain.task_config, task)
+    if a is b:
+        w.fail("task_config() returned the same object twice (configs must be fresh per call)")
+    a.max_decisions = -12345
+    if int(domain.task_config(task).max_decisions) == -12345:
+        w.fail("editing one task_config() changed the next one (it shares a cached config)")
+
+
+def max_prompt_tokens(cfg: DictConfig) -> int:
+    """``model.max_prompt_tokens`` a run of this task gets unless the command line sets it: the task's
+    ``overrides: {model: {max_prompt_tokens: N}}``, else the default (:data:`DEFAULT_MAX_PROMPT_TOKENS`)."""
+    over = cfg.get("overrides") or {}
+    model = over.get("model") if hasattr(over, "get") else None
+    n = model.get("max_prompt_tokens") if model is not None and hasattr(model, "get") else None
+    return int(n) if n is not None else DEFAULT_MAX_PROMPT_TOKENS
+
+
+def prompt_problem(
+    tok, text: str, limit: int, ids: list[int] | None = None, vocab: set[str] | None = None
+) -> str | None:
+    """What is wrong with a prompt for the in-process word-level tokenizer ``tok``: empty, words
+    missing from the vocabulary (the kit's own garbage words aside), or longer than ``limit`` tokens
+    (the beginning of sequence included), as the policy would encode it; ``None`` when it is fine.
+    ``ids``: the prompt's token ids when already encoded (a batch); ``vocab``: ``set(tok.get_vocab())``."""
+    if not (isinstance(text, str) and text.strip()):
+        return f"the prompt is empty ({text!r})"
+    if ids is None:
+        ids = tok(text, add_special_tokens=False).input_ids
+    if tok.unk_token_id in ids:
+        words = {w for w in split_words(text) if w not in vocab} if vocab is not None else set(unknown_words(tok, text))
+        unk = sorted(words - KIT_WORDS)
+        if unk:
+            return f"prompt words missing from vocabulary(): {unk[:10]} in {_short(text)}"
+    n = len(ids) + 1
+    if n > limit:
+        return (
+            f"the prompt is {n} tokens long (beginning of sequence included), more than model.max_prompt_tokens="
+            f"{limit}: the policy refuses it at run time (SWARM_PROMPT_OVERFLOW=warn would cut it from the left, "
+            f"losing its opening {_short(' '.join(text.split()[:6]))}); shorten the observation or log_window, "
+            "or raise max_prompt_tokens in the task's overrides"
+        )
+    return None
+
+
+def check_prompts(
+    domain: Domain,
+    task: str | DictConfig,
+    trajectories=((0, EXPERT_LED), (2, MOSTLY_RANDOM)),
+    bid_levels=(0, 0.2, 0.4, 0.6, 0.8),
+    max_tokens: int | None = None,
+) -> int:
+    """At every step of each ``(seed, mix)`` trajectory, the observation and every prompt the core
+    would build from it (bid and action prompt of every role, the single model's prompt, with the log
+    so far) use only vocabulary words and fit ``max_tokens`` (default: :func:`max_prompt_tokens` of the
+    task). Returns the prompts checked."""
+    cfg = _task(domain, task)
+    name = _task_name(task)
+    tok = build_tokenizer(domain.all_words(cfg), bid_levels)
+    limit = int(max_tokens or max_prompt_tokens(cfg))
+    roles = _roles(domain)
+    checked = 0
+    for m, (seed, mix) in enumerate(trajectories):
+        mix = Mix(*mix)
+        pool = action_pool(domain, cfg, int(seed), name)
+        p = Probe(domain, cfg, name)
+        obs = p.reset(int(seed))
+        rng = random.Random(3000 + 1000 * m + int(seed))
+        log: list[Event] = []
+        last: tuple[str | None, str | None] = (None, None)
+        shown: list[tuple[int, str | None, str | None, str, str]] = []  # (step, action, role, what, text)
+        for t in range(int(cfg.max_decisions) + 1):
+            w = p.w.at(t, *last)
+            shown.append((t, *last, "the observation", obs))
+            shown.append((t, *last, "the single prompt", w.call("single_prompt()", domain.single_prompt, obs, log)))
+            for role in roles:
+                shown.append(
+                    (t, *last, f"{role}'s bid prompt", w.call("bid_prompt()", domain.bid_prompt, role, obs, log))
+                )
+                shown.append(
+                    (
+                        t,
+                        *last,
+                        f"{role}'s action prompt",
+                        w.call("action_prompt()", domain.action_prompt, role, obs, log),
+                    )
+                )
+            if p.done or t == int(cfg.max_decisions):
+                break
+            action, role = choose(p, rng, roles, pool, mix, garbage=(GARBAGE,))
+            res = p.step(action, role, bounds=False)
+            log.append(Event(t, role if role is not None else "you", action, bool(res.valid), float(res.reward)))
+            obs, last = res.observation, (action, role)
+        texts = [x[4] if isinstance(x[4], str) else "" for x in shown]
+        vocab = set(tok.get_vocab())
+        for (t, action, role, what, text), ids in zip(shown, tok(texts, add_special_tokens=False).input_ids):
+            bad = prompt_problem(tok, text, (1 << 30) if what == "the observation" else limit, ids, vocab)
+            if bad:
+                p.w.at(t, action, role).fail(f"{what}: {bad}")
+            checked += what != "the observation"
+    return checked

@@ -1,0 +1,1 @@
+"""The method's heart, pure Python (no torch, Ray or HTTP): the plugin contracts (domain, env), the episode and turn records, the sealed-bid auction, credit assignment, and the one turn/episode loop with the turn engine that drives it."""

@@ -1,0 +1,1 @@
+"""Evaluation: held-out evaluation with standard errors, dropout masks, pass@k and participation."""

@@ -1,1 +1,0 @@
-"""Policies: the :class:`~swarm_runtime.policy.base.Policy` protocol and its backends."""

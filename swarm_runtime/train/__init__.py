@@ -1,1 +1,0 @@
-"""Training: SFT cold start, REINFORCE on actions, counterfactual Bradley-Terry on bids."""
