@@ -2,33 +2,33 @@
 
 Everything a third-party package would ship lives in this module: a tiny domain
 (``colors``: two roles place coloured blocks in a seeded order), a custom
-coordinator and a custom credit scheme. They are registered
-the way tests register plugins (``make_plugin_manager(extra_plugins=...)``),
-checked with the conformance kit, resolved into a run config and played with
-real tiny models built by ``RunContext.build_swarm``.
+coordinator, a custom credit scheme, a config rule of the domain's own task key
+with a cross-key check, and a conformance suite. They are registered the way
+tests register plugins (``make_plugin_manager(extra_plugins=...)``) and, for the
+command line, as an installed package's entry point; checked with the
+conformance kit, resolved into a run config and played with real tiny models
+built by ``RunContext.build_swarm``. The module imports no torch: the command
+line loads it (as a plugin) before torch.
 """
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 import swarm_runtime
+from swarm_runtime import ConformanceError, Domain, DomainEnv, ExpertStep, Role, StepResult, check_domain
+from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import resolve
-from swarm_runtime.conformance.suite import check_domain
+from swarm_runtime.config.validation import Rule, ints
 from swarm_runtime.core.auction import AuctionResult
 from swarm_runtime.core.credit import fold_skipped_rewards
-from swarm_runtime.core.domain import Domain, Role
-from swarm_runtime.core.env import DomainEnv, ExpertStep, StepResult
 from swarm_runtime.core.loop import new_slots
-from swarm_runtime.learn.action import action_update, credit_samples
-from swarm_runtime.learn.optim import make_optimizer
 from swarm_runtime.plugins.manager import build_registry, make_plugin_manager
-from swarm_runtime.runs.context import RunContext
-from swarm_runtime.sampling.play import play
 
 # --------------------------------------------------------------------------- the domain
 
@@ -126,6 +126,37 @@ def immediate_credit(rewards, bids, rng) -> list[float]:
     return [float(r) for r in rewards]
 
 
+# --------------------------------------------------------------------------- config rule and check
+
+
+#: ``task.length``, the domain's own key: 1 to 16 blocks (a rule's error names the key, the value and this).
+LENGTH = Rule("task.length", *ints(1, 16))
+
+
+def length_fits(cfg, registry) -> None:
+    """A cross-key check: a colors task's blocks fit in its decisions (``registry``: unused here)."""
+    if cfg.domain == "colors" and int(cfg.task.length) > int(cfg.task.max_decisions):
+        raise ConfigError(
+            f"task.length={cfg.task.length} needs task.max_decisions >= {cfg.task.length}, got {cfg.task.max_decisions}"
+        )
+
+
+# --------------------------------------------------------------------------- conformance suite
+
+
+def check_colour_roles(domain, task, **kw) -> None:
+    """A conformance suite of the domain's own promise: every colour of a seed's pattern has the role that
+    places it (``**kw``: what else ``check_domain`` passes, such as ``max_tokens``)."""
+    cfg = domain.task_config(task) if isinstance(task, str) else task
+    roles = {r.name for r in domain.roles}
+    for seed in range(5):
+        env = domain.make_env(cfg)
+        env.reset(seed)
+        missing = sorted({c.capitalize() for c in env.pattern} - roles)
+        if missing:
+            raise ConformanceError(f"{domain.name}/{task}, seed {seed}: no role places {', '.join(missing)}")
+
+
 # --------------------------------------------------------------------------- the plugin
 
 
@@ -144,10 +175,23 @@ class ColorsPlugin:
     def swarm_register_credit_schemes(self, register):
         register("immediate", immediate_credit)
 
+    @swarm_runtime.hookimpl
+    def swarm_register_config_rules(self, register, register_check):
+        register(LENGTH, domain="colors")
+        register_check(length_fits)
+
+    @swarm_runtime.hookimpl
+    def swarm_register_conformance_suites(self, register):
+        register("colour_roles", check_colour_roles, applies=lambda domain, task: domain.name == "colors")
+
+
+#: The object an entry point names (``colors = test_third_party_plugin:PLUGIN``).
+PLUGIN = ColorsPlugin()
+
 
 @pytest.fixture
 def plugin():
-    pm = make_plugin_manager(extra_plugins=[(ColorsPlugin(), "colors_plugin")])
+    pm = make_plugin_manager(extra_plugins=[(PLUGIN, "colors_plugin")])
     try:
         yield pm, build_registry(pm)
     finally:
@@ -157,13 +201,30 @@ def plugin():
 # --------------------------------------------------------------------------- tests
 
 
-def test_domain_passes_the_conformance_kit():
-    check_domain(ColorsDomain(), "place")
+def test_domain_passes_the_conformance_kit(plugin):
+    _, reg = plugin
+    assert [s.name for s in reg.conformance_suites.values()] == ["rlcr", "colour_roles"]
+    check_domain(ColorsDomain(), "place", registry=reg)  # the core's checks, then both suites (rlcr: not applicable)
+
+
+def test_the_plugins_suite_catches_what_it_promises():
+    class Green(ColorsDomain):
+        roles = (Role("Red", "places red blocks"), Role("Green", "places green blocks"))
+
+    with pytest.raises(ConformanceError, match=r"colors/place, seed \d: no role places Blue"):
+        check_colour_roles(Green(), "place")
 
 
 def test_plugin_registers_through_the_public_hooks(plugin):
     pm, reg = plugin
-    assert reg.provenance["colors_plugin"] == ["domain:colors", "coordinator:lowest_index", "credit_scheme:immediate"]
+    assert reg.provenance["colors_plugin"] == [
+        "domain:colors",
+        "coordinator:lowest_index",
+        "credit_scheme:immediate",
+        "config_rule:task.length (colors)",
+        "config_check:length_fits",
+        "conformance_suite:colour_roles",
+    ]
     assert reg.get("coordinators", "lowest_index") is LowestIndexCoordinator
     assert "auction" in reg.coordinators and "bucket_brigade" in reg.credit_schemes  # built-ins still there
 
@@ -176,7 +237,48 @@ def test_config_resolves_task_overrides_and_bare_domain_keys(plugin):
     assert int(cfg.task.length) == 3  # bare key of the task YAML -> task.length
 
 
+def test_the_plugins_rule_and_check_refuse_bad_values_naming_the_plugin(plugin):
+    _, reg = plugin
+    with pytest.raises(ConfigError) as err:
+        resolve(["domain=colors", "task=place", "length=0"], reg)
+    assert str(err.value) == (
+        "task.length=0 is not valid: must be an integer in [1, 16] (rule of plugin 'colors_plugin' for domain 'colors')"
+    )
+    with pytest.raises(
+        ConfigError, match=r"task.length=12 needs task.max_decisions >= 12, got 8 \(check 'length_fits' "
+    ):
+        resolve(["domain=colors", "task=place", "length=12"], reg)
+    assert resolve(["domain=colors", "task=place", "length=12", "max_decisions=12"], reg).task.length == 12
+
+
+def test_swarm_config_refuses_the_plugins_bad_value_before_torch(tmp_path):
+    """The plugin installed as a package's entry point: ``swarm config`` refuses ``length=0`` in its precheck,
+    with the domains-only registry (the rules come from their hook alone), in one line naming the plugin."""
+    from conftest import swarm
+
+    site = tmp_path / "site"
+    info = site / "colors_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: colors-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[swarm_runtime]\ncolors = test_third_party_plugin:PLUGIN\n")
+    path = [str(site), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    env = {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    res = swarm("config", "domain=colors", "length=0", cwd=tmp_path, env=env)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        "swarm: error: task.length=0 is not valid: must be an integer in [1, 16] "
+        "(rule of plugin 'colors' for domain 'colors')"
+    )
+
+
 def test_tiny_swarm_plays_and_learns_with_plugin_parts(plugin, tmp_path):
+    import torch
+
+    from swarm_runtime.learn.action import action_update, credit_samples
+    from swarm_runtime.learn.optim import make_optimizer
+    from swarm_runtime.runs.context import RunContext
+    from swarm_runtime.sampling.play import play
+
     pm, reg = plugin
     cfg = resolve(
         [

@@ -10,9 +10,7 @@ from swarm_domains.minecraft.instructions import INSTRUCTIONS
 from swarm_domains.minecraft.recipes import ITEMS
 from swarm_domains.minecraft.task import TaskSpec
 from swarm_domains.minecraft.world import BIOME_NAMES, FEATURES, LEVELS, MAX_DEPTH
-from swarm_runtime import hookimpl
-from swarm_runtime.core.domain import Domain, Role
-from swarm_runtime.core.env import DomainEnv
+from swarm_runtime import Domain, DomainEnv, Role, hookimpl
 
 #: Words of the observation template (besides items, biomes, features, levels, digits).
 OBS_WORDS = ("goal", "biome", "depth", "inventory", "empty", "last", "ok", "failed", "none", ".")

@@ -10,8 +10,7 @@ from omegaconf import DictConfig
 from swarm_domains.openresearcher.browser import BROWSER_WORDS
 from swarm_domains.openresearcher.env import ENV_WORDS, ResearchEnv
 from swarm_domains.openresearcher.world import corpus_words, get_world
-from swarm_runtime import hookimpl
-from swarm_runtime.core.domain import Domain, Role
+from swarm_runtime import Domain, Role, hookimpl
 
 BROWSER_KEYS = ("view_lines", "view_chars", "max_find_results", "line_width")
 

@@ -12,9 +12,7 @@ from swarm_domains.vln_ce.config import EmbeddedConfig, HabitatConfig, sim_name
 from swarm_domains.vln_ce.instructions import INSTRUCTION_WORDS
 from swarm_domains.vln_ce.layout import OBJECT_NAMES, ROOM_TYPES
 from swarm_domains.vln_ce.observation import OBSERVATION_WORDS
-from swarm_runtime import hookimpl
-from swarm_runtime.core.domain import Domain, Event, Role
-from swarm_runtime.core.env import DomainEnv
+from swarm_runtime import Domain, DomainEnv, Event, Role, hookimpl
 
 
 class VLNDomain(Domain):

@@ -448,6 +448,9 @@ def validate(cfg: DictConfig, registry, ray_keys=RAY_KEYS) -> None:
         check_rule(rule, value)
     for check in CHECKS:
         check(cfg, registry)
+    from swarm_runtime.plugins.rules import run_plugin_rules
+
+    run_plugin_rules(cfg, registry, check_rule)  # the plugins' rules of their task keys, then their checks
     needs_ray(cfg, ray_keys)
 
 

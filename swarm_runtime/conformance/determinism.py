@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from swarm_runtime.conformance.probe import ConformanceWarning, Where, _first_mismatch, _short, _task, _task_name, trace
+from swarm_runtime.conformance.probe import (
+    ConformanceWarning,
+    Where,
+    first_mismatch,
+    load_task,
+    shorten,
+    task_label,
+    trace,
+)
 from swarm_runtime.core.domain import Domain
 
 
@@ -29,13 +37,13 @@ def check_determinism(
     ``step`` that iterates a ``set`` of strings or uses ``hash()`` gives another world in another
     process (a resumed run, an evaluation, a served worker), while every check inside one process
     passes. Returns this process's traces (:func:`trace`) by seed."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
+    cfg = load_task(domain, task)
+    name = task_label(task)
     n = min(int(steps), int(cfg.max_decisions))
     with alongside_children(domain, task, processes, seeds, steps) as out:
         here = out["here"] = {int(s): trace(domain, cfg, int(s), n, name) for s in seeds}
         for s in seeds:
-            _first_mismatch(
+            first_mismatch(
                 domain,
                 name,
                 int(s),
@@ -92,7 +100,7 @@ def _payload(domain: Domain, task: str | DictConfig) -> bytes | str:
     try:
         return pickle.dumps({"how": how, "task": task if isinstance(task, str) else OmegaConf.to_container(task)})
     except Exception as exc:
-        return f"the domain object cannot be pickled ({type(exc).__name__}: {_short(str(exc), 120)})"
+        return f"the domain object cannot be pickled ({type(exc).__name__}: {shorten(str(exc), 120)})"
 
 
 @dataclass
@@ -109,11 +117,11 @@ def start_children(domain: Domain, task: str | DictConfig, seeds=(0, 1, 2), step
     """Start two Python processes, each with another ``PYTHONHASHSEED``, that rebuild the domain and
     compute the traces of ``seeds`` (they run while this process goes on); None, with a
     :class:`ConformanceWarning`, when another process cannot rebuild the domain."""
-    cfg = _task(domain, task)
+    cfg = load_task(domain, task)
     body = _payload(domain, task)
     if isinstance(body, str):
         warnings.warn(
-            f"{domain.name}/{_task_name(task)}: determinism across processes not checked: {body}",
+            f"{domain.name}/{task_label(task)}: determinism across processes not checked: {body}",
             ConformanceWarning,
             stacklevel=2,
         )
@@ -156,7 +164,7 @@ def stop_children(children: Children) -> None:
 def finish_children(children: Children, here: dict[int, list], timeout: float = 300.0) -> None:
     """Compare the children's traces with ``here`` (this process's, by seed): the first difference
     fails, naming the seed, step, action and role, and the other process's hash seed."""
-    domain, name = children.domain, _task_name(children.task)
+    domain, name = children.domain, task_label(children.task)
     results = []
     try:
         for hs, proc in children.procs:
@@ -190,7 +198,7 @@ def finish_children(children: Children, here: dict[int, list], timeout: float = 
                 f"{list(children.seeds)} failed where this process passes: {got['message']}"
             )
         for s in children.seeds:
-            _first_mismatch(
+            first_mismatch(
                 domain,
                 name,
                 s,
@@ -217,13 +225,13 @@ def _child() -> None:
 
             what = get_registry()[1].domains[what]
         task = spec["task"] if isinstance(spec["task"], str) else OmegaConf.create(spec["task"])
-        cfg = _task(what, task)
+        cfg = load_task(what, task)
     except Exception as exc:
-        print(json.dumps({"error": "load", "message": f"{type(exc).__name__}: {_short(str(exc), 200)}"}))
+        print(json.dumps({"error": "load", "message": f"{type(exc).__name__}: {shorten(str(exc), 200)}"}))
         return
     try:
-        traces = {str(s): trace(what, cfg, int(s), int(head["steps"]), _task_name(task)) for s in head["seeds"]}
+        traces = {str(s): trace(what, cfg, int(s), int(head["steps"]), task_label(task)) for s in head["seeds"]}
     except Exception as exc:
-        print(json.dumps({"error": "run", "message": f"{type(exc).__name__}: {_short(str(exc), 300)}"}))
+        print(json.dumps({"error": "run", "message": f"{type(exc).__name__}: {shorten(str(exc), 300)}"}))
         return
     print(json.dumps({"traces": traces}))

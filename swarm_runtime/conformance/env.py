@@ -19,18 +19,18 @@ from swarm_runtime.conformance.probe import (
     Mix,
     Probe,
     Where,
-    _first_mismatch,
-    _metrics,
-    _roles,
-    _short,
-    _task,
-    _task_name,
     action_pool,
     choose,
     first_difference,
+    first_mismatch,
     freeze,
+    load_task,
+    probe_metrics,
+    role_names,
     shared_objects,
+    shorten,
     state_of,
+    task_label,
     trace,
 )
 from swarm_runtime.core.domain import Domain
@@ -44,8 +44,8 @@ def check_fresh_env(domain: Domain, task: str | DictConfig, steps: int = 12) -> 
     plays another seed (as the ``algo.envs_per_step`` episodes of an update do) is the same as one
     played alone. Catches a cached env handed out twice and world state kept in class attributes or
     module globals."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
+    cfg = load_task(domain, task)
+    name = task_label(task)
     w = Where(domain.name, name, 0, 0)
     a, b = w.call("make_env()", domain.make_env, cfg), w.call("make_env()", domain.make_env, cfg)
     if a is b:
@@ -58,17 +58,17 @@ def check_fresh_env(domain: Domain, task: str | DictConfig, steps: int = 12) -> 
     pa.reset(0)
     pb.reset(1)
     beside: list[Any] = [pa.observation()]
-    roles = _roles(domain)
+    roles = role_names(domain)
     for k, (action, role, *_) in enumerate(alone[1:-1]):
         res = pa.step(action, role, bounds=False)
         beside.append([action, role, res.observation, round(float(res.reward), 9), bool(res.done), bool(res.valid)])
         if not pb.done:
             exp = pb.expert()
             pb.step(exp.action if exp else GARBAGE, exp.role if exp else roles[k % len(roles)], bounds=False)
-    beside.append(_metrics(pa))
+    beside.append(probe_metrics(pa))
     pa.close()
     pb.close()
-    _first_mismatch(
+    first_mismatch(
         domain,
         name,
         0,
@@ -87,8 +87,8 @@ def check_close(domain: Domain, task: str | DictConfig, seed: int = 0, steps: in
     another env of the task and plays on (counterfactual branches restore a closed episode's snapshots);
     and closing envs leaves the task's other envs as they were (nothing shared, such as a corpus or a
     simulator server, torn down): a seed's episode played after the closes is the one played before."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
+    cfg = load_task(domain, task)
+    name = task_label(task)
     n = min(int(steps), int(cfg.max_decisions))
     before_closes = trace(domain, cfg, seed, 2 * n, name)
     idle = Probe(domain, cfg, name)
@@ -115,15 +115,15 @@ def check_close(domain: Domain, task: str | DictConfig, seed: int = 0, steps: in
         )
     if q.observation() != obs:
         q.here().fail(
-            f"a snapshot taken before close() restored into another env shows {_short(q.observation())}, "
-            f"not {_short(obs)}"
+            f"a snapshot taken before close() restored into another env shows {shorten(q.observation())}, "
+            f"not {shorten(obs)}"
         )
     for _ in range(n):  # it plays on
         exp = q.expert()
         if exp is None or q.step(exp.action, exp.role, bounds=False).done:
             break
     q.close()
-    _first_mismatch(
+    first_mismatch(
         domain,
         name,
         seed,
@@ -158,15 +158,15 @@ def check_invalid_is_noop(domain: Domain, task: str | DictConfig, seed: int = 0)
     """Every garbage text (:data:`GARBAGE_TEXTS`), sent by every role and by ``role=None`` from the
     start state, raises nothing and, when invalid, earns no reward and changes no state
     (``bookkeeping`` counters aside); :data:`GARBAGE` itself must be invalid."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
+    cfg = load_task(domain, task)
+    name = task_label(task)
     p, twin = Probe(domain, cfg, name), Probe(domain, cfg, name)
     p.reset(seed)
     twin.reset(seed)
     shared = shared_objects(p.env, twin.env)
     start = p.snapshot()
     before = state_of(p.env, shared, _bookkeeping(p.env))
-    for role in _roles(domain) + [None]:
+    for role in role_names(domain) + [None]:
         for text in GARBAGE_TEXTS:
             p.restore(start)
             res = p.step(text, role)
@@ -187,9 +187,9 @@ def check_snapshots(
     episode's end or ``max_decisions``), comparing the full state; invalid actions as no-ops, reward
     bounds, exceptions from env code and ``step()``/``observation()`` agreement on the way. Returns the
     steps checked."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
-    roles = _roles(domain)
+    cfg = load_task(domain, task)
+    name = task_label(task)
+    roles = role_names(domain)
     checked = 0
     for m, (seed, mix, *most) in enumerate(trajectories):
         mix = Mix(*mix)
@@ -204,7 +204,7 @@ def check_snapshots(
         if obs != p.observation():
             w.fail(
                 "reset() returned an observation that observation() does not show: "
-                f"{_short(obs)} vs {_short(p.observation())}"
+                f"{shorten(obs)} vs {shorten(p.observation())}"
             )
         rng = random.Random(1000 * m + int(seed))
         for t in range(cap):
@@ -221,7 +221,7 @@ def check_snapshots(
             if res.observation != p.observation():
                 w.fail(
                     "step() returned an observation that observation() then does not show: "
-                    f"{_short(res.observation)} vs {_short(p.observation())}"
+                    f"{shorten(res.observation)} vs {shorten(p.observation())}"
                 )
             _noop(w, p, shared, before_kept, res)
             after = state_of(p.env, shared)
@@ -240,14 +240,14 @@ def check_snapshots(
                     f"or a restore that forgets part of it): {d} (after restore vs at snapshot time)"
                 )
             if p.observation() != obs0:
-                w.fail(f"observation after restore differs: {_short(p.observation())} vs {_short(obs0)}")
+                w.fail(f"observation after restore differs: {shorten(p.observation())} vs {shorten(obs0)}")
             res2 = p.step(action, role)
             w.at(t, action, role)
             one = (res.observation, round(float(res.reward), 9), bool(res.done), bool(res.valid))
             two = (res2.observation, round(float(res2.reward), 9), bool(res2.done), bool(res2.valid))
             if one != two:
                 w.fail(
-                    f"the same action from the restored snapshot gave another result: {_short(two)} vs {_short(one)}"
+                    f"the same action from the restored snapshot gave another result: {shorten(two)} vs {shorten(one)}"
                 )
             d = first_difference(state_of(p.env, shared), after)
             if d:
@@ -282,9 +282,9 @@ def check_rare_paths(domain: Domain, task: str | DictConfig, points=BRANCH_POINT
     sender each, spread over the points (each pair at least once when ``n`` allows). Every such step
     must return a ``StepResult`` with a finite reward without raising, keep the episode reward within
     ``[reward_min, reward_max]``, and be a no-op when invalid. Returns the branches tried."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
-    roles = _roles(domain)
+    cfg = load_task(domain, task)
+    name = task_label(task)
+    roles = role_names(domain)
     senders: list[str | None] = roles + [None]
     tried = 0
     for m, (seed, mix, k, n) in enumerate(points):
@@ -338,10 +338,10 @@ def check_reward_bounds(domain: Domain, task: str | DictConfig, seeds: range = r
 def check_max_decisions(domain: Domain, task: str | DictConfig, seeds: range = range(3)) -> None:
     """The scripted expert finishes (the episode ends, or it has nothing left to do) within
     ``max_decisions``: otherwise SFT demos are cut off and the reward cap is out of reach."""
-    cfg = _task(domain, task)
+    cfg = load_task(domain, task)
     cap = int(cfg.max_decisions)
     for seed in seeds:
-        p = Probe(domain, cfg, _task_name(task))
+        p = Probe(domain, cfg, task_label(task))
         p.reset(seed)
         for _ in range(cap):
             exp = p.expert()
@@ -359,11 +359,11 @@ def check_expert(domain: Domain, task: str | DictConfig, seeds: range = range(3)
     """The expert names known roles, its actions are valid and it earns reward; stepped with
     ``role=None`` (as ``algo=monolithic`` and ``algo=rlcr`` step the env: one model may take any
     role's action) the same actions are valid too."""
-    cfg = _task(domain, task)
-    roles = set(_roles(domain))
+    cfg = load_task(domain, task)
+    roles = set(role_names(domain))
     for monolithic in (False, True):
         for seed in seeds:
-            p = Probe(domain, cfg, _task_name(task))
+            p = Probe(domain, cfg, task_label(task))
             p.reset(seed)
             for t in range(int(cfg.max_decisions)):
                 exp = p.expert()
@@ -395,8 +395,8 @@ def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = 
     the role's, from the first seed's start), and the expert acts only among its role's choices
     (and the monolithic model's, ``action_choices(task, None)``), else a constrained model could
     never take the expert's action. Failures name domain, task, seed, step, action and role."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
+    cfg = load_task(domain, task)
+    name = task_label(task)
     w0 = Where(domain.name, name)
     listed = {r.name: w0.call("action_choices()", domain.action_choices, cfg, r.name) for r in domain.roles}
     if not any(listed.values()):
@@ -423,7 +423,7 @@ def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = 
                 w.fail(
                     f"the listed action choice is not a valid action of {role} at the start of the episode "
                     "(valid means well-formed and the role's, even when it cannot succeed now); step() returned "
-                    f"valid=False, observation {_short(res.observation)}"
+                    f"valid=False, observation {shorten(res.observation)}"
                 )
     words = {role: {tuple(split_words(t)) for t in c} for role, c in listed.items() if c}
     mono_list = list(domain.action_choices(cfg, None) or ())
@@ -438,12 +438,12 @@ def check_action_choices(domain: Domain, task: str | DictConfig, seeds: range = 
             if exp.role in words and tuple(split_words(exp.action)) not in words[exp.role]:
                 w.fail(
                     f"the expert's action is not among {exp.role}'s {len(words[exp.role])} listed action choices "
-                    f"(e.g. {_short(sorted(listed[exp.role])[:4])}): with model.constrained_actions=true its "
+                    f"(e.g. {shorten(sorted(listed[exp.role])[:4])}): with model.constrained_actions=true its "
                     "model could never take it"
                 )
             if mono and tuple(split_words(exp.action)) not in mono:
                 w.fail(
                     f"the expert's action is not among the monolithic model's {len(mono)} listed action choices "
-                    f"(action_choices(task, None), e.g. {_short(sorted(mono_list)[:4])})"
+                    f"(action_choices(task, None), e.g. {shorten(sorted(mono_list)[:4])})"
                 )
             env.step(exp.action, exp.role, bounds=False)

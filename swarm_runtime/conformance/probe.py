@@ -117,7 +117,7 @@ class Where:
         if self.step is not None:
             at.append(f"step {self.step}")
         if self.action is not None:
-            at.append(f"action {_short(self.action, 60)} by {self.role if self.role is not None else 'role=None'}")
+            at.append(f"action {shorten(self.action, 60)} by {self.role if self.role is not None else 'role=None'}")
         raise ConformanceError(", ".join(at) + ": " + what) from cause
 
     def call(self, what: str, fn: Callable, *args) -> Any:
@@ -130,12 +130,14 @@ class Where:
             self.fail(f"{what} raised {type(exc).__name__}: {_clip(str(exc), 200)}", exc)
 
 
-def _task_name(task: str | DictConfig) -> str:
+def task_label(task: str | DictConfig) -> str:
+    """The task as failures name it: its name, or a task config's ``name`` key."""
     return task if isinstance(task, str) else str(task.get("name", "<task config>"))
 
 
-def _task(domain: Domain, task: str | DictConfig) -> DictConfig:
-    w = Where(domain.name, _task_name(task))
+def load_task(domain: Domain, task: str | DictConfig) -> DictConfig:
+    """The task's config (``domain.task_config(task)`` for a name), with every key of ``REQUIRED_TASK_KEYS``."""
+    w = Where(domain.name, task_label(task))
     cfg = w.call(f"task_config({task!r})", domain.task_config, task) if isinstance(task, str) else task
     missing = [k for k in REQUIRED_TASK_KEYS if k not in cfg]
     if missing:
@@ -147,7 +149,8 @@ def _bounds(cfg: DictConfig) -> tuple[float, float]:
     return float(cfg.get("reward_min", 0.0)), float(cfg.reward_max)
 
 
-def _roles(domain: Domain) -> list[str]:
+def role_names(domain: Domain) -> list[str]:
+    """The names of ``domain``'s roles, in order."""
     return [r.name for r in domain.roles]
 
 
@@ -226,31 +229,32 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     if (isinstance(a, str) and a == SHARED) or (isinstance(b, str) and b == SHARED):
         return None
     if type(a) is not type(b):
-        return f"{path or 'state'}: {_short(a)} vs {_short(b)}"
+        return f"{path or 'state'}: {shorten(a)} vs {shorten(b)}"
     if isinstance(a, dict):
         for k in list(dict.fromkeys(list(a) + list(b))):
             if k not in a or k not in b:
-                return f"{path}.{k}: {'missing' if k not in a else _short(a[k])} vs {'missing' if k not in b else _short(b[k])}"
+                return f"{path}.{k}: {'missing' if k not in a else shorten(a[k])} vs {'missing' if k not in b else shorten(b[k])}"
             d = first_difference(a[k], b[k], f"{path}.{k}" if k not in ("__class__", "__dict__") else path)
             if d:
                 return d
         return None
     if isinstance(a, list):
         if len(a) != len(b):
-            return f"{path or 'state'}: length {len(a) - 1} vs {len(b) - 1} ({_short(a)} vs {_short(b)})"
+            return f"{path or 'state'}: length {len(a) - 1} vs {len(b) - 1} ({shorten(a)} vs {shorten(b)})"
         for i, (x, y) in enumerate(zip(a, b)):
             d = first_difference(x, y, f"{path}[{i - 1}]" if i else path)
             if d:
                 return d
         return None
-    return None if a == b else f"{path or 'state'}: {_short(a)} vs {_short(b)}"
+    return None if a == b else f"{path or 'state'}: {shorten(a)} vs {shorten(b)}"
 
 
 def _clip(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _short(v: Any, n: int = 80) -> str:
+def shorten(v: Any, n: int = 80) -> str:
+    """``repr(v)``, cut to ``n`` characters."""
     r = repr(v)
     return r if len(r) <= n else r[: n - 3] + "..."
 
@@ -315,7 +319,7 @@ class Probe:
             isinstance(getattr(exp, "action", None), str) and isinstance(getattr(exp, "role", None), str)
         ):
             self.here().fail(
-                f"expert_action() returned {_short(exp)}; it must be None or ExpertStep(role, action) with two strings"
+                f"expert_action() returned {shorten(exp)}; it must be None or ExpertStep(role, action) with two strings"
             )
         return exp
 
@@ -362,8 +366,8 @@ def action_pool(domain: Domain, cfg: DictConfig, seed: int, name: str | None = N
     """Random-action pool per role (and ``None``: every role's): the role's listed action choices, or
     (open action spaces) every action the expert takes on this seed, by any role (well-formed, often
     not possible now)."""
-    roles = _roles(domain)
-    name = name or _task_name(cfg)
+    roles = role_names(domain)
+    name = name or task_label(cfg)
     w = Where(domain.name, name, int(seed))
     listed = {r: list(w.call("action_choices()", domain.action_choices, cfg, r) or ()) for r in roles}
     if all(listed.values()):
@@ -407,8 +411,8 @@ def trace(domain: Domain, cfg: DictConfig, seed: int, n: int, name: str | None =
     """A seed's observable trajectory as plain data: the reset observation, then per step ``[action,
     role, observation, reward, done, valid]`` (expert actions mostly; garbage and wrong-role ones),
     then the final ``metrics()``: what two runs of a deterministic env agree on."""
-    p = Probe(domain, cfg, name or _task_name(cfg))
-    roles = _roles(domain)
+    p = Probe(domain, cfg, name or task_label(cfg))
+    roles = role_names(domain)
     rng = random.Random(rng_seed)
     out: list[Any] = [p.reset(seed)]
     for _ in range(n):
@@ -423,19 +427,20 @@ def trace(domain: Domain, cfg: DictConfig, seed: int, n: int, name: str | None =
         out.append([action, role, res.observation, round(float(res.reward), 9), bool(res.done), bool(res.valid)])
         if res.done:
             break
-    out.append(_metrics(p))
+    out.append(probe_metrics(p))
     p.close()
     return out
 
 
-def _metrics(p: Probe) -> dict:
+def probe_metrics(p: Probe) -> dict:
+    """The env's ``metrics()``, sorted by key and rounded, so two runs compare exactly."""
     return {
         str(k): (round(float(v), 9) if isinstance(v, (int, float)) else repr(v))
         for k, v in sorted(p.metrics().items(), key=lambda kv: str(kv[0]))
     }
 
 
-def _first_mismatch(domain: Domain, task: str, seed: int, a: list, b: list, what: str) -> None:
+def first_mismatch(domain: Domain, task: str, seed: int, a: list, b: list, what: str) -> None:
     """Fail at the first step where two traces of one seed differ (``what`` says how they were made)."""
     if a == b:
         return
@@ -444,10 +449,10 @@ def _first_mismatch(domain: Domain, task: str, seed: int, a: list, b: list, what
     x = a[i] if i < len(a) else "ended"
     y = b[i] if i < len(b) else "ended"
     if i == 0:
-        w.at(0).fail(f"{what}: reset() gave another observation ({_short(x)} vs {_short(y)})")
+        w.at(0).fail(f"{what}: reset() gave another observation ({shorten(x)} vs {shorten(y)})")
     if isinstance(x, dict) or isinstance(y, dict):
-        w.at(i - 1).fail(f"{what}: metrics() at the episode's end differ ({_short(x)} vs {_short(y)})")
+        w.at(i - 1).fail(f"{what}: metrics() at the episode's end differ ({shorten(x)} vs {shorten(y)})")
     step = x if isinstance(x, list) else y
     w.at(i - 1, step[0], step[1]).fail(
-        f"{what}: [action, role, observation, reward, done, valid] {_short(x, 240)} vs {_short(y, 240)}"
+        f"{what}: [action, role, observation, reward, done, valid] {shorten(x, 240)} vs {shorten(y, 240)}"
     )

@@ -1,10 +1,11 @@
 """Conformance checks for domains that opt into ``algo=rlcr``: the anytime return (``progress()``) and
-concurrent actions (``action_seconds``, ``concurrent_expert``, the event loop over the domain's
-concurrent env). :func:`swarm_runtime.conformance.suite.check_domain` runs :func:`check_rlcr` whenever the
-domain's concurrent env implements ``progress()``; each check can also be called alone. RLCR steps the
-concurrent env with ``role=None`` (one shared policy acts for everyone), so these checks do too.
-Failures are :class:`~swarm_runtime.conformance.probe.ConformanceError` naming domain, task, seed, step, action
-and role."""
+concurrent actions (``action_seconds``, ``concurrent_expert``, the event loop over the domain's concurrent env).
+:func:`check_rlcr` is the core's conformance suite for ``algo=rlcr``, registered through
+``swarm_register_conformance_suites`` (swarm_runtime/plugins/builtins.py):
+:func:`swarm_runtime.conformance.suite.check_domain` runs it whenever the domain's concurrent env implements
+``progress()`` (:func:`has_anytime_return`); each check can also be called alone. RLCR steps the concurrent env
+with ``role=None`` (one shared policy acts for everyone), so these checks do too. Failures are
+:class:`~swarm_runtime.conformance.probe.ConformanceError` naming domain, task, seed, step, action and role."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from swarm_runtime.conformance.probe import (
     Mix,
     Probe,
     Where,
-    _short,
-    _task,
-    _task_name,
     action_pool,
+    load_task,
+    shorten,
+    task_label,
 )
 from swarm_runtime.conformance.task import max_prompt_tokens, prompt_problem
 from swarm_runtime.core.domain import Domain
-from swarm_runtime.core.env import has_progress
+from swarm_runtime.core.env import close_env, has_progress
 from swarm_runtime.learn.rlcr.loop import RLCR_WORDS, LoopOptions, expert_decider, play_concurrent
 from swarm_runtime.models.tokenizer import build_tokenizer, split_words
 
@@ -69,8 +70,8 @@ def check_progress(
     same rewards and progress. Trajectories mix the scripted expert's actions, random listed/expert-seen
     actions and garbage, all with ``role=None`` as RLCR steps them; each is played twice (deterministic
     under a seed). Returns the steps checked."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
+    cfg = load_task(domain, task)
+    name = task_label(task)
     checked = 0
     for seed, mix in trajectories:
         mix = Mix(*mix)
@@ -111,7 +112,7 @@ def check_progress(
             i = next(i for i, (a, b) in enumerate(zip(runs[0], runs[1])) if a != b)
             Where(domain.name, name, int(seed)).at(i - 1 if i else 0, *(runs[0][i][0], None) if i else ()).fail(
                 f"progress() differs between two episodes from the same seed with the same actions: "
-                f"{_short(runs[0][i])} vs {_short(runs[1][i])}"
+                f"{shorten(runs[0][i])} vs {shorten(runs[1][i])}"
             )
     return checked
 
@@ -165,8 +166,8 @@ def check_concurrent(
     order within ``T_max``, the return at the stop is the env's progress within the reward bounds, and
     every prompt the loop builds fits ``max_tokens`` (default: the task's ``model.max_prompt_tokens``) in
     the shared policy's vocabulary (the domain's words and the RLCR words)."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
+    cfg = load_task(domain, task)
+    name = task_label(task)
     lo, hi = float(cfg.get("reward_min", 0.0)), float(cfg.reward_max)
     p = Probe(domain, cfg, name, concurrent=True)
     p.reset(int(seeds[0]))
@@ -216,7 +217,17 @@ def check_concurrent(
         Where(domain.name, name, int(seeds[i])).fail("two concurrent rollouts from the same seed differ")
 
 
-def check_rlcr(domain: Domain, task, max_tokens: int | None = None) -> None:
-    """Both checks (what :func:`swarm_runtime.conformance.suite.check_domain` runs when the hook exists)."""
+def has_anytime_return(domain: Domain, task) -> bool:
+    """Whether ``domain``'s concurrent env implements ``progress()``: the domains :func:`check_rlcr` applies to
+    (an exception from ``concurrent_env()`` is a :class:`~swarm_runtime.conformance.probe.ConformanceError`)."""
+    w = Where(domain.name, task_label(task))
+    env = w.call("concurrent_env()", domain.concurrent_env, load_task(domain, task))
+    w.call("close()", close_env, env)
+    return has_progress(env)
+
+
+def check_rlcr(domain: Domain, task, max_tokens: int | None = None, **kw) -> None:
+    """Both checks: the core's RLCR conformance suite (registered in swarm_runtime/plugins/builtins.py), which
+    :func:`swarm_runtime.conformance.suite.check_domain` runs when :func:`has_anytime_return`."""
     check_progress(domain, task)
     check_concurrent(domain, task, max_tokens=max_tokens)

@@ -20,9 +20,11 @@ expert, the expert's actions valid with its role and with ``role=None``, every
 prompt within the vocabulary and within ``model.max_prompt_tokens``, listed
 action choices, ``close()`` (twice, before ``reset`` and mid-episode, with the
 snapshot taken before it restorable into another env, no other env disturbed),
-and (when the concurrent env has ``progress()``) the RLCR checks of
-:mod:`swarm_runtime.conformance.rlcr`. The kit closes the envs it is done with
-and never uses a closed one again.
+and then the conformance suites plugins register
+(``swarm_register_conformance_suites``): the core's is the RLCR suite of
+:mod:`swarm_runtime.conformance.rlcr`, for domains whose concurrent env has
+``progress()``. The kit closes the envs it is done with and never uses a closed
+one again.
 
 Every failure is a :class:`ConformanceError` naming the domain, task, seed,
 step, action, role and what differed; an exception raised by the domain's own
@@ -30,6 +32,8 @@ code is reported the same way (chained to the original).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -44,10 +48,11 @@ from swarm_runtime.conformance.env import (
     check_rare_paths,
     check_snapshots,
 )
-from swarm_runtime.conformance.probe import TRAJECTORIES, Where, _task, _task_name
+from swarm_runtime.conformance.probe import TRAJECTORIES, load_task
 from swarm_runtime.conformance.task import check_fresh_task_config, check_prompts, check_splits
 from swarm_runtime.core.domain import Domain
-from swarm_runtime.core.env import has_progress
+from swarm_runtime.plugins.registry import ConformanceSuite
+from swarm_runtime.plugins.suites import conformance_suites
 
 
 def check_domain(
@@ -56,11 +61,15 @@ def check_domain(
     trajectories=TRAJECTORIES,
     max_tokens: int | None = None,
     processes: bool = True,
+    registry: Any = None,
 ) -> None:
-    """Run every conformance check on ``domain``/``task``; raises :class:`ConformanceError`.
-    ``max_tokens``: the ``model.max_prompt_tokens`` prompts must fit (default: the task's overrides, else
-    256); ``processes=False`` skips the determinism check in other processes (about a second)."""
-    cfg = _task(domain, task)
+    """Run every conformance check on ``domain``/``task``, then the plugins' suites; raises
+    :class:`ConformanceError`. ``max_tokens``: the ``model.max_prompt_tokens`` prompts must fit (default: the
+    task's overrides, else 256); ``processes=False`` skips the determinism check in other processes (about a
+    second); ``registry``: whose conformance suites run (one ``build_registry`` built; default: the installed
+    plugins', the core's RLCR suite among them)."""
+    load_task(domain, task)  # a task that cannot be loaded fails before anything starts
+    suites = conformance_suites(registry)
     with alongside_children(domain, task, processes) as out:
         check_splits(domain, task)
         check_fresh_task_config(domain, task)
@@ -74,8 +83,18 @@ def check_domain(
         check_max_decisions(domain, task)
         check_action_choices(domain, task)
         check_prompts(domain, task, max_tokens=max_tokens)
-        env = Where(domain.name, _task_name(task)).call("concurrent_env()", domain.concurrent_env, cfg)
-        if has_progress(env):
-            from swarm_runtime.conformance.rlcr import check_rlcr
+        run_suites(suites, domain, task, max_tokens=max_tokens)
 
-            check_rlcr(domain, task, max_tokens=max_tokens)
+
+def run_suites(suites: list[ConformanceSuite], domain: Domain, task: str | DictConfig, **kw: Any) -> None:
+    """Each suite that applies to ``domain`` (``suite.applies(domain, task)``, or always), in order, as
+    ``suite.run(domain, task, **kw)``; an exception from either propagates with a note naming the suite and
+    its plugin."""
+    for suite in suites:
+        try:
+            if suite.applies is None or suite.applies(domain, task):
+                suite.run(domain, task, **kw)
+        except Exception as exc:
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note(f"in conformance suite {suite.name!r} of plugin {suite.plugin!r}")
+            raise

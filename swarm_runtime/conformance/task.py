@@ -16,12 +16,12 @@ from swarm_runtime.conformance.probe import (
     Mix,
     Probe,
     Where,
-    _roles,
-    _short,
-    _task,
-    _task_name,
     action_pool,
     choose,
+    load_task,
+    role_names,
+    shorten,
+    task_label,
 )
 from swarm_runtime.core.domain import SPLITS, Domain, Event
 from swarm_runtime.models.tokenizer import build_tokenizer, split_words, unknown_words
@@ -32,8 +32,8 @@ def check_splits(domain: Domain, task: str | DictConfig) -> None:
     defines ``instances(task, seeds)`` (what each seed picks: a question, a layout; hashables, one
     per seed), so are the instances the splits' seeds pick (distinct seeds may pick one instance,
     e.g. a question pool indexed by ``seed % len``)."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
+    cfg = load_task(domain, task)
+    name = task_label(task)
     got = {}
     for split in SPLITS:
         try:
@@ -64,7 +64,7 @@ def check_splits(domain: Domain, task: str | DictConfig) -> None:
             if both:
                 inst = sorted(both, key=repr)[0]
                 Where(domain.name, name, picked[b][inst]).fail(
-                    f"{a} and {b} seeds pick the same instances ({len(both)} shared, e.g. {_short(inst)} by {a} seed "
+                    f"{a} and {b} seeds pick the same instances ({len(both)} shared, e.g. {shorten(inst)} by {a} seed "
                     f"{picked[a][inst]} and {b} seed {picked[b][inst]}); the seeds are disjoint but what they "
                     "pick is not"
                 )
@@ -109,13 +109,13 @@ def prompt_problem(
         words = {w for w in split_words(text) if w not in vocab} if vocab is not None else set(unknown_words(tok, text))
         unk = sorted(words - KIT_WORDS)
         if unk:
-            return f"prompt words missing from vocabulary(): {unk[:10]} in {_short(text)}"
+            return f"prompt words missing from vocabulary(): {unk[:10]} in {shorten(text)}"
     n = len(ids) + 1
     if n > limit:
         return (
             f"the prompt is {n} tokens long (beginning of sequence included), more than model.max_prompt_tokens="
             f"{limit}: the policy refuses it at run time (SWARM_PROMPT_OVERFLOW=warn would cut it from the left, "
-            f"losing its opening {_short(' '.join(text.split()[:6]))}); shorten the observation or log_window, "
+            f"losing its opening {shorten(' '.join(text.split()[:6]))}); shorten the observation or log_window, "
             "or raise max_prompt_tokens in the task's overrides"
         )
     return None
@@ -132,11 +132,11 @@ def check_prompts(
     would build from it (bid and action prompt of every role, the single model's prompt, with the log
     so far) use only vocabulary words and fit ``max_tokens`` (default: :func:`max_prompt_tokens` of the
     task). Returns the prompts checked."""
-    cfg = _task(domain, task)
-    name = _task_name(task)
+    cfg = load_task(domain, task)
+    name = task_label(task)
     tok = build_tokenizer(domain.all_words(cfg), bid_levels)
     limit = int(max_tokens or max_prompt_tokens(cfg))
-    roles = _roles(domain)
+    roles = role_names(domain)
     checked = 0
     for m, (seed, mix) in enumerate(trajectories):
         mix = Mix(*mix)

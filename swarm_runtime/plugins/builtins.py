@@ -1,7 +1,8 @@
 """Core behaviour registered through the same public hooks a third-party plugin uses:
 the auction, round-robin, Graph-of-Agents and AgentNet coordinators, the credit
-schemes, the transformers policy backend, the MPT and monolithic algorithms and
-the experiments of ``swarm experiment``."""
+schemes, the transformers policy backend, the MPT, monolithic and RLCR algorithms,
+the experiments of ``swarm experiment`` and the RLCR conformance suite. The core's
+config rules are not here: they live with the config (swarm_runtime/config/validation.py)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,10 @@ def swarm_register_experiments(register):
 
     register("rlcr_teams", rlcr_teams)
     register("rlcr_org", rlcr_org)
+
+
+@hookimpl
+def swarm_register_conformance_suites(register):
+    from swarm_runtime.conformance.rlcr import check_rlcr, has_anytime_return
+
+    register("rlcr", check_rlcr, applies=has_anytime_return)  # domains whose concurrent env has progress()

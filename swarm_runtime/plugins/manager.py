@@ -1,5 +1,6 @@
 """Plugin manager: loads every plugin from the ``swarm_runtime`` entry-point group
-(built-in domains included, exactly like third-party ones) and owns the registries.
+(built-in domains included, exactly like third-party ones) and fills the registry
+(:mod:`swarm_runtime.plugins.registry`) by calling the registration hooks.
 
 Environment variables:
 - ``SWARM_DISABLE_PLUGINS``: comma-separated plugin names to block.
@@ -9,8 +10,7 @@ Environment variables:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -18,35 +18,13 @@ import pluggy
 from loguru import logger
 
 from swarm_runtime.plugins import hookspecs
+from swarm_runtime.plugins.registry import PluginError, Registry, registrars
+
+__all__ = ["PluginError", "Registry", "build_registry", "get_registry", "make_plugin_manager"]
 
 ENTRY_POINT_GROUP = "swarm_runtime"
 #: Core plugins that register core behaviour through the same public hooks.
 CORE_PLUGINS = ("swarm_runtime.plugins.builtins",)
-
-
-class PluginError(RuntimeError):
-    """A plugin is broken or registered something twice."""
-
-
-@dataclass
-class Registry:
-    """Name -> object registries filled by the registration hooks."""
-
-    domains: dict[str, Any] = field(default_factory=dict)
-    policy_backends: dict[str, Callable] = field(default_factory=dict)
-    coordinators: dict[str, Callable] = field(default_factory=dict)
-    credit_schemes: dict[str, Callable] = field(default_factory=dict)
-    algorithms: dict[str, Callable] = field(default_factory=dict)
-    experiments: dict[str, Callable] = field(default_factory=dict)
-    #: plugin name -> list of "kind:name" it registered (for ``swarm plugins``)
-    provenance: dict[str, list[str]] = field(default_factory=dict)
-
-    def get(self, kind: str, name: str) -> Any:
-        table = getattr(self, kind)
-        if name not in table:
-            valid = ", ".join(sorted(table)) or "(none registered)"
-            raise KeyError(f"unknown {kind[:-1].replace('_', ' ')} {name!r}; valid: {valid}")
-        return table[name]
 
 
 def _names(var: str) -> set[str]:
@@ -91,43 +69,42 @@ def _hook_names() -> list[str]:
     return [n for n in dir(hookspecs) if n.startswith("swarm_")]
 
 
-def build_registry(pm: pluggy.PluginManager) -> Registry:
-    """Call every registration hook, one plugin at a time so each registration is
-    attributed to its plugin; duplicate names are an error naming both plugins."""
+#: Registry table -> the registration hook that fills it, called in this order for each plugin
+#: (``config_rules``' hook fills ``config_checks`` too).
+HOOKS = {
+    "domains": "swarm_register_domains",
+    "policy_backends": "swarm_register_policy_backends",
+    "coordinators": "swarm_register_coordinators",
+    "credit_schemes": "swarm_register_credit_schemes",
+    "algorithms": "swarm_register_algorithms",
+    "experiments": "swarm_register_experiments",
+    "config_rules": "swarm_register_config_rules",
+    "conformance_suites": "swarm_register_conformance_suites",
+}
+
+
+def build_registry(pm: pluggy.PluginManager, kinds: Iterable[str] | None = None) -> Registry:
+    """Call every registration hook (of ``kinds``, tables of :data:`HOOKS`; default all), one plugin at a time
+    in registration order, so each registration is attributed to its plugin; duplicate names are an error
+    naming both plugins, an exception inside a hook one naming the plugin and the hook."""
     reg = Registry()
-    owners: dict[tuple[str, str], str] = {}
-    hooks = {
-        "domains": "swarm_register_domains",
-        "policy_backends": "swarm_register_policy_backends",
-        "coordinators": "swarm_register_coordinators",
-        "credit_schemes": "swarm_register_credit_schemes",
-        "algorithms": "swarm_register_algorithms",
-        "experiments": "swarm_register_experiments",
-    }
+    wanted = HOOKS if kinds is None else {k: HOOKS[k] for k in kinds}
     for plugin_name, plugin in pm.list_name_plugin():
-        for kind, hook in hooks.items():
-            if not hasattr(plugin, hook):
-                continue
-
-            def register(name_or_obj: Any, obj: Any = None, *, _kind=kind, _p=plugin_name) -> None:
-                if _kind == "domains":
-                    obj, name = name_or_obj, getattr(name_or_obj, "name", "")
-                    if not name:
-                        raise PluginError(f"plugin {_p!r} registered a domain without a name")
-                else:
-                    name = name_or_obj
-                table = getattr(reg, _kind)
-                if name in table:
-                    raise PluginError(
-                        f"{_kind[:-1]} {name!r} registered twice: by {owners[(_kind, name)]!r} and by {_p!r}"
-                    )
-                table[name] = obj
-                owners[(_kind, name)] = _p
-                reg.provenance.setdefault(_p, []).append(f"{_kind[:-1]}:{name}")
-
-            pm.subset_hook_caller(hook, [p for p in pm.get_plugins() if p is not plugin])(register=register)
+        for kind, hook in wanted.items():
+            if hasattr(plugin, hook):
+                _call_one(pm, plugin, plugin_name, hook, registrars(kind, reg, plugin_name))
         reg.provenance.setdefault(plugin_name, [])
     return reg
+
+
+def _call_one(pm: pluggy.PluginManager, plugin: Any, name: str, hook: str, kwargs: dict) -> None:
+    """``hook`` of ``plugin`` alone, with ``kwargs``."""
+    try:
+        pm.subset_hook_caller(hook, [p for p in pm.get_plugins() if p is not plugin])(**kwargs)
+    except PluginError:
+        raise
+    except Exception as exc:  # a broken plugin must say who it is
+        raise PluginError(f"plugin {name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
 
 
 _CACHE: dict[str, Any] = {}

@@ -22,7 +22,7 @@ from swarm_domains.minecraft.minestudio import (
 )
 from swarm_domains.minecraft.plugin import MinecraftDomain
 from swarm_domains.minecraft.recipes import DEFAULT_REWARDS, prerequisites, raw_needs
-from swarm_runtime.conformance.suite import check_domain
+from swarm_runtime import check_domain
 from swarm_runtime.plugins.manager import build_registry, make_plugin_manager
 
 DOMAIN = MinecraftDomain()

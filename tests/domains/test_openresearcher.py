@@ -26,7 +26,7 @@ from swarm_domains.openresearcher.env import parse_action
 from swarm_domains.openresearcher.judge import ExactJudge, Grade, make_judge, normalize_answer, token_f1
 from swarm_domains.openresearcher.plugin import OpenResearcherDomain
 from swarm_domains.openresearcher.search import build_index, cache_key
-from swarm_runtime.conformance.suite import check_domain
+from swarm_runtime import check_domain
 from swarm_runtime.conformance.task import check_splits
 from swarm_runtime.models.tokenizer import build_tokenizer, split_words, unknown_words
 

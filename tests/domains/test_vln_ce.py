@@ -27,7 +27,7 @@ from swarm_domains.vln_ce.habitat_adapter import (
 )
 from swarm_domains.vln_ce.layout import get_layout
 from swarm_domains.vln_ce.plugin import VLNDomain
-from swarm_runtime.conformance.suite import check_domain
+from swarm_runtime import check_domain
 from swarm_runtime.core.domain import Event
 from swarm_runtime.models.tokenizer import build_tokenizer, split_words, unknown_words
 
