@@ -313,3 +313,32 @@ def test_arun_refuses_an_answerer_that_drops_rows():
 
     with pytest.raises(RuntimeError, match="gave 1 answers to 2 act rows"):
         asyncio.run(TurnEngine().arun(rounds(), short))
+
+
+def test_client_world_keeps_a_decision_whose_request_was_cut_off():
+    """A client request cut off while its turn was decided: the decision waits, the retried request gets it and
+    its report (already taken) is not taken twice; the loop's end answers None."""
+    from types import SimpleNamespace
+
+    from swarm_runtime.serve.client_world import ClientWorld
+
+    async def run():
+        world = ClientWorld("obs 0")
+        loop_done = asyncio.get_running_loop().create_future()
+        first = asyncio.ensure_future(world.next_decision(loop_done))
+        await asyncio.sleep(0)
+        first.cancel()  # the client's request is cut off before the decision
+        step = asyncio.ensure_future(world.exchange({"t": 0}))
+        await asyncio.sleep(0)
+        report = SimpleNamespace(observation="obs 1", reward=2.0, valid=False, done=True)
+        world.tell(report)  # the retried request: the waiting decision is its answer, its report is not taken
+        assert not world.report.done()
+        got = await world.next_decision(loop_done)
+        world.tell(report)
+        result = await step
+        loop_done.set_result(None)
+        return got, result, await world.next_decision(loop_done), world
+
+    got, result, end, world = asyncio.run(run())
+    assert got == {"t": 0} and end is None and world.done and world.observation() == "obs 1"
+    assert (result.reward, result.valid, result.done, result.info) == (2.0, False, True, {})
