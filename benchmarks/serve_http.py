@@ -7,7 +7,7 @@ the worker's CPU (``/proc/PID/stat``, Linux) and the wall time:
 
 - ``httpx``: ``httpx.AsyncClient`` (what the gateway used before);
 - ``httpcore``: ``httpcore.AsyncConnectionPool`` (the engine under httpx; what the gateway uses now,
-  ``swarm_runtime.serve.episodes.AgentClients``);
+  ``swarm_runtime.serve.transport.AgentClients``);
 - ``aiohttp``: ``aiohttp.ClientSession``, only if aiohttp is installed (it is not a dependency).
 
     python benchmarks/serve_http.py --model RUN/checkpoints/TAG/agents/ROLE [--requests 400] [--rounds 2]

@@ -562,17 +562,23 @@ def test_port_in_use_is_reported_before_any_model_loads(run):
     assert time.time() - t0 < 60
 
 
-def test_bad_settings_at_start_are_a_config_error(run, warm_swarm):
+def test_bad_settings_at_start_are_a_config_error(run, warm_swarm, tmp_path):
+    """What ``swarm serve`` refuses at start, ``swarm config`` refuses too (one validation system), in one line."""
     swarm = warm_swarm  # what serve does with the settings: the warm CLI (the port test above is cold)
 
     for args, word in (
         (["serve.agents=[Smith=http://10.9.9.9:8001]"], "serve.allow_hosts"),
         (["serve.degraded_share=2"], "serve.degraded_share"),
         (["serve.client_episodes=0"], "serve.client_episodes"),
+        (["serve.queue_wait_s=-1"], "serve.queue_wait_s"),
+        (["serve.max_restarts=0"], "serve.max_restarts"),
     ):
         r = swarm("serve", str(run), "serve.replicas=0", *args, cwd=ROOT, timeout=120)
         assert r.returncode == 2 and word in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+        c = swarm("config", "domain=minecraft", "task=wooden_pickaxe", *args, cwd=tmp_path, timeout=120)
+        assert c.returncode == 2 and word in c.stderr and "Traceback" not in c.stderr, c.stderr
+        assert len(c.stderr.strip().splitlines()) == 1
     with socket.socket() as s:  # allowed: the URL passes, and the next check (the port, held here) speaks
         s.bind(("127.0.0.1", 0))
         s.listen()

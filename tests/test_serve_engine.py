@@ -1,8 +1,8 @@
-"""The gateway takes its turns on the turn engine (docs/engine.md): the served strategy
-(``serve.turns.ServedTurns``) run by ``TurnEngine.arun`` with the gateway's HTTP answerer
-(``serve.engine.TurnAnswerer``), here over an in-process transport that answers as workers do, so
-missed bids, a failed winner and the records are checked exactly and fast. (Real workers over real
-HTTP: tests/test_serve.py, whose served episodes equal the in-process ones.)"""
+"""The gateway plays its episodes on the core loop (docs/engine.md): the served loop
+(``serve.turns.ServedTurns``, an ``AuctionTurns``) run by ``TurnEngine.arun`` with the gateway's answerer
+(``serve.answerer.TurnAnswerer``), here over an in-process transport that answers as workers do, so
+missed bids, a failed winner, a client's reports and the records are checked exactly and fast. (Real workers
+over real HTTP: tests/test_serve.py, whose served episodes equal the in-process ones.)"""
 
 import asyncio
 
@@ -19,7 +19,7 @@ from swarm_runtime.serve.episodes import Engine, EngineOptions, ServedEpisode
 from swarm_runtime.serve.metrics import Metrics
 from swarm_runtime.serve.population import AgentHandle, Population, PopulationOptions
 from swarm_runtime.serve.protocol import seed_for
-from swarm_runtime.serve.turns import ServedTurns
+from swarm_runtime.serve.turns import Bidders, ServedTurns
 
 
 class Workers:
@@ -69,11 +69,7 @@ def test_gateway_turns_run_on_the_turn_engine_with_missed_bids_and_failover(regi
     ep.env = make_env(ctx.domain, ctx.task)
     ep.env.reset(seed)
     streamed = []
-
-    async def on_turn(rec):
-        streamed.append(rec)
-
-    asyncio.run(engine.play(ep, on_turn))
+    asyncio.run(engine.play(ep, streamed.append))
     recs = ep.records
     assert ep.status == "done" and streamed == recs and len(recs) == len(ep.episode.turns) == ep.t >= 4
     # turn 0: everyone up; B missed, A won and failed, C (the runner-up) acted
@@ -120,8 +116,16 @@ def test_answerer_requests_text_bids_constrained_actions_and_the_episodes_temper
     ctx, engine = _setup(
         registry, workers, ["A", "B"], bid_mode="text", constrained_actions=True, max_bid_tokens=5, max_action_tokens=7
     )
-    ep = ServedEpisode("ep-c", 0, 77, ctx.cfg.task_name, ctx.task, 3, temperature=0.3)
-    turn, rec = asyncio.run(engine.decide(ep, "goal wooden_pickaxe . inventory : none"))
+    seed = ctx.domain.episode_seeds(ctx.task, "eval")[0]
+
+    def episode(eid):
+        ep = ServedEpisode(eid, seed, 77, ctx.cfg.task_name, ctx.task, 1, temperature=0.3)
+        ep.env = make_env(ctx.domain, ctx.task)
+        ep.env.reset(seed)
+        return ep
+
+    ep = asyncio.run(engine.play(episode("ep-c")))
+    (rec,), (turn,) = ep.records, ep.episode.turns
     assert (rec["agent"], rec["bids"], turn.winner) == ("B", {"A": 0.4, "B": 0.8}, 1)
     bids, acts = workers.bodies[:2], workers.bodies[2:]
     assert all(b["swarm_kind"] == "bid" and b["max_tokens"] == 5 and "guided_choice" not in b for _, b in bids)
@@ -132,45 +136,53 @@ def test_answerer_requests_text_bids_constrained_actions_and_the_episodes_temper
     for a in engine.pop.agents:
         a.status = "down"
     with pytest.raises(NoAgentsLeft, match="A down, B down"):
-        asyncio.run(engine.decide(ep, "x"))
+        asyncio.run(engine.play(episode("ep-d")))
 
 
-def test_served_strategy_on_a_fake_answerer_skips_when_every_winner_fails(registry):
-    """The strategy alone, driven by ``TurnEngine.arun``: every winner failing withdraws each bid in
-    turn, then the turn is skipped; an unparsed bid is counted; rows are keyed and carry their agent."""
+def test_served_loop_on_a_fake_answerer_skips_when_every_winner_fails(registry):
+    """The served loop alone, driven by ``TurnEngine.arun``: it asks who bids (``Bidders``), every winner
+    failing withdraws each bid in turn, then the turn is skipped and its world step settles it; an unparsed bid
+    is counted; rows are keyed and carry their agent."""
+    from types import SimpleNamespace
+
+    from swarm_runtime.core.episode import Episode, Slot
+
     ctx = run_context(registry, "domain=minecraft", "task=wooden_pickaxe")
     roles = list(ctx.domain.roles)
     agents = [AgentHandle(i, f"a{i}", roles[i], "http://x", model_id=f"m{i}", status="up") for i in range(3)]
-    strategy = ServedTurns(ctx.domain, ctx.coordinator("auction"), ctx.cfg.algo.bid_levels)
-    seen: list[Batch] = []
+    strategy = ServedTurns(ctx.domain, ctx.coordinator("auction"), ctx.cfg.algo.bid_levels, agents, 10)
+    seen: list = []
 
-    async def answer(batch):
-        seen.append(batch)
-        if batch.kind == "bid":
+    async def answer(request):
+        seen.append(request)
+        if request.kind == "bidders":
+            return [agents]
+        if request.kind == "bid":
             return [Bid("<bid_0.8>", None, level=0.8), Bid("junk", None, level=0.0, parsed=False), None]
-        return [None]
+        return [None]  # the winner's action fails; the skipped turn's world step answers None
 
-    from swarm_runtime.core.episode import Episode
-
-    episode = Episode(7, noise=99)
+    world = SimpleNamespace(observation=lambda: "obs", done=True, metrics=lambda: {"m": 1.0})
+    slot = Slot(world, Episode(7, noise=99), [], t=3)
     engine = TurnEngine()
-    out = asyncio.run(engine.arun(strategy.rounds(episode, 3, [], "obs", agents, agents), answer))
-    assert [b.kind for b in seen] == ["bid", "act"] and engine.batches == 2 and engine.rows == 4
-    assert [r.key for r in seen[0].rows] == [(99, 3, i, keyed.BID) for i in range(3)]
-    assert [r.context for r in seen[0].rows] == agents and seen[1].rows[0].key == (99, 3, 0, keyed.ACTION)
-    assert out.missed == [2] and out.failed == [0] and out.turn.winner is None  # a 0.0 bid does not act
-    assert out.turn.bids == [0.8, 0.0, None] and episode.unparsed_bids == 1 and out.turn.action_text == ""
+    (episode,) = asyncio.run(engine.arun(strategy.rounds([slot]), answer))
+    assert [r.kind for r in seen] == ["bidders", "bid", "act", "step"] and engine.batches == 2 and engine.rows == 4
+    assert seen[0].rows == [slot] and isinstance(seen[0], Bidders)
+    assert [r.key for r in seen[1].rows] == [(99, 3, i, keyed.BID) for i in range(3)]
+    assert [r.context for r in seen[1].rows] == agents and seen[2].rows[0].key == (99, 3, 0, keyed.ACTION)
+    (step,) = seen[3].rows
+    assert step.decided.missed == [2] and step.decided.failed == [0] and step.turn.winner is None  # 0.0 does not act
+    turn = episode.turns[0]
+    assert turn.bids == [0.8, 0.0, None] and episode.unparsed_bids == 1 and turn.action_text == ""
+    assert slot.finished and slot.t == 4 and episode.metrics == {"m": 1.0} and slot.log[-1].role is None
 
 
-def test_served_strategy_plays_the_auction_strategys_episode(registry):
-    """One auction: the served turn, answered by the in-process sampler and settled with
-    ``episode.step_turn``, plays the episode ``episode.play`` (``AuctionTurns``) plays on the same noise,
-    turn by turn."""
+def test_served_loop_plays_the_auction_strategys_episode(registry):
+    """One loop: the served loop, answered by the in-process sampler and env, plays the episode ``play``
+    (``AuctionTurns``) plays on the same noise, turn by turn."""
     import random
     from types import SimpleNamespace
 
-    from swarm_runtime.core.episode import Episode
-    from swarm_runtime.core.loop import finish_episode, new_slots, step_turn
+    from swarm_runtime.core.loop import new_slots
     from swarm_runtime.sampling.local import LocalSampler
     from swarm_runtime.sampling.play import play
 
@@ -183,22 +195,63 @@ def test_served_strategy_plays_the_auction_strategys_episode(registry):
 
     sampler, models = LocalSampler.for_agents(agents)
     handles = [SimpleNamespace(index=i, role=a.role, model_id=m) for i, (a, m) in enumerate(zip(agents, models))]
-    strategy, engine = ServedTurns(ctx.domain, coordinator, ctx.cfg.algo.bid_levels), TurnEngine(sampler)
-    env, got, log = make_env(ctx.domain, ctx.task), Episode(seed, noise=noise), []
-    env.reset(seed)
-    while not env.done and len(got.turns) < 6:
-        out = engine.run(strategy.rounds(got, len(got.turns), log, env.observation(), handles, handles))
-        assert out.missed == [] and out.failed == []
-        role = agents[out.turn.winner].role if out.turn.winner is not None else None
-        step_turn(env, got, log, out.turn, role, role)
-        got.turns.append(out.turn)
-    finish_episode(got, env)
+    strategy = ServedTurns(ctx.domain, coordinator, ctx.cfg.algo.bid_levels, handles, 6)
+    engine, in_process = TurnEngine(), TurnEngine(sampler)
+
+    async def answer(request):
+        return [handles] * len(request.rows) if request.kind == "bidders" else in_process.answer(request)
+
+    (served,) = new_slots(ctx.domain, ctx.task, [seed])
+    served.episode.noise = noise
+    (got,) = asyncio.run(engine.arun(strategy.rounds([served]), answer))
     assert len(want.turns) >= 2 and want.acted
     assert engine.batches == 2 * len(got.turns) - sum(t.winner is None for t in got.turns)
     assert [(t.winner, t.bids, t.action_text, t.reward, t.valid) for t in got.turns] == [
         (t.winner, t.bids, t.action_text, t.reward, t.valid) for t in want.turns
     ]
     assert (got.reward, got.metrics, got.unparsed_bids) == (want.reward, want.metrics, want.unparsed_bids)
+    assert [(e.turn, e.role, e.action, e.valid, e.reward) for e in served.log] == [
+        (e.turn, e.role, e.action, e.valid, e.reward) for e in slot.log
+    ]
+
+
+def test_client_side_episode_on_the_core_loop(registry):
+    """A client-side episode: its loop waits at each world step for the client's report, which the core
+    settles on the turn the client was told (reward, validity, the log, the invalid count); a skipped turn takes
+    its reported reward; while a report is due the summary counts the told turn; ``done`` ends the episode with
+    the turns' rewards as its return."""
+    from swarm_runtime.serve.client_world import ClientWorld
+
+    workers = Workers({"A": 0.8, "B": 0.4})
+    ctx, engine = _setup(registry, workers, ["A", "B"])
+    ep = ServedEpisode("ep-client", 5, 31, ctx.cfg.task_name, ctx.task, 10)
+    told, rewarded = [], []
+
+    class Report:
+        def __init__(self, observation, reward=0.0, valid=True, done=False):
+            self.observation, self.reward, self.valid, self.done = observation, reward, valid, done
+
+    async def client():
+        ep.world = ClientWorld("goal wooden_pickaxe . inventory : none")
+        ep.runner = asyncio.ensure_future(engine.play(ep, told.append, rewarded.append))
+        first = await ep.world.next_decision(ep.runner)
+        mid = engine.summary(ep)
+        ep.world.tell(Report("obs 1", reward=1.5, valid=False))
+        second = await ep.world.next_decision(ep.runner)
+        ep.world.tell(Report("obs 2", reward=2.0, done=True))
+        end = await ep.world.next_decision(ep.runner)
+        return first, mid, second, end
+
+    first, mid, second, end = asyncio.run(client())
+    assert end is None and ep.status == "done" and [r["t"] for r in told] == [0, 1] and rewarded == told
+    assert first["agent"] == "A" and mid["decisions"] == 1 and mid["reward"] == 0.0 and len(ep.records) == 2
+    assert [(r["reward"], r["valid"]) for r in ep.records] == [(1.5, False), (2.0, True)]
+    assert [(t.reward, t.valid) for t in ep.episode.turns] == [(1.5, False), (2.0, True)]
+    assert ep.episode.invalid_actions == 1 and ep.episode.reward == 3.5 and ep.episode.metrics == {}
+    assert [(e.turn, e.valid, e.reward) for e in ep.log] == [(0, False, 1.5), (1, True, 2.0)]
+    summary = engine.summary(ep)
+    assert (summary["decisions"], summary["reward"], summary["invalid_actions"]) == (2, 3.5, 1)
+    assert second["t"] == 1 and ep.pending is None and ep.t == 2
 
 
 def test_lockstep_sends_each_steps_batches_together_in_order():
@@ -260,3 +313,32 @@ def test_arun_refuses_an_answerer_that_drops_rows():
 
     with pytest.raises(RuntimeError, match="gave 1 answers to 2 act rows"):
         asyncio.run(TurnEngine().arun(rounds(), short))
+
+
+def test_client_world_keeps_a_decision_whose_request_was_cut_off():
+    """A client request cut off while its turn was decided: the decision waits, the retried request gets it and
+    its report (already taken) is not taken twice; the loop's end answers None."""
+    from types import SimpleNamespace
+
+    from swarm_runtime.serve.client_world import ClientWorld
+
+    async def run():
+        world = ClientWorld("obs 0")
+        loop_done = asyncio.get_running_loop().create_future()
+        first = asyncio.ensure_future(world.next_decision(loop_done))
+        await asyncio.sleep(0)
+        first.cancel()  # the client's request is cut off before the decision
+        step = asyncio.ensure_future(world.exchange({"t": 0}))
+        await asyncio.sleep(0)
+        report = SimpleNamespace(observation="obs 1", reward=2.0, valid=False, done=True)
+        world.tell(report)  # the retried request: the waiting decision is its answer, its report is not taken
+        assert not world.report.done()
+        got = await world.next_decision(loop_done)
+        world.tell(report)
+        result = await step
+        loop_done.set_result(None)
+        return got, result, await world.next_decision(loop_done), world
+
+    got, result, end, world = asyncio.run(run())
+    assert got == {"t": 0} and end is None and world.done and world.observation() == "obs 1"
+    assert (result.reward, result.valid, result.done, result.info) == (2.0, False, True, {})

@@ -1145,6 +1145,37 @@ register_rules(
 )
 
 
+# ---- serve: the gateway's limits and the agents it admits at start (``swarm serve``; ``swarm config`` the same)
+register_rules(
+    _rule("serve.allow_hosts", lists(STR, nonempty=False)),
+    _rule("serve.client_episodes", at_least(1, 1_000_000)),
+    _rule("serve.max_restarts", at_least(1, 1_000_000)),
+    *(_rule(f"serve.{k}", floats(0.0, 1e7)) for k in ("queue_wait_s", "restart_window_s", "restart_backoff_max_s")),
+    _rule("serve.degraded_share", floats(0.0, 1.0)),
+)
+
+
+@register_check
+def serve_agent_urls(cfg: DictConfig, registry) -> None:
+    """Each ``serve.agents`` entry's URL is an agent server's base URL on a loopback host or one of
+    ``serve.allow_hosts``: what ``POST /v1/swarm/agents`` admits (:func:`swarm_runtime.serve.validate.check_agent_url`,
+    pure Python)."""
+    s = cfg.get("serve")
+    if s is None:
+        return
+    from swarm_runtime.serve.validate import BadRequest, check_agent_url
+
+    for spec in s.get("agents") or []:
+        _, _, url = str(spec).partition("=")
+        try:
+            check_agent_url(url, list(s.get("allow_hosts") or []))
+        except BadRequest as exc:
+            raise ConfigError(f"serve.agents entry {str(spec)!r}: {exc.message}") from None
+
+
+# ---- end serve
+
+
 # ---------------------------------------------------------------- cluster.resources: actors pinned to nodes (issue 28)
 #: The actor kinds ``cluster.resources`` names.
 RESOURCE_KINDS = ("env", "learner", "sampler")

@@ -82,15 +82,6 @@ def record_step(episode: Episode, log: list[Event], turn: Turn, result, log_role
         log.append(Event(turn.t, None, ""))
 
 
-def step_turn(
-    env, episode: Episode, log: list[Event], turn: Turn, env_role: str | None = None, log_role: str | None = None
-) -> None:
-    """Step ``env`` with a decided ``turn`` (the winner's action as ``env_role``; nothing for a skipped turn)
-    and record its outcome (:func:`record_step`)."""
-    result = env.step(turn.action_text, env_role) if turn.winner is not None else None
-    record_step(episode, log, turn, result, log_role)
-
-
 def finish_episode(episode: Episode, env) -> None:
     """An ended episode's return (its turns' rewards) and the env's final metrics."""
     episode.reward = sum(t.reward for t in episode.turns)

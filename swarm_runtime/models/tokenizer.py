@@ -11,12 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+from swarm_runtime.models.bids import bid_token
+
 SPECIALS = ["<pad>", "<unk>", "<bos>", "<eos>"]
 _WORD = re.compile(r"\w+|[^\w\s]+")
-
-
-def bid_token(level: float) -> str:
-    return f"<bid_{float(level):g}>"
 
 
 def split_words(text: str) -> list[str]:

@@ -25,13 +25,13 @@ from transformers.utils import logging as hf_logging
 hf_logging.disable_progress_bar()  # per-shard bars on every checkpoint drown the run's own progress bar
 
 from swarm_runtime.core.protocols import Bid, Response
+from swarm_runtime.models.bids import bid_token, parse_bid
 from swarm_runtime.models.constrain import ActionTrie
 from swarm_runtime.models.flops import FlopCounter
 from swarm_runtime.models.noise import gumbel_max
-from swarm_runtime.models.tokenizer import bid_token, build_tokenizer
+from swarm_runtime.models.tokenizer import build_tokenizer
 
 _DIGIT_GAP = re.compile(r"(?<=\d) (?=\d)")
-_BID_RE = re.compile(r"<bid_([0-9.]+)>|(\d*\.\d+|\d+)")
 
 
 #: What a prompt longer than ``max_prompt_tokens`` does (environment variable ``SWARM_PROMPT_OVERFLOW``):
@@ -56,34 +56,6 @@ def prompt_overflow_mode(value: str | None = None) -> str:
             "left and counted)"
         )
     return mode
-
-
-def parse_bid(text: str, levels: Sequence[float]) -> tuple[float, bool]:
-    """The bid ``text`` ends with: a ``<bid_x>`` token or a number spelled as a level is (``0.4``,
-    ``.4``, ``0.40``; any number whose value is exactly a level, written with digits and one
-    point), ``(level, True)``; anything else (``-0.5``, ``5.0.3``, ``0,5``, ``nan``, ``5.0``, a
-    value between levels) is ``(0.0, False)``, counted as an unparsed bid."""
-    found = _BID_RE.findall(text)
-    if not found:
-        return 0.0, False
-    match = list(_BID_RE.finditer(text))[-1]
-    tok, num = found[-1]
-    raw = tok or num
-    start, end = match.span()
-    before, after = text[:start], text[end:]
-    if num and (
-        (before[-1:] in ("-", "+", ".", ",") or before[-1:].isalnum())
-        or (after[:1] in (".", ",") and after[1:2].isdigit())
-        or after[:1].isalnum()
-    ):
-        return 0.0, False  # part of a longer token: -0.5, 5.0.3, 0,5, 1e-3, v0.4
-    if not re.fullmatch(r"\d*\.?\d+|\d+\.", raw):
-        return 0.0, False
-    v = float(raw)
-    for lvl in levels:
-        if v == float(lvl):
-            return lvl, True
-    return 0.0, False
 
 
 def build_tiny_model(vocab_size: int, cfg, seed: int):

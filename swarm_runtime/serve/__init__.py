@@ -1,13 +1,19 @@
-"""``swarm serve``: a trained swarm as a dropout-tolerant service (issue 20; docs/method.md, section 8).
+"""``swarm serve``: a trained swarm as a dropout-tolerant service (docs/method.md, section 8).
 
 - :mod:`~swarm_runtime.serve.worker`: one agent = one process speaking the subset of vLLM's
   OpenAI-compatible completions API the gateway needs (``/v1/models``, ``/v1/completions`` with
-  ``guided_choice``, ``logprobs``, ``seed``), so ``vllm serve <checkpoint>`` is a drop-in worker.
+  ``guided_choice``, ``logprobs``, ``seed``), so ``vllm serve <checkpoint>`` is a drop-in worker; its app
+  :mod:`~swarm_runtime.serve.worker_app`, its completions :mod:`~swarm_runtime.serve.completer` and
+  :mod:`~swarm_runtime.serve.batcher`.
 - :mod:`~swarm_runtime.serve.population`: the live population (who is up, joining, draining),
   the worker processes the gateway owns, health probes and restarts.
-- :mod:`~swarm_runtime.serve.episodes`: one turn of a served episode: sealed bids from whoever
-  answers within the deadline, the core's coordinator, the winner's action with failover.
-- :mod:`~swarm_runtime.serve.gateway`: the HTTP service (episodes, turns, agents, health, metrics).
+- :mod:`~swarm_runtime.serve.episodes`: served episodes on the core's one episode loop
+  (:mod:`~swarm_runtime.serve.turns`), its transport :mod:`~swarm_runtime.serve.answerer` (sealed bids from
+  whoever answers within the deadline, the winner's action with failover, the world's step) and a client-side
+  episode's world (:mod:`~swarm_runtime.serve.client_world`).
+- :mod:`~swarm_runtime.serve.gateway`: the HTTP service (episodes, turns, agents, health, metrics): its app
+  :mod:`~swarm_runtime.serve.app`, state :mod:`~swarm_runtime.serve.state`, routes
+  :mod:`~swarm_runtime.serve.routes`.
 - :mod:`~swarm_runtime.serve.client`: an async client, and ``swarm eval RUN serve.url=...``.
 - :mod:`~swarm_runtime.serve.validate`: what is accepted (finite JSON, agent names and URLs) and
   OpenAI's error shape; :mod:`~swarm_runtime.serve.journal`: the fsynced episode journal that makes

@@ -109,3 +109,34 @@ def recover(path: Path) -> list[dict]:
         elif ev.get("ev") == "end":
             open_.pop(eid, None)
     return list(open_.values())
+
+
+def interrupted_body(e: dict) -> dict:
+    """The ``episodes.jsonl`` entry (and ``GET /v1/episodes/{id}`` answer) of an episode :func:`recover` found
+    interrupted: its turns so far, and the seed and noise that replay it."""
+    return {
+        "id": e["id"],
+        "status": "interrupted",
+        "error": "the gateway stopped (killed or crashed) during this episode; replay it with its seed and noise",
+        "task": e["task"],
+        "seed": e["seed"],
+        "noise": e["noise"],
+        "env": e["env"],
+        "decisions": len(e["turns"]),
+        "reward": sum(float(r.get("reward") or 0.0) for r in e["turns"]),
+        "turns": e["turns"],
+        "recovered": True,
+    }
+
+
+def recover_into(path: Path, transcripts: Path) -> list[dict]:
+    """Start the journal at ``path`` afresh after a stop: the episodes it saw start and not end are appended to
+    ``transcripts`` as ``interrupted`` (:func:`interrupted_body`) and returned so."""
+    bodies = [interrupted_body(e) for e in recover(path)]
+    with Path(transcripts).open("a") as f:
+        for body in bodies:
+            f.write(json.dumps(body) + "\n")
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_bytes(b"")
+    os.replace(tmp, path)  # everything in the old journal has ended now
+    return bodies
