@@ -2,6 +2,7 @@
 process; ``warm_swarm``: a child forked from a warmed interpreter, for what a command does once started)."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -271,6 +272,47 @@ def test_bad_input_exits_2_naming_valid_values(tmp_path, args, needle, valid, wa
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert needle in res.stderr and "valid:" in res.stderr and valid in res.stderr
     assert not (tmp_path / "runs").exists()  # nothing written for a bad config
+
+
+#: The CLI as ``python -c`` with the deepspeed package not importable (``importlib.util.find_spec("deepspeed")`` is
+#: None): a machine without the deepspeed extra.
+NO_DEEPSPEED_CLI = (
+    "import sys; sys.modules['deepspeed'] = None; from swarm_runtime.cli.main import main; sys.exit(main(sys.argv[1:]))"
+)
+#: Learners on a local Ray, as a sharded engine needs.
+LEARNERS_ON_RAY = ["cluster.kind=ray", "cluster.learners=ray"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["train.engine=fsdp", "train.shards=2"], "needs cluster.learners=ray"),
+        (["train.engine=deepspeed", "train.shards=2"], "needs cluster.learners=ray"),
+        ([*LEARNERS_ON_RAY, "train.engine=deepspeed", "model.adapter=lora"], "valid: model.adapter=none with"),
+        ([*LEARNERS_ON_RAY, "train.engine=deepspeed", "hardware.dtype=float16"], "float32 or bfloat16"),
+        ([*LEARNERS_ON_RAY, "train.engine=deepspeed", "NO_DEEPSPEED"], "needs the deepspeed package"),
+    ],
+)
+def test_swarm_config_refuses_the_learner_engines_swarm_run_refuses(tmp_path, args, needle):
+    """What ``swarm run`` can train with (config/checks_cluster.py: check_engine_wired) is checked with every other
+    key: ``swarm config`` and ``swarm run`` give the same one line and exit 2 before anything is written."""
+    if "cluster.kind=ray" in args:  # without the ray extra such a config is refused for it (validation.needs_ray)
+        pytest.importorskip("ray")
+    bare = "NO_DEEPSPEED" in args
+    args = [*TINY_RUN, *(a for a in args if a != "NO_DEEPSPEED")]
+    lines = []
+    for command in (["config"], ["run", f"run_dir={tmp_path / 'run'}"]):
+        if bare:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+            cli = [sys.executable, "-c", NO_DEEPSPEED_CLI, *command, *args]
+            res = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        else:
+            res = swarm(*command, *args, cwd=tmp_path, timeout=120)
+        assert res.returncode == 2 and res.stdout == "", (command, res.stdout, res.stderr)
+        lines.append(res.stderr.strip().splitlines())
+    assert lines[0] == lines[1] and len(lines[0]) == 1, lines
+    assert lines[0][0].startswith("swarm: error: train.engine=") and needle in lines[0][0], lines[0]
+    assert list(tmp_path.iterdir()) == []  # no run folder, no runs/
 
 
 def test_missing_backend_exits_2_with_install_hint(tmp_path):

@@ -9,7 +9,6 @@ import importlib.util
 
 import pytest
 
-from swarm_runtime.cluster.placement import check_engine_wired
 from swarm_runtime.config.errors import ConfigError
 from tests.conftest import in_process_twin
 from tests.test_learner_actors import RAY_ARGS, _same_training_states
@@ -44,17 +43,17 @@ def test_a_deepspeed_run_with_a_rank_killed_mid_update_regroups_rewinds_and_equa
 
 
 def test_deepspeed_without_the_package_is_refused_in_one_line(registry, monkeypatch):
-    """Where ``swarm run`` checks what it can train with (runs/folder.py), before anything is written; what else a ZeRO-3 run
-    cannot do is refused as fsdp's is (tests/test_sharded_learners.py)."""
+    """Where every command checks what it can train with (config/checks_cluster.py: check_engine_wired, run by
+    validation), before anything is written; what else a ZeRO-3 run cannot do is refused as fsdp's is
+    (tests/test_sharded_learners.py)."""
     from swarm_runtime.config.load import resolve
 
     pytest.importorskip("ray")  # without it, resolve refuses cluster.kind=ray for the extra (validation.needs_ray)
-    cfg = resolve([*RUN[:2], *DEEPSPEED], registry[1])
     real = importlib.util.find_spec
     if real("deepspeed") is not None:
-        check_engine_wired(cfg)  # with the package: wired
+        resolve([*RUN[:2], *DEEPSPEED], registry[1])  # with the package: wired
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     with pytest.raises(ConfigError) as err:
-        check_engine_wired(cfg)
+        resolve([*RUN[:2], *DEEPSPEED], registry[1])
     msg = str(err.value)
     assert "\n" not in msg and "'.[deepspeed]'" in msg and "DS_ACCELERATOR=cpu" in msg and "train.engine=fsdp" in msg

@@ -90,13 +90,13 @@ def test_adapter_group_and_sampler_rows():
 
 
 def _cfg(*args):
-    """The resolved config; the ``cluster.*`` keys set after (``cluster.kind=ray`` is checked for Ray installed,
-    which these pure functions do not need)."""
+    """The resolved config; the ``cluster.*`` and ``train.*`` keys set after (``cluster.kind=ray`` is checked for Ray
+    installed, ``train.engine=fsdp`` for ``cluster.learners=ray``, which these pure functions do not need)."""
     from swarm_runtime.config.load import _parse, light_registry, resolve
 
-    cfg = resolve([a for a in args if not a.startswith("cluster.")], light_registry())
+    cfg = resolve([a for a in args if not a.startswith(("cluster.", "train."))], light_registry())
     for a in args:
-        if a.startswith("cluster."):
+        if a.startswith(("cluster.", "train.")):
             k, _, v = a.partition("=")
             OmegaConf.update(cfg, k, _parse(v), merge=False)
     return cfg
@@ -260,7 +260,7 @@ def test_bad_keys_are_one_line(arg, valid, tmp_path):
 
 def test_swarm_config_plan_prints_devices_and_placement(tmp_path):
     pytest.importorskip("ray")  # cluster.kind=ray is checked for Ray
-    args = ["config", *H200_8B, "train.engine=fsdp", "train.shards=4", "cluster.kind=ray"]
+    args = ["config", *H200_8B, "cluster.kind=ray", "cluster.learners=ray", "train.engine=fsdp", "train.shards=4"]
     r = swarm(*args, "cluster.placement=split", "--plan", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = r.stdout
@@ -268,7 +268,7 @@ def test_swarm_config_plan_prints_devices_and_placement(tmp_path):
     assert "learner shard (1 of 4) (x12)" in out and "sampler (x3)" in out and "gathered unit" in out
     assert "placement (split): 4 placement groups, {CPU: 17, GPU: 15} in all" in out
     assert "bundle 4: {CPU: 1, GPU: 1}     sampler" in out and "learner 3" in out
-    r = swarm(*args[:-2], "train.shards=1", "--plan", cwd=tmp_path)  # a whole 8B learner: over 141 GB
+    r = swarm(*args[:-1], "train.shards=1", "--plan", cwd=tmp_path)  # a whole 8B learner: over 141 GB
     assert r.returncode == 2 and "does not fit" in r.stderr and "train.shards" in r.stderr, r.stderr
     assert "learner (x3)" in r.stdout
 
@@ -284,6 +284,7 @@ def test_swarm_config_plan_sizes_each_ranks_bundle(tmp_path):
         "train.engine=fsdp",
         "train.shards=2",
         "cluster.kind=ray",
+        "cluster.learners=ray",
         "cluster.placement=colocated",
     ]
     r = swarm(*args, "--plan", cwd=tmp_path)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 import swarm_runtime
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import resolve
-from swarm_runtime.config.validation import Rule, choices, ints
+from swarm_runtime.config.rules import Rule, choices, ints
 from swarm_runtime.conformance.probe import ConformanceError
 from swarm_runtime.conformance.suite import check_domain
 from swarm_runtime.core.domain import Domain, Role

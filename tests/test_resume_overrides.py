@@ -256,12 +256,12 @@ def test_swarm_run_resume_applies_a_secret_given_again(registry):
     """A secret is never saved (``<redacted>``, read back as null): given again on ``swarm run
     resume=true`` it applies, like the machine keys, and is not reported as ignored."""
     from swarm_runtime.config.load import resolve
-    from swarm_runtime.runs.folder import _apply_resume_overrides, refuse_resume_conflicts
+    from swarm_runtime.runs.folder import apply_resume_overrides, refuse_resume_conflicts
 
     _, reg = registry
     saved = resolve(["domain=openresearcher", "task=embedded"], reg)
     given = ["task.llm_judge.api_key=sk-test-1234", "hardware.threads=1"]
     applied = refuse_resume_conflicts(saved, given, Path("config.yaml"), also=("algo.iterations",))
     assert applied == [("hardware.threads", "1"), ("task.llm_judge.api_key", "sk-test-1234")]
-    _apply_resume_overrides(saved, applied, None)
+    apply_resume_overrides(saved, applied, None)
     assert saved.task.llm_judge.api_key == "sk-test-1234" and saved.hardware.threads == 1

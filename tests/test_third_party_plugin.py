@@ -24,7 +24,7 @@ import swarm_runtime
 from swarm_runtime import ConformanceError, Domain, DomainEnv, ExpertStep, Role, StepResult, check_domain
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import resolve
-from swarm_runtime.config.validation import Rule, ints
+from swarm_runtime.config.rules import Rule, ints
 from swarm_runtime.core.auction import AuctionResult
 from swarm_runtime.core.credit import fold_skipped_rewards
 from swarm_runtime.core.loop import new_slots

@@ -1,4 +1,6 @@
-"""``swarm eval``: held-out evaluation of a run's checkpoint, in process or against a served swarm."""
+"""``swarm eval RUN``: held-out evaluation of a run's checkpoint, in process (:func:`cmd_eval`) or against the swarm
+a running service serves (``serve.url=``, :func:`cmd_eval_served`); each writes ``eval-<tag>....json`` into the run
+folder (:func:`eval_file_name`)."""
 
 from __future__ import annotations
 
@@ -6,8 +8,8 @@ import hashlib
 import re
 from pathlib import Path
 
-from swarm_runtime.cli.common import _registry
-from swarm_runtime.cli.serve import _serve_run
+from swarm_runtime.cli.common import plugin_registry, require_domain, require_run_folder, without_checkpoint
+from swarm_runtime.cli.serve import served_run
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import load_saved
 
@@ -27,16 +29,25 @@ def eval_file_name(tag: str, overrides: list[str]) -> str:
     return f"eval-{tag}--{slug}.json"
 
 
+def result_table(tag: str, res: dict) -> str:
+    """The held-out table of one evaluation (``res``, of checkpoint or service ``tag``): the reward and the success,
+    SPL and nDTW columns the domain reports."""
+    from swarm_runtime.runs.outputs import format_table
+
+    return format_table([(tag, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
+
+
 def cmd_eval(args) -> int:
+    """``swarm eval RUN [checkpoint=TAG] [key=value ...]``: evaluate a checkpoint in process, with the run folder
+    locked; ``serve.url=`` evaluates a running service instead (:func:`cmd_eval_served`)."""
     if any(o.startswith("serve.url=") for o in args.overrides):
         return cmd_eval_served(args)
     from swarm_runtime.config.load import precheck
     from swarm_runtime.runs.runlock import RunLock
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / "config.yaml").exists():
-        raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
-    precheck([o for o in args.overrides if not o.startswith("checkpoint=")], resolve_with_domains=False)
+    require_run_folder(run_dir)
+    precheck(without_checkpoint(args.overrides), resolve_with_domains=False)
     with RunLock(run_dir, "eval"):  # not while a run writes (and prunes) the checkpoints
         return _eval_locked(args, run_dir)
 
@@ -49,7 +60,7 @@ def _eval_locked(args, run_dir: Path) -> int:
     from swarm_runtime.runs.folder import distrust_saved_endpoints
     from swarm_runtime.runs.runfiles import check_links
 
-    pm, reg = _registry()
+    pm, reg = plugin_registry()
     check_links(run_dir)
     cfg = load_saved(run_dir / "config.yaml", reg)
     tag = None
@@ -59,9 +70,7 @@ def _eval_locked(args, run_dir: Path) -> int:
             tag = v
         else:
             override(cfg, k, v)
-    distrust_saved_endpoints(
-        cfg, reg, [o for o in args.overrides if not o.startswith("checkpoint=")], run_dir / "config.yaml"
-    )
+    distrust_saved_endpoints(cfg, reg, without_checkpoint(args.overrides), run_dir / "config.yaml")
     from swarm_runtime.runs.checkpoint import TAG_RE, complete_tags
 
     tags = complete_tags(run_dir)
@@ -72,10 +81,7 @@ def _eval_locked(args, run_dir: Path) -> int:
         raise CheckpointError(
             f"{run_dir} has no checkpoint yet (no checkpoints/latest); valid: {', '.join(tags) or '(none)'}"
         )
-    if cfg.domain not in reg.domains:
-        raise ConfigError(
-            f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}"
-        )
+    require_domain(cfg, reg)
     validate(cfg, reg, ray_keys=("cluster.kind",))  # Ray for its env workers only: eval serves nothing
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
@@ -91,14 +97,14 @@ def _eval_checkpoint(args, run_dir: Path, cfg, reg, ctx, ckpt: Path, domain) -> 
     from swarm_runtime.config.secrets import redact_args
     from swarm_runtime.evaluation.heldout import evaluate
     from swarm_runtime.runs.checkpoint import loading_models
-    from swarm_runtime.runs.outputs import format_table, write_json
+    from swarm_runtime.runs.outputs import write_json
     from swarm_runtime.runs.provenance import versions, versions_line
 
     algorithm = reg.algorithms.get(cfg.algo.name)  # its class: it may evaluate its checkpoints its own way
     own_eval = getattr(algorithm, "evaluate_checkpoint", None)
     if own_eval is not None:  # algo=rlcr: one shared policy acting as a collective (docs/rlcr.md)
         res, table = own_eval(ctx, ckpt, domain)
-        out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
+        out = run_dir / eval_file_name(ckpt.name, without_checkpoint(args.overrides))
         write_json(out, {**res, "overrides": redact_args(args.overrides), "versions": versions()})
         print(
             f"{cfg.domain}/{cfg.task_name} (algo={cfg.algo.name}), checkpoint {ckpt.name}, "
@@ -125,8 +131,8 @@ def _eval_checkpoint(args, run_dir: Path, cfg, reg, ctx, ckpt: Path, domain) -> 
         cfg.eval.temperature,
         common_random_numbers=bool(cfg.eval.common_random_numbers),
     )
-    table = format_table([(ckpt.name, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
-    out = run_dir / eval_file_name(ckpt.name, [o for o in args.overrides if not o.startswith("checkpoint=")])
+    table = result_table(ckpt.name, res)
+    out = run_dir / eval_file_name(ckpt.name, without_checkpoint(args.overrides))
     res["overrides"] = redact_args(args.overrides)  # what produced this file
     res["eval_split"], res["versions"] = str(cfg.eval.split), versions()
     write_json(out, res)
@@ -143,14 +149,14 @@ def cmd_eval_served(args) -> int:
 
     from swarm_runtime.config.secrets import redact_args
     from swarm_runtime.runs.context import RunContext
-    from swarm_runtime.runs.outputs import format_table, write_json
+    from swarm_runtime.runs.outputs import write_json
     from swarm_runtime.runs.provenance import versions, versions_line
     from swarm_runtime.serve import require_serve_extra
     from swarm_runtime.serve.client import ServeError, SwarmClient, evaluate_served
 
     require_serve_extra()
     run_dir = Path(args.run_dir)
-    cfg, pm, reg, _ = _serve_run(run_dir, [o for o in args.overrides if not o.startswith("checkpoint=")])
+    cfg, pm, reg, _ = served_run(run_dir, without_checkpoint(args.overrides))
     url = str(cfg.serve.url)
     ctx = RunContext(cfg, pm, reg, run_dir)
 
@@ -184,7 +190,7 @@ def cmd_eval_served(args) -> int:
             raise ConfigError(f"cannot reach the service at {url}: {type(exc).__name__}: {exc}") from exc
         raise
     tag = f"served-{health['checkpoint']}"
-    table = format_table([(tag, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
+    table = result_table(tag, res)
     out = run_dir / eval_file_name(tag, [o for o in args.overrides if not o.startswith(("checkpoint=", "serve.url="))])
     res["overrides"], res["served_by"], res["versions"] = redact_args(args.overrides), url, versions()
     write_json(out, res)

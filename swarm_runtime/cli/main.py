@@ -1,4 +1,5 @@
-"""The ``swarm`` command line.
+"""The ``swarm`` command line: the parser, and :func:`main`, which runs a command (one module each in
+swarm_runtime/cli/) and turns any error into one line on stderr and exit code 2.
 
 swarm run domain=minecraft task=iron_pickaxe [key=value ...]
 swarm eval RUN_DIR [checkpoint=TAG] [eval.runs=3 ...] [serve.url=http://HOST:PORT]

@@ -1,12 +1,14 @@
-"""``swarm domains`` and ``swarm plugins``: what is installed."""
+"""``swarm domains`` and ``swarm plugins``: what is installed (each domain's roles and tasks; each plugin's
+registrations and hooks)."""
 
 from __future__ import annotations
 
-from swarm_runtime.cli.common import _registry
+from swarm_runtime.cli.common import plugin_registry
 
 
 def cmd_domains(args) -> int:
-    _, reg = _registry()
+    """``swarm domains``: each domain with its roles and tasks."""
+    _, reg = plugin_registry()
     for name, d in sorted(reg.domains.items()):
         print(f"{name}: {d.description}".rstrip(": "))
         print(f"  roles: {', '.join(r.name for r in d.roles)}")
@@ -15,7 +17,8 @@ def cmd_domains(args) -> int:
 
 
 def cmd_plugins(args) -> int:
-    pm, reg = _registry()
+    """``swarm plugins``: each loaded plugin, what it registered and the hooks it implements."""
+    pm, reg = plugin_registry()
     for name, items in reg.provenance.items():
         print(f"{name}")
         for it in items:

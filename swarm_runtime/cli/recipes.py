@@ -1,4 +1,5 @@
-"""Recipes: shipped configs for a model and a machine (``recipe=NAME`` or ``recipe=PATH``)."""
+"""Recipes: shipped configs for a model and a machine (``recipe=NAME`` or ``recipe=PATH``), which ``swarm run``,
+``swarm config`` and ``swarm experiment`` expand into ``key=value`` arguments before the rest of the command line."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import RUN_CONTROL
 
 
-# ---------------------------------------------------------------- issue 19: recipes, memory plan, export
 def recipe_names() -> list[str]:
     """The shipped recipes' names (``recipe=NAME``)."""
     from importlib.resources import files

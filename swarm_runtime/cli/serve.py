@@ -1,35 +1,35 @@
-"""``swarm serve``: a trained swarm as a service."""
+"""``swarm serve RUN``: a trained swarm as a service (agent workers and a gateway running the auction,
+swarm_runtime/serve/gateway.py); :func:`served_run` also gives ``swarm eval RUN serve.url=...`` its run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from swarm_runtime.cli.common import _registry
+from swarm_runtime.cli.common import (
+    find_checkpoint,
+    plugin_registry,
+    require_domain,
+    require_run_folder,
+    without_checkpoint,
+)
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import load_saved
 
 
-# ---------------------------------------------------------------------------- swarm serve (issue 20)
-def _serve_run(run_dir: Path, overrides: list[str]):
-    """A run folder's config with ``overrides`` (``checkpoint=TAG`` and ``serve.replicas.ROLE=N``
-    included), its registry and the checkpoint folder; raises ConfigError naming bad values."""
-    from swarm_runtime.config.load import override
+def served_run(run_dir: Path, overrides: list[str]):
+    """A run folder's config with ``overrides`` (``checkpoint=TAG`` and ``serve.replicas.ROLE=N`` included), its
+    plugin manager, its registry and the checkpoint folder; raises ConfigError naming bad values."""
+    from swarm_runtime.config.load import override, set_role_replicas
     from swarm_runtime.config.validation import validate
-    from swarm_runtime.runs.checkpoint import latest_checkpoint
     from swarm_runtime.runs.context import check_hardware, check_task
     from swarm_runtime.runs.folder import distrust_saved_endpoints
     from swarm_runtime.runs.runfiles import check_links
 
-    if not (run_dir / "config.yaml").exists():
-        raise ConfigError(f"{str(run_dir)!r} is not a run folder (no config.yaml); give the folder `swarm run` printed")
+    require_run_folder(run_dir)
     check_links(run_dir)
     cfg = load_saved(run_dir / "config.yaml")
-    pm, reg = _registry()
-    if cfg.domain not in reg.domains:
-        raise ConfigError(
-            f"run uses domain {cfg.domain!r}, which no loaded plugin provides; loaded: {', '.join(reg.domains)}"
-        )
-    roles = [r.name for r in reg.domains[cfg.domain].roles]
+    pm, reg = plugin_registry()
+    require_domain(cfg, reg)
     tag, per_role = None, {}
     for item in overrides:
         k, sep, v = item.partition("=")
@@ -38,34 +38,23 @@ def _serve_run(run_dir: Path, overrides: list[str]):
         if k == "checkpoint":
             tag = v
         elif k.startswith("serve.replicas."):
-            role = k.removeprefix("serve.replicas.")
-            if role not in roles:
-                raise ConfigError(f"{k}: no role {role!r}; valid: {', '.join(roles)}")
-            try:
-                per_role[role] = int(v)
-            except ValueError:
-                raise ConfigError(f"{k}={v!r} is not a whole number") from None
+            per_role[k.removeprefix("serve.replicas.")] = v
         else:
             override(cfg, k, v)
     if per_role:
-        base = cfg.serve.replicas if isinstance(cfg.serve.replicas, int) else 1
-        cfg.serve.replicas = {r: per_role.get(r, base) for r in roles}
+        set_role_replicas(cfg, per_role, [r.name for r in reg.domains[cfg.domain].roles])
     distrust_saved_endpoints(  # first: a saved Ray head is refused as such, whether or not Ray is installed
-        cfg, reg, [o for o in overrides if not o.startswith("checkpoint=")], run_dir / "config.yaml", ("serve.address",)
+        cfg, reg, without_checkpoint(overrides), run_dir / "config.yaml", ("serve.address",)
     )
     validate(cfg, reg, ray_keys=("serve.cluster",))  # serve.* too, against the run's roles; Ray for the gateway only
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
-    tags = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if (p / "state.json").exists())
-    ckpt = (run_dir / "checkpoints" / tag) if tag else latest_checkpoint(run_dir)
-    if ckpt is None or not (ckpt / "state.json").exists():
-        raise ConfigError(
-            f"checkpoint {tag or 'latest'!r} not found in {run_dir}; valid: {', '.join(tags) or '(none)'}"
-        )
-    return cfg, pm, reg, ckpt
+    return cfg, pm, reg, find_checkpoint(run_dir, tag or None)
 
 
 def cmd_serve(args) -> int:
+    """``swarm serve RUN [checkpoint=TAG] [serve.*=...]``: serve the run's swarm until stopped (SWARM_API_KEY:
+    the key clients must give; required on a non-loopback address)."""
     import os
 
     from swarm_runtime.learn.monolithic import MONOLITHIC
@@ -74,7 +63,7 @@ def cmd_serve(args) -> int:
 
     require_serve_extra()
     run_dir = Path(args.run_dir)
-    cfg, pm, reg, ckpt = _serve_run(run_dir, args.overrides)
+    cfg, pm, reg, ckpt = served_run(run_dir, args.overrides)
     if (ckpt / "agents" / MONOLITHIC).exists():
         raise ConfigError(f"{run_dir} is an algo=monolithic run (one model, no auction); swarm serve serves swarms")
     api_key = os.environ.get("SWARM_API_KEY") or None

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from swarm_runtime.config.checks_engine import server_gpus  # the parallel sizes' product (checked at validation)
 from swarm_runtime.config.errors import ConfigError
-from swarm_runtime.config.validation import server_gpus  # the parallel sizes' product (checked at validation)
 from swarm_runtime.models.memory_plan import GiB, PlacedPlan, agent_groups
 
 #: The actors of a placement: a learner shard, a sampler, an env worker.
@@ -377,60 +377,6 @@ def _placed_lines(spec: PlacementSpec, ranks: dict, roles: dict, short: type = _
             + ", ".join(f"bundle {i} holds {_res(h)} of {_res(g.bundles[i])}" for i, h in enumerate(held))
         )
     return lines
-
-
-def check_engine_wired(cfg) -> None:
-    """What ``swarm run`` can train with (``swarm config ... --plan`` plans every engine all the same, so these are
-    run-time refusals, one line each): ``train.engine=local``, or ``fsdp`` on learner actors
-    (``cluster.learners=ray``: each learner ``train.shards`` Ray actors, swarm_runtime/cluster/shards.py) for
-    a role's full copy (fp32, or bf16/fp16: fp32 masters sharded, computing in the low dtype), or a base (fp32, or
-    bf16/fp16 frozen as it is) with its roles' fp32 LoRA adapters (``model.adapter=lora``); or ``deepspeed`` on
-    learner actors too (ZeRO-3, swarm_runtime/cluster/deepspeed_shards.py) for full copies in fp32 or bf16 (fp32
-    masters in ZeRO's partition, computing in bf16), where the package imports."""
-    t = cfg.get("train")
-    if t is None or str(t.engine) == "local":
-        return
-    engine = str(t.engine)  # fsdp or deepspeed (config/validation.py: the choices)
-    c = cfg.get("cluster")
-    learners = "local" if c is None else str(c.get("learners", "local"))
-    if learners != "ray":
-        raise ConfigError(
-            f"train.engine={engine} shards each learner over train.shards Ray actors, so it needs cluster.learners=ray "
-            f"(and cluster.kind=ray); got cluster.learners={learners}. Valid: cluster.learners=ray with it, or "
-            "train.engine=local"
-        )
-    dtype = str(cfg.hardware.get("dtype") or cfg.model.get("dtype") or "float32")
-    adapter = str(cfg.model.get("adapter") or "none")
-    if engine == "deepspeed":
-        _check_deepspeed(adapter, dtype)
-
-
-def _check_deepspeed(adapter: str, dtype: str) -> None:
-    """``train.engine=deepspeed``'s own limits: full copies in fp32 or bf16 (fp32 masters in ZeRO's partition,
-    computing in bf16; its LoRA and fp16 modes are not wired, for the reasons the messages give; fsdp has both), and
-    the package present."""
-    import importlib.util
-
-    if adapter != "none":
-        raise ConfigError(
-            f"train.engine=deepspeed with model.adapter={adapter}: a ZeRO-3 engine owns its module (one per base) and "
-            "steps the whole fp32 partition of its optimizer at each step, but each role trains only its own adapter "
-            f"with its own optimizers (not wired); valid: model.adapter=none with train.engine=deepspeed, or "
-            f"train.engine=fsdp (it shards LoRA bases) or local"
-        )
-    if dtype not in ("float32", "bfloat16"):
-        raise ConfigError(
-            f"train.engine=deepspeed with {dtype} weights: DeepSpeed's fp16 mode scales the loss and skips a step whose "
-            "gradients overflow, which the in-process update does not (and CPU ranks may lack fp16); valid: "
-            "hardware.dtype=float32 or bfloat16 (model.dtype) with it, or train.engine=fsdp (fp32 masters computing "
-            "in fp16) or local"
-        )
-    if importlib.util.find_spec("deepspeed") is None:
-        raise ConfigError(
-            "train.engine=deepspeed needs the deepspeed package where the learners run: pip install -e "
-            "'.[deepspeed]' (on a machine without a GPU the learner ranks set DS_ACCELERATOR=cpu themselves); "
-            "valid without it: train.engine=fsdp or local"
-        )
 
 
 def replica_options(base: dict | None, node: str | None = None) -> dict:

@@ -15,8 +15,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.config.keys import check_key
+from swarm_runtime.config.rules import check_name
 from swarm_runtime.config.schema import CONFIG_DIR, CONFIG_VERSION, GROUPS, HardwareConfig, RunConfig
-from swarm_runtime.config.validation import check_key, validate
+from swarm_runtime.config.validation import validate
 from swarm_runtime.core.domain import REQUIRED_TASK_KEYS
 
 
@@ -119,7 +121,7 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
     },  # an earlier run has no dev split (eval.split=dev is refused for it)
     3: {
         "task.dev_seeds.": None,
-        "task.dev_seeds": None,  # openresearcher's dev split (issue 18): an earlier
+        "task.dev_seeds": None,  # openresearcher's dev split: an earlier
         # openresearcher run has none (task=embedded: a {start, count} section; task=local: null, opt-in)
         "task.habitat.dev_split": None,
     },  # vln_ce sim=habitat: the split behind dev seeds (default val_seen)
@@ -131,7 +133,7 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
     },  # earlier runs prompted every model with the raw prompt
     6: {"cluster.": None},  # env workers (docs/distributed.md): earlier runs stepped their envs in process
     7: {
-        "train.": None,  # the learner engine (issue 28): earlier runs trained in the trainer's process
+        "train.": None,  # the learner engine (docs/distributed.md): earlier runs trained in the trainer's process
         "cluster.placement": "none",  # no placement groups
         "cluster.cpus_per_bundle": 1,
         "cluster.placement_wait_s": 30.0,
@@ -250,18 +252,14 @@ def resolve(args: list[str], registry) -> DictConfig:
     cfg = OmegaConf.structured(RunConfig)
     for group in ("model", "algo", "hardware"):
         name = groups.get(group, getattr(RunConfig(), group).name if group != "algo" else "mpt")
-        valid = presets(group)
-        if name not in valid:
-            raise ConfigError(f"unknown {group} {name!r}; valid: {', '.join(valid) or '(none)'}")
+        check_name(group, name, presets(group))
         cfg[group] = OmegaConf.merge(cfg[group], OmegaConf.load(CONFIG_DIR / group / f"{name}.yaml"))
     domain_name = groups.get("domain", cfg.domain)
-    if domain_name not in registry.domains:
-        raise ConfigError(f"unknown domain {domain_name!r}; valid: {', '.join(sorted(registry.domains)) or '(none)'}")
+    check_name("domain", domain_name, sorted(registry.domains))
     domain = registry.domains[domain_name]
     tasks = domain.task_names()
     task_name = groups.get("task", tasks[0] if "task" not in groups and cfg.task_name not in tasks else cfg.task_name)
-    if task_name not in tasks:
-        raise ConfigError(f"unknown task {task_name!r} for domain {domain_name!r}; valid: {', '.join(tasks)}")
+    check_name("task", task_name, tasks, f" for domain {domain_name!r}")
     task = domain.task_config(task_name)
     missing = [k for k in REQUIRED_TASK_KEYS if k not in task]
     if missing:
@@ -295,9 +293,7 @@ def override(cfg: DictConfig, key: str, value: str) -> None:
     ``judge=llm``) means ``task.<key>``; ``hardware=NAME`` loads that preset (the machine, which
     a saved run may change when it is evaluated or resumed elsewhere)."""
     if key == "hardware":
-        valid = presets("hardware")
-        if value not in valid:
-            raise ConfigError(f"unknown hardware {value!r}; valid: {', '.join(valid)}")
+        check_name("hardware", value, presets("hardware"))
         cfg.hardware = OmegaConf.merge(
             OmegaConf.structured(HardwareConfig), OmegaConf.load(CONFIG_DIR / "hardware" / f"{value}.yaml")
         )
@@ -305,6 +301,21 @@ def override(cfg: DictConfig, key: str, value: str) -> None:
     if "." not in key and key not in cfg and cfg.get("task") is not None and key in cfg.task:
         key = f"task.{key}"
     _set(cfg, key, value)
+
+
+def set_role_replicas(cfg: DictConfig, given: dict[str, str], roles: list[str]) -> None:
+    """``serve.replicas.ROLE=N`` arguments (``given``: ROLE -> N as typed): ``serve.replicas`` becomes one count per
+    role of ``roles``, the given ones and, for the others, ``serve.replicas``'s number (1 when it is per role
+    already). A count that is not a whole number is refused here; a role the run lacks, and a count out of range, by
+    validation (:func:`swarm_runtime.config.checks_serve.serve_roles`, the rule of ``serve.replicas``)."""
+    counts = {}
+    for role, value in given.items():
+        try:
+            counts[role] = int(value)
+        except ValueError:
+            raise ConfigError(f"serve.replicas.{role}={value!r} is not a whole number") from None
+    base = cfg.serve.replicas if isinstance(cfg.serve.replicas, int) else 1
+    cfg.serve.replicas = {**{r: base for r in roles}, **counts}
 
 
 def _flatten(d: dict, prefix: str = ""):
@@ -328,7 +339,7 @@ def light_registry():
 
 def precheck(args, resolve_with_domains: bool = True) -> None:
     """Check a command line before the heavy plugins load: first the core keys given as
-    ``key=value``, each on its own (:func:`swarm_runtime.config.validation.check_key`); then
+    ``key=value``, each on its own (:func:`swarm_runtime.config.keys.check_key`); then
     (``resolve_with_domains``) the whole config resolved with the domains only (task keys and
     cross-key checks), so a bad value fails in about a second instead of after importing torch and
     transformers."""

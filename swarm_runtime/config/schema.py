@@ -232,7 +232,7 @@ class ServeConfig:
     restart_backoff_max_s: float = 30.0  #: cap of the exponential wait between restarts of one worker
     url: str | None = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
     concurrency: int = 8  #: ``swarm eval`` through a service: episodes in flight at once
-    # where the agent workers run (issue 28; docs/deploy.md, serving across machines)
+    # where the agent workers run (docs/deploy.md, serving across machines)
     cluster: str = "local"  #: ``local``: worker processes forked on this host; ``ray``: each worker in a Ray actor,
     #: placed on any node of the cluster at ``serve.address`` (restarted by Ray when its process dies)
     address: str | None = None  #: ``serve.cluster=ray``: a running Ray cluster's head (``host:port``); None = start
@@ -273,7 +273,7 @@ class RolloutConfig:
 
 @dataclass
 class ClusterConfig:
-    """Where a run's envs live (issue 28; docs/distributed.md)."""
+    """Where a run's envs live (docs/distributed.md)."""
 
     kind: str = "local"  #: ``local`` (in the trainer's process) or ``ray`` (env worker actors on Ray: rollouts,
     #: evaluations and branches step their envs there; the auction, credit and learning stay in the trainer)
@@ -299,14 +299,14 @@ class ClusterConfig:
     #: the updates run there, the trainer keeps a sampling copy synced after each; the same numbers)
     learner_restarts: int = 4  #: ``learners=ray``: times Ray restarts a learner actor whose process died (the run
     #: then rewinds to its last checkpoint); used up (or the node lost): the run stops, resumable
-    # placement (issue 28; docs/distributed.md, "Placement and sizing")
+    # placement (docs/distributed.md, "Placement and sizing")
     placement: str = "none"  #: ``none`` (no placement groups: actors wherever Ray has room), ``colocated`` (per
     #: agent group one Ray placement group whose bundles, one per device, hold the learner's shards and the sampler
     #: on the first) or ``split`` (the sampler in a bundle of its own); reserved before anything trains
     cpus_per_bundle: int = 1  #: CPUs of each bundle (a device's bundle also holds 1 GPU on ``hardware.device=cuda``)
     placement_wait_s: float = 30.0  #: a placement group not reserved within this is an error naming the bundles
     #: asked and the resources Ray has
-    # more than one node (issue 28; docs/distributed.md, "More than one node")
+    # more than one node (docs/distributed.md, "More than one node")
     resources: dict = field(default_factory=dict)  #: ``cluster.resources.KIND={NAME: amount}``, KIND ``env``,
     #: ``learner`` or ``sampler``: Ray custom resources each actor of that kind asks, so that it runs on a node
     #: that has them (``ray start --resources='{"NAME": 1}'``); with ``placement=none`` only
@@ -318,7 +318,7 @@ class ClusterConfig:
 
 @dataclass
 class TrainConfig:
-    """How a learner updates its agent group's weights (issue 28; docs/distributed.md)."""
+    """How a learner updates its agent group's weights (docs/distributed.md)."""
 
     engine: str = "local"  #: ``local`` (one process: the trainer's), ``fsdp`` (FSDP2 over ``shards`` processes) or
     #: ``deepspeed`` (ZeRO-3); the memory plan divides a learner's state by ``shards``. Runs train with ``local`` or

@@ -2,7 +2,7 @@
 the auction, round-robin, Graph-of-Agents and AgentNet coordinators, the credit
 schemes, the transformers policy backend, the MPT, monolithic and RLCR algorithms,
 the experiments of ``swarm experiment`` and the RLCR conformance suite. The core's
-config rules are not here: they live with the config (swarm_runtime/config/validation.py)."""
+config rules are not here: they live with the config (swarm_runtime/config/keys.py and the checks modules)."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ def swarm_register_config_rules(register: Callable[..., None], register_check: C
     light registry is validated.
 
     :param register: ``register(rule, domain="NAME")``: ``rule`` a
-        :class:`swarm_runtime.config.validation.Rule` whose ``key`` starts with ``task.``, checked on the configs of
+        :class:`swarm_runtime.config.rules.Rule` whose ``key`` starts with ``task.``, checked on the configs of
         domain ``NAME`` that have the key; its error names the key, the value, what is valid and this plugin.
         One plugin per (domain, key): a second is a ``PluginError`` naming both.
     :param register_check: ``register_check(fn)``: ``fn(cfg, registry)`` raises

@@ -16,7 +16,7 @@ class PluginError(RuntimeError):
 
 @dataclass(frozen=True)
 class PluginRule:
-    """A config rule a plugin registered: ``rule`` (a :class:`swarm_runtime.config.validation.Rule` of a
+    """A config rule a plugin registered: ``rule`` (a :class:`swarm_runtime.config.rules.Rule` of a
     ``task.*`` key) is checked on the configs of ``domain``."""
 
     rule: Any
@@ -111,7 +111,7 @@ def _rule_registrar(reg: Registry, plugin: str) -> Callable:
         key = getattr(rule, "key", None)
         if not isinstance(key, str) or not callable(getattr(rule, "ok", None)) or not hasattr(rule, "valid"):
             raise PluginError(
-                f"plugin {plugin!r} registered {rule!r} as a config rule; valid: a swarm_runtime.config.validation.Rule"
+                f"plugin {plugin!r} registered {rule!r} as a config rule; valid: a swarm_runtime.config.rules.Rule"
             )
         if not key.startswith("task.") or key == "task.":
             raise PluginError(

@@ -226,7 +226,7 @@ def load_state(ckpt: Path) -> dict:
 
 #: The phases a checkpoint records (:mod:`swarm_runtime.learn.phases`).
 PHASES = ("init", "sft_done", "rl", "done")
-#: Largest iteration (update count) a state may record: ``validation.MAX_COUNT``.
+#: Largest iteration (update count) a state may record: ``swarm_runtime.config.rules.MAX_COUNT``.
 MAX_ITERATION = 10_000_000
 
 

@@ -1,33 +1,29 @@
-"""A run's context: the swarm of agents built from the config, and the shared services (FLOPs, metrics,
-hooks); the task and hardware checks made before anything loads.
-"""
+"""A run's context (:class:`RunContext`): its config, the plugins' registry, its folder and the FLOP counter the
+trainer, the samplers and the evaluation share, and how the swarm of agents is built from the config
+(:meth:`RunContext.build_swarm`: one model per role, or one base with an adapter per role). Also the checks made
+before anything loads that need more than the config: the task's env built once (:func:`check_task`) and the
+machine (:func:`check_hardware`)."""
 
 from __future__ import annotations
-import json
-import os
-import shutil
-import sys
-import time
+
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import torch
 from loguru import logger
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-from swarm_runtime.runs import runfiles
-from swarm_runtime.runs.checkpoint import clean_spares, has_checkpoint, latest_checkpoint, load_state
+from omegaconf import DictConfig, OmegaConf
+
 from swarm_runtime.config.errors import ConfigError
-from swarm_runtime.config.load import load_saved, override
-from swarm_runtime.config.validation import validate
 from swarm_runtime.core.env import close_env
 from swarm_runtime.core.episode import Agent
 from swarm_runtime.models.flops import FlopCounter
-from swarm_runtime.runs.runlock import RunLock
-from swarm_runtime.config.secrets import save_config
 
 
 @dataclass
 class RunContext:
+    """What every part of a run reads: the resolved config, the plugin manager and registry, the run folder (and
+    the checkpoint a resume continues from), the run's FLOP counter and the folder's lock."""
+
     cfg: DictConfig
     pm: object
     registry: object
@@ -167,11 +163,8 @@ def check_task(domain, cfg: DictConfig) -> None:
 
 def check_hardware(cfg: DictConfig) -> None:
     """Refuse a CUDA device on a machine where torch sees no GPU (a run trained on a GPU and
-    evaluated or resumed elsewhere, say), naming the way out; set the CPU threads. A learner engine not wired
-    into runs yet is refused here too (:func:`swarm_runtime.cluster.placement.check_engine_wired`)."""
-    from swarm_runtime.cluster.placement import check_engine_wired
-
-    check_engine_wired(cfg)
+    evaluated or resumed elsewhere, say), naming the way out; set the CPU threads. (What the config can train
+    with is validation's: :func:`swarm_runtime.config.checks_cluster.check_engine_wired`.)"""
     if cfg.hardware.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"hardware {cfg.hardware.name!r} needs a CUDA GPU (device {cfg.hardware.device!r}), "

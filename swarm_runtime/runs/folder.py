@@ -1,30 +1,30 @@
-"""A run: its folder, its swarm of agents and the shared services (FLOPs, metrics, hooks).
-"""
+"""A run's folder and how a run starts in it: picking the folder (:class:`RunFolder`: fresh, ``overwrite=true`` or
+``resume=true``), what a resume's command line may change (:func:`resume_overrides`) and what it may not
+(:func:`refuse_resume_conflicts`), the endpoints and Ray heads a saved config names (:func:`distrust_saved_endpoints`),
+the metrics a resume keeps (:func:`truncate_metrics`); :func:`prepare_run` does it all before a trainer starts and
+returns the run's :class:`~swarm_runtime.runs.context.RunContext`."""
 
 from __future__ import annotations
+
 import json
 import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-import torch
+
 from loguru import logger
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from swarm_runtime.runs import runfiles
-from swarm_runtime.runs.checkpoint import clean_spares, has_checkpoint, latest_checkpoint, load_state
+
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import load_saved, override
-from swarm_runtime.config.validation import validate
-from swarm_runtime.core.env import close_env
-from swarm_runtime.core.episode import Agent
-from swarm_runtime.models.flops import FlopCounter
-from swarm_runtime.runs.runlock import RunLock
 from swarm_runtime.config.secrets import save_config
+from swarm_runtime.config.validation import validate
+from swarm_runtime.runs import runfiles
+from swarm_runtime.runs.checkpoint import clean_spares, has_checkpoint, latest_checkpoint, load_state
 from swarm_runtime.runs.context import RunContext, check_hardware, check_task
-
+from swarm_runtime.runs.runlock import RunLock
 
 #: Settings that change only what a run shows, never what it computes: a resumed run takes them from the command line.
 DISPLAY_KEYS = ("progress", "log_level")
@@ -53,7 +53,7 @@ def resume_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     return machine_overrides(args, also=(*also, *DISPLAY_KEYS)) + secrets
 
 
-def _apply_resume_overrides(saved: DictConfig, applied: list[tuple[str, str]], resume_from: Path) -> bool:
+def apply_resume_overrides(saved: DictConfig, applied: list[tuple[str, str]], resume_from: Path) -> bool:
     """Apply a resumed run's ``applied`` settings (:func:`refuse_resume_conflicts` returns them: its
     :func:`resume_overrides` and ``algo.iterations=N``, train up to N updates in all: a finished run
     continues, its learning-rate schedule stretched to the new total). Returns whether the iterations
@@ -379,7 +379,7 @@ class RunFolder:
             raise ConfigError(f"resume=true but {self.path} has no checkpoint to resume from")
         self.restarted = self.resume_from is None  # killed before its first checkpoint: start again, as configured
         if saved is not None:
-            self.extended = _apply_resume_overrides(saved, applied, self.resume_from)
+            self.extended = apply_resume_overrides(saved, applied, self.resume_from)
             distrust_saved_endpoints(saved, registry, args, config)  # first: a saved Ray head is refused as such
             validate(saved, registry)
             cfg = saved
