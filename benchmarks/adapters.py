@@ -99,7 +99,8 @@ def build(mode: str, agents: int, rank: int, adapters: int | None = None):
     import torch
     from omegaconf import OmegaConf
 
-    from swarm_runtime.models.adapters import MixedBatch, build_adapter_swarm
+    from swarm_runtime.models.adapters import build_adapter_swarm
+    from swarm_runtime.models.mixed_batch import MixedBatch
     from swarm_runtime.models.transformers_backend import make_transformers_policy
 
     levels = [0.0, 0.2, 0.4, 0.6, 0.8]
@@ -142,7 +143,7 @@ def measure_memory(args) -> dict:
     import torch
 
     from swarm_runtime.learn.optim import clip_and_step, make_optimizer
-    from swarm_runtime.models.adapters import MixedBatch
+    from swarm_runtime.models.mixed_batch import MixedBatch
 
     torch.set_num_threads(args.threads)
     phases = {"start": status_mib()}
@@ -341,7 +342,7 @@ def batching(args) -> None:
     batches can do short of one merged full copy per agent."""
     import torch
 
-    from swarm_runtime.models.adapters import MixedBatch
+    from swarm_runtime.models.mixed_batch import MixedBatch
 
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter

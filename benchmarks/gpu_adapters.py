@@ -93,8 +93,9 @@ def main() -> int:
     from swarm_runtime.learn.action import action_update
     from swarm_runtime.learn.optim import make_optimizer
     from swarm_runtime.learn.sft import Example, sft
-    from swarm_runtime.models.adapters import MixedBatch, build_adapter_swarm
+    from swarm_runtime.models.adapters import build_adapter_swarm
     from swarm_runtime.models.memory_plan import make_plan
+    from swarm_runtime.models.mixed_batch import MixedBatch
     from swarm_runtime.plugins.manager import get_registry
 
     logger.remove()
