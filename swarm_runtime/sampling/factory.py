@@ -94,8 +94,8 @@ def _engine_options(cfg, engine: str, options: dict | None, placed):
 
 def sampler_replicas(cfg) -> int | str | None:
     """``cluster.sampler_replicas`` when it asks for more than one engine sampler per base (an int > 1, or
-    ``per_node``: config/validation.py allows it only with ``cluster.samplers=ray`` and ``rollout.engine=vllm``); None for
-    one (the sampler of one server per base, as without the key)."""
+    ``per_node``: config/validation.py allows it only with ``cluster.samplers=ray`` and ``rollout.engine=vllm``);
+    None for one (the sampler of one server per base, as without the key)."""
     c = cfg.get("cluster")
     n = c.get("sampler_replicas", 1) if c is not None else 1
     return None if n == 1 or not samplers_on_ray(cfg) else n
