@@ -63,6 +63,8 @@ class Device:
         return float(self.torch.cuda.max_memory_allocated())
 
 
+# Long on purpose: a measurement script's one procedure, its phases in the order the module docstring lists them,
+# each printing as it goes (split a phase out when another script needs it).
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, nargs="+", default=[3, 12])
