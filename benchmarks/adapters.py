@@ -99,7 +99,8 @@ def build(mode: str, agents: int, rank: int, adapters: int | None = None):
     import torch
     from omegaconf import OmegaConf
 
-    from swarm_runtime.models.adapters import MixedBatch, build_adapter_swarm
+    from swarm_runtime.models.adapters import build_adapter_swarm
+    from swarm_runtime.models.mixed_batch import MixedBatch
     from swarm_runtime.models.transformers_backend import make_transformers_policy
 
     levels = [0.0, 0.2, 0.4, 0.6, 0.8]
@@ -141,8 +142,7 @@ def measure_memory(args) -> dict:
     ``--optimizers`` AdamW per distinct trained policy (the trainer has two per role: action and bid)."""
     import torch
 
-    from swarm_runtime.learn.optim import clip_and_step, make_optimizer
-    from swarm_runtime.models.adapters import MixedBatch
+    from swarm_runtime.learn.optim import make_optimizer
 
     torch.set_num_threads(args.threads)
     phases = {"start": status_mib()}
@@ -160,36 +160,11 @@ def measure_memory(args) -> dict:
     n_rows = args.rollout_agents or len(policies)  # agents whose bid prompts the rollout scores
     bid_prompts = prompts(args.envs * n_rows, 1)
     act_prompts = prompts(args.envs, 2)
-    with torch.no_grad():
-        rows = [policies[i // args.envs % len(policies)] for i in range(len(bid_prompts))]
-        actors = [policies[i % len(policies)] for i in range(args.envs)]
-        if mixed is not None:
-            MixedBatch(rows).bid(bid_prompts)
-            MixedBatch(actors).act(act_prompts)
-        else:
-            for p in policies:  # one call per full copy over its rows
-                mine = [q for q, r in zip(bid_prompts, rows) if r is p]
-                if mine:
-                    p.bid(mine)
-            for p in policies:
-                mine = [q for q, r in zip(act_prompts, actors) if r is p]
-                if mine:
-                    p.act(mine)
+    rollout(policies, mixed, bid_prompts, act_prompts, args.envs)
     phases["rollout"] = status_mib()
     rss_rollout = peak_rss()
     if optimizers:
-        for k in range(steps):
-            p = policies[k % len(policies)]
-            opt, sched = optimizers[id(p)][k % args.optimizers]
-            p.train()
-            resp = [p.action_target("w1 w2 w3")] * args.envs
-            loss = -p.logprobs(act_prompts, resp).mean()
-            loss.backward()
-            del loss
-            clip_and_step(list(p.parameters()), opt, sched, 1.0)
-            p.eval()
-            if k == 0:
-                phases["step 1"] = status_mib()
+        train_steps(policies, optimizers, steps, args.optimizers, act_prompts, phases)
         phases["trained"] = status_mib()
     distinct = list({id(p): p for p in policies}.values())
     trained = [w for p in distinct for w in p.parameters()] if optimizers else []
@@ -222,6 +197,50 @@ def measure_memory(args) -> dict:
     else:
         out["params_per_copy"] = policies[0].n_params
     return out
+
+
+def rollout(policies: list, mixed, bid_prompts: list[str], act_prompts: list[str], envs: int) -> None:
+    """The rollout's model calls: every agent's bid prompt in every env, then one action per env; one mixed-adapter
+    batch each (``mixed``), else one call per full copy over its rows."""
+    import torch
+
+    from swarm_runtime.models.mixed_batch import MixedBatch
+
+    with torch.no_grad():
+        rows = [policies[i // envs % len(policies)] for i in range(len(bid_prompts))]
+        actors = [policies[i % len(policies)] for i in range(envs)]
+        if mixed is not None:
+            MixedBatch(rows).bid(bid_prompts)
+            MixedBatch(actors).act(act_prompts)
+        else:
+            for p in policies:  # one call per full copy over its rows
+                mine = [q for q, r in zip(bid_prompts, rows) if r is p]
+                if mine:
+                    p.bid(mine)
+            for p in policies:
+                mine = [q for q, r in zip(act_prompts, actors) if r is p]
+                if mine:
+                    p.act(mine)
+
+
+def train_steps(policies: list, optimizers: dict, steps: int, n_opt: int, act_prompts: list[str], phases: dict) -> None:
+    """``steps`` training steps, step ``k`` on policy ``k % agents`` with its ``k % n_opt``-th optimizer: a
+    REINFORCE-style loss over the action prompts, backward, clipped AdamW step; memory after the first in
+    ``phases``."""
+    from swarm_runtime.learn.optim import clip_and_step
+
+    for k in range(steps):
+        p = policies[k % len(policies)]
+        opt, sched = optimizers[id(p)][k % n_opt]
+        p.train()
+        resp = [p.action_target("w1 w2 w3")] * len(act_prompts)
+        loss = -p.logprobs(act_prompts, resp).mean()
+        loss.backward()
+        del loss
+        clip_and_step(list(p.parameters()), opt, sched, 1.0)
+        p.eval()
+        if k == 0:
+            phases["step 1"] = status_mib()
 
 
 def run_child(argv: list[str]) -> dict:
@@ -341,7 +360,7 @@ def batching(args) -> None:
     batches can do short of one merged full copy per agent."""
     import torch
 
-    from swarm_runtime.models.adapters import MixedBatch
+    from swarm_runtime.models.mixed_batch import MixedBatch
 
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter

@@ -63,6 +63,8 @@ class Device:
         return float(self.torch.cuda.max_memory_allocated())
 
 
+# Long on purpose: a measurement script's one procedure, its phases in the order the module docstring lists them,
+# each printing as it goes (split a phase out when another script needs it).
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, nargs="+", default=[3, 12])
@@ -93,8 +95,9 @@ def main() -> int:
     from swarm_runtime.learn.action import action_update
     from swarm_runtime.learn.optim import make_optimizer
     from swarm_runtime.learn.sft import Example, sft
-    from swarm_runtime.models.adapters import MixedBatch, build_adapter_swarm
+    from swarm_runtime.models.adapters import build_adapter_swarm
     from swarm_runtime.models.memory_plan import make_plan
+    from swarm_runtime.models.mixed_batch import MixedBatch
     from swarm_runtime.plugins.manager import get_registry
 
     logger.remove()

@@ -93,6 +93,8 @@ def depth_bound(rollouts) -> int:
     return max(len({t.t for t in r.turns}) for r in rollouts)
 
 
+# Long on purpose: a measurement script's one procedure, its phases in the order the module docstring lists them,
+# each printing as it goes (split a phase out when another script needs it).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--actors", type=int, default=32, help="agents acting at once in each loop")

@@ -52,7 +52,7 @@ class ForwardTimer:
         self.total += time.perf_counter() - self._t0
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--domain", default="minecraft")
     ap.add_argument("--task", default="iron_pickaxe")
@@ -61,7 +61,11 @@ def main() -> None:
     ap.add_argument("--decisions", type=int, default=60, help="decision cap of the benchmark episodes")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--hardware", default="cpu", help="hardware preset (cpu, or a GPU one: h200, b200, rtx_pro_6000)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     logger.remove()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -124,24 +128,31 @@ def main() -> None:
     )
     choices = {role: ctx.domain.action_choices(ctx.task, role) for role in policies}
     if any(choices.values()):
-        spent = {False: 0.0, True: 0.0}  # constrained? -> seconds of action generation
-        with torch.no_grad():
-            for a, ps in prompts.items():
-                pol, texts = agents[a].policy, choices[agents[a].role]
-                if not texts:
-                    continue
-                for constrain in (False, True):
-                    pol.action_trie = None
-                    if constrain:
-                        pol.constrain_actions(texts)
-                    t0 = time.perf_counter()
-                    for _ in range(3):
-                        pol.act(ps[: args.envs])
-                    spent[constrain] += time.perf_counter() - t0
+        free, constrained = constrained_cost(agents, prompts, choices, args.envs)
         print(
-            f"action generation with constrained decoding: {spent[True]:.2f}s against {spent[False]:.2f}s free "
-            f"on the same prompts, {spent[True] / spent[False]:.2f}x the free-text time"
+            f"action generation with constrained decoding: {constrained:.2f}s against {free:.2f}s free "
+            f"on the same prompts, {constrained / free:.2f}x the free-text time"
         )
+
+
+def constrained_cost(agents, prompts: dict[int, list[str]], choices: dict, envs: int) -> tuple[float, float]:
+    """Seconds of batched action generation on each agent's action ``prompts`` (its first ``envs``, 3 times), free
+    and with constrained decoding over its role's action ``choices``."""
+    spent = {False: 0.0, True: 0.0}  # constrained? -> seconds of action generation
+    with torch.no_grad():
+        for a, ps in prompts.items():
+            pol, texts = agents[a].policy, choices[agents[a].role]
+            if not texts:
+                continue
+            for constrain in (False, True):
+                pol.action_trie = None
+                if constrain:
+                    pol.constrain_actions(texts)
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    pol.act(ps[:envs])
+                spent[constrain] += time.perf_counter() - t0
+    return spent[False], spent[True]
 
 
 if __name__ == "__main__":

@@ -148,6 +148,8 @@ async def served_grid(url, seeds, runs, seed, concurrency):
     return res, eps, bodies, time.perf_counter() - t0
 
 
+# Long on purpose: the chaos loop, the gateway kill and the client's replay share its state (the episodes in
+# flight, the kills, the restarted gateway); its steps are in the docstring.
 async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s, kill_at=None, decisions=0):
     """The grid with a chaos loop killing a random worker every ``interval`` seconds and, once the
     gateway has made ``kill_at`` x ``decisions`` turns of it (``swarm_turns_total``), the gateway once (kill -9, then ``swarm serve`` again on the same
@@ -251,6 +253,8 @@ async def fault_run(gw: Gateway, seeds, runs, seed, concurrency, interval, max_s
     return bodies, kills, time.perf_counter() - t0, gk
 
 
+# Long on purpose: a measurement script's one procedure, its phases in the order the module docstring lists them,
+# each printing as it goes (split a phase out when another script needs it).
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", required=True, help="a finished `swarm run` folder")

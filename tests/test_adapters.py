@@ -87,7 +87,7 @@ def test_save_and_load_round_trip_through_peft_and_build_swarm(registry, tmp_pat
 
 def test_mixed_adapter_batch_matches_per_agent_calls(registry, monkeypatch):
     import swarm_runtime.models.adapters as adapters
-    from swarm_runtime.models.adapters import GroupedLoRA, MixedBatch
+    from swarm_runtime.models.mixed_batch import GroupedLoRA, MixedBatch
 
     _, _, policies = _swarm(registry)
     roles = ["Logger", "Miner", "Smith", "Miner", "Logger", "Smith"]  # interleaved, as the episode loop sends them
@@ -409,7 +409,7 @@ def test_gpu_adapters_script():
 def test_mixed_adapter_batch_generates_bids_as_per_agent_calls(registry):
     """``model.bid_mode=generate``: a mixed batch's sampled bid texts are parsed like each policy's own
     (greedy, so both ways generate the same tokens); every bid is a configured level or unparsed 0."""
-    from swarm_runtime.models.adapters import MixedBatch
+    from swarm_runtime.models.mixed_batch import MixedBatch
 
     _, _, policies = _swarm(registry, "model.bid_mode=generate", "model.temperature=0")
     roles = ["Logger", "Miner", "Smith", "Smith"]
@@ -428,7 +428,7 @@ def test_grouped_mixed_batch_on_a_bf16_base_adds_like_the_training_path(registry
     A mixed batch against row-by-row calls agrees within bf16 rounding only: a CPU may run a bf16
     product of 4 rows and one of 1 row through different kernels (it does on some machines)."""
     import swarm_runtime.models.adapters as adapters
-    from swarm_runtime.models.adapters import MixedBatch
+    from swarm_runtime.models.mixed_batch import MixedBatch
 
     _, _, policies = _swarm(registry, "hardware.dtype=bfloat16")
     lead = policies["Logger"]

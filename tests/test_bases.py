@@ -81,7 +81,7 @@ def test_bad_bases_are_refused_naming_the_valid_ones(registry, args, says):
     assert says in str(e.value), str(e.value)
 
 
-def test_every_role_on_a_named_base_needs_no_rollout_url(registry):
+def test_every_role_on_a_named_base_needs_no_rollout_url(registry, monkeypatch):
     """rollout.engine=openai: rollout.url serves the default base (model.*); with every role on a named base,
     rollout.urls alone is enough."""
     every = ("model.role_base.Logger=small", "model.role_base.Miner=small")
@@ -91,6 +91,15 @@ def test_every_role_on_a_named_base_needs_no_rollout_url(registry):
     assert ctx.cfg.rollout.get("url") is None and dict(ctx.cfg.rollout.urls) == {"small": "http://h:9"}
     with pytest.raises(ConfigError, match="rollout.engine=openai needs rollout.url"):
         run_context(registry, *MC, "model.adapter=lora", "rollout.engine=openai")
+    # the run's one base is 'small': its sampler speaks to rollout.urls.small, in engine/small
+    from types import SimpleNamespace
+
+    from swarm_runtime.sampling import factory
+
+    small = SimpleNamespace(shared_base=SimpleNamespace(name="small"))
+    learner = SimpleNamespace(policies={r: small for r in ("Logger", "Miner", "Smith")})
+    monkeypatch.setattr(factory, "engine_sampler", lambda cfg, learner, run_dir, **kw: kw)
+    assert factory.make_sampler(ctx.cfg, learner, None) == {"base": "small", "port_offset": 0, "options": None}
 
 
 def test_cli_refuses_a_bad_role_in_one_line(tmp_path):

@@ -51,6 +51,34 @@ class Decided:
     failed: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _At:
+    """Where a turn is: its episode's noise id, the turn, the observation and log the prompts are made of,
+    and the last actor."""
+
+    noise: int | None
+    t: int
+    observation: str
+    log: list[Event]
+    last_actor: int | None
+
+    def key(self, i: int, kind: int):
+        """Agent ``i``'s sampler key of ``kind`` this turn (None without noise)."""
+        return None if self.noise is None else (self.noise, self.t, i, kind)
+
+
+class _Bids:
+    """A turn's bids, one entry per agent (None: not asked): levels, tokens, sampler log-probs, prompts; and the
+    agents whose bid did not come, in the order they were asked."""
+
+    def __init__(self, n: int):
+        self.levels: list = [None] * n
+        self.tokens: list = [None] * n
+        self.logprobs: list = [None] * n
+        self.prompts: list = [None] * n
+        self.missed: list[int] = []
+
+
 class Auction:
     """One auction turn of one episode as a generator of turn-engine batches (:meth:`turn`): the one auction
     code behind batched rollouts (:class:`AuctionTurns`, a lockstep of these over its slots) and ``swarm
@@ -84,11 +112,11 @@ class Auction:
         self.judge_pairs = getattr(coordinator, "judge_pairs", None) if proposals else None
         self.judge = judge
 
-    def _select(self, bids, rng, t, last_actor, proposals, scores):
+    def _select(self, bids, rng, at: _At, proposals, scores):
         if self.wants_info:
-            info = TurnInfo(last_actor, {a: r.text for a, r in proposals.items()}, scores)
-            return self.coordinator.select(bids, rng, t, info=info)
-        return self.coordinator.select(bids, rng, t)
+            info = TurnInfo(at.last_actor, {a: r.text for a, r in proposals.items()}, scores)
+            return self.coordinator.select(bids, rng, at.t, info=info)
+        return self.coordinator.select(bids, rng, at.t)
 
     def turn(
         self,
@@ -110,95 +138,116 @@ class Auction:
         failed winner; returns :class:`Decided`. ``rng()``: the coordinator's randomness (called once
         for the proposers and once for the selection, whose failovers go on drawing from it);
         ``snapshot()``: taken before a contested turn's action. Counts unparsed bids on ``episode``."""
-        noise = episode.noise
+        at = _At(episode.noise, t, observation, log, last_actor)
+        bids = yield from self._bids(episode, n, at, bidders, forced)
+        proposals = yield from self._proposals(bids.levels, at, rng, forced)
+        scores = yield from self._scores(proposals, at)
+        if forced is None:
+            turn, reselect = self._choose(bids, at, rng(), proposals, scores)
+        else:
+            turn, reselect = _forced_turn(forced, t, proposals), None
+        failed = yield from self._act(turn, at, proposals, reselect, snapshot)
+        return Decided(turn, bids.missed, failed)
 
-        def key(i, kind):
-            return None if noise is None else (noise, t, i, kind)
-
-        bids: list = [None] * n
-        btoks: list = [None] * n
-        blps: list = [None] * n
-        bprompts: list = [None] * n
+    def _bids(self, episode: Episode, n: int, at: _At, bidders: Sequence[int], forced: ForcedTurn | None):
+        """The bids: ``bidders`` are asked in one ``Batch("bid")`` (nobody when ``forced``; without ``ask_bids``,
+        a coordinator that does not use bids gets 0.0 for each, unasked); an answer ``None`` is a missed bid."""
+        bids = _Bids(n)
         asked = []
         if forced is None:
             for a in bidders:
                 if self.ask_bids or self.coordinator.uses_bids:
-                    bprompts[a] = self.bid_prompt(a, observation, log)
+                    bids.prompts[a] = self.bid_prompt(a, at.observation, at.log)
                     asked.append(a)
                 else:
-                    bids[a] = 0.0
-        answers = yield Batch("bid", [self.bid_row(a, bprompts[a], key(a, keyed.BID), last_actor) for a in asked])
-        missed = []
+                    bids.levels[a] = 0.0
+        rows = [self.bid_row(a, bids.prompts[a], at.key(a, keyed.BID), at.last_actor) for a in asked]
+        answers = yield Batch("bid", rows)
         for a, b in zip(asked, answers):
             if b is None:
-                missed.append(a)
+                bids.missed.append(a)
                 continue
-            bids[a] = accept_bid(episode, b, self.bid_levels(a, last_actor))
-            btoks[a], blps[a] = b.tokens, getattr(b, "logprobs", None)
-        # proposals: the agents the coordinator names sample an action first
+            bids.levels[a] = accept_bid(episode, b, self.bid_levels(a, at.last_actor))
+            bids.tokens[a], bids.logprobs[a] = b.tokens, getattr(b, "logprobs", None)
+        return bids
+
+    def _proposals(self, levels: list, at: _At, rng: Callable[[], random.Random], forced: ForcedTurn | None):
+        """The proposals (``proposals`` coordinators): the agents the coordinator names sample an action first,
+        in one ``Batch("act")`` (empty when ``forced``); agent -> its answer."""
         proposals: dict = {}
-        if self.proposals:
-            preqs = []
-            if forced is None:
-                preqs = [
-                    (a, self.action_prompt(a, observation, log)) for a in self.coordinator.proposers(bids, rng(), t)
-                ]
-            answers = yield Batch("act", [self.act_row(a, p, key(a, keyed.ACTION)) for a, p in preqs])
-            for (a, _), r in zip(preqs, answers):
-                proposals[a] = r
-        # proposal scores: the pairs the coordinator names
-        scores: dict = {}
-        if self.judge_pairs is not None:
-            prompts = {p: self.action_prompt(p, observation, log) for p in proposals}
-            pairs, entries = self.judge_pairs(sorted(proposals), last_actor), []
-            for j, p in pairs:
-                tokens, policy = self.judge(j, proposals[p].text)
-                entries.append(((j, p, prompts[p], tokens), policy))
-            values = yield Scores(entries)
-            scores = {(e[0][0], e[0][1]): v for e, v in zip(entries, values)}
-        # the coordinator picks who acts
-        if forced is not None:
-            res = AuctionResult(forced.winner, None, float(forced.bids[forced.winner] or 0.0), 0.0)
-            turn = Turn(t, list(forced.bids), list(forced.bid_tokens), list(forced.bid_prompts), res)
-            if forced.action is not None:
-                proposals[forced.winner] = forced.action
-            sel_rng, live = None, None
-        else:
-            sel_rng, live = rng(), list(bids)
-            turn = Turn(
-                t,
-                bids,
-                btoks,
-                bprompts,
-                self._select(live, sel_rng, t, last_actor, proposals, scores),
-                bid_logprobs=blps,
-            )
-        # the winner acts; a winner whose action does not come is withdrawn and the coordinator picks again
-        failed = []
-        while True:
-            if turn.winner is None:
-                yield Batch("act", [])
-                break
-            turn.action_prompt = self.action_prompt(turn.winner, observation, log)
+        if not self.proposals:
+            return proposals
+        preqs = []
+        if forced is None:
+            preqs = [
+                (a, self.action_prompt(a, at.observation, at.log))
+                for a in self.coordinator.proposers(levels, rng(), at.t)
+            ]
+        answers = yield Batch("act", [self.act_row(a, p, at.key(a, keyed.ACTION)) for a, p in preqs])
+        for (a, _), r in zip(preqs, answers):
+            proposals[a] = r
+        return proposals
+
+    def _scores(self, proposals: dict, at: _At):
+        """The proposal scores (coordinators with ``judge_pairs``): the pairs the coordinator names, in one
+        :class:`Scores` request; ``(judge, proposer)`` -> score."""
+        if self.judge_pairs is None:
+            return {}
+        prompts = {p: self.action_prompt(p, at.observation, at.log) for p in proposals}
+        pairs, entries = self.judge_pairs(sorted(proposals), at.last_actor), []
+        for j, p in pairs:
+            tokens, policy = self.judge(j, proposals[p].text)
+            entries.append(((j, p, prompts[p], tokens), policy))
+        values = yield Scores(entries)
+        return {(e[0][0], e[0][1]): v for e, v in zip(entries, values)}
+
+    def _choose(self, bids: _Bids, at: _At, rng: random.Random, proposals: dict, scores: dict):
+        """The coordinator picks who acts: the :class:`Turn`, and ``reselect(winner)``, which withdraws a winner
+        whose action did not come and picks again (on the same ``rng``, its live bids without the withdrawn)."""
+        live = list(bids.levels)
+        auction = self._select(live, rng, at, proposals, scores)
+        turn = Turn(at.t, bids.levels, bids.tokens, bids.prompts, auction, bid_logprobs=bids.logprobs)
+
+        def reselect(winner: int) -> AuctionResult:
+            live[winner] = None
+            return self._select(live, rng, at, proposals, scores)
+
+        return turn, reselect
+
+    def _act(self, turn: Turn, at: _At, proposals: dict, reselect: Callable | None, snapshot: Callable | None):
+        """The winner acts: one ``Batch("act")`` (empty when the turn is skipped or the chosen proposal is the
+        action); a winner whose action does not come is withdrawn (``reselect``) and the new winner asked in one
+        more. Fills the turn's action; returns the failed winners, in order."""
+        failed: list[int] = []
+        while turn.winner is not None:
+            turn.action_prompt = self.action_prompt(turn.winner, at.observation, at.log)
             if snapshot is not None and turn.auction.contested:
                 turn.snapshot = snapshot()
-            proposal = proposals.get(turn.winner)
-            if proposal is not None:  # the chosen proposal (or a forced action) is the action, on the same prompt
+            r = proposals.get(turn.winner)
+            if r is not None:  # the chosen proposal (or a forced action) is the action, on the same prompt
                 yield Batch("act", [])
-                r = proposal
             else:
                 (r,) = yield Batch(
-                    "act", [self.act_row(turn.winner, turn.action_prompt, key(turn.winner, keyed.ACTION))]
+                    "act", [self.act_row(turn.winner, turn.action_prompt, at.key(turn.winner, keyed.ACTION))]
                 )
             if r is not None:
                 turn.action_text, turn.action_tokens = r.text, r.tokens
                 turn.action_logprobs, turn.action_version = r.logprobs, r.version
-                break
+                return failed
             failed.append(turn.winner)
-            live[turn.winner] = None
-            turn.auction = self._select(live, sel_rng, t, last_actor, proposals, scores)
+            turn.auction = reselect(turn.winner)
             turn.action_prompt = None
-        return Decided(turn, missed, failed)
+        yield Batch("act", [])
+        return failed
+
+
+def _forced_turn(forced: ForcedTurn, t: int, proposals: dict) -> Turn:
+    """A replayed turn (counterfactual branches): its bids and winner as forced; a forced action joins
+    ``proposals`` as the winner's, so it is the action."""
+    res = AuctionResult(forced.winner, None, float(forced.bids[forced.winner] or 0.0), 0.0)
+    if forced.action is not None:
+        proposals[forced.winner] = forced.action
+    return Turn(t, list(forced.bids), list(forced.bid_tokens), list(forced.bid_prompts), res)
 
 
 def lockstep(turns: list) -> Rounds:

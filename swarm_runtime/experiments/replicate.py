@@ -102,40 +102,9 @@ def combine(reports: dict[int, Report], run_dir: Path) -> Report:
     if col is not None:
         per_seed = [{"label": lb, **{f"seed {s}": by_seed[s].get(lb, {}).get(col) for s in seeds}} for lb in labels]
         tables[f"Per training seed: {col}"] = markdown_table(per_seed)
-        ref = labels[0]
-        prow = []
-        for lb in labels[1:]:
-            shared = [s for s in seeds if _has(by_seed[s], lb, col) and _has(by_seed[s], ref, col)]
-            if len(shared) >= 2:
-                m, se, n = paired_over_seeds(
-                    [by_seed[s][lb][col][0] for s in shared], [by_seed[s][ref][col][0] for s in shared]
-                )
-                how = f"over {n} training seeds"
-            elif len(shared) == 1:
-                m, se, n = _paired_heldout(reports[shared[0]], lb, ref)
-                how = f"over {n} shared held-out seeds (one training seed)" if n else "unpaired (one training seed)"
-                if not n:
-                    a, b = by_seed[shared[0]][lb][col], by_seed[shared[0]][ref][col]
-                    m, se = float(a[0]) - float(b[0]), math.hypot(float(a[1]), float(b[1]))
-            else:
-                continue
-            paired[lb] = {
-                "mean": m,
-                "se": se,
-                "n": n,
-                "how": how,
-                "per_seed": {str(s): by_seed[s][lb][col][0] - by_seed[s][ref][col][0] for s in shared},
-            }
-            prow.append(
-                {
-                    "label": f"{lb} - {ref}",
-                    f"{col} difference": (m, se),
-                    "paired": how,
-                    "per training seed": " / ".join(f"{paired[lb]['per_seed'][str(s)]:+.3g}" for s in shared),
-                }
-            )
+        paired, prow = paired_arms(reports, by_seed, labels, col)
         if prow:
-            tables[f"Paired differences against {ref}"] = markdown_table(prow)
+            tables[f"Paired differences against {labels[0]}"] = markdown_table(prow)
     plots = [p for rep in reports.values() for p in rep.plots]
     if col is not None and all(r.get(col) is not None for r in rows):
         plots.insert(
@@ -152,13 +121,6 @@ def combine(reports: dict[int, Report], run_dir: Path) -> Report:
         for s in seeds:
             if title in reports[s].tables:
                 tables[f"{title} (training seed {s})"] = reports[s].tables[title]
-    se_note = (
-        f"Each row: mean over training seeds {seeds} ± standard error over those seeds (sd of the per-seed "
-        "means / sqrt(S)), which includes training-seed spread and held-out sampling; per-seed values below."
-        if len(seeds) > 1
-        else f"One training seed ({seeds[0]}): standard errors cover held-out sampling only, not training-seed spread."
-    )
-    notes = [se_note] + seed_notes({s: rep.notes for s, rep in reports.items()})
     data = {
         "train_seeds": seeds,
         "paired": paired,
@@ -167,7 +129,57 @@ def combine(reports: dict[int, Report], run_dir: Path) -> Report:
     }
     if "runs_per_seed" in first.data:  # an experiment whose evaluation is not eval.runs runs per held-out seed
         data["runs_per_seed"] = first.data["runs_per_seed"]
+    notes = [_se_note(seeds)] + seed_notes({s: rep.notes for s, rep in reports.items()})
     return Report(first.title, rows, tables=tables, plots=plots, data=data, notes=notes)
+
+
+def paired_arms(reports: dict[int, Report], by_seed: dict, labels: list[str], col: str) -> tuple[dict, list[dict]]:
+    """Each arm against the first (``labels[0]``) on column ``col``: over the training seeds both have (two or
+    more), else over their shared held-out seeds (one training seed), else unpaired. The differences (label ->
+    mean, se, n, how, per seed) and their table's rows."""
+    ref, seeds = labels[0], list(reports)
+    paired, prow = {}, []
+    for lb in labels[1:]:
+        shared = [s for s in seeds if _has(by_seed[s], lb, col) and _has(by_seed[s], ref, col)]
+        if len(shared) >= 2:
+            m, se, n = paired_over_seeds(
+                [by_seed[s][lb][col][0] for s in shared], [by_seed[s][ref][col][0] for s in shared]
+            )
+            how = f"over {n} training seeds"
+        elif len(shared) == 1:
+            m, se, n = _paired_heldout(reports[shared[0]], lb, ref)
+            how = f"over {n} shared held-out seeds (one training seed)" if n else "unpaired (one training seed)"
+            if not n:
+                a, b = by_seed[shared[0]][lb][col], by_seed[shared[0]][ref][col]
+                m, se = float(a[0]) - float(b[0]), math.hypot(float(a[1]), float(b[1]))
+        else:
+            continue
+        paired[lb] = {
+            "mean": m,
+            "se": se,
+            "n": n,
+            "how": how,
+            "per_seed": {str(s): by_seed[s][lb][col][0] - by_seed[s][ref][col][0] for s in shared},
+        }
+        prow.append(
+            {
+                "label": f"{lb} - {ref}",
+                f"{col} difference": (m, se),
+                "paired": how,
+                "per training seed": " / ".join(f"{paired[lb]['per_seed'][str(s)]:+.3g}" for s in shared),
+            }
+        )
+    return paired, prow
+
+
+def _se_note(seeds: list[int]) -> str:
+    """What a combined row's standard error covers."""
+    if len(seeds) > 1:
+        return (
+            f"Each row: mean over training seeds {seeds} ± standard error over those seeds (sd of the per-seed "
+            "means / sqrt(S)), which includes training-seed spread and held-out sampling; per-seed values below."
+        )
+    return f"One training seed ({seeds[0]}): standard errors cover held-out sampling only, not training-seed spread."
 
 
 def _has(rows: dict, label: str, col: str) -> bool:

@@ -38,6 +38,8 @@ def _halves(values: list[float]) -> tuple[float, float]:
 
 def rlcr_teams(x):
     """RLCR: communicating collectives of 1-8 agents vs a solo agent with the same token budget and best-of-n."""
+    from functools import partial
+
     from swarm_runtime.experiments.context import Report
 
     teams = [int(k) for k in x.cfg.rlcr.teams]
@@ -45,82 +47,27 @@ def rlcr_teams(x):
     seeds = x.eval_seeds()
     runs = int(x.cfg.rlcr.eval_runs or x.cfg.eval.runs)
     t_max = float(x.cfg.rlcr.t_max.end)
-    rows, trainings, curves, signs = [], {}, {}, {}
+    rows, curves, signs = [], {}, {}
     for k in teams:
-        tr = x.train(f"rlcr-team{k}", ["algo=rlcr", "rlcr.org=flat", f"rlcr.agents={k}"])
-        trainings[k] = tr
-        run_dir = Path(tr["run_dir"])
-
-        def baselines(k=k, run_dir=run_dir, tr=tr) -> dict:
-            ctx = x.ctx
-            policy = make_shared_policy(ctx, _final(run_dir) / "agents" / SHARED)
-            _, attempts = evaluate_collective(
-                ctx, policy, loop_options(x.cfg, t_max, agents=1), seeds, runs * k, int(x.cfg.seed) + 37
-            )
-            best: dict[int, list[float]] = {}
-            for r in attempts:  # ordered run-major: attempt j of every seed, j = 0 .. runs * k - 1
-                best.setdefault(r.seed, []).append(r.progress)
-            per_seed = []
-            for vals in best.values():
-                groups = [max(vals[j * k : (j + 1) * k]) for j in range(runs)]
-                per_seed.append(sum(groups) / len(groups))
-            bm, bse = mean_se(per_seed)
-            return {"best_of_k": {"reward_mean": bm, "reward_se": bse}}
-
-        def solo_same_tokens(k=k, run_dir=run_dir) -> dict:
-            """The solo agent with the collective's mean tokens per rollout, no time limit and no cap on
-            its turns (the token budget is its only limit)."""
-            policy = make_shared_policy(x.ctx, _final(run_dir) / "agents" / SHARED)
-            collective = ckpt.load_state(_final(run_dir))["final_eval"]["collective"]
-            budget = max(1, int(round(collective["tokens_mean"])))
-            opts = replace(loop_options(x.cfg, math.inf, agents=1, token_budget=budget), max_turns_per_agent=10**9)
-            res, _ = evaluate_collective(x.ctx, policy, opts, seeds, runs, int(x.cfg.seed) + 31)
-            return {"budget_tokens": budget, "solo_budget": res}
-
-        base = {**x.cell(f"baselines-team{k}", baselines), **x.cell(f"solo-tokens-team{k}", solo_same_tokens)}
+        run_dir = Path(x.train(f"rlcr-team{k}", ["algo=rlcr", "rlcr.org=flat", f"rlcr.agents={k}"])["run_dir"])
+        base = {
+            **x.cell(f"baselines-team{k}", partial(_best_of_k, x, k, run_dir, seeds, runs, t_max)),
+            **x.cell(f"solo-tokens-team{k}", partial(_solo_same_tokens, x, run_dir, seeds, runs)),
+        }
         final = ckpt.load_state(_final(run_dir))["final_eval"]
+        signs[k] = [r for r in read_metrics(run_dir) if "signs/useful_work" in r]
+        rows.append(_team_row(k, final, base, signs[k]))
         coll, sb = final["collective"], base["solo_budget"]
-        metrics = [r for r in read_metrics(run_dir) if "signs/useful_work" in r]
-        signs[k] = metrics
-        comm = [r["signs/comm_intensity"] for r in metrics]
-        rows.append(
-            {
-                "label": f"team {k}" + (" (solo)" if k == 1 else ""),
-                "collective at T_max": (coll["reward_mean"], coll["reward_se"]),
-                "its minutes": (coll["minutes_mean"], coll["minutes_se"]),
-                "solo at T_max": ((final.get("solo") or coll)["reward_mean"], (final.get("solo") or coll)["reward_se"]),
-                "solo, same tokens": (sb["reward_mean"], sb["reward_se"]),
-                "its minutes ": (sb["minutes_mean"], sb["minutes_se"]),
-                "best-of-k at T_max": (base["best_of_k"]["reward_mean"], base["best_of_k"]["reward_se"]),
-                "msg tokens / min, first → last update": f"{comm[0]:.2f} → {comm[-1]:.2f}" if comm else "n/a",
-            }
-        )
         curves[f"team {k} at T_max"] = [tuple(p) for p in coll["curve"]]
         if k > 1:
             curves[f"solo, team {k}'s tokens"] = [tuple(p) for p in sb["curve"]]
-    # Useful work relative to the environment's mean rollout (over all team sizes) at each update.
-    n_up = min(len(v) for v in signs.values()) if signs else 0
-    rel = {k: [] for k in teams}
-    for u in range(n_up):
-        env_mean = sum(signs[k][u]["signs/useful_work"] for k in teams) / len(teams)
-        for k in teams:
-            rel[k].append(signs[k][u]["signs/useful_work"] / env_mean if env_mean > 0 else 0.0)
+    rel = _useful_work_rel(teams, signs)
     notes = [
         f"T_max = {t_max / 60:.0f} simulated minutes at evaluation; {x.xcfg.iterations} RLCR updates per team "
         f"size; held-out: {len(seeds)} seeds x {runs} runs (best-of-k: {runs} groups of k attempts per seed).",
         "best-of-k selects the best attempt by its return (an oracle selector, an upper bound on real selection).",
+        *(_signs_note(k, rel[k], signs[k]) for k in teams),
     ]
-    for k in teams:
-        d, se = _halves(rel[k])
-        c = [r["signs/comm_intensity"] for r in signs[k]]
-        dc, sec = _halves(c)
-        notes.append(
-            f"team {k} ({team_bucket(k)}): useful work / env mean rollout {rel[k][0]:.2f} → {rel[k][-1]:.2f} "
-            f"(second-half minus first-half mean {d:+.3f} ± {se:.3f}); message tokens per simulated minute, "
-            f"second-half minus first-half {dc:+.3f} ± {sec:.3f}"
-            if rel[k]
-            else f"team {k}: no updates"
-        )
     plots = [
         _plot_signs(x.run_dir / "rlcr_signs.png", teams, rel, signs),
         plot_latency(x.run_dir / "rlcr_latency.png", curves, "held-out anytime return vs simulated time"),
@@ -135,6 +82,78 @@ def rlcr_teams(x):
             "useful_work_rel": rel,
             "comm_intensity": {k: [r["signs/comm_intensity"] for r in signs[k]] for k in teams},
         },
+    )
+
+
+def _best_of_k(x, k: int, run_dir: Path, seeds, runs: int, t_max: float) -> dict:
+    """Best-of-k at ``T_max``: ``runs * k`` solo attempts per seed with the team's final policy, each group of k
+    scored by its best return (an oracle selector); the groups' mean per seed."""
+    policy = make_shared_policy(x.ctx, _final(run_dir) / "agents" / SHARED)
+    _, attempts = evaluate_collective(
+        x.ctx, policy, loop_options(x.cfg, t_max, agents=1), seeds, runs * k, int(x.cfg.seed) + 37
+    )
+    best: dict[int, list[float]] = {}
+    for r in attempts:  # ordered run-major: attempt j of every seed, j = 0 .. runs * k - 1
+        best.setdefault(r.seed, []).append(r.progress)
+    per_seed = []
+    for vals in best.values():
+        groups = [max(vals[j * k : (j + 1) * k]) for j in range(runs)]
+        per_seed.append(sum(groups) / len(groups))
+    bm, bse = mean_se(per_seed)
+    return {"best_of_k": {"reward_mean": bm, "reward_se": bse}}
+
+
+def _solo_same_tokens(x, run_dir: Path, seeds, runs: int) -> dict:
+    """The solo agent with the collective's mean tokens per rollout, no time limit and no cap on
+    its turns (the token budget is its only limit)."""
+    policy = make_shared_policy(x.ctx, _final(run_dir) / "agents" / SHARED)
+    collective = ckpt.load_state(_final(run_dir))["final_eval"]["collective"]
+    budget = max(1, int(round(collective["tokens_mean"])))
+    opts = replace(loop_options(x.cfg, math.inf, agents=1, token_budget=budget), max_turns_per_agent=10**9)
+    res, _ = evaluate_collective(x.ctx, policy, opts, seeds, runs, int(x.cfg.seed) + 31)
+    return {"budget_tokens": budget, "solo_budget": res}
+
+
+def _team_row(k: int, final: dict, base: dict, signs: list[dict]) -> dict:
+    """Team size ``k``'s row: the collective, the solo agent at ``T_max`` and with the same tokens, best-of-k, and
+    how its message tokens per minute moved over training."""
+    coll, sb = final["collective"], base["solo_budget"]
+    solo = final.get("solo") or coll
+    comm = [r["signs/comm_intensity"] for r in signs]
+    return {
+        "label": f"team {k}" + (" (solo)" if k == 1 else ""),
+        "collective at T_max": (coll["reward_mean"], coll["reward_se"]),
+        "its minutes": (coll["minutes_mean"], coll["minutes_se"]),
+        "solo at T_max": (solo["reward_mean"], solo["reward_se"]),
+        "solo, same tokens": (sb["reward_mean"], sb["reward_se"]),
+        "its minutes ": (sb["minutes_mean"], sb["minutes_se"]),
+        "best-of-k at T_max": (base["best_of_k"]["reward_mean"], base["best_of_k"]["reward_se"]),
+        "msg tokens / min, first → last update": f"{comm[0]:.2f} → {comm[-1]:.2f}" if comm else "n/a",
+    }
+
+
+def _useful_work_rel(teams: list[int], signs: dict) -> dict[int, list[float]]:
+    """Each team size's useful work relative to the environment's mean rollout (over all team sizes), per update."""
+    n_up = min(len(v) for v in signs.values()) if signs else 0
+    rel: dict[int, list[float]] = {k: [] for k in teams}
+    for u in range(n_up):
+        env_mean = sum(signs[k][u]["signs/useful_work"] for k in teams) / len(teams)
+        for k in teams:
+            rel[k].append(signs[k][u]["signs/useful_work"] / env_mean if env_mean > 0 else 0.0)
+    return rel
+
+
+def _signs_note(k: int, rel: list[float], signs: list[dict]) -> str:
+    """Team size ``k``'s signs of life: useful work relative to the mean rollout and message intensity, first
+    against second half of training."""
+    if not rel:
+        return f"team {k}: no updates"
+    d, se = _halves(rel)
+    dc, sec = _halves([r["signs/comm_intensity"] for r in signs])
+    return (
+        f"team {k} ({team_bucket(k)}): useful work / env mean rollout {rel[0]:.2f} → {rel[-1]:.2f} "
+        f"(second-half minus first-half mean {d:+.3f} ± {se:.3f}); message tokens per simulated minute, "
+        f"second-half minus first-half {dc:+.3f} ± {sec:.3f}"
     )
 
 

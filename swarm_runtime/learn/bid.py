@@ -162,15 +162,7 @@ def run_branches(
         kept = [i for i, nb in enumerate(new_bids) if nb is not None]
         for i, hb in zip(kept, resample_higher(agents, [picks[i] for i in kept], tries)):
             higher[i] = hb
-    slots, branched, owner = [], [], []
-    for (ep, turn), nb, hb in zip(picks, new_bids, higher):
-        if nb is None:
-            continue
-        cf, again = forced_turns(turn, nb)
-        for forced, side, j in [(cf, 1, j) for j in range(samples)] + [(again, 0, j) for j in range(1, samples)]:
-            slots.append(forced_slot(domain, task, ep, turn, forced, j, horizon))
-            owner.append((len(branched), side))
-        branched.append(_Pick(turn, nb.tokens, None if hb is None else hb.tokens, window_score(ep, turn.t, horizon)))
+    branched, slots, owner = branch_slots(domain, task, picks, new_bids, higher, samples, horizon)
     if not slots:
         return []
     branches = play(
@@ -184,6 +176,30 @@ def run_branches(
         sampler=sampler,
         models=models,
     )
+    return _branch_pairs(branched, owner, branches)
+
+
+def branch_slots(domain: Domain, task, picks, new_bids, higher, samples: int, horizon: int | None):
+    """The slots to play for the picks whose ``new_bids`` came (:func:`run_branches`): per pick, ``samples``
+    branches (the runner-up acts) and ``samples`` - 1 re-rolls (the selected agent acts again). Returns the
+    branched picks (:class:`_Pick`), the slots, and each slot's owner ``(pick index, side)`` (side 1: a branch,
+    0: a re-roll)."""
+    slots, branched, owner = [], [], []
+    for (ep, turn), nb, hb in zip(picks, new_bids, higher):
+        if nb is None:
+            continue
+        cf, again = forced_turns(turn, nb)
+        for forced, side, j in [(cf, 1, j) for j in range(samples)] + [(again, 0, j) for j in range(1, samples)]:
+            slots.append(forced_slot(domain, task, ep, turn, forced, j, horizon))
+            owner.append((len(branched), side))
+        branched.append(_Pick(turn, nb.tokens, None if hb is None else hb.tokens, window_score(ep, turn.t, horizon)))
+    return branched, slots, owner
+
+
+def _branch_pairs(branched: list[_Pick], owner: list[tuple[int, int]], branches: list[Episode]) -> list[BranchPair]:
+    """The bid pairs of the played branches: per pick whose branches all have their reward, the original score
+    (averaged with its re-rolls) against the branches' mean; the selected agent's pair, and the runner-up's
+    when it has a higher bid."""
     scores: list[list[list[float]]] = [[[k.original_score], []] for k in branched]  # per pick: [original, branch]
     missing = set()
     for (i, side), br in zip(owner, branches):
@@ -241,40 +257,8 @@ def bid_update(
     weights of this update (:func:`resample_lower`), so its ratio is 1. ``is_cap`` = c: each pair's term is
     weighted by ``min(c, pi_learner(original) / pi_sampler(original))`` (no gradient through it); None: the
     plain loss."""
-    decisive: dict[int, list[BranchPair]] = defaultdict(list)
-    for p in pairs:
-        if p.original_score != p.branch_score:
-            decisive[id(agents[p.agent].policy)].append(p)
-    by_policy: dict[int, list] = {}
-    for key, ps in decisive.items():
-        weights = pair_weights([p.original_score - p.branch_score for p in ps], pair_weight)
-        by_policy[key] = [
-            _PreferenceRow(
-                p.prompt,
-                *(
-                    (p.original, p.counterfactual)
-                    if p.original_score > p.branch_score
-                    else (p.counterfactual, p.original)
-                ),
-                w,
-                behaviour=p.original_logprobs,
-                original_won=p.original_score > p.branch_score,
-            )
-            for p, w in zip(ps, weights)
-        ]
-    selected = [p for p in pairs if not p.runner_up]
-    metrics: dict[str, float] = {
-        "charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
-        "charts/bid_pairs_higher_won": float(sum(p.original_score > p.branch_score for p in selected)),
-    }
-    if len(selected) < len(pairs):
-        metrics["charts/bid_pairs_runner_up"] = float(len(pairs) - len(selected))
-    for a, agent in enumerate(agents):  # per agent: how often keeping its higher bid scored better
-        mine = [p for p in selected if p.agent == a and p.original_score != p.branch_score]
-        if mine:
-            metrics[f"charts/bid_higher_won_{agent.name}"] = sum(p.original_score > p.branch_score for p in mine) / len(
-                mine
-            )
+    by_policy = preference_rows(agents, pairs, pair_weight)
+    metrics = pair_metrics(agents, pairs, by_policy)
     for agent in agents:
         batch = by_policy.pop(id(agent.policy), None)
         if not batch:
@@ -297,6 +281,52 @@ def bid_update(
             metrics[f"charts/bid_ref_logodds_{agent.role}"] = sum(shifts) / len(shifts)
         metrics[f"losses/bid_{agent.role}"] = loss
         metrics[f"charts/bid_grad_norm_{agent.role}"] = norm
+    return metrics
+
+
+def preference_rows(agents: list[Agent], pairs: list[BranchPair], pair_weight: str) -> dict[int, list]:
+    """The decisive pairs (ties dropped) as Bradley-Terry rows, per policy (``id`` of the pair's agent's policy):
+    the higher-scoring side's bid the winner, each row weighted by :func:`pair_weights` over its policy's pairs."""
+    decisive: dict[int, list[BranchPair]] = defaultdict(list)
+    for p in pairs:
+        if p.original_score != p.branch_score:
+            decisive[id(agents[p.agent].policy)].append(p)
+    by_policy: dict[int, list] = {}
+    for key, ps in decisive.items():
+        weights = pair_weights([p.original_score - p.branch_score for p in ps], pair_weight)
+        by_policy[key] = [
+            _PreferenceRow(
+                p.prompt,
+                *(
+                    (p.original, p.counterfactual)
+                    if p.original_score > p.branch_score
+                    else (p.counterfactual, p.original)
+                ),
+                w,
+                behaviour=p.original_logprobs,
+                original_won=p.original_score > p.branch_score,
+            )
+            for p, w in zip(ps, weights)
+        ]
+    return by_policy
+
+
+def pair_metrics(agents: list[Agent], pairs: list[BranchPair], by_policy: dict[int, list]) -> dict[str, float]:
+    """The pairs' counts: decisive rows, how often keeping the selected agent's higher bid scored better (in
+    all, and per agent), and the runner-up's pairs."""
+    selected = [p for p in pairs if not p.runner_up]
+    metrics: dict[str, float] = {
+        "charts/bid_pairs": float(sum(len(v) for v in by_policy.values())),
+        "charts/bid_pairs_higher_won": float(sum(p.original_score > p.branch_score for p in selected)),
+    }
+    if len(selected) < len(pairs):
+        metrics["charts/bid_pairs_runner_up"] = float(len(pairs) - len(selected))
+    for a, agent in enumerate(agents):  # per agent: how often keeping its higher bid scored better
+        mine = [p for p in selected if p.agent == a and p.original_score != p.branch_score]
+        if mine:
+            metrics[f"charts/bid_higher_won_{agent.name}"] = sum(p.original_score > p.branch_score for p in mine) / len(
+                mine
+            )
     return metrics
 
 

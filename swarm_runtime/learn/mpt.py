@@ -13,15 +13,16 @@ from functools import partial
 import torch
 from loguru import logger
 
-from swarm_runtime.cluster import close_cluster, restart_wait_s
+from swarm_runtime.cluster import close_cluster
 from swarm_runtime.cluster.placement import node_resources
 from swarm_runtime.core.env import close_all
 from swarm_runtime.core.loop import new_slots
 from swarm_runtime.evaluation.heldout import evaluate, paired_difference
 from swarm_runtime.learn.action import action_update, credit_samples_and_turns
 from swarm_runtime.learn.bid import bid_update, pick_contested, run_branches
+from swarm_runtime.learn.learner_actors import LearnerActors
 from swarm_runtime.learn.optim import load_optimizer_state, make_optimizer
-from swarm_runtime.learn.phases import PhasedTrainer, Rewound
+from swarm_runtime.learn.phases import PhasedTrainer
 from swarm_runtime.learn.sft import collect_demos, demo_accuracy, sft
 from swarm_runtime.models.adapters import adapter_lr_scale, sft_shared_base
 from swarm_runtime.models.bases import base_dir
@@ -157,12 +158,9 @@ def sft_units(
     return units
 
 
-#: Metrics of ``bid_update`` counted over all pairs: summed over the learner actors that each got a share.
-SUMMED = ("charts/bid_pairs", "charts/bid_pairs_higher_won", "charts/bid_pairs_runner_up")
-
-
-class MPTTrainer(PhasedTrainer):
-    """The MPT algorithm, registered as ``algo.name=mpt`` (phases: :class:`~.phases.PhasedTrainer`)."""
+class MPTTrainer(LearnerActors, PhasedTrainer):
+    """The MPT algorithm, registered as ``algo.name=mpt`` (phases: :class:`~.phases.PhasedTrainer`; its updates in
+    process or on learner actors: :class:`~swarm_runtime.learn.learner_actors.LearnerActors`)."""
 
     label = "MPT"  #: row name of the trained checkpoint in the held-out table
     rl_name = "MPT"
@@ -222,175 +220,6 @@ class MPTTrainer(PhasedTrainer):
             self.learner.bump(changed, version=it + 1)
             self.sampler.sync(self.learner, changed)
 
-    # ------------------------------------------------------------------ learners
-    def _ray_learners(self) -> bool:
-        c = self.cfg.get("cluster")
-        return c is not None and c.get("learners", "local") == "ray"
-
-    def _update(self, kind: str, fn, items: list, agent_of, **kw) -> dict:
-        """Update ``kind`` (``fn``: ``action_update`` on samples, ``bid_update`` on pairs; ``agent_of(item)``: the
-        agent index an item trains; ``kw["reference"]``: whether the reference policies take part). In process
-        (``cluster.learners=local``), or on the learner actors of the items' roles (``ray``): each gets its items
-        (and ``behaviour``, aligned with them), the driver takes back the changed weights and the FLOPs counted."""
-        use_ref = bool(kw.pop("reference"))
-        if not self._ray_learners():
-            ref = self._reference_policies() if use_ref else None
-            return fn(self.agents, items, self.optimizers[kind], reference=ref, **kw)
-        from swarm_runtime.cluster.learners import LearnerGone, LearnerLost, copy_params, replay_flops
-
-        try:
-            group = self._learners()
-            results = group.update(fn, kind, self._shares(group, items, agent_of, use_ref, kw))
-        except LearnerLost as lost:
-            self._rewind(lost)
-            raise Rewound(str(lost)) from None
-        except LearnerGone as gone:
-            raise self._stopped(gone) from None
-        m: dict = {}
-        for res in results:
-            for k, v in res["metrics"].items():
-                m[k] = m[k] + v if k in SUMMED and k in m else v
-            for role, tensors in res["params"].items():
-                copy_params(self.policies[role], tensors)
-            replay_flops(self.ctx.flops, res["flops"])
-        return m
-
-    def _shares(self, group, items: list, agent_of, use_ref: bool, kw: dict) -> dict:
-        """``{learner: (its items, its keyword arguments)}``: each item to the learner of its agent's role
-        (``behaviour``, one entry per item, split alike); no items: the first role's learner, with none."""
-        share: dict[str, list[int]] = {}
-        for i, item in enumerate(items):
-            share.setdefault(group.learner_of[self.agents[agent_of(item)].role], []).append(i)
-        if not share:  # nothing to train: the learner of the first role answers the empty update's metrics
-            share = {group.learner_of[next(iter(self.policies))]: []}
-        return {
-            name: (
-                [items[i] for i in idx],
-                {
-                    **kw,
-                    "reference": use_ref,
-                    **({"behaviour": [kw["behaviour"][i] for i in idx]} if "behaviour" in kw else {}),
-                },
-            )
-            for name, idx in share.items()
-        }
-
-    def _sft_on_learners(self, fn, kwargs_of) -> list[tuple]:
-        """``cluster.learners=ray``: the learner actors start now (before SFT) and each runs ``fn`` (:func:`sft_units`,
-        or the monolithic model's) on its roles, with ``kwargs_of(roles)`` (their demos, seeds and settings as in
-        process: the same result); the driver copies the trained weights (and fp32 masters, and a trained shared
-        base) into its copies. The units in the in-process order (bases, then roles), each with the FLOPs it
-        counted. A learner lost here ends the run with one line: there is no checkpoint yet, and a resume does the
-        SFT again."""
-        from swarm_runtime.cluster.learners import LearnerGone, LearnerLost, copy_params
-
-        try:
-            group = self._learner_group(sft_first=True)
-            results = group.sft(fn, {name: kwargs_of(roles) for name, roles in group.roles.items()})
-        except (LearnerLost, LearnerGone) as exc:
-            raise LearnerGone(
-                f"{exc}, during the SFT cold start; the run has no checkpoint yet: swarm run run_dir={self.ctx.run_dir} "
-                f"resume=true{self._address_arg()} starts it again (SFT from the start)"
-            ) from None
-        shared = {p.shared_base.name: p.shared_base for p in self.policies.values() if hasattr(p, "shared_base")}
-        units = []
-        for name, res in results.items():
-            for role, tensors in res["params"].items():
-                copy_params(self.policies[role], tensors)
-                restore_master_weights(self.policies[role].parameters(), res["masters"][role])
-            for base, tensors in res["bases"].items():
-                shared[base].load_base_params(tensors)
-            units += res["units"]
-            logger.info("SFT of {} ran on learner {} (pid {})", "+".join(group.roles[name]), name, group.pids[name])
-        order = {role: i for i, role in enumerate(self.policies)}
-        return sorted(units, key=lambda u: (u[0] != "base", order[u[3]]))
-
-    def _learners(self):
-        """``cluster.learners=ray``: the learner actors (:meth:`_learner_group`), given the reference policies and
-        loaded with the driver's weights and optimizer state whenever the driver's are the newer (the start of RL, a
-        resume's or a rewind's checkpoint); from then on the optimizers live only there."""
-        from swarm_runtime.cluster.learners import params_of, trained_bases, training_state
-
-        group = self._learner_group()
-        if not self._group_loaded:
-            a = self.cfg.algo
-            if (float(a.kl_coef) > 0 or str(a.bid_reference) == "sft") and group.reference_missing:
-                group.set_reference(self._reference_policies())  # made after SFT: the actors started before it
-            bases = trained_bases(self.policies)  # the actors were made before SFT: a restarted one lacks its base's
-            self._group.load(
-                {
-                    role: {
-                        "params": params_of(p),
-                        "state": training_state(p, {k: t[role] for k, t in self.optimizers.items() if role in t}),
-                        **({"base": bases[role]} if role in bases else {}),
-                    }
-                    for role, p in self.policies.items()
-                }
-            )
-            self._group_loaded, self.optimizers = True, {}
-        return self._group
-
-    def _learner_group(self, sft_first: bool = False):
-        """The learner actors, started on first use: before SFT (``sft_first``: a sharded learner's ranks then
-        each run SFT on their own full copy, and are sharded after it) or, on a resumed run, at its first update.
-        They are started without reference policies (those come from the SFT checkpoint: :meth:`_learners`)."""
-        from swarm_runtime.cluster.learners import LearnerGroup
-        from swarm_runtime.cluster.shards import ShardedLearnerGroup
-
-        if self._group is None:
-            c, t = self.cfg.cluster, self.cfg.get("train")
-            # fsdp, deepspeed: each learner train.shards ranks (cluster/shards.py)
-            sharded = t is not None and str(t.engine) in ("fsdp", "deepspeed")
-            make = (
-                partial(ShardedLearnerGroup, shards=int(t.shards), engine=str(t.engine), join=not sft_first)
-                if sharded
-                else LearnerGroup
-            )
-            self._group = make(
-                self.policies,
-                [(x.name, x.role) for x in self.agents],
-                partial(role_optimizers, settings=optimizer_settings(self.cfg)),
-                None,
-                self.ctx.run_dir,
-                max_restarts=int(c.learner_restarts),
-                options=self._learner_placement,
-                address=c.address,
-                num_cpus=c.get("num_cpus"),
-                restart_wait_s=restart_wait_s(self.cfg),
-            )
-            spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
-            if spec is not None:  # each rank in its group's bundle, as the actor and Ray's accounts tell
-                from swarm_runtime.cluster.placement import check_learners_placed
-
-                for line in check_learners_placed(spec, self._group.placement_groups(), self._group.roles):
-                    logger.info("placement: {}", line)
-            # where each rank runs (its node's id, address and custom resources), as it says: on more than one node
-            # (cluster.resources, a placement's bundles, or Ray's choice) the logs and the multi-node tests read it
-            from swarm_runtime.cluster.env_cluster import nodes_of
-
-            g = self._group
-            names = [(n, k) for n in g.actors for k in range(len(g.processes(n)))]
-            where = nodes_of(g.ray, [g.processes(n)[k] for n, k in names], g.restart_wait_s)
-            logger.info("learners on nodes: {}", ", ".join(f"{n}[{k}] {w}" for (n, k), w in zip(names, where)))
-        return self._group
-
-    def _learner_placement(self, name: str, roles: list[str], shard: int = 0) -> dict:
-        """Ray options of learner ``name``'s shard ``shard``: :attr:`learner_options`, and with ``cluster.placement``
-        its slot (learner shard ``shard``) in the placement group of its roles, which the env cluster reserved."""
-        from swarm_runtime.cluster.shards import rank_gpus
-
-        out = {**node_resources(self.cfg, "learner"), **self.learner_options}
-        spec = getattr(self._envs[1], "placement", None) if self._envs is not None else None
-        out.update(rank_gpus(self.cfg, placed=spec is not None))  # a sharded rank's GPU, unless its bundle has it
-        if spec is not None:
-            from swarm_runtime.cluster.placement import actor_options
-
-            group = next((g.name for g in spec.groups if set(roles) <= set(g.roles)), None)
-            if group is None:
-                raise RuntimeError(f"learner {name!r}: no placement group holds its roles {roles}")
-            out.update(actor_options(spec, group, "learner", shard))
-        return out
-
     def _sampler_placement(self, name: str, roles: list[str], replica: int = 0) -> dict:
         """Ray options of the engine sampler actor of base ``name`` (``cluster.samplers=ray``, ``rollout.engine=vllm``;
         ``replica``: its index of ``cluster.sampler_replicas``): with ``cluster.placement``, that replica's bundle of
@@ -404,27 +233,6 @@ class MPTTrainer(PhasedTrainer):
         if group is None:
             raise RuntimeError(f"sampler of base {name!r}: no placement group holds its roles {roles}")
         return actor_options(spec, group, "sampler", replica)
-
-    def _last_lr(self, kind: str) -> float:
-        """The learning rate of the first role's ``kind`` optimizer (the ``charts/lr`` metric)."""
-        if self._group_loaded:
-            return self._group.lr[kind][next(iter(self.policies))]
-        return next(iter(self.optimizers[kind].values()))[1].get_last_lr()[0]
-
-    def _training_states(self) -> dict | None:
-        """The optimizer state and fp32 masters of each role for a checkpoint: the learner actors' once they hold
-        them (``cluster.learners=ray``), else None (the driver's own optimizers)."""
-        if not self._group_loaded:
-            return None
-        from swarm_runtime.cluster.learners import LearnerGone, LearnerLost
-
-        try:
-            return self._group.training_states()
-        except LearnerLost as lost:
-            self._rewind(lost)
-            raise Rewound(str(lost)) from None
-        except LearnerGone as gone:
-            raise self._stopped(gone) from None
 
     def _stopped(self, gone, kind=None):
         """The error that ends the run when a learner actor cannot be restarted: what was lost, where the run
@@ -503,6 +311,10 @@ class MPTTrainer(PhasedTrainer):
     def _optimizers(self, policies: dict) -> dict:
         """Per role, one AdamW for action steps and one for bid steps (:func:`role_optimizers`)."""
         return role_optimizers(policies, optimizer_settings(self.cfg))
+
+    def _optimizer_maker(self):
+        """``make(policies)``: :meth:`_optimizers` as a module-level function, which learner actors make theirs with."""
+        return partial(role_optimizers, settings=optimizer_settings(self.cfg))
 
     def _setup(self):
         ctx = self.ctx
@@ -591,6 +403,8 @@ class MPTTrainer(PhasedTrainer):
 
     # ------------------------------------------------------------------ phases
     def cold_start(self) -> None:
+        """SFT of every role (and of a config-built shared base) on the expert's demonstrations, in process or on
+        the learner actors; each unit's metrics logged at step 0, then the ``sft`` checkpoint."""
         ctx, s = self.ctx, self.cfg.algo.sft
         ctx.flops.category = "sft"
         train_seeds = ctx.seeds("train")
@@ -604,6 +418,20 @@ class MPTTrainer(PhasedTrainer):
             rng=random.Random(int(self.cfg.seed)),
         )
         t0 = time.time()
+        for kind, name, m, _, events in self._sft_units(demos):
+            if events is not None:
+                from swarm_runtime.cluster.learners import replay_flops
+
+                replay_flops(ctx.flops, events)
+            self._log_sft_unit(kind, name, m, demos)
+        logger.info("SFT done in {:.0f}s", time.time() - t0)
+        self.state["phase"] = "sft_done"
+        self._save("sft")
+
+    def _sft_units(self, demos: dict) -> list[tuple]:
+        """:func:`sft_units` on ``demos`` (role -> examples): in process, or on the learner actors, started now
+        (the driver takes their weights); each unit with the FLOP events it counted (None in process)."""
+        s = self.cfg.algo.sft
         settings = dict(
             epochs=int(s.epochs),
             lr=float(s.lr),
@@ -614,8 +442,8 @@ class MPTTrainer(PhasedTrainer):
             progress=bool(self.cfg.progress),
         )
         seeds = {role: int(self.cfg.seed) + i for i, role in enumerate(self.policies)}
-        if self._ray_learners():  # on the learner actors, started now; the driver takes their weights
-            units = self._sft_on_learners(
+        if self._ray_learners():
+            return self._sft_on_learners(
                 sft_units,
                 lambda roles: {
                     **settings,
@@ -623,40 +451,35 @@ class MPTTrainer(PhasedTrainer):
                     "seeds": {r: seeds[r] for r in roles},
                 },
             )
-        else:
-            units = [(*u, None) for u in sft_units(self.policies, demos=demos, seeds=seeds, **settings)]
-        for kind, name, m, _, events in units:
-            if events is not None:
-                from swarm_runtime.cluster.learners import replay_flops
+        return [(*u, None) for u in sft_units(self.policies, demos=demos, seeds=seeds, **settings)]
 
-                replay_flops(ctx.flops, events)
-            if kind == "base":  # "base" (model.*), "base-NAME" (model.bases)
-                logger.info(
-                    "SFT shared {}: {} examples (its roles), loss {:.3f} -> {:.3f}",
-                    name,
-                    m["examples"],
-                    m["first_loss"],
-                    m["loss"],
-                )
-                self.writer.log(0, {f"sft/{k}_{name}": v for k, v in m.items()})
-                continue
-            if not demos[name]:
-                logger.warning("SFT {}: the expert gave this role no demonstrations; it starts untrained", name)
-                continue
-            acc = m["demo_action_accuracy"]
+    def _log_sft_unit(self, kind: str, name: str, m: dict, demos: dict) -> None:
+        """One SFT unit's line and metrics: a shared base (``base``, ``base-NAME``) or a role (one the expert gave
+        no demonstrations in ``demos`` starts untrained)."""
+        if kind == "base":  # "base" (model.*), "base-NAME" (model.bases)
             logger.info(
-                "SFT {}: {} examples, loss {:.3f} -> {:.3f}, greedy demo-action accuracy {}",
+                "SFT shared {}: {} examples (its roles), loss {:.3f} -> {:.3f}",
                 name,
                 m["examples"],
                 m["first_loss"],
                 m["loss"],
-                "n/a (no action demos)" if acc != acc else f"{acc:.0%}",
             )
             self.writer.log(0, {f"sft/{k}_{name}": v for k, v in m.items()})
-            self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": name, **m})
-        logger.info("SFT done in {:.0f}s", time.time() - t0)
-        self.state["phase"] = "sft_done"
-        self._save("sft")
+            return
+        if not demos[name]:
+            logger.warning("SFT {}: the expert gave this role no demonstrations; it starts untrained", name)
+            return
+        acc = m["demo_action_accuracy"]
+        logger.info(
+            "SFT {}: {} examples, loss {:.3f} -> {:.3f}, greedy demo-action accuracy {}",
+            name,
+            m["examples"],
+            m["first_loss"],
+            m["loss"],
+            "n/a (no action demos)" if acc != acc else f"{acc:.0%}",
+        )
+        self.writer.log(0, {f"sft/{k}_{name}": v for k, v in m.items()})
+        self._hook("swarm_on_train_step", step=0, kind="sft", metrics={"role": name, **m})
 
     def held_out(self, label: str) -> dict:
         ctx = self.ctx
@@ -764,14 +587,32 @@ class MPTTrainer(PhasedTrainer):
         close_all(envs, quiet=True)
 
     def rl_step(self, it: int) -> dict:
+        """RL update ``it``: its rollout (played now, or ahead), then an action step or a bid step
+        (:func:`step_kind`); the roles it stepped go to the sampler. Its metrics row."""
         ctx, a = self.ctx, self.cfg.algo
         kind = step_kind(it, int(a.action_steps), int(a.bid_steps))
         ctx.flops.category = "rollout"
         t_step = time.time()
         episodes, rollout_s = self._episodes(it)
+        m = self._rollout_report(episodes, rollout_s)
+        t1 = time.time()
+        m.update(self._action_step(episodes) if kind == "action" else self._bid_step(episodes))
+        self._synced(it, m)
+        m["time/update_s"] = time.time() - t1
+        # the update's wall: waiting for its rollout (played ahead or now) and training
+        m["time/step_s"] = time.time() - t_step
+        m["charts/lr"] = self._last_lr(kind)
+        m["kind"] = kind
+        m.update({f"flops/{k}": v for k, v in ctx.flops.by_category.items()})
+        m["flops/total"] = ctx.flops.training_total
+        return m
+
+    def _rollout_report(self, episodes, rollout_s: float) -> dict:
+        """The rollout's episodes told to ``swarm_on_episode_end``, and its metrics (with how stale its
+        weights were, under ``rollout.max_staleness``)."""
         for ep in episodes:
             self._hook(
-                "swarm_on_episode_end", domain=ctx.domain.name, seed=ep.seed, reward=ep.reward, metrics=ep.metrics
+                "swarm_on_episode_end", domain=self.ctx.domain.name, seed=ep.seed, reward=ep.reward, metrics=ep.metrics
             )
         m = rollout_metrics(episodes, self.agents)
         m["time/rollout_s"] = rollout_s
@@ -779,72 +620,68 @@ class MPTTrainer(PhasedTrainer):
             lag = rollout_staleness(episodes, model_names(self.agents), self.learner)
             if lag is not None:
                 m["charts/staleness"] = lag
-        t1 = time.time()
+        return m
+
+    def _action_step(self, episodes) -> dict:
+        """REINFORCE on the episodes' acted turns, each with its credit (docs/method.md)."""
+        ctx, a = self.ctx, self.cfg.algo
         scale = float(a.reward_scale or ctx.task.reward_max)
-        if kind == "action":
-            ctx.flops.category = "update"
-            samples, turns = credit_samples_and_turns(episodes, self.credit, self.rng)
-            kl_coef = float(a.kl_coef)
-            is_cap = a.get("is_cap")
-            m.update(
-                self._update(
-                    "action",
-                    action_update,
-                    samples,
-                    lambda s: s[0],
-                    reward_scale=scale,
-                    minibatch=self._minibatch(),
-                    grad_clip=float(a.grad_clip),
-                    reference=kl_coef > 0,
-                    kl_coef=kl_coef,
-                    behaviour=[t.action_logprobs for t in turns],
-                    is_cap=None if is_cap is None else float(is_cap),
-                )
+        ctx.flops.category = "update"
+        samples, turns = credit_samples_and_turns(episodes, self.credit, self.rng)
+        kl_coef = float(a.kl_coef)
+        is_cap = a.get("is_cap")
+        return self._update(
+            "action",
+            action_update,
+            samples,
+            lambda s: s[0],
+            reward_scale=scale,
+            minibatch=self._minibatch(),
+            grad_clip=float(a.grad_clip),
+            reference=kl_coef > 0,
+            kl_coef=kl_coef,
+            behaviour=[t.action_logprobs for t in turns],
+            is_cap=None if is_cap is None else float(is_cap),
+        )
+
+    def _bid_step(self, episodes) -> dict:
+        """Counterfactual branches of the episodes' contested turns, and Bradley-Terry on their bid pairs
+        (docs/method.md, section 4)."""
+        ctx, a = self.ctx, self.cfg.algo
+        ctx.flops.category = "branch"
+        sampler, models = self._rollouts()
+        picks = pick_contested(episodes, int(a.branches_per_episode), self.rng)
+        with torch.no_grad():
+            pairs = run_branches(
+                self.agents,
+                self.coordinator,
+                self.env_domain(),
+                ctx.task,
+                picks,
+                int(a.resample_tries),
+                self.rng,
+                samples=int(a.branch_samples),
+                horizon=None if a.branch_horizon is None else int(a.branch_horizon),
+                runner_up_pairs=str(a.bid_pairs) == "both",
+                sampler=sampler,
+                models=models,
             )
-        else:
-            ctx.flops.category = "branch"
-            sampler, models = self._rollouts()
-            picks = pick_contested(episodes, int(a.branches_per_episode), self.rng)
-            with torch.no_grad():
-                pairs = run_branches(
-                    self.agents,
-                    self.coordinator,
-                    self.env_domain(),
-                    ctx.task,
-                    picks,
-                    int(a.resample_tries),
-                    self.rng,
-                    samples=int(a.branch_samples),
-                    horizon=None if a.branch_horizon is None else int(a.branch_horizon),
-                    runner_up_pairs=str(a.bid_pairs) == "both",
-                    sampler=sampler,
-                    models=models,
-                )
-            ctx.flops.category = "update"
-            m["charts/contested_picked"] = float(len(picks))
-            m.update(
-                self._update(
-                    "bid",
-                    bid_update,
-                    pairs,
-                    lambda p: p.agent,
-                    minibatch=self._minibatch(),
-                    grad_clip=float(a.grad_clip),
-                    pair_weight=str(a.bid_pair_weight),
-                    reference=str(a.bid_reference) == "sft",
-                    beta=float(a.bid_beta),
-                    is_cap=None if a.get("is_cap") is None else float(a.is_cap),
-                )
+        ctx.flops.category = "update"
+        m = {"charts/contested_picked": float(len(picks))}
+        m.update(
+            self._update(
+                "bid",
+                bid_update,
+                pairs,
+                lambda p: p.agent,
+                minibatch=self._minibatch(),
+                grad_clip=float(a.grad_clip),
+                pair_weight=str(a.bid_pair_weight),
+                reference=str(a.bid_reference) == "sft",
+                beta=float(a.bid_beta),
+                is_cap=None if a.get("is_cap") is None else float(a.is_cap),
             )
-        self._synced(it, m)
-        m["time/update_s"] = time.time() - t1
-        m["time/step_s"] = (
-            time.time() - t_step
-        )  # the update's wall: waiting for its rollout (played ahead or now) and training
-        m["charts/lr"] = self._last_lr(kind)
-        m["kind"] = kind
-        m.update({f"flops/{k}": v for k, v in ctx.flops.by_category.items()})
-        m["flops/total"] = ctx.flops.training_total
+        )
         return m
 
     # ------------------------------------------------------------------ main

@@ -7,10 +7,11 @@ replicas of a role share its adapter). Each role's :class:`AdapterPolicy` is a
 and nothing else), and whose ``save`` writes the adapter in PEFT format beside a pointer to the base.
 
 One forward pass per turn: the episode loop hands the bid (or action) rows of every role sharing a
-base to :class:`MixedBatch`, which groups them by adapter and runs them in one batch through
-:class:`GroupedLoRA` (the base once over all rows, each adapter's LoRA on its own contiguous rows; PEFT's
-``adapter_names=`` mixed batch is the reference it is tested against); each row is then sampled with
-its own policy's generator (or its keyed noise), as a per-role call would.
+base to :class:`~swarm_runtime.models.mixed_batch.MixedBatch`, which groups them by adapter and runs them in
+one batch through :class:`~swarm_runtime.models.mixed_batch.GroupedLoRA` (the base once over all rows, each
+adapter's LoRA on its own contiguous rows; PEFT's ``adapter_names=`` mixed batch is the reference it is tested
+against); each row is then sampled with its own policy's generator (or its keyed noise), as a per-role call
+would.
 
 Where the base comes from: ``model.path`` (any local Hugging Face causal LM, frozen); or, with no
 path (the CPU default), the tiny model built from the config, which the cold start first fine-tunes
@@ -30,13 +31,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from loguru import logger
 
 from swarm_runtime.config.errors import ConfigError
-from swarm_runtime.core.protocols import Bid, Response
 from swarm_runtime.models.flops import FlopCounter
-from swarm_runtime.models.noise import gumbel_max
+from swarm_runtime.models.mixed_batch import GroupedLoRA, spans_of
 from swarm_runtime.models.tokenizer import build_tokenizer
 from swarm_runtime.models.transformers_backend import (
     TransformersPolicy,
@@ -335,81 +334,6 @@ class AdapterPolicy(TransformersPolicy):
 MIXED_IMPL = "grouped"
 
 
-def spans_of(names: Sequence[str]) -> list[tuple[str, int, int | None]] | None:
-    """``[(adapter, start, end)]`` when each adapter's rows are one contiguous run, else None."""
-    spans: list[tuple[str, int, int]] = []
-    for i, n in enumerate(names):
-        if spans and spans[-1][0] == n:
-            spans[-1] = (n, spans[-1][1], i + 1)
-        elif any(s[0] == n for s in spans):
-            return None
-        else:
-            spans.append((n, i, i + 1))
-    return spans
-
-
-class GroupedLoRA:
-    """Mixed-adapter LoRA forward over rows grouped by adapter (:class:`MixedBatch` sorts its rows so
-    that each adapter's rows are contiguous). In every LoRA linear layer the base runs once over the
-    whole batch, and each adapter present adds ``scale * B(A(x))`` to its own slice of rows in place:
-    the same products PEFT computes for one active adapter, on that adapter's rows only, with no
-    per-row weight stacks, no gathers and no scatters. Built once per routed call (the spans and
-    layers are reused by every decode step); eval mode only (no dropout); a context manager that
-    patches the LoRA layers' ``forward`` and restores them on exit."""
-
-    def __init__(self, layers: list, spans: list[tuple[str, int, int | None]]):
-        self.layers, self.spans = layers, spans
-
-    @classmethod
-    def build(cls, layers: Sequence, spans: list[tuple[str, int, int | None]] | None) -> GroupedLoRA | None:
-        """``spans``: ``[(adapter, first row, end row)]`` (:func:`spans_of`; ``[(adapter, 0, None)]``:
-        every row). None when the rows are not grouped by adapter (``spans`` None), some layer lacks
-        an adapter, a layer has a LoRA variant (DoRA...), or an adapter is merged: PEFT's path then."""
-        from peft.tuners.lora import Linear as LoraLinear
-
-        if spans is None:
-            return None
-        routed = []
-        for m in layers:
-            if not isinstance(m, LoraLinear):
-                return None
-            if getattr(m, "merged", False) or any(n not in m.lora_A or n in m.lora_variant for n, _, _ in spans):
-                return None
-            routed.append((m, [(s, e, m.lora_A[n], m.lora_B[n], float(m.scaling[n])) for n, s, e in spans]))
-        return cls(routed, spans) if routed else None
-
-    def __enter__(self):
-        for m, parts in self.layers:
-            # the LoRA Linear modules are kept and their weights read at each call: FSDP2 (a sharded learner,
-            # learn/sharded.py) swaps a module's sharded weights for the gathered ones only around its forward
-            def forward(x, *args, _m=m, _parts=parts, **kwargs):
-                out = _m.base_layer(x, *args, **kwargs)
-                if torch.is_grad_enabled():  # scored for a gradient: out of place, so autograd sees it
-                    parts = []
-                    for s, e, lin_a, lin_b, scale in _parts:
-                        A, B = lin_a.weight, lin_b.weight
-                        r = out[s:e] + F.linear(F.linear(x[s:e].to(A.dtype), A), B) * scale
-                        parts.append(r.to(out.dtype))
-                    return parts[0] if len(parts) == 1 else torch.cat(parts)
-                for s, e, lin_a, lin_b, scale in _parts:
-                    A, B = lin_a.weight, lin_b.weight
-                    xs = x[s:e] if x.dtype == A.dtype else x[s:e].to(A.dtype)
-                    d = F.linear(F.linear(xs, A), B) * scale
-                    if d.dtype == out.dtype:
-                        out[s:e] += d
-                    else:  # fp32 adapters on a bf16 base: add in fp32, round once (as PEFT does)
-                        out[s:e] = out[s:e] + d
-                return out
-
-            m.forward = forward
-        return self
-
-    def __exit__(self, *exc):
-        for m, _ in self.layers:
-            del m.forward
-        return False
-
-
 class BasePolicy(AdapterPolicy):
     """The shared base with its adapters disabled, its weights the parameters (:meth:`SharedBase.training_base`)."""
 
@@ -422,118 +346,6 @@ class BasePolicy(AdapterPolicy):
     def _forward(self, **kw):
         with self.model.disable_adapter():
             return self.model(**kw)
-
-
-class MixedBatch:
-    """Rows of several adapter policies on one base, run as one batch: the ``bid``/``act`` of the
-    episode loop for a group of rows that span several roles. The rows are run grouped by adapter
-    (a stable sort: each adapter's rows keep their order) through :class:`GroupedLoRA`, and the
-    results are put back in the callers' order."""
-
-    def __init__(self, rows: list[AdapterPolicy]):
-        self.rows, self.lead = rows, rows[0]
-        self.names = [p.adapter for p in rows]
-        first: dict[str, int] = {}
-        for n in self.names:
-            first.setdefault(n, len(first))
-        self._first = first
-        #: the rows' order grouped by adapter (identity when they already are)
-        self.order = sorted(range(len(rows)), key=lambda i: first[self.names[i]])
-
-    def _ready(self) -> AdapterPolicy:
-        lead = self.lead
-        if lead.model.training:
-            lead.eval()
-        return lead
-
-    def _pick_rows(self, rows: list[AdapterPolicy]):
-        """A sampler for :meth:`TransformersPolicy._sample`: each row drawn from its own policy's generator."""
-        lead = self.lead
-
-        def pick(logits, keys=None):
-            if lead.temperature <= 0 or keys is not None:
-                return lead._pick(logits, keys)
-            probs = F.softmax(logits.float() / lead.temperature, dim=-1)
-            return self._draw(probs, rows)
-
-        return pick
-
-    @staticmethod
-    def _draw(probs: torch.Tensor, rows: list[AdapterPolicy]) -> torch.Tensor:
-        out = torch.empty(len(rows), dtype=torch.long)
-        groups: dict[int, tuple[AdapterPolicy, list[int]]] = {}
-        for i, p in enumerate(rows):
-            groups.setdefault(id(p), (p, []))[1].append(i)
-        for p, idx in groups.values():
-            out[idx] = torch.multinomial(probs[idx].cpu(), 1, generator=p.gen).squeeze(1)
-        return out.to(probs.device)
-
-    def _per_policy(self, method: str, prompts, keys):
-        """Fallback: one call per policy (constrained actions: each role has its own choice trie)."""
-        out: list = [None] * len(prompts)
-        groups: dict[int, tuple[AdapterPolicy, list[int]]] = {}
-        for i, p in enumerate(self.rows):
-            groups.setdefault(id(p), (p, []))[1].append(i)
-        for p, idx in groups.values():
-            res = getattr(p, method)(
-                [prompts[i] for i in idx], **({} if keys is None else {"keys": [keys[i] for i in idx]})
-            )
-            for i, r in zip(idx, res):
-                out[i] = r
-        return out
-
-    def _generate(self, prompts: list[str], keys, max_new: int, ban) -> tuple[list[list[int]], list[list[float]]]:
-        """Sampled responses of every row in one routed call (rows grouped by adapter, results in
-        the callers' order), with their per-token log-probs."""
-        lead, order = self._ready(), self.order
-        rows = [self.rows[i] for i in order]
-        lps: list = []
-        with lead.routed([p.adapter for p in rows]):
-            outs = lead._sample(
-                [lead.encode_prompt(prompts[i]) for i in order],
-                max_new,
-                ban,
-                None if keys is None else [keys[i] for i in order],
-                None,
-                pick=self._pick_rows(rows),
-                logprobs_out=lps,
-            )
-        back: list[list[int]] = [[] for _ in prompts]
-        back_lp: list[list[float]] = [[] for _ in prompts]
-        for j, i in enumerate(order):
-            back[i], back_lp[i] = outs[j], lps[j]
-        return back, back_lp
-
-    def act(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Response]:
-        if not prompts:
-            return []
-        if any(p.action_trie is not None for p in self.rows):
-            return self._per_policy("act", prompts, keys)
-        lead = self.lead
-        outs, lps = self._generate(prompts, keys, lead.max_action_tokens, lead._action_ban)
-        return [Response(lead.decode(o), o, lp) for o, lp in zip(outs, lps)]
-
-    def bid(self, prompts: list[str], keys: list[tuple[int, ...]] | None = None) -> list[Bid]:
-        if not prompts:
-            return []
-        lead = self._ready()
-        if lead.bid_mode == "logits":
-            # each distinct (adapter, prompt) scored once, grouped by adapter
-            distinct = sorted(dict.fromkeys(zip(self.names, prompts)), key=lambda k: self._first[k[0]])
-            row = {k: i for i, k in enumerate(distinct)}
-            full: list = []
-            with lead.routed([n for n, _ in distinct]):
-                probs = lead.bid_distribution([p for _, p in distinct], logprobs_out=full)
-            pick = [row[k] for k in zip(self.names, prompts)]
-            probs, full_lp = probs[pick], full[0][pick]
-            if lead.temperature <= 0:
-                idx = probs.argmax(-1).tolist()
-            elif keys is not None:
-                idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
-            else:
-                idx = self._draw(probs, self.rows).tolist()
-            return lead.level_bids(idx, full_lp)
-        return lead.parse_bids(*self._generate(prompts, keys, lead.max_bid_tokens, None))
 
 
 def lora_config(opts):
@@ -723,43 +535,10 @@ def _build_base(
     """Base ``base`` (``model_cfg``: its settings) and the adapters of ``roles`` on it."""
     peft = _peft()
     source, folder, fp = resolve_base(model_cfg, init_dir, roles, base)
-    # a model.path base in hardware.dtype (else model.dtype); a config-built one in hardware.dtype (else fp32): built
-    # and cast so, and its trained copy (a checkpoint's base/) loaded back so, to the same weights and buffers
-    dtype = str(hardware_cfg.get("dtype") or model_cfg.get("dtype", "float32"))
-    built = str(hardware_cfg.get("dtype") or "float32")
-    if folder is not None:
-        model, tok = load_pretrained(
-            folder,
-            bid_levels,
-            dtype if source is not None else built,
-            attention=hardware_cfg.get("attention"),
-            seeded_resize=True,
-        )
-    else:
-        tok = build_tokenizer(words, bid_levels)
-        model = build_tiny_model(len(tok), model_cfg, int(seeds[0]))
-        if hardware_cfg.get("dtype"):  # a GPU profile: the built base in its dtype (bf16)
-            model = cast_weights(model, built)
-    if hardware_cfg.get("gradient_checkpointing"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
+    model, tok = _base_model(model_cfg, hardware_cfg, words, bid_levels, int(seeds[0]), source, folder)
     check_targets(model, list(model_cfg.lora.target_modules))
     names = [adapter_name(r) for r in roles]
-    with torch.random.fork_rng(devices=[]):
-        for i, (role, name) in enumerate(zip(roles, names)):
-            torch.manual_seed(int(seeds[i]))
-            src = Path(init_dir) / role if init_dir is not None else None
-            if src is not None:
-                refuse_custom_code(src)  # PEFT reads adapter_config.json only; a folder asking for code is refused
-            if i == 0:
-                if src is not None:
-                    model = peft.PeftModel.from_pretrained(model, str(src), adapter_name=name, is_trainable=True)
-                else:
-                    model = peft.get_peft_model(model, lora_config(model_cfg.lora), adapter_name=name)
-            elif src is not None:
-                model.load_adapter(str(src), adapter_name=name, is_trainable=True)
-            else:
-                model.add_adapter(name, lora_config(model_cfg.lora))
+    model = _with_adapters(peft, model, model_cfg.lora, roles, names, seeds, init_dir)
     for n, p in model.named_parameters():  # the base is frozen; adapters train (one at a time)
         p.requires_grad_("lora_" in n)
     model.eval()
@@ -781,6 +560,53 @@ def _build_base(
         ", ".join(model_cfg.lora.target_modules),
     )
     return policies
+
+
+def _base_model(model_cfg, hardware_cfg, words, bid_levels, seed: int, source: str | None, folder: Path | None):
+    """The base model and tokenizer: loaded from ``folder`` (:func:`resolve_base`), else built from the config
+    (seeded with ``seed``); with ``hardware.gradient_checkpointing``, set for it."""
+    # a model.path base in hardware.dtype (else model.dtype); a config-built one in hardware.dtype (else fp32): built
+    # and cast so, and its trained copy (a checkpoint's base/) loaded back so, to the same weights and buffers
+    dtype = str(hardware_cfg.get("dtype") or model_cfg.get("dtype", "float32"))
+    built = str(hardware_cfg.get("dtype") or "float32")
+    if folder is not None:
+        model, tok = load_pretrained(
+            folder,
+            bid_levels,
+            dtype if source is not None else built,
+            attention=hardware_cfg.get("attention"),
+            seeded_resize=True,
+        )
+    else:
+        tok = build_tokenizer(words, bid_levels)
+        model = build_tiny_model(len(tok), model_cfg, seed)
+        if hardware_cfg.get("dtype"):  # a GPU profile: the built base in its dtype (bf16)
+            model = cast_weights(model, built)
+    if hardware_cfg.get("gradient_checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    return model, tok
+
+
+def _with_adapters(peft, model, lora_cfg, roles: Sequence[str], names: list[str], seeds: Sequence[int], init_dir):
+    """``model`` as a PEFT model (``peft``: the package) with one adapter per role (``names``): loaded from
+    ``init_dir/ROLE`` when given, else new (``model.lora.*``), each initialised under its role's seed."""
+    with torch.random.fork_rng(devices=[]):
+        for i, (role, name) in enumerate(zip(roles, names)):
+            torch.manual_seed(int(seeds[i]))
+            src = Path(init_dir) / role if init_dir is not None else None
+            if src is not None:
+                refuse_custom_code(src)  # PEFT reads adapter_config.json only; a folder asking for code is refused
+            if i == 0:
+                if src is not None:
+                    model = peft.PeftModel.from_pretrained(model, str(src), adapter_name=name, is_trainable=True)
+                else:
+                    model = peft.get_peft_model(model, lora_config(lora_cfg), adapter_name=name)
+            elif src is not None:
+                model.load_adapter(str(src), adapter_name=name, is_trainable=True)
+            else:
+                model.add_adapter(name, lora_config(lora_cfg))
+    return model
 
 
 def policy_kwargs(model_cfg, bid_levels, flops, device) -> dict:

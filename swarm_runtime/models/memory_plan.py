@@ -456,15 +456,48 @@ def placed_plan(cfg: DictConfig, roles: list[str] | int, n_agents: int, vocab: i
     (:func:`agent_groups`) its learner devices (:func:`learner_rows` + the activations) and its sampler, on the
     learner's first device (``colocated``) or one of its own (``split``, and ``none``: no sharing asked).
     Groups of the same shape are shown once."""
-    from swarm_runtime.models.bases import base_cfg, multi
-
     train = cfg.get("train") or {}
     engine, shards = str(train.get("engine", "local")), int(train.get("shards", 1))
     placement = str((cfg.get("cluster") or {}).get("placement", "none"))
-    hw, a = cfg.hardware, cfg.algo
+    hw = cfg.hardware
     device = str(hw.get("device", "cpu"))
+    budget = _budget(cfg)
+    out = PlacedPlan(budget=budget)
+    n_groups = 0
+    for names, learner, sampler, kind in _group_shapes(cfg, roles, n_agents, vocab, shards).values():
+        n_groups += len(names)
+        for what, label, count, rows in _group_devices(names, learner, sampler, shards, placement):
+            _add_runtime(rows, device)
+            plan = MemoryPlan(rows, budget, f"{label} [{kind}]")
+            out.devices.append((label, count * len(names), plan))
+            for name in names:
+                out.per_group.setdefault(name, {})[what] = plan.total
+    out.header = (
+        f"memory plan per device ({hw.get('name', device)}, {n_agents} agents, {n_groups} agent groups; "
+        f"train.engine={engine}, train.shards={shards}, cluster.placement={placement}):"
+    )
+    busiest = max(out.devices, key=lambda d: d[2].total)[0] if out.devices else ""
+    if "learner" in busiest:
+        out.fixes.append(f"more train.shards (now {shards}) with train.engine=fsdp or deepspeed")
+    if placement == "colocated":
+        out.fixes.append("cluster.placement=split (the sampler on a device of its own)")
+    if str(cfg.model.get("adapter") or "none") != "lora":
+        out.fixes.append("model.adapter=lora (one shared base, one small adapter per role)")
+    if not hw.get("gradient_checkpointing"):
+        out.fixes.append("hardware.gradient_checkpointing=true")
+    out.fixes.append("a smaller hardware.micro_batch")
+    return out
+
+
+def _group_shapes(cfg: DictConfig, roles: list[str] | int, n_agents: int, vocab: int | None, shards: int) -> dict:
+    """The agent groups by shape (their base and number of roles): ``[group names, a learner shard's rows (with
+    the activations), the sampler's rows, what the base is]``, in the order of their first group."""
+    from swarm_runtime.models.bases import base_cfg, multi
+
+    hw, a = cfg.hardware, cfg.algo
     reference = str(a.get("bid_reference", "none")) == "sft" or float(a.get("kl_coef", 0.0)) > 0
     lora = str(cfg.model.get("adapter") or "none") == "lora"
+    engine = str((cfg.get("train") or {}).get("engine", "local"))
     in_process = engine == "local" and str((cfg.get("rollout") or {}).get("engine", "local")) == "local"
     seen: dict[tuple, list] = {}
     n_roles = roles if isinstance(roles, int) else len(roles)
@@ -488,42 +521,23 @@ def placed_plan(cfg: DictConfig, roles: list[str] | int, n_agents: int, vocab: i
             continue
         kind = f"{arch.n_params() / 1e9:.3g}B {dtype}, {source}"
         seen[key] = [[g.name], learner, sampler, kind]
-    budget = _budget(cfg)
-    out = PlacedPlan(budget=budget)
-    n_groups = 0
-    for names, learner, sampler, kind in seen.values():
-        n_groups += len(names)
-        who = f"group {names[0]}" + (f" (and {', '.join(names[1:])}, alike)" if len(names) > 1 else "")
-        shard = f"learner shard (1 of {shards})" if shards > 1 else "learner"
-        devs = []
-        if placement == "colocated":
-            devs.append(("learner+sampler", f"{who}: {shard} + sampler", 1, learner + sampler))
-            if shards > 1:
-                devs.append(("learner", f"{who}: {shard}", shards - 1, list(learner)))
-        else:
-            devs.append(("learner", f"{who}: {shard}", shards, list(learner)))
-            devs.append(("sampler", f"{who}: sampler", 1, list(sampler)))
-        for what, label, count, rows in devs:
-            _add_runtime(rows, device)
-            plan = MemoryPlan(rows, budget, f"{label} [{kind}]")
-            out.devices.append((label, count * len(names), plan))
-            for name in names:
-                out.per_group.setdefault(name, {})[what] = plan.total
-    out.header = (
-        f"memory plan per device ({hw.get('name', device)}, {n_agents} agents, {n_groups} agent groups; "
-        f"train.engine={engine}, train.shards={shards}, cluster.placement={placement}):"
-    )
-    busiest = max(out.devices, key=lambda d: d[2].total)[0] if out.devices else ""
-    if "learner" in busiest:
-        out.fixes.append(f"more train.shards (now {shards}) with train.engine=fsdp or deepspeed")
+    return seen
+
+
+def _group_devices(names: list[str], learner: list, sampler: list, shards: int, placement: str) -> list[tuple]:
+    """The devices of one shape's groups: ``(what, label, how many per group, rows)``; ``colocated``: the sampler on
+    the learner's first device, else on one of its own."""
+    who = f"group {names[0]}" + (f" (and {', '.join(names[1:])}, alike)" if len(names) > 1 else "")
+    shard = f"learner shard (1 of {shards})" if shards > 1 else "learner"
+    devs = []
     if placement == "colocated":
-        out.fixes.append("cluster.placement=split (the sampler on a device of its own)")
-    if not lora:
-        out.fixes.append("model.adapter=lora (one shared base, one small adapter per role)")
-    if not hw.get("gradient_checkpointing"):
-        out.fixes.append("hardware.gradient_checkpointing=true")
-    out.fixes.append("a smaller hardware.micro_batch")
-    return out
+        devs.append(("learner+sampler", f"{who}: {shard} + sampler", 1, learner + sampler))
+        if shards > 1:
+            devs.append(("learner", f"{who}: {shard}", shards - 1, list(learner)))
+    else:
+        devs.append(("learner", f"{who}: {shard}", shards, list(learner)))
+        devs.append(("sampler", f"{who}: sampler", 1, list(sampler)))
+    return devs
 
 
 def placed(cfg: DictConfig) -> bool:

@@ -6,7 +6,10 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.core.protocols import Sampler
@@ -19,61 +22,34 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict
     options); ``openai`` / ``vllm``: an inference server (started here for ``vllm``; with ``cluster.samplers=ray``
     by a sampler actor per base, on its node: :mod:`swarm_runtime.cluster.vllm_actors`, whose Ray options are
     ``placed(base, its models)`` when given, else ``options``), each model's weights loaded as a named version.
+    ``rollout.engine``'s values are config/validation.py's to check.
 
     An engine sampler is made once the base is frozen (after the cold start's SFT of a config-built
     base): the server holds that base for the whole run; only the adapters are synced."""
     engine = str(cfg.rollout.engine) if cfg.get("rollout") is not None else "local"
-    c = cfg.get("cluster")
-    if engine == "local" and c is not None and c.get("samplers", "local") == "ray":
-        from swarm_runtime.cluster import restart_wait_s
-        from swarm_runtime.cluster.samplers import RaySampler
-
-        return RaySampler(
-            learner,
-            LocalSampler,
-            c.address,
-            c.get("num_cpus"),
-            int(c.get("sampler_restarts", 8)),
-            options=options,
-            restart_wait_s=restart_wait_s(cfg),
-        )
     if engine == "local":
-        return LocalSampler(learner.policies, learner)
-    if engine not in ("openai", "vllm"):
-        raise ConfigError(f"rollout.engine={engine} is not valid; valid: local, openai, vllm")
-    by_base = models_by_base(learner)
-
-    def opts(name: str, models: list[str], replica: int = 0) -> dict | None:
-        """The Ray options of the engine actor ``replica`` of base ``name``: its placement bundle, or ``options``,
-        with the GPUs its server uses (placement.py, ``engine_actor_options``)."""
-        if not samplers_on_ray(cfg) or engine != "vllm":
-            return options
-        from swarm_runtime.cluster.placement import engine_actor_options
-
-        return engine_actor_options(cfg, placed(name, models, replica) if placed is not None else options)
-
-    def each(name: str, models: list[str]):
-        return lambda j: opts(name, models, j)
-
+        return local_sampler(cfg, learner, options)
+    opts = _engine_options(cfg, engine, options, placed)
     replicas = sampler_replicas(cfg)
-    if len(by_base) == 1 and replicas is None:
-        ((name, models),) = by_base.items()
-        return engine_sampler(cfg, learner, run_dir, options=opts(name, models))
+
+    def base_sampler(view, name: str, i: int, models: list[str]) -> Sampler:
+        """The sampler of base ``name`` (the ``i``-th of ``model.bases``): one server, or its replicas."""
+        if replicas is None:
+            return engine_sampler(cfg, view, run_dir, base=name, port_offset=i, options=opts(name, models))
+
+        def each(j: int) -> dict | None:
+            return opts(name, models, j)
+
+        return replicated_sampler(cfg, view, run_dir, replicas, base=name, base_index=i, options=each)
+
+    by_base = models_by_base(learner)
     if len(by_base) == 1:
         ((name, models),) = by_base.items()
-        return replicated_sampler(cfg, learner, run_dir, replicas, options=each(name, models))
+        return base_sampler(learner, name, 0, models)
     samplers: dict[str, Sampler] = {}
     try:  # one server per base (model.bases), each with the adapters of the roles on it (or replicas of it)
         for i, (name, models) in enumerate(by_base.items()):
-            view = BaseLearner(learner, models)
-            if replicas is None:
-                samplers[name] = engine_sampler(
-                    cfg, view, run_dir, base=name, port_offset=i, options=opts(name, models)
-                )
-            else:
-                samplers[name] = replicated_sampler(
-                    cfg, view, run_dir, replicas, base=name, base_index=i, options=each(name, models)
-                )
+            samplers[name] = base_sampler(BaseLearner(learner, models), name, i, models)
     except BaseException:
         for s in samplers.values():
             s.close()
@@ -81,10 +57,45 @@ def make_sampler(cfg, learner: LocalLearner, run_dir: Path | None, options: dict
     return RoutedSampler(samplers, {m: name for name, models in by_base.items() for m in models})
 
 
+def local_sampler(cfg, learner: LocalLearner, options: dict | None = None) -> Sampler:
+    """``rollout.engine=local``: a :class:`LocalSampler` over the learner's policies, or with ``cluster.samplers=ray``
+    a :class:`~swarm_runtime.cluster.samplers.RaySampler` (its Ray actor ``options``) holding a copy of them."""
+    if not samplers_on_ray(cfg):
+        return LocalSampler(learner.policies, learner)
+    from swarm_runtime.cluster import restart_wait_s
+    from swarm_runtime.cluster.samplers import RaySampler
+
+    c = cfg.cluster
+    return RaySampler(
+        learner,
+        LocalSampler,
+        c.address,
+        c.get("num_cpus"),
+        int(c.get("sampler_restarts", 8)),
+        options=options,
+        restart_wait_s=restart_wait_s(cfg),
+    )
+
+
+def _engine_options(cfg, engine: str, options: dict | None, placed):
+    """``opts(base, models, replica=0)``: the Ray options of engine actor ``replica`` of base ``base``: its placement
+    bundle (``placed(base, models, replica)``), or ``options``, with the GPUs its server uses (placement.py,
+    ``engine_actor_options``); ``options`` as they are off Ray or without ``vllm``."""
+
+    def opts(name: str, models: list[str], replica: int = 0) -> dict | None:
+        if not samplers_on_ray(cfg) or engine != "vllm":
+            return options
+        from swarm_runtime.cluster.placement import engine_actor_options
+
+        return engine_actor_options(cfg, placed(name, models, replica) if placed is not None else options)
+
+    return opts
+
+
 def sampler_replicas(cfg) -> int | str | None:
     """``cluster.sampler_replicas`` when it asks for more than one engine sampler per base (an int > 1, or
-    ``per_node``: config/validation.py allows it only with ``cluster.samplers=ray`` and ``rollout.engine=vllm``); None for
-    one (the sampler of one server per base, as without the key)."""
+    ``per_node``: config/validation.py allows it only with ``cluster.samplers=ray`` and ``rollout.engine=vllm``);
+    None for one (the sampler of one server per base, as without the key)."""
     c = cfg.get("cluster")
     n = c.get("sampler_replicas", 1) if c is not None else 1
     return None if n == 1 or not samplers_on_ray(cfg) else n
@@ -119,37 +130,25 @@ def replicated_sampler(
     n = len(nodes) if replicas == "per_node" else int(replicas)
     _, shared = _shared(learner)
     shipped = ship_base(write_base(shared, engine_folder(run_dir, base) / "base"))
-    samplers: list = []
-    actors: list = [None] * n
-    try:
-        from concurrent.futures import ThreadPoolExecutor
 
-        def start(j: int):  # the servers start together; each sampler is then made on its started actor
-            actors[j] = start_engine_actor(
-                cfg,
-                learner,
-                run_dir,
-                base,
-                base_index * n + j,
-                replica_options(each(j), nodes[j] if nodes else None),
-                shipped,
-                j,
-            )
-
-        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="replica-start") as pool:
-            for f in [pool.submit(start, j) for j in range(n)]:
-                f.result()
-        for j in range(n):
-            samplers.append(engine_sampler(cfg, learner, run_dir, server=actors[j], base=base))
-    except BaseException:
-        for s in samplers:
-            s.close()
-        for a in actors[len(samplers) :]:
-            if a is not None:
-                a.close()
+    def release() -> None:  # what the replicas shared: the shipped base, and a Ray started here
         unship(shipped)
         if started:
             ray.shutdown()
+
+    try:
+        samplers = _replica_samplers(
+            cfg,
+            learner,
+            run_dir,
+            base,
+            base_index * n,
+            n,
+            lambda j: replica_options(each(j), nodes[j] if nodes else None),
+            shipped,
+        )
+    except BaseException:
+        release()
         raise
     placed = not nodes and not isinstance(replica_options(each(0)).get("scheduling_strategy"), str)
     how = "one per node" if nodes else ("a placement bundle each" if placed else "Ray's SPREAD")
@@ -161,12 +160,40 @@ def replicated_sampler(
         if sampler.closed:
             return
         _close()
-        unship(shipped)
-        if started:
-            ray.shutdown()
+        release()
 
     sampler.close = close
     return sampler
+
+
+def _replica_samplers(
+    cfg, learner, run_dir: Path | None, base: str, first_port: int, n: int, options: Callable, shipped: dict
+) -> list:
+    """The engine samplers of a base's ``n`` replicas: their engine actors started together (replica ``j`` with the
+    Ray options ``options(j)``, port offset ``first_port + j``), then each one's sampler made on its started actor.
+    On a failure, what was made is closed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    samplers: list = []
+    actors: list = [None] * n
+
+    def start(j: int):
+        actors[j] = start_engine_actor(cfg, learner, run_dir, base, first_port + j, options(j), shipped, j)
+
+    try:
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="replica-start") as pool:
+            for f in [pool.submit(start, j) for j in range(n)]:
+                f.result()
+        for j in range(n):
+            samplers.append(engine_sampler(cfg, learner, run_dir, server=actors[j], base=base))
+    except BaseException:
+        for s in samplers:
+            s.close()
+        for a in actors[len(samplers) :]:
+            if a is not None:
+                a.close()
+        raise
+    return samplers
 
 
 def models_by_base(learner) -> dict[str, list[str]]:
@@ -305,11 +332,9 @@ def server_settings(cfg, n_models: int, port_offset: int = 0) -> dict:
     """:class:`~swarm_runtime.sampling.vllm_server.VLLMServer`'s keyword arguments from ``rollout.vllm.*`` (all but
     the base, the log and the host) for a server of ``n_models`` models' adapters: the ``port_offset``-th base's
     server asks ``rollout.vllm.port`` + that (a fixed port being one per server)."""
-    from swarm_runtime.config.schemes import check_rank
     from swarm_runtime.sampling.sync import lora_slots
 
-    rank = int(cfg.model.lora.rank)
-    check_rank(rank)
+    rank = int(cfg.model.lora.rank)  # one vLLM allows: config/validation.py
     v = cfg.rollout.vllm
     max_loras, max_cpu = lora_slots(n_models, int(cfg.rollout.max_staleness))
     return dict(
@@ -408,85 +433,141 @@ def engine_sampler(
 ):
     """An :class:`~swarm_runtime.sampling.openai.OpenAISampler` on ``rollout.url`` (``openai``; base ``base``
     of ``model.bases``: ``rollout.urls.NAME``) or on a vLLM server the run starts (``vllm``; ``server``: one
-    already started by :func:`start_vllm_server`, or an engine actor started for it, which it then owns; with ``cluster.samplers=ray``, one a sampler actor starts on its
-    node: :func:`start_engine_actor`, ``options`` its Ray options, ``shipped`` and ``replica`` its base shipped for
-    every replica and its index). The server's base is checked against the run's,
-    every model's current version loaded; closing the sampler stops a server it started."""
-    from swarm_runtime.config.schemes import check_rank
-    from swarm_runtime.sampling.http import Client, EngineError, Unreachable
+    already started by :func:`start_vllm_server`, or an engine actor started for it, which it then owns; with
+    ``cluster.samplers=ray``, one a sampler actor starts on its node: :func:`start_engine_actor`, ``options`` its
+    Ray options, ``shipped`` and ``replica`` its base shipped for every replica and its index). The server's base
+    is checked against the run's, every model's current version loaded; closing the sampler stops a server it
+    started. The URLs and the LoRA rank are config/validation.py's to check."""
+    from swarm_runtime.sampling.http import Client
     from swarm_runtime.sampling.openai import OpenAISampler
-    from swarm_runtime.sampling.sync import AdapterSync, check_base
 
     r = cfg.rollout
-    check_rank(int(cfg.model.lora.rank))
     first, shared = _shared(learner)
     folder = engine_folder(run_dir, base)
-    owned = on_ray = False
     if str(r.engine) == "vllm":
-        if server is None and samplers_on_ray(cfg):
-            server = start_engine_actor(cfg, learner, run_dir, base, port_offset, options, shipped, replica)
-            owned = on_ray = True
-        elif getattr(server, "on_ray", False):  # an engine actor started for this sampler (a replica's): its own
-            owned = on_ray = True
-        elif server is None:
-            server, owned = start_vllm_server(cfg, learner, run_dir, base, port_offset), True
-        where = "the vLLM server of the sampler actor" if on_ray else "the vLLM server"
-        url, describe = server.url, f"{where} at {server.url} (log: {server.log})"
+        end = _vllm_endpoint(cfg, learner, run_dir, server, base, port_offset, options, shipped, replica)
     else:
-        if shared.source is not None and getattr(shared, "engine_fingerprint", None) is None:
-            shared.engine_fingerprint = shared.source_fingerprint
-        if base == "default":
-            if not r.get("url"):
-                from swarm_runtime.config.validation import NEEDS_URL
+        end = _openai_endpoint(r, shared, base, server)
+    key = _api_key(r, end)
+    client = Client(end.url, timeout=float(r.timeout_s), api_key=key)
+    try:
+        _check_base(client, first, int(r.retries), end.describe)
+        adapters = _load_adapters(r, client, end, learner, folder)
+    except BaseException:
+        if end.owned:
+            end.server.stop()
+        raise
+    sampler = OpenAISampler(
+        client,
+        learner.policies,
+        adapters,
+        concurrency=int(r.concurrency),
+        retries=int(r.retries),
+        seed=int(cfg.get("seed", 0)),
+        recover=_recovery(end, client, adapters) if end.server is not None else None,
+        describe=end.describe,
+    )
+    sampler.name = str(r.engine)
+    sampler.server = end.server
+    sampler.on_ray = end.on_ray  #: closed before the run's Ray stops (learn/mpt.py)
+    _tie_to_server(sampler, end, float(r.timeout_s), key)
+    return sampler
 
-                raise ConfigError(f"{NEEDS_URL}: roles sit on the default base (model.*)")
-            url, describe = str(r.url), f"rollout.url={r.url}"
-        else:
-            url = (r.get("urls") or {}).get(base)
-            if not url:
-                raise ConfigError(
-                    f"rollout.engine=openai: no server for the base {base!r}; give rollout.urls.{base}=http://host:port"
-                )
-            url, describe = str(url), f"rollout.urls.{base}={url}"
+
+@dataclass
+class _Endpoint:
+    """The server an engine sampler speaks to: its ``url`` and how messages name it (``describe``); ``server``
+    (None: one at ``rollout.url`` that the run does not run), ``owned`` (the sampler stops it when closed) and
+    ``on_ray`` (a sampler actor's server: an :class:`~swarm_runtime.cluster.vllm_actors.EngineActor`)."""
+
+    url: str
+    describe: str
+    server: Any = None
+    owned: bool = False
+    on_ray: bool = False
+
+
+def _vllm_endpoint(cfg, learner, run_dir, server, base, port_offset, options, shipped, replica) -> _Endpoint:
+    """``rollout.engine=vllm``: ``server`` when given (an engine actor's is then the sampler's own), else the one
+    started here: by a sampler actor on its node (``cluster.samplers=ray``) or in this process."""
+    owned = on_ray = False
+    if server is None and samplers_on_ray(cfg):
+        server = start_engine_actor(cfg, learner, run_dir, base, port_offset, options, shipped, replica)
+        owned = on_ray = True
+    elif getattr(server, "on_ray", False):  # an engine actor started for this sampler (a replica's): its own
+        owned = on_ray = True
+    elif server is None:
+        server, owned = start_vllm_server(cfg, learner, run_dir, base, port_offset), True
+    where = "the vLLM server of the sampler actor" if on_ray else "the vLLM server"
+    return _Endpoint(server.url, f"{where} at {server.url} (log: {server.log})", server, owned, on_ray)
+
+
+def _openai_endpoint(r, shared, base: str, server=None) -> _Endpoint:
+    """``rollout.engine=openai``: the server at ``rollout.url`` (the default base) or ``rollout.urls.NAME`` (base
+    ``NAME``), ``server`` when its process is known (to restart it: tests); a base loaded from a checkpoint is
+    taken to be the server's as it is."""
+    if shared.source is not None and getattr(shared, "engine_fingerprint", None) is None:
+        shared.engine_fingerprint = shared.source_fingerprint
+    if base == "default":
+        return _Endpoint(str(r.url), f"rollout.url={r.url}", server)
+    url = (r.get("urls") or {}).get(base)
+    return _Endpoint(str(url), f"rollout.urls.{base}={url}", server)
+
+
+def _api_key(r, end: _Endpoint) -> str | None:
+    """The bearer key the sampler sends: its server's own (one started with a key: cluster/vllm_actors.py,
+    "Keys"), else ``$rollout.api_key_env``, checked against the URL it would go to."""
     key = os.environ.get(str(r.api_key_env)) if r.get("api_key_env") else None
-    if getattr(
-        server, "api_key", None
-    ):  # a server started with a key (an engine actor's: cluster/vllm_actors.py, "Keys")
-        key = server.api_key
-    elif key:  # a rollout.url a run folder from elsewhere saved gets no key unless the command line gives it
+    if getattr(end.server, "api_key", None):
+        return end.server.api_key
+    if key:  # a rollout.url a run folder from elsewhere saved gets no key unless the command line gives it
         from swarm_runtime.config.secrets import check_endpoint
 
-        check_endpoint(url, f"the key in ${r.api_key_env}")
-    client = Client(url, timeout=float(r.timeout_s), api_key=key)
-    try:
-        for attempt in range(int(r.retries) + 1):
-            try:
-                check_base(client, first)
-                break
-            except Unreachable as exc:
-                if attempt == int(r.retries):
-                    raise EngineError(
-                        f"{describe} does not answer after {attempt} retries ({exc}); start the server, "
-                        "or give rollout.url of one that runs"
-                    ) from None
-                time.sleep(min(0.5 * 2**attempt, 4.0))
-        if on_ray:  # exported here, written and loaded by the actor on its node
-            from swarm_runtime.cluster.vllm_actors import RemoteAdapters
+        check_endpoint(end.url, f"the key in ${r.api_key_env}")
+    return key
 
-            adapters = RemoteAdapters(server, folder / "adapters")
-        else:
-            adapters = AdapterSync(client, folder / "adapters", keep=int(r.max_staleness) + 1)
-        adapters.sync(learner, learner.models())
-        if not on_ray:  # an actor's server is one it just started: nothing of an earlier run is on it
-            adapters.drop_strays(learner.models())
-    except BaseException:
-        if owned:
-            server.stop()
-        raise
+
+def _check_base(client, first, retries: int, describe: str) -> None:
+    """Check the server's base against the run's, retrying (backing off) while the server does not answer."""
+    from swarm_runtime.sampling.http import EngineError, Unreachable
+    from swarm_runtime.sampling.sync import check_base
+
+    for attempt in range(retries + 1):
+        try:
+            check_base(client, first)
+            return
+        except Unreachable as exc:
+            if attempt == retries:
+                raise EngineError(
+                    f"{describe} does not answer after {attempt} retries ({exc}); start the server, "
+                    "or give rollout.url of one that runs"
+                ) from None
+            time.sleep(min(0.5 * 2**attempt, 4.0))
+
+
+def _load_adapters(r, client, end: _Endpoint, learner, folder: Path):
+    """Every model's current adapter loaded on the server (an engine actor's: exported here, written and loaded by
+    the actor on its node); a server this run did not just start loses the adapters it holds that are not ours."""
+    from swarm_runtime.sampling.sync import AdapterSync
+
+    if end.on_ray:
+        from swarm_runtime.cluster.vllm_actors import RemoteAdapters
+
+        adapters = RemoteAdapters(end.server, folder / "adapters")
+    else:
+        adapters = AdapterSync(client, folder / "adapters", keep=int(r.max_staleness) + 1)
+    adapters.sync(learner, learner.models())
+    if not end.on_ray:  # an actor's server is one it just started: nothing of an earlier run is on it
+        adapters.drop_strays(learner.models())
+    return adapters
+
+
+def _recovery(end: _Endpoint, client, adapters) -> Callable[[], bool]:
+    """``recover()``: bring the server back; True when it answers (again), with every version loaded."""
+    server = end.server
 
     def recover() -> bool:
-        """Bring the server back: True when it answers (again), with every version loaded."""
-        if on_ray:  # the actor restarts its server, or Ray the actor (then its new server's URL is taken)
+        if end.on_ray:  # the actor restarts its server, or Ray the actor (then its new server's URL is taken)
             return server.ensure()
         if server.alive() and client.wait_ready(5.0):
             return True  # a passing failure: it answers
@@ -495,27 +576,23 @@ def engine_sampler(
         adapters.reload()
         return True
 
-    sampler = OpenAISampler(
-        client,
-        learner.policies,
-        adapters,
-        concurrency=int(r.concurrency),
-        retries=int(r.retries),
-        seed=int(cfg.get("seed", 0)),
-        recover=recover if server is not None else None,
-        describe=describe,
-    )
-    sampler.name = str(r.engine)
-    sampler.server = server
-    sampler.on_ray = on_ray  #: closed before the run's Ray stops (learn/mpt.py)
-    if on_ray:
+    return recover
+
+
+def _tie_to_server(sampler, end: _Endpoint, timeout_s: float, key: str | None) -> None:
+    """An engine actor's sampler follows its server to the new URL of a restarted actor; a sampler that owns its
+    server stops it when closed."""
+    from swarm_runtime.sampling.http import Client
+
+    server = end.server
+    if end.on_ray:
 
         def moved(new_url: str) -> None:  # a restarted actor's server
-            sampler.client = Client(new_url, timeout=float(r.timeout_s), api_key=key)
+            sampler.client = Client(new_url, timeout=timeout_s, api_key=key)
             sampler.describe = f"the vLLM server of the sampler actor at {new_url} (log: {server.log})"
 
         server.on_url = moved
-    if owned:
+    if end.owned:
         _close = sampler.close
 
         def close() -> None:
@@ -523,4 +600,3 @@ def engine_sampler(
             server.stop()
 
         sampler.close = close
-    return sampler

@@ -1,7 +1,7 @@
 """The in-process sampler and learner: the same modules sample and learn (``rollout.engine=local``).
 
 :class:`LocalSampler` answers a batch of rows with one call per set of weights, and one mixed-adapter
-batch per shared base (``model.adapter=lora``: :class:`~swarm_runtime.models.adapters.MixedBatch`),
+batch per shared base (``model.adapter=lora``: :class:`~swarm_runtime.models.mixed_batch.MixedBatch`),
 exactly the calls the episode loop made before samplers existed, so at the defaults a run draws the
 same tokens in the same order. Its responses carry the in-process per-token log-probs and the
 learner's version of each model; :meth:`LocalSampler.sync` has nothing to load (the weights are the
@@ -30,7 +30,7 @@ def _batch(policies: list):
     first = policies[0]
     if all(p is first for p in policies):
         return first
-    from swarm_runtime.models.adapters import MixedBatch
+    from swarm_runtime.models.mixed_batch import MixedBatch
 
     return MixedBatch(policies)
 

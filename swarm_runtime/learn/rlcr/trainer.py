@@ -372,8 +372,36 @@ class RLCRTrainer(PhasedTrainer):
 
     # ------------------------------------------------------------------ results
     def finish(self) -> dict:
+        """The held-out results: ``eval.json`` and ``eval.md`` (the SFT and final rows, collective and solo, and
+        their paired differences), the plots, and the table printed."""
         ctx, cfg = self.ctx, self.cfg
         team = team_label(loop_options(cfg, 0.0))
+        rows, curves = self._eval_rows(team)
+        table = format_table(rows, EVAL_METRICS)
+        results = self._results(rows, table, team)
+        claim(ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
+        claim(ctx.run_dir / "eval.md").write_text(table + "\n")
+        plots = [
+            p
+            for p in (
+                plot_signs(ctx.run_dir, read_metrics(ctx.run_dir)),
+                plot_latency(
+                    ctx.run_dir / "performance_latency.png",
+                    curves,
+                    f"{cfg.domain}/{cfg.task_name}: anytime return, T_max {float(cfg.rlcr.t_max.end) / 60:.0f} min",
+                ),
+            )
+            if p is not None
+        ]
+        self.writer.close()
+        self._hook("swarm_on_run_end", config=cfg, run_dir=str(ctx.run_dir), results=results)
+        self._print_results(results, table, team)
+        print("\n".join(self.summary_lines(plots)))
+        return results
+
+    def _eval_rows(self, team: str) -> tuple[list, dict]:
+        """The table's rows (``SFT: TEAM``, ``SFT: solo``, then the final checkpoint's, unless no update was made),
+        and each row's anytime-return curve."""
         rows, curves = [], {}
         phases = [("sft_eval", "SFT"), ("final_eval", self.label)]
         if self.final_is_sft:  # no update made: the SFT rows are the final checkpoint's
@@ -383,7 +411,11 @@ class RLCRTrainer(PhasedTrainer):
                 row = f"{label}: {team if name == 'collective' else 'solo'}"
                 rows.append((row, res))
                 curves[row] = [tuple(p) for p in res["curve"]]
-        table = format_table(rows, EVAL_METRICS)
+        return rows, curves
+
+    def _results(self, rows: list, table: str, team: str) -> dict:
+        """``eval.json``: the run, its rows, and the paired differences collective - solo and RLCR - SFT."""
+        ctx, cfg = self.ctx, self.cfg
         final = self.state["final_eval"]
         results = {
             "domain": cfg.domain,
@@ -405,32 +437,20 @@ class RLCRTrainer(PhasedTrainer):
         if self.state.get("sft_eval") and self.trained:
             d, se, n = paired_difference(final["collective"], self.state["sft_eval"]["collective"])
             results["rlcr_minus_sft"] = {"mean": d, "se": se, "seeds": n}
-        claim(ctx.run_dir / "eval.json").write_text(json.dumps(results, indent=1, default=float))
-        claim(ctx.run_dir / "eval.md").write_text(table + "\n")
-        plots = [
-            p
-            for p in (
-                plot_signs(ctx.run_dir, read_metrics(ctx.run_dir)),
-                plot_latency(
-                    ctx.run_dir / "performance_latency.png",
-                    curves,
-                    f"{cfg.domain}/{cfg.task_name}: anytime return, T_max {float(cfg.rlcr.t_max.end) / 60:.0f} min",
-                ),
-            )
-            if p is not None
-        ]
-        self.writer.close()
-        self._hook("swarm_on_run_end", config=cfg, run_dir=str(ctx.run_dir), results=results)
+        return results
+
+    def _print_results(self, results: dict, table: str, team: str) -> None:
+        cfg, seeds = self.cfg, len(self.ctx.seeds("eval"))
         print(
-            f"\nHeld-out evaluation: {cfg.domain}/{cfg.task_name} under algo=rlcr, {len(ctx.seeds('eval'))} seeds x "
+            f"\nHeld-out evaluation: {cfg.domain}/{cfg.task_name} under algo=rlcr, {seeds} seeds x "
             f"{self.eval_runs} runs, return = progress at T_max = {float(cfg.rlcr.t_max.end) / 60:.0f} simulated "
             f"minutes (mean ± standard error over seeds)\n{table}"
         )
         if "collective_minus_solo" in results:
             c = results["collective_minus_solo"]
             print(
-                f"{'SFT' if self.final_is_sft else self.label} {team} - solo (same policy, same T_max): {c['mean']:+.2f} ± {c['se']:.2f} return, "
-                f"paired over the {c['seeds']} held-out seeds"
+                f"{'SFT' if self.final_is_sft else self.label} {team} - solo (same policy, same T_max): "
+                f"{c['mean']:+.2f} ± {c['se']:.2f} return, paired over the {c['seeds']} held-out seeds"
             )
         if "rlcr_minus_sft" in results:
             c = results["rlcr_minus_sft"]
@@ -438,8 +458,6 @@ class RLCRTrainer(PhasedTrainer):
                 f"{self.label} - SFT, {team}: {c['mean']:+.2f} ± {c['se']:.2f} return, paired over the {c['seeds']} "
                 "held-out seeds"
             )
-        print("\n".join(self.summary_lines(plots)))
-        return results
 
 
 __all__ = ["RLCRTrainer", "SHARED", "RLCR_WORDS", "make_shared_policy", "loop_options", "team_bucket"]
