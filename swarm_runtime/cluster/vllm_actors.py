@@ -1,4 +1,4 @@
-"""Engine sampler actors on Ray (issue 28; docs/distributed.md, "Sampler actors", and docs/engine.md):
+"""Engine sampler actors on Ray (docs/distributed.md, "Sampler actors", and docs/engine.md):
 ``cluster.samplers=ray`` with ``rollout.engine=vllm`` runs, per base, a Ray actor that starts the base's vLLM
 server ON ITS NODE and keeps it; the trainer's ``OpenAISampler`` speaks HTTP to that server as it does to a
 server it started itself.
@@ -45,7 +45,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from swarm_runtime.cluster.samplers import actor_state
+from swarm_runtime.cluster.actors import ActorGroup
 from swarm_runtime.sampling.http import EngineGone
 
 #: Tries of one call (a first try and its retries after the actor restarted).
@@ -408,7 +408,7 @@ def _unlink(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class EngineActor:
+class EngineActor(ActorGroup):
     """The trainer's side of one base's engine actor (module docstring): what ``OpenAISampler``'s factory holds as
     its ``server`` (``url``, ``log``, ``started_s``, ``stop``). ``base_folder``: the base the trainer wrote;
     ``shipped``: its :func:`ship_base` record when several actors share it (the replicas of a base: its caller ends
@@ -432,42 +432,24 @@ class EngineActor:
         host: str = "127.0.0.1",
         shipped: dict | None = None,
     ):
-        from swarm_runtime.cluster.env_cluster import connect, import_ray
-
         t0 = time.perf_counter()
-        self.started = connect(address, num_cpus)  # first: a local Ray is set to loopback before Ray is imported
-        self.ray = ray = import_ray()
-        self.name, self.max_restarts = name, int(max_restarts)
+        super().__init__(address, num_cpus, max_restarts=max_restarts)
+        self.name = name
         self.startup_timeout_s = float(settings.get("startup_timeout_s", 600.0))
         #: the base's path, content hash and the actor that puts its files in the object store when first asked, for
         #: the whole run (a restarted actor's constructor asks it, on a node that has neither the trainer's folder
         #: nor its own copy)
         self._own_base = shipped is None
         self._base = ship_base(base_folder) if shipped is None else shipped
-        token = uuid.uuid4().hex[:12]
         #: the bearer key of the actor's server (module docstring, "Keys"): made here for this run, never logged
         self.api_key = secrets.token_urlsafe(32)
-        opts = {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(options or {})}
-        self.actor = (
-            ray.remote(EngineWorker)
-            .options(**opts)
-            .remote(
-                self._base,
-                python,
-                dict(settings),
-                int(keep),
-                token,
-                name,
-                float(timeout_s),
-                host,
-                ray.get_runtime_context().get_node_id(),
-                self.api_key,
-            )
-        )
+        here = self.ray.get_runtime_context().get_node_id()
+        token = uuid.uuid4().hex[:12]
+        worker_args = (self._base, python, dict(settings), int(keep), token, name, float(timeout_s), host, here)
+        self.actor = self.spawn(EngineWorker, *worker_args, self.api_key, options=options)
         self.kept: dict[str, list] = {}  #: model -> [(version, ref of its files)] the server holds, oldest first
         self.on_url = None
         self.restarts = self.calls = 0
-        self.closed = False
         hello = self._hello(self.startup_timeout_s + RESTART_SLACK_S)
         self._take(hello)
         self.start_s = time.perf_counter() - t0
@@ -511,29 +493,28 @@ class EngineActor:
     def _hello(self, wait_s: float) -> dict:
         """The actor's :meth:`EngineWorker.hello` once it answers (its constructor started the server), from any
         process (:meth:`_adopt` compares it with the one the trainer knows)."""
-        from swarm_runtime.cluster.env_cluster import wait_restarted
 
-        try:
-            return wait_restarted(
-                self.ray,
-                self.actor,
-                None,
-                wait_s,
-                same_ok=True,
-                check=self._alive,
-                call=lambda actor: actor.hello.remote(),
-                pid_of=lambda hello: hello["pid"],
-                try_s=None,
-            )
-        except TimeoutError as exc:
-            raise EngineSamplerError(
-                f"the engine sampler actor of base {self.name!r} did not answer: {exc}; the run can go on from its "
+        def gone(why: str) -> EngineSamplerError:
+            return EngineSamplerError(
+                f"the engine sampler actor of base {self.name!r} did not answer: {why}; the run can go on from its "
                 "last checkpoint with resume=true"
-            ) from None
+            )
+
+        return self.await_restart(
+            self.actor,
+            None,
+            wait_s,
+            gone=gone,
+            same_ok=True,
+            check=self._alive,
+            call=lambda actor: actor.hello.remote(),
+            pid_of=lambda hello: hello["pid"],
+            try_s=None,
+        )
 
     def _alive(self) -> None:
         """Raise :class:`EngineSamplerError` if Ray will not restart the actor again (its restarts are spent)."""
-        if actor_state(self.actor) == "DEAD":
+        if self.spent(self.actor):
             raise EngineSamplerError(
                 f"the engine sampler actor of base {self.name!r} died and its restarts are spent "
                 f"(cluster.sampler_restarts={self.max_restarts}); the run can go on from its last checkpoint "
@@ -543,20 +524,20 @@ class EngineActor:
     def call(self, method: str, *args):
         """``method`` on the actor with the process the trainer knows; a restarted actor is adopted first (loaded
         with the kept versions, its URL taken) and the call made again."""
-        ray = self.ray
-        for _ in range(MAX_TRIES):
-            try:
-                status, value = ray.get(getattr(self.actor, method).remote(self.pid, *args))
-            except ray.exceptions.RayActorError:
-                status, value = LOST
-            if status != "lost":
-                self.calls += 1
-                return status, value
-            self._adopt()
-        raise EngineSamplerError(
-            f"the engine sampler actor of base {self.name!r} failed {MAX_TRIES} calls in a row (its process keeps "
-            "dying); the run can go on from its last checkpoint with resume=true"
-        )
+
+        def attempt() -> tuple:
+            status, value = self.ray.get(getattr(self.actor, method).remote(self.pid, *args))
+            return status != "lost", (status, value)
+
+        def exhausted() -> EngineSamplerError:
+            return EngineSamplerError(
+                f"the engine sampler actor of base {self.name!r} failed {MAX_TRIES} calls in a row (its process keeps "
+                "dying); the run can go on from its last checkpoint with resume=true"
+            )
+
+        answer, _ = self.dispatch(attempt, self._adopt, MAX_TRIES, exhausted)
+        self.calls += 1
+        return answer
 
     def _adopt(self) -> None:
         """A restarted actor (a new process and server): load it with every kept version and take its URL."""
@@ -597,21 +578,17 @@ class EngineActor:
     def stop(self) -> None:
         self.close()
 
-    def close(self) -> dict:
-        if self.closed:
-            return {}
-        self.closed = True
+    def _close(self) -> dict:
         ray = self.ray
         if ray.is_initialized():
             try:
                 ray.get(self.actor.stop.remote(), timeout=60)
             except Exception:  # already dead (its server is stopped by its successor's constructor, or by nobody)
                 pass
-            ray.kill(self.actor, no_restart=True)
+            self.kill([self.actor])
             if self._own_base:
                 unship(self._base)
-            if self.started:
-                ray.shutdown()
+            self.stop_ray()
         stats = {"calls": self.calls, "restarts": self.restarts}
         logger.info("vLLM sampler actor of base {} closed: {}", self.name, stats)
         return stats

@@ -315,9 +315,9 @@ class _ScriptedActor:
 
 
 def test_wait_restarted_asks_the_method_it_is_given_and_returns_its_answer():
-    """One wait for a restarted actor (cluster/env_cluster.py): ``call`` picks what is asked, ``pid_of`` reads the
+    """One wait for a restarted actor (cluster/actors.py): ``call`` picks what is asked, ``pid_of`` reads the
     answering process from its answer; an answer from the dead process (not seen dead yet) is passed over."""
-    from swarm_runtime.cluster.env_cluster import wait_restarted
+    from swarm_runtime.cluster.actors import wait_restarted
 
     ray = _FakeRay()
     actor = _ScriptedActor(ray.exceptions.RayActorError(), {"pid": 5}, {"pid": 7, "url": "u"})
@@ -332,6 +332,7 @@ def test_wait_restarted_asks_the_method_it_is_given_and_returns_its_answer():
 def test_the_engine_actors_hello_waits_through_wait_restarted(monkeypatch):
     """``EngineActor._hello``: the actor's hello from whichever process answers first, its errors as one
     ``EngineSamplerError`` each (restarts spent; no answer in time)."""
+    from swarm_runtime.cluster import actors
     from swarm_runtime.cluster import vllm_actors as engine
 
     ray = _FakeRay()
@@ -342,7 +343,7 @@ def test_the_engine_actors_hello_waits_through_wait_restarted(monkeypatch):
     actor.actor = _ScriptedActor(*[ray.exceptions.RayActorError()] * 3)
     with pytest.raises(engine.EngineSamplerError, match=r"'default' did not answer: it did not come back within 0 s"):
         actor._hello(0)
-    monkeypatch.setattr(engine, "actor_state", lambda a: "DEAD")
+    monkeypatch.setattr(actors, "actor_state", lambda a: "DEAD")
     with pytest.raises(engine.EngineSamplerError, match=r"restarts are spent \(cluster.sampler_restarts=2\)"):
         actor._hello(30)
 

@@ -85,7 +85,7 @@ def test_the_base_is_hashed_once_and_its_files_put_in_the_object_store_only_when
 
     files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
     trainer = write_folder(files, tmp_path / "run" / "engine" / "base")
-    from swarm_runtime.cluster.env_cluster import connect
+    from swarm_runtime.cluster.ray_helpers import connect
 
     assert connect(None, 1)  # a local Ray on 127.0.0.1, as a run starts it
     try:
