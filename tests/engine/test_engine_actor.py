@@ -273,7 +273,7 @@ def test_a_vllm_python_missing_on_the_node_is_one_line(tmp_path):
 def test_write_folder_refuses_paths_outside_its_folder_before_writing(tmp_path, bad):
     """The files a node writes come through the object store: an absolute path or a ``..`` part (one that would
     land outside the folder) is refused naming it, before anything is written or the old folder removed."""
-    from swarm_runtime.cluster.vllm_actors import read_folder, write_folder
+    from swarm_runtime.cluster.base_shipping import read_folder, write_folder
 
     folder = tmp_path / "base"
     write_folder({"config.json": b"{}", "sub/w.bin": b"x"}, folder)
@@ -353,7 +353,8 @@ def test_the_base_is_used_in_place_or_shipped_once_per_node(tmp_path):
     same files there (nothing shipped); else shipped once into this run's folder on the node and used again by a
     restarted actor (nothing shipped again); a folder at the trainer's path with other files is not used. Stopping
     removes the node's copy and the link to the base, never the trainer's folder."""
-    from swarm_runtime.cluster.vllm_actors import EngineWorker, files_digest, place_base, read_folder, write_folder
+    from swarm_runtime.cluster.base_shipping import files_digest, place_base, read_folder, write_folder
+    from swarm_runtime.cluster.vllm_actors import EngineWorker
 
     files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
     trainer = write_folder(files, tmp_path / "run" / "engine" / "base")
