@@ -1,5 +1,5 @@
 """Joining a Ray head on this machine by a loopback address (``cluster.address=127.0.0.1:PORT``,
-swarm_runtime/cluster/env_cluster.py: ``_probe``, ``_keep_loopback``). Ray 2.60 with clusters on (Linux's default) dials
+swarm_runtime/cluster/ray_helpers.py: ``_probe``, ``_keep_loopback``). Ray 2.60 with clusters on (Linux's default) dials
 the machine's routable address instead of 127.0.0.1; a head started on loopback only (as this project starts its
 Rays) does not answer there and ``ray.init`` retried for 10 min without a word (measured by hand: docs/distributed.md,
 "Loopback"). Now: where the routable address does not answer, clusters are turned off before Ray is imported (Ray
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from swarm_runtime.cluster import env_cluster as remote
+from swarm_runtime.cluster import ray_helpers as remote
 from swarm_runtime.config.errors import ConfigError
 
 

@@ -90,15 +90,8 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-#: Circles being taken apart in this change (the cluster's actor code); must be empty when it lands.
-KNOWN_CIRCLES = [
-    ["swarm_runtime.cluster.env_cluster", "swarm_runtime.cluster.env_worker", "swarm_runtime.cluster.placement"],
-    ["swarm_runtime.cluster.deepspeed_shards", "swarm_runtime.cluster.shards"],
-]
-
-
 def test_no_import_circles():
-    found = [c for c in circles(graph()) if c not in KNOWN_CIRCLES]
+    found = circles(graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
 
 

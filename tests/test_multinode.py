@@ -440,14 +440,13 @@ def test_each_actor_wrapper_waits_the_restart_wait_it_was_given():
     each gives up at once, naming the wait); nothing module-wide is set."""
     from omegaconf import OmegaConf
 
-    from swarm_runtime.cluster import env_cluster as remote
-    from swarm_runtime.cluster import restart_wait_s
+    from swarm_runtime.cluster import actors, restart_wait_s
     from swarm_runtime.cluster.env_cluster import ActorGone, EnvCluster
     from swarm_runtime.cluster.learners import LearnerGone, LearnerGroup
     from swarm_runtime.cluster.samplers import RaySampler, SamplerActorError
 
     assert restart_wait_s(OmegaConf.create({"cluster": {"restart_wait_s": 7}})) == 7.0
-    assert restart_wait_s(OmegaConf.create({})) == remote.RESTART_WAIT_S == 120.0
+    assert restart_wait_s(OmegaConf.create({})) == actors.RESTART_WAIT_S == 120.0
 
     class ray:  # what a wait asks of Ray, for actors that never answer again (each call's ref: Ray's error)
         exceptions = SimpleNamespace(
@@ -476,7 +475,7 @@ def test_each_actor_wrapper_waits_the_restart_wait_it_was_given():
     sampler = wrapper(RaySampler, actor=dead(), pid=5, max_restarts=8)
     with pytest.raises(SamplerActorError, match=r"within 0 s \(cluster.restart_wait_s"):
         sampler._recover()
-    assert not hasattr(remote, "RESTART_TIMEOUT_S")
+    assert not hasattr(actors, "RESTART_TIMEOUT_S")
 
 
 @pytest.mark.ray
@@ -486,7 +485,7 @@ def test_a_learner_restarted_between_calls_is_lost_not_answering_from_its_first_
     the driver's next call is refused from the new process (LearnerWorker.checked), so the run rewinds to its
     checkpoint (LearnerLost) instead of taking the first weights' answer (before: answered, unnoticed)."""
     pytest.importorskip("ray")
-    from swarm_runtime.cluster.env_cluster import wait_restarted
+    from swarm_runtime.cluster.actors import wait_restarted
     from swarm_runtime.cluster.learners import LearnerGroup, LearnerLost
     from swarm_runtime.cluster.shards import _no_optimizers
 

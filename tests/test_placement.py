@@ -307,7 +307,7 @@ def local_ray():
     pytest.importorskip("ray")
     import ray
 
-    from swarm_runtime.cluster.env_cluster import connect
+    from swarm_runtime.cluster.ray_helpers import connect
 
     # RAY_ADDRESS=local: a Ray of our own, even where another process on this machine ran `ray start` (ray.init
     # would join that one, and refuse num_cpus)

@@ -1,6 +1,10 @@
-"""Env workers past the trainer's process (issue 28; docs/distributed.md): ``cluster.kind=ray`` runs a run's
-rollout, evaluation and branch envs in ``cluster.env_workers`` Ray actors (:mod:`.worker`), driven from the
-trainer (:mod:`.remote`). ``cluster.kind=local`` (the default): in process, as before."""
+"""A run's actors on Ray (docs/distributed.md). ``cluster.kind=ray`` runs a run's rollout, evaluation and branch envs
+in ``cluster.env_workers`` Ray actors (:mod:`.env_worker`), driven from the trainer (:mod:`.env_cluster`);
+``cluster.kind=local`` (the default): in process. Learners (:mod:`.learners`, :mod:`.sharded_learners`), the sampler
+(:mod:`.samplers`) and engine sampler actors (:mod:`.vllm_actors`) go on Ray by their own settings. Every family is an
+:class:`~swarm_runtime.cluster.actors.ActorGroup` (:mod:`.actors`) over the Ray helpers of :mod:`.ray_helpers`;
+:mod:`.placement` reserves their placement groups, :mod:`.actor_env` gives a joined cluster's actors the run's
+variables."""
 
 from __future__ import annotations
 
@@ -38,9 +42,9 @@ def env_domain(cfg, domain):
 
 def restart_wait_s(cfg) -> float:
     """``cluster.restart_wait_s`` of ``cfg`` (how long a dead actor is waited for), its default where the config has no
-    cluster section (every actor wrapper is given it: :class:`~swarm_runtime.cluster.env_cluster.EnvCluster`,
+    cluster section (every actor group is given it: :class:`~swarm_runtime.cluster.env_cluster.EnvCluster`,
     ``RaySampler``, ``LearnerGroup``)."""
-    from swarm_runtime.cluster.env_cluster import RESTART_WAIT_S
+    from swarm_runtime.cluster.actors import RESTART_WAIT_S
 
     c = cfg.get("cluster")
     return float(c.get("restart_wait_s", RESTART_WAIT_S)) if c is not None else RESTART_WAIT_S

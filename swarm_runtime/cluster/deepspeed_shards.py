@@ -1,6 +1,7 @@
-"""DeepSpeed ZeRO-3 learners (issue 28; docs/distributed.md, "DeepSpeed ZeRO-3 in a run"): ``train.engine=deepspeed
+"""DeepSpeed ZeRO-3 learner ranks (docs/distributed.md, "DeepSpeed ZeRO-3 in a run"): ``train.engine=deepspeed
 train.shards=S cluster.learners=ray`` makes each learner ``S`` Ray actors as ``train.engine=fsdp`` does
-(swarm_runtime/cluster/shards.py: the same group, regroup and rewind); only what DeepSpeed does differently is here.
+(swarm_runtime/cluster/sharded_learners.py: the same group, regroup and rewind); only what a DeepSpeed rank does
+differently from an FSDP one (swarm_runtime/cluster/shards.py) is here.
 
 A rank joins its group through ``deepspeed.init_distributed`` (gloo on the CPU, nccl on CUDA) and wraps each role's
 model in a ZeRO-3 engine (``deepspeed.initialize``: the role's first optimizer kind as the client optimizer, which

@@ -1,4 +1,4 @@
-"""An env worker: a pool of one domain's envs in its own process (a Ray actor, :mod:`.remote`).
+"""An env worker: a pool of one domain's envs in its own process (a Ray actor, driven by :mod:`.env_cluster`).
 
 The domain is loaded in the worker by name, through the same plugin registry as the driver's; envs are made
 by the domain plugin there, kept by the id the driver gave them, put back into a free pool when the driver is
@@ -6,7 +6,7 @@ done with one (:meth:`EnvWorker.release`: the next ``open`` reuses it, its ``res
 afresh) and closed (``DomainEnv.close()``) by :meth:`EnvWorker.shutdown` at the end of the run.
 
 Every call on an env answers ``(True, value)``, or ``(False, None)`` when the worker has no env of that id:
-a worker restarted after its process died has lost its envs, and the driver replays them (:mod:`.remote`).
+a worker restarted after its process died has lost its envs, and the driver replays them (:mod:`.env_cluster`).
 Two kinds of env: ``"env"`` (``domain.make_env``: rollouts, evaluations, branches) and ``"concurrent"``
 (``domain.concurrent_env``: ``algo=rlcr``'s rollouts), each with a free pool of its own.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from swarm_runtime.cluster.actors import ActorBody
 from swarm_runtime.core.env import close_all
 
 LOST = (False, None)
@@ -34,7 +35,7 @@ class Raised:
         self.exc = exc
 
 
-class EnvWorker:
+class EnvWorker(ActorBody):
     def __init__(self, domain: str, task: dict, plugins: tuple[str, ...] = ()):
         """``plugins``: modules to register besides the installed plugins (a domain not installed as a package,
         e.g. a benchmark's; importable in the worker: on its ``PYTHONPATH``)."""
@@ -55,15 +56,6 @@ class EnvWorker:
         self.free: list = []  #: ``"env"`` envs released by the driver, reused by the next open
         self.free_concurrent: list = []  #: the same for ``"concurrent"`` envs
         self.made = 0  #: envs the domain made in this process
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def node(self) -> str:
-        """Where this actor runs (:func:`swarm_runtime.cluster.env_cluster.node_here`)."""
-        from swarm_runtime.cluster.env_cluster import node_here
-
-        return node_here()
 
     def env_digests(self, names: list[str]) -> dict:
         """This process's values of ``names`` as digests (:func:`swarm_runtime.cluster.actor_env.digests`)."""

@@ -1,4 +1,4 @@
-"""Learner actors (issue 28; docs/distributed.md, "Learner actors"): ``cluster.learners=ray`` keeps a run's
+"""Learner actors (docs/distributed.md, "Learner actors"): ``cluster.learners=ray`` keeps a run's
 trainable weights and their optimizers in Ray actors, one per role with a full copy, one per shared base when
 the roles are LoRA adapters on it (every role of the base in one actor).
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from loguru import logger
 
-from swarm_runtime.cluster.env_cluster import RESTART_WAIT_S, connect, import_ray, node_of, wait_restarted
+from swarm_runtime.cluster.actors import RESTART_WAIT_S, ActorBody, ActorGroup
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.models.masters import master_weights, restore_master_weights
 
@@ -124,7 +124,7 @@ def training_state(policy, optimizers: Mapping) -> dict:
     return out
 
 
-class LearnerWorker:
+class LearnerWorker(ActorBody):
     """One learner: the policies of ``roles`` (a role's full copy, or every adapter of one base), their
     optimizers (``make_optimizers(policies) -> {kind: {role: (optimizer, scheduler)}}``) and reference
     policies. ``agents``: the run's agents as ``(name, role)``, in the driver's order (samples and pairs name
@@ -158,9 +158,6 @@ class LearnerWorker:
             Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
             Path(pid_file).write_text(f"{os.getpid()}\n")
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def checked(self, pid: int, method: str, *args):
         """``method(*args)``, if this is process ``pid`` (the one the driver loaded); else :data:`RESTARTED`, the call
         not made: a restarted actor holds its creation arguments' weights, not the trained ones (found on two nodes,
@@ -169,12 +166,6 @@ class LearnerWorker:
         if int(pid) != os.getpid():
             return RESTARTED
         return getattr(self, method)(*args)
-
-    def node(self) -> str:
-        """Where this actor runs (:func:`swarm_runtime.cluster.env_cluster.node_here`)."""
-        from swarm_runtime.cluster.env_cluster import node_here
-
-        return node_here()
 
     def placement_group(self) -> str | None:
         """The id (hex) of the Ray placement group this actor runs in, as Ray tells the actor; None: none."""
@@ -280,11 +271,11 @@ def pid_files(run_dir, names) -> dict[str, str | None]:
     return {n: str(folder / f"{n}.pid") for n in names}
 
 
-class LearnerGroup:
+class LearnerGroup(ActorGroup):
     """The learner actors of a run (driver side). ``options``: extra Ray actor options (placement: resources,
     a placement group's bundle): a dict for every actor, or a function ``(learner name, its roles[, shard]) -> dict``
-    (the shard given for shards > 0 of a sharded learner: swarm_runtime/cluster/shards.py). ``restart_wait_s``: how
-    long a dead actor is waited for (``cluster.restart_wait_s``)."""
+    (the shard given for shards > 0 of a sharded learner: swarm_runtime/cluster/sharded_learners.py).
+    ``restart_wait_s``: how long a dead actor is waited for (``cluster.restart_wait_s``)."""
 
     def __init__(
         self,
@@ -302,10 +293,8 @@ class LearnerGroup:
         import torch
 
         t0 = time.perf_counter()
-        self.restart_wait_s = float(restart_wait_s)
-        self.started = connect(address, num_cpus)  # the env workers' Ray when cluster.kind=ray started it first
-        self.ray = ray = import_ray()
-        self.max_restarts = int(max_restarts)
+        # the env workers' Ray when cluster.kind=ray started it first
+        super().__init__(address, num_cpus, restart_wait_s=restart_wait_s, max_restarts=max_restarts)
         groups = learner_groups(policies)
         self.roles = {name: list(g) for name, g in groups.items()}
         self.learner_of = {r: name for name, rs in self.roles.items() for r in rs}
@@ -314,15 +303,14 @@ class LearnerGroup:
         # the creation arguments (the policies as RL started, their references) stay referenced here while the
         # actors live: Ray restarts an actor from them (a restart whose arguments went out of scope fails)
         self._args = {
-            name: (ray.put(g), None if reference is None else ray.put({r: reference[r] for r in g}))
+            name: (self.ray.put(g), None if reference is None else self.ray.put({r: reference[r] for r in g}))
             for name, g in groups.items()
         }
         self.actors = self._start(list(agents), make_optimizers, torch.get_num_threads())
-        self.pids = dict(zip(self.actors, ray.get([a.pid.remote() for a in self.actors.values()])))
+        self.pids = dict(zip(self.actors, self.pids_of(self.actors.values())))
         self.restarts = {n: 0 for n in self.actors}
         self.lr: dict[str, dict[str, float]] = {}
         self._reference: dict | None = None  #: learner -> its reference policies in the object store (set_reference)
-        self.closed = False
         logger.info(
             "learners on Ray: {} ({}), up in {:.1f} s",
             len(self.actors),
@@ -335,14 +323,21 @@ class LearnerGroup:
         extra = self._options
         if callable(extra):
             extra = extra(name, self.roles[name], shard) if shard else extra(name, self.roles[name])
-        return {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(extra or {})}
+        return self.spawn_options(extra)
 
     def _start(self, agents: list, make_optimizers: Callable, threads: int) -> dict:
         """Create one :class:`LearnerWorker` actor per learner; ``{learner: actor}``."""
-        actor = self.ray.remote(LearnerWorker)
         return {
-            name: actor.options(**self.options(name)).remote(
-                name, args[0], agents, make_optimizers, args[1], self.pid_files[name], threads
+            name: self.spawn(
+                LearnerWorker,
+                name,
+                args[0],
+                agents,
+                make_optimizers,
+                args[1],
+                self.pid_files[name],
+                threads,
+                options=self.options(name),
             )
             for name, args in self._args.items()
         }
@@ -384,13 +379,12 @@ class LearnerGroup:
                 self._gone(name, f"Ray restarts it at most cluster.learner_restarts={self.max_restarts} times")
             )
         try:
-            new = wait_restarted(self.ray, self.actors[name], pid, self.restart_wait_s)
+            new = self.await_restart(self.actors[name], pid)
         except TimeoutError as exc:
             return LearnerGone(self._gone(name, str(exc)))
         self.restarts[name] += 1
         self.pids[name] = new
-        where = node_of(self.ray, self.actors[name], self.restart_wait_s)
-        logger.warning("learner {} restarted: pid {} -> {} on node {}", name, pid, new, where)
+        self.log_restart(f"learner {name}", pid, new, self.actors[name])
         return LearnerLost(name, pid, new)
 
     def _gone(self, name: str, why: str) -> str:
@@ -443,12 +437,7 @@ class LearnerGroup:
             out.update(states)
         return out
 
-    def close(self) -> dict:
-        if self.closed:
-            return {}
-        self.closed = True
-        for a in self.actors.values():
-            self.ray.kill(a, no_restart=True)
-        if self.started:
-            self.ray.shutdown()
+    def _close(self) -> dict:
+        self.kill(self.actors.values())
+        self.stop_ray()
         return {"learners": len(self.actors), "restarts": dict(self.restarts)}

@@ -1,4 +1,4 @@
-"""Placement groups per agent group (issue 28; docs/distributed.md, "Placement and sizing").
+"""Placement groups per agent group (docs/distributed.md, "Placement and sizing").
 
 :func:`make_placement` is a pure function from the config, the roles and the memory plan to a
 :class:`PlacementSpec`: per agent group (a role with its full copy, or a base with its roles' adapters:
@@ -192,7 +192,7 @@ def sampler_gpus(cfg) -> int:
 def engine_actor_options(cfg, options: dict | None) -> dict:
     """``options`` of an engine sampler actor with its GPUs (:func:`sampler_gpus`) asked, unless a placement's
     bundle holds them (its ``scheduling_strategy`` a placement group's: :func:`actor_options` asked them already).
-    Ray is not imported here: a local Ray is set to loopback before its first import (``cluster.remote.connect``)."""
+    Ray is not imported here: a local Ray is set to loopback before its first import (``cluster.ray_helpers.connect``)."""
     out = dict(options or {})
     if type(out.get("scheduling_strategy")).__name__ == "PlacementGroupSchedulingStrategy":
         return out
@@ -222,7 +222,7 @@ def reserve(spec: PlacementSpec, wait_s: float) -> None:
     ``NO_RESOURCES``; Ray never refuses it, so the wait is the test)."""
     import time
 
-    from swarm_runtime.cluster.env_cluster import import_ray
+    from swarm_runtime.cluster.ray_helpers import import_ray
 
     ray = import_ray()
     from ray.util import placement_group
@@ -310,7 +310,7 @@ def bundles_in_use(spec: PlacementSpec, group: str) -> list[dict]:
     """Per bundle of ``group``'s reserved placement group: the resources its actors hold now, as Ray accounts them
     (a bundle's resources are Ray resources of their own, ``CPU_group_<bundle>_<group id>``: held = total -
     available)."""
-    from swarm_runtime.cluster.env_cluster import import_ray
+    from swarm_runtime.cluster.ray_helpers import import_ray
 
     ray = import_ray()
     whole, free, pg = ray.cluster_resources(), ray.available_resources(), spec.pgs[group].id.hex()

@@ -1,4 +1,4 @@
-"""Sampler actors on Ray (issue 28; docs/distributed.md, "Sampler actors"): ``cluster.samplers=ray`` with
+"""Sampler actors on Ray (docs/distributed.md, "Sampler actors"): ``cluster.samplers=ray`` with
 ``rollout.engine=local`` draws a run's bids and actions in a Ray actor that holds a copy of the policies,
 instead of in the trainer's process.
 
@@ -26,14 +26,13 @@ from its last checkpoint (``learn/mpt.py: MPTTrainer.train``).
 
 from __future__ import annotations
 
-import os
 import pickle
 import time
 from collections.abc import Mapping
 
 from loguru import logger
 
-from swarm_runtime.cluster.env_cluster import RESTART_WAIT_S, node_of, nodes_of, wait_restarted
+from swarm_runtime.cluster.actors import RESTART_WAIT_S, ActorBody, ActorGroup
 from swarm_runtime.cluster.learners import copy_params, params_of
 
 #: Tries of one call (a first try and its retries after restarts) before giving up.
@@ -68,7 +67,7 @@ def set_sampling_state(policies: Mapping, state: Mapping) -> None:
         policies[m].temperature = temperature
 
 
-class SamplerWorker:
+class SamplerWorker(ActorBody):
     """The actor's body: ``blob`` pickles ``(policies, counters, local)``: the policies (model name -> policy),
     their FLOP counters (:func:`flop_counters`) and the in-process sampler class that answers on them
     (``local(policies)``). ``threads``: torch's intra-op threads, the trainer's (the same float reductions)."""
@@ -85,15 +84,6 @@ class SamplerWorker:
         for i, c in enumerate(counters):  # the forwards counted here go back to the trainer's counter i
             c.forward = lambda n_params, tokens, i=i: self.log.append((i, int(n_params), int(tokens)))
         self.synced = 0  #: syncs taken (a restarted actor has taken none)
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def node(self) -> str:
-        """Where this actor runs (:func:`swarm_runtime.cluster.env_cluster.node_here`)."""
-        from swarm_runtime.cluster.env_cluster import node_here
-
-        return node_here()
 
     def load(self, synced: int, refs: dict) -> bool:
         """Take the parameters of some models (``refs``: model -> object ref of its tensors); ``synced``: the
@@ -120,7 +110,7 @@ class SamplerWorker:
         return True, (out, {m: p.rng_state() for m, p in self.policies.items()}, self.log)
 
 
-class RaySampler:
+class RaySampler(ActorGroup):
     """The trainer's side of a sampler actor over ``learner``'s policies (see the module's docstring). ``local``:
     the in-process sampler class the actor answers with (``LocalSampler``). ``options``: Ray actor options
     (placement: resources, a node, a placement group), over the defaults. ``restart_wait_s``: how long a dead actor
@@ -140,34 +130,27 @@ class RaySampler:
     ):
         import torch
 
-        from swarm_runtime.cluster.env_cluster import connect, import_ray
-
         t0 = time.perf_counter()
-        self.started = connect(address, num_cpus)  # first: a local Ray is set to loopback before Ray is imported
-        self.ray = ray = import_ray()
+        super().__init__(address, num_cpus, restart_wait_s=restart_wait_s, max_restarts=max_restarts)
         self.learner = learner
         self.policies = dict(learner.policies)
         self.counters = flop_counters(self.policies)
         self._versions = {m: learner.version(m) for m in self.policies}
-        self.max_restarts = int(max_restarts)
-        self.restart_wait_s = float(restart_wait_s)
         #: the policies as the sampler was made: kept in the object store (a restarted actor unpickles it again)
-        self._blob = ray.put(pickle.dumps((self.policies, self.counters, local)))
-        opts = {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(options or {})}
-        self.actor = ray.remote(SamplerWorker).options(**opts).remote(self._blob, torch.get_num_threads())
-        self.pid = ray.get(self.actor.pid.remote())
+        self._blob = self.ray.put(pickle.dumps((self.policies, self.counters, local)))
+        self.actor = self.spawn(SamplerWorker, self._blob, torch.get_num_threads(), options=options)
+        self.pid = self.pids_of([self.actor])[0]
         self.synced = 0  #: syncs sent (the actor's count must match before it answers)
         self._params: dict = {}  #: model -> object ref of its last synced parameters
         self.restarts = 0  #: actor deaths seen
         self.retried = 0  #: calls made again after a death
         self.calls = 0
-        self.closed = False
         self.start_s = time.perf_counter() - t0
         logger.info(
             "sampler actor on Ray: pid {}, {} models, up in {:.1f} s", self.pid, len(self.policies), self.start_s
         )
         # where it runs, as it says (the multi-node tests read it)
-        logger.info("sampler actor on node {}", nodes_of(ray, [self.actor], self.restart_wait_s)[0])
+        logger.info("sampler actor on node {}", self.nodes_of([self.actor])[0])
 
     # ------------------------------------------------------------------ the Sampler protocol
     def bid_levels(self, model: str):
@@ -194,14 +177,10 @@ class RaySampler:
         for m in models:
             self._versions[m] = learner.version(m)
 
-    def close(self) -> dict:
-        if self.closed:
-            return {}
-        self.closed = True
+    def _close(self) -> dict:
         if self.ray.is_initialized():
-            self.ray.kill(self.actor, no_restart=True)
-            if self.started:
-                self.ray.shutdown()
+            self.kill([self.actor])
+            self.stop_ray()
         stats = {"calls": self.calls, "restarts": self.restarts, "retried": self.retried}
         logger.info("sampler actor closed: {}", stats)
         return stats
@@ -210,23 +189,16 @@ class RaySampler:
     def _call(self, method: str, rows) -> list:
         if not rows:
             return []
-        ray = self.ray
         rows = [type(r)(r.model, r.prompt, r.key) for r in rows]  # the context stays here (training rows have none)
         state = sampling_state(self.policies)
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                ok, value = ray.get(self.actor.call.remote(method, self.synced, rows, state))
-            except ray.exceptions.RayActorError:
-                ok = False
-            if ok:
-                break
-            if tries == MAX_TRIES:
-                raise SamplerActorError(
-                    f"the sampler actor failed {MAX_TRIES} calls in a row (its process keeps dying)"
-                )
-            self._recover()
+
+        def attempt() -> tuple:
+            return self.ray.get(self.actor.call.remote(method, self.synced, rows, state))
+
+        def exhausted() -> SamplerActorError:
+            return SamplerActorError(f"the sampler actor failed {MAX_TRIES} calls in a row (its process keeps dying)")
+
+        value, tries = self.dispatch(attempt, self._recover, MAX_TRIES, exhausted, recover_last=False)
         self.retried += tries > 1
         out, after, log = value
         set_sampling_state(self.policies, {m: (after[m], state[m][1]) for m in after})
@@ -243,13 +215,12 @@ class RaySampler:
         ray = self.ray
         wait_s = self.restart_wait_s  # cluster.restart_wait_s
         end = time.monotonic() + wait_s
+
+        def gone(why: str) -> SamplerActorError:
+            return SamplerActorError(f"the sampler actor (pid {self.pid}) was lost: its process died and {why}")
+
         while True:
-            try:
-                pid = wait_restarted(ray, self.actor, self.pid, wait_s, same_ok=True, check=self._alive)
-            except TimeoutError as exc:
-                raise SamplerActorError(
-                    f"the sampler actor (pid {self.pid}) was lost: its process died and {exc}"
-                ) from None
+            pid = self.await_restart(self.actor, self.pid, same_ok=True, check=self._alive, gone=gone)
             try:
                 ray.get(self.actor.load.remote(self.synced, dict(self._params)), timeout=wait_s)
                 break
@@ -261,33 +232,14 @@ class RaySampler:
                     ) from None
                 time.sleep(0.2)
         if pid != self.pid:
-            logger.warning(
-                "sampler actor restarted: pid {} -> {} on node {}; loaded with {} synced models",
-                self.pid,
-                pid,
-                node_of(ray, self.actor, self.restart_wait_s),
-                len(self._params),
-            )
+            tail = f"; loaded with {len(self._params)} synced models"
+            self.log_restart("sampler actor", self.pid, pid, self.actor, tail)
             self.pid = pid
             self.restarts += 1
 
     def _alive(self) -> None:
         """Raise :class:`SamplerActorError` if Ray will not restart the actor again (its restarts are spent)."""
-        if self._actor_state() == "DEAD":
+        if self.spent(self.actor):
             raise SamplerActorError(
                 f"the sampler actor died and its restarts are spent (cluster.sampler_restarts={self.max_restarts})"
             )
-
-    def _actor_state(self) -> str | None:
-        return actor_state(self.actor)
-
-
-def actor_state(actor) -> str | None:
-    """An actor's state in Ray's control store (``ALIVE``, ``RESTARTING``, ``DEAD``), None if unknown."""
-    try:
-        from ray._private.state import state as global_state
-
-        info = global_state.actor_table(actor._actor_id.hex())
-    except Exception:
-        return None
-    return (info or {}).get("State") if isinstance(info, dict) else None

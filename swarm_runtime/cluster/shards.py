@@ -1,8 +1,9 @@
-"""Sharded learners (issue 28; docs/distributed.md, "Sharded learners"): ``train.engine=fsdp train.shards=S`` with
+"""A sharded learner's rank (docs/distributed.md, "Sharded learners"): ``train.engine=fsdp train.shards=S`` with
 ``cluster.learners=ray`` makes each learner (a role's full copy, or a base with its roles' LoRA adapters) ``S`` Ray
-actors, the ranks of one process group (gloo on CPUs, nccl on GPUs). Each rank keeps the role's model sharded by
-FSDP2 (``learn/sharded.py: shard_policies``) and the role's optimizers over its shards (``mpt.role_optimizers``: the
-same settings) across updates.
+actors, the ranks of one process group (gloo on CPUs, nccl on GPUs); :class:`ShardWorker` is one rank's body, the
+driver's side is :mod:`.sharded_learners`. Each rank keeps the role's model sharded by FSDP2
+(``learn/sharded.py: shard_policies``) and the role's optimizers over its shards (``mpt.role_optimizers``: the same
+settings) across updates.
 
 An update goes to every rank of a learner alike (the same payload); each runs the same ``action_update`` /
 ``bid_update`` (FSDP forwards are collectives: the KL and bid-reference forwards run on every rank alike), but
@@ -13,23 +14,16 @@ sees what :class:`~swarm_runtime.cluster.learners.LearnerWorker` sends. Checkpoi
 in the in-process optimizer's format (a run checkpointed under fsdp resumes under local, and back).
 
 Faults: a rank that dies breaks its group's collectives (the others would wait out the gloo timeout,
-:data:`GROUP_TIMEOUT_S`). The driver kills the learner's other ranks too (Ray restarts every rank, from its
-creation arguments), forms the group again and raises :class:`~swarm_runtime.cluster.learners.LearnerLost`: the run
-rewinds to its last checkpoint and loads it into every rank, as with one actor per learner.
+:data:`GROUP_TIMEOUT_S`); the driver regroups the learner (:mod:`.sharded_learners`).
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 
-from loguru import logger
-
-from swarm_runtime.cluster.env_cluster import wait_restarted
-from swarm_runtime.cluster.learners import RESTARTED, LearnerGone, LearnerGroup, LearnerLost, LearnerWorker
+from swarm_runtime.cluster.learners import LearnerWorker
 
 #: Seconds a collective of a learner's ranks (joining the group included) waits for a rank that does not come.
 GROUP_TIMEOUT_S = 120.0
@@ -159,153 +153,3 @@ class ShardWorker(LearnerWorker):
                     load_full_optimizer_state(opt, st["state"][f"optimizer_{kind}"])
                     sched.load_state_dict(st["state"][f"scheduler_{kind}"])
         return self.lrs()
-
-
-def _worker_class(engine: str) -> type:
-    """A rank's actor class for ``train.engine``: :class:`ShardWorker` (fsdp) or the ZeRO-3 one (deepspeed)."""
-    if engine == "deepspeed":
-        from swarm_runtime.cluster.deepspeed_shards import DeepSpeedShardWorker
-
-        return DeepSpeedShardWorker
-    return ShardWorker
-
-
-class ShardedLearnerGroup(LearnerGroup):
-    """:class:`LearnerGroup` whose learners are ``shards`` :class:`ShardWorker` ranks each (``self.ranks``;
-    ``self.actors``: each learner's rank 0); ``engine="deepspeed"``: ZeRO-3 ranks (cluster/deepspeed_shards.py)."""
-
-    def __init__(self, *args, shards: int, engine: str = "fsdp", join: bool = True, **kw):
-        """``join`` False: the ranks form their groups (and shard their models) only after :meth:`sft` (the SFT cold
-        start, each rank on its own full copy)."""
-        self.shards, self.engine = int(shards), str(engine)
-        self.ranks: dict[str, list] = {}  #: learner -> its ranks' actors
-        self.rank_pids: dict[str, list[int]] = {}  #: learner -> its ranks' pids
-        self._unjoined = not join  #: ranks started and not in their groups yet (until sft)
-        super().__init__(*args, **kw)
-        if join:
-            self._joined()
-
-    def _joined(self, when: str = "") -> None:
-        logger.info(
-            "learners sharded{}: {} ranks each ({}): {}",
-            when,
-            self.shards,
-            self.engine,
-            ", ".join(f"{n} pids {'+'.join(map(str, pids))}" for n, pids in self.rank_pids.items()),
-        )
-
-    def sft(self, fn: Callable, payloads) -> dict:
-        """:meth:`LearnerGroup.sft` on every rank (each its own full copy, :meth:`ShardWorker.sft`), then the ranks
-        of each learner form their group and shard the trained models."""
-        out = super().sft(fn, payloads)
-        if self._unjoined:
-            self._join(*self.ranks)
-            self._unjoined = False
-            self._joined(" after their SFT")
-        return out
-
-    def _shard_pid_file(self, name: str, k: int) -> str | None:
-        f = self.pid_files[name]
-        return None if f is None else str(Path(f).with_name(f"{name}.{k}.pid"))
-
-    def _start(self, agents: list, make_optimizers: Callable, threads: int) -> dict:
-        actor = self.ray.remote(_worker_class(self.engine))
-        for name, args in self._args.items():
-            self.ranks[name] = [
-                actor.options(**self.options(name, k)).remote(
-                    name,
-                    k,
-                    self.shards,
-                    args[0],
-                    agents,
-                    make_optimizers,
-                    args[1],
-                    self._shard_pid_file(name, k),
-                    threads,
-                )
-                for k in range(self.shards)
-            ]
-        if self._unjoined:  # their pids now (a rank lost during SFT is named by them); the group after it
-            for name, ranks in self.ranks.items():
-                self.rank_pids[name] = self.ray.get([a.pid.remote() for a in ranks])
-        else:
-            self._join(*self.ranks)
-        return {name: ranks[0] for name, ranks in self.ranks.items()}
-
-    def _join(self, *names: str) -> list[int]:
-        """Form the process groups of learners ``names`` (each at rank 0's address; every rank of every learner
-        joins at once: a ZeRO-3 join takes tens of seconds on a loaded CPU); the last learner's ranks' pids."""
-        addresses = self.ray.get([self.ranks[n][0].address.remote() for n in names])
-        refs = {n: [a.join.remote(*at) for a in self.ranks[n]] for n, at in zip(names, addresses)}
-        for name, rs in refs.items():
-            self.rank_pids[name] = self.ray.get(rs, timeout=GROUP_TIMEOUT_S + 30)
-        return self.rank_pids[names[-1]]
-
-    def processes(self, name: str) -> list:
-        return list(self.ranks[name])
-
-    def _call(self, name: str, method: str, *args):
-        return [a.checked.remote(pid, method, *args) for a, pid in zip(self.ranks[name], self.rank_pids[name])]
-
-    def _get(self, refs: dict):
-        """Every rank's answer (rank 0's returned per learner); a rank lost: :meth:`_regroup`, then
-        :class:`LearnerLost` (or :class:`LearnerGone`). The other ranks of a lost one fail too (gloo sees the
-        peer gone, or times out): their errors wait for the lost rank's; with no rank lost the first is raised."""
-        ray, out = self.ray, {}
-        for name, rs in refs.items():
-            pending, failed = {r: k for k, r in enumerate(rs)}, None
-            while pending:  # as they come
-                done, _ = ray.wait(list(pending), num_returns=1)
-                k = pending.pop(done[0])
-                try:
-                    value = ray.get(done[0])
-                except ray.exceptions.RayActorError:
-                    raise self._regroup(name, k) from None
-                except ray.exceptions.RayTaskError as exc:
-                    failed = failed or exc
-                    continue
-                if isinstance(value, str) and value == RESTARTED:  # restarted between calls (LearnerWorker.checked)
-                    raise self._regroup(name, k) from None
-                if k == 0:
-                    out[name] = value
-            if failed is not None:
-                raise failed
-        return out
-
-    def _regroup(self, name: str, lost: int) -> Exception:
-        """Rank ``lost`` of learner ``name`` died: kill its other ranks (their group is broken; Ray restarts them
-        all), wait for every rank to answer from a new process, form the group again; the exception to raise."""
-        ray, old = self.ray, list(self.rank_pids[name])
-        self.pids[name] = old[lost]  # the process a message names
-        if self.restarts[name] >= self.max_restarts:
-            for a in self.ranks[name]:
-                ray.kill(a, no_restart=True)
-            return LearnerGone(
-                self._gone(name, f"Ray restarts it at most cluster.learner_restarts={self.max_restarts} times")
-            )
-        for k, a in enumerate(self.ranks[name]):
-            if k != lost:
-                ray.kill(a, no_restart=False)
-        end = time.monotonic() + self.restart_wait_s  # for all ranks together (cluster.restart_wait_s)
-        for k, a in enumerate(self.ranks[name]):
-            try:
-                wait_restarted(ray, a, old[k], max(1.0, end - time.monotonic()))
-            except TimeoutError as exc:
-                return LearnerGone(self._gone(name, f"its rank {k}: {exc}"))
-        try:
-            new = self._join(name)
-        except ray.exceptions.RayError as exc:
-            return LearnerGone(self._gone(name, f"its restarted ranks did not form a group ({type(exc).__name__})"))
-        self.restarts[name] += 1
-        self.pids[name] = new[0]
-        logger.warning(
-            "learner {} restarted: pid {} -> {} (rank {} lost; ranks {} -> {})", name, old[0], new[0], lost, old, new
-        )
-        return LearnerLost(name, old[lost], new[lost])
-
-    def close(self) -> dict:
-        if not self.closed:
-            for ranks in self.ranks.values():
-                for a in ranks[1:]:
-                    self.ray.kill(a, no_restart=True)
-        return {**super().close(), "shards": self.shards}

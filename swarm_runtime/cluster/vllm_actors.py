@@ -1,9 +1,9 @@
-"""Engine sampler actors on Ray (issue 28; docs/distributed.md, "Sampler actors", and docs/engine.md):
+"""Engine sampler actors on Ray (docs/distributed.md, "Sampler actors", and docs/engine.md):
 ``cluster.samplers=ray`` with ``rollout.engine=vllm`` runs, per base, a Ray actor that starts the base's vLLM
 server ON ITS NODE and keeps it; the trainer's ``OpenAISampler`` speaks HTTP to that server as it does to a
 server it started itself.
 
-- :class:`EngineWorker` (the actor's body, plain Python): finds the base on its node (:func:`place_base`: the
+- :class:`EngineWorker` (the actor's body, plain Python): finds the base on its node (:mod:`.base_shipping`: the
   Hugging Face folder the trainer wrote, used in place when its node sees the same files there, else this run's copy
   in a folder of its node, ``$TMPDIR/swarm-engine-<id>/<base>``, written once from Ray's object store), starts
   :class:`~swarm_runtime.sampling.vllm_server.VLLMServer` on the node's address and holds an
@@ -33,7 +33,6 @@ adapter sync. On the trainer's node too (loopback): one rule, and other users of
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import shutil
@@ -45,7 +44,8 @@ from pathlib import Path
 
 from loguru import logger
 
-from swarm_runtime.cluster.samplers import actor_state
+from swarm_runtime.cluster.actors import ActorGroup
+from swarm_runtime.cluster.base_shipping import fetch_base, place_base, read_folder, ship_base, unship, write_folder
 from swarm_runtime.sampling.http import EngineGone
 
 #: Tries of one call (a first try and its retries after the actor restarted).
@@ -58,152 +58,6 @@ LOST = ("lost", None)
 class EngineSamplerError(EngineGone):
     """The engine sampler actor is gone for good (its restarts are spent, or it keeps dying): a replica of
     ``cluster.sampler_replicas`` is dropped, the last one stops the run."""
-
-
-def read_folder(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` (relative path -> bytes): what a node without the folder writes again."""
-    folder = Path(folder)
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def write_folder(files: dict[str, bytes], folder: Path) -> Path:
-    """Write ``files`` (relative path -> bytes, :func:`read_folder`'s) as ``folder``, replacing what was there.
-    Every path is checked first, nothing written or removed if one is bad: an absolute path or a ``..`` part (one
-    that would land outside ``folder``) is a :class:`ValueError` naming it."""
-    for rel in files:
-        parts = Path(rel).parts
-        if not parts or Path(rel).is_absolute() or ".." in parts:
-            raise ValueError(
-                f"write_folder: {rel!r} is not a relative path inside the folder (absolute, empty or with a '..' part)"
-            )
-    folder = Path(folder)
-    if folder.exists():
-        shutil.rmtree(folder)
-    for rel, data in files.items():
-        path = folder / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return folder
-
-
-def _digest(entries) -> str:
-    """sha256 over ``(relative path, size, chunks of its bytes)`` entries, in the order given."""
-    h = hashlib.sha256()
-    for rel, size, chunks in entries:
-        h.update(f"{rel}\0{size}\0".encode())
-        for chunk in chunks:
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def files_digest(files: dict[str, bytes]) -> str:
-    """A content hash of a folder's files (:func:`read_folder`'s): their relative paths and bytes."""
-    return _digest((rel, len(files[rel]), (files[rel],)) for rel in sorted(files))
-
-
-def folder_digest(folder: Path) -> str:
-    """:func:`files_digest` of the files under ``folder``, read a chunk at a time (a base of many GB)."""
-
-    def chunks(path: Path):
-        with path.open("rb") as fh:
-            while chunk := fh.read(1 << 24):
-                yield chunk
-
-    folder = Path(folder)
-    paths = {str(p.relative_to(folder)): p for p in folder.rglob("*") if p.is_file()}
-    return _digest((rel, paths[rel].stat().st_size, chunks(paths[rel])) for rel in sorted(paths))
-
-
-class BaseFiles:
-    """A Ray actor on the trainer's node that holds a base's files for the engine actors that cannot use the
-    trainer's folder in place: read and put in the object store on the first ask only (a base every node sees
-    in place is never read into memory), then the same object for every later ask (every replica of the base,
-    every restarted actor)."""
-
-    def __init__(self, folder: str):
-        self.folder, self.ref, self.asks = str(folder), None, 0
-
-    def files(self) -> list:
-        """``[ref of read_folder(folder)]`` (in a list: the caller gets the ref, and fetches the files itself)."""
-        import ray
-
-        self.asks += 1
-        if self.ref is None:
-            self.ref = ray.put(read_folder(Path(self.folder)))
-        return [self.ref]
-
-    def asked(self) -> tuple[int, bool]:
-        """``(asks, whether the files are in the object store)``."""
-        return self.asks, self.ref is not None
-
-
-def ship_base(folder: Path) -> dict:
-    """What the trainer sends the engine actors of the base in ``folder`` (one record for all the base's replicas):
-    its path on the trainer's node, the content hash of its files (:func:`folder_digest`: read from disk a chunk at
-    a time, once) and a list holding a :class:`BaseFiles` actor on this node that puts the files in the object store
-    when an actor first asks (:func:`place_base`). :func:`unship` ends it."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    here = ray.get_runtime_context().get_node_id()
-    source = (
-        ray.remote(BaseFiles)
-        .options(
-            num_cpus=0,
-            max_restarts=4,
-            max_task_retries=2,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-        )
-        .remote(str(Path(folder).resolve()))
-    )
-    return {"path": str(Path(folder).resolve()), "digest": folder_digest(folder), "files": [source]}
-
-
-def fetch_base(source) -> dict[str, bytes]:
-    """The files of a shipped base (:func:`ship_base`'s ``files[0]``), asked of its :class:`BaseFiles` actor."""
-    import ray
-
-    return ray.get(ray.get(source.files.remote())[0])
-
-
-def unship(shipped: dict) -> None:
-    """End the :class:`BaseFiles` actor of a shipped base (its files leave the object store with it)."""
-    import ray
-
-    if ray.is_initialized():
-        try:
-            ray.kill(shipped["files"][0], no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-
-
-def place_base(shipped: dict, scratch: Path, fetch) -> tuple[Path, str]:
-    """The folder an engine actor's server loads the shipped base from (:func:`ship_base`), and how it got there:
-
-    - ``"in place"``: the trainer's folder (``shipped["path"]``) is a folder on this node too (a shared
-      filesystem, or the trainer's own node) with the same content hash, read here (:func:`folder_digest`).
-      Nothing is shipped.
-    - ``"cached"``: this node's copy for this run, ``scratch/base-<hash>``, written complete by an earlier start (of
-      this actor, or of the one Ray restarted), is used again. Nothing is shipped.
-    - ``"shipped"``: else the files come through Ray's object store (``fetch(files[0])``: :func:`fetch_base`) and
-      are written to ``scratch/base-<hash>`` (into a folder beside it, renamed when complete, then marked complete)."""
-    digest = str(shipped["digest"])
-    here = Path(shipped["path"])
-    try:
-        if here.is_dir() and folder_digest(here) == digest:
-            return here, "in place"
-    except OSError:
-        pass  # not readable here: ship it
-    scratch = Path(scratch)
-    cached, done = scratch / f"base-{digest[:16]}", scratch / f"base-{digest[:16]}.complete"
-    if done.exists() and done.read_text() == digest and cached.is_dir():
-        return cached, "cached"
-    partial = scratch / f".base-{digest[:16]}-{os.getpid()}"
-    write_folder(fetch(shipped["files"][0]), partial)
-    shutil.rmtree(cached, ignore_errors=True)
-    partial.rename(cached)
-    done.write_text(digest)
-    return cached, "shipped"
 
 
 def stop_stale(pidfile: Path, base: Path) -> bool:
@@ -408,7 +262,7 @@ def _unlink(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class EngineActor:
+class EngineActor(ActorGroup):
     """The trainer's side of one base's engine actor (module docstring): what ``OpenAISampler``'s factory holds as
     its ``server`` (``url``, ``log``, ``started_s``, ``stop``). ``base_folder``: the base the trainer wrote;
     ``shipped``: its :func:`ship_base` record when several actors share it (the replicas of a base: its caller ends
@@ -432,42 +286,24 @@ class EngineActor:
         host: str = "127.0.0.1",
         shipped: dict | None = None,
     ):
-        from swarm_runtime.cluster.env_cluster import connect, import_ray
-
         t0 = time.perf_counter()
-        self.started = connect(address, num_cpus)  # first: a local Ray is set to loopback before Ray is imported
-        self.ray = ray = import_ray()
-        self.name, self.max_restarts = name, int(max_restarts)
+        super().__init__(address, num_cpus, max_restarts=max_restarts)
+        self.name = name
         self.startup_timeout_s = float(settings.get("startup_timeout_s", 600.0))
         #: the base's path, content hash and the actor that puts its files in the object store when first asked, for
         #: the whole run (a restarted actor's constructor asks it, on a node that has neither the trainer's folder
         #: nor its own copy)
         self._own_base = shipped is None
         self._base = ship_base(base_folder) if shipped is None else shipped
-        token = uuid.uuid4().hex[:12]
         #: the bearer key of the actor's server (module docstring, "Keys"): made here for this run, never logged
         self.api_key = secrets.token_urlsafe(32)
-        opts = {"num_cpus": 0, "max_restarts": self.max_restarts, "max_task_retries": 0, **(options or {})}
-        self.actor = (
-            ray.remote(EngineWorker)
-            .options(**opts)
-            .remote(
-                self._base,
-                python,
-                dict(settings),
-                int(keep),
-                token,
-                name,
-                float(timeout_s),
-                host,
-                ray.get_runtime_context().get_node_id(),
-                self.api_key,
-            )
-        )
+        here = self.ray.get_runtime_context().get_node_id()
+        token = uuid.uuid4().hex[:12]
+        worker_args = (self._base, python, dict(settings), int(keep), token, name, float(timeout_s), host, here)
+        self.actor = self.spawn(EngineWorker, *worker_args, self.api_key, options=options)
         self.kept: dict[str, list] = {}  #: model -> [(version, ref of its files)] the server holds, oldest first
         self.on_url = None
         self.restarts = self.calls = 0
-        self.closed = False
         hello = self._hello(self.startup_timeout_s + RESTART_SLACK_S)
         self._take(hello)
         self.start_s = time.perf_counter() - t0
@@ -511,29 +347,28 @@ class EngineActor:
     def _hello(self, wait_s: float) -> dict:
         """The actor's :meth:`EngineWorker.hello` once it answers (its constructor started the server), from any
         process (:meth:`_adopt` compares it with the one the trainer knows)."""
-        from swarm_runtime.cluster.env_cluster import wait_restarted
 
-        try:
-            return wait_restarted(
-                self.ray,
-                self.actor,
-                None,
-                wait_s,
-                same_ok=True,
-                check=self._alive,
-                call=lambda actor: actor.hello.remote(),
-                pid_of=lambda hello: hello["pid"],
-                try_s=None,
-            )
-        except TimeoutError as exc:
-            raise EngineSamplerError(
-                f"the engine sampler actor of base {self.name!r} did not answer: {exc}; the run can go on from its "
+        def gone(why: str) -> EngineSamplerError:
+            return EngineSamplerError(
+                f"the engine sampler actor of base {self.name!r} did not answer: {why}; the run can go on from its "
                 "last checkpoint with resume=true"
-            ) from None
+            )
+
+        return self.await_restart(
+            self.actor,
+            None,
+            wait_s,
+            gone=gone,
+            same_ok=True,
+            check=self._alive,
+            call=lambda actor: actor.hello.remote(),
+            pid_of=lambda hello: hello["pid"],
+            try_s=None,
+        )
 
     def _alive(self) -> None:
         """Raise :class:`EngineSamplerError` if Ray will not restart the actor again (its restarts are spent)."""
-        if actor_state(self.actor) == "DEAD":
+        if self.spent(self.actor):
             raise EngineSamplerError(
                 f"the engine sampler actor of base {self.name!r} died and its restarts are spent "
                 f"(cluster.sampler_restarts={self.max_restarts}); the run can go on from its last checkpoint "
@@ -543,20 +378,20 @@ class EngineActor:
     def call(self, method: str, *args):
         """``method`` on the actor with the process the trainer knows; a restarted actor is adopted first (loaded
         with the kept versions, its URL taken) and the call made again."""
-        ray = self.ray
-        for _ in range(MAX_TRIES):
-            try:
-                status, value = ray.get(getattr(self.actor, method).remote(self.pid, *args))
-            except ray.exceptions.RayActorError:
-                status, value = LOST
-            if status != "lost":
-                self.calls += 1
-                return status, value
-            self._adopt()
-        raise EngineSamplerError(
-            f"the engine sampler actor of base {self.name!r} failed {MAX_TRIES} calls in a row (its process keeps "
-            "dying); the run can go on from its last checkpoint with resume=true"
-        )
+
+        def attempt() -> tuple:
+            status, value = self.ray.get(getattr(self.actor, method).remote(self.pid, *args))
+            return status != "lost", (status, value)
+
+        def exhausted() -> EngineSamplerError:
+            return EngineSamplerError(
+                f"the engine sampler actor of base {self.name!r} failed {MAX_TRIES} calls in a row (its process keeps "
+                "dying); the run can go on from its last checkpoint with resume=true"
+            )
+
+        answer, _ = self.dispatch(attempt, self._adopt, MAX_TRIES, exhausted)
+        self.calls += 1
+        return answer
 
     def _adopt(self) -> None:
         """A restarted actor (a new process and server): load it with every kept version and take its URL."""
@@ -597,21 +432,17 @@ class EngineActor:
     def stop(self) -> None:
         self.close()
 
-    def close(self) -> dict:
-        if self.closed:
-            return {}
-        self.closed = True
+    def _close(self) -> dict:
         ray = self.ray
         if ray.is_initialized():
             try:
                 ray.get(self.actor.stop.remote(), timeout=60)
             except Exception:  # already dead (its server is stopped by its successor's constructor, or by nobody)
                 pass
-            ray.kill(self.actor, no_restart=True)
+            self.kill([self.actor])
             if self._own_base:
                 unship(self._base)
-            if self.started:
-                ray.shutdown()
+            self.stop_ray()
         stats = {"calls": self.calls, "restarts": self.restarts}
         logger.info("vLLM sampler actor of base {} closed: {}", self.name, stats)
         return stats

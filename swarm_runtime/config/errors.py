@@ -22,7 +22,7 @@ def stop_on_sigterm() -> None:
     """Turn SIGTERM into :class:`Stopped` in the main thread (the CLI's ``main``). A second SIGTERM while the first
     unwinds is ignored, so the cleanup is not cut short (a SIGKILL still is). ``ray.init`` replaces the handler
     (Ray's own ends the process through its C++ failure handler, with a native stack and SIGABRT):
-    :func:`swarm_runtime.cluster.env_cluster.connect` puts back the one that was there before."""
+    :func:`swarm_runtime.cluster.ray_helpers.connect` puts back the one that was there before."""
     import signal
     import threading
 

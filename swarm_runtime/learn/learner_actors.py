@@ -138,7 +138,7 @@ class LearnerActors:
         each run SFT on their own full copy, and are sharded after it) or, on a resumed run, at its first update.
         They are started without reference policies (those come from the SFT checkpoint: :meth:`_learners`)."""
         from swarm_runtime.cluster.learners import LearnerGroup
-        from swarm_runtime.cluster.shards import ShardedLearnerGroup
+        from swarm_runtime.cluster.sharded_learners import ShardedLearnerGroup
 
         if self._group is None:
             c, t = self.cfg.cluster, self.cfg.get("train")
@@ -169,7 +169,7 @@ class LearnerActors:
                     logger.info("placement: {}", line)
             # where each rank runs (its node's id, address and custom resources), as it says: on more than one node
             # (cluster.resources, a placement's bundles, or Ray's choice) the logs and the multi-node tests read it
-            from swarm_runtime.cluster.env_cluster import nodes_of
+            from swarm_runtime.cluster.ray_helpers import nodes_of
 
             g = self._group
             names = [(n, k) for n in g.actors for k in range(len(g.processes(n)))]

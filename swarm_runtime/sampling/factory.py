@@ -112,9 +112,9 @@ def replicated_sampler(
     ``rollout.vllm.port`` gives replica ``j`` of base ``i`` that port + ``i * n + j``)."""
     from loguru import logger
 
-    from swarm_runtime.cluster.env_cluster import connect, import_ray
+    from swarm_runtime.cluster.base_shipping import ship_base, unship
     from swarm_runtime.cluster.placement import replica_nodes, replica_options
-    from swarm_runtime.cluster.vllm_actors import ship_base, unship
+    from swarm_runtime.cluster.ray_helpers import connect, import_ray
     from swarm_runtime.sampling.replicas import ReplicatedSampler
 
     c = cfg.cluster

@@ -75,10 +75,10 @@ class ExportOnce:
         return folder
 
     def put(self, model: str, ray) -> tuple[int, object]:
-        """``(version, ref)``: the files of ``model``'s current version (``cluster.engine.read_folder``'s) put in
+        """``(version, ref)``: the files of ``model``'s current version (``cluster.base_shipping.read_folder``'s) put in
         ``ray``'s object store on the first ask, the same ref for every later one (every replica's
         ``RemoteAdapters.sync``)."""
-        from swarm_runtime.cluster.vllm_actors import read_folder
+        from swarm_runtime.cluster.base_shipping import read_folder
 
         v = int(self.learner.version(model))
         with self._lock:

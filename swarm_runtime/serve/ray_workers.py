@@ -1,4 +1,4 @@
-"""Agent workers as Ray actors: ``swarm serve RUN serve.cluster=ray`` (issue 28; docs/deploy.md).
+"""Agent workers as Ray actors: ``swarm serve RUN serve.cluster=ray`` (docs/deploy.md).
 
 Each agent's worker (:mod:`swarm_runtime.serve.worker`: the role's model behind the completions subset) runs
 in a Ray actor's process (:class:`AgentActor`), on whichever node Ray places it: the actor loads the model,
@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 from loguru import logger
+
+from swarm_runtime.cluster.actors import ActorGroup
 
 #: Seconds an actor's HTTP server may take to listen once its model is loaded.
 LISTEN_TIMEOUT_S = 60.0
@@ -79,7 +81,7 @@ class AgentActor:
         return self.url, os.getpid()
 
 
-class RayWorkers:
+class RayWorkers(ActorGroup):
     """Starts agent workers as Ray actors (a ``Population``'s launcher): Ray joined at ``address``
     (``serve.address``), or a local Ray started on 127.0.0.1 (stopped by :meth:`close`).
 
@@ -88,35 +90,22 @@ class RayWorkers:
     place) they reserve none, so a local Ray runs as many workers as subprocesses would, bound to 127.0.0.1."""
 
     def __init__(self, address: str | None, restart: bool = True):
-        """``restart``: Ray restarts an actor whose process died (``serve.restart_workers``)."""
-        from swarm_runtime.cluster.env_cluster import connect, import_ray
-
-        self.started = connect(address, key="serve.address")  # first: a local Ray stays on loopback
-        self.ray = import_ray()
+        """``restart``: Ray restarts an actor whose process died (``serve.restart_workers``), without end (the
+        gateway's ``serve.max_restarts`` decides when an agent that keeps dying is ``failed``)."""
+        super().__init__(address, key="serve.address", max_restarts=-1 if restart else 0)
         self.local = address is None
         self.restart = restart
-        self.actor = self.ray.remote(AgentActor)
-        self.closed = False
 
     def __call__(self, argv: list[str], log, threads: int) -> RayWorker:
         """A new worker (``log`` is unused: an actor's output is in Ray's logs on its node)."""
-        opts = dict(
-            num_cpus=0 if self.local else max(1, int(threads)),
-            max_restarts=-1 if self.restart else 0,
-            max_task_retries=0,
-            scheduling_strategy="SPREAD",
-        )
-        return RayWorker(
-            self.ray, self.actor.options(**opts).remote(argv, threads, "127.0.0.1" if self.local else None)
-        )
+        opts = dict(num_cpus=0 if self.local else max(1, int(threads)), scheduling_strategy="SPREAD")
+        host = "127.0.0.1" if self.local else None
+        return RayWorker(self.ray, self.spawn(AgentActor, argv, threads, host, options=opts))
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Stop the local Ray this started (the actors end with it); a joined cluster's actors are killed by
         the population, and the cluster stays."""
-        if not self.closed:
-            self.closed = True
-            if self.started:
-                self.ray.shutdown()
+        self.stop_ray()
 
 
 class RayWorker:

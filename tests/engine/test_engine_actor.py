@@ -273,7 +273,7 @@ def test_a_vllm_python_missing_on_the_node_is_one_line(tmp_path):
 def test_write_folder_refuses_paths_outside_its_folder_before_writing(tmp_path, bad):
     """The files a node writes come through the object store: an absolute path or a ``..`` part (one that would
     land outside the folder) is refused naming it, before anything is written or the old folder removed."""
-    from swarm_runtime.cluster.vllm_actors import read_folder, write_folder
+    from swarm_runtime.cluster.base_shipping import read_folder, write_folder
 
     folder = tmp_path / "base"
     write_folder({"config.json": b"{}", "sub/w.bin": b"x"}, folder)
@@ -315,9 +315,9 @@ class _ScriptedActor:
 
 
 def test_wait_restarted_asks_the_method_it_is_given_and_returns_its_answer():
-    """One wait for a restarted actor (cluster/env_cluster.py): ``call`` picks what is asked, ``pid_of`` reads the
+    """One wait for a restarted actor (cluster/actors.py): ``call`` picks what is asked, ``pid_of`` reads the
     answering process from its answer; an answer from the dead process (not seen dead yet) is passed over."""
-    from swarm_runtime.cluster.env_cluster import wait_restarted
+    from swarm_runtime.cluster.actors import wait_restarted
 
     ray = _FakeRay()
     actor = _ScriptedActor(ray.exceptions.RayActorError(), {"pid": 5}, {"pid": 7, "url": "u"})
@@ -332,6 +332,7 @@ def test_wait_restarted_asks_the_method_it_is_given_and_returns_its_answer():
 def test_the_engine_actors_hello_waits_through_wait_restarted(monkeypatch):
     """``EngineActor._hello``: the actor's hello from whichever process answers first, its errors as one
     ``EngineSamplerError`` each (restarts spent; no answer in time)."""
+    from swarm_runtime.cluster import actors
     from swarm_runtime.cluster import vllm_actors as engine
 
     ray = _FakeRay()
@@ -342,7 +343,7 @@ def test_the_engine_actors_hello_waits_through_wait_restarted(monkeypatch):
     actor.actor = _ScriptedActor(*[ray.exceptions.RayActorError()] * 3)
     with pytest.raises(engine.EngineSamplerError, match=r"'default' did not answer: it did not come back within 0 s"):
         actor._hello(0)
-    monkeypatch.setattr(engine, "actor_state", lambda a: "DEAD")
+    monkeypatch.setattr(actors, "actor_state", lambda a: "DEAD")
     with pytest.raises(engine.EngineSamplerError, match=r"restarts are spent \(cluster.sampler_restarts=2\)"):
         actor._hello(30)
 
@@ -352,7 +353,8 @@ def test_the_base_is_used_in_place_or_shipped_once_per_node(tmp_path):
     same files there (nothing shipped); else shipped once into this run's folder on the node and used again by a
     restarted actor (nothing shipped again); a folder at the trainer's path with other files is not used. Stopping
     removes the node's copy and the link to the base, never the trainer's folder."""
-    from swarm_runtime.cluster.vllm_actors import EngineWorker, files_digest, place_base, read_folder, write_folder
+    from swarm_runtime.cluster.base_shipping import files_digest, place_base, read_folder, write_folder
+    from swarm_runtime.cluster.vllm_actors import EngineWorker
 
     files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
     trainer = write_folder(files, tmp_path / "run" / "engine" / "base")

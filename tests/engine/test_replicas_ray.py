@@ -80,12 +80,19 @@ def test_the_base_is_hashed_once_and_its_files_put_in_the_object_store_only_when
     object for every later ask; a base every node sees in place is never read into memory. ``replica_options``:
     ``SPREAD``, a node each, or the replica's own bundle."""
     ray = pytest.importorskip("ray")
+    from swarm_runtime.cluster.base_shipping import (
+        fetch_base,
+        folder_digest,
+        place_base,
+        ship_base,
+        unship,
+        write_folder,
+    )
     from swarm_runtime.cluster.placement import replica_nodes, replica_options
-    from swarm_runtime.cluster.vllm_actors import fetch_base, folder_digest, place_base, ship_base, unship, write_folder
 
     files = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 64}
     trainer = write_folder(files, tmp_path / "run" / "engine" / "base")
-    from swarm_runtime.cluster.env_cluster import connect
+    from swarm_runtime.cluster.ray_helpers import connect
 
     assert connect(None, 1)  # a local Ray on 127.0.0.1, as a run starts it
     try:
