@@ -1,4 +1,4 @@
-"""GPU check of the sharded learner (``train.engine=fsdp``; issue 28, docs/distributed.md), for a session with one
+"""GPU check of the sharded learner (``train.engine=fsdp``; docs/guides/sharded-learners.md, "The GPU check"), for a session with one
 CUDA GPU (a few minutes on an H200; no download): FSDP2 with NCCL on a group of one rank on the GPU (NCCL does not
 allow two ranks on one device) against the in-process update on the same GPU, for fp32 weights and for bf16 weights
 (in process: bf16 weights stepped through fp32 masters, ``MasterWeightAdamW``; sharded: the fp32 masters sharded,

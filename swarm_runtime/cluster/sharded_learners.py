@@ -1,4 +1,4 @@
-"""Sharded learners, the driver's side (docs/distributed.md, "Sharded learners"): ``train.engine=fsdp`` or
+"""Sharded learners, the driver's side (docs/reference/sharding.md, "Sharded learners in a run"): ``train.engine=fsdp`` or
 ``deepspeed`` with ``train.shards=S`` and ``cluster.learners=ray`` makes each learner ``S`` Ray actors, the ranks of
 one process group: :class:`ShardedLearnerGroup`, a :class:`~swarm_runtime.cluster.learners.LearnerGroup` whose
 learners are ranks of :class:`~swarm_runtime.cluster.shards.ShardWorker` (FSDP2) or

@@ -1,4 +1,4 @@
-"""A sharded learner's rank (docs/distributed.md, "Sharded learners"): ``train.engine=fsdp train.shards=S`` with
+"""A sharded learner's rank (docs/reference/sharding.md, "Sharded learners in a run"): ``train.engine=fsdp train.shards=S`` with
 ``cluster.learners=ray`` makes each learner (a role's full copy, or a base with its roles' LoRA adapters) ``S`` Ray
 actors, the ranks of one process group (gloo on CPUs, nccl on GPUs); :class:`ShardWorker` is one rank's body, the
 driver's side is :mod:`.sharded_learners`. Each rank keeps the role's model sharded by FSDP2

@@ -1,4 +1,4 @@
-"""Baseline coordinators over the same trained action policies (docs/experiments.md):
+"""Baseline coordinators over the same trained action policies (docs/reference/algorithm.md, "The baselines and what they simplify"):
 a Graph-of-Agents-style one and an AgentNet-style one, registered through the
 public ``swarm_register_coordinators`` hook like any plugin's.
 

@@ -1,4 +1,4 @@
-"""RLCR, collective-reward RL (docs/method.md, section 7; docs/rlcr.md): agent collectives acting at once against a
+"""RLCR, collective-reward RL (docs/reference/method.md, section 7; docs/guides/rlcr.md): agent collectives acting at once against a
 simulated wall clock, talking through direct messages, a public channel and an archive, organised flat
 or under a CEO who hires and fires, trained with one shared policy and one flat collective advantage.
 
