@@ -15,8 +15,8 @@ while this process trains. From each run's ``metrics.jsonl`` and ``eval.json`` i
 
     SWARM_VLLM_PYTHON=~/.venvs/vllm/bin/python python benchmarks/staleness.py --ks 0 1 2 --iterations 6
 
-Each run starts its own vLLM server (``rollout.engine=vllm``); ``--engine openai`` with
-``rollout.url=...`` in the overrides samples on a server you started instead (docs/guides/vllm.md, "Or start it yourself").
+Each run starts its own vLLM server (``rollout.engine=vllm``); ``--engine openai`` with ``rollout.url=...`` in
+the overrides samples on a server you started instead (docs/guides/vllm.md, "Or start it yourself").
 """
 
 from __future__ import annotations

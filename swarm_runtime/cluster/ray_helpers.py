@@ -157,7 +157,8 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
     address (and listen on every interface) unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray's switch for a
     one-machine Ray) is in the environment when Ray is imported; then it listens on and advertises 127.0.0.1 only
     (measured). It is set here, before the first import (a value the user set is kept; docs/reference/cluster.md,
-    "Env workers", Loopback); so is it for a head on this machine that listens on loopback only (:func:`_keep_loopback`)."""
+    "Env workers", Loopback); so is it for a head on this machine that listens on loopback only
+    (:func:`_keep_loopback`)."""
     if "ray" in sys.modules and import_ray().is_initialized():
         return False
     if address is not None:

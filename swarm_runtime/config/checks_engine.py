@@ -98,8 +98,8 @@ def config_key(path: str) -> tuple[str | None, str]:
 
 
 def vllm_key_arg(cfg: DictConfig, registry) -> None:
-    """Every vLLM server a run starts demands a key the run makes for it (docs/reference/engine.md, "Keys"), given through
-    ``VLLM_API_KEY``; vLLM takes an ``--api-key`` of the command line over it, so the run's own client would get
+    """Every vLLM server a run starts demands a key the run makes for it (docs/reference/engine.md, "Keys"), given
+    through ``VLLM_API_KEY``; vLLM takes an ``--api-key`` of the command line over it, so the run's own client would get
     401 on every request: refused before anything is written (and a key on a command line is one ``ps`` shows)."""
     r = cfg.get("rollout")
     if r is None or r.get("engine") != "vllm" or r.get("vllm") is None:

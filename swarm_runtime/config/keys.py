@@ -79,7 +79,8 @@ SAMPLER_REPLICAS = (
     (lambda v: v == "per_node" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024)),
     "an integer in [1, 1024] or per_node",
 )
-#: ``model.bases``, ``model.role_base``, ``rollout.urls``: mappings whose keys the user names (docs/guides/gpu.md, "A base per role").
+#: ``model.bases``, ``model.role_base``, ``rollout.urls``: mappings whose keys the user names
+#: (docs/guides/gpu.md, "A base per role").
 MAPPING = ((lambda v: isinstance(v, dict)), "a mapping of NAME: value (set one entry as model.bases.NAME.KEY=VALUE)")
 #: The actor kinds ``cluster.resources`` names.
 RESOURCE_KINDS = ("env", "learner", "sampler")

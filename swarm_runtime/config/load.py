@@ -133,7 +133,7 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
     },  # earlier runs prompted every model with the raw prompt
     6: {"cluster.": None},  # env workers (docs/guides/ray.md): earlier runs stepped their envs in process
     7: {
-        "train.": None,  # the learner engine (docs/guides/sharded-learners.md): earlier runs trained in the trainer's process
+        "train.": None,  # the learner engine (docs/guides/sharded-learners.md): earlier runs trained in process
         "cluster.placement": "none",  # no placement groups
         "cluster.cpus_per_bundle": 1,
         "cluster.placement_wait_s": 30.0,

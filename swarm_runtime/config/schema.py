@@ -201,7 +201,8 @@ class ExperimentConfig:
 
 @dataclass
 class ServeConfig:
-    """Settings of ``swarm serve RUN_DIR`` (the gateway) and of ``swarm eval RUN serve.url=...`` (docs/guides/serve.md)."""
+    """Settings of ``swarm serve RUN_DIR`` (the gateway) and of ``swarm eval RUN serve.url=...``
+    (docs/guides/serve.md)."""
 
     host: str = "127.0.0.1"  #: gateway address; anything but loopback needs the SWARM_API_KEY environment variable
     port: int = 8000  #: gateway port

@@ -1,5 +1,5 @@
-"""The episode loop (docs/reference/method.md, section 1; docs/layout.md, "The one loop"): the one loop every episode runs,
-in training, counterfactual branches, held-out evaluation and ``swarm serve``.
+"""The episode loop (docs/reference/method.md, section 1; docs/layout.md, "The one loop"): the one loop every
+episode runs, in training, counterfactual branches, held-out evaluation and ``swarm serve``.
 
 Every turn, for every live slot: the agents that may bid are found (a ``presence`` mask: dropout, extra
 replicas; or whoever is up, for a served swarm), all of them bid (one batch across slots and models), the

@@ -251,12 +251,11 @@ def bid_update(
     ``algo.bid_reference=sft``): the log-odds are measured against that policy's (DPO form,
     :func:`bradley_terry_loss`); ``beta`` scales them.
 
-    Off-policy (docs/reference/engine.md, "Off-policy terms"): a pair's original bid was drawn by the rollout's sampler, whose per-token
-    log-probs it carries (``original_logprobs``); the learner's, computed for the loss anyway, are compared
-    with them per role (``mismatch/bid_*``). The re-sampled bid was drawn in process by the learner's own
-    weights of this update (:func:`resample_lower`), so its ratio is 1. ``is_cap`` = c: each pair's term is
-    weighted by ``min(c, pi_learner(original) / pi_sampler(original))`` (no gradient through it); None: the
-    plain loss."""
+    Off-policy (docs/reference/engine.md, "Off-policy terms"): a pair's original bid was drawn by the rollout's
+    sampler, whose per-token log-probs it carries (``original_logprobs``); the learner's, computed for the loss anyway,
+    are compared with them per role (``mismatch/bid_*``). The re-sampled bid was drawn in process by the learner's own
+    weights of this update (:func:`resample_lower`), so its ratio is 1. ``is_cap`` = c: each pair's term is weighted by
+    ``min(c, pi_learner(original) / pi_sampler(original))`` (no gradient through it); None: the plain loss."""
     by_policy = preference_rows(agents, pairs, pair_weight)
     metrics = pair_metrics(agents, pairs, by_policy)
     for agent in agents:
