@@ -1,4 +1,4 @@
-"""Adapters on one base vs full copies (issue 19), on a ~100M-parameter Qwen2-style model built
+"""Adapters on one base vs full copies, on a ~100M-parameter Qwen2-style model built
 from a config (random weights, a synthetic 30k-word vocabulary; no download).
 
 ``memory``: peak resident memory of a fresh process per setting (``ru_maxrss``):
@@ -43,7 +43,7 @@ TINY_WORDS = 300
 MID = dict(hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=6, num_kv_heads=2, max_positions=512)
 
 # The synthetic prompts are longer than model.max_prompt_tokens on purpose and measured cut from the left to the
-# limit, as before prompt overflows became an error (docs/plugins.md, 1.4): keep that cut here.
+# limit (SWARM_PROMPT_OVERFLOW=warn; docs/guides/write-a-domain.md, section 4), not refused: keep that cut here.
 os.environ.setdefault("SWARM_PROMPT_OVERFLOW", "warn")
 
 

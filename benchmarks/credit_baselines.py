@@ -1,6 +1,6 @@
 """How much of the REINFORCE credit's variance a state-dependent baseline could remove.
 
-The action step's advantage is ``c_k - mean_i`` (docs/method.md, section 3): the agent's mean credit in
+The action step's advantage is ``c_k - mean_i`` (docs/reference/method.md, section 3): the agent's mean credit in
 the batch, the same for every state. Whatever part of ``c_k`` the state predicts is
 noise to that estimator, and a baseline that predicted it would remove that noise
 without bias. This measures, for a checkpoint's own rollouts, how much of the variance of

@@ -4,7 +4,7 @@ One adapter swarm (``model.adapter=lora``, the tiny base) plays the same episode
 engine: once with ``rollout.engine=local`` (in process) and once on the vLLM server a run would start
 (``rollout.engine=vllm``). Prints decisions per second of each and their ratio, the wall time per
 batch (model call), and the per-token log-prob difference between the server's answers and the
-learner's scores of the same tokens (same weights, fp32). Needs ``SWARM_VLLM_PYTHON`` (docs/engine.md).
+learner's scores of the same tokens (same weights, fp32). Needs ``SWARM_VLLM_PYTHON`` (docs/guides/vllm.md).
 
     SWARM_VLLM_PYTHON=~/.venvs/vllm/bin/python python benchmarks/engine.py --envs 16 --decisions 24
 """

@@ -1,4 +1,4 @@
-"""GPU check of model.adapter=lora (issue 19), for a session with one CUDA GPU (fits in ~10 minutes on
+"""GPU check of model.adapter=lora, for a session with one CUDA GPU (fits in ~10 minutes on
 an H200; no download): a Qwen2-style model of ~0.5B parameters built from a config (random weights,
 bf16), then for 3 and 12 adapter agents (one adapter each) on one base:
 
@@ -33,7 +33,7 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, n
 TINY_WORDS = 300
 
 # The synthetic prompts are longer than model.max_prompt_tokens on purpose and measured cut from the left to the
-# limit, as before prompt overflows became an error (docs/plugins.md, 1.4): keep that cut here.
+# limit (SWARM_PROMPT_OVERFLOW=warn; docs/guides/write-a-domain.md, section 4), not refused: keep that cut here.
 os.environ.setdefault("SWARM_PROMPT_OVERFLOW", "warn")
 
 

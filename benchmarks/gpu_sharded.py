@@ -1,8 +1,8 @@
-"""GPU check of the sharded learner (``train.engine=fsdp``; issue 28, docs/distributed.md), for a session with one
-CUDA GPU (a few minutes on an H200; no download): FSDP2 with NCCL on a group of one rank on the GPU (NCCL does not
-allow two ranks on one device) against the in-process update on the same GPU, for fp32 weights and for bf16 weights
-(in process: bf16 weights stepped through fp32 masters, ``MasterWeightAdamW``; sharded: the fp32 masters sharded,
-computing in bf16 under FSDP2's ``MixedPrecisionPolicy``, gradients reduced in fp32).
+"""GPU check of the sharded learner (``train.engine=fsdp``; docs/guides/sharded-learners.md, "The GPU check"), for a
+session with one CUDA GPU (a few minutes on an H200; no download): FSDP2 with NCCL on a group of one rank on the GPU
+(NCCL does not allow two ranks on one device) against the in-process update on the same GPU, for fp32 weights and for
+bf16 weights (in process: bf16 weights stepped through fp32 masters, ``MasterWeightAdamW``; sharded: the fp32 masters
+sharded, computing in bf16 under FSDP2's ``MixedPrecisionPolicy``, gradients reduced in fp32).
 
 The model: a Qwen2-style causal LM built from a config (random weights; ``--hidden``/``--layers``, by default about
 0.1B parameters), the update: one REINFORCE step (``accumulate_and_step``, the run's AdamW) on ``--samples`` synthetic

@@ -11,7 +11,7 @@ same weights (fresh tiny models from the same seed, or ``--checkpoint``), play
 - parameter bytes counted once per unique policy object, and what they would be
   with one copy of the weights per agent,
 
-then the ratio of the peaks, 12 agents / 3 agents (issue 5's target: within 10%).
+then the ratio of the peaks, 12 agents / 3 agents (the target: within 10%).
 
     python benchmarks/population_memory.py [--model tiny|small] [--episodes 32] [--decisions 120]
         [--replicas 1 4] [--checkpoint RUN_DIR/checkpoints/TAG/agents] [--device cpu]

@@ -1,4 +1,5 @@
-"""Did a change move the numbers? Compare two commits' outputs at the defaults (docs/engine.md, section 8).
+"""Did a change move the numbers? Compare two commits' outputs at the defaults (docs/notebook/engine.md, "Same
+numbers on the in-process sampler").
 
 Two parts, each run in a checkout of each commit with that checkout's virtualenv:
 

@@ -6,7 +6,8 @@ them), each with a seeded advantage. The 1-process update is ``accumulate_and_st
 the sharded one runs ``--world`` processes (gloo on 127.0.0.1) under ``--engine fsdp`` (FSDP2 ``fully_shard``)
 or ``--engine deepspeed`` (ZeRO-3; needs ``pip install deepspeed`` and, without a GPU, ``DS_ACCELERATOR=cpu``).
 Prints the max abs difference of the parameters, how far the update moved them, the loss and global grad
-norm of both, each rank's share of the parameters, and the seconds (docs/distributed.md).
+norm of both, each rank's share of the parameters, and the seconds (docs/reference/sharding.md;
+figures: docs/notebook/cluster.md).
 
     python benchmarks/sharded_update.py --engine fsdp --world 2
     DS_ACCELERATOR=cpu /path/to/venv-with-deepspeed/bin/python benchmarks/sharded_update.py --engine deepspeed

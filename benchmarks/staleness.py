@@ -1,4 +1,4 @@
-"""Throughput and reward against ``rollout.max_staleness`` (docs/engine.md, "Off-policy, measured").
+"""Throughput and reward against ``rollout.max_staleness`` (docs/notebook/engine.md, "Rollouts played ahead").
 
 For each ``k`` the same short adapter run (``model.adapter=lora``, the tiny base, the same seed) trains on an
 engine sampler with ``rollout.max_staleness=k``: 0 plays each update's rollout after the update before it
@@ -15,8 +15,8 @@ while this process trains. From each run's ``metrics.jsonl`` and ``eval.json`` i
 
     SWARM_VLLM_PYTHON=~/.venvs/vllm/bin/python python benchmarks/staleness.py --ks 0 1 2 --iterations 6
 
-Each run starts its own vLLM server (``rollout.engine=vllm``); ``--engine openai`` with
-``rollout.url=...`` in the overrides samples on a server you started instead (docs/engine.md, section 3).
+Each run starts its own vLLM server (``rollout.engine=vllm``); ``--engine openai`` with ``rollout.url=...`` in
+the overrides samples on a server you started instead (docs/guides/vllm.md, "Or start it yourself").
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     if a.engine == "vllm" and not os.environ.get("SWARM_VLLM_PYTHON"):
         print(
             "benchmarks/staleness.py: set SWARM_VLLM_PYTHON to the python of a virtualenv with vLLM "
-            "(docs/engine.md), or give --engine openai rollout.url=...",
+            "(docs/guides/vllm.md), or give --engine openai rollout.url=...",
             file=sys.stderr,
         )
         return 2

@@ -4,5 +4,5 @@
 - :mod:`swarm_plugins.wandb_observer`: a Weights & Biases logger on the observer hooks
   (``pip install 'swarm-runtime[wandb]'``; inert unless ``SWARM_WANDB`` is set).
 
-A domain plugin example lives in ``tests/test_third_party_plugin.py`` and docs/plugins.md.
+A domain plugin example lives in ``tests/test_third_party_plugin.py`` and docs/reference/plugins.md (section 6).
 """

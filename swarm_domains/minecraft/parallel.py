@@ -1,4 +1,4 @@
-"""The parallel form of the embedded Minecraft world (``algo=rlcr``, docs/rlcr.md).
+"""The parallel form of the embedded Minecraft world (``algo=rlcr``, docs/guides/rlcr.md).
 
 A team shares one area and one storage (the inventory): any agent may chop, mine
 or craft at any moment, and what it gains lands in the shared storage when its

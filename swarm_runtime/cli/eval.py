@@ -102,7 +102,7 @@ def _eval_checkpoint(args, run_dir: Path, cfg, reg, ctx, ckpt: Path, domain) -> 
 
     algorithm = reg.algorithms.get(cfg.algo.name)  # its class: it may evaluate its checkpoints its own way
     own_eval = getattr(algorithm, "evaluate_checkpoint", None)
-    if own_eval is not None:  # algo=rlcr: one shared policy acting as a collective (docs/rlcr.md)
+    if own_eval is not None:  # algo=rlcr: one shared policy acting as a collective (docs/guides/rlcr.md)
         res, table = own_eval(ctx, ckpt, domain)
         out = run_dir / eval_file_name(ckpt.name, without_checkpoint(args.overrides))
         write_json(out, {**res, "overrides": redact_args(args.overrides), "versions": versions()})

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides",
         nargs="*",
         help="checkpoint=TAG (default latest), serve.replicas=K or "
-        "serve.replicas.ROLE=K, serve.port=P, serve.host=ADDR (needs SWARM_API_KEY), serve.* (docs/deploy.md)",
+        "serve.replicas.ROLE=K, serve.port=P, serve.host=ADDR (needs SWARM_API_KEY), serve.* (docs/guides/serve.md)",
     )
     sv.set_defaults(func=cmd_serve)
     x = sub.add_parser("experiment", help="run one of the paper's experiments (see --list)", epilog=epilog)

@@ -1,10 +1,10 @@
-"""A run's actors on Ray (docs/distributed.md). ``cluster.kind=ray`` runs a run's rollout, evaluation and branch envs
-in ``cluster.env_workers`` Ray actors (:mod:`.env_worker`), driven from the trainer (:mod:`.env_cluster`);
-``cluster.kind=local`` (the default): in process. Learners (:mod:`.learners`, :mod:`.sharded_learners`), the sampler
-(:mod:`.samplers`) and engine sampler actors (:mod:`.vllm_actors`) go on Ray by their own settings. Every family is an
-:class:`~swarm_runtime.cluster.actors.ActorGroup` (:mod:`.actors`) over the Ray helpers of :mod:`.ray_helpers`;
-:mod:`.placement` reserves their placement groups, :mod:`.actor_env` gives a joined cluster's actors the run's
-variables."""
+"""A run's actors on Ray (docs/guides/ray.md; docs/reference/cluster.md). ``cluster.kind=ray`` runs a run's
+rollout, evaluation and branch envs in ``cluster.env_workers`` Ray actors (:mod:`.env_worker`), driven from the
+trainer (:mod:`.env_cluster`); ``cluster.kind=local`` (the default): in process. Learners (:mod:`.learners`,
+:mod:`.sharded_learners`), the sampler (:mod:`.samplers`) and engine sampler actors (:mod:`.vllm_actors`) go on Ray by
+their own settings. Every family is an :class:`~swarm_runtime.cluster.actors.ActorGroup` (:mod:`.actors`) over the Ray
+helpers of :mod:`.ray_helpers`; :mod:`.placement` reserves their placement groups, :mod:`.actor_env` gives a joined
+cluster's actors the run's variables."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-3 learner ranks (docs/distributed.md, "DeepSpeed ZeRO-3 in a run"): ``train.engine=deepspeed
+"""DeepSpeed ZeRO-3 learner ranks (docs/reference/sharding.md, "DeepSpeed ZeRO-3 in a run"): ``train.engine=deepspeed
 train.shards=S cluster.learners=ray`` makes each learner ``S`` Ray actors as ``train.engine=fsdp`` does
 (swarm_runtime/cluster/sharded_learners.py: the same group, regroup and rewind); only what a DeepSpeed rank does
 differently from an FSDP one (swarm_runtime/cluster/shards.py) is here.
@@ -6,7 +6,7 @@ differently from an FSDP one (swarm_runtime/cluster/shards.py) is here.
 A rank joins its group through ``deepspeed.init_distributed`` (gloo on the CPU, nccl on CUDA) and wraps each role's
 model in a ZeRO-3 engine (``deepspeed.initialize``: the role's first optimizer kind as the client optimizer, which
 ZeRO steps over its flat fp32 partition). The policy's model becomes the engine (forwards must go through it:
-docs/distributed.md). The role's other optimizer kinds (``mpt.role_optimizers``: action and bid steps have their
+docs/reference/sharding.md). The role's other optimizer kinds (``mpt.role_optimizers``: action and bid steps have their
 own AdamW moments and schedules) are plain torch optimizers too: :func:`~swarm_runtime.learn.sharded.shard_step`
 hands the kind's optimizer to the engine before its step, so each keeps its own state over the same partition.
 Engines and optimizers stay across updates.

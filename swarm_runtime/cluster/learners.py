@@ -1,4 +1,4 @@
-"""Learner actors (docs/distributed.md, "Learner actors"): ``cluster.learners=ray`` keeps a run's
+"""Learner actors (docs/reference/cluster.md, "Learner actors"): ``cluster.learners=ray`` keeps a run's
 trainable weights and their optimizers in Ray actors, one per role with a full copy, one per shared base when
 the roles are LoRA adapters on it (every role of the base in one actor).
 

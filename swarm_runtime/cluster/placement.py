@@ -1,4 +1,4 @@
-"""Placement groups per agent group (docs/distributed.md, "Placement and sizing").
+"""Placement groups per agent group (docs/guides/sharded-learners.md, "Placement and sizing").
 
 :func:`make_placement` is a pure function from the config, the roles and the memory plan to a
 :class:`PlacementSpec`: per agent group (a role with its full copy, or a base with its roles' adapters:
@@ -411,8 +411,8 @@ def replica_nodes(nodes: list[dict], gpus: float = 0.0, resources: dict | None =
 
 def node_resources(cfg, kind: str) -> dict:
     """The Ray options that pin an actor of ``kind`` (``env``, ``learner``, ``sampler``) to the nodes holding the custom
-    resources ``cluster.resources.KIND`` names (``{"resources": {...}}``), or ``{}``: anywhere (docs/distributed.md,
-    "More than one node")."""
+    resources ``cluster.resources.KIND`` names (``{"resources": {...}}``), or ``{}``: anywhere
+    (docs/reference/cluster.md, "More than one node")."""
     from omegaconf import DictConfig, OmegaConf
 
     c = cfg.get("cluster")

@@ -156,8 +156,9 @@ def connect(address: str | None, num_cpus: int | None = None, key: str = "cluste
     A local Ray stays on loopback: Ray 2.60 would replace the 127.0.0.1 asked for with the machine's routable
     address (and listen on every interface) unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray's switch for a
     one-machine Ray) is in the environment when Ray is imported; then it listens on and advertises 127.0.0.1 only
-    (measured). It is set here, before the first import (a value the user set is kept; docs/distributed.md,
-    "Loopback"); so is it for a head on this machine that listens on loopback only (:func:`_keep_loopback`)."""
+    (measured). It is set here, before the first import (a value the user set is kept; docs/reference/cluster.md,
+    "Env workers", Loopback); so is it for a head on this machine that listens on loopback only
+    (:func:`_keep_loopback`)."""
     if "ray" in sys.modules and import_ray().is_initialized():
         return False
     if address is not None:

@@ -1,4 +1,4 @@
-"""Sampler actors on Ray (docs/distributed.md, "Sampler actors"): ``cluster.samplers=ray`` with
+"""Sampler actors on Ray (docs/reference/cluster.md, "Sampler actors"): ``cluster.samplers=ray`` with
 ``rollout.engine=local`` draws a run's bids and actions in a Ray actor that holds a copy of the policies,
 instead of in the trainer's process.
 

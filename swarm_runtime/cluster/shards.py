@@ -1,9 +1,9 @@
-"""A sharded learner's rank (docs/distributed.md, "Sharded learners"): ``train.engine=fsdp train.shards=S`` with
-``cluster.learners=ray`` makes each learner (a role's full copy, or a base with its roles' LoRA adapters) ``S`` Ray
-actors, the ranks of one process group (gloo on CPUs, nccl on GPUs); :class:`ShardWorker` is one rank's body, the
-driver's side is :mod:`.sharded_learners`. Each rank keeps the role's model sharded by FSDP2
-(``learn/sharded.py: shard_policies``) and the role's optimizers over its shards (``mpt.role_optimizers``: the same
-settings) across updates.
+"""A sharded learner's rank (docs/reference/sharding.md, "Sharded learners in a run"):
+``train.engine=fsdp train.shards=S`` with ``cluster.learners=ray`` makes each learner (a role's full copy, or a base
+with its roles' LoRA adapters) ``S`` Ray actors, the ranks of one process group (gloo on CPUs, nccl on GPUs);
+:class:`ShardWorker` is one rank's body, the driver's side is :mod:`.sharded_learners`. Each rank keeps the role's model
+sharded by FSDP2 (``learn/sharded.py: shard_policies``) and the role's optimizers over its shards
+(``mpt.role_optimizers``: the same settings) across updates.
 
 An update goes to every rank of a learner alike (the same payload); each runs the same ``action_update`` /
 ``bid_update`` (FSDP forwards are collectives: the KL and bid-reference forwards run on every rank alike), but

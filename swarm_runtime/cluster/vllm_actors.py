@@ -1,4 +1,4 @@
-"""Engine sampler actors on Ray (docs/distributed.md, "Sampler actors", and docs/engine.md):
+"""Engine sampler actors on Ray (docs/reference/cluster.md, "An engine server per base", and docs/reference/engine.md):
 ``cluster.samplers=ray`` with ``rollout.engine=vllm`` runs, per base, a Ray actor that starts the base's vLLM
 server ON ITS NODE and keeps it; the trainer's ``OpenAISampler`` speaks HTTP to that server as it does to a
 server it started itself.
@@ -26,9 +26,10 @@ Keys. The actor's server listens on its node's address when it is not the traine
 that address could sample from it or load and unload adapters. So it demands a bearer key on every route but
 ``GET /health`` (vLLM's API key, given through ``VLLM_API_KEY``: never on its command line or in a log; vLLM guards
 only ``/v1`` and a few more prefixes with it, our middleware the rest, the SageMaker ``/adapters`` and
-``/invocations`` among them: :mod:`swarm_runtime.sampling.vllm_server`, docs/engine.md, "Keys"): a random one the
-trainer makes per run and base (:class:`EngineActor`), sent by the trainer's sampling client and by the actor's
-adapter sync. On the trainer's node too (loopback): one rule, and other users of a shared node are kept out as well.
+``/invocations`` among them: :mod:`swarm_runtime.sampling.vllm_server`, docs/reference/engine.md, "Keys"): a
+random one the trainer makes per run and base (:class:`EngineActor`), sent by the trainer's sampling client and by the
+actor's adapter sync. On the trainer's node too (loopback): one rule, and other users of a shared node are kept out as
+well.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def rollout_engine(cfg: DictConfig, registry) -> None:
                     f"rollout.max_staleness={r.max_staleness} with cluster.samplers=ray and rollout.engine=local is "
                     "not supported: the sampler actor's forwards count into the run's FLOPs under the trainer's phase "
                     "of the moment (a rollout played ahead would count as update or branch FLOPs), and in process "
-                    'this engine cannot play ahead, so no run checks it (docs/distributed.md, "Staleness on Ray"); '
+                    'this engine cannot play ahead, so no run checks it (docs/reference/cluster.md, "Rollouts played ahead on Ray"); '
                     "valid: rollout.max_staleness=0, or rollout.engine=vllm (a sampler actor runs the server)"
                 )
             raise ConfigError(
@@ -98,15 +98,15 @@ def config_key(path: str) -> tuple[str | None, str]:
 
 
 def vllm_key_arg(cfg: DictConfig, registry) -> None:
-    """Every vLLM server a run starts demands a key the run makes for it (docs/engine.md, "Keys"), given through
-    ``VLLM_API_KEY``; vLLM takes an ``--api-key`` of the command line over it, so the run's own client would get
+    """Every vLLM server a run starts demands a key the run makes for it (docs/reference/engine.md, "Keys"), given
+    through ``VLLM_API_KEY``; vLLM takes an ``--api-key`` of the command line over it, so the run's own client would get
     401 on every request: refused before anything is written (and a key on a command line is one ``ps`` shows)."""
     r = cfg.get("rollout")
     if r is None or r.get("engine") != "vllm" or r.get("vllm") is None:
         return
     why = (
         "the run gives each vLLM server it starts a random key of its own (through VLLM_API_KEY, sent by its client; "
-        'docs/engine.md, "Keys"), and vLLM would take yours over it'
+        'docs/reference/engine.md, "Keys"), and vLLM would take yours over it'
     )
     bad = key_arg(r.vllm.get("args"))
     if bad is not None:

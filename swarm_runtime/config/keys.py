@@ -62,7 +62,7 @@ def _replicas_ok(v) -> bool:
     return one(v) or (isinstance(v, dict) and bool(v) and all(isinstance(k, str) and one(n) for k, n in v.items()))
 
 
-#: Who samples rollouts (``rollout.engine``; docs/engine.md).
+#: Who samples rollouts (``rollout.engine``; docs/reference/engine.md).
 ROLLOUT_ENGINES = ("local", "openai", "vllm")
 #: URLs the engine samplers speak to.
 HTTP_URL = (
@@ -79,7 +79,8 @@ SAMPLER_REPLICAS = (
     (lambda v: v == "per_node" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024)),
     "an integer in [1, 1024] or per_node",
 )
-#: ``model.bases``, ``model.role_base``, ``rollout.urls``: mappings whose keys the user names (README, "A base per role").
+#: ``model.bases``, ``model.role_base``, ``rollout.urls``: mappings whose keys the user names
+#: (docs/guides/gpu.md, "A base per role").
 MAPPING = ((lambda v: isinstance(v, dict)), "a mapping of NAME: value (set one entry as model.bases.NAME.KEY=VALUE)")
 #: The actor kinds ``cluster.resources`` names.
 RESOURCE_KINDS = ("env", "learner", "sampler")
@@ -286,7 +287,7 @@ RULES: dict[str, Rule] = {
         # the task keys the core reads (domains check their own in make_env)
         rule("task.max_decisions", ints(1, 1_000_000)),
         rule("task.reward_max", floats(0.0, lo_open=True)),
-        # rollout and cluster (docs/engine.md, docs/distributed.md)
+        # rollout and cluster (docs/reference/engine.md, docs/guides/ray.md)
         rule("model.chat_template", choices("auto", "none")),
         rule("algo.is_cap", floats(1.0, 1e6), nullable=True, null_means="off: the plain on-policy loss"),
         rule("rollout.engine", choices(*ROLLOUT_ENGINES)),
@@ -316,7 +317,7 @@ RULES: dict[str, Rule] = {
         rule("rollout.vllm.args", lists(STR, nonempty=False)),
         rule("rollout.vllm.startup_timeout_s", floats(1.0, 86400.0)),
         rule("rollout.vllm.dtype", choices("float32", "float16", "bfloat16", "auto")),
-        # a base per role (README, "A base per role")
+        # a base per role (docs/guides/gpu.md, "A base per role")
         Rule(
             "model.bases",
             MAPPING[0],
@@ -332,7 +333,7 @@ RULES: dict[str, Rule] = {
             (lambda v: isinstance(v, dict) and all(HTTP_URL[0](u) for u in v.values())),
             "a mapping base NAME -> http(s) URL (rollout.urls.NAME=http://host:port)",
         ),
-        # train.* and cluster placement (docs/distributed.md, "Placement and sizing")
+        # train.* and cluster placement (docs/guides/sharded-learners.md, "Placement and sizing")
         rule("train.engine", choices("local", "fsdp", "deepspeed")),
         rule("train.shards", ints(1, 1024)),
         rule("cluster.placement", choices("none", "colocated", "split")),

@@ -128,12 +128,12 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
     4: {"model.lora.lr_scale": 1.0},  # adapters trained at the algorithm's learning rates
     5: {
         "rollout.": None,
-        "algo.is_cap": None,  # samplers and learners (docs/engine.md): in process, no IS weights
+        "algo.is_cap": None,  # samplers and learners (docs/reference/engine.md): in process, no IS weights
         "model.chat_template": "none",
     },  # earlier runs prompted every model with the raw prompt
-    6: {"cluster.": None},  # env workers (docs/distributed.md): earlier runs stepped their envs in process
+    6: {"cluster.": None},  # env workers (docs/guides/ray.md): earlier runs stepped their envs in process
     7: {
-        "train.": None,  # the learner engine (docs/distributed.md): earlier runs trained in the trainer's process
+        "train.": None,  # the learner engine (docs/guides/sharded-learners.md): earlier runs trained in process
         "cluster.placement": "none",  # no placement groups
         "cluster.cpus_per_bundle": 1,
         "cluster.placement_wait_s": 30.0,

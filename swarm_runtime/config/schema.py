@@ -21,7 +21,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class LoRAConfig:
-    """One PEFT LoRA adapter per role on a shared base (``model.adapter=lora``; docs/method.md, section 8)."""
+    """One PEFT LoRA adapter per role on a shared base (``model.adapter=lora``; docs/reference/method.md, section 8)."""
 
     rank: int = 8  #: LoRA rank r (> 0)
     alpha: float = 16.0  #: LoRA scaling numerator (the update is scaled by alpha / rank)
@@ -64,7 +64,7 @@ class ModelConfig:
     bases: dict = field(default_factory=dict)  #: more base models beside the one ``model.*`` describes (named
     #: ``default``): ``model.bases.NAME.KEY=VALUE``, KEY one of path, hidden_size, intermediate_size, num_layers,
     #: num_heads, num_kv_heads, max_positions, dtype, arch (the rest of ``model.*`` is shared); a base is used by
-    #: the roles ``model.role_base`` puts on it (README, "A base per role")
+    #: the roles ``model.role_base`` puts on it (docs/guides/gpu.md, "A base per role")
     role_base: dict = field(default_factory=dict)  #: ``model.role_base.ROLE=NAME``: the role's base (a name of
 
 
@@ -73,8 +73,8 @@ class SFTConfig:
     demo_episodes: int = 16  #: scripted-expert episodes (train seeds) for the cold start
     epochs: int = 2  #: passes over each agent's demos (paper: 2)
     action_epochs: int | None = None  #: passes over the action demos (None = ``epochs``; bid demos always get
-    #: ``epochs``), for actions that need far more passes than the bids (docs/config.md)
-    lr: float = 2e-3  #: SFT learning rate (docs/config.md: why far above the paper's 1e-5)
+    #: ``epochs``), for actions that need far more passes than the bids (docs/reference/config.md)
+    lr: float = 2e-3  #: SFT learning rate (docs/reference/config.md: why far above the paper's 1e-5)
     batch_size: int = 64  #: examples per SFT step
     owner_bids: list = field(default_factory=lambda: [0.6, 0.8])  #: demo bids of the role owning the expert's
     #: action (one drawn per example)
@@ -93,40 +93,42 @@ class AlgoConfig:
     envs_per_step: int = 32  #: episodes rolled out per update
     action_steps: int = 4  #: action-learning steps per cycle
     bid_steps: int = 1  #: bid-learning steps per cycle
-    lr: float = 3e-5  #: RL learning rate (paper: 1e-6 for 4-8B models; the tiny model's range: docs/config.md)
+    lr: float = 3e-5  #: RL learning rate (paper: 1e-6 for 4-8B models; the tiny model's range:
+    #: docs/reference/config.md)
     bid_lr: float | None = 3e-4  #: learning rate of the bid (Bradley-Terry) steps; None = ``lr``
-    #: (why ten times ``lr``: docs/config.md)
+    #: (why ten times ``lr``: docs/reference/config.md)
     weight_decay: float = 0.0  #: AdamW weight decay
-    adam_eps: float = 1e-4  #: AdamW epsilon of the RL optimizers (above the usual 1e-8 on purpose: docs/config.md)
+    adam_eps: float = 1e-4  #: AdamW epsilon of the RL optimizers (above the usual 1e-8 on purpose:
+    #: docs/reference/config.md)
     grad_clip: float = 1.0  #: max gradient norm
     warmup_steps: int = 0  #: linear warm-up before the cosine decay
     min_lr_ratio: float = 0.1  #: cosine floor as a fraction of lr
     minibatch: int = 256  #: samples per forward/backward chunk (gradients accumulate)
     branches_per_episode: int = 4  #: contested turns branched per episode in a bid step
-    resample_tries: int = 3  #: bid re-samples to get below the runner-up (docs/method.md, section 4)
+    resample_tries: int = 3  #: bid re-samples to get below the runner-up (docs/reference/method.md, section 4)
     branch_samples: int = 1  #: continuations per side of a branch pair: 1 = the paper (one branch against the
     #: original episode); k > 1 = k branches against the original and k - 1 re-rolls where the selected agent
     #: acts again, scores averaged (~1/k of the noise, 2k - 1 branch rollouts per pick)
     branch_horizon: int | None = None  #: decisions a branch pair compares from the branched turn on: None = to
     #: the end of the episode (the paper); H = the rewards of the next H decisions on both sides (branches stop
-    #: there): a shorter, cheaper comparison (measured: docs/config.md)
+    #: there): a shorter, cheaper comparison (measured: docs/reference/config.md)
     bid_pairs: str = "selected"  #: whose bid a branch pair trains: ``selected`` (the paper: the agent that won
     #: the turn, its winning bid against a re-sampled lower one) or ``both`` (also the runner-up, its own bid
-    #: against a re-sampled one above the winner's; the same two rollouts, no extra branches; docs/config.md)
+    #: against a re-sampled one above the winner's; the same two rollouts, no extra branches; docs/reference/config.md)
     kl_coef: float = 0.0  #: action steps: each action's credit is charged ``kl_coef * [log pi(a|h) - log
     #: pi_ref(a|h)]`` (reward units), pi_ref = the models as RL started (``checkpoints/sft``): the KL-penalised
-    #: reward of RLHF (docs/config.md). 0 = the paper
+    #: reward of RLHF (docs/reference/config.md). 0 = the paper
     bid_reference: str = "none"  #: what a bid pair's log-odds are measured against: ``none`` (the paper:
     #: ``log pi(y_w) - log pi(y_l)``) or ``sft`` (minus the same log-odds under the policies at the start of RL,
-    #: ``checkpoints/sft``: the DPO form; one frozen copy of each role's model more in memory; docs/config.md)
+    #: ``checkpoints/sft``: the DPO form; one frozen copy of each role's model more in memory; docs/reference/config.md)
     bid_beta: float = 1.0  #: scale of the Bradley-Terry log-odds (``-log sigmoid(beta * z)``; 1 = the paper). With
     #: ``bid_reference=sft`` a preference of win rate p moves the bid odds by ``(p / (1 - p)) ** (1 / beta)``
     bid_pair_weight: str = "uniform"  #: weight of each decisive branch pair in the Bradley-Terry loss: ``uniform``
     #: (the paper: bids follow how often the higher bid's branch scored better) or ``margin`` (|score difference|,
-    #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/config.md)
+    #: normalised to mean 1: bids follow the mean score difference, so rare large wins count; docs/reference/config.md)
     common_random_numbers: bool = False  #: key every sampling draw of an episode by (episode noise id, turn,
     #: agent, kind) and give each counterfactual branch its original's noise id, so the two differ only through
-    #: the forced decision; False = the policies' generators (the paper; measured: docs/config.md)
+    #: the forced decision; False = the policies' generators (the paper; measured: docs/reference/config.md)
     reward_scale: float | None = None  #: advantages are divided by this (None = task.reward_max)
     is_cap: float | None = None  #: truncated importance weights ``min(cap, pi_learner / pi_sampler)`` on each
     #: response's REINFORCE term and bid-pair loss (off-policy rollouts; None = off, the plain on-policy loss)
@@ -164,7 +166,7 @@ class EvalConfig:
 
 @dataclass
 class ExperimentConfig:
-    """Settings of ``swarm experiment NAME`` (docs/experiments.md); ignored by ``swarm run``."""
+    """Settings of ``swarm experiment NAME`` (docs/guides/experiments.md); ignored by ``swarm run``."""
 
     name: str | None = None  #: the experiment (set by ``swarm experiment NAME``)
     base: Any = None  #: a ``swarm run`` folder whose final checkpoint is the trained MPT swarm (its ``sft``
@@ -199,7 +201,8 @@ class ExperimentConfig:
 
 @dataclass
 class ServeConfig:
-    """Settings of ``swarm serve RUN_DIR`` (the gateway) and of ``swarm eval RUN serve.url=...`` (docs/deploy.md)."""
+    """Settings of ``swarm serve RUN_DIR`` (the gateway) and of ``swarm eval RUN serve.url=...``
+    (docs/guides/serve.md)."""
 
     host: str = "127.0.0.1"  #: gateway address; anything but loopback needs the SWARM_API_KEY environment variable
     port: int = 8000  #: gateway port
@@ -232,7 +235,7 @@ class ServeConfig:
     restart_backoff_max_s: float = 30.0  #: cap of the exponential wait between restarts of one worker
     url: str | None = None  #: ``swarm eval``: evaluate through the service at this URL instead of in process
     concurrency: int = 8  #: ``swarm eval`` through a service: episodes in flight at once
-    # where the agent workers run (docs/deploy.md, serving across machines)
+    # where the agent workers run (docs/guides/serve.md, "Across machines")
     cluster: str = "local"  #: ``local``: worker processes forked on this host; ``ray``: each worker in a Ray actor,
     #: placed on any node of the cluster at ``serve.address`` (restarted by Ray when its process dies)
     address: str | None = None  #: ``serve.cluster=ray``: a running Ray cluster's head (``host:port``); None = start
@@ -240,7 +243,7 @@ class ServeConfig:
 
 @dataclass
 class VLLMConfig:
-    """``rollout.vllm``: the vLLM OpenAI servers ``rollout.engine=vllm`` starts, one per base (docs/engine.md)."""
+    """``rollout.vllm``: the vLLM OpenAI servers ``rollout.engine=vllm`` starts, one per base (docs/guides/vllm.md)."""
 
     python: str | None = None  #: the Python of a virtualenv that has vLLM (e.g. ``~/.venvs/vllm/bin/python``);
     #: None = the ``SWARM_VLLM_PYTHON`` environment variable, else ``python3`` on PATH
@@ -254,7 +257,7 @@ class VLLMConfig:
 
 @dataclass
 class RolloutConfig:
-    """Who samples the rollouts (docs/engine.md)."""
+    """Who samples the rollouts (docs/reference/engine.md)."""
 
     engine: str = "local"  #: ``local`` (in process, the learner's own modules), ``openai`` (an OpenAI-compatible
     #: completions server at ``rollout.url``), ``vllm`` (servers the run starts and stops)
@@ -273,12 +276,13 @@ class RolloutConfig:
 
 @dataclass
 class ClusterConfig:
-    """Where a run's envs live (docs/distributed.md)."""
+    """Where a run's envs live (docs/guides/ray.md)."""
 
     kind: str = "local"  #: ``local`` (in the trainer's process) or ``ray`` (env worker actors on Ray: rollouts,
     #: evaluations and branches step their envs there; the auction, credit and learning stay in the trainer)
     address: str | None = None  #: ``ray``: a running cluster's address (``host:port``); None = start a local
-    #: Ray for the run on 127.0.0.1 (its gRPC servers still listen on every interface: docs/distributed.md), and
+    #: Ray for the run on 127.0.0.1 (its gRPC servers still listen on every interface: docs/reference/cluster.md,
+    #: "Env workers", Loopback), and
     #: stop it at the end
     env_workers: int = 2  #: ``ray``: env worker actors (each owns a pool of envs, reused across episodes)
     num_cpus: int | None = None  #: ``ray`` with a local Ray: CPUs it is started with (None = Ray's count)
@@ -288,37 +292,37 @@ class ClusterConfig:
     #: each update, the same draws as in process; ``rollout.engine=vllm``: per base an actor starts the vLLM server
     #: on its node and loads the adapters the trainer exports)
     sampler_restarts: int = 8  #: ``samplers=ray``: restarts Ray gives a sampler actor after its process dies
-    # sampler replicas (sampling/replicas.py; docs/distributed.md, "Sampler replicas")
+    # sampler replicas (sampling/replicas.py; docs/reference/cluster.md, "Sampler replicas")
     sampler_replicas: Any = 1  #: ``samplers=ray`` with ``rollout.engine=vllm``: engine sampler actors per base, each
     #: its own vLLM server, spread over the nodes (a call's rows split among them); an int >= 1 (1: one server per
     #: base) or ``per_node`` (one per alive Ray node); a replica gone for good is dropped, its rows go to the rest;
     #: with ``placement`` (an int only) a sampler bundle each; on a CUDA profile each asks its server's GPUs
-    # learner actors (docs/distributed.md, "Learner actors")
+    # learner actors (docs/reference/cluster.md, "Learner actors")
     learners: str = "local"  #: where the trainable weights and optimizers live: ``local`` (the trainer's process)
     #: or ``ray`` (needs ``kind=ray``: learner actors, one per role with a full copy, one per base of adapters;
     #: the updates run there, the trainer keeps a sampling copy synced after each; the same numbers)
     learner_restarts: int = 4  #: ``learners=ray``: times Ray restarts a learner actor whose process died (the run
     #: then rewinds to its last checkpoint); used up (or the node lost): the run stops, resumable
-    # placement (docs/distributed.md, "Placement and sizing")
+    # placement (docs/guides/sharded-learners.md, "Placement and sizing")
     placement: str = "none"  #: ``none`` (no placement groups: actors wherever Ray has room), ``colocated`` (per
     #: agent group one Ray placement group whose bundles, one per device, hold the learner's shards and the sampler
     #: on the first) or ``split`` (the sampler in a bundle of its own); reserved before anything trains
     cpus_per_bundle: int = 1  #: CPUs of each bundle (a device's bundle also holds 1 GPU on ``hardware.device=cuda``)
     placement_wait_s: float = 30.0  #: a placement group not reserved within this is an error naming the bundles
     #: asked and the resources Ray has
-    # more than one node (docs/distributed.md, "More than one node")
+    # more than one node (docs/guides/ray.md, "More than one node")
     resources: dict = field(default_factory=dict)  #: ``cluster.resources.KIND={NAME: amount}``, KIND ``env``,
     #: ``learner`` or ``sampler``: Ray custom resources each actor of that kind asks, so that it runs on a node
     #: that has them (``ray start --resources='{"NAME": 1}'``); with ``placement=none`` only
     restart_wait_s: float = 120.0  #: how long a dead actor (env worker, learner, sampler) is waited for while Ray
     #: restarts it (its node lost: until a node that can hold it joins); then the run stops, resumable
-    # the run's environment on a joined cluster (swarm_runtime/cluster/actor_env.py; docs/distributed.md)
+    # the run's environment on a joined cluster (swarm_runtime/cluster/actor_env.py; docs/guides/ray.md)
     env_vars: list = field(default_factory=list)  #: names of more environment variables (a third-party domain's own)
 
 
 @dataclass
 class TrainConfig:
-    """How a learner updates its agent group's weights (docs/distributed.md)."""
+    """How a learner updates its agent group's weights (docs/guides/sharded-learners.md)."""
 
     engine: str = "local"  #: ``local`` (one process: the trainer's), ``fsdp`` (FSDP2 over ``shards`` processes) or
     #: ``deepspeed`` (ZeRO-3); the memory plan divides a learner's state by ``shards``. Runs train with ``local`` or
@@ -328,7 +332,7 @@ class TrainConfig:
 
 @dataclass
 class TMaxConfig:
-    """``rlcr.t_max``: the wall-clock limit's schedule (docs/config.md: the seed's)."""
+    """``rlcr.t_max``: the wall-clock limit's schedule (docs/reference/config.md: the seed's)."""
 
     start: float = 600.0  #: simulated seconds of the limit at the first update (> 0)
     end: float = 1500.0  #: limit from update ``steps`` on (>= start); held-out evaluation uses it
@@ -337,7 +341,7 @@ class TMaxConfig:
 
 @dataclass
 class RLCRConfig:
-    """Settings of ``algo=rlcr`` (collective-reward RL, docs/rlcr.md); ignored by the other algorithms."""
+    """Settings of ``algo=rlcr`` (collective-reward RL, docs/guides/rlcr.md); ignored by the other algorithms."""
 
     org: str = "flat"  #: ``flat`` (``agents`` peers) or ``ceo`` (a CEO who hires and fires specialists)
     agents: int = 3  #: flat team size (1..9)
@@ -382,9 +386,10 @@ class RunConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)  #: ``swarm serve`` / ``swarm eval serve.url=...``
     rlcr: RLCRConfig = field(default_factory=RLCRConfig)  #: ``algo=rlcr`` settings
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)  #: who samples rollouts (docs/engine.md)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)  #: where the envs live (docs/distributed.md)
-    train: TrainConfig = field(default_factory=TrainConfig)  #: the learner's engine and shards (docs/distributed.md)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  #: who samples rollouts (docs/reference/engine.md)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  #: where the envs live (docs/guides/ray.md)
+    train: TrainConfig = field(default_factory=TrainConfig)  #: the learner's engine and shards
+    #: (docs/guides/sharded-learners.md)
     seed: int = 0  #: run seed (model init, sampling, auction tie-breaks, seed order)
     run_dir: str | None = None  #: output folder (None = runs/<domain>-<task>-<time>)
     resume: bool = False  #: continue the run in run_dir (or the latest matching one) from its last checkpoint

@@ -19,7 +19,7 @@ value fails in a fraction of a second. Each error names the key, the bad value a
 one refuses the others refuse too. This module imports nothing of the config's loading
 (:mod:`swarm_runtime.config.load` imports it). Callers import from here the ways to extend it (``Rule``,
 ``register_rules``, :func:`register_check`) and the checks' helpers others use (``server_gpus``, ``key_arg``,
-``config_files``, ``config_key``, ``serve_roles``, ``NEEDS_URL``, ``rlcr``), as they always have.
+``config_files``, ``config_key``, ``serve_roles``, ``NEEDS_URL``, ``rlcr``).
 """
 
 from __future__ import annotations

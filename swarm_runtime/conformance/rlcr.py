@@ -82,7 +82,7 @@ def check_progress(
             if not has_progress(p.env):
                 p.w.fail(
                     f"{type(p.env).__name__} (concurrent_env()) does not implement DomainEnv.progress(), which "
-                    "algo=rlcr needs (docs/rlcr.md, section 7)"
+                    "algo=rlcr needs (docs/guides/rlcr.md, section 7)"
                 )
             p.reset(int(seed))
             rng = random.Random(int(seed) + 17)

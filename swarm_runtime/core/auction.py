@@ -1,4 +1,4 @@
-"""The sealed-bid auction (docs/method.md, section 1) as pure functions.
+"""The sealed-bid auction (docs/reference/method.md, section 1) as pure functions.
 
 Bids are floats from the bid levels (all < 1); ``None`` marks an agent that is
 absent this turn (dropout, or not part of the swarm). The highest bid wins, ties
@@ -28,7 +28,7 @@ class AuctionResult:
 
     @property
     def contested(self) -> bool:
-        """A turn is contested when the runner-up bid is non-zero (docs/method.md, section 1)."""
+        """A turn is contested when the runner-up bid is non-zero (docs/reference/method.md, section 1)."""
         return self.winner is not None and self.runner_up is not None and self.runner_up_bid > 0
 
 

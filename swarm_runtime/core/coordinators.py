@@ -1,6 +1,6 @@
-"""Baseline coordinators over the same trained action policies (docs/experiments.md):
-a Graph-of-Agents-style one and an AgentNet-style one, registered through the
-public ``swarm_register_coordinators`` hook like any plugin's.
+"""Baseline coordinators over the same trained action policies (docs/reference/algorithm.md, "The baselines and
+what they simplify"): a Graph-of-Agents-style one and an AgentNet-style one, registered through the public
+``swarm_register_coordinators`` hook like any plugin's.
 
 Neither reads any signal MPT trains: no bid prompt is built, no bid head is
 sampled (``uses_bids = False``). What they use instead is what their methods

@@ -1,4 +1,4 @@
-"""Credit assignment as pure functions over lists of floats (docs/method.md, section 2)."""
+"""Credit assignment as pure functions over lists of floats (docs/reference/method.md, section 2)."""
 
 from __future__ import annotations
 

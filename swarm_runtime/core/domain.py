@@ -66,7 +66,7 @@ class Domain(ABC):
     tasks_dir: Path | None = None
     log_window: int = 4
     #: Environment variables the domain reads in its envs (an API key, a base URL): a run on a joined Ray cluster
-    #: gives them, as the run has them, to its actors (swarm_runtime/cluster/actor_env.py; docs/distributed.md)
+    #: gives them, as the run has them, to its actors (swarm_runtime/cluster/actor_env.py; docs/guides/ray.md)
     env_vars: Sequence[str] = ()
 
     # ---- tasks -----------------------------------------------------------------
@@ -90,7 +90,7 @@ class Domain(ABC):
         """The env of a concurrent episode (``algo=rlcr``: agents act at once on one shared world,
         against a simulated clock). Default: :meth:`make_env`. A domain whose turn-based env cannot
         take concurrent actions returns its parallel form here; either must implement
-        ``DomainEnv.progress()`` (docs/rlcr.md)."""
+        ``DomainEnv.progress()`` (docs/guides/rlcr.md)."""
         return self.make_env(task)
 
     @abstractmethod

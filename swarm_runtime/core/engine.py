@@ -1,4 +1,4 @@
-"""The turn engine (docs/engine.md): one driver for every way the swarm takes turns.
+"""The turn engine (docs/reference/engine.md): one driver for every way the swarm takes turns.
 
 How turns are taken is a **strategy**: a generator that plays its episodes and, whenever it needs
 something from outside, yields a **request** and is sent back the answers in the request's rows' order:

@@ -95,7 +95,7 @@ class DomainEnv(ABC):
         """Episode-level metrics so far (e.g. ``success``, ``spl``); reported at episode end."""
         return {}
 
-    # ---- concurrent episodes (``algo=rlcr``, docs/rlcr.md); optional ---------------------
+    # ---- concurrent episodes (``algo=rlcr``, docs/guides/rlcr.md); optional ---------------------
     def progress(self) -> float:
         """Anytime return: the episode's return so far, valid at any moment (milestones paid, tests
         passed ...). A domain opts into ``algo=rlcr`` by overriding it; a rollout stopped at

@@ -1,5 +1,5 @@
-"""The episode loop (docs/method.md, section 1; docs/architecture.md): the one loop every episode runs,
-in training, counterfactual branches, held-out evaluation and ``swarm serve``.
+"""The episode loop (docs/reference/method.md, section 1; docs/layout.md, "The one loop"): the one loop every
+episode runs, in training, counterfactual branches, held-out evaluation and ``swarm serve``.
 
 Every turn, for every live slot: the agents that may bid are found (a ``presence`` mask: dropout, extra
 replicas; or whoever is up, for a served swarm), all of them bid (one batch across slots and models), the
@@ -14,7 +14,7 @@ steps a world itself, so the same loop is driven in process (:meth:`TurnEngine.r
 serve``'s gateway over HTTP (its agents' answers, a server-side env, or a client's own world awaited
 across requests).
 
-Optional coordinator capabilities (all off by default; see docs/plugins.md 3.2):
+Optional coordinator capabilities (all off by default; see docs/reference/plugins.md, 2.2):
 ``uses_proposals`` (the agents ``coordinator.proposers(bids, rng, turn)`` names
 each sample an action first, and the chosen agent's proposal is the turn's
 action), ``wants_info`` (``select`` also receives ``info=TurnInfo(last_actor,

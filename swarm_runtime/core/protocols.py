@@ -1,6 +1,6 @@
 """The contracts between the loop and whoever answers it: a :class:`Policy` (one model per agent that both
 bids and acts; its :class:`Response` and :class:`Bid`), and the :class:`Sampler` and :class:`Learner` a run
-samples and trains through (docs/engine.md).
+samples and trains through (docs/reference/engine.md).
 
 A :class:`Sampler` answers bid and action requests for a batch of (model, prompt) :class:`Row` objects; every
 response carries its tokens, the sampler's per-token log-probabilities and the weight version that produced it.

@@ -1,4 +1,5 @@
-"""Deploying a trained swarm differently from how it was trained (issue 5, items 3, 4, 6).
+"""Deploying a trained swarm differently from how it was trained: population scaling, dropout and
+participation.
 
 - **Population scaling**: ``RunContext.build_swarm(init_dir, replicas=k)`` gives k
   agents per role that share one policy object (one copy of the weights) and sample

@@ -82,7 +82,7 @@ def heldout(x: ExperimentContext) -> Report:
         "The monolithic model (one model the size of one agent) stops RL once its training FLOPs "
         "(SFT included) reach the MPT run's. Its SFT is matched to the swarm's in compute (examples x "
         "epochs, the swarm's bid examples included) or, with experiment.monolithic_sft=[data], in data "
-        "(the same demos for the same epochs); see docs/experiments.md."
+        "(the same demos for the same epochs); see docs/guides/experiments.md."
     ]
     return _matched_report(x, "Held-out: MPT vs monolithic REINFORCE", runs, "heldout_reward_vs_flops.png", notes)
 

@@ -176,7 +176,7 @@ class ExperimentContext:
                 f", resuming from {resume_from.name}" if resume_from else "",
             )
             make_trainer(self.registry.get("algorithms", cfg.algo.name), ctx, budget).train()
-            stamp(sub / "eval.json")  # library versions and commit (issue 18)
+            stamp(sub / "eval.json")  # library versions and commit
             return self.training_summary(sub)
 
         return self.cell(f"train-{key}", run)

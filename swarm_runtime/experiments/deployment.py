@@ -68,7 +68,7 @@ def coordination(x: ExperimentContext) -> Report:
         notes=[
             "Every coordinator drives the same final MPT checkpoint; Graph-of-Agents and AgentNet read no "
             "bid (they route on the action policies' own log-probabilities of their proposals); what "
-            "each baseline simplifies is in docs/experiments.md."
+            "each baseline simplifies is in docs/reference/algorithm.md."
         ],
     )
 

@@ -2,7 +2,7 @@
 training seed (every arm trained and evaluated with that run seed, in ``seed-<s>/``), and
 :func:`combine` turns the per-seed reports into one.
 
-Statistics (pure functions, docs/experiments.md):
+Statistics (pure functions, docs/guides/experiments.md):
 
 - a row's value is the **mean over training seeds** of the per-seed values; its standard error
   is the standard deviation of the per-seed means over ``sqrt(S)`` (S >= 2 seeds). Each per-seed

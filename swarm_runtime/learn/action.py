@@ -1,4 +1,4 @@
-"""Action learning (docs/method.md, section 3): REINFORCE on each agent's own action tokens,
+"""Action learning (docs/reference/method.md, section 3): REINFORCE on each agent's own action tokens,
 advantage = credit minus the agent's mean credit in the batch."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def action_update(
             if mine:
                 metrics[f"charts/kl_{agent.role}"] = sum(mine) / len(mine)
         credit = [c - kl_coef * k for c, k in zip(credit, kl)]
-    # Replicas of a role share a model; the baseline is per agent (docs/method.md, section 3).
+    # Replicas of a role share a model; the baseline is per agent (docs/reference/method.md, section 3).
     adv = per_agent_advantages(credit, [s[0] for s in samples])
     by_policy: dict[int, list] = defaultdict(list)
     behaviour = list(behaviour) if behaviour is not None else [None] * len(samples)

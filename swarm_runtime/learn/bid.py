@@ -1,4 +1,4 @@
-"""Bid learning (docs/method.md, section 4): counterfactual branches and a Bradley-Terry loss.
+"""Bid learning (docs/reference/method.md, section 4): counterfactual branches and a Bradley-Terry loss.
 
 For a contested turn, restore the env and every agent's state (the public log)
 in a copy, re-sample the selected agent's bid until it falls below the
@@ -138,7 +138,7 @@ def run_branches(
     """Roll counterfactual branches for the picks (batched, through ``sampler``: default in process) and
     pair the bid responses.
 
-    ``samples`` = 1 (docs/method.md, section 4): one branch per pick against the original episode's
+    ``samples`` = 1 (docs/reference/method.md, section 4): one branch per pick against the original episode's
     score. ``samples`` = k > 1: k branches where the runner-up acts, against the original
     score averaged with k - 1 re-rolls from the same snapshot where the selected agent
     acts again (its action and everything after re-sampled); both scores are means of k
@@ -146,7 +146,7 @@ def run_branches(
 
     ``horizon`` = H: both sides score the rewards of the H decisions from the branched turn on
     (the branches stop there; the original's score is its rewards over the same window); None: to
-    the end of the episode (docs/method.md, section 4).
+    the end of the episode (docs/reference/method.md, section 4).
 
     ``runner_up_pairs``: the same two outcomes also train the runner-up's bid. Its original bid
     (lower than the winner's) goes with the original episode, a re-sampled bid above the winning
@@ -251,12 +251,11 @@ def bid_update(
     ``algo.bid_reference=sft``): the log-odds are measured against that policy's (DPO form,
     :func:`bradley_terry_loss`); ``beta`` scales them.
 
-    Off-policy (docs/engine.md): a pair's original bid was drawn by the rollout's sampler, whose per-token
-    log-probs it carries (``original_logprobs``); the learner's, computed for the loss anyway, are compared
-    with them per role (``mismatch/bid_*``). The re-sampled bid was drawn in process by the learner's own
-    weights of this update (:func:`resample_lower`), so its ratio is 1. ``is_cap`` = c: each pair's term is
-    weighted by ``min(c, pi_learner(original) / pi_sampler(original))`` (no gradient through it); None: the
-    plain loss."""
+    Off-policy (docs/reference/engine.md, "Off-policy terms"): a pair's original bid was drawn by the rollout's
+    sampler, whose per-token log-probs it carries (``original_logprobs``); the learner's, computed for the loss anyway,
+    are compared with them per role (``mismatch/bid_*``). The re-sampled bid was drawn in process by the learner's own
+    weights of this update (:func:`resample_lower`), so its ratio is 1. ``is_cap`` = c: each pair's term is weighted by
+    ``min(c, pi_learner(original) / pi_sampler(original))`` (no gradient through it); None: the plain loss."""
     by_policy = preference_rows(agents, pairs, pair_weight)
     metrics = pair_metrics(agents, pairs, by_policy)
     for agent in agents:

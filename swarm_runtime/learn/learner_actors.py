@@ -1,6 +1,6 @@
-"""MPT's updates and SFT on learner actors (``cluster.learners=ray``; docs/distributed.md): the trainer's side of
-:mod:`swarm_runtime.cluster.learners` (the actors, started on first use, each training the roles it holds) and
-of a sharded learner (:mod:`swarm_runtime.cluster.shards`)."""
+"""MPT's updates and SFT on learner actors (``cluster.learners=ray``; docs/reference/cluster.md, "Learner actors"):
+the trainer's side of :mod:`swarm_runtime.cluster.learners` (the actors, started on first use, each training the
+roles it holds) and of a sharded learner (:mod:`swarm_runtime.cluster.shards`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The two MPT losses as pure tensor functions (docs/method.md, sections 3 and 4), and the REINFORCE loss of a
+"""The two MPT losses as pure tensor functions (docs/reference/method.md, sections 3 and 4), and the REINFORCE loss of a
 chunk of samples as the learners compute it (:func:`reinforce_chunk`: on-policy log-probs, importance weights)."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def bradley_terry_loss(
 def pair_weights(margins: Sequence[float], scheme: str) -> list[float]:
     """Weights of decisive branch pairs for :func:`bradley_terry_loss`.
 
-    ``uniform`` (docs/method.md, section 4): every pair counts 1, so a step follows how often the higher
+    ``uniform`` (docs/reference/method.md, section 4): every pair counts 1, so a step follows how often the higher
     bid's branch scored better. ``margin``: each pair counts ``|score difference|``,
     normalised to mean 1 over the pairs, so a step follows the *mean* score difference;
     a rare large win (a success bonus) then outweighs many small losses.

@@ -1,4 +1,5 @@
-"""Monolithic REINFORCE baseline (``algo=monolithic``; docs/method.md, section 5; docs/experiments.md).
+"""Monolithic REINFORCE baseline (``algo=monolithic``; docs/reference/method.md, section 5;
+docs/reference/algorithm.md, "The baselines and what they simplify").
 
 ONE model of the size of one agent (same model config, built by the same
 policy backend) acts every turn:

@@ -1,4 +1,4 @@
-"""MPT training (docs/method.md, section 5): SFT cold start, then alternate ``action_steps``
+"""MPT training (docs/reference/method.md, section 5): SFT cold start, then alternate ``action_steps``
 REINFORCE updates with ``bid_steps`` counterfactual Bradley-Terry updates, with
 held-out evaluation after SFT and after RL."""
 
@@ -623,7 +623,7 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
         return m
 
     def _action_step(self, episodes) -> dict:
-        """REINFORCE on the episodes' acted turns, each with its credit (docs/method.md)."""
+        """REINFORCE on the episodes' acted turns, each with its credit (docs/reference/method.md)."""
         ctx, a = self.ctx, self.cfg.algo
         scale = float(a.reward_scale or ctx.task.reward_max)
         ctx.flops.category = "update"
@@ -646,7 +646,7 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
 
     def _bid_step(self, episodes) -> dict:
         """Counterfactual branches of the episodes' contested turns, and Bradley-Terry on their bid pairs
-        (docs/method.md, section 4)."""
+        (docs/reference/method.md, section 4)."""
         ctx, a = self.ctx, self.cfg.algo
         ctx.flops.category = "branch"
         sampler, models = self._rollouts()

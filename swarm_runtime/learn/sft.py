@@ -1,4 +1,4 @@
-"""SFT cold start (docs/method.md, section 5): each agent learns only its own role's demonstrations.
+"""SFT cold start (docs/reference/method.md, section 5): each agent learns only its own role's demonstrations.
 
 Demos come from the domain's scripted expert (``DomainEnv.expert_action``). At
 every expert step each role gets a bid example (drawn from ``owner_bids`` for the

@@ -1,6 +1,6 @@
 """Sharded learner: one update of a policy under FSDP2 (``torch.distributed.fsdp.fully_shard``) across the
 processes of a learner group, the same update :func:`~swarm_runtime.learn.optim.accumulate_and_step` takes in
-one process (docs/distributed.md).
+one process (docs/reference/sharding.md).
 
 Each rank builds the policy from the same factory (the same initial weights), shards its parameters (every
 transformer block its own FSDP unit, then the root), makes the run's optimizer over its shards, and takes its
@@ -185,7 +185,8 @@ def zero3_config(low: torch.dtype | None = None) -> dict:
     (a batch's chunk count) and clipping (``grad_clip``) are set per update by :func:`shard_step`. ``low``
     (bfloat16): DeepSpeed's bf16 mode, the module computing in bf16 over ZeRO's fp32 master partition (what the
     client optimizers step), gradients reduced and accumulated in fp32 as FSDP's :func:`mixed_precision` does (its
-    default reduces and accumulates them in bf16: docs/distributed.md has both measured), torch's linear kept."""
+    default reduces and accumulates them in bf16: docs/notebook/cluster.md, "DeepSpeed ZeRO-3 in a run", has both
+    measured), torch's linear kept."""
     out = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -443,7 +444,7 @@ def deepspeed_update(
     then :func:`shard_step`: gradient accumulation over the rank's chunks, clipping at the global norm), in rank
     ``rank`` of a process group DeepSpeed initialised. Returns the full fp32 parameters by name (rank 0; empty
     elsewhere) and the metrics of :func:`sharded_update`. Runs where ``DS_ACCELERATOR`` names a working
-    accelerator (``cpu`` here: docs/distributed.md)."""
+    accelerator (``cpu`` here: docs/notebook/cluster.md, "DeepSpeed ZeRO-3 on the CPU accelerator")."""
     from deepspeed.utils import safe_get_full_fp32_param
 
     from swarm_runtime.learn.optim import make_optimizer

@@ -1,4 +1,5 @@
-"""One shared base model with a PEFT LoRA adapter per role (``model.adapter=lora``; docs/method.md, section 8).
+"""One shared base model with a PEFT LoRA adapter per role (``model.adapter=lora``; docs/reference/method.md,
+section 8; docs/guides/gpu.md).
 
 The whole swarm holds one base in memory (a PEFT ``PeftModel`` with one named adapter per role;
 replicas of a role share its adapter). Each role's :class:`AdapterPolicy` is a

@@ -1,4 +1,4 @@
-"""Different base models per role (``model.bases`` + ``model.role_base``; README, "A base per role").
+"""Different base models per role (``model.bases`` + ``model.role_base``; docs/guides/gpu.md, "A base per role").
 
 A run's roles sit on one base by default: ``model.*``. ``model.bases.NAME.KEY=VALUE`` declares another
 base named ``NAME`` whose settings are ``model.*`` with the keys it gives replaced (``path``, the tiny

@@ -1,4 +1,4 @@
-"""The memory plan: what a run will hold on its device, estimated before anything loads (issue 19).
+"""The memory plan: what a run will hold on its device, estimated before anything loads.
 
 Rows (bytes; ``N`` base parameters, ``A`` adapter parameters of one role, ``R`` roles, ``b`` bytes per
 weight of the dtype):
@@ -22,7 +22,7 @@ weight of the dtype):
   ``2 L k d b`` per token (``k`` key/value heads of width ``d``).
 - **runtime**: 2 GiB (CUDA context, kernels) + 10% of the rest for allocator fragmentation.
 
-Sharded learners and placement (issue 28; ``train.engine=fsdp|deepspeed``, ``train.shards`` = ``S``,
+Sharded learners and placement (``train.engine=fsdp|deepspeed``, ``train.shards`` = ``S``,
 ``cluster.placement``): the plan is per device (:func:`placed_plan`). Per agent group (a role with its full copy,
 or a base with its roles' adapters) a learner device holds the rows above for that group alone, each divided by
 ``S`` (weights, adapters, gradients, fp32 masters, AdamW moments, reference copy: FSDP2 and ZeRO-3 keep one
@@ -322,7 +322,7 @@ def _add_runtime(rows: list, device: str) -> None:
         rows.append(("runtime", 2 * GiB + 0.1 * rest, "CUDA context + 10% allocator fragmentation"))
 
 
-# ---------------------------------------------------------------- sharded learners and placement (issue 28)
+# ---------------------------------------------------------------- sharded learners and placement
 #: Learner engines (``train.engine``): ``local`` in the trainer's process; ``fsdp`` (FSDP2) and ``deepspeed``
 #: (ZeRO-3) shard a learner group's weights, gradients, fp32 masters and optimizer moments over ``train.shards``.
 ENGINES = ("local", "fsdp", "deepspeed")

@@ -45,7 +45,7 @@ def swarm_register_algorithms(register):
 
     register("mpt", MPTTrainer)
     register("monolithic", MonolithicTrainer)
-    from swarm_runtime.learn.rlcr.trainer import RLCRTrainer  # collective-reward RL (docs/rlcr.md)
+    from swarm_runtime.learn.rlcr.trainer import RLCRTrainer  # collective-reward RL (docs/guides/rlcr.md)
 
     register("rlcr", RLCRTrainer)
 
@@ -56,7 +56,7 @@ def swarm_register_experiments(register):
 
     for name, experiment in BUILTIN_EXPERIMENTS.items():
         register(name, experiment)
-    from swarm_runtime.experiments.rlcr import rlcr_org, rlcr_teams  # docs/rlcr.md
+    from swarm_runtime.experiments.rlcr import rlcr_org, rlcr_teams  # docs/guides/rlcr.md
 
     register("rlcr_teams", rlcr_teams)
     register("rlcr_org", rlcr_org)

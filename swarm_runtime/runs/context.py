@@ -123,7 +123,7 @@ class RunContext:
                 vocab=len(self.domain.all_words(self.task)) + 16,
                 n_roles=len(self.domain.roles),
             )
-        if lora:  # one base, one PEFT adapter per role (docs/method.md, section 8)
+        if lora:  # one base, one PEFT adapter per role (docs/reference/method.md, section 8)
             from swarm_runtime.models.adapters import build_adapter_swarm
 
             words = self.domain.all_words(self.task)

@@ -1,4 +1,4 @@
-"""The sampler a run's ``rollout.engine`` asks for (docs/engine.md)."""
+"""The sampler a run's ``rollout.engine`` asks for (docs/reference/engine.md)."""
 
 from __future__ import annotations
 
@@ -352,8 +352,8 @@ def start_vllm_server(cfg, learner: LocalLearner, run_dir: Path | None, base: st
     """Write the run's base (``base``: the learner's models' base, of ``model.bases``) and start a vLLM server on
     it (``rollout.vllm.*``: :func:`server_settings`); the started
     :class:`~swarm_runtime.sampling.vllm_server.VLLMServer`. Used by :func:`make_sampler` and by tests that need
-    the server a run would start. The server demands a bearer key made here for it (docs/engine.md, "Keys"; never
-    logged or on its command line), which :func:`engine_sampler` sends (sampling and adapter sync)."""
+    the server a run would start. The server demands a bearer key made here for it (docs/reference/engine.md,
+    "Keys"; never logged or on its command line), which :func:`engine_sampler` sends (sampling and adapter sync)."""
     import secrets
 
     from swarm_runtime.sampling.vllm_server import VLLMServer, check_cpu_shape, probe_python, vllm_python

@@ -1,4 +1,4 @@
-"""Sampler-learner mismatch and truncated importance weights (docs/engine.md).
+"""Sampler-learner mismatch and truncated importance weights (docs/reference/engine.md, "Off-policy terms").
 
 A response's tokens were drawn by a sampler (an inference server, or the in-process model) whose
 per-token log-probs ``s_t`` came back with them; the learner recomputes ``l_t`` on its own weights

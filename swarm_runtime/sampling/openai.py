@@ -1,4 +1,4 @@
-"""The OpenAI-compatible sampler (``rollout.engine=openai``; docs/engine.md): bids and actions drawn on a
+"""The OpenAI-compatible sampler (``rollout.engine=openai``; docs/reference/engine.md): bids and actions drawn on a
 completions server (a ``vllm serve``, or any server that speaks vLLM's extensions of ``/v1/completions``).
 
 Every row becomes one ``POST /v1/completions`` with the prompt as token ids (the run's own tokenizer:

@@ -1,4 +1,4 @@
-"""Sampler replicas (issue 28; docs/distributed.md, "Sampler replicas"): one base served by several samplers of
+"""Sampler replicas (docs/reference/cluster.md, "Sampler replicas"): one base served by several samplers of
 the same weights (``cluster.sampler_replicas``: an engine sampler actor each, its own vLLM server, spread over the
 nodes), so that a rollout's rows are drawn on all of them at once.
 

@@ -1,4 +1,4 @@
-"""Adapter sync to an inference server (docs/engine.md): after every update each changed role's adapter
+"""Adapter sync to an inference server (docs/reference/engine.md): after every update each changed role's adapter
 is written and loaded as a new version, named ``<model>@v<N>``, through vLLM's runtime LoRA endpoints
 (``POST /v1/load_lora_adapter {"lora_name", "lora_path"}``, ``POST /v1/unload_lora_adapter
 {"lora_name"}``: ``vllm/entrypoints/serve/lora/api_router.py`` in vLLM 0.32). Versions no rollout may

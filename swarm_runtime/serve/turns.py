@@ -1,4 +1,4 @@
-"""The served configuration of the core loop (docs/engine.md): :class:`ServedTurns`, the episode loop every
+"""The served configuration of the core loop (docs/reference/engine.md): :class:`ServedTurns`, the episode loop every
 episode runs (:class:`swarm_runtime.core.loop.AuctionTurns`) over ``swarm serve``'s population.
 
 ``swarm serve``'s gateway plays each episode, server-side or client-side, as ``ServedTurns.rounds([slot])`` on

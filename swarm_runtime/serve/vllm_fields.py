@@ -1,6 +1,6 @@
 """vLLM's token-level extensions of ``/v1/completions`` on our worker, as vLLM 0.32 answers them, so the
 OpenAI sampler (``rollout.engine=openai``, :mod:`swarm_runtime.sampling.openai`) can sample on a worker
-(docs/engine.md).
+(docs/reference/engine.md).
 
 A request that carries any of ``return_tokens_as_token_ids``, ``logprob_token_ids``, ``allowed_token_ids``,
 ``logit_bias`` or ``stop_token_ids`` is sampled as vLLM samples it: only the masks the request asks for

@@ -1,5 +1,5 @@
-"""RLCR, collective-reward RL (docs/method.md, section 7; docs/rlcr.md): agent collectives acting at once against a
-simulated wall clock, talking through direct messages, a public channel and an archive, organised flat
+"""RLCR, collective-reward RL (docs/reference/method.md, section 7; docs/guides/rlcr.md): agent collectives acting
+at once against a simulated wall clock, talking through direct messages, a public channel and an archive, organised flat
 or under a CEO who hires and fires, trained with one shared policy and one flat collective advantage.
 
 Modules: :mod:`.clock` (event queue, ``T_max`` schedule, latency penalty), :mod:`.messages` (the

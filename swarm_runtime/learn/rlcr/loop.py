@@ -1,4 +1,4 @@
-"""The concurrent episode loop on a simulated wall clock (docs/rlcr.md).
+"""The concurrent episode loop on a simulated wall clock (docs/guides/rlcr.md).
 
 Every agent of every rollout is an event in its rollout's :class:`~.clock.EventQueue`, keyed by the
 simulated second it is free next. Each round, every live rollout pops the agents free at its earliest

@@ -1,6 +1,6 @@
 """``algo=rlcr``: SFT cold start from the domain's scripted collective, then REINFORCE on the collective
 reward with group baselines, under a growing wall-clock limit; held-out evaluation of the collective
-and of a solo agent with the same policy and ``T_max`` (docs/rlcr.md)."""
+and of a solo agent with the same policy and ``T_max`` (docs/guides/rlcr.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A bearer key on every route of a vLLM OpenAI server but ``/health`` (docs/engine.md, "Keys").
+"""A bearer key on every route of a vLLM OpenAI server but ``/health`` (docs/reference/engine.md, "Keys").
 
 vLLM 0.32's own ``--api-key`` (``VLLM_API_KEY``) guards only paths under ``/v1``, ``/v2``, ``/inference`` and
 ``/cohere``: its SageMaker routes (``POST /adapters``, ``DELETE /adapters/{name}``: LoRA load and unload;
