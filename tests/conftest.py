@@ -2,6 +2,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -274,6 +275,86 @@ def run_eval(run_dir: Path) -> dict:
     if isinstance(out.get("versions"), dict):
         out["versions"] = {k: v for k, v in out["versions"].items() if k != "commit"}
     return out
+
+
+#: Metrics of a metrics.jsonl row that its episodes alone set (what was played, branched and counted; the evaluation
+#: rows): equal in two runs whose rollouts drew the same tokens.
+ROLLOUT_KEYS = (
+    "charts/episode_reward",
+    "charts/decisions",
+    "charts/invalid_actions",
+    "charts/unparsed_bids",
+    "charts/reward_missing",
+    "charts/success",
+    "charts/turn_share_",
+    "charts/skipped_turns",
+    "charts/contested_picked",
+    "charts/bid_pairs",
+    "charts/bid_higher_won_",
+    "flops/rollout",
+    "flops/branch",
+    "flops/eval",
+    "eval/",
+)
+
+
+def _rollout_of(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k.startswith(ROLLOUT_KEYS)}
+
+
+def _finite(row: dict) -> bool:
+    return all(not isinstance(v, float) or math.isfinite(v) for v in row.values())
+
+
+def _drawn_after(row: dict) -> int:
+    """The update after which a row's episodes were drawn: an update row's rollout before its update, an evaluation
+    row's after the update of its step."""
+    return row.get("step", 0) - 1 if "kind" in row else row.get("step", 0)
+
+
+def compare_on_same_inputs(rows: list[dict], want: list[dict], close, start: int = 0, agree: bool = True) -> int | None:
+    """Compare the metrics.jsonl rows (:func:`run_rows`) of two runs of one config whose arithmetic differs
+    legitimately (bf16 rounding, another order of float sums: sharded against in process) from a common state after
+    update ``start`` (0: the same SFT; k: a run resumed from the other's checkpoint k, its rows up to k copied).
+
+    Both runs have the same steps and kinds in the same order, and finite numbers. Rows whose episodes the common
+    weights drew (the first update after ``start`` on its samples and pairs, the evaluations before it) have equal
+    rollouts (:data:`ROLLOUT_KEYS`) and are compared by ``close(got, exp)`` (asserting within that arithmetic's
+    tolerance). Weights a rounding apart may draw another token, and so other samples and pairs, which is no fault:
+    the later rows are compared while their rollouts agree (``agree``); from the first that does not (without
+    ``agree``: from the first later row) the rows are checked for their step, kind and finite values only. ``agree``
+    suits fp32, where a draw changes only when it falls within ~1e-7 of a boundary; in bf16 a weight that rounds the
+    other way moves a logit by ~1e-2, and a rollout can change without any of its counts changing.
+    Returns the step of the first row not compared (None: every row compared)."""
+    assert [(r.get("step"), r.get("kind")) for r in rows] == [(r.get("step"), r.get("kind")) for r in want]
+    assert all(map(_finite, rows)), [r for r in rows if not _finite(r)]
+    for got, exp in zip(rows, want):
+        if _drawn_after(exp) <= start:
+            assert _rollout_of(got) == _rollout_of(exp), (exp.get("step"), _rollout_of(got), _rollout_of(exp))
+        elif not agree or _rollout_of(got) != _rollout_of(exp):
+            print(f"rows compared up to step {exp['step']}: the rollouts drawn after update {_drawn_after(exp)} differ")
+            return exp["step"]
+        close(got, exp)
+    return None
+
+
+def compare_evals(got: dict, want: dict, trained_apart: bool) -> None:
+    """Two runs' eval.json (:func:`run_eval`): equal; ``trained_apart`` (their metrics rows were not all compared,
+    :func:`compare_on_same_inputs`): the evaluation of the SFT weights (the same in both), the settings and the SFT's
+    FLOPs equal, and of the trained policy's evaluation (whose episodes weights a rounding apart may play otherwise)
+    the same keys and the same episode counts."""
+    if not trained_apart:
+        assert got == want
+        return
+    trained = ("results", "flops", "table", "mpt_minus_sft", "mpt_minus_sft_success")
+    assert {k: v for k, v in got.items() if k not in trained} == {k: v for k, v in want.items() if k not in trained}
+    assert got.keys() == want.keys() and got["flops"].keys() == want["flops"].keys()
+    assert got["flops"]["sft"] == want["flops"]["sft"]
+    assert got["results"].keys() == want["results"].keys() and got["results"]["SFT only"] == want["results"]["SFT only"]
+    for name, res in want["results"].items():
+        assert res.keys() == got["results"][name].keys()
+        counts = ("episodes", "seeds", "runs")
+        assert [res[k] for k in counts] == [got["results"][name][k] for k in counts]
 
 
 def patched_swarm(
