@@ -96,70 +96,100 @@ def pytest_configure(config):
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     elif getattr(config.option, "dist", "no") == "loadfile":
-        # the files go to the workers in the order pytest_collection_modifyitems below gives them (the longest
+        # the files go to the workers in the order pytest_collection_modifyitems below gives them (the costliest
         # first), not xdist's own (the files with the most tests first: a file of one long test came last)
         config.option.loadscopereorder = False
 
 
-#: The cluster stage's files (``-m ray``, .ci/run) by what their Ray tests cost on one worker, in seconds (setup and
-#: call, ``--durations=0``), measured at a3dca1d on two workers (49 passed in 38 min 58 s at load 10-20; issue 28);
-#: test_deepspeed_bf16.py, test_sigterm.py and test_actor_env.py, added after, from their own runs at load 12-19.
-#: Under ``-n 2 --dist loadfile`` the costliest go first, so that the last file a worker takes is a short one (the
-#: stage's tail: test_multinode.py, taken last, ended the stage at fa36747). Only the order matters: a file not listed
-#: goes after them, in collection order.
-RAY_FILE_COST = {
-    "tests/test_multinode.py": 946,
-    "tests/test_learner_actors.py": 731,
-    "tests/test_learner_variants.py": 461,
-    "tests/test_sharded_learners.py": 308,
-    "tests/engine/test_replicas_ray.py": 286,
-    "tests/test_deepspeed_learners.py": 283,
-    "tests/test_deepspeed_bf16.py": 240,
-    "tests/test_sampler_actors.py": 249,
-    "tests/engine/test_engine_actor.py": 246,
-    "tests/test_placement.py": 243,
-    "tests/test_cluster_more.py": 223,
-    "tests/engine/test_staleness_ray.py": 194,
-    "tests/test_cluster.py": 97,
-    "tests/test_serve_ray.py": 93,
-    "tests/test_sigterm.py": 60,
-    "tests/test_actor_env.py": 40,
-    "tests/test_monolithic_learner.py": 56,
-    "tests/engine/test_replicas_placed.py": 45,
-    "tests/test_trust.py": 15,
+#: What the costliest test files cost one worker in each stage of .ci/run (the sum of a file's setup and call times,
+#: ``--durations=0``, in seconds, measured on 2 cores at a load of 4 to 12; the stage named by ``-m``). Under ``-n 2
+#: --dist loadfile`` the costliest go first, so that the last file a worker takes is a short one. Only the order
+#: matters: a file not listed goes after them, in collection order.
+FILE_COST = {
+    "ray": {
+        "tests/test_multinode.py": 506,
+        "tests/test_learner_actors.py": 344,
+        "tests/engine/test_replicas_ray.py": 265,
+        "tests/test_placement.py": 226,
+        "tests/test_learner_variants.py": 215,
+        "tests/test_sharded_learners.py": 188,
+        "tests/test_sampler_actors.py": 166,
+        "tests/test_deepspeed_bf16.py": 164,
+        "tests/engine/test_staleness_ray.py": 152,
+        "tests/test_deepspeed_learners.py": 127,
+        "tests/engine/test_engine_actor.py": 116,
+        "tests/test_cluster_more.py": 103,
+        "tests/test_cluster.py": 93,
+        "tests/test_serve_ray.py": 63,
+        "tests/test_sigterm.py": 56,
+        "tests/engine/test_replicas_placed.py": 46,
+        "tests/test_monolithic_learner.py": 37,
+        "tests/test_actor_env.py": 22,
+        "tests/test_trust.py": 11,
+    },
+    "not ray": {
+        "tests/test_cli.py": 525,
+        "tests/test_experiments.py": 417,
+        "tests/test_reliability.py": 278,
+        "tests/test_bases.py": 245,
+        "tests/engine/test_seed_resume.py": 180,
+        "tests/test_benchmarks.py": 208,
+        "tests/test_adapters.py": 192,
+        "tests/test_deploy.py": 152,
+        "tests/test_trust.py": 121,
+        "tests/test_env_close.py": 117,
+        "tests/engine/test_sampler_http.py": 116,
+        "tests/engine/test_staleness_worker.py": 108,
+    },
+    "engine": {
+        "tests/engine/test_engine_actor.py": 276,
+        "tests/engine/test_replicas_ray.py": 268,
+        "tests/engine/test_engine_run.py": 114,
+        "tests/engine/test_vllm.py": 81,
+    },
 }
 
 
-@pytest.hookimpl(trylast=True)  # after ``-m`` deselected: a run without Ray tests keeps its order
+@pytest.hookimpl(trylast=True)  # after ``-m`` deselected
 def pytest_collection_modifyitems(config, items):
-    if not any(item.get_closest_marker("ray") for item in items):
-        return
+    cost = FILE_COST.get(config.option.markexpr.strip().strip("'\""), {})
     first = {}
     for i, item in enumerate(items):
         first.setdefault(item.nodeid.partition("::")[0], i)
-    items.sort(key=lambda item: (-RAY_FILE_COST.get(f := item.nodeid.partition("::")[0], 0), first[f]))
+    items.sort(key=lambda item: (-cost.get(f := item.nodeid.partition("::")[0], 0), first[f]))
 
 
-def shared_run(tmp_path_factory, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
-    """``(run folder, result)`` of one cold ``swarm run ARGS``, trained once per session for each argument tuple: by
-    the first test that asks, and under pytest-xdist by the first worker (under a file lock of its own per tuple, in
-    the workers' common temporary folder; the others wait for it and read it). Read it, never write into it: a test
-    that writes (eval, resume, export, a damaged file) works on a copy (``copy_run``)."""
+def shared_folder(tmp_path_factory, name: str, make) -> Path:
+    """Folder ``name``, made once per session by ``make(folder)`` (which fills it or raises): by the first test that
+    asks, and under pytest-xdist by the first worker (under a file lock of its own per name, in the workers' common
+    temporary folder; the others wait for it and read it). Read it, never write into it."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # popen-gw0, popen-gw1, ... live side by side in it
-    name = "tiny-run" if list(args) == TINY_RUN else "run-" + hashlib.sha1("\0".join(args).encode()).hexdigest()[:12]
     d, lock = root / name, root / f"{name}.lock"
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        saved = d / "result.json"
-        if not saved.is_file():
+        if not (d / ".made").is_file():
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir()
-            res = swarm("run", *args, f"run_dir={d / 'run'}", cwd=d)
-            assert res.returncode == 0, res.stderr[-3000:]
-            saved.write_text(json.dumps({"args": res.args, "stdout": res.stdout, "stderr": res.stderr}))
-        out = json.loads(saved.read_text())
+            make(d)
+            (d / ".made").touch()
+    return d
+
+
+def shared_run(tmp_path_factory, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """``(run folder, result)`` of one cold ``swarm run ARGS``, trained once per session for each argument tuple
+    (:func:`shared_folder`). Read it, never write into it: a test that writes (eval, resume, export, a damaged file)
+    works on a copy (``copy_run``)."""
+
+    def make(d: Path) -> None:
+        res = swarm("run", *args, f"run_dir={d / 'run'}", cwd=d)
+        assert res.returncode == 0, res.stderr[-3000:]
+        (d / "result.json").write_text(json.dumps({"args": res.args, "stdout": res.stdout, "stderr": res.stderr}))
+
+    name = "tiny-run" if list(args) == TINY_RUN else "run-" + hashlib.sha1("\0".join(args).encode()).hexdigest()[:12]
+    d = shared_folder(tmp_path_factory, name, make)
+    out = json.loads((d / "result.json").read_text())
     return d / "run", subprocess.CompletedProcess(out["args"], 0, out["stdout"], out["stderr"])
 
 
