@@ -2,6 +2,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -95,70 +96,100 @@ def pytest_configure(config):
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     elif getattr(config.option, "dist", "no") == "loadfile":
-        # the files go to the workers in the order pytest_collection_modifyitems below gives them (the longest
+        # the files go to the workers in the order pytest_collection_modifyitems below gives them (the costliest
         # first), not xdist's own (the files with the most tests first: a file of one long test came last)
         config.option.loadscopereorder = False
 
 
-#: The cluster stage's files (``-m ray``, .ci/run) by what their Ray tests cost on one worker, in seconds (setup and
-#: call, ``--durations=0``), measured at a3dca1d on two workers (49 passed in 38 min 58 s at load 10-20; issue 28);
-#: test_deepspeed_bf16.py, test_sigterm.py and test_actor_env.py, added after, from their own runs at load 12-19.
-#: Under ``-n 2 --dist loadfile`` the costliest go first, so that the last file a worker takes is a short one (the
-#: stage's tail: test_multinode.py, taken last, ended the stage at fa36747). Only the order matters: a file not listed
-#: goes after them, in collection order.
-RAY_FILE_COST = {
-    "tests/test_multinode.py": 946,
-    "tests/test_learner_actors.py": 731,
-    "tests/test_learner_variants.py": 461,
-    "tests/test_sharded_learners.py": 308,
-    "tests/engine/test_replicas_ray.py": 286,
-    "tests/test_deepspeed_learners.py": 283,
-    "tests/test_deepspeed_bf16.py": 240,
-    "tests/test_sampler_actors.py": 249,
-    "tests/engine/test_engine_actor.py": 246,
-    "tests/test_placement.py": 243,
-    "tests/test_cluster_more.py": 223,
-    "tests/engine/test_staleness_ray.py": 194,
-    "tests/test_cluster.py": 97,
-    "tests/test_serve_ray.py": 93,
-    "tests/test_sigterm.py": 60,
-    "tests/test_actor_env.py": 40,
-    "tests/test_monolithic_learner.py": 56,
-    "tests/engine/test_replicas_placed.py": 45,
-    "tests/test_trust.py": 15,
+#: What the costliest test files cost one worker in each stage of .ci/run (the sum of a file's setup and call times,
+#: ``--durations=0``, in seconds, measured on 2 cores at a load of 4 to 12; the stage named by ``-m``). Under ``-n 2
+#: --dist loadfile`` the costliest go first, so that the last file a worker takes is a short one. Only the order
+#: matters: a file not listed goes after them, in collection order.
+FILE_COST = {
+    "ray": {
+        "tests/test_multinode.py": 506,
+        "tests/test_learner_actors.py": 344,
+        "tests/engine/test_replicas_ray.py": 265,
+        "tests/test_placement.py": 226,
+        "tests/test_learner_variants.py": 215,
+        "tests/test_sharded_learners.py": 188,
+        "tests/test_sampler_actors.py": 166,
+        "tests/test_deepspeed_bf16.py": 164,
+        "tests/engine/test_staleness_ray.py": 152,
+        "tests/test_deepspeed_learners.py": 127,
+        "tests/engine/test_engine_actor.py": 116,
+        "tests/test_cluster_more.py": 103,
+        "tests/test_cluster.py": 93,
+        "tests/test_serve_ray.py": 63,
+        "tests/test_sigterm.py": 56,
+        "tests/engine/test_replicas_placed.py": 46,
+        "tests/test_monolithic_learner.py": 37,
+        "tests/test_actor_env.py": 22,
+        "tests/test_trust.py": 11,
+    },
+    "not ray": {
+        "tests/test_cli.py": 525,
+        "tests/test_experiments.py": 417,
+        "tests/test_reliability.py": 278,
+        "tests/test_bases.py": 245,
+        "tests/engine/test_seed_resume.py": 180,
+        "tests/test_benchmarks.py": 208,
+        "tests/test_adapters.py": 192,
+        "tests/test_deploy.py": 152,
+        "tests/test_trust.py": 121,
+        "tests/test_env_close.py": 117,
+        "tests/engine/test_sampler_http.py": 116,
+        "tests/engine/test_staleness_worker.py": 108,
+    },
+    "engine": {
+        "tests/engine/test_engine_actor.py": 276,
+        "tests/engine/test_replicas_ray.py": 268,
+        "tests/engine/test_engine_run.py": 114,
+        "tests/engine/test_vllm.py": 81,
+    },
 }
 
 
-@pytest.hookimpl(trylast=True)  # after ``-m`` deselected: a run without Ray tests keeps its order
+@pytest.hookimpl(trylast=True)  # after ``-m`` deselected
 def pytest_collection_modifyitems(config, items):
-    if not any(item.get_closest_marker("ray") for item in items):
-        return
+    cost = FILE_COST.get(config.option.markexpr.strip().strip("'\""), {})
     first = {}
     for i, item in enumerate(items):
         first.setdefault(item.nodeid.partition("::")[0], i)
-    items.sort(key=lambda item: (-RAY_FILE_COST.get(f := item.nodeid.partition("::")[0], 0), first[f]))
+    items.sort(key=lambda item: (-cost.get(f := item.nodeid.partition("::")[0], 0), first[f]))
 
 
-def shared_run(tmp_path_factory, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
-    """``(run folder, result)`` of one cold ``swarm run ARGS``, trained once per session for each argument tuple: by
-    the first test that asks, and under pytest-xdist by the first worker (under a file lock of its own per tuple, in
-    the workers' common temporary folder; the others wait for it and read it). Read it, never write into it: a test
-    that writes (eval, resume, export, a damaged file) works on a copy (``copy_run``)."""
+def shared_folder(tmp_path_factory, name: str, make) -> Path:
+    """Folder ``name``, made once per session by ``make(folder)`` (which fills it or raises): by the first test that
+    asks, and under pytest-xdist by the first worker (under a file lock of its own per name, in the workers' common
+    temporary folder; the others wait for it and read it). Read it, never write into it."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # popen-gw0, popen-gw1, ... live side by side in it
-    name = "tiny-run" if list(args) == TINY_RUN else "run-" + hashlib.sha1("\0".join(args).encode()).hexdigest()[:12]
     d, lock = root / name, root / f"{name}.lock"
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        saved = d / "result.json"
-        if not saved.is_file():
+        if not (d / ".made").is_file():
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir()
-            res = swarm("run", *args, f"run_dir={d / 'run'}", cwd=d)
-            assert res.returncode == 0, res.stderr[-3000:]
-            saved.write_text(json.dumps({"args": res.args, "stdout": res.stdout, "stderr": res.stderr}))
-        out = json.loads(saved.read_text())
+            make(d)
+            (d / ".made").touch()
+    return d
+
+
+def shared_run(tmp_path_factory, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """``(run folder, result)`` of one cold ``swarm run ARGS``, trained once per session for each argument tuple
+    (:func:`shared_folder`). Read it, never write into it: a test that writes (eval, resume, export, a damaged file)
+    works on a copy (``copy_run``)."""
+
+    def make(d: Path) -> None:
+        res = swarm("run", *args, f"run_dir={d / 'run'}", cwd=d)
+        assert res.returncode == 0, res.stderr[-3000:]
+        (d / "result.json").write_text(json.dumps({"args": res.args, "stdout": res.stdout, "stderr": res.stderr}))
+
+    name = "tiny-run" if list(args) == TINY_RUN else "run-" + hashlib.sha1("\0".join(args).encode()).hexdigest()[:12]
+    d = shared_folder(tmp_path_factory, name, make)
+    out = json.loads((d / "result.json").read_text())
     return d / "run", subprocess.CompletedProcess(out["args"], 0, out["stdout"], out["stderr"])
 
 
@@ -274,6 +305,86 @@ def run_eval(run_dir: Path) -> dict:
     if isinstance(out.get("versions"), dict):
         out["versions"] = {k: v for k, v in out["versions"].items() if k != "commit"}
     return out
+
+
+#: Metrics of a metrics.jsonl row that its episodes alone set (what was played, branched and counted; the evaluation
+#: rows): equal in two runs whose rollouts drew the same tokens.
+ROLLOUT_KEYS = (
+    "charts/episode_reward",
+    "charts/decisions",
+    "charts/invalid_actions",
+    "charts/unparsed_bids",
+    "charts/reward_missing",
+    "charts/success",
+    "charts/turn_share_",
+    "charts/skipped_turns",
+    "charts/contested_picked",
+    "charts/bid_pairs",
+    "charts/bid_higher_won_",
+    "flops/rollout",
+    "flops/branch",
+    "flops/eval",
+    "eval/",
+)
+
+
+def _rollout_of(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k.startswith(ROLLOUT_KEYS)}
+
+
+def _finite(row: dict) -> bool:
+    return all(not isinstance(v, float) or math.isfinite(v) for v in row.values())
+
+
+def _drawn_after(row: dict) -> int:
+    """The update after which a row's episodes were drawn: an update row's rollout before its update, an evaluation
+    row's after the update of its step."""
+    return row.get("step", 0) - 1 if "kind" in row else row.get("step", 0)
+
+
+def compare_on_same_inputs(rows: list[dict], want: list[dict], close, start: int = 0, agree: bool = True) -> int | None:
+    """Compare the metrics.jsonl rows (:func:`run_rows`) of two runs of one config whose arithmetic differs
+    legitimately (bf16 rounding, another order of float sums: sharded against in process) from a common state after
+    update ``start`` (0: the same SFT; k: a run resumed from the other's checkpoint k, its rows up to k copied).
+
+    Both runs have the same steps and kinds in the same order, and finite numbers. Rows whose episodes the common
+    weights drew (the first update after ``start`` on its samples and pairs, the evaluations before it) have equal
+    rollouts (:data:`ROLLOUT_KEYS`) and are compared by ``close(got, exp)`` (asserting within that arithmetic's
+    tolerance). Weights a rounding apart may draw another token, and so other samples and pairs, which is no fault:
+    the later rows are compared while their rollouts agree (``agree``); from the first that does not (without
+    ``agree``: from the first later row) the rows are checked for their step, kind and finite values only. ``agree``
+    suits fp32, where a draw changes only when it falls within ~1e-7 of a boundary; in bf16 a weight that rounds the
+    other way moves a logit by ~1e-2, and a rollout can change without any of its counts changing.
+    Returns the step of the first row not compared (None: every row compared)."""
+    assert [(r.get("step"), r.get("kind")) for r in rows] == [(r.get("step"), r.get("kind")) for r in want]
+    assert all(map(_finite, rows)), [r for r in rows if not _finite(r)]
+    for got, exp in zip(rows, want):
+        if _drawn_after(exp) <= start:
+            assert _rollout_of(got) == _rollout_of(exp), (exp.get("step"), _rollout_of(got), _rollout_of(exp))
+        elif not agree or _rollout_of(got) != _rollout_of(exp):
+            print(f"rows compared up to step {exp['step']}: the rollouts drawn after update {_drawn_after(exp)} differ")
+            return exp["step"]
+        close(got, exp)
+    return None
+
+
+def compare_evals(got: dict, want: dict, trained_apart: bool) -> None:
+    """Two runs' eval.json (:func:`run_eval`): equal; ``trained_apart`` (their metrics rows were not all compared,
+    :func:`compare_on_same_inputs`): the evaluation of the SFT weights (the same in both), the settings and the SFT's
+    FLOPs equal, and of the trained policy's evaluation (whose episodes weights a rounding apart may play otherwise)
+    the same keys and the same episode counts."""
+    if not trained_apart:
+        assert got == want
+        return
+    trained = ("results", "flops", "table", "mpt_minus_sft", "mpt_minus_sft_success")
+    assert {k: v for k, v in got.items() if k not in trained} == {k: v for k, v in want.items() if k not in trained}
+    assert got.keys() == want.keys() and got["flops"].keys() == want["flops"].keys()
+    assert got["flops"]["sft"] == want["flops"]["sft"]
+    assert got["results"].keys() == want["results"].keys() and got["results"]["SFT only"] == want["results"]["SFT only"]
+    for name, res in want["results"].items():
+        assert res.keys() == got["results"][name].keys()
+        counts = ("episodes", "seeds", "runs")
+        assert [res[k] for k in counts] == [got["results"][name][k] for k in counts]
 
 
 def patched_swarm(

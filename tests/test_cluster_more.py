@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from conftest import TINY_RLCR, TINY_RUN, swarm
+from conftest import TINY_RLCR, TINY_RUN, copy_run, swarm
 from test_env_close import Tracker
 
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2"]
@@ -30,13 +30,11 @@ def _closed_line(stderr: str) -> str:
 
 
 # --------------------------------------------------------------------------- swarm eval and algo=rlcr
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+@pytest.fixture
+def trained(tiny_run, tmp_path):
+    """A copy of the session's tiny run (``swarm eval`` writes its files into the run folder)."""
     pytest.importorskip("ray")
-    tmp = tmp_path_factory.mktemp("run")
-    r = swarm("run", *TINY_RUN, "algo.iterations=1", f"run_dir={tmp / 'run'}", cwd=tmp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return tmp / "run"
+    return copy_run(tiny_run[0], tmp_path / "run")
 
 
 def _eval_file(run_dir, name):
@@ -47,19 +45,19 @@ def _eval_file(run_dir, name):
 
 
 @pytest.mark.ray
-def test_swarm_eval_on_env_workers_writes_the_same_eval(tiny_run):
-    local = swarm("eval", str(tiny_run), "eval.runs=2", cwd=tiny_run)
+def test_swarm_eval_on_env_workers_writes_the_same_eval(trained):
+    local = swarm("eval", str(trained), "eval.runs=2", cwd=trained)
     assert local.returncode == 0, local.stderr[-3000:]
     # cluster.address=null starts a Ray of its own, whatever cluster RAY_ADDRESS (or the last `ray start` on this
     # machine) names: nothing listens at this one
-    remote = swarm("eval", str(tiny_run), "eval.runs=2", *RAY_ARGS, cwd=tiny_run, env={"RAY_ADDRESS": "127.0.0.1:9"})
+    remote = swarm("eval", str(trained), "eval.runs=2", *RAY_ARGS, cwd=trained, env={"RAY_ADDRESS": "127.0.0.1:9"})
     assert remote.returncode == 0, remote.stderr[-3000:]
     assert "env workers on Ray: 2" in remote.stderr
     closed = _closed_line(remote.stderr)
     assert "'in_use': 0" in closed and "'restarts': 0" in closed  # every env given back, then closed
-    files = sorted(p.name for p in tiny_run.glob("eval-*--eval.runs=2*.json"))
+    files = sorted(p.name for p in trained.glob("eval-*--eval.runs=2*.json"))
     assert len(files) == 2, files
-    a, b = (_eval_file(tiny_run, f) for f in files)
+    a, b = (_eval_file(trained, f) for f in files)
     assert a == b and a["episodes"] == 4
 
 

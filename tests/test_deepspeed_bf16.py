@@ -13,9 +13,9 @@ import importlib.util
 
 import pytest
 
-from tests.conftest import in_process_twin, run_context, run_eval, run_rows, swarm
+from tests.conftest import in_process_twin, run_context, run_rows, swarm
 from tests.test_deepspeed_learners import DEEPSPEED
-from tests.test_learner_variants import BF16_TOL, _near
+from tests.test_learner_variants import _near, same_as_bf16
 from tests.test_sharded_learners import RUN, _resumed_under_local
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="the deepspeed extra")
@@ -27,13 +27,11 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
 MAX_DLOGP, BF16_DLOGP = "mismatch/max_abs_dlogp_", 2e-2
 
 
-def _near_bf16(rows, want) -> float:
+def _near_bf16(got: dict, exp: dict) -> None:
     """test_learner_variants' ``_near`` (``BF16_TOL``) but for the ``MAX_DLOGP`` maxima, within ``BF16_DLOGP``."""
-    cut = [[{k: v for k, v in r.items() if not k.startswith(MAX_DLOGP)} for r in rs] for rs in (rows, want)]
-    for got, exp in zip(rows, want):
-        for k in (k for k in exp if k.startswith(MAX_DLOGP)):
-            assert got[k] == pytest.approx(exp[k], rel=0, abs=BF16_DLOGP), (exp.get("step"), k, got[k], exp[k])
-    return _near(*cut, BF16_TOL)
+    for k in (k for k in exp if k.startswith(MAX_DLOGP)):
+        assert got[k] == pytest.approx(exp[k], rel=0, abs=BF16_DLOGP), (exp.get("step"), k, got[k], exp[k])
+    _near(*({k: v for k, v in r.items() if not k.startswith(MAX_DLOGP)} for r in (got, exp)))
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +51,10 @@ def bf16_run(tmp_path_factory, registry):
 @pytest.mark.slow
 @needs_deepspeed
 def test_a_bf16_deepspeed_run_is_the_in_process_run_and_resumes_under_local(bf16_run, ray_head, tmp_path):
-    """3 learners of 2 ZeRO-3 ranks in bf16: metrics.jsonl within test_learner_variants' bf16 tolerance of the
-    in-process run's, eval.json equal; the checkpoint after update 2 holds the fp32 masters (gathered from ZeRO's
-    partition) and resumes in process to the in-process run's end."""
+    """3 learners of 2 ZeRO-3 ranks in bf16: the SFT and the action update on the SFT weights' samples are the
+    in-process run's within test_learner_variants' bf16 tolerance (``same_as_bf16``); the checkpoint after update 2
+    holds the fp32 masters (gathered from ZeRO's partition) and resumes in process, where update 3 on the samples the
+    DeepSpeed run drew from the same weights gives its metrics and, within bf16's noise, its fp32 masters."""
     import torch
 
     run, here = bf16_run
@@ -63,26 +62,30 @@ def test_a_bf16_deepspeed_run_is_the_in_process_run_and_resumes_under_local(bf16
     r = swarm("run", *args, cwd=tmp_path, env=ray_head.env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr and "2 ranks each (deepspeed)" in r.stderr
-    rows = run_rows(tmp_path / "run")
-    updates = [u for u in rows if "kind" in u]
+    updates = [u for u in run_rows(tmp_path / "run") if "kind" in u]
     assert [u["kind"] for u in updates] == ["action", "bid", "action"]
     assert all(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
-    print(f"deepspeed bf16 vs in process: worst relative difference {_near_bf16(rows, run_rows(here)):.3g}")
-    assert run_eval(tmp_path / "run") == run_eval(here)
-    state = torch.load(
-        tmp_path / "run" / "checkpoints" / "iter-000002" / "agents" / "Logger" / "training_state.pt", weights_only=False
+    same_as_bf16(tmp_path / "run", here, close=_near_bf16)
+    run2 = _resumed_under_local(tmp_path, "iter-000002")
+    same_as_bf16(run2, tmp_path / "run", start=2, close=_near_bf16)
+
+    def masters(folder, tag: str):
+        path = folder / "checkpoints" / tag / "agents" / "Logger" / "training_state.pt"
+        return torch.load(path, weights_only=False)["master_weights"]
+
+    before, got, exp = (
+        masters(run2, "iter-000002"),
+        masters(tmp_path / "run", "iter-000003"),
+        masters(run2, "iter-000003"),
     )
-    want = torch.load(
-        here / "checkpoints" / "iter-000002" / "agents" / "Logger" / "training_state.pt", weights_only=False
-    )
-    got, exp = state["master_weights"], want["master_weights"]
     assert len(got) == len(exp) and all(g.dtype == torch.float32 and g.shape == e.shape for g, e in zip(got, exp))
     gap = max(float((g - e).abs().max()) for g, e in zip(got, exp))
-    print(f"fp32 masters after update 2: at most {gap:.3g} apart")
-    assert all(torch.allclose(g, e, rtol=0, atol=1e-3) for g, e in zip(got, exp))
-    run2 = _resumed_under_local(tmp_path, "iter-000002")
-    _near_bf16(run_rows(run2), run_rows(here))
-    assert run_eval(run2) == run_eval(here)
+    moved = max(float((e - b).abs().max()) for e, b in zip(exp, before))
+    print(
+        f"fp32 masters after update 3, deepspeed vs in process from one checkpoint: {gap:.3g} apart, moved {moved:.3g}"
+    )
+    # AdamW's step on an element whose gradient differs at bf16's resolution moves it by up to the step itself
+    assert moved > 0 and gap <= moved
 
 
 def test_the_zero3_config_of_a_bf16_model_reduces_and_accumulates_in_fp32():

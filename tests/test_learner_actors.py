@@ -78,26 +78,8 @@ def _same_training_states(run, other, tag: str, rtol: float = 0.0) -> None:
             assert mine[f"scheduler_{kind}"] == theirs[f"scheduler_{kind}"]
 
 
+#: TINY_RUN with the roles' LoRA adapters on one base (tests/test_learner_variants.py: on two learner actors)
 LORA_RUN = [*TINY_RUN, "model.adapter=lora", "algo.sft.epochs=4", "algo.kl_coef=0.1", "algo.bid_reference=sft"]
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_sft_of_lora_adapters_and_their_shared_base_runs_on_their_learner(tmp_path_factory, ray_head, tmp_path):
-    """``model.adapter=lora``: one learner actor for the base; the shared base's SFT and each adapter's run in it,
-    before RL; metrics.jsonl (sft/* rows included) and eval.json equal the in-process run's."""
-    in_process = in_process_twin(tmp_path_factory, *LORA_RUN)
-    r = swarm(
-        "run", *LORA_RUN, *RAY_ARGS, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "learners on Ray: 1 (base-default: Logger+Miner+Smith" in r.stderr
-    _sft_ran_on_the_learners(r.stderr, {"Logger": "base-default", "Miner": "base-default", "Smith": "base-default"})
-    rows = run_rows(tmp_path / "run")
-    assert any("sft/loss_base" in row for row in rows)
-    assert rows == run_rows(in_process) and len([row for row in rows if "kind" in row]) == 2
-    assert run_eval(tmp_path / "run") == run_eval(in_process)
-    _same_sft_checkpoint(tmp_path / "run", in_process)  # the adapters and the trained base/
 
 
 KILLER = textwrap.dedent("""
@@ -147,9 +129,10 @@ def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS), kill
     return patched_swarm(script, "run", *run, *extra, *joins, run_dir, cwd=tmp_path, env=env)
 
 
-def _stopped_during_sft_and_resumed(r, learner: str, tmp_path):
+def _stopped_during_sft_and_resumed(r, learner: str, tmp_path, head=None):
     """``r``, a run whose learner ``learner`` was killed during the SFT cold start, stopped with one line naming it
-    and the command that starts it again (exit 2, no checkpoint); that command run: its result."""
+    and the command that starts it again (exit 2, no checkpoint); that command run (joining ``head``, the Ray the
+    run joined, given again as the line says; None: a local Ray of its own): its result."""
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "KILLS 1" in r.stderr
     last = r.stderr.strip().splitlines()[-2]  # the last is the killer's KILLS line
@@ -158,18 +141,20 @@ def _stopped_during_sft_and_resumed(r, learner: str, tmp_path):
     resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
     assert resume in last
     assert not (tmp_path / "run" / "checkpoints" / "latest").exists()
-    r = swarm(*resume.split()[1:], cwd=tmp_path, env=LOCAL_RAY)
+    joins = head.args if head else []
+    r = swarm(*resume.split()[1:], *joins, cwd=tmp_path, env=head.env if head else LOCAL_RAY)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_learner_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(in_process, tmp_path):
+def test_a_learner_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(in_process, ray_head, tmp_path):
     """kill -9 of a learner actor while the SFT cold start runs on it: the run stops with one line (there is no
     checkpoint to rewind to) naming the learner and the command that starts it again; exit 2. That resume does the
     SFT from the start and ends with the unkilled in-process run's metrics and eval."""
-    r = _stopped_during_sft_and_resumed(_killed_run(tmp_path, 1, kill_in="sft"), "Logger", tmp_path)
+    killed = _killed_run(tmp_path, 1, kill_in="sft", head=ray_head)
+    r = _stopped_during_sft_and_resumed(killed, "Logger", tmp_path, head=ray_head)
     _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
     assert run_rows(tmp_path / "run") == run_rows(in_process)
     assert run_eval(tmp_path / "run") == run_eval(in_process)
@@ -208,12 +193,12 @@ def test_learner_actors_killed_mid_update_restart_rewind_and_write_the_same_metr
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_learner_that_cannot_be_restarted_stops_the_run_resumably(in_process, tmp_path):
+def test_a_learner_that_cannot_be_restarted_stops_the_run_resumably(in_process, ray_head, tmp_path):
     """``cluster.learner_restarts=0`` (a node lost: no restart), a learner killed in the second update: one line
     naming the learner and its roles, where the run stopped and the command that resumes it; exit 2. The checkpoint
     it names (iter-000001: its optimizer state taken from the actors) resumes in process (``cluster.learners=local``)
     to the unkilled run's metrics and eval."""
-    r = _killed_run(tmp_path, 2, "cluster.learner_restarts=0", "checkpoint_every=1")
+    r = _killed_run(tmp_path, 2, "cluster.learner_restarts=0", "checkpoint_every=1", head=ray_head)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-2]  # the last is the script's KILLS line
     assert last.startswith("swarm: error: learner "), last

@@ -15,7 +15,7 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import TINY_RUN, held_ray, run_eval, run_rows, swarm
+from tests.conftest import TINY_RUN, held_ray, run_rows, swarm
 
 #: TINY_RUN's two updates with each learner two FSDP ranks on a local Ray and one env worker
 SHARDED = ["cluster.kind=ray", "cluster.env_workers=1", "cluster.learners=ray", "train.engine=fsdp", "train.shards=2"]
@@ -464,8 +464,8 @@ def test_sharded_learners_run_in_their_bundles_colocated_and_split(tiny_run, tmp
     from inside its actor, the bundles hold the ranks' shares (colocated: rank 0 half of bundle 0, beside the sampler's
     share, which stays free with the sampler in the trainer; rank 1 all of bundle 1; split: a bundle per rank and the
     sampler's empty), and the metrics are the same under both placements, and the in-process run's within
-    test_sharded_learners' tolerance (FSDP sums gradients in another order); eval.json equal."""
-    from tests.test_sharded_learners import _close
+    test_sharded_learners' tolerance (FSDP sums gradients in another order; ``same_as``), eval.json too."""
+    from tests.test_sharded_learners import same_as
 
     held = {
         "colocated": "bundle 0 holds {CPU: 0.5} of {CPU: 1}, bundle 1 holds {CPU: 1} of {CPU: 1}",
@@ -496,8 +496,7 @@ def test_sharded_learners_run_in_their_bundles_colocated_and_split(tiny_run, tmp
             assert len({pg for _, pg, _ in placed.values()}) == 3  # a placement group each
             assert all(line == held[kind] for _, _, line in placed.values()), placed
             rows[kind] = run_rows(run)
-            _close(rows[kind], run_rows(tiny_run[0]))
-            assert run_eval(run) == run_eval(tiny_run[0])
+            same_as(run, tiny_run[0])
     assert rows["colocated"] == rows["split"]
 
 

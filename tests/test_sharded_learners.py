@@ -1,17 +1,18 @@
 """Sharded learners (``train.engine=fsdp train.shards=2 cluster.learners=ray``, swarm_runtime/cluster/shards.py) on a
 local Ray bound to 127.0.0.1: a real ``swarm run`` whose learners are two FSDP2 ranks each writes the in-process run's
-metrics.jsonl (within :data:`TOL`: FSDP reduces gradients in another order) and eval.json; its checkpoint holds the
-optimizer state in the in-process format and resumes under ``train.engine=local``; a rank killed with kill -9 in an
-update brings its learner's ranks back as a new group and the run rewinds to its last checkpoint (loaded into the
-shards) and ends with the unkilled run's metrics; a base with its roles' LoRA adapters sharded runs as in process and
-resumes under local; bad input is one line and exit 2."""
+metrics.jsonl and eval.json (within :data:`TOL`, FSDP sums gradients in another order, while the two runs' updates
+take the same samples and pairs: :func:`same_as`); its checkpoint holds the optimizer state in the in-process format
+and resumes under ``train.engine=local``, where the next update on the same samples gives the sharded run's metrics; a
+rank killed with kill -9 in an update brings its learner's ranks back as a new group and the run rewinds to its last
+checkpoint (loaded into the shards) and ends with the unkilled run's metrics; a base with its roles' LoRA adapters
+sharded runs as in process and resumes under local; bad input is one line and exit 2."""
 
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_RUN, in_process_twin, run_eval, run_rows, swarm
+from tests.conftest import TINY_RUN, compare_evals, compare_on_same_inputs, in_process_twin, run_eval, run_rows, swarm
 from tests.test_learner_actors import RAY_ARGS, _killed_run, _same_training_states, _sft_ran_on_the_learners
 from tests.test_learner_actors import RUN as ACTORS_RUN
 
@@ -31,21 +32,26 @@ TOL = 1e-5
 LOGP_GAPS = ("mismatch/", "charts/bid_ref_logodds_", "charts/kl_")
 
 
-def _close(rows, want):
-    """``rows`` (metrics.jsonl without ``time/*``) equal ``want``'s, floats within :data:`TOL` (:data:`LOGP_GAPS`
+def _close(got: dict, exp: dict) -> None:
+    """Row ``got`` (metrics.jsonl without ``time/*``) equals ``exp``, floats within :data:`TOL` (:data:`LOGP_GAPS`
     within 1e-6 absolute); prints the metrics that differ (the measurement of the tolerance)."""
-    assert len(rows) == len(want)
-    for got, exp in zip(rows, want):
-        assert set(got) == set(exp), set(got) ^ set(exp)
-        for k, v in exp.items():
-            if isinstance(v, float) and got[k] != v:
-                print(
-                    f"step {exp.get('step')} {k}: {got[k]!r} vs {v!r}, rel {abs(got[k] - v) / max(abs(v), 1e-30):.2g}"
-                )
-                noise = 1e-6 if k.startswith(LOGP_GAPS) else 1e-9  # gaps of log-probs: float noise of ~1e-7
-                assert got[k] == pytest.approx(v, rel=TOL, abs=noise), (exp.get("step"), k, got[k], v)
-            else:
-                assert got[k] == v, (exp.get("step"), k)
+    assert set(got) == set(exp), set(got) ^ set(exp)
+    for k, v in exp.items():
+        if isinstance(v, float) and got[k] != v:
+            print(f"step {exp.get('step')} {k}: {got[k]!r} vs {v!r}, rel {abs(got[k] - v) / max(abs(v), 1e-30):.2g}")
+            noise = 1e-6 if k.startswith(LOGP_GAPS) else 1e-9  # gaps of log-probs: float noise of ~1e-7
+            assert got[k] == pytest.approx(v, rel=TOL, abs=noise), (exp.get("step"), k, got[k], v)
+        else:
+            assert got[k] == v, (exp.get("step"), k)
+
+
+def same_as(run: Path, twin: Path, start: int = 0) -> int | None:
+    """``run``'s metrics.jsonl and eval.json against ``twin``'s, from their common state after update ``start``
+    (tests/conftest.py ``compare_on_same_inputs``: rows within :data:`TOL` while their rollouts agree,
+    ``compare_evals``); the step of the first row not compared (None: all)."""
+    apart = compare_on_same_inputs(run_rows(run), run_rows(twin), _close, start=start)
+    compare_evals(run_eval(run), run_eval(twin), trained_apart=apart is not None)
+    return apart
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +70,11 @@ def _from(run, tag: str, dest):
     return dest
 
 
-def _resumes_under_local(tmp_path, in_process) -> None:
+def _resumes_under_local(tmp_path) -> None:
     """The checkpoint after update 2 of the sharded run ``tmp_path/run`` resumes in process (``train.engine=local``,
-    no Ray) to the in-process run's metrics (within :data:`TOL`) and eval.json."""
-    run2 = _resumed_under_local(tmp_path, "iter-000002")
-    _close(run_rows(run2), run_rows(in_process))
-    assert run_eval(run2) == run_eval(in_process)
+    no Ray) and takes update 3 on the sharded run's own samples: its metrics within :data:`TOL` and eval.json
+    (:func:`same_as` from step 2)."""
+    same_as(_resumed_under_local(tmp_path, "iter-000002"), tmp_path / "run", start=2)
 
 
 def _resumed_under_local(tmp_path, tag: str) -> Path:
@@ -91,26 +96,28 @@ def test_a_sharded_run_with_a_rank_killed_mid_update_regroups_rewinds_and_equals
     """kill -9 of rank 1 of a learner while the second update (bid) is in flight: its other rank fails in its
     collective (seen: gloo's error comes back before the dead rank's) and is killed too, Ray restarts both, they form a
     new group, the run rewinds to iter-000001 (written under fsdp; loaded into the new shards) and plays update 2
-    again: metrics.jsonl (no row twice, within :data:`TOL`) and eval.json as the unkilled in-process run's; SFT ran on
-    the ranks (each its own full copy) before they formed their groups and sharded the models; the last checkpoint's
-    optimizer state, gathered from the shards, is the in-process optimizer's format and numbers; the checkpoint
-    written under fsdp after update 2 resumes in process. (One run for what a plain sharded run and a killed one each
-    checked: the killed run's end must equal the in-process twin anyway; the cluster stage's cost, issue 28.)"""
-    r = _killed_rank_rewinds(tmp_path, in_process, FSDP, ray_head, "fsdp")
+    again: metrics.jsonl (no row twice, within :data:`TOL`) and eval.json as the unkilled in-process run's
+    (:func:`same_as`); SFT ran on the ranks (each its own full copy) before they formed their groups and sharded the
+    models; the last checkpoint's optimizer state, gathered from the shards, is the in-process optimizer's format and
+    numbers; the checkpoint written under fsdp after update 2 resumes in process. (One run for what a plain sharded
+    run and a killed one each checked: the killed run's end must equal the in-process twin anyway.)"""
+    r, apart = _killed_rank_rewinds(tmp_path, in_process, FSDP, ray_head, "fsdp")
     _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
     assert "learners sharded after their SFT: 2 ranks each (fsdp)" in r.stderr
     updates = [row for row in run_rows(tmp_path / "run") if "kind" in row]
     assert updates[1]["charts/bid_pairs"] > 0 and any(k.startswith("charts/bid_ref_logodds_") for k in updates[1])
-    _same_training_states(tmp_path / "run", in_process, "iter-000003", rtol=1e-4)
+    if apart is None:  # the optimizer state after update 3 came from the in-process run's samples and pairs
+        _same_training_states(tmp_path / "run", in_process, "iter-000003", rtol=1e-4)
     # the checkpoint written under fsdp after update 2 resumes in process (keep_checkpoints=2: iter-000001 pruned)
-    _resumes_under_local(tmp_path, in_process)
+    _resumes_under_local(tmp_path)
 
 
 def _killed_rank_rewinds(tmp_path, in_process, engine: list, head, name: str):
     """``RUN`` with ``engine``'s arguments (``train.engine=NAME``, 2 ranks a learner), the last rank of a learner
     killed in update 2 (test_learner_actors' killer; the run joins Ray ``head``): 3 learners of 2 ranks, one restart,
     one rewind to iter-000001, then the in-process run's metrics.jsonl (updates action, bid, action, the third's
-    gradients not zero) and eval.json. Its result."""
+    gradients not zero) and eval.json (:func:`same_as`). Its result, and the step of the first row not compared
+    (None: all)."""
     r = _killed_run(tmp_path, 2, run=(*RUN, *engine), head=head)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr and f"2 ranks each ({name})" in r.stderr
@@ -122,9 +129,7 @@ def _killed_rank_rewinds(tmp_path, in_process, engine: list, head, name: str):
     assert [u["step"] for u in updates] == [1, 2, 3]
     assert [u["kind"] for u in updates] == ["action", "bid", "action"]
     assert any(updates[2].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
-    _close(rows, run_rows(in_process))
-    assert run_eval(tmp_path / "run") == run_eval(in_process)
-    return r
+    return r, same_as(tmp_path / "run", in_process)
 
 
 #: the run of :data:`RUN` with the roles LoRA adapters on one base, 2 updates (action, bid)
@@ -137,9 +142,9 @@ def test_a_base_with_its_adapters_sharded_runs_as_in_process_and_resumes_under_l
     tmp_path_factory, ray_head, tmp_path
 ):
     """``model.adapter=lora``: one learner (the base with its 3 roles' adapters) of 2 FSDP2 ranks, frozen base weights
-    and trainable adapters sharded together: metrics.jsonl within :data:`TOL` of the in-process run's, eval.json
-    equal; its first checkpoint (adapters written by the driver, optimizer state gathered from the shards) resumes
-    under ``train.engine=local`` and ends as the in-process run."""
+    and trainable adapters sharded together: metrics.jsonl and eval.json as the in-process run's (:func:`same_as`); its
+    first checkpoint (adapters written by the driver, optimizer state gathered from the shards) resumes under
+    ``train.engine=local`` and takes update 2 on the sharded run's pairs as the sharded run did."""
     args = [*LORA_RUN, "checkpoint_every=1"]
     here = in_process_twin(tmp_path_factory, *args)
     r = swarm("run", *args, *FSDP, *ray_head.args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path, env=ray_head.env)
@@ -147,11 +152,8 @@ def test_a_base_with_its_adapters_sharded_runs_as_in_process_and_resumes_under_l
     assert "learners on Ray: 1" in r.stderr and "2 ranks each (fsdp)" in r.stderr
     rows = run_rows(tmp_path / "run")
     assert [u["kind"] for u in rows if "kind" in u] == ["action", "bid"]
-    _close(rows, run_rows(here))
-    assert run_eval(tmp_path / "run") == run_eval(here)
-    run2 = _resumed_under_local(tmp_path, "iter-000001")
-    _close(run_rows(run2), run_rows(here))
-    assert run_eval(run2) == run_eval(here)
+    same_as(tmp_path / "run", here)
+    same_as(_resumed_under_local(tmp_path, "iter-000001"), tmp_path / "run", start=1)
 
 
 @pytest.mark.parametrize(

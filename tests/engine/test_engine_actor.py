@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, TINY_RUN
+from conftest import ROOT, TINY_RUN, shared_folder
 from enginekit import needs_vllm, vllm_env
 
 ARGS = [a for a in TINY_RUN if not a.startswith("tensorboard")] + [
@@ -146,40 +146,33 @@ def _run(tmp_path, python: str, *extra: str, watch=None, head=None) -> tuple[int
     return proc.returncode, "".join(lines)
 
 
-@pytest.fixture(scope="module", params=SERVERS)
+@pytest.fixture(scope="session", params=SERVERS)
 def served_here(request, tmp_path_factory):
-    """``(vLLM's Python, the run that starts its server itself: cluster.samplers=local)``."""
+    """``(vLLM's Python, the run that starts its server itself: cluster.samplers=local)``, run once per session for
+    this module and test_replicas_ray (tests/conftest.py ``shared_folder``)."""
     pytest.importorskip("ray")
-    tmp = tmp_path_factory.mktemp(request.param)
-    python = worker_python(tmp) if request.param == "worker" else vllm_env()["SWARM_VLLM_PYTHON"]
-    code, out = _run(tmp, python)
-    assert code == 0, out[-4000:]
-    return python, tmp / "run"
+
+    def make(tmp: Path) -> None:
+        python = worker_python(tmp) if request.param == "worker" else vllm_env()["SWARM_VLLM_PYTHON"]
+        code, out = _run(tmp, python)
+        assert code == 0, out[-4000:]
+
+    tmp = shared_folder(tmp_path_factory, f"served-here-{request.param}", make)
+    return (str(tmp / "python") if request.param == "worker" else vllm_env()["SWARM_VLLM_PYTHON"]), tmp / "run"
 
 
-def test_an_actor_started_server_writes_the_same_metrics(served_here, ray_head, tmp_path):
-    python, here = served_here
-    code, out = _run(tmp_path, python, *RAY, head=ray_head)
-    assert code == 0, out[-4000:]
-    m = STARTED.search(out)
-    assert m, out[-3000:]
-    assert "vLLM sampler actor of base default closed: {'calls'" in out
-    _same_rows(tmp_path / "run", here)
-    assert len(_rows(here)) >= 3
-    # the trainer wrote the base in its run folder (as without the actor); the server loaded the actor's copy
-    assert (tmp_path / "run" / "engine" / "base" / "config.json").exists()
-    assert not (tmp_path / "run" / "engine" / "adapters").exists()  # adapters are written on the actor's node
-    assert not _answers(m.group(2))  # closing stopped the server
-
-
-def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, ray_head, tmp_path, request):
-    """kill -9 of the server's process group once every role's first version is loaded (``@v0`` in its
-    /v1/models; the evaluation after SFT comes next): the actor restarts it on its port and loads its versions again; once they are back, kill -9 of the
-    actor: its server goes with it (SIGTERM at its parent's death), Ray restarts the actor, which starts a server on
-    another port, and the trainer loads it with the synced versions and takes its URL. The run ends with exit 0,
-    one actor restart, the unanswered rows sent again, and the same metrics rows as the run without the actor (no
-    episode lost or played twice). The actor's server has a key, in no log: vLLM refuses its list without it (our
-    worker standing in for vLLM takes no key)."""
+def test_an_actor_started_server_killed_then_its_actor_killed_and_the_run_finishes_with_the_same_metrics(
+    served_here, ray_head, tmp_path, request
+):
+    """A run whose vLLM server a sampler actor started: the trainer wrote the base in its run folder (as without the
+    actor), the server loaded the actor's copy and the adapters were written on the actor's node. kill -9 of the
+    server's process group once every role's first version is loaded (``@v0`` in its /v1/models; the evaluation
+    after SFT comes next): the actor restarts it on its port and loads its versions again; once they are back, kill
+    -9 of the actor: its server goes with it (SIGTERM at its parent's death), Ray restarts the actor, which starts a
+    server on another port, and the trainer loads it with the synced versions and takes its URL. The run ends with
+    exit 0, one actor restart, the unanswered rows sent again, the same metrics rows as the run without the actor (no
+    episode lost or played twice), and the last server stopped at the close. The actor's server has a key, in no
+    log: vLLM refuses its list without it (our worker standing in for vLLM takes no key)."""
     python, here = served_here
     seen: dict = {}
 
@@ -223,8 +216,13 @@ def test_a_killed_server_then_a_killed_actor_and_the_run_finishes(served_here, r
     new_url = re.search(r"server \S+ -> (\S+);", restarted[0]).group(1)
     assert new_url != seen["url"], restarted  # the new actor's server took a port of its own
     assert not _answers(seen["url"])  # the dead actor's (restarted) server went with it
-    assert "'restarts': 1" in next(ln for ln in out.splitlines() if "sampler actor of base default closed" in ln)
+    closed = next(ln for ln in out.splitlines() if "vLLM sampler actor of base default closed: {'calls'" in ln)
+    assert "'restarts': 1" in closed
     _same_rows(tmp_path / "run", here)
+    assert len(_rows(here)) >= 3
+    assert (tmp_path / "run" / "engine" / "base" / "config.json").exists()
+    assert not (tmp_path / "run" / "engine" / "adapters").exists()
+    assert not _answers(new_url)  # closing stopped the server
 
 
 def test_stop_stale_stops_only_the_server_of_its_base(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,10 +20,9 @@ from enginekit import learner_for, on_server, start_ref
 from swarm_runtime.runs.checkpoint import load_tensors
 from swarm_runtime.sampling.factory import write_base
 
-#: ``swarm run`` that counts the seeds drawn for unkeyed rows and, with ``SWARM_TEST_STOP_AT=TAG``, ends at once
-#: (``os._exit``, as a kill would) after writing checkpoint TAG.
-STOPPER = textwrap.dedent("""
-    import os, sys
+#: ``swarm run`` that counts the seeds drawn for unkeyed rows, printed at each checkpoint.
+COUNTER = textwrap.dedent("""
+    import sys
     from swarm_runtime.runs import checkpoint
     from swarm_runtime.sampling import openai
 
@@ -33,14 +33,12 @@ STOPPER = textwrap.dedent("""
         return row_seed(key, rng)
 
     save = checkpoint.save_checkpoint
-    def stopping(run_dir, tag, *a, **kw):
+    def saving(run_dir, tag, *a, **kw):
         out = save(run_dir, tag, *a, **kw)
         print(f"CHECKPOINT {tag}: {unkeyed['n']} unkeyed seeds drawn", file=sys.stderr, flush=True)
-        if tag == os.environ.get("SWARM_TEST_STOP_AT"):
-            os._exit(9)
         return out
 
-    openai.row_seed, checkpoint.save_checkpoint = counting, stopping
+    openai.row_seed, checkpoint.save_checkpoint = counting, saving
     from swarm_runtime.cli.main import main
     sys.exit(main(sys.argv[1:]))
 """)
@@ -60,16 +58,14 @@ def _sampler_rng(run):
 
 @pytest.mark.slow
 def test_a_run_stopped_after_a_checkpoint_and_resumed_draws_the_uninterrupted_runs_seeds(registry, tmp_path):
-    script = tmp_path / "stopper.py"
-    script.write_text(STOPPER)
+    script = tmp_path / "counter.py"
+    script.write_text(COUNTER)
     _, learner = learner_for(registry)
     base = write_base(next(iter(learner.policies.values())).shared_base, tmp_path / "base")
     server = start_ref(base, tmp_path / "ref.log")
 
-    def run(name: str, *extra: str, stop_at: str | None = None) -> subprocess.CompletedProcess:
+    def run(name: str, *extra: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        if stop_at:
-            env["SWARM_TEST_STOP_AT"] = stop_at
         small = ("algo.iterations", "tensorboard", "task.max_decisions", "algo.envs_per_step", "eval.episodes")
         args = [a for a in TINY_RUN if not a.startswith(small)]
         return subprocess.run(
@@ -95,8 +91,19 @@ def test_a_run_stopped_after_a_checkpoint_and_resumed_draws_the_uninterrupted_ru
     try:
         whole = run("whole")
         assert whole.returncode == 0, whole.stderr[-3000:]
-        stopped = run("stopped", stop_at="iter-000001")
-        assert stopped.returncode == 9, stopped.stderr[-3000:]
+        # the whole run as it was right after writing iter-000001: its checkpoints and metrics rows up to there,
+        # no evaluation written
+        stopped = shutil.copytree(tmp_path / "whole", tmp_path / "stopped")
+        for ck in (stopped / "checkpoints").glob("iter-*"):
+            if ck.name > "iter-000001":
+                shutil.rmtree(ck)
+        (stopped / "checkpoints" / "latest").write_text("iter-000001")
+        rows = json.loads((stopped / "checkpoints" / "iter-000001" / "state.json").read_text())["metrics_rows"]
+        lines = (stopped / "metrics.jsonl").read_text().splitlines(keepends=True)
+        assert 0 < rows < len(lines)
+        (stopped / "metrics.jsonl").write_text("".join(lines[:rows]))
+        for written in ("eval.json", "eval.md"):
+            (stopped / written).unlink(missing_ok=True)
         resumed = run("stopped", "resume=true")
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         # without the evaluation after SFT: the evaluations draw from a stream of their own (evaluate), so the
@@ -105,8 +112,8 @@ def test_a_run_stopped_after_a_checkpoint_and_resumed_draws_the_uninterrupted_ru
         assert unevaluated.returncode == 0, unevaluated.stderr[-3000:]
     finally:
         server.stop()
-    drawn = [ln for ln in stopped.stderr.splitlines() if ln.startswith("CHECKPOINT iter-000001")]
-    assert drawn and int(drawn[0].split(": ")[1].split()[0]) > 0, stopped.stderr[-2000:]  # unkeyed rows were drawn
+    drawn = [ln for ln in whole.stderr.splitlines() if ln.startswith("CHECKPOINT iter-000001")]
+    assert drawn and int(drawn[0].split(": ")[1].split()[0]) > 0, whole.stderr[-2000:]  # unkeyed rows were drawn
     assert "resumed at phase rl iteration 1" in (tmp_path / "stopped" / "run.log").read_text()
     assert _rows(tmp_path / "stopped") == _rows(tmp_path / "whole")
     assert _sampler_rng(tmp_path / "stopped") == _sampler_rng(tmp_path / "whole") is not None
