@@ -1,4 +1,4 @@
-"""model.adapter=lora (issue 19): one shared base, one PEFT LoRA adapter per role; isolation of each
+"""model.adapter=lora: one shared base, one PEFT LoRA adapter per role; isolation of each
 role's training, PEFT round trips, the mixed-adapter batch against per-agent calls, the memory plan,
 recipes, FLOPs with a frozen base, export, and every bad input."""
 

@@ -37,7 +37,7 @@ def test_run_writes_everything(tiny_run):
     steps = [r["step"] for r in rows if "charts/episode_reward" in r]
     assert steps == [1, 2]
     assert all(r["flops/total"] > 0 for r in rows if "flops/total" in r)
-    # the in-process sampler's log-probs are the learner's on the same weights (docs/engine.md)
+    # the in-process sampler's log-probs are the learner's on the same weights (docs/reference/engine.md)
     mismatch = [r for r in rows if any(k.startswith("mismatch/approx_kl_") for k in r)]
     assert mismatch and all(r.get("kind") == "action" for r in mismatch)
     for r in mismatch:

@@ -1,7 +1,7 @@
 """Joining a Ray head on this machine by a loopback address (``cluster.address=127.0.0.1:PORT``,
 swarm_runtime/cluster/ray_helpers.py: ``_probe``, ``_keep_loopback``). Ray 2.60 with clusters on (Linux's default) dials
 the machine's routable address instead of 127.0.0.1; a head started on loopback only (as this project starts its
-Rays) does not answer there and ``ray.init`` retried for 10 min without a word (measured by hand: docs/distributed.md,
+Rays) does not answer there and ``ray.init`` retried for 10 min without a word (measured by hand: docs/reference/cluster.md,
 "Loopback"). Now: where the routable address does not answer, clusters are turned off before Ray is imported (Ray
 keeps 127.0.0.1); where the user turned them on, one line says why instead. No Ray is started here: the heads are
 plain TCP listeners, all on loopback (127.0.0.2 stands in for the routable address)."""

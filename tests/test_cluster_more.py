@@ -1,4 +1,4 @@
-"""Env workers past ``swarm run``'s MPT (issue 28; docs/distributed.md): ``swarm eval RUN cluster.kind=ray`` and
+"""Env workers past ``swarm run``'s MPT (docs/reference/cluster.md): ``swarm eval RUN cluster.kind=ray`` and
 ``algo=rlcr`` step their envs on env workers with the numbers of in process; the driver's round trips per turn
 (one ``step_many`` per worker, the metrics with the step, releases sent with the next call), also across a
 kill -9; the envs of rollouts made ahead and never played are closed. Ray tests start a local Ray bound to

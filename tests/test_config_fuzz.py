@@ -94,7 +94,7 @@ BAD = [
     ("experiment.pass_k=0", "experiment.pass_k"),
     ("domain=nosuch", "domain"),
     ("task=nosuch", "task"),
-    # issue 31: bounds where a value can exhaust the machine, finite numbers wherever a float is read, keys
+    # bounds where a value can exhaust the machine, finite numbers wherever a float is read, keys
     # no algorithm would read, a coordinator that makes bid steps train nothing
     ("rlcr.group_size=1000000000", "rlcr.group_size"),
     ("rlcr.instances=0", "rlcr.instances"),

@@ -1,4 +1,4 @@
-"""The conformance kit catches each failure class it promises (docs/plugins.md), on deliberately
+"""The conformance kit catches each failure class it promises (docs/reference/plugins.md), on deliberately
 broken tiny domains, with a message naming the seed, the step and the action; a correct tiny
 domain passes; run-time contract errors (``EnvContractError``) name the same."""
 
@@ -226,7 +226,7 @@ def test_each_broken_snapshot_contract_is_caught_with_seed_step_and_action(env_c
     assert located(msg), msg
 
 
-# ------------------------------------------------------------------ the bugs plugin authors write (issue 30)
+# ------------------------------------------------------------------ the bugs plugin authors write
 #: Eight kinds of wood, a set of strings: its iteration order depends on the process's hash seed.
 WOODS = {"oak", "birch", "pine", "spruce", "acacia", "jungle", "cherry", "mangrove"}
 

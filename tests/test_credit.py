@@ -12,7 +12,7 @@ from swarm_runtime.core.credit import (
 
 
 def test_design_worked_example():
-    # docs/method.md, section 2: bids (0.4, 0.6, 0.2), rewards (0, 10, 5)
+    # docs/reference/method.md, section 2: bids (0.4, 0.6, 0.2), rewards (0, 10, 5)
     c = bucket_brigade([0, 10, 5], [0.4, 0.6, 0.2])
     assert c == pytest.approx([3.96, 4.4, 4.0])
     assert discarded_passback([0, 10, 5], [0.4, 0.6, 0.2]) == pytest.approx(2.64)

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-3 learners with bf16 weights (issue 28; swarm_runtime/cluster/deepspeed_shards.py): each role's
+"""DeepSpeed ZeRO-3 learners with bf16 weights (swarm_runtime/cluster/deepspeed_shards.py): each role's
 bf16 full copy is a ZeRO-3 engine in DeepSpeed's bf16 mode (the module computing in bf16, ZeRO's fp32 partition
 holding the run's fp32 masters, gradients reduced and accumulated in fp32: learn/sharded.py ``zero3_config``). A real
 ``swarm run`` on the shared test Ray against its in-process twin (bf16 weights, ``MasterWeightAdamW``), its
@@ -90,7 +90,7 @@ def test_a_bf16_deepspeed_run_is_the_in_process_run_and_resumes_under_local(bf16
 
 def test_the_zero3_config_of_a_bf16_model_reduces_and_accumulates_in_fp32():
     """DeepSpeed 0.19.8's bf16 mode reduces and accumulates gradients in bf16 unless told (measured: 0.1% further
-    from the in-process update, docs/distributed.md), and its own linear rounds before the bias; fp32 engines keep
+    from the in-process update, docs/reference/cluster.md), and its own linear rounds before the bias; fp32 engines keep
     the config they had; fp16 is not a mode."""
     import torch
 

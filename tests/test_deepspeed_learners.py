@@ -36,7 +36,7 @@ def test_a_deepspeed_run_with_a_rank_killed_mid_update_regroups_rewinds_and_equa
     updates, action, bid, action: both optimizer kinds of a role step the same ZeRO-3 partition, each with its own
     moments) and eval.json; the checkpoints after updates 2 and 3 hold the in-process optimizer state, and the one
     after update 2 resumes in process. (One run for what a plain DeepSpeed run and a killed one each checked: the
-    killed run's end must equal the in-process twin anyway; the cluster stage's cost, issue 28.)"""
+    killed run's end must equal the in-process twin anyway.)"""
     _, apart = _killed_rank_rewinds(tmp_path, in_process, DEEPSPEED, ray_head, "deepspeed")
     for step in (2, 3):  # gathered through safe_get_full_optimizer_state: the same format (on the same samples)
         if apart is None or apart > step:

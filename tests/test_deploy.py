@@ -1,4 +1,4 @@
-"""Deployment library (issue 5): dropout masks, pass@k, participation, replicas, plots."""
+"""Deployment library: dropout masks, pass@k, participation, replicas, plots."""
 
 import os
 import random

@@ -74,7 +74,7 @@ def test_heldout_cli_writes_table_json_plot_and_matches_flops(heldout):
 
     assert main(["eval", str(d / "trainings" / "monolithic"), "eval.runs=1"]) == 0
     assert list((d / "trainings" / "monolithic").glob("eval-iter-*.json"))
-    # library versions and commit beside every figure (issue 18): results.json, results.md, the footer,
+    # library versions and commit beside every figure: results.json, results.md, the footer,
     # each training's eval.json and a `swarm eval` file
     from swarm_runtime.runs.provenance import versions
 

@@ -169,7 +169,7 @@ def test_learner_actors_killed_mid_update_restart_rewind_and_write_the_same_metr
     rewinds to its last checkpoint (iter-000000) inside the same ``swarm run`` and plays updates 1 and 2 again;
     metrics.jsonl (no row twice), eval.json, the SFT checkpoint and the last checkpoint's optimizer state (from the
     actors) equal the unkilled in-process run's. (One run for what a plain Ray run and a killed one each checked: the
-    killed run's end must equal the in-process twin anyway; the cluster stage's cost, issue 28.)"""
+    killed run's end must equal the in-process twin anyway.)"""
     r = _killed_run(tmp_path, 2, head=ray_head)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learners on Ray: 3" in r.stderr  # one per role: full copies

@@ -26,7 +26,7 @@ LORA_BF16 = [*LORA_RUN, "hardware.dtype=bfloat16", "checkpoint_every=1"]
 
 #: relative tolerance of a bf16 run's metric against the in-process run's, and the absolute one of a gap of two
 #: log-probs (test_sharded_learners' ``LOGP_GAPS``: ``mismatch/*`` is 0 in process, where the sampler is the learner).
-#: Measured (docs/distributed.md): bf16 sums in another order (each rank's share of the rows, FSDP's units) move the
+#: Measured (docs/reference/cluster.md): bf16 sums in another order (each rank's share of the rows, FSDP's units) move the
 #: gradient norms by up to 8.8e-4 relative and the log-probs by up to 5.7e-5; once an update has moved two copies'
 #: weights a rounding apart, a bf16 logit can round the other way: a log-prob moves by a bf16 step (1.6e-2 at 2 to 4;
 #: measured 3.4e-3 on ``charts/bid_ref_logodds_*`` after one action update)

@@ -1,4 +1,4 @@
-"""More than one Ray node, on this machine (issue 28; docs/distributed.md, "More than one node"): a Ray of two nodes
+"""More than one Ray node, on this machine (docs/reference/cluster.md, "More than one node"): a Ray of two nodes
 on loopback (a head holding the custom resource ``nodeA``, a second node holding ``nodeB``, each its own raylet, its
 own ports), started with ``ray start --block`` in process groups this module owns and kills by their ids (never
 ``ray stop``: other jobs' Rays run on the same machine). A real ``swarm run`` joins the head with its env workers,

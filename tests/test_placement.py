@@ -1,4 +1,4 @@
-"""Sharded learners in the memory plan and placement groups per agent group (issue 28; docs/distributed.md,
+"""Sharded learners in the memory plan and placement groups per agent group (docs/reference/cluster.md,
 "Placement and sizing"): the sharding term with hand-computed numbers for a Qwen3-8B shape, the placement spec
 (colocated and split), the plan and placement printed by the real ``swarm config --plan``, ``swarm run`` refusing a
 sharded engine before anything is written, and on a local Ray (num_cpus=2): a placement reserved with env workers
@@ -474,7 +474,7 @@ def test_sharded_learners_run_in_their_bundles_colocated_and_split(tiny_run, tmp
     }
     rows = {}
     # one Ray for both runs, as large as the larger asks (split: 10 CPUs), joined by each run (cluster.address): a
-    # Ray start and stop less than each run starting its own (the cluster stage's cost, issue 28)
+    # Ray start and stop less than each run starting its own (the cluster stage's cost)
     with held_ray(tmp_path / "ray-head.log", 10) as head:
         for kind in ("colocated", "split"):
             run = tmp_path / kind

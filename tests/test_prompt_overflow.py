@@ -1,6 +1,6 @@
 """A prompt longer than ``model.max_prompt_tokens`` is never cut silently: by default it stops the run
 with one line naming the role and the lengths; ``SWARM_PROMPT_OVERFLOW=warn`` cuts it from the left and
-counts it. (The default runs of the three built-in domains never come near the limit: docs/plugins.md.)"""
+counts it. (The default runs of the three built-in domains never come near the limit: docs/reference/plugins.md.)"""
 
 from __future__ import annotations
 

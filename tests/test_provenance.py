@@ -1,4 +1,4 @@
-"""Library versions and the code's commit in results files (issue 18): what :mod:`swarm_runtime.runs.provenance`
+"""Library versions and the code's commit in results files: what :mod:`swarm_runtime.runs.provenance`
 records, that it never fails outside a checkout, and that it does not take another repository's commit."""
 
 from __future__ import annotations

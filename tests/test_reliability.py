@@ -1,4 +1,4 @@
-"""Run folders that cannot be poisoned, lost or silently misconfigured (issue 17): a kill at every
+"""Run folders that cannot be poisoned, lost or silently misconfigured: a kill at every
 checkpoint file operation resumes to the uninterrupted run; planted pickles never run; a run folder
 is locked; corrupted files are named; secrets given on the command line are written nowhere."""
 
@@ -353,7 +353,7 @@ def test_a_failed_research_tool_call_is_not_a_valid_action(registry, tmp_path):
 
 def test_overwrite_deletes_only_the_previous_runs_files(tmp_path):
     """``clear_run`` deletes the names the run folder's manifest lists (what the runtime wrote) and
-    refuses, before deleting anything, a folder holding anything else (issue 31)."""
+    refuses, before deleting anything, a folder holding anything else."""
     from swarm_runtime.config.errors import ConfigError
     from swarm_runtime.runs import runfiles
     from swarm_runtime.runs.folder import check_run_dir, clear_run, holds_run

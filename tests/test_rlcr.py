@@ -411,7 +411,7 @@ def test_a_domain_without_progress_is_a_config_error_naming_it(registry):
     _, reg = registry
     with pytest.raises(ConfigError) as e:
         resolve(["domain=vln_ce", "algo=rlcr"], reg)
-    assert "'vln_ce'" in str(e.value) and "progress()" in str(e.value) and "docs/rlcr.md" in str(e.value)
+    assert "'vln_ce'" in str(e.value) and "progress()" in str(e.value) and "docs/guides/rlcr.md" in str(e.value)
     resolve(["domain=vln_ce"], reg)  # the other algorithms do not need it
 
 

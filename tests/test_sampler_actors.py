@@ -233,7 +233,7 @@ ENGINE_RAY = ["model.adapter=lora", "rollout.engine=vllm", "cluster.kind=ray", "
             ["model.adapter=lora", "rollout.engine=openai", "cluster.kind=ray", "cluster.samplers=ray"],
             ["rollout.engine=openai", "not the run's to place", "rollout.engine=vllm", "cluster.samplers=local"],
         ),
-        (  # the sampler actor of in-process policies cannot play ahead (docs/distributed.md, "Staleness on Ray")
+        (  # the sampler actor of in-process policies cannot play ahead (docs/reference/cluster.md, "Staleness")
             ["rollout.max_staleness=1", "cluster.kind=ray", "cluster.samplers=ray"],
             ["rollout.max_staleness=1", "rollout.engine=local", "FLOPs", "rollout.engine=vllm"],
         ),

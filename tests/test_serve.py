@@ -1,4 +1,4 @@
-"""``swarm serve`` with real processes: a gateway and its agent workers on 127.0.0.1 (issue 20).
+"""``swarm serve`` with real processes: a gateway and its agent workers on 127.0.0.1.
 
 One tiny checkpoint is built in process (no training: the service's job is to serve whatever was
 trained), one gateway with three workers is shared by the module, and a fourth worker with injected

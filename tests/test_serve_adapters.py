@@ -1,4 +1,4 @@
-"""Serving a ``model.adapter=lora`` run (issue 29): one worker process holds the base and every role's
+"""Serving a ``model.adapter=lora`` run: one worker process holds the base and every role's
 adapter, each agent's requests routed to its adapter by ``model`` name, rows of several adapters in
 one batch; vLLM's runtime LoRA endpoints load a PEFT adapter folder onto the base (new weights under
 a loaded name replace the old ones: adapter sync) and unload one. Real processes on 127.0.0.1."""

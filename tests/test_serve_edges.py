@@ -1,4 +1,4 @@
-"""``swarm serve`` at the edges a production user meets first (issue 29), with real processes on
+"""``swarm serve`` at the edges a production user meets first, with real processes on
 127.0.0.1: bad values in every field, agent names and URLs, health probes for a load balancer,
 admission per client, overload, degraded episodes, worker crash loops, a gateway killed with -9,
 SIGTERM draining, a port in use, and an ``algo=rlcr`` run's one shared policy.

@@ -1,4 +1,4 @@
-"""The gateway plays its episodes on the core loop (docs/engine.md): the served loop
+"""The gateway plays its episodes on the core loop (docs/reference/engine.md): the served loop
 (``serve.turns.ServedTurns``, an ``AuctionTurns``) run by ``TurnEngine.arun`` with the gateway's answerer
 (``serve.answerer.TurnAnswerer``), here over an in-process transport that answers as workers do, so
 missed bids, a failed winner, a client's reports and the records are checked exactly and fast. (Real workers

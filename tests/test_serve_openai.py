@@ -1,4 +1,4 @@
-"""A worker as an OpenAI-compatible server (issue 29): chat completions over the model's chat template,
+"""A worker as an OpenAI-compatible server: chat completions over the model's chat template,
 server-sent events, ``stop``, ``top_p``, ``echo``, token-id prompts, and a prompt beyond the context
 refused. One worker process on a byte-level BPE checkpoint with a chat template, real HTTP on 127.0.0.1."""
 

@@ -1,4 +1,4 @@
-"""``swarm serve RUN serve.cluster=ray`` (issue 28): every agent worker in a Ray actor, on a local Ray the gateway
+"""``swarm serve RUN serve.cluster=ray``: every agent worker in a Ray actor, on a local Ray the gateway
 starts bound to 127.0.0.1 (swarm_runtime/serve/ray_workers.py). One gateway is shared by the module: its served
 episodes are the in-process ``swarm eval`` episodes turn by turn (as test_serve.py checks for forked workers); a
 worker killed with -9 mid-episodes costs no episode, and Ray's restarted actor rejoins at its new URL and serves

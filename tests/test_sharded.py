@@ -101,7 +101,7 @@ def test_fsdp_on_two_gloo_processes_takes_the_one_process_update():
 
 
 def test_the_benchmark_compares_the_engines_update_on_a_real_role_model(capsys):
-    """benchmarks/sharded_update.py (docs/distributed.md) on the minecraft expert's actions of one seed."""
+    """benchmarks/sharded_update.py (docs/reference/cluster.md) on the minecraft expert's actions of one seed."""
     import importlib.util
     import re
 
@@ -324,7 +324,7 @@ def test_bf16_full_copies_sharded_keep_fp32_masters_and_compute_in_bf16(registry
     in fp32; plain AdamW over the masters) against ``LearnerWorker`` in process (bf16 weights,
     ``MasterWeightAdamW``): 2 forked gloo ranks of ``ShardWorker``, two action updates of the Logger's copy. The
     metrics, the masters (gathered in ``training_states``, the in-process format) and the weights the driver gets
-    are those of the in-process update within the deviation measured (docs/distributed.md): bf16 gradients
+    are those of the in-process update within the deviation measured (docs/reference/cluster.md): bf16 gradients
     accumulated in bf16 in process, in fp32 under FSDP2."""
     import torch
     import torch.multiprocessing as mp
@@ -402,7 +402,7 @@ def test_a_rank_on_a_gpu_uses_nccl_on_its_device_and_asks_for_one_gpu_once():
 
 
 def test_the_gpu_check_script_runs_its_logic_on_the_cpu_and_refuses_without_cuda(capsys, monkeypatch):
-    """benchmarks/gpu_sharded.py (docs/distributed.md): without CUDA one line and exit 0; ``--cpu-check`` runs its
+    """benchmarks/gpu_sharded.py (docs/reference/cluster.md): without CUDA one line and exit 0; ``--cpu-check`` runs its
     comparison (FSDP2 over a group of one rank against the in-process update, fp32 and bf16) on gloo: fp32 equal within
     1e-6, bf16's masters within the update's move."""
     import importlib.util

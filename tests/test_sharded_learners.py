@@ -21,7 +21,7 @@ from tests.test_learner_actors import RUN as ACTORS_RUN
 #: rank) with a checkpoint after each update
 RUN = [*ACTORS_RUN, "checkpoint_every=1"]
 FSDP = [*RAY_ARGS, "train.engine=fsdp", "train.shards=2"]
-#: relative tolerance of a metric against the in-process run's. Measured (docs/distributed.md): the one metric that
+#: relative tolerance of a metric against the in-process run's. Measured (docs/reference/cluster.md): the one metric that
 #: differs is the bid update's gradient norm of one role, by 2.2e-7 relative (float32 sums in another order);
 #: everything else, the FLOPs and eval.json are equal
 TOL = 1e-5

@@ -1,4 +1,4 @@
-"""On resume, TensorBoard shows each step once, as the resumed run wrote it (issue 17's leftover):
+"""On resume, TensorBoard shows each step once, as the resumed run wrote it:
 the resumed writer starts its event file with ``purge_step``, so TensorBoard hides the earlier
 files' events from the step after the checkpoint on (as ``metrics.jsonl`` is cut back)."""
 

@@ -1,4 +1,4 @@
-"""The complete third-party plugin of docs/plugins.md, exercised end to end.
+"""The complete third-party plugin of docs/reference/plugins.md, exercised end to end.
 
 Everything a third-party package would ship lives in this module: a tiny domain
 (``colors``: two roles place coloured blocks in a seeded order), a custom

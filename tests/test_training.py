@@ -126,7 +126,7 @@ def test_action_and_bid_steps_change_parameters(ctx):
         lw0 = float(pol.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]]))
     m = bid_update(agents, pairs, opts, minibatch=16, grad_clip=1.0, is_cap=2.0)
     assert changed(before, pol) and m["charts/bid_pairs"] >= 1
-    # the original bids (drawn before the action update moved the weights) against the learner (docs/engine.md)
+    # the original bids (drawn before the action update moved the weights) against the learner (docs/reference/engine.md)
     role = agents[sel].role
     assert m[f"mismatch/bid_approx_kl_{role}"] >= 0 and 0 < m[f"mismatch/bid_is_weight_mean_{role}"] <= 2.0
     with torch.no_grad():

@@ -1,5 +1,5 @@
 """A run folder, recipe or checkpoint from elsewhere cannot delete a user's files, run code or leak a
-key (issue 31): real run folders trained once (per module, or per session: conftest ``tiny_run``), copied per test, damaged the way a folder
+key: real run folders trained once (per module, or per session: conftest ``tiny_run``), copied per test, damaged the way a folder
 from elsewhere could be, then handed to the real CLI in a subprocess (a cold ``swarm``, or ``warm_swarm``'s child forked from a
 warmed interpreter where the test checks what the command does with the folder)."""
 

@@ -220,7 +220,7 @@ def rlcr(cfg: DictConfig, registry) -> None:
     if not has_progress(env):
         raise ConfigError(
             f"algo=rlcr needs an anytime return, but domain {cfg.domain!r} has no DomainEnv.progress() "
-            f"(its concurrent env is {type(env).__name__}); docs/rlcr.md lists the domains that have one and "
+            f"(its concurrent env is {type(env).__name__}); docs/guides/rlcr.md lists the domains that have one and "
             "how a domain opts in"
         )
 

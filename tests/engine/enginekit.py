@@ -1,4 +1,4 @@
-"""Shared pieces of the engine-sampler tests (docs/engine.md); the ``registry`` fixture is tests/conftest.py's.
+"""Shared pieces of the engine-sampler tests (docs/reference/engine.md); the ``registry`` fixture is tests/conftest.py's.
 
 Tests marked ``engine`` need a real vLLM: ``SWARM_VLLM_PYTHON`` = the python of a virtualenv with vLLM
 (``.ci/run`` builds one); without it they are skipped with that reason. The other tests here run on
@@ -60,7 +60,7 @@ needs_vllm = [
     pytest.mark.skipif(
         vllm_python() is None and not os.environ.get("SWARM_REQUIRE_VLLM"),
         reason="needs vLLM: set SWARM_VLLM_PYTHON to the python of a virtualenv with vllm "
-        "(docs/engine.md; .ci/run builds one)",
+        "(docs/reference/engine.md; .ci/run builds one)",
     ),
 ]
 
@@ -160,7 +160,7 @@ def served_names(url: str, key: str | None = None) -> set[str]:
 
 def served_key(port: int) -> str | None:
     """The bearer key of the vLLM server a run started on ``port`` (``VLLM_API_KEY`` in its environment, read as the
-    same user: the run never logs it; docs/engine.md, "Keys"); None while no such server runs."""
+    same user: the run never logs it; docs/reference/engine.md, "Keys"); None while no such server runs."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue

@@ -1,6 +1,6 @@
 """Two bases (``model.bases`` + ``model.role_base``) on engine samplers, on any CPU: one reference server per base
 (tests/engine/refserver.py), one sampler routing each row to its model's base's server, one adapter sync per
-server (README, "A base per role"; docs/engine.md, "Several bases: one server each")."""
+server (README, "A base per role"; docs/reference/engine.md, "Several bases: one server each")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bearer key of the vLLM servers a run starts (docs/engine.md, "Keys"), without vLLM: our guard
+"""The bearer key of the vLLM servers a run starts (docs/reference/engine.md, "Keys"), without vLLM: our guard
 (``swarm_runtime/sampling/vllm_guard/swarm_vllm_guard.py``) imported by its top-level name from its folder, as vLLM's
 ``--middleware`` imports it, in front of a real FastAPI app on a real uvicorn server; what :class:`VLLMServer` starts
 a keyed server with; a user's ``--api-key`` refused before anything is written. The same on a real vLLM:

@@ -1,4 +1,4 @@
-"""The engine sampler's own seed stream across a resume (docs/engine.md, section 5): rows without a
+"""The engine sampler's own seed stream across a resume (docs/reference/engine.md, section 5): rows without a
 common-random-numbers key (``algo.common_random_numbers=false``, the default: every training and held-out row) get
 their request ``seed`` from ``OpenAISampler.rng``; its state is saved in each checkpoint's ``rng.pt`` and put back
 into the sampler a resumed run makes, so a run stopped after a checkpoint and resumed draws what the uninterrupted

@@ -1,4 +1,4 @@
-"""``rollout.max_staleness=1`` on Ray (issue 28; docs/distributed.md, "Staleness on Ray"), on a local Ray bound to
+"""``rollout.max_staleness=1`` on Ray (docs/reference/cluster.md, "Staleness"), on a local Ray bound to
 127.0.0.1 with our own serve worker standing in for vLLM's server (test_engine_actor's shim; no vLLM needed): the
 rollout of the next update plays ahead on the engine's weights while this update trains, with the engine sampler's
 server started by a sampler actor (``cluster.samplers=ray``), or with the update trained by learner actors
