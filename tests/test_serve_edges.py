@@ -171,6 +171,23 @@ def test_non_finite_numbers_are_a_400_naming_the_field(main):
     assert r.status_code == 400 and "object" in r.json()["detail"]
 
 
+def test_noise_out_of_range_and_bodies_that_are_not_json_are_refused_not_rewritten(bare):
+    """A negative noise is a 422 naming the field and its range (was: wrapped to 2**64 - 1); a body sent as
+    text/plain or a form is a 415 (was: read as JSON whatever its Content-Type said)."""
+    u = bare.url
+    for noise in (-1, "-1", 2**64, str(2**64)):
+        r = httpx.post(f"{u}/v1/episodes", json={"noise": noise, "env": "client"}, headers=AUTH, timeout=30)
+        assert r.status_code == 422, (noise, r.text)
+        assert r.json()["error"]["param"] == "noise" and "[0, 2**64 - 1]" in r.json()["detail"], r.json()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "text/json"):
+        r = _post_raw(f"{u}/v1/episodes", b'{"sede": 1}', headers={**AUTH, "content-type": ctype})
+        assert r.status_code == 415, (ctype, r.text)
+        assert ctype in r.json()["detail"] and "Content-Type: application/json" in r.json()["detail"]
+    for ctype in ("application/json; charset=utf-8", "application/vnd.api+json"):  # JSON: read and validated
+        r = _post_raw(f"{u}/v1/episodes", b'{"sede": 1}', headers={**AUTH, "content-type": ctype})
+        assert r.status_code == 422 and "sede" in r.json()["detail"], (ctype, r.text)
+
+
 def test_episodes_jsonl_stays_json(run, main):
     path = run / "serve/episodes.jsonl"
     lines = path.read_text().splitlines()
