@@ -72,3 +72,15 @@ def test_a_run_dir_with_a_space_is_still_a_folder_name(tmp_path, warm_swarm):
     res = warm_swarm("config", f"run_dir={tmp_path / 'a b'}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert f"run_dir: {tmp_path / 'a b'}" in res.stdout
+
+
+def test_export_into_an_existing_file_names_the_out_path_not_the_checkpoint(tiny_run, tmp_path, warm_swarm):
+    run, _ = tiny_run  # read only: out= is outside it
+    taken = tmp_path / "taken.txt"
+    taken.write_text("keep me")
+    for out, what in ((taken, "is a file, not a folder"), (taken / "sub", f"is inside {str(taken)!r}, a file")):
+        res = warm_swarm("export", str(run), f"out={out}", cwd=tmp_path, timeout=120)
+        assert res.returncode == 2, (res.stdout, res.stderr)
+        assert f"out={str(out)!r} {what}" in res.stderr and "cannot be loaded" not in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert taken.read_text() == "keep me"
