@@ -610,3 +610,18 @@ def test_bad_settings_at_start_are_a_config_error(run, warm_swarm, tmp_path):
             timeout=120,
         )
     assert ok.returncode == 2 and "in use" in ok.stderr and "allow_hosts" not in ok.stderr, ok.stderr
+
+
+def test_a_truncated_model_is_one_line_naming_the_file_before_any_worker_starts(run, warm_swarm, tmp_path):
+    """As ``swarm eval`` refuses it (was: exit 3 and uvicorn's traceback, "worker ... exited with 1 while
+    starting")."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, symlinks=True)
+    weights = copy / "checkpoints/final/agents/Shared/model.safetensors"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    r = warm_swarm("serve", str(copy), "serve.port=0", cwd=ROOT, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and str(weights) in err[0] and "cannot be loaded" in err[0] and "checkpoint=TAG" in err[0]
+    assert not (copy / "serve" / "workers").exists()
