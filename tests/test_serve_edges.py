@@ -625,3 +625,56 @@ def test_a_truncated_model_is_one_line_naming_the_file_before_any_worker_starts(
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and str(weights) in err[0] and "cannot be loaded" in err[0] and "checkpoint=TAG" in err[0]
     assert not (copy / "serve" / "workers").exists()
+
+
+def _own_address() -> str | None:
+    """This machine's address on its default route (a UDP socket's; no packet is sent), or None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+def test_an_agent_url_that_is_the_gateway_itself_is_refused_at_start_and_when_registered(
+    run, bare, warm_swarm, tmp_path
+):
+    """Its own address (was: admitted, then dropped and re-admitted forever): at start one line (exit 2); registered
+    later a 422; under another name of the machine (found by the gateway's id in the answer) a 422 when registered,
+    and failed for good when given at start."""
+    port = _free_port()
+    r = warm_swarm(
+        "serve", str(run), f"serve.port={port}", "serve.replicas=0", f"serve.agents=[Smith=http://localhost:{port}]",
+        cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (r.returncode, r.stderr[-2000:])
+    assert f"url 'http://localhost:{port}' is this gateway itself" in r.stderr
+    for url in (f"http://127.0.0.1:{bare.port}", f"http://localhost:{bare.port}/v1", f"http://[::1]:{bare.port}"):
+        r = httpx.post(f"{bare.url}/v1/swarm/agents", json={"role": "Smith", "url": url}, headers=AUTH, timeout=30)
+        assert r.status_code == 422 and "is this gateway itself" in r.json()["detail"], (url, r.text)
+    assert not [a for a in bare.agents(AUTH) if str(bare.port) in a["url"]]
+    ip = _own_address()
+    if ip is None:
+        pytest.skip("no address but loopback here: another name of the gateway's address cannot be tried")
+    port = _free_port()
+    g = Gateway(
+        run,
+        ["serve.host=0.0.0.0", f"serve.port={port}", "serve.replicas=0", f"serve.allow_hosts=[{ip}]",
+         f"serve.agents=[Miner=http://{ip}:{port}]", "serve.probe_interval_ms=200"],
+        tmp_path / "gateway.log",
+        SWARM_API_KEY=KEY,
+    )  # fmt: skip
+    g.port, g.url = port, f"http://127.0.0.1:{port}"  # the later serve.port wins
+    try:
+        _until(lambda: _probe(g.url + "/health/live"), 120, "gateway live")
+        miner = _until(lambda: next((a for a in g.agents(AUTH) if a["status"] == "failed"), None), 30, "Miner failed")
+        assert miner["name"] == "Miner" and "is this gateway itself" in miner["error"], miner
+        time.sleep(1.0)  # five probe intervals: it stays failed, never re-admitted
+        assert [a["status"] for a in g.agents(AUTH)] == ["failed"]
+        r = httpx.post(f"{g.url}/v1/swarm/agents", json={"role": "Smith", "url": f"http://{ip}:{port}"}, headers=AUTH)
+        assert r.status_code == 422 and "answered with this gateway's id" in r.json()["detail"], r.text
+        assert len(g.agents(AUTH)) == 1
+    finally:
+        g.stop()

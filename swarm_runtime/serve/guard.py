@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 import json
 
-from swarm_runtime.serve.validate import openai_error
+from swarm_runtime.serve.validate import GATEWAY_HEADER, openai_error
 
 #: Paths a load balancer probes: no key, no data.
 PROBES = ("/health/live", "/health/ready")
@@ -33,9 +33,11 @@ class Guard:
     bound, a body's ``Content-Type`` (JSON, or none given; any other is a 415, not read as JSON), and the count of
     answers by status code (``metrics``)."""
 
-    def __init__(self, app, max_bytes: int, api_key: str | None, metrics=None):
+    def __init__(self, app, max_bytes: int, api_key: str | None, metrics=None, gateway_id: str | None = None):
         self.app, self.max_bytes, self.metrics = app, int(max_bytes), metrics
         self.key = f"Bearer {api_key}".encode() if api_key else None
+        #: every answer's ``x-swarm-gateway`` header: an agent URL that reaches this gateway is known by it
+        self.id_header = [(GATEWAY_HEADER.encode(), gateway_id.encode())] if gateway_id else []
 
     def _count(self, status: int) -> None:
         if self.metrics is not None:
@@ -49,7 +51,11 @@ class Guard:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *self.id_header,
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body})
@@ -100,6 +106,8 @@ class Guard:
             if msg["type"] == "http.response.start":
                 started = True
                 self._count(int(msg["status"]))
+                if self.id_header:
+                    msg = {**msg, "headers": [*msg.get("headers", []), *self.id_header]}
             await send(msg)
 
         try:
