@@ -29,15 +29,23 @@ def role_folder(checkpoint: Path, role: str) -> Path:
 
 
 def check_weights(checkpoint: Path, roles: list[str]) -> None:
-    """The weights files (``*.safetensors``) of the model folders serving ``roles`` can be opened: each header whole
-    and the file as long as it says. A truncated or foreign file is a
+    """The weights files (``*.safetensors``) of the model folders serving ``roles`` (and of an adapter's base) can be
+    opened: each header whole and the file as long as it says. A truncated or foreign file is a
     :class:`~swarm_runtime.runs.checkpoint.CheckpointError` naming it (the CLI: one line, exit 2), before any worker
     starts, as ``swarm eval`` refuses that checkpoint. Reads headers only (the tensors are mapped, not loaded)."""
     from safetensors import safe_open
 
     from swarm_runtime.runs.checkpoint import CheckpointError
+    from swarm_runtime.serve.adapters import base_of
 
-    for folder in sorted({role_folder(checkpoint, r) for r in roles}):
+    folders = {role_folder(checkpoint, r) for r in roles}
+    for f in list(folders):
+        if (f / "swarm_base.json").exists():  # an adapter (LoRA runs): its base too
+            try:
+                folders.add(base_of(f))
+            except (OSError, ValueError, KeyError, TypeError):  # a damaged pointer: the checkpoint check names it
+                pass
+    for folder in sorted(folders):
         for path in sorted(folder.rglob("*.safetensors")):
             try:
                 with safe_open(str(path), framework="pt"):
