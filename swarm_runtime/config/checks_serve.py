@@ -33,9 +33,8 @@ def serve(cfg: DictConfig, registry) -> None:
 
 def serve_agent_urls(cfg: DictConfig, registry) -> None:
     """Each ``serve.agents`` entry's URL is an agent server's base URL on a loopback host or one of
-    ``serve.allow_hosts``, and not the gateway's own ``serve.host:serve.port`` (unless ``serve.port=0``, any free
-    port: the gateway's probe finds it then): what ``POST /v1/swarm/agents`` admits
-    (:func:`swarm_runtime.serve.validate.check_agent_url`, pure Python)."""
+    ``serve.allow_hosts``: what ``POST /v1/swarm/agents`` admits (:func:`swarm_runtime.serve.validate.check_agent_url`,
+    pure Python)."""
     s = cfg.get("serve")
     if s is None:
         return
@@ -44,8 +43,6 @@ def serve_agent_urls(cfg: DictConfig, registry) -> None:
     for spec in s.get("agents") or []:
         _, _, url = str(spec).partition("=")
         try:
-            port = s.get("port")
-            gateway = (str(s.get("host")), int(port)) if isinstance(port, int) and port > 0 else None
-            check_agent_url(url, list(s.get("allow_hosts") or []), gateway=gateway)
+            check_agent_url(url, list(s.get("allow_hosts") or []))
         except BadRequest as exc:
             raise ConfigError(f"serve.agents entry {str(spec)!r}: {exc.message}") from None

@@ -56,3 +56,20 @@ def check_weights(checkpoint: Path, roles: list[str]) -> None:
                     f"the models in {checkpoint / 'agents'} cannot be loaded ({path}: {type(exc).__name__}: {first}); "
                     "serve another checkpoint (checkpoint=TAG)"
                 ) from exc
+
+
+def check_agents_not_gateway(serve) -> None:
+    """No ``serve.agents`` entry is the gateway's own address, ``serve.host:serve.port`` (with ``serve.port=0``, any free
+    port, the gateway's probe finds one that is): one line naming the entry (the CLI: exit 2). Only ``swarm serve``
+    asks: the port is a deployment setting, which another command's config need not match."""
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.serve.validate import BadRequest, check_agent_url
+
+    if int(serve.port) <= 0:
+        return
+    for spec in serve.agents or []:
+        _, _, url = str(spec).partition("=")
+        try:
+            check_agent_url(url, list(serve.allow_hosts or []), gateway=(str(serve.host), int(serve.port)))
+        except BadRequest as exc:
+            raise ConfigError(f"serve.agents entry {str(spec)!r}: {exc.message}") from None
