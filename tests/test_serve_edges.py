@@ -616,7 +616,7 @@ def test_a_truncated_model_is_one_line_naming_the_file_before_any_worker_starts(
     """As ``swarm eval`` refuses it (was: exit 3 and uvicorn's traceback, "worker ... exited with 1 while
     starting")."""
     copy = tmp_path / "run"
-    shutil.copytree(run, copy, symlinks=True)
+    shutil.copytree(run, copy, symlinks=True, ignore=shutil.ignore_patterns("serve"))  # not the other gateways'
     weights = copy / "checkpoints/final/agents/Shared/model.safetensors"
     with weights.open("r+b") as f:
         f.truncate(weights.stat().st_size // 2)
