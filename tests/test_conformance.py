@@ -522,14 +522,34 @@ def test_a_correct_anytime_return_passes_and_its_checks_run_inside_check_domain(
     assert rc.check_progress(domain_with(ProgressStack), "tower") > 30
 
 
-def test_a_domain_another_process_cannot_rebuild_is_warned_about_not_passed_silently():
-    class Local(StackDomain):  # defined in a function: no other process can import it
+def test_a_domain_class_defined_in_a_function_is_carried_to_the_other_processes_by_cloudpickle(monkeypatch):
+    """Its class cannot be imported by another process, so cloudpickle (Ray's copy with the ray extra) carries it
+    there by value: the cross-process check runs on it and catches its hash-seed bug; a correct one passes without
+    a warning. Without cloudpickle the kit says the check did not run, never passes silently. About 10 s (two pairs
+    of child processes, Ray's cloudpickle imported in each)."""
+    import warnings
+
+    import swarm_runtime.conformance.determinism as det
+
+    if det.cloudpickle_module() is None:
+        pytest.skip("neither cloudpickle nor Ray installed")
+
+    class LocalHashSeeded(StackDomain):  # defined in a function: no other process can import it
+        env_cls = HashSeeded
+
+    class Local(StackDomain):
         pass
 
+    with pytest.raises(ConformanceError, match=r"another process \(PYTHONHASHSEED=\d\) gave another episode"):
+        check_determinism(LocalHashSeeded(), "tower")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConformanceWarning)  # checked, not warned about
+        check_determinism(Local(), "tower")
+    monkeypatch.setattr(det, "cloudpickle_module", lambda: None)
     with pytest.warns(
         ConformanceWarning,
-        match=r"stack/tower: determinism across processes not checked: its class "
-        r".*Local is defined in a function",
+        match=r"stack/tower: determinism across processes not checked: its class .*Local is defined in a function, "
+        r"so another process cannot import it, and cloudpickle, which would carry it there, is not installed",
     ):
         check_domain(Local(), "tower")
 
@@ -683,3 +703,38 @@ def test_builtin_tasks_have_a_disjoint_dev_split_and_eval_split_selects_it(regis
         ConfigError, match="eval.split=dev, but task 'local' of 'openresearcher' defines no dev_seeds; valid here: eval"
     ):
         resolve(["domain=openresearcher", "task=local", "eval.split=dev"], registry[1])
+
+
+def test_prompts_are_measured_with_the_runs_tokenizer_and_too_long_ones_fail(tmp_path):
+    """With the run's ``model.path``, the kit counts a prompt's tokens as the run does (that checkpoint's BPE, not
+    the in-process word-level tokenizer): prompts that fit 40 words but not 40 BPE tokens fail, where the run would
+    stop on them. A few seconds (a 2-layer checkpoint built here, the kit run once)."""
+    from conftest import make_local_checkpoint
+
+    from swarm_runtime.config.schema import ModelConfig
+    from swarm_runtime.conformance.task import run_prompt_length
+    from swarm_runtime.models.transformers_backend import make_transformers_policy
+
+    ckpt = make_local_checkpoint(tmp_path / "ckpt")
+    domain = domain_with()
+    check_prompts(domain, "tower", model={"max_prompt_tokens": 40})  # the word-level count: fits
+    for kit, model in (
+        (check_domain, {"path": str(ckpt), "max_prompt_tokens": 40}),  # the whole kit (the other checks pass)
+        (check_prompts, OmegaConf.structured(ModelConfig(name="local", path=str(ckpt), max_prompt_tokens=40))),
+    ):
+        with pytest.raises(ConformanceError) as err:
+            kit(domain, "tower", model=model, **({"processes": False} if kit is check_domain else {}))
+        assert located(str(err.value)) or re.match(r"stack/tower, seed \d+, step \d+: ", str(err.value))
+        assert (
+            f"tokens long with the run's tokenizer (model.path={str(ckpt)!r}), more than model.max_prompt_tokens=40"
+            in (str(err.value))
+        )
+        assert "the run stops on it" in str(err.value)
+    check_prompts(domain, "tower", model={"path": str(ckpt), "max_prompt_tokens": 120})
+    # the kit's count is the run's: the policy a run builds on that checkpoint encodes each prompt to as many tokens
+    cfg = OmegaConf.structured(ModelConfig(name="local", path=str(ckpt), max_prompt_tokens=4096))
+    policy = make_transformers_policy(cfg, [], [0.0, 0.2, 0.4, 0.6, 0.8], seed=0)
+    length = run_prompt_length(cfg)
+    prompts = [domain.bid_prompt("Builder", "loose 1 stack 0 of 6", []), "you are Digger . loose 3 stack 2 of 6 ."]
+    assert [length(p) for p in prompts] == [len(policy.encode_prompt(p)) for p in prompts]
+    assert length(prompts[0]) > len(prompts[0].split()) + 1  # more than the word-level count

@@ -24,14 +24,19 @@ def in_process(tmp_path_factory):
     return in_process_twin(tmp_path_factory, *RUN, "checkpoint_every=1")
 
 
-def _sft_ran_on_the_learners(log: str, learner_of: dict) -> None:
+def _sft_ran_on_the_learners(log: str, learner_of: dict, restarted: tuple = ()) -> None:
     """The run's log says the learner actors started before SFT and that each role's SFT ran on its learner, in the
-    process (pid) that the learner's start named, not the driver's."""
+    process (pid) that the learner's start named, not the driver's (a learner of ``restarted``: in the process Ray
+    restarted it as)."""
     import re
 
     lines = log.splitlines()
     start = next(i for i, line in enumerate(lines) if "learners on Ray:" in line)
     pids = dict(re.findall(r"([\w-]+): [\w+]+ pid (\d+)", lines[start]))
+    for name in restarted:
+        old, new = re.search(rf"learner {name} restarted: pid (\d+) -> (\d+)", log).groups()
+        assert old == pids[name] and new != old, (name, old, new, pids)
+        pids[name] = new
     first_sft = next(i for i, line in enumerate(lines) if re.search(r"SFT (shared )?\w+: \d+ examples", line))
     assert start < first_sft, "the learners started after SFT"
     ran = dict(re.findall(r"SFT of [\w+]+ ran on learner (\S+) \(pid (\d+)\)", log))
@@ -136,7 +141,8 @@ def _stopped_during_sft_and_resumed(r, learner: str, tmp_path, head=None):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "KILLS 1" in r.stderr
     last = r.stderr.strip().splitlines()[-2]  # the last is the killer's KILLS line
-    assert last.startswith(f"swarm: error: learner '{learner}' lost (pid "), last
+    assert last.startswith(f"swarm: error: learner '{learner}' "), last
+    assert f"'{learner}' lost (pid " in last or "was lost: its process (pid " in last, last
     assert "during the SFT cold start" in last and "no checkpoint yet" in last
     resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
     assert resume in last
@@ -149,11 +155,33 @@ def _stopped_during_sft_and_resumed(r, learner: str, tmp_path, head=None):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_learner_killed_during_sft_stops_the_run_and_a_resume_does_sft_again(in_process, ray_head, tmp_path):
-    """kill -9 of a learner actor while the SFT cold start runs on it: the run stops with one line (there is no
-    checkpoint to rewind to) naming the learner and the command that starts it again; exit 2. That resume does the
-    SFT from the start and ends with the unkilled in-process run's metrics and eval."""
-    killed = _killed_run(tmp_path, 1, kill_in="sft", head=ray_head)
+def test_a_learner_killed_during_sft_is_restarted_and_does_its_sft_again_in_the_run(in_process, ray_head, tmp_path):
+    """kill -9 of a learner actor while the SFT cold start runs on it: Ray restarts it (``cluster.learner_restarts``
+    allows it), it does its SFT again from the weights it was made with while the other learners' SFT is kept, and
+    the same ``swarm run`` goes on to the unkilled in-process run's SFT checkpoint, metrics and eval."""
+    import re
+
+    r = _killed_run(tmp_path, 1, kill_in="sft", head=ray_head)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1
+    again = re.findall(r"learner (\S+) lost during the SFT cold start: its SFT runs again", r.stderr)
+    assert again == ["Logger"], again
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"}, restarted=("Logger",))
+    _same_sft_checkpoint(tmp_path / "run", in_process)
+    assert run_rows(tmp_path / "run") == run_rows(in_process)
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_learner_killed_during_sft_without_restarts_stops_the_run_and_a_resume_does_sft_again(
+    in_process, ray_head, tmp_path
+):
+    """``cluster.learner_restarts=0``, a learner killed while the SFT cold start runs on it: the run stops with one
+    line (there is no checkpoint to rewind to) naming the learner and the command that starts it again; exit 2.
+    That resume does the SFT from the start and ends with the unkilled in-process run's metrics and eval."""
+    killed = _killed_run(tmp_path, 1, "cluster.learner_restarts=0", kill_in="sft", head=ray_head)
+    assert "cluster.learner_restarts=0" in killed.stderr.strip().splitlines()[-2]
     r = _stopped_during_sft_and_resumed(killed, "Logger", tmp_path, head=ray_head)
     _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
     assert run_rows(tmp_path / "run") == run_rows(in_process)
@@ -374,3 +402,44 @@ def test_a_learner_worker_runs_the_sft_cold_start_as_in_process(registry, adapte
     _, fresh = ctx.build_swarm()
     copy_params(fresh["Miner"], list(copies["Miner"].parameters()))
     assert all(torch.equal(a, b) for a, b in zip(fresh["Miner"].parameters(), policies["Miner"].parameters()))
+
+
+def test_learner_group_sft_redoes_only_a_lost_learners_sft_and_keeps_the_others():
+    """No Ray: :meth:`LearnerGroup.sft` with its calls faked. A learner lost and restarted (``LearnerLost`` with the
+    others' answers) is asked again, alone; a learner that cannot be restarted (``LearnerGone``), or a loss that kept
+    no answers (a sharded learner's), ends the SFT as before. Milliseconds."""
+    from swarm_runtime.cluster.learners import LearnerGone, LearnerGroup, LearnerLost
+
+    def group(outcomes):
+        g, calls = object.__new__(LearnerGroup), []
+        g._call = lambda name, method, fn, kw: calls.append((name, method, kw)) or name
+
+        def get(refs):
+            out = outcomes.pop(0)
+            if isinstance(out, Exception):
+                raise out
+            return {n: out[n] for n in refs}
+
+        g._get = get
+        return g, calls
+
+    def lost(name, answered=None):
+        exc = LearnerLost(name, 10, 11)
+        exc.answered = answered
+        return exc
+
+    payloads = {"Logger": {"seeds": 1}, "Miner": {"seeds": 2}, "Smith": {"seeds": 3}}
+    g, calls = group([lost("Miner", {"Logger": "L", "Smith": "S"}), {"Miner": "M"}])
+    assert g.sft(None, payloads) == {"Logger": "L", "Miner": "M", "Smith": "S"}
+    assert [c[0] for c in calls] == ["Logger", "Miner", "Smith", "Miner"] and calls[-1] == (
+        "Miner",
+        "sft",
+        {"seeds": 2},
+    )
+    g, calls = group([lost("Miner", {"Logger": "L", "Smith": "S"}), LearnerGone("restarts used up")])
+    with pytest.raises(LearnerGone, match="restarts used up"):
+        g.sft(None, payloads)
+    g, calls = group([lost("Miner")])  # no answers kept: stops, as a sharded learner's loss does
+    with pytest.raises(LearnerLost):
+        g.sft(None, payloads)
+    assert len(calls) == 3

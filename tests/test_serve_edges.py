@@ -171,6 +171,23 @@ def test_non_finite_numbers_are_a_400_naming_the_field(main):
     assert r.status_code == 400 and "object" in r.json()["detail"]
 
 
+def test_noise_out_of_range_and_bodies_that_are_not_json_are_refused_not_rewritten(bare):
+    """A negative noise is a 422 naming the field and its range (was: wrapped to 2**64 - 1); a body sent as
+    text/plain or a form is a 415 (was: read as JSON whatever its Content-Type said)."""
+    u = bare.url
+    for noise in (-1, "-1", 2**64, str(2**64)):
+        r = httpx.post(f"{u}/v1/episodes", json={"noise": noise, "env": "client"}, headers=AUTH, timeout=30)
+        assert r.status_code == 422, (noise, r.text)
+        assert r.json()["error"]["param"] == "noise" and "[0, 2**64 - 1]" in r.json()["detail"], r.json()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "text/json"):
+        r = _post_raw(f"{u}/v1/episodes", b'{"sede": 1}', headers={**AUTH, "content-type": ctype})
+        assert r.status_code == 415, (ctype, r.text)
+        assert ctype in r.json()["detail"] and "Content-Type: application/json" in r.json()["detail"]
+    for ctype in ("application/json; charset=utf-8", "application/vnd.api+json"):  # JSON: read and validated
+        r = _post_raw(f"{u}/v1/episodes", b'{"sede": 1}', headers={**AUTH, "content-type": ctype})
+        assert r.status_code == 422 and "sede" in r.json()["detail"], (ctype, r.text)
+
+
 def test_episodes_jsonl_stays_json(run, main):
     path = run / "serve/episodes.jsonl"
     lines = path.read_text().splitlines()
@@ -593,3 +610,71 @@ def test_bad_settings_at_start_are_a_config_error(run, warm_swarm, tmp_path):
             timeout=120,
         )
     assert ok.returncode == 2 and "in use" in ok.stderr and "allow_hosts" not in ok.stderr, ok.stderr
+
+
+def test_a_truncated_model_is_one_line_naming_the_file_before_any_worker_starts(run, warm_swarm, tmp_path):
+    """As ``swarm eval`` refuses it (was: exit 3 and uvicorn's traceback, "worker ... exited with 1 while
+    starting")."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, symlinks=True, ignore=shutil.ignore_patterns("serve"))  # not the other gateways'
+    weights = copy / "checkpoints/final/agents/Shared/model.safetensors"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    r = warm_swarm("serve", str(copy), "serve.port=0", cwd=ROOT, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and str(weights) in err[0] and "cannot be loaded" in err[0] and "checkpoint=TAG" in err[0]
+    assert not (copy / "serve" / "workers").exists()
+
+
+def _own_address() -> str | None:
+    """This machine's address on its default route (a UDP socket's; no packet is sent), or None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+def test_an_agent_url_that_is_the_gateway_itself_is_refused_at_start_and_when_registered(
+    run, bare, warm_swarm, tmp_path
+):
+    """Its own address (was: admitted, then dropped and re-admitted forever): at start one line (exit 2); registered
+    later a 422; under another name of the machine (found by the gateway's id in the answer) a 422 when registered,
+    and failed for good when given at start."""
+    port = _free_port()
+    r = warm_swarm(
+        "serve", str(run), f"serve.port={port}", "serve.replicas=0", f"serve.agents=[Smith=http://localhost:{port}]",
+        cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (r.returncode, r.stderr[-2000:])
+    assert f"url 'http://localhost:{port}' is this gateway itself" in r.stderr
+    for url in (f"http://127.0.0.1:{bare.port}", f"http://localhost:{bare.port}/v1", f"http://[::1]:{bare.port}"):
+        r = httpx.post(f"{bare.url}/v1/swarm/agents", json={"role": "Smith", "url": url}, headers=AUTH, timeout=30)
+        assert r.status_code == 422 and "is this gateway itself" in r.json()["detail"], (url, r.text)
+    assert not [a for a in bare.agents(AUTH) if str(bare.port) in a["url"]]
+    ip = _own_address()
+    if ip is None:
+        pytest.skip("no address but loopback here: another name of the gateway's address cannot be tried")
+    port = _free_port()
+    g = Gateway(
+        run,
+        ["serve.host=0.0.0.0", f"serve.port={port}", "serve.replicas=0", f"serve.allow_hosts=[{ip}]",
+         f"serve.agents=[Miner=http://{ip}:{port}]", "serve.probe_interval_ms=200"],
+        tmp_path / "gateway.log",
+        SWARM_API_KEY=KEY,
+    )  # fmt: skip
+    g.port, g.url = port, f"http://127.0.0.1:{port}"  # the later serve.port wins
+    try:
+        _until(lambda: _probe(g.url + "/health/live"), 120, "gateway live")
+        miner = _until(lambda: next((a for a in g.agents(AUTH) if a["status"] == "failed"), None), 30, "Miner failed")
+        assert miner["name"] == "Miner" and "is this gateway itself" in miner["error"], miner
+        time.sleep(1.0)  # five probe intervals: it stays failed, never re-admitted
+        assert [a["status"] for a in g.agents(AUTH)] == ["failed"]
+        r = httpx.post(f"{g.url}/v1/swarm/agents", json={"role": "Smith", "url": f"http://{ip}:{port}"}, headers=AUTH)
+        assert r.status_code == 422 and "answered with this gateway's id" in r.json()["detail"], r.text
+        assert len(g.agents(AUTH)) == 1
+    finally:
+        g.stop()

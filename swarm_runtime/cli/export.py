@@ -45,13 +45,20 @@ def export_options(overrides: list[str]) -> dict:
 
 
 def _out_folder(run_dir: Path, ckpt: Path, given: str | None) -> Path:
-    """The folder to export into: ``given`` (``out=``), else RUN/export/TAG; never inside the run's checkpoints."""
+    """The folder to export into: ``given`` (``out=``), else RUN/export/TAG; never a file or under one, never inside
+    the run's checkpoints."""
     from swarm_runtime.runs.runfiles import check_link, claim, inside
 
     if given == "":
         raise ConfigError("out= is empty; give a folder (default RUN/export/TAG)")
     check_link(run_dir, run_dir / "export")
     out = Path(given) if given else claim(run_dir / "export") / ckpt.name
+    not_folder = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if not_folder is not None:
+        what = "is a file" if not_folder == out else f"is inside {str(not_folder)!r}, a file"
+        raise ConfigError(
+            f"out={str(out)!r} {what}, not a folder; give a folder to export into (default RUN/export/TAG)"
+        )
     if inside(run_dir / "checkpoints", out):
         raise ConfigError(
             f"out={str(out)!r} is inside the run's checkpoints ({str(run_dir / 'checkpoints')!r}): swarm "

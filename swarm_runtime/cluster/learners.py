@@ -51,6 +51,9 @@ class LearnerLost(RuntimeError):
     def __init__(self, name: str, pid: int, new_pid: int):
         super().__init__(f"learner {name!r} lost (pid {pid}); restarted as pid {new_pid}")
         self.name, self.pid, self.new_pid = name, pid, new_pid
+        #: the other learners' answers to the call that lost this one, by learner (:meth:`LearnerGroup._get`; None:
+        #: not kept)
+        self.answered: dict | None = None
 
 
 class LearnerGone(ConfigError):
@@ -366,9 +369,13 @@ class LearnerGroup(ActorGroup):
                 lost = lost or name
             else:
                 if isinstance(out[name], str) and out[name] == RESTARTED:
+                    del out[name]
                     lost = lost or name
         if lost is not None:
-            raise self._recover(lost)
+            exc = self._recover(lost)
+            if isinstance(exc, LearnerLost):
+                exc.answered = out  # what the others answered: a call made again need not ask them (sft)
+            raise exc
         return out
 
     def _recover(self, name: str) -> Exception:
@@ -405,8 +412,22 @@ class LearnerGroup(ActorGroup):
 
     def sft(self, fn: Callable, payloads: Mapping[str, dict]) -> dict:
         """The SFT cold start on the learners of ``payloads`` (``{learner: kwargs of fn}``) at once:
-        :meth:`LearnerWorker.sft` of each, by learner."""
-        return self._get({n: self._call(n, "sft", fn, kw) for n, kw in payloads.items()})
+        :meth:`LearnerWorker.sft` of each, by learner. A learner lost meanwhile and restarted by Ray (within
+        ``cluster.learner_restarts``) does its SFT again, from the weights it was created with (the SFT's start, as
+        the run's were when the actors started), while the others' answers are kept: the same result as without
+        the loss. Its restarts used up: :class:`LearnerGone`."""
+        done: dict = {}
+        pending = dict(payloads)
+        while pending:
+            try:
+                done.update(self._get({n: self._call(n, "sft", fn, kw) for n, kw in pending.items()}))
+            except LearnerLost as lost:
+                if lost.answered is None:  # a family that keeps no answers (sharded ranks): the run stops
+                    raise
+                done.update(lost.answered)
+                logger.warning("learner {} lost during the SFT cold start: its SFT runs again ({})", lost.name, lost)
+            pending = {n: kw for n, kw in pending.items() if n not in done}
+        return {n: done[n] for n in payloads}
 
     @property
     def reference_missing(self) -> bool:

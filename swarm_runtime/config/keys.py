@@ -62,6 +62,12 @@ def _replicas_ok(v) -> bool:
     return one(v) or (isinstance(v, dict) and bool(v) and all(isinstance(k, str) and one(n) for k, n in v.items()))
 
 
+#: A folder path as given (``run_dir``): no control characters (a newline, a tab), which would name another folder
+#: than the one the user sees.
+PATH = (
+    (lambda v: isinstance(v, str) and v != "" and re.search(r"[\x00-\x1f\x7f]", v) is None),
+    "a non-empty path without control characters (newlines, tabs)",
+)
 #: Who samples rollouts (``rollout.engine``; docs/reference/engine.md).
 ROLLOUT_ENGINES = ("local", "openai", "vllm")
 #: URLs the engine samplers speak to.
@@ -275,7 +281,7 @@ RULES: dict[str, Rule] = {
         rule("domain", STR),
         rule("task_name", STR),
         rule("seed", ints(0, MAX_SEED)),
-        rule("run_dir", STR, nullable=True, null_means="runs/<domain>-<task>-<time>"),
+        rule("run_dir", PATH, nullable=True, null_means="runs/<domain>-<task>-<time>"),
         rule("resume", BOOL),
         rule("overwrite", BOOL),
         rule("checkpoint_every", ints(1)),

@@ -8,6 +8,7 @@ presets -> the task YAML's ``overrides:`` block -> ``key=value`` arguments.
 from __future__ import annotations
 
 import re
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from swarm_runtime.config.errors import ConfigError
-from swarm_runtime.config.keys import check_key
+from swarm_runtime.config.keys import RULES, check_key
 from swarm_runtime.config.rules import check_name
 from swarm_runtime.config.schema import CONFIG_DIR, CONFIG_VERSION, GROUPS, HardwareConfig, RunConfig
 from swarm_runtime.config.validation import validate
@@ -50,7 +51,9 @@ def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, st
 OPEN_SECTIONS = ("model.bases", "model.role_base", "rollout.urls", "cluster.resources")
 
 
-def _set(cfg: DictConfig, key: str, value: str) -> None:
+def _set(cfg: DictConfig, key: str, value: str, literal: bool = False) -> None:
+    """Set ``key`` to ``value`` (YAML-typed, :func:`_parse`; ``literal``: a command-line value, whose control
+    characters are kept); a section given a value is refused (:func:`section_given_a_value`)."""
     parts = key.split(".")
     section = next((s for s in OPEN_SECTIONS if key.startswith(s + ".") and OmegaConf.select(cfg, s) is not None), None)
     if section is not None:  # a key of an open section: created, not looked up
@@ -70,19 +73,71 @@ def _set(cfg: DictConfig, key: str, value: str) -> None:
             raise ConfigError(f"unknown config key {key!r}: {p!r} is not in {where}; valid: {valid}")
         if i < len(parts) - 1:
             node = node[p]
-    parsed = _parse(value)
+    parsed = _parse(value, literal)
+    target = node._get_node(parts[-1])
+    if isinstance(target, DictConfig) and not isinstance(parsed, dict) and (parsed is not None or _typed(target)):
+        raise section_given_a_value(key, target, parsed, value)
     try:
         OmegaConf.update(cfg, key, parsed, merge=False)
     except Exception as exc:  # omegaconf validation error: wrong type
         raise ConfigError(f"bad value {value!r} for {key!r}: {exc}") from exc
 
 
-def _parse(value: str):
-    """A command-line value, YAML-typed: 16 -> int, 1e-4 -> float, [0, 0.5] -> list, null/none -> None."""
+def _typed(node: DictConfig) -> bool:
+    """A section of the schema (a dataclass), not a task's mapping or a mapping key (``model.bases``)."""
+    return is_dataclass(node._metadata.object_type)
+
+
+def section_given_a_value(key: str, node: DictConfig, value, given: str) -> ConfigError:
+    """The one line for ``KEY=VALUE`` where ``KEY`` is a section (``cluster=ray``) or a mapping (``model.bases=x``):
+    the keys of the section whose choices include ``VALUE`` (``did you mean cluster.kind=ray?``), else how to set its
+    keys. ``given``: the value as typed."""
+    if key.startswith("task.") and not node._is_none():  # a section of the domain's task file
+        keys = ", ".join(str(k) for k in node.keys())
+        return ConfigError(
+            f"{key}={given} is not valid: {key} is a section (keys: {keys}); set its keys, {key}.KEY=VALUE"
+        )
+    if not _typed(node):
+        return ConfigError(
+            f"{key}={given} is not valid: {key} is a mapping; give its entries ({key}.NAME=VALUE) or a mapping "
+            f"({key}={{NAME: VALUE}})"
+        )
+    names = [str(k) for k in node.keys()]
+    takes = [f"{key}.{k}={given}" for k in names if _a_choice_of(RULES.get(f"{key}.{k}"), value)]
+    if takes:
+        hint = f"did you mean {takes[0]}?" + (f" (also valid: {', '.join(takes[1:])})" if takes[1:] else "")
+    else:
+        hint = f"set its keys, {key}.KEY=VALUE"
+    return ConfigError(
+        f"{key}={given} is not valid: {key} is a section, not a value; {hint}; keys of {key}: {', '.join(names)}"
+    )
+
+
+def _a_choice_of(r, value) -> bool:
+    """``value`` is a string rule ``r`` takes, and ``r`` is a choice among names (it refuses other strings); None:
+    no rule."""
+    if r is None or not isinstance(value, str):
+        return False
+    try:
+        return bool(r.ok(value)) and not r.ok(value + "\0")
+    except Exception:  # a rule's check on a value of another type
+        return False
+
+
+#: Control characters (a newline, a tab, ...): YAML folds a newline of a plain value into a space.
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _parse(value: str, literal: bool = False):
+    """A command-line value, YAML-typed: 16 -> int, 1e-4 -> float, [0, 0.5] -> list, null/none -> None.
+    ``literal``: a value with control characters that YAML would read as another string (a newline folded into
+    a space) stays as given, for the key's rule to judge."""
     try:
         parsed = yaml.safe_load(value) if value != "" else ""
     except yaml.YAMLError:
         parsed = value
+    if literal and isinstance(parsed, str) and parsed != value and CONTROL_CHARS.search(value):
+        return value
     if isinstance(parsed, str) and parsed.lower() == "none":
         parsed = None
     if isinstance(parsed, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", parsed):
@@ -300,7 +355,7 @@ def override(cfg: DictConfig, key: str, value: str) -> None:
         return
     if "." not in key and key not in cfg and cfg.get("task") is not None and key in cfg.task:
         key = f"task.{key}"
-    _set(cfg, key, value)
+    _set(cfg, key, value, literal=True)
 
 
 def set_role_replicas(cfg: DictConfig, given: dict[str, str], roles: list[str]) -> None:

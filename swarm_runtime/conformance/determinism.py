@@ -77,9 +77,27 @@ def _hash_seeds(k: int = 2) -> list[str]:
     return [v for v in ("1", "2", "3") if v != mine][:k]
 
 
+def cloudpickle_module():
+    """cloudpickle, which pickles a class defined in ``__main__`` or inside a function by value: the standalone
+    package, else the copy Ray ships (``ray.cloudpickle``, with the ``ray`` extra); None when neither is installed."""
+    try:
+        import cloudpickle
+
+        return cloudpickle
+    except ImportError:
+        pass
+    try:
+        from ray import cloudpickle
+
+        return cloudpickle
+    except ImportError:
+        return None
+
+
 def _payload(domain: Domain, task: str | DictConfig) -> bytes | str:
     """What a child process needs to rebuild ``domain`` (pickled by reference to its class, or by its
-    registered name), or why it cannot (a class defined in ``__main__`` or inside a function)."""
+    registered name, or, for a class defined in ``__main__`` or inside a function, by value with cloudpickle:
+    :func:`cloudpickle_module`), or why it cannot."""
     cls = type(domain)
     how: tuple | None = ("pickle", domain)
     if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
@@ -92,15 +110,34 @@ def _payload(domain: Domain, task: str | DictConfig) -> bytes | str:
         except Exception:
             pass
         if how is None:
-            where = "__main__" if cls.__module__ == "__main__" else "a function"
-            return (
-                f"its class {cls.__qualname__} is defined in {where}, so another process cannot import it "
-                "(define it at module level)"
-            )
+            how = _by_value(domain)
+        if isinstance(how, str):
+            return how
     try:
         return pickle.dumps({"how": how, "task": task if isinstance(task, str) else OmegaConf.to_container(task)})
     except Exception as exc:
         return f"the domain object cannot be pickled ({type(exc).__name__}: {shorten(str(exc), 120)})"
+
+
+def _by_value(domain: Domain) -> tuple | str:
+    """``("cloudpickle", bytes)``: ``domain`` and its class pickled by value, for a class another process cannot
+    import; or why not (no cloudpickle, or the object cannot be pickled)."""
+    cls = type(domain)
+    where = "__main__" if cls.__module__ == "__main__" else "a function"
+    cloudpickle = cloudpickle_module()
+    if cloudpickle is None:
+        return (
+            f"its class {cls.__qualname__} is defined in {where}, so another process cannot import it, and "
+            "cloudpickle, which would carry it there, is not installed (define it at module level, or pip install "
+            "cloudpickle)"
+        )
+    try:
+        return ("cloudpickle", cloudpickle.dumps(domain))
+    except Exception as exc:
+        return (
+            f"its class {cls.__qualname__} is defined in {where} and cloudpickle cannot carry it to another "
+            f"process ({type(exc).__name__}: {shorten(str(exc), 120)}; define it at module level)"
+        )
 
 
 @dataclass
@@ -224,6 +261,8 @@ def _child() -> None:
             from swarm_runtime.plugins.manager import get_registry
 
             what = get_registry()[1].domains[what]
+        elif kind == "cloudpickle":  # a class pickled by value: unpickling imports cloudpickle's own helpers
+            what = pickle.loads(what)
         task = spec["task"] if isinstance(spec["task"], str) else OmegaConf.create(spec["task"])
         cfg = load_task(what, task)
     except Exception as exc:

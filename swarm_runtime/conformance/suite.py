@@ -49,7 +49,7 @@ from swarm_runtime.conformance.env import (
     check_snapshots,
 )
 from swarm_runtime.conformance.probe import TRAJECTORIES, load_task
-from swarm_runtime.conformance.task import check_fresh_task_config, check_prompts, check_splits
+from swarm_runtime.conformance.task import check_fresh_task_config, check_prompts, check_splits, model_field
 from swarm_runtime.core.domain import Domain
 from swarm_runtime.plugins.registry import ConformanceSuite
 from swarm_runtime.plugins.suites import conformance_suites
@@ -62,10 +62,14 @@ def check_domain(
     max_tokens: int | None = None,
     processes: bool = True,
     registry: Any = None,
+    model: Any = None,
 ) -> None:
     """Run every conformance check on ``domain``/``task``, then the plugins' suites; raises
-    :class:`ConformanceError`. ``max_tokens``: the ``model.max_prompt_tokens`` prompts must fit (default: the
-    task's overrides, else 256); ``processes=False`` skips the determinism check in other processes (about a
+    :class:`ConformanceError`. ``max_tokens``: the ``model.max_prompt_tokens`` prompts must fit (default:
+    ``model``'s, else the task's overrides, else 256); ``model``: the run's ``model`` section (``resolve(...).model``
+    or a mapping of ``path``, ``max_prompt_tokens``, ``chat_template``), whose tokenizer measures the prompts when it
+    has a ``path`` (a checkpoint's BPE counts other lengths than the in-process word-level tokenizer);
+    ``processes=False`` skips the determinism check in other processes (about a
     second); ``registry``: whose conformance suites run (one ``build_registry`` built; default: the installed
     plugins', the core's RLCR suite among them)."""
     load_task(domain, task)  # a task that cannot be loaded fails before anything starts
@@ -82,8 +86,9 @@ def check_domain(
         check_expert(domain, task)
         check_max_decisions(domain, task)
         check_action_choices(domain, task)
-        check_prompts(domain, task, max_tokens=max_tokens)
-        run_suites(suites, domain, task, max_tokens=max_tokens)
+        check_prompts(domain, task, max_tokens=max_tokens, model=model)
+        limit = max_tokens or model_field(model, "max_prompt_tokens")
+        run_suites(suites, domain, task, max_tokens=limit)
 
 
 def run_suites(suites: list[ConformanceSuite], domain: Domain, task: str | DictConfig, **kw: Any) -> None:

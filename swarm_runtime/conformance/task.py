@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -121,21 +124,78 @@ def prompt_problem(
     return None
 
 
+def model_field(model: Any, key: str) -> Any:
+    """``model[key]`` of a run's ``model`` section (a mapping or a config), None when absent."""
+    if model is None:
+        return None
+    return model.get(key) if hasattr(model, "get") else getattr(model, key, None)
+
+
+def run_tokenizer(path: str | Path):
+    """The tokenizer a run with ``model.path=path`` encodes prompts with, loaded as the run loads it
+    (swarm_runtime/models/transformers_backend.py, ``load_pretrained``): the in-process word-level one a swarm
+    checkpoint saved, else the checkpoint's own (``AutoTokenizer``, no code of the checkpoint run)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from swarm_runtime.models.transformers_backend import refuse_custom_code
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"model.path {str(path)!r} has no config.json: not a Hugging Face checkpoint")
+    refuse_custom_code(path)
+    meta = path / "swarm_policy.json"
+    if meta.exists() and json.loads(meta.read_text()).get("word_level_tokenizer"):
+        return PreTrainedTokenizerFast.from_pretrained(path, trust_remote_code=False)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+def run_prompt_length(model: Any) -> Callable[[str], int] | None:
+    """How a run with ``model`` (its ``model`` section: ``path``, ``chat_template``) counts a prompt's tokens, when
+    not with the in-process word-level tokenizer: with ``model.path``, that checkpoint's tokenizer
+    (:func:`run_tokenizer`), the prompt one user turn of its chat template under ``model.chat_template=auto`` (the
+    template's own special tokens), else its tokens and the beginning of sequence when the tokenizer has one, as
+    ``TransformersPolicy.encode_prompt`` (swarm_runtime/models/transformers_backend.py) encodes it. None without
+    ``model.path``."""
+    path = model_field(model, "path")
+    if not path:
+        return None
+    tok = run_tokenizer(path)
+    templated = str(model_field(model, "chat_template") or "none") == "auto" and bool(
+        getattr(tok, "chat_template", None)
+    )
+    bos = 1 if tok.bos_token_id is not None else 0
+
+    def length(text: str) -> int:
+        if templated:
+            turn = [{"role": "user", "content": text}]
+            return len(
+                tok.apply_chat_template(turn, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+            )
+        return len(tok(text, add_special_tokens=False).input_ids) + bos
+
+    return length
+
+
 def check_prompts(
     domain: Domain,
     task: str | DictConfig,
     trajectories=((0, EXPERT_LED), (2, MOSTLY_RANDOM)),
     bid_levels=(0, 0.2, 0.4, 0.6, 0.8),
     max_tokens: int | None = None,
+    model: Any = None,
 ) -> int:
     """At every step of each ``(seed, mix)`` trajectory, the observation and every prompt the core
     would build from it (bid and action prompt of every role, the single model's prompt, with the log
-    so far) use only vocabulary words and fit ``max_tokens`` (default: :func:`max_prompt_tokens` of the
-    task). Returns the prompts checked."""
+    so far) use only vocabulary words and fit ``max_tokens`` (default: ``model.max_prompt_tokens`` of ``model``,
+    else :func:`max_prompt_tokens` of the task). ``model``: a run's ``model`` section (``resolve(...).model``, or a
+    mapping of ``path``, ``max_prompt_tokens``, ``chat_template``): with ``model.path``, the prompts are measured
+    with that checkpoint's tokenizer, as the run measures them (:func:`run_prompt_length`). Returns the prompts
+    checked."""
     cfg = load_task(domain, task)
     name = task_label(task)
     tok = build_tokenizer(domain.all_words(cfg), bid_levels)
-    limit = int(max_tokens or max_prompt_tokens(cfg))
+    limit = int(max_tokens or model_field(model, "max_prompt_tokens") or max_prompt_tokens(cfg))
+    run_length = run_prompt_length(model)
     roles = role_names(domain)
     checked = 0
     for m, (seed, mix) in enumerate(trajectories):
@@ -172,8 +232,23 @@ def check_prompts(
         texts = [x[4] if isinstance(x[4], str) else "" for x in shown]
         vocab = set(tok.get_vocab())
         for (t, action, role, what, text), ids in zip(shown, tok(texts, add_special_tokens=False).input_ids):
-            bad = prompt_problem(tok, text, (1 << 30) if what == "the observation" else limit, ids, vocab)
+            word_limit = (1 << 30) if what == "the observation" or run_length is not None else limit
+            bad = prompt_problem(tok, text, word_limit, ids, vocab)
+            if bad is None and run_length is not None and what != "the observation":
+                bad = run_overflow(run_length(text), limit, model_field(model, "path"), text)
             if bad:
                 p.w.at(t, action, role).fail(f"{what}: {bad}")
             checked += what != "the observation"
     return checked
+
+
+def run_overflow(n: int, limit: int, path: str, text: str) -> str | None:
+    """A prompt of ``n`` tokens with the tokenizer of ``model.path=path`` over ``limit``, in words; None when it fits."""
+    if n <= limit:
+        return None
+    return (
+        f"the prompt is {n} tokens long with the run's tokenizer (model.path={str(path)!r}), more than "
+        f"model.max_prompt_tokens={limit}: the run stops on it (PromptOverflowError; it begins "
+        f"{shorten(' '.join(text.split()[:6]))}); shorten the observation or log_window, or raise "
+        "model.max_prompt_tokens (and model.max_positions)"
+    )

@@ -45,5 +45,11 @@ def make_app(setup: GatewaySetup) -> FastAPI:
     app.add_exception_handler(RequestValidationError, invalid)
     for module in (health, agents, episodes, turns):
         app.include_router(module.router)
-    app.add_middleware(Guard, max_bytes=int(setup.cfg.serve.max_body_bytes), api_key=setup.api_key, metrics=gw.metrics)
+    app.add_middleware(
+        Guard,
+        max_bytes=int(setup.cfg.serve.max_body_bytes),
+        api_key=setup.api_key,
+        metrics=gw.metrics,
+        gateway_id=gw.pop.opts.gateway_id,
+    )
     return app

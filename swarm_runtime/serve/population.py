@@ -25,6 +25,8 @@ from pathlib import Path
 
 from loguru import logger
 
+from swarm_runtime.serve.validate import GATEWAY_HEADER
+
 STATUSES = ("starting", "up", "down", "failed", "draining", "removed")
 
 #: Modules a worker needs, imported once in the fork server: a new or restarted worker is forked from
@@ -151,6 +153,7 @@ class PopulationOptions:
     restart_window_s: float = 60.0
     backoff_base_s: float = 0.5  #: wait before the first restart; doubled for each recent one
     backoff_max_s: float = 30.0
+    gateway_id: str | None = None  #: this gateway's id: an agent whose answer carries it is the gateway itself
 
 
 class Population:
@@ -341,6 +344,9 @@ class Population:
             if not a.url:
                 raise ConnectionError("its Ray actor has not said where it serves yet")
             r = await client.get(f"{a.url}/v1/models", timeout=timeout)
+            if self.is_this_gateway(r):
+                self.mark_failed(a, f"{a.url} is this gateway itself, not an agent's server")
+                return False
             r.raise_for_status()
             if a.model_id is None:  # a server of several models (a base with adapters): the one named as the role
                 ids = [m["id"] for m in r.json()["data"]]
@@ -357,6 +363,18 @@ class Population:
             logger.info("agent {} {}", a.name, "is up" if a.status == "starting" else "answers again: re-admitted")
             a.status, a.since, a.misses, a.error = "up", time.time(), 0, None
         return True
+
+    def is_this_gateway(self, response) -> bool:
+        """``response`` (of an agent URL) came from this gateway: it carries the gateway's id."""
+        return self.opts.gateway_id is not None and response.headers.get(GATEWAY_HEADER) == self.opts.gateway_id
+
+    async def reaches_this_gateway(self, client, url: str, timeout: float = 5.0) -> bool:
+        """``url``'s ``/v1/models`` is answered by this gateway (another name of its address); False when it answers
+        otherwise or not at all (the probes judge that)."""
+        try:
+            return self.is_this_gateway(await client.get(f"{url.rstrip('/')}/v1/models", timeout=timeout))
+        except Exception:  # no answer: not this gateway, which answers
+            return False
 
     async def watch(self, client) -> None:
         """Forever: restart dead workers the gateway owns (with backoff), probe the agents that are not up."""

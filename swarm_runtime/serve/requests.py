@@ -48,8 +48,8 @@ class EpisodeRequest(BaseModel):
                 v = int(v)
             except ValueError:
                 raise ValueError("an integer (or its decimal string)") from None
-        if isinstance(v, int) and not -(1 << 63) <= v < (1 << 64):
-            raise ValueError("out of range: a 64-bit integer")
+        if isinstance(v, int) and not 0 <= v < (1 << 64):
+            raise ValueError("out of range: an integer in [0, 2**64 - 1]")
         return v
 
 

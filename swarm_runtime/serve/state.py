@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import time
 from typing import Any
 
@@ -33,6 +34,7 @@ def population_options(cfg, serve_dir) -> PopulationOptions:
         probe_interval_s=float(s.probe_interval_ms) / 1000,
         drop_after_misses=int(s.drop_after_misses),
         log_dir=serve_dir / "workers",
+        gateway_id=secrets.token_hex(8),
         join_timeout_s=float(s.startup_timeout_s),
         max_restarts=int(s.max_restarts),
         restart_window_s=float(s.restart_window_s),

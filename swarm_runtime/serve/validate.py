@@ -18,6 +18,10 @@ from urllib.parse import urlsplit
 #: never ``.`` or ``..``).
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 LOOPBACK_HOSTS = ("localhost",)
+#: Addresses a gateway bound to listens on every interface of (``serve.host=0.0.0.0``).
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+#: The header every answer of a gateway carries: its id, so an agent URL that reaches the gateway itself is known.
+GATEWAY_HEADER = "x-swarm-gateway"
 
 
 class BadRequest(ValueError):
@@ -134,9 +138,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_agent_url(url: str, allow_hosts=()) -> str:
+def check_agent_url(url: str, allow_hosts=(), gateway: tuple[str, int] | None = None) -> str:
     """An agent's base URL: ``http(s)://HOST[:PORT][/v1]``; HOST loopback, or listed in ``allow_hosts``
-    (``serve.allow_hosts``; ``*`` = any). :class:`BadRequest` naming what is wrong otherwise."""
+    (``serve.allow_hosts``; ``*`` = any); not the gateway's own address (``gateway``: its ``(host, port)``, see
+    :func:`is_gateway_address`). :class:`BadRequest` naming what is wrong otherwise."""
     try:
         parts = urlsplit(str(url))
         port = parts.port
@@ -163,7 +168,28 @@ def check_agent_url(url: str, allow_hosts=()) -> str:
         )
     if port is not None and not 0 < port < 65536:
         raise BadRequest(f"url {url!r}: port {port} is out of range", param="url", status=422)
+    if gateway is not None and is_gateway_address(parts.hostname, port or _DEFAULT_PORTS[parts.scheme], *gateway):
+        raise BadRequest(
+            f"url {url!r} is this gateway itself (serve.host={gateway[0]}, serve.port={gateway[1]}); give the URL "
+            "of an agent's server (a swarm worker or vllm serve)",
+            param="url",
+            status=422,
+        )
     return f"{parts.scheme}://{parts.netloc}"
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def is_gateway_address(host: str, port: int, gateway_host: str, gateway_port: int) -> bool:
+    """``host:port`` reaches a gateway listening on ``gateway_host:gateway_port``: the same port, and the same host,
+    or both loopback, or a loopback host where the gateway listens on every interface. Other names of this machine
+    are found by the gateway's probe instead (the :data:`GATEWAY_HEADER` of its answer)."""
+    if int(port) != int(gateway_port):
+        return False
+    host, gateway_host = host.strip("[]").lower(), str(gateway_host).strip("[]").lower()
+    loopback = is_loopback(host)
+    return host == gateway_host or (loopback and (is_loopback(gateway_host) or gateway_host in WILDCARD_HOSTS))
 
 
 def openai_error(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:

@@ -103,7 +103,14 @@ async def add_agent(request: Request):
     req = validated(AgentRequest, await request.body())
     check_agent_request(gw, req)
     if req.url is not None:
-        url = check_agent_url(req.url, list(gw.s.allow_hosts or []))
+        url = check_agent_url(req.url, list(gw.s.allow_hosts or []), gateway=(str(gw.s.host), int(gw.s.port)))
+        if await gw.pop.reaches_this_gateway(gw.http, url):
+            raise BadRequest(
+                f"url {req.url!r} is this gateway itself (it answered with this gateway's id); give the URL of an "
+                "agent's server (a swarm worker or vllm serve)",
+                param="url",
+                status=422,
+            )
         a = gw.pop.add_url(req.role, url, req.name)
         await gw.pop.probe(gw.http, a)
         return JSONResponse(a.public(), status_code=201)
