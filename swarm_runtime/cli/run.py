@@ -9,19 +9,25 @@ from swarm_runtime.config.errors import Stopped
 
 
 def cmd_run(args) -> int:
-    """``swarm run [key=value ...]``: check the command line, prepare the run folder, train with the algorithm
-    the config names, and stamp the results with the library versions; the folder's lock is released at the end."""
+    """``swarm run [key=value ...]``: check the command line and the servers the run samples on (before anything
+    trains: ``sampling.factory.preflight``), prepare the run folder, train with the algorithm the config names, and
+    stamp the results with the library versions; the folder's lock is released at the end."""
     from swarm_runtime.config.load import precheck
 
     args.overrides = expand_recipe(args.overrides)
     precheck(resume_picks(args.overrides))  # before the plugins (torch) load: a bad value fails fast
     from swarm_runtime.config.load import resolve
     from swarm_runtime.runs.folder import prepare_run
+    from swarm_runtime.sampling.factory import preflight
 
     pm, reg = plugin_registry()
     cfg = resolve(resume_picks(args.overrides), reg)
+    if not cfg.resume:  # the servers the run samples on, before its folder is made (a resume's: its saved config's)
+        preflight(cfg)
     ctx = prepare_run(cfg, pm, reg, args=args.overrides)
     try:
+        if cfg.resume:
+            preflight(ctx.cfg)
         trainer = reg.get("algorithms", ctx.cfg.algo.name)(ctx)
         trainer.train()
         from swarm_runtime.runs.provenance import stamp
