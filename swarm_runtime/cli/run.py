@@ -33,9 +33,24 @@ def cmd_run(args) -> int:
         from swarm_runtime.runs.provenance import stamp
 
         stamp(ctx.run_dir / "eval.json")  # library versions and commit beside the figures
+        _check_graded(ctx.run_dir)
     except Stopped as exc:
         exc.run_dir = ctx.run_dir  # the resume line names the folder
         raise
     finally:
         ctx.lock.release()
     return 0
+
+
+def _check_graded(run_dir) -> None:
+    """The run's held-out results (``eval.json``) had their rewards given (:func:`~swarm_runtime.cli.common.check_graded`)."""
+    import json
+
+    from swarm_runtime.cli.common import check_graded
+
+    try:
+        results = json.loads((run_dir / "eval.json").read_text()).get("results") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(results, dict):
+        check_graded(results, f"evaluate again with swarm eval {run_dir}")
