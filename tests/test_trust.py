@@ -260,7 +260,7 @@ class _Judge(BaseHTTPRequestHandler):
 
 def test_a_judge_endpoint_saved_in_a_run_folder_gets_no_key(runs, tmp_path):
     """6. A run folder whose config.yaml names its own judge base_url: swarm eval with OPENAI_API_KEY in the
-    environment exits 2 naming task.llm_judge.base_url, and the endpoint hears nothing; given on the
+    environment exits 2 naming task.llm_judge.base_url and the way on, and the endpoint hears nothing; given on the
     command line, the same endpoint is used."""
     server = HTTPServer(("127.0.0.1", 0), _Judge)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -275,7 +275,7 @@ def test_a_judge_endpoint_saved_in_a_run_folder_gets_no_key(runs, tmp_path):
         )
         env = {"OPENAI_API_KEY": "sk-ENVKEY-0123456789"}
         res = swarm("eval", str(run), "checkpoint=sft", cwd=tmp_path, env=env)
-        _error(res, "task.llm_judge.base_url", url, "OPENAI_API_KEY")
+        _error(res, "task.llm_judge.base_url", url, "on the command line")
         assert _Judge.seen == []
         res = swarm("eval", str(run), "checkpoint=sft", f"task.llm_judge.base_url={url}", cwd=tmp_path, env=env)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -632,7 +632,7 @@ def test_a_saved_rollout_url_gets_no_prompts(runs, tmp_path, warm_swarm):
         _saved(run, rollout__engine="openai", rollout__url=url)
         _error(warm_swarm(*resume, cwd=tmp_path), f"rollout.url={url!r}", str(run / "config.yaml"))
         _saved(run, rollout__url=dead, rollout__urls={"big": url})
-        _error(warm_swarm(*resume, f"rollout.url={dead}", cwd=tmp_path), "rollout.urls=", "big")
+        _error(warm_swarm(*resume, f"rollout.url={dead}", cwd=tmp_path), f"rollout.urls.big={url!r}")
         assert not _heard(listener)
     finally:
         listener.close()

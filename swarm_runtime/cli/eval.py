@@ -210,4 +210,5 @@ def cmd_eval_served(args) -> int:
         f"{cfg.domain}/{cfg.task_name}, served checkpoint {health['checkpoint']} at {url}, {res['seeds']} held-out "
         f"seeds x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}"
     )
+    check_graded({f"the service at {url}": res}, "evaluate again")
     return 0

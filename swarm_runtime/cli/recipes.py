@@ -88,5 +88,5 @@ def refuse_recipe_choices(given: str, data: dict, rest: list[str]) -> None:
             raise ConfigError(
                 f"recipe {given!r} sets {key}={shown_value(value)!r}: swarm does not run a program, pass server flags "
                 f"or send the run's prompts and keys where a file says; give {key}=... on the command line if you "
-                "trust it (the same value, or another)"
+                "trust it"
             )

@@ -256,9 +256,8 @@ CHOSEN_ON_THE_COMMAND_LINE = {
 
 
 def gives(key: str, given_keys) -> bool:
-    """Whether the command line (``given_keys``, full keys) gives ``key``: itself, a section holding it, or a key
-    inside it (``rollout.urls.big`` gives part of ``rollout.urls``)."""
-    return any(key == g or key.startswith(f"{g}.") or g.startswith(f"{key}.") for g in given_keys)
+    """Whether the command line (``given_keys``, full keys) gives ``key``: itself or a section holding it."""
+    return any(key == g or key.startswith(f"{g}.") for g in given_keys)
 
 
 def _empty(value) -> bool:
@@ -280,15 +279,19 @@ def refuse_saved_choices(cfg: DictConfig, given_keys, source, keys=None) -> None
     and both ways on, before anything runs or connects."""
     from swarm_runtime.config.errors import ConfigError
 
-    for key in keys or CHOSEN_ON_THE_COMMAND_LINE:
-        value = OmegaConf.select(cfg, key, default=None)
-        if _empty(value) or gives(key, given_keys) or not CHOSEN_ON_THE_COMMAND_LINE[key](cfg):
+    for name in keys or CHOSEN_ON_THE_COMMAND_LINE:
+        value = OmegaConf.select(cfg, name, default=None)
+        if _empty(value) or not CHOSEN_ON_THE_COMMAND_LINE[name](cfg):
             continue
-        raise ConfigError(
-            f"{key}={shown_value(value)!r} comes from {source}, not from the command line; swarm does not run a program, "
-            f"pass server flags or send the run's prompts and keys where a saved file says: give {key}=... on the "
-            f"command line if you trust it (the same value, or another)"
-        )
+        each = {f"{name}.{k}": v for k, v in value.items()} if isinstance(value, DictConfig) else {name: value}
+        for key, v in each.items():  # a mapping (rollout.urls) key by key: the command line may give some
+            if _empty(v) or gives(key, given_keys):
+                continue
+            raise ConfigError(
+                f"{key}={shown_value(v)!r} comes from {source}, not from the command line; swarm does not run a "
+                "program, pass server flags or send the run's prompts and keys where a saved file says: give "
+                f"{key}=... on the command line if you trust it"
+            )
 
 
 def recipe_choices(data: dict, known_top: set[str]) -> list[tuple[str, object]]:
