@@ -260,7 +260,7 @@ class _Judge(BaseHTTPRequestHandler):
 
 def test_a_judge_endpoint_saved_in_a_run_folder_gets_no_key(runs, tmp_path):
     """6. A run folder whose config.yaml names its own judge base_url: swarm eval with OPENAI_API_KEY in the
-    environment exits 2 naming task.llm_judge.base_url, and the endpoint hears nothing; given on the
+    environment exits 2 naming task.llm_judge.base_url and the way on, and the endpoint hears nothing; given on the
     command line, the same endpoint is used."""
     server = HTTPServer(("127.0.0.1", 0), _Judge)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -275,7 +275,7 @@ def test_a_judge_endpoint_saved_in_a_run_folder_gets_no_key(runs, tmp_path):
         )
         env = {"OPENAI_API_KEY": "sk-ENVKEY-0123456789"}
         res = swarm("eval", str(run), "checkpoint=sft", cwd=tmp_path, env=env)
-        _error(res, "task.llm_judge.base_url", url, "OPENAI_API_KEY")
+        _error(res, "task.llm_judge.base_url", url, "on the command line")
         assert _Judge.seen == []
         res = swarm("eval", str(run), "checkpoint=sft", f"task.llm_judge.base_url={url}", cwd=tmp_path, env=env)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -549,3 +549,248 @@ def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path, war
         assert "outside the run folder" in line or "link out of the run folder" in line, line
     for name in ("full", "lora", "research"):
         assert f"config_version: {CONFIG_VERSION}\n" in (runs[0] / name / "config.yaml").read_text()
+
+
+# ------------------------------------------------------------ programs, servers and flags a saved file names (13-17)
+def _saved(run: Path, **keys) -> None:
+    """Set dotted ``keys`` in ``run``'s config.yaml, as a folder from elsewhere would hold them."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(run / "config.yaml")
+    for key, value in keys.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value, merge=False)
+    OmegaConf.save(cfg, run / "config.yaml")
+
+
+def _planted(tmp_path: Path) -> tuple[Path, Path]:
+    """A program a folder could name as its vLLM Python: it leaves a marker, then is a Python without vLLM."""
+    marker = tmp_path / "ran"
+    script = tmp_path / "planted.sh"
+    script.write_text(f'#!/bin/sh\ntouch {marker}\nexec python3 "$@"\n')
+    script.chmod(0o755)
+    return script, marker
+
+
+def test_a_program_a_run_folder_or_recipe_names_is_not_run(runs, tmp_path, warm_swarm):
+    """13. A copied LoRA run whose config.yaml sets rollout.engine=vllm and rollout.vllm.python to a program: resume=true
+    exits 2 naming the key, the program and the file, and the program never runs; so does recipe=<that config.yaml>
+    for a fresh run from a recipe file that sets it. Repeated on the command line it is the user's choice: it runs, before anything trains, and is
+    named as a Python without vLLM, pointing at `swarm vllm setup`."""
+    script, marker = _planted(tmp_path)
+    run = _copy(runs, "lora", tmp_path / "run")
+    _saved(run, rollout__engine="vllm", rollout__vllm__python=str(script))
+    before = _tree(run / "checkpoints")
+    resume = ("run", "resume=true", f"run_dir={run}")
+    _error(warm_swarm(*resume, cwd=tmp_path), "rollout.vllm.python=", str(script), str(run / "config.yaml"))
+    planted = tmp_path / "recipe.yaml"
+    planted.write_text(f"model.adapter: lora\nrollout:\n  engine: vllm\n  vllm: {{python: {script}}}\n")
+    recipe = ("run", f"recipe={planted}", *TINY_RUN, f"run_dir={tmp_path / 'fresh'}")
+    _error(warm_swarm(*recipe, cwd=tmp_path), str(planted), "rollout.vllm.python=", "on the command line")
+    assert not marker.exists() and not (tmp_path / "fresh").exists()
+    _error(warm_swarm(*resume, f"rollout.vllm.python={script}", cwd=tmp_path), "has no vllm", "swarm vllm setup")
+    assert marker.exists() and _tree(run / "checkpoints") == before
+
+
+def test_server_flags_that_undo_the_guard_are_refused(runs, tmp_path, warm_swarm):
+    """14. rollout.vllm.args saved in a run folder are refused as a program is (13); flags that bind the server
+    elsewhere, load code or replace its key are refused from anywhere: the command line (any spelling argparse takes),
+    a --config file they name, and a VLLMServer made through the library."""
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.sampling.vllm_server import VLLMServer
+
+    run = _copy(runs, "lora", tmp_path / "run")
+    _saved(run, rollout__engine="vllm", rollout__vllm__args=["--max-num-seqs", "8"])
+    _error(warm_swarm("run", "resume=true", f"run_dir={run}", cwd=tmp_path), "rollout.vllm.args=", "config.yaml")
+    conf = tmp_path / "vllm.yaml"
+    conf.write_text("trust-remote-code: true\n")
+    engine = ("config", "rollout.engine=vllm", "model.adapter=lora")
+    for args, flag in [
+        ("[--trust-remote-code]", "--trust-remote-code"),
+        ("[--trust_remote_code]", "--trust_remote_code"),
+        ("[--host, 0.0.0.0]", "--host"),
+        ("['--middleware=evil.Mw']", "--middleware"),
+        ("[--worker-extension-cls, evil.W]", "--worker-extension-cls"),
+        ("[--trust-rem]", "--trust-rem"),
+        (f"[--config, {conf}]", f"--config {conf}"),
+    ]:
+        _error(warm_swarm(*engine, f"rollout.vllm.args={args}", cwd=tmp_path), "rollout.vllm.args gives", flag)
+    res = warm_swarm(*engine, "rollout.vllm.args=[--max-num-seqs, '8', --max-model-len, '512']", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with pytest.raises(ConfigError, match="--host"):
+        VLLMServer("python3", tmp_path, tmp_path / "log", args=["--host=0.0.0.0"])
+
+
+def test_a_saved_rollout_url_gets_no_prompts(runs, tmp_path, warm_swarm):
+    """15. A run folder saved with rollout.engine=openai and its own rollout.url (or rollout.urls.NAME): resume=true
+    exits 2 naming it before anything connects; given again on the command line, the run connects (here to a port
+    where nothing answers: named before anything trains)."""
+    listener, address = _listener()
+    url, dead = f"http://{address}", "http://127.0.0.1:9"
+    run = _copy(runs, "lora", tmp_path / "run")
+    resume = ("run", "resume=true", f"run_dir={run}")
+    try:
+        _saved(run, rollout__engine="openai", rollout__url=url)
+        _error(warm_swarm(*resume, cwd=tmp_path), f"rollout.url={url!r}", str(run / "config.yaml"))
+        _saved(run, rollout__url=dead, rollout__urls={"big": url})
+        _error(warm_swarm(*resume, f"rollout.url={dead}", cwd=tmp_path), f"rollout.urls.big={url!r}")
+        assert not _heard(listener)
+    finally:
+        listener.close()
+    _saved(run, rollout__urls={})
+    before = _tree(run / "checkpoints")
+    _error(warm_swarm(*resume, f"rollout.url={dead}", cwd=tmp_path), f"rollout.url={dead} does not answer")
+    assert _tree(run / "checkpoints") == before
+
+
+def test_a_judge_url_loaded_through_the_library_gets_no_key(runs, tmp_path, monkeypatch):
+    """16. A program that loads a run folder's config (load_saved) and makes its judge: the judge's saved base_url
+    is not sent OPENAI_API_KEY (the guard sits where the key is attached), until the program trusts it."""
+    from swarm_domains.openresearcher.judge import make_judge
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import load_saved
+    from swarm_runtime.config.secrets import trust_endpoint
+
+    server = HTTPServer(("127.0.0.1", 0), _Judge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    _Judge.seen = []
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-ENVKEY-0123456789")
+    try:
+        run = _copy(runs, "research", tmp_path / "run")
+        _saved(run, task__judge="llm", task__llm_judge__base_url=url)
+        cfg = load_saved(run / "config.yaml")
+        settings = dict(cfg.task.llm_judge)
+        settings.pop("api_key", None)
+        with pytest.raises(ConfigError, match="task.llm_judge.base_url"):
+            make_judge("llm", None, settings)
+        trust_endpoint(url)
+        assert make_judge("llm", None, settings).grade("q", "a", "a").correct is not None
+        assert _Judge.seen and all(h == "Bearer sk-ENVKEY-0123456789" for h in _Judge.seen)
+    finally:
+        server.shutdown()
+
+
+def test_judge_settings_are_bounded_and_a_key_is_no_url(tmp_path, warm_swarm):
+    """17. The judge's settings: a key given as base_url is refused without being shown, before any config.yaml is
+    written; a base_url that is not http(s), a timeout that is not finite or over an hour, a billion attempts and a
+    cache folder nothing can be written into are refused naming the key, with either command that takes them."""
+    key = "sk-PASTEDKEY-0123456789abcdef"
+    research = ("domain=openresearcher", "task=embedded")
+    run = tmp_path / "run"
+    res = warm_swarm("run", *RESEARCH, f"task.llm_judge.base_url={key}", f"run_dir={run}", cwd=tmp_path)
+    line = _error(res, "task.llm_judge.base_url", "looks like an API key", "OPENAI_API_KEY")
+    assert key not in res.stdout + res.stderr and not run.exists(), line
+    for value, needle in [
+        ("base_url=file:///etc/passwd", "'file:///etc/passwd' is not an http(s) URL"),
+        ("timeout_s=nan", "timeout_s='nan' is not valid"),
+        ("timeout_s=1e9", "timeout_s=1000000000.0 is not valid"),
+        ("max_attempts=1000000000", "max_attempts=1000000000 is not valid"),
+        ("cache_dir=/proc/nope", "cache_dir='/proc/nope' cannot hold the grade cache"),
+    ]:
+        res = warm_swarm("config", *research, "judge=llm", f"task.llm_judge.{value}", cwd=tmp_path)
+        _error(res, needle)
+    res = warm_swarm("config", *research, "judge=llm", f"task.llm_judge.cache_dir={tmp_path}/c", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not (tmp_path / "c").exists()  # checked, not made
+
+
+def test_a_judge_that_grades_nothing_stops_the_run(tmp_path, monkeypatch):
+    """17b. A judge whose every grade fails (a wrong key: HTTP 401 from the server) stops the run after its first
+    three answers, in one line naming the URL, the last error and what to check; one that grades some is warned of
+    at the end (swarm run, swarm eval: cli/common.py check_graded), and one that grades none of the held-out
+    episodes is an error."""
+    from swarm_domains.openresearcher.judge import GIVE_UP_AFTER, make_judge
+    from swarm_runtime.cli.common import check_graded
+    from swarm_runtime.config.errors import ConfigError
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = b'{"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}'
+            self.send_response(401)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-WRONG-0123456789")
+    try:
+        judge = make_judge("llm", None, {"base_url": url, "max_attempts": 1, "backoff_s": 0})
+        for _ in range(GIVE_UP_AFTER - 1):
+            assert judge.grade("q", "a", "a").missing
+        with pytest.raises(ConfigError, match=f"judge at {url} graded none of the 3 .*AuthenticationError"):
+            judge.grade("q", "a", "a")
+    finally:
+        server.shutdown()
+    with pytest.raises(ConfigError, match="graded none of the 4 held-out episodes of MPT"):
+        check_graded(
+            {"SFT only": {"episodes": 4, "reward_missing": 0}, "MPT": {"episodes": 4, "reward_missing": 4}}, "x"
+        )
+    check_graded({"MPT": {"episodes": 4, "reward_missing": 1}}, "x")  # a warning, not an error
+
+
+def _damage(run: Path, how: str) -> Path:
+    """Damage ``run``'s latest checkpoint as ``how`` says; the file the error must name."""
+    from safetensors.torch import load_file, save_file
+
+    agents = _latest(run) / "agents"
+    miner = agents / "Miner"
+    if how == "copied":  # Logger's adapter over Miner's
+        for f in (agents / "Logger").iterdir():
+            shutil.copy(f, miner / f.name)
+        return miner / "swarm_policy.json"
+    if how == "garbage":
+        (miner / "swarm_policy.json").write_text("{bid_levels: [")
+        return miner / "swarm_policy.json"
+    if how == "no-policy":
+        (miner / "swarm_policy.json").unlink()
+        return miner / "swarm_policy.json"
+    if how == "no-adapter":
+        (miner / "adapter_model.safetensors").unlink()
+        return miner / "adapter_model.safetensors"
+    weights = load_file(miner / "adapter_model.safetensors")  # nan
+    weights[sorted(weights)[0]][0] = float("nan")
+    save_file(weights, str(miner / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return miner / "adapter_model.safetensors"
+
+
+@pytest.mark.parametrize("how", ["copied", "garbage", "no-policy", "no-adapter", "nan"])
+def test_eval_export_serve_and_resume_share_one_checkpoint_check(how, runs, tmp_path, warm_swarm):
+    """18. A LoRA checkpoint with one role's adapter copied over another's, a garbage or deleted swarm_policy.json, a
+    deleted adapter or NaN adapter weights: swarm eval, export, serve and run resume=true each exit 2 in one line
+    naming the file, before anything loads the models or rewrites the folder."""
+    run = _copy(runs, "lora", tmp_path / "run")
+    bad = _damage(run, how)
+    metrics = (run / "metrics.jsonl").read_bytes()
+    for args in (
+        ("eval", str(run)),
+        ("export", str(run)),
+        ("serve", str(run)),
+        ("run", "resume=true", f"run_dir={run}", "algo.iterations=3"),
+    ):
+        _error(warm_swarm(*args, cwd=tmp_path), str(bad), absent=("cannot be loaded",))
+    assert (run / "metrics.jsonl").read_bytes() == metrics and not (run / "export").exists()
+
+
+def test_a_resumed_experiments_saved_program_is_refused(registry, tmp_path):
+    """13b. A resumed experiment whose saved arguments name a vLLM Python is refused like a run folder (13), before
+    anything is written; given again on the command line, it passes that check."""
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.experiments.runner import run_experiment
+
+    pm, reg = registry
+    script, marker = _planted(tmp_path)
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    saved = ["domain=minecraft", "task=wooden_pickaxe", "model.adapter=lora", "rollout.engine=vllm"]
+    saved.append(f"rollout.vllm.python={script}")
+    (folder / "experiment.json").write_text(json.dumps({"experiment": "heldout", "args": saved, "command": "x"}))
+    with pytest.raises(ConfigError, match=r"rollout.vllm.python=.*comes from .*experiment.json"):
+        run_experiment("heldout", ["resume=true", f"run_dir={folder}"], pm, reg)
+    assert sorted(p.name for p in folder.iterdir()) == ["experiment.json"] and not marker.exists()

@@ -30,6 +30,9 @@ from loguru import logger
 JUDGES = ("exact", "llm")
 DEFAULT_MODEL = "qwen3.5-flash"
 
+#: A judge whose first this many grades all went missing (none given) stops the run: a wrong URL, model or key.
+GIVE_UP_AFTER = 3
+
 
 @dataclass(frozen=True)
 class Grade:
@@ -181,12 +184,18 @@ class LLMJudge:
         max_tokens: int = 512,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        if int(max_attempts) < 1:
-            raise ValueError(f"llm judge max_attempts={max_attempts!r} must be >= 1")
-        if float(timeout_s) <= 0:
-            raise ValueError(f"llm judge timeout_s={timeout_s!r} must be > 0")
-        if float(backoff_s) < 0 or float(backoff_max_s) < 0:
-            raise ValueError(f"llm judge backoff_s={backoff_s!r} / backoff_max_s={backoff_max_s!r} must be >= 0")
+        problem = settings_problem(
+            dict(
+                base_url=base_url,
+                timeout_s=timeout_s,
+                max_attempts=max_attempts,
+                backoff_s=backoff_s,
+                backoff_max_s=backoff_max_s,
+                cache_dir=cache_dir,
+            )
+        )
+        if problem:
+            raise ValueError(problem)
         try:
             import openai
         except ImportError as exc:
@@ -206,7 +215,7 @@ class LLMJudge:
         self._sleep = sleep
         self.cache = GradeCache(cache_dir) if cache_dir else None
         self._client = openai.OpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout_s, max_retries=0)
-        #: counters: requests sent, failed requests (any cause), missing grades, cache hits
+        #: counters: requests sent, failed requests (any cause), missing grades, cache hits, grades given
         self.stats: Counter = Counter()
         logger.info(
             "llm judge: model={} base_url={} timeout={}s attempts={} cache={}",
@@ -239,6 +248,7 @@ class LLMJudge:
         key = GradeCache.key(self.model, question, reference, answer)
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             self.stats["cache_hits"] += 1
+            self.stats["graded"] += 1
             return Grade(correct=bool(hit["correct"]), f1=f1, attempts=0, cached=True)
         prompt = GRADER_TEMPLATE.format(question=question, response=answer, correct_answer=reference)
         error = ""
@@ -247,6 +257,7 @@ class LLMJudge:
             try:
                 verdict = parse_grade(self._ask(prompt))
                 if verdict is not None:
+                    self.stats["graded"] += 1
                     if self.cache is not None:
                         self.cache.put(key, {"correct": verdict, "model": self.model})
                     return Grade(correct=verdict, f1=f1, attempts=attempt)
@@ -266,7 +277,115 @@ class LLMJudge:
                 self._sleep(delay)
         self.stats["missing"] += 1
         logger.warning("llm judge: grade missing after {} attempt(s): {}", self.max_attempts, error)
+        if not self.stats["graded"] and self.stats["missing"] >= GIVE_UP_AFTER:
+            from swarm_runtime.config.errors import ConfigError
+
+            raise ConfigError(
+                f"the llm judge at {self.base_url or '(openai default)'} graded none of the {self.stats['missing']} "
+                f"answers it was asked to (last error: {error}): the run stops rather than train and evaluate on "
+                "missing rewards; check task.llm_judge.base_url, task.llm_judge.model and the key (OPENAI_API_KEY)"
+            )
         return Grade(correct=None, f1=f1, missing=True, attempts=attempt, error=error)
+
+
+# --------------------------------------------------------------------------- settings
+#: Bounds of the LLM judge's numeric settings: a request waits at most an hour, a grade is tried at most 100 times.
+MAX_TIMEOUT_S = 3600.0
+MAX_ATTEMPTS = 100
+#: A value that looks like an API key (``sk-...``, or one long token without ``/`` or ``:``), not a URL.
+_KEY_LIKE = re.compile(r"^(sk-|sk_|key-)\S*$|^[A-Za-z0-9_\-.]{24,}$")
+
+
+def base_url_problem(url) -> str:
+    """Why ``url`` cannot be the judge's ``base_url`` ("" when it can): an http(s) URL with a host. A value that
+    looks like an API key is said to be one and never shown (the key would land in messages and config.yaml)."""
+    from urllib.parse import urlsplit
+
+    if url is None:
+        return ""
+    text = str(url).strip()
+    if "://" not in text and _KEY_LIKE.match(text):
+        return (
+            "task.llm_judge.base_url holds what looks like an API key, not a URL (not shown): give the key as "
+            "OPENAI_API_KEY, and base_url an http(s) URL such as https://api.openai.com/v1 (or null)"
+        )
+    parts = urlsplit(text) if "://" in text else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        return (
+            f"task.llm_judge.base_url={text[:120]!r} is not an http(s) URL: give one such as "
+            "https://api.openai.com/v1, or null for $OPENAI_BASE_URL"
+        )
+    return ""
+
+
+def cache_dir_problem(path) -> str:
+    """Why the grade cache cannot live in ``path`` ("" when it can): the folder, or the nearest folder above it
+    that exists, must take a new entry (tried: a temporary folder made and removed there)."""
+    import tempfile
+
+    if path is None or str(path) == "":
+        return ""
+    folder = Path(str(path)).expanduser()
+    here = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    why = "its nearest existing folder is a file" if here is not None and not here.is_dir() else ""
+    if not why and here is not None:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".swarm-judge-", dir=here))
+        except OSError as exc:
+            why = f"{str(here)!r} takes no new entry ({exc.strerror})"
+    if why or here is None:
+        return (
+            f"task.llm_judge.cache_dir={str(path)!r} cannot hold the grade cache: {why or 'no folder of it exists'}; "
+            "give a writable folder, or null for no cache"
+        )
+    return ""
+
+
+def settings_problem(cfg: dict) -> str:
+    """The first problem of the LLM judge's settings ``cfg`` (``task.llm_judge``), "" when there is none: the base
+    URL (:func:`base_url_problem`), a finite timeout up to :data:`MAX_TIMEOUT_S`, whole attempts up to
+    :data:`MAX_ATTEMPTS`, finite back-offs, a writable cache (:func:`cache_dir_problem`)."""
+    import math
+
+    problem = base_url_problem(cfg.get("base_url"))
+    if problem:
+        return problem
+    numbers = {
+        "timeout_s": (lambda v: 0 < v <= MAX_TIMEOUT_S, f"a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}"),
+        "max_attempts": (lambda v: v == int(v) and 1 <= v <= MAX_ATTEMPTS, f"a whole number from 1 to {MAX_ATTEMPTS}"),
+        "backoff_s": (lambda v: 0 <= v <= MAX_TIMEOUT_S, f"seconds from 0 to {MAX_TIMEOUT_S:g}"),
+        "backoff_max_s": (lambda v: 0 <= v <= MAX_TIMEOUT_S, f"seconds from 0 to {MAX_TIMEOUT_S:g}"),
+    }
+    for key, (ok, valid) in numbers.items():
+        value = cfg.get(key)
+        if value is None:
+            continue
+        try:
+            number = float(value)
+            good = not isinstance(value, bool) and math.isfinite(number) and ok(number)
+        except (TypeError, ValueError):
+            good = False
+        if not good:
+            return f"task.llm_judge.{key}={value!r} is not valid: must be {valid}"
+    return cache_dir_problem(cfg.get("cache_dir"))
+
+
+def check_settings(cfg, registry=None) -> None:
+    """Validation's check of an openresearcher config (``swarm_register_config_rules``): the judge's base URL with
+    any judge (a key given as the URL is refused before config.yaml is written), and with ``judge=llm`` all of
+    :func:`settings_problem`; a :class:`~swarm_runtime.config.errors.ConfigError` naming the key."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from swarm_runtime.config.errors import ConfigError
+
+    task = cfg.get("task") if cfg.get("domain") == "openresearcher" else None
+    llm = task.get("llm_judge") if isinstance(task, DictConfig) else None
+    if not isinstance(llm, DictConfig):
+        return
+    settings = OmegaConf.to_container(llm)
+    problem = settings_problem(settings) if task.get("judge") == "llm" else base_url_problem(settings.get("base_url"))
+    if problem:
+        raise ConfigError(problem)
 
 
 # --------------------------------------------------------------------------- factory

@@ -67,3 +67,10 @@ class OpenResearcherDomain(Domain):
 @hookimpl
 def swarm_register_domains(register) -> None:
     register(OpenResearcherDomain())
+
+
+@hookimpl
+def swarm_register_config_rules(register, register_check) -> None:
+    from swarm_domains.openresearcher.judge import check_settings
+
+    register_check(check_settings)  # the LLM judge's settings (judge.py: settings_problem)

@@ -74,3 +74,29 @@ def find_checkpoint(run_dir: Path, tag: str | None) -> Path:
     if ckpt is None or not (ckpt / "state.json").exists():
         raise ConfigError(f"checkpoint {tag or 'latest'!r} not found in {run_dir}; valid: {valid}")
     return ckpt
+
+
+def check_graded(results: dict, again: str) -> None:
+    """Held-out ``results`` (name -> :func:`~swarm_runtime.evaluation.heldout.summarize` output) whose episodes' rewards
+    a judge could not give (``reward_missing``: an LLM judge's grades all failed): none graded is an error (the
+    reward means mean nothing), one line naming the results and ``again`` (how to evaluate again); some is a warning
+    saying how many were left out."""
+    from loguru import logger
+
+    for name, res in results.items():
+        if not isinstance(res, dict):
+            continue
+        n, missing = int(res.get("episodes", 0) or 0), int(res.get("reward_missing", 0) or 0)
+        if n and missing >= n:
+            raise ConfigError(
+                f"the judge graded none of the {n} held-out episodes of {name} (every grade failed; the log says "
+                f"why): their reward means nothing; fix the judge (task.llm_judge.*, its key) and {again}"
+            )
+        if missing:
+            logger.warning(
+                "the judge could not grade {} of the {} held-out episodes of {}: their rewards are left out of its "
+                "means (the log says why)",
+                missing,
+                n,
+                name,
+            )

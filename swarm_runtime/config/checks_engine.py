@@ -123,6 +123,80 @@ def vllm_key_arg(cfg: DictConfig, registry) -> None:
                 f"rollout.vllm.args gives --config {path}, whose key {key!r} sets vLLM's API key: {why}; valid: "
                 f"a --config file without {key!r}"
             )
+    guard_args(r.vllm.get("args"))
+
+
+# ---------------------------------------------------------------- vLLM flags that undo the server's guard
+#: vLLM server flags a run never passes on, from ``rollout.vllm.args`` or a ``--config`` file it names: they bind the
+#: server elsewhere than ``rollout.vllm.host``/``port`` (``--host``, ``--port``, ``--uds``, ``--grpc-port``), load
+#: code by name (``--trust-remote-code``, ``--middleware``, plugins, worker classes), replace its key
+#: (``--api-key``) or its model (``--model``: the run's base). Flag names as vLLM 0.32 spells them
+#: (``vllm/entrypoints/launchers/cli_args.py``, ``vllm/engine/arg_utils.py``).
+GUARD_FLAGS = {
+    "--host": "binds the server to another address than rollout.vllm.host",
+    "--port": "binds the server to another port than rollout.vllm.port",
+    "--uds": "binds the server to a Unix socket",
+    "--grpc-port": "opens a second server",
+    "--api-key": "replaces the key the run gives the server",
+    "--middleware": "imports code into the server",
+    "--trust-remote-code": "runs Python code shipped in a model folder",
+    "--tool-parser-plugin": "imports a Python file into the server",
+    "--tool-server": "connects the server to tool servers",
+    "--logits-processors": "imports code into the server",
+    "--io-processor-plugin": "imports code into the server",
+    "--reasoning-parser-plugin": "imports a Python file into the server",
+    "--worker-cls": "imports code into the server",
+    "--worker-extension-cls": "imports code into the server",
+    "--model": "replaces the run's base",
+}
+
+
+def flag_name(arg) -> str:
+    """The flag an argument of vLLM's command line names, as vLLM reads it: before ``=`` (and a JSON key's ``.``),
+    underscores as dashes (``--trust_remote_code`` is ``--trust-remote-code``), lower case; "" for a value."""
+    text = str(arg).strip().split(None, 1)[0] if str(arg).strip() else ""
+    if not text.startswith("--"):
+        return ""
+    return text.split("=", 1)[0].split(".", 1)[0].replace("_", "-").lower()
+
+
+def guard_arg(args) -> tuple[str, str] | None:
+    """``(argument, what it does)`` of the first argument among ``args`` that names a flag of :data:`GUARD_FLAGS`
+    (the flag, or an abbreviation argparse would take for it: ``--trust-rem``), else None."""
+    for a in args or []:
+        name = flag_name(a)
+        hit = next((f for f in GUARD_FLAGS if len(name) >= 4 and f.startswith(name)), None)
+        if hit is not None:
+            return str(a).strip().split(None, 1)[0].split("=", 1)[0], GUARD_FLAGS[hit]
+    return None
+
+
+def guard_args(args, where: str = "rollout.vllm.args") -> None:
+    """Refuse ``args`` (a vLLM server's extra arguments, from ``where``) naming a flag that undoes the run's guard of
+    its server (:data:`GUARD_FLAGS`), among them or as a key of a ``--config`` file they name: one line naming the
+    flag and what it would do. The check :class:`~swarm_runtime.sampling.vllm_server.VLLMServer` makes too."""
+    hit = guard_arg(args)
+    source = ""
+    if hit is None:
+        import yaml
+
+        for path in config_files(args):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    data = yaml.safe_load(f)
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue  # vllm_key_arg names an unreadable file
+            hit = guard_arg([f"--{k}" for k in data]) if isinstance(data, dict) else None
+            if hit is not None:
+                source = f" (in --config {path})"
+                break
+    if hit is not None:
+        flag, why = hit
+        raise ConfigError(
+            f"{where} gives {flag}{source}, which {why}: a server the run starts listens on rollout.vllm.host and "
+            f"rollout.vllm.port only, with its own key and no code from elsewhere; valid: {where} without "
+            + ", ".join(GUARD_FLAGS)
+        )
 
 
 #: vLLM's flags (and short forms) whose product is the GPUs one server uses (its world size).

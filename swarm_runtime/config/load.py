@@ -298,6 +298,11 @@ def load_saved(path, registry=None) -> DictConfig:
             len(legacy),
             ", ".join(sorted(legacy)[:6]) + (" ..." if len(legacy) > 6 else ""),
         )
+    from swarm_runtime.config.secrets import note_saved_endpoints
+
+    # every endpoint the file names gets no key until the command line gives it (runs/folder.py:
+    # distrust_saved_endpoints) or a program trusts it (secrets.trust_endpoint)
+    note_saved_endpoints(merged, None, (), path)
     return unredact(merged)
 
 

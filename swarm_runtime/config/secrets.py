@@ -196,6 +196,13 @@ def note_saved_endpoints(cfg: DictConfig, shipped: DictConfig | None, given_keys
     return [k for k, _ in _FOREIGN_ENDPOINTS.values()]
 
 
+def trust_endpoint(url) -> None:
+    """Send keys to ``url`` although a saved config named it (:func:`note_saved_endpoints`): what giving its key on
+    the command line does, for a program that loads a run folder's config itself
+    (:func:`swarm_runtime.config.load.load_saved`)."""
+    _FOREIGN_ENDPOINTS.pop(str(url).rstrip("/"), None)
+
+
 def check_endpoint(url, what: str) -> None:
     """Before sending ``what`` (a key: ``the key in OPENAI_API_KEY``) to ``url``: refuse an endpoint a run
     folder named that neither the command line nor the shipped defaults give (a folder from elsewhere
@@ -208,7 +215,7 @@ def check_endpoint(url, what: str) -> None:
         raise ConfigError(
             f"{key}={url!r} comes from {source}, not from the command line or the shipped defaults; "
             f"swarm does not send {what} to an endpoint a run folder names: give {key}={url} on the "
-            "command line if you trust it, or another endpoint"
+            "command line if you trust it (a program: secrets.trust_endpoint), or another endpoint"
         )
 
 
@@ -228,3 +235,82 @@ def refuse_saved_ray_head(cfg: DictConfig, key: str, given_keys, source) -> None
         f"a run folder names (it would ship the run's models there and run what it answers): give "
         f"{key}={address} on the command line if you trust it, or {key}=null for a local Ray"
     )
+
+
+# ---------------------------------------------------------------- programs, servers and flags a saved config names
+def _engine(cfg) -> str:
+    return str(OmegaConf.select(cfg, "rollout.engine", default="local") or "local")
+
+
+#: Keys whose value chooses a program this machine runs, the flags of a server it starts, or the server the run's
+#: prompts (and keys) go to, each with whether a config uses it. Like a Ray head (:func:`refuse_saved_ray_head`) they
+#: come from the command line (or the user's environment: ``$SWARM_VLLM_PYTHON``, ``$OPENAI_BASE_URL``); a value a
+#: run folder's ``config.yaml`` or a ``recipe=PATH`` file holds is refused unless the command line gives it too.
+CHOSEN_ON_THE_COMMAND_LINE = {
+    "rollout.vllm.python": lambda cfg: _engine(cfg) == "vllm",
+    "rollout.vllm.args": lambda cfg: _engine(cfg) == "vllm",
+    "rollout.url": lambda cfg: _engine(cfg) == "openai",
+    "rollout.urls": lambda cfg: _engine(cfg) == "openai",
+    "task.llm_judge.base_url": lambda cfg: OmegaConf.select(cfg, "task.judge", default=None) == "llm",
+}
+
+
+def gives(key: str, given_keys) -> bool:
+    """Whether the command line (``given_keys``, full keys) gives ``key``: itself or a section holding it."""
+    return any(key == g or key.startswith(f"{g}.") for g in given_keys)
+
+
+def _empty(value) -> bool:
+    if isinstance(value, (DictConfig, ListConfig)):
+        return len(value) == 0
+    return value in (None, "") or value == [] or value == {}
+
+
+def shown_value(value) -> str:
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value)
+    return " ".join(str(value).split())[:200]
+
+
+def refuse_saved_choices(cfg: DictConfig, given_keys, source, keys=None) -> None:
+    """Refuse a key of :data:`CHOSEN_ON_THE_COMMAND_LINE` (or ``keys``, a subset of it) that ``cfg`` (a saved run's
+    config, the command line applied) uses and holds a value for that came with ``source`` (its ``config.yaml``):
+    the command line (``given_keys``, its full keys) does not give it. One line naming the key, the value, the file
+    and both ways on, before anything runs or connects."""
+    from swarm_runtime.config.errors import ConfigError
+
+    for name in keys or CHOSEN_ON_THE_COMMAND_LINE:
+        value = OmegaConf.select(cfg, name, default=None)
+        if _empty(value) or not CHOSEN_ON_THE_COMMAND_LINE[name](cfg):
+            continue
+        each = {f"{name}.{k}": v for k, v in value.items()} if isinstance(value, DictConfig) else {name: value}
+        for key, v in each.items():  # a mapping (rollout.urls) key by key: the command line may give some
+            if _empty(v) or gives(key, given_keys):
+                continue
+            raise ConfigError(
+                f"{key}={shown_value(v)!r} comes from {source}, not from the command line; swarm does not run a "
+                "program, pass server flags or send the run's prompts and keys where a saved file says: give "
+                f"{key}=... on the command line if you trust it"
+            )
+
+
+def recipe_choices(data: dict, known_top: set[str]) -> list[tuple[str, object]]:
+    """The ``(full key, value)`` of :data:`CHOSEN_ON_THE_COMMAND_LINE` keys a recipe's mapping ``data`` sets to a
+    value (a section given as a mapping, ``rollout: {vllm: {python: ...}}``, read key by key; a bare task key,
+    ``llm_judge``, as ``task.llm_judge``). ``known_top``: the config's top-level keys."""
+    out = []
+    for key, value in _flat(data):
+        if key.split(".", 1)[0] not in known_top:
+            key = f"task.{key}"
+        hit = next((k for k in CHOSEN_ON_THE_COMMAND_LINE if key == k or key.startswith(f"{k}.")), None)
+        if hit is not None and not _empty(value):
+            out.append((key, value))
+    return out
+
+
+def _flat(data: dict, prefix: str = ""):
+    for k, v in data.items():
+        if isinstance(v, dict) and v:
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v

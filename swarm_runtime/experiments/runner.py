@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import parse_overrides, resolve
+from swarm_runtime.config.secrets import refuse_saved_choices
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
@@ -127,6 +128,7 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
     if resume:  # a Ray head the saved arguments name is joined only when the command line gives it again
         given_keys = [config_key(cfg, a.partition("=")[0]) for a in given if "=" in a]
         refuse_saved_ray_heads(cfg, given_keys, run_dir / "experiment.json")
+        refuse_saved_choices(cfg, given_keys, run_dir / "experiment.json")  # a program, server flags, a server
     cfg.experiment.name, cfg.run_dir, cfg.resume = name, str(run_dir), bool(resume)
     check_hardware(cfg)
     check_task(registry.domains[cfg.domain], cfg)

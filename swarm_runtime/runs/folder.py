@@ -95,19 +95,23 @@ RAY_HEADS = {
 
 
 def distrust_saved_endpoints(
-    cfg: DictConfig, registry, args, source: Path, joins: tuple[str, ...] = ("cluster.address",)
+    cfg: DictConfig, registry, args, source: Path, joins: tuple[str, ...] = ("cluster.address",), chosen=None
 ) -> list[str]:
     """A run folder's config (``cfg``, loaded from ``source``, the command line ``args`` applied): note
     the endpoints it names that the command line does not give and the shipped defaults do not hold
     (:func:`swarm_runtime.config.secrets.note_saved_endpoints`), so that no key is sent to them
     (``secrets.check_endpoint``, asked by whatever sends one: the LLM judge). A Ray head among ``joins``
     (:data:`RAY_HEADS`) that the config joins and the command line does not give is refused
-    (:func:`swarm_runtime.config.secrets.refuse_saved_ray_head`). Returns the endpoints' keys."""
+    (:func:`swarm_runtime.config.secrets.refuse_saved_ray_head`). So is a program, server flags or a server among
+    ``chosen`` (the keys of ``secrets.CHOSEN_ON_THE_COMMAND_LINE`` the command uses; None: all) that the config uses
+    and the command line does not give (:func:`swarm_runtime.config.secrets.refuse_saved_choices`). Returns the
+    endpoints' keys."""
     from swarm_runtime.config.load import resolve
-    from swarm_runtime.config.secrets import note_saved_endpoints
+    from swarm_runtime.config.secrets import note_saved_endpoints, refuse_saved_choices
 
     given = [config_key(cfg, a.partition("=")[0]) for a in args if "=" in a]
     refuse_saved_ray_heads(cfg, given, source, joins)
+    refuse_saved_choices(cfg, given, source, chosen)
     try:
         shipped = resolve([f"domain={cfg.domain}", f"task={cfg.task_name}"], registry)
     except (ConfigError, OmegaConfBaseException):
@@ -375,6 +379,10 @@ class RunFolder:
             saved.resume, saved.run_dir = True, str(self.path)
             applied = refuse_resume_conflicts(saved, args, config, also=("algo.iterations",))
         self.resume_from = latest_checkpoint(self.path)
+        if self.resume_from is not None:  # its models' files, before anything in the folder is cut or rewritten
+            from swarm_runtime.runs.agents_check import check_agents
+
+            check_agents(self.resume_from)
         if self.resume_from is None and saved is None:
             raise ConfigError(f"resume=true but {self.path} has no checkpoint to resume from")
         self.restarted = self.resume_from is None  # killed before its first checkpoint: start again, as configured

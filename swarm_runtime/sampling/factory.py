@@ -529,13 +529,15 @@ def _api_key(r, end: _Endpoint) -> str | None:
 
 def _check_base(client, first, retries: int, describe: str) -> None:
     """Check the server's base against the run's, retrying (backing off) while the server does not answer."""
-    from swarm_runtime.sampling.http import EngineError, Unreachable
+    from swarm_runtime.sampling.http import EngineError, NotOpenAI, Unreachable
     from swarm_runtime.sampling.sync import check_base
 
     for attempt in range(retries + 1):
         try:
             check_base(client, first)
             return
+        except NotOpenAI as exc:  # named by the setting that holds the URL
+            raise NotOpenAI(str(exc).replace(f"the server at {client.url}", describe)) from None
         except Unreachable as exc:
             if attempt == retries:
                 raise EngineError(
@@ -600,3 +602,51 @@ def _tie_to_server(sampler, end: _Endpoint, timeout_s: float, key: str | None) -
             server.stop()
 
         sampler.close = close
+
+
+# ---------------------------------------------------------------- checks before anything trains
+def preflight(cfg) -> None:
+    """Before anything trains (``swarm run``, ahead of the SFT cold start): each server ``rollout.engine=openai`` samples
+    on answers ``GET /v1/models`` as an OpenAI-compatible server (:func:`check_server`), and the Python
+    ``rollout.engine=vllm`` would start its servers with has vLLM
+    (:func:`~swarm_runtime.sampling.vllm_server.probe_python`; a sampler actor's, on its own node, is checked there).
+    Each failure is one line naming the setting; ``local``: nothing to check."""
+    r = cfg.get("rollout")
+    engine = str(r.get("engine", "local")) if r is not None else "local"
+    if engine == "vllm" and not samplers_on_ray(cfg):
+        from swarm_runtime.sampling.vllm_server import probe_python, vllm_python
+
+        probe_python(vllm_python(r.vllm.get("python")))
+    elif engine == "openai":
+        timeout = min(float(r.timeout_s), 30.0)
+        urls = {"rollout.url": r.get("url"), **{f"rollout.urls.{b}": u for b, u in (r.get("urls") or {}).items()}}
+        key = os.environ.get(str(r.api_key_env)) if r.get("api_key_env") else None
+        for name, url in urls.items():
+            if url:
+                check_server(str(url), name, timeout, key, r.get("api_key_env"))
+
+
+def check_server(url: str, name: str, timeout: float, key: str | None = None, key_env: str | None = None) -> None:
+    """``GET /v1/models`` of the server at ``url`` (the setting ``name`` holds it) answers an OpenAI model list within
+    ``timeout`` seconds; else one line naming ``name=url``, what came back (nothing, an HTML page, other JSON, an
+    error status) and what was expected. ``key`` (from ``$key_env``) is sent only where
+    ``secrets.check_endpoint`` allows."""
+    from swarm_runtime.sampling.http import Client, EngineError, HTTPStatusError, Unreachable, model_list
+
+    if key:
+        from swarm_runtime.config.secrets import check_endpoint
+
+        check_endpoint(url, f"the key in ${key_env}")
+    where = f"{name}={url}"
+    try:
+        model_list(Client(url, timeout=timeout, api_key=key).get("/v1/models"), where)
+    except Unreachable as exc:
+        raise Unreachable(
+            f"{where} does not answer GET /v1/models within {timeout:g} s ({str(exc).split(': ', 1)[-1]}); start the "
+            f"server, or give {name} of an OpenAI-compatible completions server that runs"
+        ) from None
+    except HTTPStatusError as exc:
+        raise EngineError(
+            f"{where} answered GET /v1/models with HTTP {exc.status} ({exc.detail}); expected an OpenAI-compatible "
+            f"completions server's model list" + (f" (is ${key_env} its key?)" if exc.status in (401, 403) else "")
+        ) from None

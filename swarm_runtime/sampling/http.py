@@ -31,9 +31,60 @@ class HTTPStatusError(EngineError):
         self.status, self.detail = status, detail
 
 
+class NotOpenAI(EngineError):
+    """A server answered, but not as an OpenAI-compatible completions server does (an HTML page, other JSON)."""
+
+
+def looks_like_html(text: str) -> bool:
+    head = text.lstrip()[:200].lower()
+    return head.startswith(("<!doctype html", "<html", "<head", "<body", "<?xml")) or "<html" in head
+
+
+def body_kind(answer) -> str:
+    """What a server's answer is, in a few words, for a message: ``an HTML page ('Title')``, ``text '...'``,
+    ``JSON with the keys ['detail']``, ``a JSON list``, ``nothing``."""
+    import re
+
+    if answer is None or answer == "":
+        return "nothing"
+    if isinstance(answer, str):
+        if looks_like_html(answer):
+            title = re.search(r"<title[^>]*>(.*?)</title>", answer, re.I | re.S)
+            return "an HTML page" + (f" ({' '.join(title.group(1).split())[:80]!r})" if title else "")
+        return f"text {' '.join(answer.split())[:80]!r}"
+    if isinstance(answer, dict):
+        return f"JSON with the keys {sorted(map(str, answer))[:8]}"
+    return f"a JSON {type(answer).__name__.replace('dict', 'object')}"
+
+
+def first_choice(answer, where: str, path: str = "POST /v1/completions") -> dict:
+    """The first choice of a completions answer; :class:`NotOpenAI` naming ``where`` (``rollout.url=...``), what came
+    back and what was expected, for anything else."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    raise NotOpenAI(
+        f'{where} answered {path} with {body_kind(answer)}, not an OpenAI completion ({{"choices": [...]}}): '
+        "give the URL of an OpenAI-compatible completions server (vLLM's)"
+    )
+
+
+def model_list(answer, where: str) -> list:
+    """The ``data`` of a ``GET /v1/models`` answer; :class:`NotOpenAI` (as :func:`first_choice`) for anything else."""
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if isinstance(data, list) and all(isinstance(m, dict) for m in data):
+        return data
+    raise NotOpenAI(
+        f'{where} answered GET /v1/models with {body_kind(answer)}, not an OpenAI model list ({{"data": [...]}}): '
+        "give the URL of an OpenAI-compatible completions server (vLLM's)"
+    )
+
+
 def _detail(raw: bytes) -> str:
-    """The error message of an OpenAI-style error body (or the body itself, cut)."""
+    """The error message of an OpenAI-style error body (or the body itself, cut; an HTML page by its title)."""
     text = raw.decode("utf-8", "replace")
+    if looks_like_html(text):
+        return body_kind(text)
     try:
         body = json.loads(text)
     except ValueError:

@@ -41,7 +41,7 @@ from swarm_runtime.core.noise import key_hash
 from swarm_runtime.core.protocols import Bid, Learner, Response, Row
 from swarm_runtime.models.noise import gumbel_max
 from swarm_runtime.models.tokenizer import bid_token
-from swarm_runtime.sampling.http import Client, EngineError, EngineGone, HTTPStatusError, Unreachable
+from swarm_runtime.sampling.http import Client, EngineError, EngineGone, HTTPStatusError, Unreachable, first_choice
 
 #: ``logit_bias`` of a banned token (the OpenAI API's floor): exp(-100) next to any real logit
 BAN = -100.0
@@ -300,7 +300,7 @@ class OpenAISampler:
             body["model"] = self.adapters.served(r.model)
             body["seed"] = r.seed if getattr(r, "seed", None) is not None else row_seed(r.key, self.rng)
             bodies.append(body)
-        return [c["choices"][0] for c in self._complete([r.model for r in rows], bodies)]
+        return [first_choice(c, self.describe) for c in self._complete([r.model for r in rows], bodies)]
 
     # ------------------------------------------------------------------ answers
     def _responses(self, rows: Sequence[Row], choices: list[dict]) -> list[tuple[list[int], list[float] | None]]:

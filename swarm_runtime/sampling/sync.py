@@ -47,7 +47,9 @@ def no_lora_hint(client: Client, exc: HTTPStatusError) -> EngineError:
 
 def served_models(client: Client) -> list[dict]:
     """``GET /v1/models``: the base (``parent`` null) and every loaded adapter."""
-    return list((client.get("/v1/models") or {}).get("data") or [])
+    from swarm_runtime.sampling.http import model_list
+
+    return model_list(client.get("/v1/models"), f"the server at {client.url}")
 
 
 def served_base(client: Client) -> dict:
@@ -113,7 +115,9 @@ def check_base(client: Client, policy, tolerance: float | None = None) -> float:
         raise EngineError(
             f"the server at {client.url} refused the base check on {base['id']!r}: HTTP {exc.status}: {exc.detail}"
         ) from None
-    top = ((res["choices"][0].get("logprobs") or {}).get("top_logprobs") or [{}])[0]
+    from swarm_runtime.sampling.http import first_choice
+
+    top = ((first_choice(res, f"the server at {client.url}").get("logprobs") or {}).get("top_logprobs") or [{}])[0]
     if tolerance is None:
         tolerance = 1e-3 if next(shared.model.parameters()).dtype == torch.float32 else 0.1
     worst = 0.0

