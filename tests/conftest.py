@@ -317,6 +317,7 @@ ROLLOUT_KEYS = (
     "charts/reward_missing",
     "charts/success",
     "charts/turn_share_",
+    "charts/invalid_share_",
     "charts/skipped_turns",
     "charts/contested_picked",
     "charts/bid_pairs",
