@@ -312,7 +312,7 @@ def test_prompt_overflow_with_the_real_tokenizer(smollm2, monkeypatch):
 
 SMOL_RUN = [
     "recipe=minecraft-smollm2-cpu",
-    "task.max_decisions=6",
+    "task.max_decisions=4",
     "algo.sft.demo_episodes=1",
     "algo.sft.epochs=1",
     "algo.sft.batch_size=4",
@@ -322,7 +322,7 @@ SMOL_RUN = [
     "eval.episodes=1",
     "eval.runs=1",
     "progress=false",
-    "hardware.threads=2",
+    "hardware.threads=1",
 ]
 
 
@@ -333,6 +333,9 @@ def test_three_smollm2_agents_train_evaluate_and_serve_a_chat_completion(smollm2
     pytest.importorskip("fastapi")
     from conftest import swarm
     from test_serve import _free_port, _start, _stop, _wait_health
+    from transformers import AutoTokenizer
+
+    from swarm_runtime.models.chat import template_ids
 
     run = tmp_path / "run"
     res = swarm("run", *SMOL_RUN, f"run_dir={run}", cwd=tmp_path, timeout=900)
@@ -342,8 +345,8 @@ def test_three_smollm2_agents_train_evaluate_and_serve_a_chat_completion(smollm2
     update = [r for r in rows if r.get("kind") == "action"]
     assert len(update) == 1 and {f"charts/invalid_share_{r}" for r in ("Logger", "Miner", "Smith")} <= set(update[0])
     assert all(0.0 <= update[0][f"charts/invalid_share_{r}"] <= 1.0 for r in ("Logger", "Miner", "Smith"))
-    ptr = json.loads((run / "checkpoints/final/agents/Logger/swarm_policy.json").read_text())
-    assert ptr["chat_template"] == "auto"
+    latest = run / "checkpoints" / (run / "checkpoints/latest").read_text().strip()
+    assert json.loads((latest / "agents/Logger/swarm_policy.json").read_text())["chat_template"] == "auto"
     port = _free_port()
     log = tmp_path / "serve.log"
     gateway = _start(["swarm_runtime.cli.main", "serve", str(run), f"serve.port={port}"], log)
@@ -354,9 +357,19 @@ def test_three_smollm2_agents_train_evaluate_and_serve_a_chat_completion(smollm2
         smith = next(a for a in agents if a["role"] == "Smith")
         msgs = [{"role": "system", "content": "you are Smith ."}, {"role": "user", "content": "inventory planks 4 ."}]
         r = httpx.post(
-            f"{smith['url']}/v1/chat/completions", timeout=120, json={"messages": msgs, "max_tokens": 8, "seed": 1}
+            f"{smith['url']}/v1/chat/completions",
+            timeout=120,
+            json={"model": smith["model"], "messages": msgs, "max_tokens": 8, "seed": 1},
         )
         assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["message"]["role"] == "assistant"
+        answer = r.json()["choices"][0]["message"]
+        # the chat went through the template as the run's prompts do: the completion of its token ids
+        ids = template_ids(AutoTokenizer.from_pretrained(smollm2), msgs)
+        same = httpx.post(
+            f"{smith['url']}/v1/completions",
+            timeout=120,
+            json={"model": smith["model"], "prompt": ids, "max_tokens": 8, "seed": 1},
+        )
+        assert answer["role"] == "assistant" and answer["content"] == same.json()["choices"][0]["text"]
     finally:
         _stop(gateway)
