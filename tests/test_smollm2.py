@@ -7,6 +7,10 @@ Then prompting: the role card as the system message, a template that refuses one
 Then the real SmolLM2-135M-Instruct (skipped without the ``smollm2`` extra): its conversion, prompt overflow with its
 tokenizer, and one cold ``swarm run`` (SFT, one MPT update, a held-out evaluation of one episode) whose agents
 ``swarm serve`` serves and answers a chat completion through the template.
+
+Cost: the stand-in tests well under a second each (the config ones a few seconds); with the extra, the first
+conversion 45-60 s once per machine (CI keeps it in SWARM_MODEL_CACHE), the real-model checks a few seconds, and the
+run with its serving 2-4 minutes on two loaded cores (marked ``slow``).
 """
 
 from __future__ import annotations

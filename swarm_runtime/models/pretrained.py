@@ -245,7 +245,7 @@ def _convert_into(spec: Packaged, src: Source, sha256: str, target: Path, conver
     tmp.mkdir(parents=True)
     t0 = time.monotonic()
     logger.info(
-        "model={}: converting {} ({:.0f} MB) into {} (once; about 20 s on a CPU)",
+        "model={}: converting {} ({:.0f} MB) into {} (once; under a minute on a CPU)",
         spec.name,
         src.path,
         src.path.stat().st_size / 1e6,
