@@ -132,6 +132,7 @@ FILE_COST = {
         "tests/test_experiments.py": 417,
         "tests/test_reliability.py": 278,
         "tests/test_bases.py": 245,
+        "tests/test_smollm2.py": 245,  # with the smollm2 extra: a real 135M model trained, evaluated and served
         "tests/engine/test_seed_resume.py": 180,
         "tests/test_benchmarks.py": 208,
         "tests/test_adapters.py": 192,
@@ -317,6 +318,7 @@ ROLLOUT_KEYS = (
     "charts/reward_missing",
     "charts/success",
     "charts/turn_share_",
+    "charts/invalid_share_",
     "charts/skipped_turns",
     "charts/contested_picked",
     "charts/bid_pairs",

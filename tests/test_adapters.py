@@ -195,8 +195,8 @@ def test_flops_count_the_frozen_base_honestly(registry):
     assert arch.n_lora(8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]) == n_adapter
 
 
-@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
-def test_every_recipe_fits_its_gpu_by_the_memory_plan(registry, recipe):
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if "-cpu" not in p.name))
+def test_every_gpu_recipe_fits_its_gpu_by_the_memory_plan(registry, recipe):
     from swarm_runtime.cli.recipes import expand_recipe
     from swarm_runtime.config.load import resolve
     from swarm_runtime.models.memory_plan import make_plan

@@ -171,7 +171,7 @@ def test_chat_template_auto_prompts_an_instruct_tokenizer_in_its_template(regist
     from swarm_runtime.models.transformers_backend import TransformersPolicy, build_tiny_model
 
     ctx = run_context(registry, "domain=minecraft", "task=iron_pickaxe")
-    tok = build_tokenizer(ctx.domain.all_words(ctx.task) + ["user", "assistant"], [0.0, 0.5])
+    tok = build_tokenizer(ctx.domain.all_words(ctx.task) + ["system", "user", "assistant"], [0.0, 0.5])
     model = build_tiny_model(len(tok), ctx.cfg.model, 0)
     raw = TransformersPolicy(model, tok, [0.0, 0.5], chat_template="auto")  # no template: the raw prompt
     assert not raw.templated
@@ -185,7 +185,9 @@ def test_chat_template_auto_prompts_an_instruct_tokenizer_in_its_template(regist
     assert inst.templated
     ids = inst.encode_prompt(prompt)
     words = tok.convert_ids_to_tokens(ids)
-    assert words[0] == "user" and words[-1] == "assistant" and ids[1:-1] == plain[1:]
+    # the role card as the system message, the rest of the prompt as the user turn, then the generation prompt
+    assert words[0] == "system" and words[-1] == "assistant" and words[5] == "user"
+    assert ids[1:5] == plain[1:5] and ids[6:-1] == plain[5:] and len(plain) == 8
     assert TransformersPolicy(model, tok, [0.0, 0.5], chat_template="none").encode_prompt(prompt) == plain
     with pytest.raises(ValueError, match="chat_template 'yes'"):
         TransformersPolicy(model, tok, [0.0, 0.5], chat_template="yes")

@@ -288,6 +288,9 @@ def load_saved(path, registry=None) -> DictConfig:
         merged.overwrite, merged.resume, merged.run_dir = False, False, str(path.parent)
     except Exception as exc:  # a key this version no longer has, or a value of the wrong type
         raise ConfigError(f"{str(path)!r} does not fit this version's config: {str(exc).splitlines()[0]}") from exc
+    from swarm_runtime.models.pretrained import resolve_path
+
+    resolve_path(merged.model, saved=True)  # model=smollm2 whose converted folder is gone: converted again
     if legacy:
         from loguru import logger
 
@@ -342,6 +345,9 @@ def resolve(args: list[str], registry) -> DictConfig:
             _set(cfg, key, value)
     for key, value in dotted:
         override(cfg, key, value)
+    from swarm_runtime.models.pretrained import resolve_path
+
+    resolve_path(cfg.model)  # model=smollm2: its converted folder (converted on first use)
     if cfg.model.name == "local" and not any(k == "model.adapter" for k, _ in dotted):
         cfg.model.adapter = cfg.hardware.local_adapter  # the machine's default for real checkpoints
     validate(cfg, registry)

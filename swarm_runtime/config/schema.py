@@ -50,8 +50,9 @@ class ModelConfig:
     #: full next-token distribution, REINFORCE and the KL charge score actions under the same constraint.
     max_bid_tokens: int = 6  #: cap on a generated bid (``generate`` mode)
     max_prompt_tokens: int = 256  #: prompts are cut from the left beyond this
-    chat_template: str = "auto"  #: ``auto``: a tokenizer with a chat template gets each prompt as one user turn in it
-    #: (an instruct model is prompted as it was trained); ``none``: the raw prompt (a tokenizer without a template: raw)
+    chat_template: str = "auto"  #: ``auto``: a tokenizer with a chat template gets each prompt as chat messages in it,
+    #: the role card as the system message and the rest as the user turn (an instruct model is prompted as it was
+    #: trained); ``none``: the raw prompt (a tokenizer without a template: raw)
     dtype: str = "float32"  #: weights dtype when loading a checkpoint
     device: str = "cpu"  #: torch device
     adapter: str | None = "none"  #: ``none`` (or null): one full model per role (the default); ``lora``: one

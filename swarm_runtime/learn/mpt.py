@@ -57,8 +57,11 @@ def rollout_metrics(episodes, agents) -> dict[str, float]:
         m["charts/success"] = sum(float(e.metrics.get("success", 0)) for e in known) / len(known)
     wins = Counter(agents[t.winner].name for e in episodes for t in e.turns if t.winner is not None)
     total = sum(wins.values())
+    refused = Counter(agents[t.winner].name for e in episodes for t in e.turns if t.winner is not None and not t.valid)
     for a in agents:
         m[f"charts/turn_share_{a.name}"] = wins[a.name] / total if total else 0.0
+        # the share of the role's actions its world refused (unparsable, or not the role's to take)
+        m[f"charts/invalid_share_{a.name}"] = refused[a.name] / wins[a.name] if wins[a.name] else 0.0
     m["charts/skipped_turns"] = sum(t.winner is None for e in episodes for t in e.turns) / max(1, len(episodes))
     return m
 

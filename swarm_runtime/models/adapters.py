@@ -304,7 +304,9 @@ class AdapterPolicy(TransformersPolicy):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         pointer = self.shared_base.pointer(path)
-        state = get_peft_model_state_dict(self.model, adapter_name=self.adapter)
+        # the LoRA weights only: the base's embedding, resized for the bid tokens, is frozen and drawn again from a
+        # fixed seed when the base loads (PEFT would otherwise save it, and fail on the tied embedding and head)
+        state = get_peft_model_state_dict(self.model, adapter_name=self.adapter, save_embedding_layers=False)
         save_file(
             {k: v.detach().contiguous().cpu() for k, v in state.items()},
             str(path / "adapter_model.safetensors"),
@@ -323,6 +325,7 @@ class AdapterPolicy(TransformersPolicy):
                     "bid_mode": self.bid_mode,
                     "word_level_tokenizer": self._word_level,
                     "adapter": self.adapter,
+                    "chat_template": self.chat_template,  # how a served worker prompts it, as the run did
                 },
                 indent=1,
             )

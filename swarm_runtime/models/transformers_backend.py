@@ -26,6 +26,7 @@ hf_logging.disable_progress_bar()  # per-shard bars on every checkpoint drown th
 
 from swarm_runtime.core.protocols import Bid, Response
 from swarm_runtime.models.bids import bid_token, parse_bid
+from swarm_runtime.models.chat import prompt_ids
 from swarm_runtime.models.constrain import ActionTrie
 from swarm_runtime.models.flops import FlopCounter
 from swarm_runtime.models.noise import gumbel_max
@@ -160,11 +161,7 @@ class TransformersPolicy:
         cut from the left (losing its opening: the role line and the start of the state) and counted."""
         ids = self._prompt_cache.get(prompt)
         if ids is None and self.templated:  # the template places its own special tokens
-            ids = list(
-                self.tok.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
-                )["input_ids"]
-            )
+            ids = prompt_ids(self.tok, prompt)  # role card as the system message, the rest as the user turn
             if len(ids) > self.max_prompt_tokens:
                 self._overflow(prompt, len(ids))
                 ids = ids[-self.max_prompt_tokens :]
@@ -557,9 +554,13 @@ def load_pretrained(
 
         tok = PreTrainedTokenizerFast.from_pretrained(path, trust_remote_code=False)
     else:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+        if not getattr(tok, "chat_template", None):  # model.chat_template=auto means the raw prompt for it
+            logger.info("{} has no chat template: model.chat_template=auto prompts it with the raw prompt", path)
     kw = {"attn_implementation": attention} if attention else {}
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), trust_remote_code=False, **kw)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype), trust_remote_code=False, local_files_only=True, **kw
+    )
     wanted = [bid_token(b) for b in bid_levels]
     missing = [t for t in wanted if t not in tok.get_vocab()]
     if missing:

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from swarm_runtime.models.chat import template_ids
 from swarm_runtime.serve.batcher import Batcher
 from swarm_runtime.serve.completer import Completer, FaultInjected
 from swarm_runtime.serve.protocol import chat_model, completion_models, lora_models
@@ -158,7 +159,7 @@ def add_lora(app: FastAPI, completer: Completer) -> None:
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
 
-def chat_prompt(policy, completer: Completer, model_id: str, messages) -> list[int]:
+def chat_prompt(policy, model_id: str, messages) -> list[int]:
     """The chat's prompt as token ids (so a policy that templates its text prompts, ``model.chat_template=auto``,
     does not again); a 400 when the model has no chat template or it refuses the messages."""
     if not getattr(policy.tok, "chat_template", None):
@@ -168,11 +169,7 @@ def chat_prompt(policy, completer: Completer, model_id: str, messages) -> list[i
             param="messages",
         )
     try:
-        text = policy.tok.apply_chat_template(
-            [m.model_dump() for m in messages], tokenize=False, add_generation_prompt=True
-        )
-        bos = completer.policy.bos
-        return ([bos] if bos is not None else []) + policy.tok(text, add_special_tokens=False).input_ids
+        return template_ids(policy.tok, [m.model_dump() for m in messages])  # as the run's templated prompts
     except Exception as exc:  # a template that refuses these messages (roles out of order, ...)
         raise BadRequest(f"messages: the chat template refused them: {exc}", param="messages") from None
 
@@ -204,7 +201,7 @@ def add_completions(app: FastAPI, policy, completer: Completer, batcher: Batcher
     async def chat(request: Request):
         """OpenAI's chat completions over the model's chat template (a 400 when it has none)."""
         req = validated(ChatRequest, await request.body())
-        prompt = chat_prompt(policy, completer, completer.model_id, req.messages)
+        prompt = chat_prompt(policy, completer.model_id, req.messages)
         fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "n", "seed", "stop", "stream")}
         max_tokens = req.max_completion_tokens or req.max_tokens or 16
         body, ms = await complete(
