@@ -7,6 +7,7 @@ adapter folders stands in for the trainer's. No model: the file costs well under
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -133,6 +134,13 @@ def test_the_newest_version_is_named_while_several_are_kept(server, tmp_path):
         assert Path(path) == (tmp_path / name).resolve()
         assert json.loads((Path(path) / "adapter_config.json").read_text())["version"] == int(name.split("@v")[1])
     assert sync.sync(learner, ["Smith", "Miner"]) == [] and loads(server) == []
+    # a model whose version did not change does not hold up the next one; an old folder already gone is fine
+    learner.versions["Miner"] = 1
+    shutil.rmtree(tmp_path / "Smith@v3")
+    assert sync.sync(learner, ["Smith", "Miner"]) == ["Miner@v1"] and sync.loaded["Miner"] == [0, 1]
+    learner.versions["Smith"] = 6
+    assert sync.sync(learner, ["Smith"]) == ["Smith@v6"] and sync.loaded["Smith"] == [4, 5, 6]
+    assert loads(server) == [("load", "Miner@v1"), ("load", "Smith@v6"), ("unload", "Smith@v3")]
 
 
 def test_keep_one_is_on_policy_and_keep_is_at_least_one(server, tmp_path):
@@ -183,6 +191,12 @@ def test_each_refusal_is_one_clear_error(server, tmp_path):
     server.refuse[("/v1/load_lora_adapter", "Smith@v0")] = (400, "LoRA is not enabled; use --enable-lora")
     with pytest.raises(EngineError, match="--enable-lora and the environment variable VLLM_ALLOW_RUNTIME"):
         sync.sync(Learner(Smith=0), ["Smith"])
+    server.refuse[("/v1/load_lora_adapter", "Smith@v0")] = (405, "Method Not Allowed")
+    with pytest.raises(EngineError, match=r"cannot load LoRA adapters at run time .*HTTP 405: Method Not Allowed\)"):
+        sync.sync(Learner(Smith=0), ["Smith"])
+    server.refuse[("/v1/load_lora_adapter", "Smith@v0")] = (400, "invalid LoRA adapter path")
+    with pytest.raises(EngineError, match=r"refused the adapter Smith@v0 \(.*\): HTTP 400: invalid LoRA adapter path$"):
+        sync.sync(Learner(Smith=0), ["Smith"])
     server.refuse[("/v1/load_lora_adapter", "Smith@v0")] = (500, "out of memory")
     with pytest.raises(EngineError, match=r"refused the adapter Smith@v0 \(.*Smith@v0\): HTTP 500: out of memory$"):
         sync.sync(Learner(Smith=0), ["Smith"])
@@ -193,10 +207,13 @@ def test_each_refusal_is_one_clear_error(server, tmp_path):
     learner.versions["Smith"] = 1
     with pytest.raises(EngineError, match=r"refused to unload Smith@v0: HTTP 500: busy$"):
         sync.sync(learner, ["Smith"])
-    server.refuse[("/v1/unload_lora_adapter", "Smith@v1")] = (404, "gone")  # already gone: nothing to do
-    learner.versions["Smith"] = 2
-    sync.sync(learner, ["Smith"])
-    assert sync.loaded["Smith"] == [2] and sync.unloads == 1
+    # already gone: nothing to do, whether the server says so by status or in words
+    server.refuse[("/v1/unload_lora_adapter", "Smith@v1")] = (404, "gone")
+    server.refuse[("/v1/unload_lora_adapter", "Smith@v2")] = (400, "The lora adapter 'Smith@v2' was NOT found.")
+    for v in (2, 3):
+        learner.versions["Smith"] = v
+        sync.sync(learner, ["Smith"])
+    assert sync.loaded["Smith"] == [3] and sync.unloads == 2
 
 
 def test_an_adapter_rank_vllm_does_not_allow_is_refused_before_it_is_loaded(server, tmp_path):

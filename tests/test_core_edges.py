@@ -1,0 +1,136 @@
+"""Edges of the method's arithmetic (swarm_runtime/core/credit.py, swarm_runtime/core/auction.py,
+swarm_runtime/learn/losses.py) that a one-token slip would change and the other tests do not pin: when the auction
+draws from the turn's randomness, exact results, empty and degenerate inputs, error texts. Pure Python and
+small tensors; the file costs ~0.1 s. benchmarks/mutation.py measures what these and the other tests catch."""
+
+import random
+
+import pytest
+import torch
+
+from swarm_runtime.core.auction import AuctionCoordinator, AuctionResult, RoundRobinCoordinator, auction, round_robin
+from swarm_runtime.core.credit import discarded_passback
+from swarm_runtime.learn.losses import bradley_terry_loss, pair_weights
+
+
+def test_no_turns_pass_nothing_back():
+    assert discarded_passback([], []) == 0.0
+
+
+def test_a_clear_winner_and_runner_up_draw_nothing_from_the_turns_randomness():
+    """Ties are broken with the caller's rng; without a tie the auction draws nothing, so the turn's other draws
+    (and so a run's numbers) do not depend on whether someone happened to tie elsewhere."""
+    rng = random.Random(0)
+    state = rng.getstate()
+    assert auction([0.2, 0.8, None, 0.4], rng) == AuctionResult(1, 3, 0.8, 0.4)
+    assert auction([None, 0.6, None], rng) == AuctionResult(1, None, 0.6, 0.0)  # a sole bidder: no runner-up
+    assert rng.getstate() == state
+    assert auction([0.6, 0.6, 0.2], rng).runner_up_bid == 0.6 and rng.getstate() != state  # a tie for first draws
+
+
+def test_a_sole_bidders_result_is_exact():
+    res = auction([None, 0.4], random.Random(0))
+    assert (res.winner, res.runner_up, res.winning_bid, res.runner_up_bid) == (1, None, 0.4, 0.0)
+    assert isinstance(res.runner_up_bid, float) and not res.contested
+
+
+def test_a_tie_for_second_place_is_broken_at_random():
+    seen = {auction([0.8, 0.4, 0.4, 0.4], random.Random(s)).runner_up for s in range(40)}
+    assert seen == {1, 2, 3}
+    seen = {auction([0.6, 0.6, 0.6], random.Random(s)).winner for s in range(40)}
+    assert seen == {0, 1, 2}
+
+
+def test_round_robin_results_are_exact():
+    assert round_robin([None, None], 3) == AuctionResult(None, None, 0.0, 0.0)
+    assert round_robin([0.4, None, 0.0], 3) == AuctionResult(2, None, 0.0, 0.0)  # present: 0 and 2; turn 3 -> 2
+    assert round_robin([0.4, None, 0.0], 4) == AuctionResult(0, None, 0.0, 0.0)
+    for res in (round_robin([0.4], 0), round_robin([None], 0)):
+        assert isinstance(res.winning_bid, float) and isinstance(res.runner_up_bid, float) and res.runner_up is None
+
+
+def test_coordinators_keep_their_config_and_break_ties_with_the_callers_randomness():
+    cfg = {"name": "auction"}
+    assert AuctionCoordinator(cfg).cfg is cfg and RoundRobinCoordinator(cfg).cfg is cfg
+    bids = [0.6, 0.6, 0.6]
+    got = [AuctionCoordinator().select(bids, random.Random(s), 0).winner for s in range(20)]
+    assert got == [auction(bids, random.Random(s)).winner for s in range(20)] and len(set(got)) == 3
+
+
+def test_bradley_terry_refuses_half_a_reference_in_one_line():
+    t = torch.zeros(2)
+    msg = r"^bradley_terry_loss needs both reference log-probs \(ref_winner, ref_loser\) or neither$"
+    for half in ({"ref_winner": t}, {"ref_loser": t}):
+        with pytest.raises(ValueError, match=msg):
+            bradley_terry_loss(t, t, **half)
+
+
+def test_margin_weights_of_pairs_that_all_tie_count_one_each():
+    assert pair_weights([0.0, 0.0], "margin") == [1.0, 1.0]
+    assert pair_weights([0.0, -3.0, 1.0], "margin") == [0.0, 2.25, 0.75]
+    assert pair_weights([], "margin") == []
+
+
+def test_a_two_way_tie_for_second_place_is_broken_at_random():
+    assert {auction([0.8, 0.4, 0.4], random.Random(s)).runner_up for s in range(40)} == {1, 2}
+
+
+class ScoredPolicy:
+    """Stands in for a policy in :func:`reinforce_chunk`: each response's per-token log-probs are given (by its
+    prompt and first token); it records whether it was asked for the action constraint and for per-token log-probs."""
+
+    temperature = 1.0
+
+    def __init__(self, per_token: dict[tuple[str, int], list[float]], action_trie=None):
+        self.per_token, self.action_trie, self.calls = per_token, action_trie, []
+
+    def logprobs(self, prompts, responses, actions=False, per_token_out=None):
+        self.calls.append((actions, per_token_out is not None))
+        rows = [torch.tensor(self.per_token[p, r[0]], dtype=torch.float32) for p, r in zip(prompts, responses)]
+        if per_token_out is not None:
+            per_token_out += rows
+        return torch.stack([r.sum() for r in rows])
+
+
+LEARNER = {("p", 1): [-0.5, -1.0], ("q", 2): [-2.0], ("p", 2): [-9.0]}  #: per-token log-probs by prompt, first token
+
+
+def test_reinforce_chunk_weights_each_tracked_row_by_its_capped_ratio():
+    from swarm_runtime.learn.losses import reinforce_chunk
+    from swarm_runtime.sampling.mismatch import Mismatch
+
+    pol = ScoredPolicy(LEARNER, action_trie=object())
+    # learner minus sampler: row 1 +0.5 in all (ratio e^0.5 > 1.5: capped), row 2 -1 (ratio e^-1)
+    rows = [("p", [1, 9], 2.0, [-1.0, -1.0]), ("q", [2], -1.0, [-1.0])]
+    stats = Mismatch(cap=1.5)
+    loss = reinforce_chunk(pol, rows, stats=stats, is_cap=1.5)
+    w = [1.5, torch.exp(torch.tensor(-1.0)).item()]
+    want = -(2.0 * w[0] * -1.5 + -1.0 * w[1] * -2.0) / 2
+    assert float(loss) == pytest.approx(want, rel=1e-6)
+    assert pol.calls == [(True, True)]  # under the action constraint, per token
+    assert stats.tokens == 3 and stats.responses == 2 and stats.weights == pytest.approx(w)
+    more = reinforce_chunk(pol, rows[1:], stats=stats, is_cap=1.5)  # a second chunk of the same update adds to it
+    assert float(more) == pytest.approx(-w[1] * 2.0, rel=1e-6)
+    assert stats.weights == pytest.approx([*w, w[1]]) and stats.tokens == 4
+
+
+@pytest.mark.parametrize(
+    "rows, stats",
+    [
+        ([("p", [1, 9], 2.0, [-1.0, -1.0]), ("q", [2], -1.0, [-1.0])], False),  # no stats: sampler log-probs unread
+        ([("p", [1, 9], 2.0), ("q", [2], -1.0)], True),  # rows without sampler log-probs
+        ([("p", [1, 9], 2.0, [-1.0, -1.0]), ("q", [2], -1.0, None)], True),  # one row without: none compared
+        ([("p", [1, 9], 2.0, [-1.0]), ("q", [2], -1.0, [-1.0])], True),  # one row's are not one per token
+    ],
+    ids=["no-stats", "three-fields", "one-none", "one-short"],
+)
+def test_reinforce_chunk_without_sampler_log_probs_for_every_row_is_the_plain_loss(rows, stats):
+    from swarm_runtime.learn.losses import reinforce_chunk
+    from swarm_runtime.sampling.mismatch import Mismatch
+
+    pol = ScoredPolicy(LEARNER)
+    m = Mismatch(cap=1.5) if stats else None
+    loss = reinforce_chunk(pol, rows, stats=m, is_cap=1.5)
+    assert float(loss) == pytest.approx(-(2.0 * -1.5 + -1.0 * -2.0) / 2)
+    assert pol.calls == [(False, False)]  # no action constraint on this policy, no per-token log-probs asked
+    assert m is None or (m.tokens, m.weights) == (0, [])
