@@ -64,8 +64,15 @@ TARGETS: dict[str, Target] = {
     ),
     "bid_pairs": Target(
         "swarm_runtime/learn/bid.py",
-        ("tests/test_branch_pairs_pay.py", "tests/test_training.py"),
-        "pay or bid or branch or runner or margin",
+        ("tests/test_branch_pairs_pay.py", "tests/test_training.py", "tests/test_rollout.py"),
+        "test_branch_pairs_pay or branch_samples or runner_up or margin or bid_mismatch or bid_loss",
+        tuple(
+            f"x_{f}"
+            for f in (
+                "pick_contested resample_lower resample_higher _resample window_score forced_turns forced_slot "
+                "run_branches branch_slots _branch_pairs preference_rows pair_metrics _tracked _importance"
+            ).split()
+        ),
     ),
     "adapter_sync": Target(
         "swarm_runtime/sampling/sync.py",
@@ -74,8 +81,8 @@ TARGETS: dict[str, Target] = {
     ),
     "env_snapshot": Target(
         "swarm_runtime/core/env.py",
-        ("tests/test_conformance.py", "tests/test_training.py"),
-        "exact_state or conformance",
+        ("tests/test_core_edges.py", "tests/test_conformance.py", "tests/test_training.py"),
+        "test_core_edges or exact_state or conformance",
         ("xǁDomainEnvǁsnapshot", "xǁDomainEnvǁrestore", "xǁValidatedEnvǁsnapshot", "xǁValidatedEnvǁrestore"),
     ),
     "vln_snapshot": Target(
@@ -101,6 +108,8 @@ EQUIVALENT: dict[str, str] = {
     "swarm_runtime.core.credit.x_discarded_passback__mutmut_14": _LEVELS,
     "swarm_runtime.core.credit.x_discarded_passback__mutmut_15": _LEVELS,
     "swarm_runtime.learn.losses.x_pair_weights__mutmut_20": "the mean of no margins is never used: no pairs, no weights",
+    "swarm_runtime.sampling.mismatch.x_importance_weight__mutmut_12": "a clamp at 701 instead of 700 changes "
+    "min(cap, e^x) only for a cap above e^700; algo.is_cap is at most 1e6 (config/keys.py)",
     "swarm_runtime.core.auction.x_auction__mutmut_31": _DEFAULT,
     "swarm_runtime.core.auction.x_round_robin__mutmut_12": _DEFAULT,
     "swarm_runtime.core.auction.x_round_robin__mutmut_13": _DEFAULT,

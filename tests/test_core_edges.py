@@ -1,15 +1,19 @@
-"""Edges of the method's arithmetic (swarm_runtime/core/credit.py, swarm_runtime/core/auction.py,
-swarm_runtime/learn/losses.py) that a one-token slip would change and the other tests do not pin: when the auction
-draws from the turn's randomness, exact results, empty and degenerate inputs, error texts. Pure Python and
-small tensors; the file costs ~0.1 s. benchmarks/mutation.py measures what these and the other tests catch."""
+"""Edges of the method's arithmetic and glue (swarm_runtime/core/credit.py, core/auction.py, core/env.py's snapshots,
+learn/losses.py, sampling/mismatch.py) that a one-token slip would change and the other tests do not pin: when the
+auction draws from the turn's randomness, exact results, empty and degenerate inputs, which rows are
+importance-weighted, precision, error texts. Pure Python and small tensors (a stand-in policy, a counting env): the
+file costs ~0.1 s. benchmarks/mutation.py measures what these and the other tests catch."""
 
+import math
 import random
 
 import pytest
 import torch
 
+from swarm_runtime import DomainEnv, StepResult
 from swarm_runtime.core.auction import AuctionCoordinator, AuctionResult, RoundRobinCoordinator, auction, round_robin
 from swarm_runtime.core.credit import discarded_passback
+from swarm_runtime.core.env import EnvContractError, ValidatedEnv
 from swarm_runtime.learn.losses import bradley_terry_loss, pair_weights
 
 
@@ -134,3 +138,64 @@ def test_reinforce_chunk_without_sampler_log_probs_for_every_row_is_the_plain_lo
     assert float(loss) == pytest.approx(-(2.0 * -1.5 + -1.0 * -2.0) / 2)
     assert pol.calls == [(False, False)]  # no action constraint on this policy, no per-token log-probs asked
     assert m is None or (m.tokens, m.weights) == (0, [])
+
+
+def test_token_deltas_take_the_samplers_log_probs_at_full_precision():
+    from swarm_runtime.sampling.mismatch import token_deltas
+
+    d = token_deltas(torch.tensor([-0.1, -2.3], dtype=torch.float64), [-0.1, -2.3])
+    assert d.dtype == torch.float64 and d.tolist() == [0.0, 0.0]  # -0.1 in float32 would leave ~1.5e-9
+
+
+def test_a_token_exactly_at_the_cap_is_not_past_it():
+    from swarm_runtime.sampling.mismatch import Mismatch
+
+    m = Mismatch(cap=2.0)
+    m.add(torch.tensor([math.log(2.0), -math.log(2.0), 0.75, 0.0], dtype=torch.float64))
+    assert m.past == 1 and m.tokens == 4 and m.responses == 1
+
+
+def test_merged_mismatch_sums_are_the_parts_sums():
+    from swarm_runtime.sampling.mismatch import Mismatch
+
+    a, b = Mismatch(), Mismatch()
+    a.add(torch.tensor([0.5, -1.0], dtype=torch.float64))
+    b.add(torch.tensor([2.0], dtype=torch.float64))
+    a.weights, b.weights = [1.0, 0.5], [2.0]
+    m = Mismatch()
+    m.merge([a, b])
+    assert (m.tokens, m.responses, m.past, m.max_abs, m.weights) == (3, 2, a.past + b.past, 2.0, [1.0, 0.5, 2.0])
+    assert m.k3 == pytest.approx(a.k3 + b.k3) and m.k3 > 0
+    m.merge([])
+    assert (m.tokens, m.responses, m.k3, m.past, m.max_abs, m.weights) == (0, 0, 0, 0, 0.0, [])
+
+
+class Counter(DomainEnv):
+    """Counts its steps; each pays 1.5, the third ends the episode."""
+
+    def reset(self, seed: int) -> str:
+        self.n = 0
+        return self.observation()
+
+    def observation(self) -> str:
+        return f"count {self.n}"
+
+    def step(self, action: str, role: str | None = None) -> StepResult:
+        self.n += 1
+        return StepResult(self.observation(), reward=1.5, done=self.n >= 3)
+
+
+def test_a_validated_envs_snapshot_restores_its_own_counters_and_is_refused_after_close():
+    env = ValidatedEnv(Counter(), "counter", (0.0, 10.0), task="count")
+    env.reset(7)
+    env.step("add")
+    snap = env.snapshot()
+    env.step("add")
+    env.step("add")
+    assert (env.done, env.total_reward, env.t, env.env.n) == (True, 4.5, 3, 3)
+    for target in (env, ValidatedEnv(Counter(), "counter", (0.0, 10.0), task="count")):
+        target.restore(snap)  # into itself, and into a fresh env; the snapshot stays reusable
+        assert (target.done, target.total_reward, target.t, target.env.n) == (False, 1.5, 1, 1)
+    env.close()
+    with pytest.raises(EnvContractError, match=r"^counter/count, seed 7, step 1: restore\(\) called after close\(\)"):
+        env.restore(snap)
