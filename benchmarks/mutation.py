@@ -10,6 +10,7 @@ worker (``--max-children 1``), one target after another. Not part of CI.
     python benchmarks/mutation.py                  # every target
     python benchmarks/mutation.py credit auction   # some of them
     python benchmarks/mutation.py --list           # the targets, their modules and tests
+    python benchmarks/mutation.py --mutants NAME   # only these mutants (mutmut's names, as printed), again
 
 Prints, per target: the mutants, killed (a timeout counts as killed: the mutant changed behaviour), survived, with
 no test, the listed equivalents (``EQUIVALENT``: mutants no test can kill, each with why) and the score, killed /
@@ -64,8 +65,8 @@ TARGETS: dict[str, Target] = {
     ),
     "bid_pairs": Target(
         "swarm_runtime/learn/bid.py",
-        ("tests/test_branch_pairs_pay.py", "tests/test_training.py", "tests/test_rollout.py"),
-        "test_branch_pairs_pay or branch_samples or runner_up or margin or bid_mismatch or bid_loss",
+        ("tests/test_branch_pairs_pay.py", "tests/test_core_edges.py"),
+        None,
         tuple(
             f"x_{f}"
             for f in (
@@ -210,30 +211,32 @@ def mutmut(args: list[str], cwd: Path, log) -> subprocess.CompletedProcess:
     return res
 
 
-def verdicts(results_text: str, t: Target) -> dict[str, str]:
-    """``mutmut results --all true`` lines (``    name: verdict``) of ``t``'s mutated functions."""
+def verdicts(results_text: str, patterns: list[str]) -> dict[str, str]:
+    """``mutmut results --all true`` lines (``    name: verdict``) of the mutants ``patterns`` name."""
     out = {}
     for line in results_text.splitlines():
         m = re.match(r"^\s+(\S+__mutmut_\d+): (.+)$", line)
-        if m and any(fnmatch.fnmatch(m.group(1), p) for p in t.patterns()):
+        if m and any(fnmatch.fnmatch(m.group(1), p) for p in patterns):
             out[m.group(1)] = m.group(2).strip()
     return out
 
 
-def run_target(name: str, work: Path, log) -> Outcome:
+def run_target(name: str, work: Path, log, only: list[str] | None = None) -> Outcome:
+    """Target ``name``'s mutants (``only``: those of them named, mutmut's names) against its tests."""
     t = TARGETS[name]
+    patterns = [m for m in only if any(fnmatch.fnmatch(m, p) for p in t.patterns())] if only else t.patterns()
     copy = work / name
     fresh_copy(ROOT, copy)
     (copy / "setup.cfg").write_text(mutmut_config(t))
     t0 = time.time()
-    res = mutmut(["run", "--max-children", "1", *t.patterns()], copy, log)
+    res = mutmut(["run", "--max-children", "1", *patterns], copy, log)
     out = Outcome(name, seconds=time.time() - t0)
     if res.returncode != 0:
         tail = (res.stdout + res.stderr).strip().splitlines()[-15:]
         sys.exit(f"mutation: mutmut run failed for {name} (log: {log.name}):\n" + "\n".join(tail))
-    out.verdicts = verdicts(mutmut(["results", "--all", "true"], copy, log).stdout, t)
+    out.verdicts = verdicts(mutmut(["results", "--all", "true"], copy, log).stdout, patterns)
     if not out.verdicts:
-        sys.exit(f"mutation: no mutant of {t.patterns()} found for {name} (log: {log.name})")
+        sys.exit(f"mutation: no mutant of {patterns} found for {name} (log: {log.name})")
     for m, v in out.verdicts.items():
         if v not in KILLED and m not in EQUIVALENT:
             out.diffs[m] = mutmut(["show", m], copy, log).stdout.strip()
@@ -265,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/swarm-mutation"), help="where the copies go")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--list", action="store_true", help="print the targets and exit")
+    ap.add_argument("--mutants", nargs="+", metavar="NAME", help="run only these mutants (mutmut's names, as printed)")
     a = ap.parse_args(argv)
     bad = [t for t in a.targets if t not in TARGETS]
     if bad:
@@ -284,8 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"commit {commit.stdout.strip()}{' (with uncommitted changes)' if dirty else ''}", flush=True)
     outcomes = []
     with open(a.work / "mutation.log", "w") as log:
-        for name in a.targets or list(TARGETS):
-            o = run_target(name, a.work, log)
+        names = a.targets or list(TARGETS)
+        if a.mutants:  # the targets those mutants belong to
+            names = [n for n in names if any(fnmatch.fnmatch(m, p) for m in a.mutants for p in TARGETS[n].patterns())]
+        for name in names:
+            o = run_target(name, a.work, log, a.mutants)
             outcomes.append(o)
             r = o.row()
             print(

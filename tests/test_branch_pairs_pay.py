@@ -137,8 +137,9 @@ def bid_level(agents, agent: int, tokens: list[int]) -> float:
 
 
 def bid_step(monkeypatch, tr) -> dict:
-    """One bid update of ``tr`` (``rl_step(1)``), watched: its rollout's episodes, the branched picks, the branch
-    rollouts, the pairs, and the rows (with their log-probs) each policy's Bradley-Terry loss was fed."""
+    """One bid update of ``tr`` (``rl_step(1)``), watched: its rollout's episodes, the branched picks, each one's
+    rollouts (``runs[k]``: side 1, the branches; side 0, the re-rolls), the pairs, and the rows (with their
+    log-probs) each policy's Bradley-Terry loss was fed."""
     import swarm_runtime.learn.bid as bid_mod
     import swarm_runtime.learn.mpt as mpt_mod
 
@@ -151,30 +152,41 @@ def bid_step(monkeypatch, tr) -> dict:
     m = tr.rl_step(1)
     assert m["kind"] == "bid" and len(seen["pairs"]) == 1 and len(seen["play"]) == 1
     (branched, _, owner) = seen["slots"][0][2]
-    assert [side for _, side in owner] == [1] * len(branched)  # one branch per pick, no re-rolls
+    runs = [{0: [], 1: []} for _ in branched]
+    for (k, side), episode in zip(owner, seen["play"][0][2], strict=True):
+        runs[k][side].append(episode)
+    samples = int(tr.cfg.algo.branch_samples)
+    assert all((len(r[1]), len(r[0])) == (samples, samples - 1) for r in runs)
     return {
         "m": m,
         "episodes": seen["contested"][0][0][0],
         "branched": branched,
-        "branches": seen["play"][0][2],
+        "runs": runs,
         "pairs": seen["pairs"][0][2],
         "rows": [(args[0], args[1], out) for args, _, out in seen["rows"]],
     }
 
 
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
 def check_pairs(tr, got: dict, horizon: int | None) -> None:
-    """Every pair against the pay of who acted, on the original's side and the branch's (see the module)."""
-    agents, pairs, branched, branches = tr.agents, got["pairs"], got["branched"], got["branches"]
-    assert len(branches) == len(branched) >= 2, f"too few branched picks to check: {len(branched)}"
+    """Every pair against the pay of who acted, on the original's side (with its re-rolls) and the branches' (see
+    the module)."""
+    agents, pairs, branched = tr.agents, got["pairs"], got["branched"]
+    assert len(branched) >= 2, f"too few branched picks to check: {len(branched)}"
     selected = [j for j, p in enumerate(pairs) if not p.runner_up]
     assert len(selected) == len(branched), [(p.agent, p.runner_up) for p in pairs]
-    for k, (j, pick, br) in enumerate(zip(selected, branched, branches)):
+    for j, pick, runs in zip(selected, branched, got["runs"]):
         turn = pick.turn
         ep = next(e for e in got["episodes"] if any(u is turn for u in e.turns))
         sel, ru = turn.winner, turn.auction.runner_up
         before = sum(u.winner is not None for u in ep.turns[: turn.t])
         end = None if horizon is None else turn.t + horizon
-        original, branch = paid(ep.turns[turn.t : end], before, agents), paid(br.turns, before, agents)
+        window = paid(ep.turns[turn.t : end], before, agents)
+        original = mean([window] + [paid(r.turns, before, agents) for r in runs[0]])
+        branch = mean([paid(b.turns, before, agents) for b in runs[1]])
         ups = [j + 1] if j + 1 < len(pairs) and pairs[j + 1].runner_up else []
         for i in [j, *ups]:
             p = pairs[i]
@@ -197,17 +209,21 @@ def check_pairs(tr, got: dict, horizon: int | None) -> None:
                 assert level > turn.auction.winning_bid, f"{where}: re-sampled bid {level}"
             else:  # its re-sampled bid hands the turn to the runner-up: the branch's side
                 assert p.counterfactual == pick.lower and level < turn.auction.runner_up_bid, where
-        # the branch: restored at the turn, the runner-up acts there, it ends at the horizon or the episode's end
-        assert br.seed == ep.seed and br.turns[0].t == turn.t and br.turns[0].winner == ru, f"branch {k}"
-        assert len(br.turns) == (DECISIONS - turn.t if horizon is None else min(horizon, DECISIONS - turn.t))
-        assert original != branch  # distinct pay: the contested action's digit differs
+        # each rollout restored at the turn: in a branch the runner-up acts there, in a re-roll the selected agent
+        # again; each ends at the horizon or the episode's end
+        for side, who in ((1, ru), (0, sel)):
+            for r in runs[side]:
+                assert r.seed == ep.seed and r.turns[0].t == turn.t and r.turns[0].winner == who, (side, turn.t)
+                assert len(r.turns) == (DECISIONS - turn.t if horizon is None else min(horizon, DECISIONS - turn.t))
+        assert window != paid(runs[1][0].turns, before, agents)  # distinct pay: the contested action's digit differs
 
 
 def check_bradley_terry(tr, got: dict) -> None:
-    """The rows fed to each policy's loss: the higher-scoring side's bid the winner; the loss's value."""
+    """The rows fed to each policy's loss: its decisive pairs, the higher-scoring side's bid the winner; the loss's
+    value."""
     agents, pairs = tr.agents, got["pairs"]
     for role, policy in tr.policies.items():
-        mine = [p for p in pairs if agents[p.agent].policy is policy]
+        mine = [p for p in pairs if agents[p.agent].policy is policy and p.original_score != p.branch_score]
         rows = [r for pol, chunk, _ in got["rows"] if pol is policy for r in chunk]
         want = [
             (
@@ -227,15 +243,15 @@ def check_bradley_terry(tr, got: dict) -> None:
         (lw, ll) = next(out for pol, _, out in got["rows"] if pol is policy)
         loss = float(-F.logsigmoid(lw.detach() - ll.detach()).mean())
         assert got["m"][f"losses/bid_{role}"] == pytest.approx(loss, rel=1e-5), role
-    assert got["m"]["charts/bid_pairs"] == len(pairs)  # none tie
+    assert got["m"]["charts/bid_pairs"] == sum(p.original_score != p.branch_score for p in pairs)  # ties dropped
     higher = sum(p.original_score > p.branch_score for p in pairs if not p.runner_up)
     assert got["m"]["charts/bid_pairs_higher_won"] == higher
 
 
 @pytest.mark.parametrize(
     "overrides",
-    [(), ("algo.bid_pairs=both",), ("algo.branch_horizon=2",)],
-    ids=["selected", "runner-up", "horizon"],
+    [(), ("algo.bid_pairs=both",), ("algo.branch_horizon=2",), ("algo.branch_samples=2",)],
+    ids=["selected", "runner-up", "horizon", "samples"],
 )
 def test_bid_pairs_score_the_original_and_the_branch_by_what_each_paid(trainer, monkeypatch, overrides):
     tr = trainer(*overrides)
@@ -250,6 +266,8 @@ def test_bid_pairs_score_the_original_and_the_branch_by_what_each_paid(trainer, 
         assert ups == 0
     if horizon is not None:  # some branch was cut by the horizon before the episode's end
         assert any(pick.turn.t + horizon < DECISIONS for pick in got["branched"])
+    if overrides == ("algo.branch_samples=2",):  # some pair's scores are means of two different rollouts a side
+        assert any(len({paid(r.turns, 0, tr.agents) for r in rs[1]}) > 1 for rs in got["runs"])
 
 
 def bucket_brigade_by_hand(rewards: list[float], bids: list[float]) -> list[float]:

@@ -199,3 +199,26 @@ def test_a_validated_envs_snapshot_restores_its_own_counters_and_is_refused_afte
     env.close()
     with pytest.raises(EnvContractError, match=r"^counter/count, seed 7, step 1: restore\(\) called after close\(\)"):
         env.restore(snap)
+
+
+def test_a_bradley_terry_chunk_weights_only_the_rows_whose_original_bid_was_tracked():
+    """Rows without the sampler's log-probs of their original bid count with weight 1, wherever they sit in the
+    chunk; a tracked row's weight is its capped ratio, on the side its original bid is (the loser here)."""
+    import torch.nn.functional as F
+
+    from swarm_runtime.learn.bid import _bradley_terry_chunk, _PreferenceRow
+    from swarm_runtime.sampling.mismatch import Mismatch
+
+    pol = ScoredPolicy({("b", 5): [-1.0], ("b", 6): [-3.0], ("c", 5): [-2.0], ("c", 6): [-0.5]})
+    rows = [
+        _PreferenceRow("b", [5], [6], 1.0),
+        _PreferenceRow("c", [5], [6], 0.5, behaviour=[-1.25], original_won=False),  # original: [6], d = 0.75
+        _PreferenceRow("b", [6], [5], 2.0, behaviour=[-2.0, -1.0]),  # not one per token: untracked
+    ]
+    stats = Mismatch(cap=3.0)
+    loss = _bradley_terry_chunk(pol, rows, stats=stats, is_cap=3.0)
+    iw = [1.0, math.exp(0.75), 1.0]
+    z = torch.tensor([-1.0 - -3.0, -2.0 - -0.5, -3.0 - -1.0])
+    want = -(torch.tensor([1.0, 0.5, 2.0]) * torch.tensor(iw) * F.logsigmoid(z)).mean()
+    assert float(loss) == pytest.approx(float(want), rel=1e-6)
+    assert stats.tokens == 1 and stats.weights == pytest.approx([math.exp(0.75)])
