@@ -70,8 +70,7 @@ TARGETS: dict[str, Target] = {
         tuple(
             f"x_{f}"
             for f in (
-                "pick_contested resample_lower resample_higher _resample window_score forced_turns forced_slot "
-                "run_branches branch_slots _branch_pairs preference_rows pair_metrics _tracked _importance"
+                "pick_contested window_score forced_turns _branch_pairs preference_rows _tracked _importance"
             ).split()
         ),
     ),

@@ -222,3 +222,19 @@ def test_a_bradley_terry_chunk_weights_only_the_rows_whose_original_bid_was_trac
     want = -(torch.tensor([1.0, 0.5, 2.0]) * torch.tensor(iw) * F.logsigmoid(z)).mean()
     assert float(loss) == pytest.approx(float(want), rel=1e-6)
     assert stats.tokens == 1 and stats.weights == pytest.approx([math.exp(0.75)])
+
+
+def test_only_contested_turns_with_a_snapshot_are_picked_and_episodes_without_a_reward_are_skipped():
+    from swarm_runtime.core.episode import Episode, Turn
+    from swarm_runtime.learn.bid import pick_contested
+
+    def turn(t: int, runner_up_bid: float, snapshot=("world", [])) -> Turn:
+        return Turn(
+            t, [0.8, runner_up_bid], [[1], [2]], ["a", "b"], AuctionResult(0, 1, 0.8, runner_up_bid), snapshot=snapshot
+        )
+
+    missing = Episode(1, [turn(0, 0.4), turn(1, 0.6)], reward_missing=True)
+    ep = Episode(2, [turn(0, 0.4), turn(1, 0.0), turn(2, 0.2, snapshot=None), turn(3, 0.6), turn(4, 0.2)])
+    picks = pick_contested([missing, ep], 5, random.Random(0))
+    assert sorted(t.t for _, t in picks) == [0, 3, 4] and all(e is ep for e, _ in picks)
+    assert len(pick_contested([missing, ep], 2, random.Random(0))) == 2
