@@ -238,3 +238,25 @@ def test_only_contested_turns_with_a_snapshot_are_picked_and_episodes_without_a_
     picks = pick_contested([missing, ep], 5, random.Random(0))
     assert sorted(t.t for _, t in picks) == [0, 3, 4] and all(e is ep for e, _ in picks)
     assert len(pick_contested([missing, ep], 2, random.Random(0))) == 2
+
+
+def test_a_pick_whose_branch_lost_its_reward_makes_no_pair_and_the_others_still_do():
+    from swarm_runtime.core.episode import Episode, Turn
+    from swarm_runtime.learn.bid import _branch_pairs, _Pick
+
+    def pick(t: int, score: float) -> _Pick:
+        turn = Turn(t, [0.8, 0.4], [[1], [2]], [f"a{t}", f"b{t}"], AuctionResult(0, 1, 0.8, 0.4))
+        return _Pick(turn, [3], [4], score)
+
+    picks = [pick(0, 1.0), pick(1, 2.0), pick(2, 3.0)]
+    branches = [Episode(0, reward=5.0), Episode(0, reward=6.0, reward_missing=True), Episode(0, reward=7.0)]
+    pairs = _branch_pairs(picks, [(0, 1), (1, 1), (2, 1)], branches)
+    got = [
+        (p.agent, p.prompt, p.original, p.counterfactual, p.original_score, p.branch_score, p.runner_up) for p in pairs
+    ]
+    assert got == [
+        (0, "a0", [1], [3], 1.0, 5.0, False),
+        (1, "b0", [2], [4], 1.0, 5.0, True),
+        (0, "a2", [1], [3], 3.0, 7.0, False),
+        (1, "b2", [2], [4], 3.0, 7.0, True),
+    ]
