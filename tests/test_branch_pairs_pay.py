@@ -204,6 +204,7 @@ def check_pairs(tr, got: dict, horizon: int | None) -> None:
             )
             who = ru if p.runner_up else sel
             assert (p.agent, p.prompt, p.original) == (who, turn.bid_prompts[who], turn.bid_tokens[who]), where
+            assert p.original_logprobs == turn.bid_logprobs[who] and len(p.original_logprobs) == 1, where
             level = bid_level(agents, who, p.counterfactual)
             if p.runner_up:  # its re-sampled bid would have won the turn: the branch's side
                 assert level > turn.auction.winning_bid, f"{where}: re-sampled bid {level}"

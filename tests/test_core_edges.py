@@ -244,11 +244,12 @@ def test_a_pick_whose_branch_lost_its_reward_makes_no_pair_and_the_others_still_
     from swarm_runtime.core.episode import Episode, Turn
     from swarm_runtime.learn.bid import _branch_pairs, _Pick
 
-    def pick(t: int, score: float) -> _Pick:
+    def pick(t: int, score: float, logprobs=None) -> _Pick:
         turn = Turn(t, [0.8, 0.4], [[1], [2]], [f"a{t}", f"b{t}"], AuctionResult(0, 1, 0.8, 0.4))
+        turn.bid_logprobs = logprobs  # the rollout sampler's, per agent (None: none reported)
         return _Pick(turn, [3], [4], score)
 
-    picks = [pick(0, 1.0), pick(1, 2.0), pick(2, 3.0)]
+    picks = [pick(0, 1.0, [[-0.1], [-0.2]]), pick(1, 2.0), pick(2, 3.0)]
     branches = [Episode(0, reward=5.0), Episode(0, reward=6.0, reward_missing=True), Episode(0, reward=7.0)]
     pairs = _branch_pairs(picks, [(0, 1), (1, 1), (2, 1)], branches)
     got = [
@@ -260,3 +261,4 @@ def test_a_pick_whose_branch_lost_its_reward_makes_no_pair_and_the_others_still_
         (0, "a2", [1], [3], 3.0, 7.0, False),
         (1, "b2", [2], [4], 3.0, 7.0, True),
     ]
+    assert [p.original_logprobs for p in pairs] == [[-0.1], [-0.2], None, None]
