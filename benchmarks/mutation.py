@@ -95,6 +95,7 @@ TARGETS: dict[str, Target] = {
 
 #: Mutants no test can kill, with why (mutmut's names; they hold for the commit docs/benchmarks.md names).
 _LEVELS = "only a first bid >= 1 tells it apart: bid levels are in [0, 1) (algo.bid_levels, config/keys.py)"
+_TIES = "`>=` for `>` between a pair's two scores: the tied pairs were dropped just before"
 _DEFAULT = "drops the last argument of AuctionResult, whose default is the same 0.0"
 _FLOAT32 = "the weights' tensor is float32 without the dtype too: the advantages' (a tensor of Python floats)"
 _OVERWRITTEN = "the list's initial values are all overwritten by the loop below"
@@ -110,6 +111,8 @@ EQUIVALENT: dict[str, str] = {
     "swarm_runtime.learn.losses.x_pair_weights__mutmut_20": "the mean of no margins is never used: no pairs, no weights",
     "swarm_runtime.sampling.mismatch.x_importance_weight__mutmut_12": "a clamp at 701 instead of 700 changes "
     "min(cap, e^x) only for a cap above e^700; algo.is_cap is at most 1e6 (config/keys.py)",
+    "swarm_runtime.learn.bid.x_preference_rows__mutmut_25": _TIES,
+    "swarm_runtime.learn.bid.x_preference_rows__mutmut_26": _TIES,
     "swarm_runtime.core.auction.x_auction__mutmut_31": _DEFAULT,
     "swarm_runtime.core.auction.x_round_robin__mutmut_12": _DEFAULT,
     "swarm_runtime.core.auction.x_round_robin__mutmut_13": _DEFAULT,

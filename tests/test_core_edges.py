@@ -262,3 +262,21 @@ def test_a_pick_whose_branch_lost_its_reward_makes_no_pair_and_the_others_still_
         (1, "b2", [2], [4], 3.0, 7.0, True),
     ]
     assert [p.original_logprobs for p in pairs] == [[-0.1], [-0.2], None, None]
+
+
+def test_preference_rows_put_the_better_side_first_with_its_margin_weight_and_the_samplers_log_probs():
+    from types import SimpleNamespace
+
+    from swarm_runtime.learn.bid import BranchPair, preference_rows
+
+    pol = object()
+    agents = [SimpleNamespace(policy=pol), SimpleNamespace(policy=pol)]
+    pairs = [
+        BranchPair(0, "a", [1], [2], 3.0, 1.0, original_logprobs=[-0.5]),  # the original did better by 2
+        BranchPair(1, "b", [3], [4], 0.0, 6.0, runner_up=True, original_logprobs=[-0.25]),  # the branch, by 6
+        BranchPair(0, "c", [5], [6], 2.0, 2.0),  # a tie: dropped
+    ]
+    (rows,) = preference_rows(agents, pairs, "margin").values()
+    got = [(r.prompt, r.winner, r.loser, r.weight, r.behaviour, r.original_won) for r in rows]
+    assert got == [("a", [1], [2], 0.5, [-0.5], True), ("b", [4], [3], 1.5, [-0.25], False)]
+    assert [r.weight for r in preference_rows(agents, pairs, "uniform")[id(pol)]] == [1.0, 1.0]
