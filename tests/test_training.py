@@ -1,5 +1,7 @@
 """A real tiny model takes real SFT, action (REINFORCE) and bid (Bradley-Terry) steps."""
 
+import copy
+import math
 import random
 
 import pytest
@@ -7,9 +9,11 @@ import torch
 from conftest import run_context
 
 from swarm_runtime.config.load import resolve
+from swarm_runtime.core.auction import AuctionResult
 from swarm_runtime.core.loop import new_slots
 from swarm_runtime.learn.action import action_update, credit_samples
 from swarm_runtime.learn.bid import BranchPair, bid_update, pick_contested, run_branches
+from swarm_runtime.learn.logprobs import sampled_logprobs
 from swarm_runtime.learn.mpt import step_kind
 from swarm_runtime.learn.optim import make_optimizer
 from swarm_runtime.learn.sft import collect_demos, sft
@@ -43,6 +47,41 @@ def restore(policy, saved) -> None:
     with torch.no_grad():
         for p, s0 in zip(policy.parameters(), saved):
             p.copy_(s0)
+
+
+def expected_credit(episodes) -> list[tuple]:
+    """(agent, action prompt, action tokens, credit) of every acted turn: the bucket brigade, worked out here
+    (docs/reference/method.md, section 2), over each episode's rewards (a skipped turn's added to the actor
+    before it) and winning bids."""
+    out = []
+    for ep in episodes:
+        rewards = []
+        for t in ep.turns:
+            if t.winner is not None:
+                rewards.append(t.reward)
+            elif rewards:
+                rewards[-1] += t.reward
+        credit, v, b_next = [], 0.0, 0.0
+        for r, t in zip(reversed(rewards), reversed(ep.acted)):
+            v = r + b_next * v
+            credit.insert(0, (1.0 - t.auction.winning_bid) * v)
+            b_next = t.auction.winning_bid
+        out += [(t.winner, t.action_prompt, t.action_tokens, c) for t, c in zip(ep.acted, credit)]
+    return out
+
+
+def bid_mismatch(agents, pairs, policy, cap: float) -> tuple[float, float]:
+    """What ``bid_update`` should report for ``policy``'s decisive pairs (docs/reference/engine.md, "Off-policy
+    terms"): the mean over their original bids' tokens of ``exp(d) - 1 - d``, ``d`` = the learner's log-prob now
+    minus the sampler's, and the mean of each bid's weight ``min(cap, exp(sum d))``."""
+    mine = [p for p in pairs if agents[p.agent].policy is policy and p.original_score != p.branch_score]
+    per_token: list = []
+    with torch.no_grad():
+        sampled_logprobs(policy, [p.prompt for p in mine], [p.original for p in mine], per_token_out=per_token)
+    deltas = [lt.double() - torch.tensor(p.original_logprobs, dtype=torch.float64) for lt, p in zip(per_token, mine)]
+    k3 = sum(float((d.exp() - 1 - d).sum()) for d in deltas) / sum(d.numel() for d in deltas)
+    weights = [min(cap, math.exp(float(d.sum()))) for d in deltas]
+    return k3, sum(weights) / len(weights)
 
 
 def test_sft_lowers_loss_and_learns_role(ctx):
@@ -89,14 +128,26 @@ def test_action_and_bid_steps_change_parameters(ctx):
             record_snapshots=True,
         )
     assert all(len(e.turns) == 24 or e.metrics.get("success") for e in eps)
+    # the credit of every acted turn, by value: on a copy of the episodes where every turn paid a reward of its own
+    # (the untrained swarm earns nothing) and two turns were skipped, the first one's reward dropped, the second's
+    # added to the actor before it
+    paying = copy.deepcopy(eps)
+    for e in paying:
+        for t in e.turns:
+            t.reward = 1.0 + 0.01 * t.t + 0.1 * e.seed
+    for t in (paying[0].turns[0], paying[1].turns[5]):
+        t.auction = AuctionResult(None, None)
+    assert credit_samples(paying, ctx.credit_fn(), rng) == expected_credit(paying)
     samples = credit_samples(eps, ctx.credit_fn(), rng)
-    assert len(samples) == sum(len(e.acted) for e in eps)
-    # give one sample a reward so advantages are non-zero for its agent
-    samples[0] = (*samples[0][:3], samples[0][3] + 10.0)
+    assert samples == expected_credit(eps)
+    # give each acting agent's first sample a reward, so that every acting model's advantages are non-zero
     acting = {agents[s[0]].role for s in samples}
+    for a in {s[0] for s in samples}:
+        i = next(i for i, s in enumerate(samples) if s[0] == a)
+        samples[i] = (*samples[i][:3], samples[i][3] + 10.0)
     before = {r: snapshot(p) for r, p in policies.items()}
     m = action_update(agents, samples, opts, reward_scale=10.0, minibatch=16, grad_clip=1.0)
-    assert changed(before[agents[samples[0][0]].role], policies[agents[samples[0][0]].role])
+    assert all(changed(before[r], policies[r]) for r in acting)
     assert set(k.split("_", 1)[1] for k in m if k.startswith("losses/action_")) == acting
 
     picks = pick_contested(eps, 2, rng)
@@ -124,32 +175,57 @@ def test_action_and_bid_steps_change_parameters(ctx):
     before = snapshot(pol)
     with torch.no_grad():
         lw0 = float(pol.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]]))
-    m = bid_update(agents, pairs, opts, minibatch=16, grad_clip=1.0, is_cap=2.0)
-    assert changed(before, pol) and m["charts/bid_pairs"] >= 1
     # the original bids (drawn before the action update moved the weights) against the learner (docs/reference/engine.md)
+    kl, weight = bid_mismatch(agents, pairs, pol, cap=2.0)
+    m = bid_update(agents, pairs, opts, minibatch=16, grad_clip=1.0, is_cap=2.0)
+    assert changed(before, pol) and m["charts/bid_pairs"] == sum(p.original_score != p.branch_score for p in pairs)
     role = agents[sel].role
-    assert m[f"mismatch/bid_approx_kl_{role}"] >= 0 and 0 < m[f"mismatch/bid_is_weight_mean_{role}"] <= 2.0
+    assert m[f"mismatch/bid_approx_kl_{role}"] == pytest.approx(kl, rel=1e-4, abs=1e-9)
+    assert m[f"mismatch/bid_is_weight_mean_{role}"] == pytest.approx(weight, rel=1e-4)
     with torch.no_grad():
         lw1 = float(pol.logprobs([turn.bid_prompts[sel]], [turn.bid_tokens[sel]]))
     assert lw1 > lw0  # the winning bid became more likely
 
 
 def test_counterfactual_branch_starts_from_exact_state(ctx):
+    """A contested turn's snapshot, restored into a fresh env, is the world the original episode was in at that
+    turn (its full state equal to a replay of the turns before it, and the public log its agents saw), and the
+    turn's own action played from it earns what it earned in the original."""
+    from swarm_runtime.conformance.probe import first_difference, state_of
+    from swarm_runtime.core.domain import Event
+    from swarm_runtime.core.loop import make_env
+
     agents, _ = ctx.build_swarm()
     rng = random.Random(3)
     with torch.no_grad():
         eps = play(
             new_slots(ctx.domain, ctx.task, [5]), agents, ctx.coordinator(), ctx.domain, 24, rng, record_snapshots=True
         )
-    picks = pick_contested(eps, 1, rng)
+    (ep,) = eps
+    picks = [(e, t) for e, t in pick_contested(eps, 24, rng) if t.t >= 3]
     assert picks
-    ep, turn = picks[0]
-    from swarm_runtime.core.loop import make_env
-
-    env = make_env(ctx.domain, ctx.task)
-    env.restore(turn.snapshot[0])
-    # replaying the original action from the restored state reproduces the original outcome's validity
-    assert env.observation() in turn.action_prompt
+    for _, turn in picks:
+        restored = make_env(ctx.domain, ctx.task)
+        restored.restore(turn.snapshot[0])
+        replayed = make_env(ctx.domain, ctx.task)
+        replayed.reset(ep.seed)
+        for u in ep.turns[: turn.t]:
+            if u.winner is not None:
+                replayed.step(u.action_text, agents[u.winner].role)
+        where = f"seed {ep.seed}, turn {turn.t}"
+        assert (restored.done, restored.total_reward, restored.t) == (replayed.done, replayed.total_reward, replayed.t)
+        diff = first_difference(state_of(restored.env), state_of(replayed.env))
+        assert diff is None, f"{where}: the restored world differs from the replayed one at {diff}"
+        log = [
+            Event(u.t, agents[u.winner].role, u.action_text, u.valid, u.reward)
+            if u.winner is not None
+            else Event(u.t, None, "")
+            for u in ep.turns[: turn.t]
+        ]
+        assert turn.snapshot[1] == log, where
+        assert restored.observation() in turn.action_prompt, where
+        res = restored.step(turn.action_text, agents[turn.winner].role)
+        assert (res.reward, res.valid) == (turn.reward, turn.valid), where
 
 
 def test_schedule_four_to_one():
