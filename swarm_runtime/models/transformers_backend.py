@@ -30,6 +30,7 @@ from swarm_runtime.models.chat import prompt_ids
 from swarm_runtime.models.constrain import ActionTrie
 from swarm_runtime.models.flops import FlopCounter
 from swarm_runtime.models.noise import gumbel_max
+from swarm_runtime.models.scoring import LOGITS_BUDGET, Scored, chunk_positions, plain_head, scoring_head
 from swarm_runtime.models.tokenizer import build_tokenizer
 
 _DIGIT_GAP = re.compile(r"(?<=\d) (?=\d)")
@@ -137,6 +138,10 @@ class TransformersPolicy:
         self.gen = torch.Generator().manual_seed(int(seed))
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_frozen = 0  #: parameters scored in the forward pass that receive no gradient (a shared adapter base)
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        #: logits (rows x tokens x vocabulary) :meth:`logprobs` holds at once at most (models/scoring.py)
+        self.logits_budget = LOGITS_BUDGET
+        self._plain_head = plain_head(model)  #: the head's output is the logits: chunked scoring applies
         self.bid_ids = [self.tok.convert_tokens_to_ids(bid_token(b)) for b in self.bid_levels]
         if any(i is None or i == self.tok.unk_token_id for i in self.bid_ids):
             raise ValueError("tokenizer lacks the bid-level tokens; build it with build_tokenizer()")
@@ -410,7 +415,11 @@ class TransformersPolicy:
         ``actions=True`` says the responses are action texts: with :meth:`constrain_actions` in
         force each token is then scored among the tokens the constraint allowed there, the
         distribution :meth:`act` sampled it from. ``per_token_out`` (a list): gets each response's
-        per-token log-probs, detached, unconstrained (the basis a sampler reports them on)."""
+        per-token log-probs, detached, unconstrained (the basis a sampler reports them on).
+
+        A batch whose logits (rows x tokens x vocabulary) fit ``logits_budget`` is scored whole; a larger one
+        applies the output head only to the positions that predict response tokens, in chunks
+        (:mod:`swarm_runtime.models.scoring`): the same values, memory bounded by the budget."""
         seqs = [self.encode_prompt(p) + list(r) for p, r in zip(prompts, responses)]
         L = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), L), self.pad, dtype=torch.long)
@@ -420,23 +429,66 @@ class TransformersPolicy:
             resp[i, len(s) - len(r) : len(s)] = True
         mask = (torch.arange(L)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]).long()
         ids, mask, resp = ids.to(self.device), mask.to(self.device), resp.to(self.device)
-        logits = self._forward(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1, :].float()
-        if temperature > 0 and temperature != 1.0:
-            logits = logits / float(temperature)
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        if per_token_out is not None:
-            flat = logp.detach()
-            per_token_out[:] = [
-                flat[i, len(s) - len(r) - 1 : len(s) - 1] for i, (s, r) in enumerate(zip(seqs, responses))
-            ]
-        if actions and self.action_trie is not None:
-            logp = self._constrained(logp, logits, ids, seqs, responses)
+        constrained = actions and self.action_trie is not None
+        if not self._plain_head or len(seqs) * L * self.vocab_size <= self.logits_budget:
+            logp = self._whole_logprobs(ids, mask, seqs, responses, temperature, constrained, per_token_out)
+        else:
+            logp = self._chunked_logprobs(ids, mask, seqs, responses, temperature, constrained, per_token_out)
         tokens = int(mask.sum())
         if torch.is_grad_enabled():
             self.flops.train(self.n_params, tokens, frozen=self.n_frozen)
         else:
             self.flops.forward(self.n_params, tokens)
         return (logp * resp[:, 1:]).sum(1)
+
+    @staticmethod
+    def _per_token(logp: torch.Tensor, seqs: list[list[int]], responses: list[list[int]]) -> list[torch.Tensor]:
+        """Each response's slice of ``logp`` (rows x positions; position ``j`` predicts token ``j + 1``), detached."""
+        flat = logp.detach()
+        return [flat[i, len(s) - len(r) - 1 : len(s) - 1] for i, (s, r) in enumerate(zip(seqs, responses))]
+
+    def _whole_logprobs(self, ids, mask, seqs, responses, temperature, constrained, per_token_out) -> torch.Tensor:
+        """Rows x positions log-probs of the next tokens, from the logits of every position of the batch."""
+        logits = self._forward(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1, :].float()
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / float(temperature)
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        if per_token_out is not None:
+            per_token_out[:] = self._per_token(logp, seqs, responses)
+        if constrained:
+            logp = self._constrained(logp, logits, ids, seqs, responses)
+        return logp
+
+    def _chunked_logprobs(self, ids, mask, seqs, responses, temperature, constrained, per_token_out) -> torch.Tensor:
+        """As :meth:`_whole_logprobs` at the response positions (zero elsewhere), the head applied to those
+        positions only, ``logits_budget`` logits at a time (:func:`~swarm_runtime.models.scoring.scoring_head`)."""
+        rows: list[int] = []
+        cols: list[int] = []
+        nodes: list[int] = []
+        for i, (s, r) in enumerate(zip(seqs, responses)):
+            start = len(s) - len(r) - 1  # the hidden state at column j predicts token j + 1
+            walk = self.action_trie.walk(r, decode=self.decode) if constrained else [0] * len(r)
+            for k, node in enumerate(walk):
+                if start + k >= 0:  # a first token with nothing before it is not scored
+                    rows.append(i)
+                    cols.append(start + k)
+                    nodes.append(node)
+        rows_t = torch.tensor(rows, dtype=torch.long, device=self.device)
+        cols_t = torch.tensor(cols, dtype=torch.long, device=self.device)
+        spec = Scored(
+            rows_t,
+            cols_t,
+            ids[rows_t, cols_t + 1],
+            float(temperature),
+            chunk_positions(self.vocab_size, self.logits_budget),
+            torch.tensor(nodes, dtype=torch.long, device=self.device) if constrained else None,
+            self.action_trie.allowed if constrained else None,
+        )
+        with scoring_head(self.model.get_output_embeddings(), spec):
+            out = self._forward(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]
+        if per_token_out is not None:
+            per_token_out[:] = self._per_token(out[..., 0], seqs, responses)
+        return out[..., 1] if constrained else out[..., 0]
 
     def _constrained(
         self,
