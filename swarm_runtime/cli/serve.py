@@ -69,7 +69,7 @@ def cmd_serve(args) -> int:
     from swarm_runtime.learn.monolithic import MONOLITHIC
     from swarm_runtime.serve import require_serve_extra
     from swarm_runtime.serve.gateway import GatewaySetup, check_bind, serve
-    from swarm_runtime.serve.resolved import check_agents_not_gateway, check_weights
+    from swarm_runtime.serve.resolved import check_agents_not_gateway
 
     require_serve_extra()
     run_dir = Path(args.run_dir)
@@ -79,8 +79,5 @@ def cmd_serve(args) -> int:
     api_key = os.environ.get("SWARM_API_KEY") or None
     check_bind(str(cfg.serve.host), api_key)
     check_agents_not_gateway(cfg.serve)
-    replicas = cfg.serve.replicas
-    served = [r.name for r in reg.domains[cfg.domain].roles]
-    check_weights(ckpt, [r for r in served if (int(replicas.get(r, 1)) if hasattr(replicas, "get") else int(replicas))])
     serve(GatewaySetup(run_dir, ckpt, cfg, reg, pm, api_key))
     return 0
