@@ -264,6 +264,21 @@ def _swarm_pair(registry, *args):
     return ctx, ctx.build_swarm(), ctx.build_swarm()
 
 
+def fixed_samples(agents) -> list:
+    """8 action samples ``(agent index, prompt, action tokens, credit)`` over the 3 agents, with fixed texts and
+    credits: the same inputs for an update in process and on a learner."""
+    texts = ["chop tree", "craft planks", "mine stone", "explore"]
+    return [
+        (
+            i % 3,
+            f"you are {agents[i % 3].role} . goal wooden_pickaxe . step {i}",
+            agents[i % 3].policy.action_target(t),
+            c,
+        )
+        for i, (t, c) in enumerate(zip(texts * 2, [3.0, -1.0, 2.0, 0.5, -2.0, 1.0, 4.0, 0.0]))
+    ]
+
+
 @pytest.mark.parametrize("adapter", ["none", "lora"])
 def test_a_learner_worker_updates_as_in_process_and_round_trips_its_state(registry, adapter):
     """No Ray: ``LearnerWorker`` (the actor's class) runs ``action_update`` on its roles' samples with its own
@@ -289,16 +304,7 @@ def test_a_learner_worker_updates_as_in_process_and_round_trips_its_state(regist
     groups = learner_groups(copies)
     assert list(groups) == (["base-default"] if adapter == "lora" else ["Logger", "Miner", "Smith"])
     make = partial(role_optimizers, settings=optimizer_settings(ctx.cfg))
-    texts = ["chop tree", "craft planks", "mine stone", "explore"]
-    samples = [
-        (
-            i % 3,
-            f"you are {agents[i % 3].role} . goal wooden_pickaxe . step {i}",
-            agents[i % 3].policy.action_target(t),
-            c,
-        )
-        for i, (t, c) in enumerate(zip(texts * 2, [3.0, -1.0, 2.0, 0.5, -2.0, 1.0, 4.0, 0.0]))
-    ]
+    samples = fixed_samples(agents)
     kw = dict(reward_scale=10.0, minibatch=3, grad_clip=1.0, kl_coef=0.0, behaviour=None, is_cap=None)
     ctx.flops.category = "update"
     here = FlopCounter(category="update")

@@ -17,6 +17,7 @@ from tests.test_learner_actors import (
     _same_sft_checkpoint,
     _sft_ran_on_the_learners,
     _stopped_during_sft_and_resumed,
+    fixed_samples,
 )
 from tests.test_sharded_learners import FSDP, LOGP_GAPS, LORA_RUN, _resumed_under_local
 
@@ -233,16 +234,7 @@ def test_lora_on_a_bf16_base_sharded_takes_the_in_process_action_and_bid_updates
         for p in policy.parameters():
             p.requires_grad_(False)
     make = functools.partial(role_optimizers, settings=optimizer_settings(ctx.cfg))
-    texts = ["chop tree", "craft planks", "mine stone", "explore"]
-    samples = [
-        (
-            i % 3,
-            f"you are {agents[i % 3].role} . goal wooden_pickaxe . step {i}",
-            agents[i % 3].policy.action_target(t),
-            c,
-        )
-        for i, (t, c) in enumerate(zip(texts * 2, [3.0, -1.0, 2.0, 0.5, -2.0, 1.0, 4.0, 0.0]))
-    ]
+    samples = fixed_samples(agents)
     high, low = agents[0].policy.bid_target(0.8), agents[0].policy.bid_target(0.2)
     pairs = [
         BranchPair(a % 3, f"you are {agents[a % 3].role} . goal wooden_pickaxe . bid {a}", high, low, o, b)
