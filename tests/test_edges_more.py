@@ -72,6 +72,22 @@ def test_a_recipes_ray_head_is_refused_unless_the_command_line_gives_it(name, tm
         assert not _heard(listener)
 
 
+def test_a_section_given_a_mapping_sets_its_keys_and_names_an_unknown_one(tmp_path, warm_swarm):
+    """``cluster={kind: ray, env_workers: 3}`` (as a recipe's section expands to) sets those keys and keeps the
+    section's others (was: OmegaConf's ``dict is not a subclass of ClusterConfig``); an unknown key in it is the one
+    line a dotted unknown key gets, naming the valid ones; a bad value the line its key's rule gives."""
+    import yaml
+
+    res = warm_swarm("config", *TINY_RUN, "cluster={kind: ray, env_workers: 3}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    cluster = yaml.safe_load(res.stdout)["cluster"]
+    assert [cluster[k] for k in ("kind", "env_workers", "address", "learners")] == ["ray", 3, None, "local"]
+    for arg in ("cluster={kind: ray, nope: 3}", "cluster.nope=3"):
+        res = warm_swarm("config", *TINY_RUN, arg, cwd=tmp_path)
+        _error(res, "unknown config key 'cluster.nope'", "valid: address")
+    _error(warm_swarm("config", *TINY_RUN, "cluster={kind: rayy}", cwd=tmp_path), "cluster.kind='rayy' is not valid")
+
+
 # ------------------------------------------------------------------ a worker's Content-Type (~15 s: one worker)
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
