@@ -373,11 +373,11 @@ def test_without_ray_a_config_that_cannot_run_is_named_before_the_extra(tmp_path
 
 
 @pytest.mark.ray
-def test_a_recipes_ray_head_is_joined_a_saved_one_is_not(tmp_path):
-    """6d. A recipe (``recipe=PATH.yaml``) is a file the user named, trusted like the command line: the
-    ``cluster.address`` it sets is joined on a fresh run (nothing answers on that port here: the run says so, having
-    tried), and on resume when the recipe is given again; the same address saved in the run folder the fresh run
-    left is refused on ``resume=true`` without the recipe, before anything connects."""
+def test_a_ray_head_a_recipe_or_a_run_folder_names_is_joined_only_when_the_command_line_gives_it(tmp_path):
+    """6d. A recipe (``recipe=PATH.yaml``) follows a run folder's rule: the ``cluster.address`` it sets is refused
+    before anything connects or is written, unless the command line gives it too; then it is joined on a fresh run
+    (nothing answers on that port here: the run says so, having tried). The same address saved in the run folder that
+    run left is refused on ``resume=true`` without it on the command line, the recipe given again or not."""
     from omegaconf import OmegaConf
 
     pytest.importorskip("ray")
@@ -386,13 +386,17 @@ def test_a_recipes_ray_head_is_joined_a_saved_one_is_not(tmp_path):
         address = f"127.0.0.1:{s.getsockname()[1]}"
     recipe = tmp_path / "cluster.yaml"
     recipe.write_text(f"cluster.kind: ray\ncluster.address: {address}\n")
-    run = tmp_path / "run"
+    run, given = tmp_path / "run", f"cluster.address={address}"
+    refused = f"recipe {str(recipe)!r} sets cluster.address={address!r}"
+    _error(swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), refused)
+    assert not run.exists()
     tried = f"cluster.address={address!r}: no Ray cluster answers there"
-    _error(swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), tried)
+    _error(swarm("run", f"recipe={recipe}", *TINY_RUN, given, f"run_dir={run}", cwd=tmp_path), tried)
     assert OmegaConf.load(run / "config.yaml").cluster.address == address  # saved with the folder
     resume = ("run", "resume=true", f"run_dir={run}")
     _error(swarm(*resume, cwd=tmp_path), f"cluster.address={address!r} comes from {run / 'config.yaml'}")
-    _error(swarm(*resume, f"recipe={recipe}", cwd=tmp_path), tried)
+    _error(swarm(*resume, f"recipe={recipe}", cwd=tmp_path), refused)
+    _error(swarm(*resume, given, cwd=tmp_path), tried)
 
 
 def test_a_saved_ray_head_is_joined_only_when_the_command_line_gives_it(registry, tmp_path):

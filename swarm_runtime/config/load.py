@@ -77,8 +77,14 @@ def _set(cfg: DictConfig, key: str, value: str, literal: bool = False) -> None:
     target = node._get_node(parts[-1])
     if isinstance(target, DictConfig) and not isinstance(parsed, dict) and (parsed is not None or _typed(target)):
         raise section_given_a_value(key, target, parsed, value)
-    try:
-        OmegaConf.update(cfg, key, parsed, merge=False)
+    merge = isinstance(target, DictConfig) and isinstance(parsed, dict) and _typed(target)
+    unknown = [str(k) for k in (parsed if merge else ()) if str(k) not in target]
+    if unknown:
+        raise ConfigError(
+            f"unknown config key '{key}.{unknown[0]}': {unknown[0]!r} is not in {key}; valid: {_valid_keys(target)}"
+        )
+    try:  # a schema section given a mapping (cluster={kind: ray}, a recipe's section): its keys set, each checked
+        OmegaConf.update(cfg, key, parsed, merge=merge)
     except Exception as exc:  # omegaconf validation error: wrong type
         raise ConfigError(f"bad value {value!r} for {key!r}: {exc}") from exc
 

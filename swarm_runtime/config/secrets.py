@@ -255,6 +255,14 @@ CHOSEN_ON_THE_COMMAND_LINE = {
 }
 
 
+#: Ray heads a run joins (``cluster.address`` for ``swarm run`` and ``swarm eval``, ``serve.address`` for
+#: ``swarm serve``): joining one ships the run's models there and unpickles what it answers. Like the keys of
+#: :data:`CHOSEN_ON_THE_COMMAND_LINE` they come from the command line: a run folder's saved one is refused by
+#: :func:`refuse_saved_ray_head` (``runs/folder.py: RAY_HEADS`` says which command joins which), a ``recipe=PATH``
+#: file's by :func:`recipe_choices` (``cli/recipes.py``).
+RAY_HEAD_KEYS = ("cluster.address", "serve.address")
+
+
 def gives(key: str, given_keys) -> bool:
     """Whether the command line (``given_keys``, full keys) gives ``key``: itself or a section holding it."""
     return any(key == g or key.startswith(f"{g}.") for g in given_keys)
@@ -295,14 +303,15 @@ def refuse_saved_choices(cfg: DictConfig, given_keys, source, keys=None) -> None
 
 
 def recipe_choices(data: dict, known_top: set[str]) -> list[tuple[str, object]]:
-    """The ``(full key, value)`` of :data:`CHOSEN_ON_THE_COMMAND_LINE` keys a recipe's mapping ``data`` sets to a
-    value (a section given as a mapping, ``rollout: {vllm: {python: ...}}``, read key by key; a bare task key,
-    ``llm_judge``, as ``task.llm_judge``). ``known_top``: the config's top-level keys."""
+    """The ``(full key, value)`` of :data:`CHOSEN_ON_THE_COMMAND_LINE` and :data:`RAY_HEAD_KEYS` keys a recipe's
+    mapping ``data`` sets to a value (a section given as a mapping, ``rollout: {vllm: {python: ...}}``, read key by
+    key; a bare task key, ``llm_judge``, as ``task.llm_judge``). ``known_top``: the config's top-level keys."""
     out = []
     for key, value in _flat(data):
         if key.split(".", 1)[0] not in known_top:
             key = f"task.{key}"
-        hit = next((k for k in CHOSEN_ON_THE_COMMAND_LINE if key == k or key.startswith(f"{k}.")), None)
+        chosen = (*CHOSEN_ON_THE_COMMAND_LINE, *RAY_HEAD_KEYS)
+        hit = next((k for k in chosen if key == k or key.startswith(f"{k}.")), None)
         if hit is not None and not _empty(value):
             out.append((key, value))
     return out

@@ -1,5 +1,6 @@
 """The gateway's ASGI guard (:class:`Guard`: the API key, the request-size bound, the body's content type, the count
-of answers by status) and its error body (:func:`error_body`: ``detail`` and OpenAI's ``error`` object)."""
+of answers by status) and its error body (:func:`error_body`: ``detail`` and OpenAI's ``error`` object); a served
+worker's (:class:`JsonBodies`: the body's content type alone, the same check: :func:`not_json`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,53 @@ def is_json_type(content_type: bytes) -> bool:
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
+def not_json(headers: dict) -> str | None:
+    """Why a request's body is not read as JSON, or None: it has one (a ``Content-Length`` over 0, or chunked) and a
+    ``Content-Type`` that is not JSON (:func:`is_json_type`). A body without a ``Content-Type`` is read as JSON.
+    ``headers``: the ASGI scope's, as a mapping of lower-case bytes."""
+    ctype = headers.get(b"content-type")
+    try:
+        length = int(headers.get(b"content-length", b"0") or 0)
+    except ValueError:  # the gateway answers it first (Guard); a worker's server refuses it
+        length = 0
+    if ctype is None or (length <= 0 and b"transfer-encoding" not in headers) or is_json_type(ctype):
+        return None
+    shown = ctype.decode("latin-1")[:80]
+    return f"Content-Type {shown!r} is not JSON: send the body as JSON with 'Content-Type: application/json'"
+
+
+async def send_json(send, status: int, body: dict, headers=()) -> None:
+    """An ASGI answer of ``body`` as JSON with ``status`` (and ``headers``, pairs of bytes)."""
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+class JsonBodies:
+    """ASGI middleware of a served worker (``serve/worker_app.py``): a body whose ``Content-Type`` is not JSON is a
+    415 in OpenAI's error shape, not read as JSON (:func:`not_json`, the check :class:`Guard` makes)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            msg = not_json(dict(scope.get("headers") or []))
+            if msg is not None:
+                return await send_json(send, 415, openai_error(msg, 415))
+        await self.app(scope, receive, send)
+
+
 class _TooLarge(Exception):
     pass
 
@@ -45,20 +93,8 @@ class Guard:
                 self.metrics.responses[status] += 1
 
     async def _reply(self, send, status: int, msg: str) -> None:
-        body = json.dumps(error_body(msg, status)).encode()
         self._count(status)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    *self.id_header,
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, status, error_body(msg, status), self.id_header)
 
     def _refusal(self, scope) -> tuple[int, str] | None:
         """Why a request is refused before it is read (a wrong key, a body announced too large), or None."""
@@ -75,14 +111,8 @@ class Guard:
             return 400, "bad Content-Length header"
         if length > self.max_bytes:
             return 413, f"request body of {length} bytes is over the limit of {self.max_bytes}"
-        ctype = headers.get(b"content-type")
-        if ctype is not None and (length > 0 or b"transfer-encoding" in headers) and not is_json_type(ctype):
-            shown = ctype.decode("latin-1")[:80]
-            return (
-                415,
-                f"Content-Type {shown!r} is not JSON: send the body as JSON with 'Content-Type: application/json'",
-            )
-        return None
+        msg = not_json(headers)
+        return None if msg is None else (415, msg)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -1,7 +1,8 @@
 """A worker's FastAPI app (:func:`make_app`): ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (over the model's chat template) and, on an adapter host, vLLM's runtime LoRA
 endpoints. Errors are in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``); bodies are read by
-:func:`~swarm_runtime.serve.validate.validated` (NaN or Infinity anywhere is a 400 naming the field). Streams
+:func:`~swarm_runtime.serve.validate.validated` (NaN or Infinity anywhere is a 400 naming the field), a body whose
+``Content-Type`` is not JSON is a 415 (:class:`~swarm_runtime.serve.guard.JsonBodies`, the gateway's check). Streams
 are server-sent events, built from a finished completion (:func:`completion_chunks`, :func:`chat_chunks`)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from swarm_runtime.models.chat import template_ids
 from swarm_runtime.serve.batcher import Batcher
 from swarm_runtime.serve.completer import Completer, FaultInjected
+from swarm_runtime.serve.guard import JsonBodies
 from swarm_runtime.serve.protocol import chat_model, completion_models, lora_models
 from swarm_runtime.serve.validate import BadRequest, openai_error, validated
 
@@ -223,4 +225,5 @@ def make_app(policy, opts) -> FastAPI:
     if completer.host is not None:
         add_lora(app, completer)
     add_completions(app, policy, completer, batcher)
+    app.add_middleware(JsonBodies)
     return app

