@@ -115,8 +115,6 @@ async def add_agent(request: Request):
         await gw.pop.probe(gw.http, a)
         return JSONResponse(a.public(), status_code=201)
     if gw.adapter_run:
-        from swarm_runtime.models.adapters import adapter_name
-
         host = gw.hosts.get(req.role)
         if req.checkpoint not in (None, gw.setup.checkpoint.name) or host is None or host.status == "failed":
             raise BadRequest(
@@ -126,10 +124,14 @@ async def add_agent(request: Request):
                 param="checkpoint",
                 status=422,
             )
-        a = gw.pop.add_url(req.role, host.url, req.name, model_id=adapter_name(req.role))
+        version, model = gw.versions.adapter_for(req.role)
+        a = gw.pop.add_url(req.role, host.url, req.name, model_id=model)
+        a.version = version
         await gw.pop.probe(gw.http, a)
         return JSONResponse(a.public(), status_code=201)
-    a = gw.pop.spawn(req.role, checkpoint_folder(gw.setup, req), req.name)
+    folder = checkpoint_folder(gw.setup, req)
+    a = gw.pop.spawn(req.role, folder, req.name)
+    a.version = gw.versions.version_of(folder.parent.parent)  # a checkpoint's role folder: CKPT/agents/ROLE
     return JSONResponse(a.public(), status_code=201)
 
 
