@@ -231,3 +231,43 @@ def test_swaps_kill_and_rollback_while_serving(gateway):
         if ev["ev"] == "end":
             ends[ev["id"]] = ev["versions"]
     assert all(ends[b["id"]] == b["versions"] for _, _, _, b in client.played)
+
+
+def test_adapter_run_swaps_adapters_and_keeps_two_versions(registry, tmp_path):
+    from test_serve_adapters import _adapter_run
+
+    run = _adapter_run(registry, tmp_path / "run")
+    for tag, seed in (("v2", 2), ("v3", 3)):
+        versioned(run, tag, seed)
+    port, log = _free_port(), tmp_path / "gateway.log"
+    g = _start(["swarm_runtime.cli.main", "serve", str(run), "checkpoint=final", f"serve.port={port}"], log)
+    url, pids = f"http://127.0.0.1:{port}", []
+    try:
+        _wait_health(url, [g], 240, logs=[log])
+        host = httpx.get(f"{url}/v1/swarm", timeout=10).json()["adapter_hosts"][0]
+        pids.append(host["pid"])
+
+        def loaded() -> set[str]:
+            models = httpx.get(f"{host['url']}/v1/models", timeout=10).json()["data"]
+            return {m["id"] for m in models if m["parent"] is not None}
+
+        def served() -> dict:
+            return {a["name"]: (a["version"], a["model"]) for a in httpx.get(f"{url}/v1/swarm/agents").json()["agents"]}
+
+        roles = ("Logger", "Miner", "Smith")
+        for step, want in (("v2", 2), ("v3", 3), ("--rollback", 2)):
+            cli = swap_cli(url, step)
+            assert cli.returncode == 0, cli.stdout + cli.stderr
+            assert served() == {r: (f"{r}@v{want}", f"{r}@v{want}") for r in roles}
+            ep = httpx.post(f"{url}/v1/episodes", json={"seed": 100_000}, timeout=120).json()
+            assert ep["status"] == "done" and ep["versions"] == {r: [f"{r}@v{want}"] for r in roles}
+        # v1's adapters unloaded once v3 came: the current (v2) and previous (v3) stay, for a rollback
+        end = time.time() + 30
+        while loaded() != {f"{r}@v{n}" for r in roles for n in (2, 3)}:
+            assert time.time() < end, loaded()
+            time.sleep(0.2)
+        assert pids[0] == httpx.get(f"{url}/v1/swarm", timeout=10).json()["adapter_hosts"][0]["pid"]  # no restart
+    finally:
+        _stop(g)
+        for pid in pids:
+            _kill_pid(pid)
