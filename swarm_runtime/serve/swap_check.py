@@ -76,7 +76,8 @@ def _differs(served: dict, new: dict) -> str | None:
                 files = sorted(set(served["tokenizer"]) | set(new["tokenizer"]))
                 diff = [f for f in files if served["tokenizer"].get(f) != new["tokenizer"].get(f)]
                 return f"its tokenizer differs ({', '.join(diff)})"
-            return f"its {key} differs ({new[key]!r}, served: {served[key]!r})"
+            verb = "differ" if key.endswith("s") else "differs"
+            return f"its {key} {verb} ({new[key]!r}, served: {served[key]!r})"
     return None
 
 
