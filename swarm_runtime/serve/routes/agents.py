@@ -46,6 +46,7 @@ def swarm_state(request: Request):
         "episodes_running": gw.running_count(),
         "agents": [a.public() for a in gw.pop.agents],
         "adapter_hosts": [h.public() for h in gw.pop.hosts],
+        "versions": gw.versions.public(),
         "restart_policy": {
             "max_restarts": int(gw.s.max_restarts),
             "window_s": float(gw.s.restart_window_s),
