@@ -4,8 +4,9 @@ worker is killed, and a rollback returns it to v2. Every episode completes and n
 ran on; per episode each agent's versions only go forward, but for the rollback. The bad input is refused before
 anything moves. An adapter run swaps adapters on its one base worker and keeps at most two versions loaded.
 
-Cost on a shared 2-core machine: about 105 s for the full-copy tests (one gateway), 110 s for the adapter one (all
-``slow``); the check before a swap on its own, well under a second per case."""
+Cost on a shared, loaded 2-core machine: about 135 s for the two full-copy tests (one gateway: 70 s to build and
+start it, 60 s for the swaps), 80 s for the adapter one (all ``slow``); the check before a swap on its own, well under
+a second per case."""
 
 import json
 import os
