@@ -4,6 +4,7 @@ swarm_runtime/cli/) and turns any error into one line on stderr and exit code 2.
 swarm run domain=minecraft task=iron_pickaxe [key=value ...]
 swarm eval RUN_DIR [checkpoint=TAG] [eval.runs=3 ...] [serve.url=http://HOST:PORT]
 swarm serve RUN_DIR [checkpoint=TAG] [serve.replicas=K] [serve.port=P ...]
+swarm swap URL CHECKPOINT | swarm swap URL --rollback
 swarm experiment NAME [key=value ...] | swarm experiment --list
 swarm domains | swarm plugins | swarm config [key=value ...] [--plan]
 swarm export RUN_DIR [checkpoint=TAG] [merged=true]
@@ -23,6 +24,7 @@ from swarm_runtime.cli.export import cmd_export
 from swarm_runtime.cli.plugins import cmd_domains, cmd_plugins
 from swarm_runtime.cli.run import cmd_run
 from swarm_runtime.cli.serve import cmd_serve
+from swarm_runtime.cli.swap import add_parser as add_swap_parser
 from swarm_runtime.cli.vllm import cmd_vllm
 from swarm_runtime.config.errors import ConfigError, Stopped, stop_on_sigterm
 from swarm_runtime.config.load import presets
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve.replicas.ROLE=K, serve.port=P, serve.host=ADDR (needs SWARM_API_KEY), serve.* (docs/guides/serve.md)",
     )
     sv.set_defaults(func=cmd_serve)
+    add_swap_parser(sub)
     x = sub.add_parser("experiment", help="run one of the paper's experiments (see --list)", epilog=epilog)
     x.add_argument("name", nargs="?", help="experiment name (swarm experiment --list)")
     x.add_argument(

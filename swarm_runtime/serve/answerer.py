@@ -77,6 +77,7 @@ class TurnAnswerer:
         self.act_compute = 0.0  #: seconds: the answered action's compute (this turn)
         self.started = 0.0  #: perf_counter when this turn's bidders were known
         self.record: dict | None = None  #: the turn being played
+        self.versions: dict[str, str | None] = {}  #: this turn: the version (``Role@vN``) that answered each agent
 
     async def __call__(self, request) -> list:
         if isinstance(request, Bidders):
@@ -91,6 +92,7 @@ class TurnAnswerer:
     async def bidders(self) -> list[AgentHandle]:
         up = await up_agents(self.engine.pop, self.engine.opts.agent_wait_s)
         self.started, self.bid_compute, self.act_compute = time.perf_counter(), 0.0, 0.0
+        self.versions = {}
         return up
 
     # ------------------------------------------------------------------ bids and actions over HTTP
@@ -103,13 +105,17 @@ class TurnAnswerer:
             "seed": seed_for(*row.key),
             **body,
         }
+        url, using, label = a.url, self.engine.pop.using, a.label
         a.inflight += 1
+        using[url, body["model"]] += 1
         try:
-            answer, headers = await self.engine.client.post_json(a.url, "/v1/completions", body, timeout)
+            answer, headers = await self.engine.client.post_json(url, "/v1/completions", body, timeout)
             ms = float(headers.get("x-swarm-compute-ms", 0.0))
+            self.versions[a.name] = label
             return answer["choices"][0]["text"], ms / 1000
         finally:
             a.inflight -= 1
+            using[url, body["model"]] -= 1
 
     async def _bid(self, row: Row) -> tuple[Bid, float]:
         opts = self.engine.opts
@@ -197,6 +203,7 @@ class TurnAnswerer:
             "role": winner.role if winner else None,
             "bid": res.winning_bid if winner else None,
             "action": turn.action_text if winner else None,
+            "versions": dict(self.versions),
             "latency_ms": round(latency * 1000, 3),
             "compute_ms": round(compute * 1000, 3),
         }

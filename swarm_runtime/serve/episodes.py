@@ -34,7 +34,7 @@ from swarm_runtime.serve.population import Population
 from swarm_runtime.serve.transport import AgentClients
 from swarm_runtime.serve.turns import ServedTurns
 
-__all__ = ["AgentClients", "Engine", "EngineOptions", "NoAgentsLeft", "ServedEpisode", "new_id"]
+__all__ = ["AgentClients", "Engine", "EngineOptions", "NoAgentsLeft", "ServedEpisode", "new_id", "versions_of"]
 
 
 @dataclass
@@ -86,6 +86,17 @@ class ServedEpisode:
     def t(self) -> int:
         """Turns settled so far."""
         return self.slot.t if self.slot is not None else 0
+
+
+def versions_of(records: list[dict]) -> dict[str, list[str]]:
+    """Each agent's versions (``Role@vN``) that answered in ``records`` (turn records), in the order they first did:
+    one per agent unless a swap came mid-episode. Agents joined by URL (no version) are left out."""
+    out: dict[str, list[str]] = {}
+    for rec in records:
+        for name, label in (rec.get("versions") or {}).items():
+            if label is not None and label not in out.setdefault(name, []):
+                out[name].append(label)
+    return {k: v for k, v in out.items() if v}
 
 
 def new_id() -> str:
@@ -155,4 +166,5 @@ class Engine:
             "invalid_actions": e.invalid_actions,
             "reward_missing": e.reward_missing,
             "agents": [a.name for a in self.pop.agents],
+            "versions": versions_of(ep.records),
         }

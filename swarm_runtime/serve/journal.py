@@ -10,8 +10,10 @@ episodes still running whenever it passes :data:`COMPACT_BYTES`.
 
 One line per event: ``{"ev": "start", "id", "seed", "noise", "task", "env", "temperature",
 "max_decisions", "client", "time"}``, ``{"ev": "turn", "id", "rec"}`` (the turn's record as the API
-returns it), ``{"ev": "reward", "id", "t", "reward", "valid"}`` (a client-side turn's outcome, reported
-with the next turn), ``{"ev": "end", "id", "status"}``.
+returns it, with ``versions``: the version, ``Role@vN``, of each agent that answered in the turn), ``{"ev": "reward",
+"id", "t", "reward", "valid"}`` (a client-side turn's outcome, reported with the next turn), ``{"ev": "end", "id",
+"status", "versions"}`` (``versions``: each agent's versions that answered in the episode, in order; a version swap,
+:mod:`swarm_runtime.serve.swap`, takes effect at an agent's next request).
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ class Journal:
     def reward(self, eid: str, t: int, reward: float, valid: bool) -> None:
         self.write({"ev": "reward", "id": eid, "t": t, "reward": reward, "valid": valid})
 
-    def end(self, eid: str, status: str) -> None:
-        self.write({"ev": "end", "id": eid, "status": status})
+    def end(self, eid: str, status: str, versions: dict | None = None) -> None:
+        """The episode's end; ``versions``: each agent's versions that answered in it (``Role@vN``)."""
+        self.write({"ev": "end", "id": eid, "status": status, **({"versions": versions} if versions else {})})
 
     def size(self) -> int:
         return self.f.tell()

@@ -31,9 +31,10 @@ def spawn_adapter_hosts(gw: Gateway) -> None:
     for base, members in on.items():
         host = pop.spawn_host(base, [(adapter_name(r), folders[r]) for r in members])
         gw.hosts.update({r: host for r in members})
+    gw.versions.adapters = {r: {1: (adapter_name(r), str(folders[r]))} for r in roles}
     for role in roles:
         for _ in range(gw.replicas(role)):
-            pop.add_url(role, gw.hosts[role].url, model_id=adapter_name(role))
+            pop.add_url(role, gw.hosts[role].url, model_id=adapter_name(role)).version = 1
 
 
 def spawn_agents(gw: Gateway) -> None:
@@ -43,7 +44,7 @@ def spawn_agents(gw: Gateway) -> None:
     else:
         for role in gw.roles:
             for _ in range(gw.replicas(role)):
-                gw.pop.spawn(role, role_folder(gw.setup.checkpoint, role))
+                gw.pop.spawn(role, role_folder(gw.setup.checkpoint, role)).version = 1
     for spec in gw.s.agents or []:
         role, _, url = str(spec).partition("=")
         gw.pop.add_url(role, url)

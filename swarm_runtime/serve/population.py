@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,6 +122,12 @@ class AgentHandle:
     error: str | None = None  #: why it is down or failed
     restart_times: list = field(default_factory=list)  #: monotonic times of its recent restarts
     next_start: float = 0.0  #: monotonic time its dead worker may be restarted (the backoff)
+    version: int | None = None  #: the served swarm version it answers as (``Role@vN``); None: joined by URL
+
+    @property
+    def label(self) -> str | None:
+        """``Role@vN``: the version it serves (:mod:`swarm_runtime.serve.swap`); None for an agent joined by URL."""
+        return None if self.version is None else f"{self.role}@v{self.version}"
 
     def public(self) -> dict:
         wait = max(0.0, self.next_start - time.monotonic()) if self.status == "down" and self.proc is not None else 0.0
@@ -132,6 +139,7 @@ class AgentHandle:
             "status": self.status,
             "model": self.model_id,
             "checkpoint": self.checkpoint,
+            "version": self.label,
             "restarts": self.restarts,
             "error": self.error,
             "restart_in_s": round(wait, 3),
@@ -165,6 +173,8 @@ class Population:
         self.agents: list[AgentHandle] = []
         #: adapter hosts: one worker per base holding every role's adapter (their agents are URL agents on it)
         self.hosts: list[AgentHandle] = []
+        #: requests in flight per ``(url, model)``: a swapped-out worker or adapter is stopped once its count is 0
+        self.using: Counter = Counter()
 
     # ------------------------------------------------------------------ membership
     def by_name(self, name: str) -> AgentHandle | None:

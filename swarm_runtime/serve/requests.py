@@ -1,5 +1,5 @@
 """The gateway's request bodies (pydantic models, read by :func:`swarm_runtime.serve.validate.validated`): an
-agent to add, an episode to start, a client-side episode's turn."""
+agent to add, a checkpoint to swap in, an episode to start, a client-side episode's turn."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ class AgentRequest(BaseModel):
     checkpoint: str | None = Field(None, max_length=4096)
     url: str | None = Field(None, max_length=4096)
     name: str | None = Field(None, max_length=200)
+
+
+class SwapRequest(BaseModel):
+    """``POST /v1/swarm/swap``: serve ``checkpoint`` (a tag of the run, or a checkpoint folder inside it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    checkpoint: str = Field(..., min_length=1, max_length=4096)
 
 
 class EpisodeRequest(BaseModel):

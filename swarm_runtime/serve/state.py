@@ -17,11 +17,12 @@ from loguru import logger
 
 from swarm_runtime.core.env import close_all
 from swarm_runtime.serve.answerer import NoAgentsLeft
-from swarm_runtime.serve.episodes import EngineOptions, ServedEpisode
+from swarm_runtime.serve.episodes import EngineOptions, ServedEpisode, versions_of
 from swarm_runtime.serve.journal import COMPACT_BYTES, Journal, recover_into
 from swarm_runtime.serve.metrics import Metrics
 from swarm_runtime.serve.population import Population, PopulationOptions
 from swarm_runtime.serve.resolved import GatewaySetup, role_folder
+from swarm_runtime.serve.swap import Versions
 
 
 def population_options(cfg, serve_dir) -> PopulationOptions:
@@ -106,6 +107,7 @@ class Gateway:
         self.engine = None  #: :class:`~swarm_runtime.serve.episodes.Engine` (lifespan)
         self.background: list[asyncio.Future] = []
         self.hosts: dict[str, Any] = {}  #: an adapter run's worker per role
+        self.versions = Versions(setup.checkpoint)  #: the versions served, and the live swap (serve/swap.py)
         self.seed_sets: dict[tuple[str, str], set] = {}
         self.transcripts = self.serve_dir / "episodes.jsonl"
         self.journal_path = self.serve_dir / "journal.jsonl"
@@ -164,7 +166,7 @@ class Gateway:
             self.metrics.episode_duration.observe(time.monotonic() - ep.started)
         with self.transcripts.open("a") as f:
             f.write(json.dumps(self.summary(ep, turns=True), default=float) + "\n")
-        self.journal.end(ep.id, ep.status)
+        self.journal.end(ep.id, ep.status, versions_of(ep.records))
         logger.info(
             "episode {} {}: reward {:.2f} in {} decisions{}",
             ep.id,

@@ -151,13 +151,15 @@ def add_lora(app: FastAPI, completer: Completer) -> None:
     @app.post("/v1/load_lora_adapter")
     async def load_lora(request: Request):
         req = validated(LoadRequest, await request.body())
-        completer.host.load(req.lora_name, req.lora_path)
+        with completer.lock:  # not while a batch runs on the base
+            completer.host.load(req.lora_name, req.lora_path)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora(request: Request):
         req = validated(UnloadRequest, await request.body())
-        completer.host.unload(req.lora_name)
+        with completer.lock:
+            completer.host.unload(req.lora_name)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
 

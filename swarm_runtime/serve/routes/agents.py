@@ -46,6 +46,7 @@ def swarm_state(request: Request):
         "episodes_running": gw.running_count(),
         "agents": [a.public() for a in gw.pop.agents],
         "adapter_hosts": [h.public() for h in gw.pop.hosts],
+        "versions": gw.versions.public(),
         "restart_policy": {
             "max_restarts": int(gw.s.max_restarts),
             "window_s": float(gw.s.restart_window_s),
@@ -115,8 +116,6 @@ async def add_agent(request: Request):
         await gw.pop.probe(gw.http, a)
         return JSONResponse(a.public(), status_code=201)
     if gw.adapter_run:
-        from swarm_runtime.models.adapters import adapter_name
-
         host = gw.hosts.get(req.role)
         if req.checkpoint not in (None, gw.setup.checkpoint.name) or host is None or host.status == "failed":
             raise BadRequest(
@@ -126,10 +125,14 @@ async def add_agent(request: Request):
                 param="checkpoint",
                 status=422,
             )
-        a = gw.pop.add_url(req.role, host.url, req.name, model_id=adapter_name(req.role))
+        version, model = gw.versions.adapter_for(req.role)
+        a = gw.pop.add_url(req.role, host.url, req.name, model_id=model)
+        a.version = version
         await gw.pop.probe(gw.http, a)
         return JSONResponse(a.public(), status_code=201)
-    a = gw.pop.spawn(req.role, checkpoint_folder(gw.setup, req), req.name)
+    folder = checkpoint_folder(gw.setup, req)
+    a = gw.pop.spawn(req.role, folder, req.name)
+    a.version = gw.versions.version_of(folder.parent.parent)  # a checkpoint's role folder: CKPT/agents/ROLE
     return JSONResponse(a.public(), status_code=201)
 
 
