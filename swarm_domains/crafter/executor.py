@@ -34,10 +34,14 @@ class View:
     radius: int
     t: Tables
 
+    def __post_init__(self):
+        object.__setattr__(self, "_grid", self.sem.tolist())  # plain lists: cell look-ups without numpy's cost
+        object.__setattr__(self, "_size", self.sem.shape)
+
     def name(self, cell: tuple[int, int]) -> str | None:
         x, y = cell
-        if 0 <= x < self.sem.shape[0] and 0 <= y < self.sem.shape[1]:
-            return self.t.names[int(self.sem[x, y])]
+        if 0 <= x < self._size[0] and 0 <= y < self._size[1]:
+            return self.t.names[self._grid[x][y]]
         return None
 
     @property

@@ -48,10 +48,12 @@ def load_tables() -> Tables:
     """Read the tables from Crafter itself (its ``data.yaml`` constants and a fresh env's semantic view)."""
     from swarm_domains.crafter.compat import load_crafter
 
-    crafter = load_crafter()
+    load_crafter()
     from crafter import constants
 
-    env = crafter.Env(seed=0)
+    from swarm_domains.crafter.sim import TextCrafter
+
+    env = TextCrafter(seed=0)
     ids = {name: i for name, i in env._sem_view._mat_ids.items() if name is not None}
     ids.update({cls.__name__.lower(): i for cls, i in env._sem_view._obj_ids.items()})
     names = ["unknown"] * (max(ids.values()) + 1)
