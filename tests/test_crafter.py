@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import subprocess
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,6 +42,32 @@ def test_missing_or_other_crafter_is_one_line(monkeypatch, version, says):
     msg = str(err.value)
     assert says in msg and "pip install 'swarm-runtime[crafter]'" in msg and "\n" not in msg
     load_tables.cache_clear()
+
+
+def test_swarm_run_without_crafter_exits_2_with_one_line(tmp_path):
+    """The real CLI in a subprocess, Crafter reported missing: exit 2, one line naming the extra, nothing written
+    (~3 s: the CLI's imports)."""
+    hide = (
+        "import sys; import swarm_domains.crafter.compat as c; c.installed_version = lambda: None; "
+        "from swarm_runtime.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    )
+    env = {**os.environ, **_cli_env(tmp_path)}
+    run = tmp_path / "run"
+    p = subprocess.run(
+        [sys.executable, "-c", hide, "run", "domain=crafter", "task=iron_pickaxe", f"run_dir={run}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert lines == [
+        "swarm: error: crafter task iron_pickaxe: the crafter domain needs Crafter 1.8.3, which is not installed: "
+        "pip install 'swarm-runtime[crafter]'"
+    ]
+    assert not run.exists()
 
 
 def test_bad_task_value_names_it():
