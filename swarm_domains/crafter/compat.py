@@ -25,6 +25,8 @@ def load_crafter() -> ModuleType:
         raise ImportError(f"the crafter domain needs Crafter {SUPPORTED}, which is not installed: {INSTALL}")
     if version != SUPPORTED:
         raise ImportError(f"the crafter domain runs on Crafter {SUPPORTED}, found Crafter {version}: {INSTALL}")
-    import crafter
-
+    try:
+        import crafter
+    except ImportError as exc:  # installed but not importable (a broken install, a missing dependency)
+        raise ImportError(f"the crafter domain could not import Crafter {version} ({exc}): {INSTALL}") from exc
     return crafter
