@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import pickle
 import random
 from typing import Any
 
 import numpy as np
+from loguru import logger
 
 from swarm_domains.crafter import compat
 from swarm_domains.crafter.executor import DIRS, DONE, FAILED, View, decide, explore_move
@@ -18,7 +18,6 @@ from swarm_domains.crafter.tables import Tables
 from swarm_domains.crafter.task import TaskSpec
 from swarm_runtime import DomainEnv, ExpertStep, StepResult
 
-log = logging.getLogger(__name__)
 _LOGGED: set[str] = set()  # unparsable texts already logged by this process (each once, at most 100)
 
 
@@ -84,7 +83,7 @@ class CrafterEnv(DomainEnv):
             self.unparsed += 1
             if len(_LOGGED) < 100 and str(action) not in _LOGGED:
                 _LOGGED.add(str(action))
-                log.info("crafter: unparsable instruction %r by %s; the turn is wasted", action, role)
+                logger.info(f"crafter: unparsable instruction {action!r} by {role}; the turn is wasted")
             return StepResult(self.obs, 0.0, False, valid=False, info={"unparsed": 1})
         reward, done, ok = self._execute(ins)
         self.executed += 1
