@@ -29,6 +29,29 @@ def arm_rates(folder: Path) -> dict[str, list[dict[str, float]]]:
     return dict(out)
 
 
+def arm_figures(folder: Path) -> dict[str, dict[str, list[float]]]:
+    """Per arm, each training seed's held-out reward, Crafter score, Crafter return and success (``eval.json``)."""
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for ev in sorted(folder.glob("seed-*/trainings/*/eval.json")):
+        for row, summary in json.loads(ev.read_text())["results"].items():
+            if row == "SFT only" and ev.parent.name != "mpt":
+                continue
+            label = f"{ev.parent.name} ({row})" if row != "SFT only" else "SFT only (swarm)"
+            for key in ("reward", "crafter_score", "crafter_return", "success"):
+                out[label][key].append(float(summary.get(f"{key}_mean", float("nan"))))
+    return out
+
+
+def table(folder: Path) -> str:
+    """Markdown: each arm's figures, mean over training seeds ± the SE over them."""
+    keys = ("reward", "crafter_score", "crafter_return", "success")
+    lines = ["| arm | " + " | ".join(keys) + " | training seeds |", "|---|" + "---|" * (len(keys) + 1)]
+    for arm, figs in arm_figures(folder).items():
+        cells = [f"{m:.2f} ± {se:.2f}" for m, se in (mean_se(figs[k]) for k in keys)]
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {len(figs['reward'])} |")
+    return "\n".join(lines)
+
+
 def mean_se(values: list[float]) -> tuple[float, float]:
     n = len(values)
     m = sum(values) / n
@@ -61,3 +84,4 @@ def plot(folder: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     plot(Path(sys.argv[1]), Path(sys.argv[2]))
+    print(table(Path(sys.argv[1])))
