@@ -37,10 +37,11 @@ def eval_file_name(tag: str, overrides: list[str]) -> str:
 
 def result_table(tag: str, res: dict) -> str:
     """The held-out table of one evaluation (``res``, of checkpoint or service ``tag``): the reward and the success,
-    SPL and nDTW columns the domain reports."""
-    from swarm_runtime.runs.outputs import format_table
+    SPL and nDTW columns the domain reports, the domain's own figures (``domain_metrics``), then its report."""
+    from swarm_runtime.runs.outputs import format_table, table_metrics
 
-    return format_table([(tag, res)], ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res])
+    table = format_table([(tag, res)], table_metrics(res))
+    return f"{table}\n\n{res['domain_report']}" if res.get("domain_report") else table
 
 
 def cmd_eval(args) -> int:

@@ -120,6 +120,19 @@ class Domain(ABC):
         ``role`` and use the domain's vocabulary (the conformance kit checks both)."""
         return None
 
+    # ---- evaluation ------------------------------------------------------------
+    def eval_figures(self, episodes: Sequence[Any]) -> dict[str, tuple[float, float]]:
+        """Figures of a held-out evaluation computed from all its episodes at once, beyond the mean of each
+        per-episode metric (a benchmark's score over the success rates, say): ``{name: (value, standard
+        error)}``. Each is stored in the summary as ``<name>_mean`` / ``<name>_se`` and shown, in this order, as
+        a column of the held-out tables (``swarm eval``, a run's ``eval.md``). Default: none."""
+        return {}
+
+    def eval_report(self, summary: dict[str, Any]) -> str:
+        """Markdown printed under the held-out table of an evaluation (``summary``: its means, ``eval_figures``
+        included), e.g. per-achievement success rates; ``""`` (the default) prints nothing."""
+        return ""
+
     # ---- prompts ---------------------------------------------------------------
     def render_log(self, log: Sequence[Event]) -> str:
         tail = [e.render() for e in log[-self.log_window :]] if self.log_window else []

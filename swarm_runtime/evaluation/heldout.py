@@ -38,9 +38,11 @@ def paired_difference(after: dict, before: dict, key: str = "seed_rewards") -> t
     return m, se, len(shared)
 
 
-def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -> dict:
+def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent], domain=None) -> dict:
     """Average the runs of each seed first, then mean ± SE over seeds (each seed is one
-    held-out instance). Episodes whose reward is missing (a failed judge) are left out and counted."""
+    held-out instance). Episodes whose reward is missing (a failed judge) are left out and counted.
+    ``domain``: its :meth:`~swarm_runtime.core.domain.Domain.eval_figures` (over the episodes with a known reward)
+    are added, their names listed under ``domain_metrics``, and its ``eval_report`` under ``domain_report``."""
     per_seed: dict[int, list[Episode]] = defaultdict(list)
     for ep in episodes:
         per_seed[ep.seed].append(ep)
@@ -73,7 +75,23 @@ def summarize(episodes: Sequence[Episode], runs: int, agents: Sequence[Agent]) -
     out["unparsed_bids"] = sum(ep.unparsed_bids for ep in episodes)
     out["invalid_actions"] = sum(ep.invalid_actions for ep in episodes)
     out["decisions_mean"] = sum(len(ep.turns) for ep in episodes) / max(1, len(episodes))
+    if domain is not None:
+        add_domain_figures(out, domain, [e for e in episodes if not e.reward_missing])
     return out
+
+
+def add_domain_figures(out: dict, domain, episodes: Sequence[Episode]) -> None:
+    """The domain's own evaluation figures and report (none for a domain without the hooks)."""
+    figures = getattr(domain, "eval_figures", None)
+    extra = figures(episodes) if callable(figures) and episodes else {}
+    for name, (mean, se) in extra.items():
+        out[f"{name}_mean"], out[f"{name}_se"] = float(mean), float(se)
+    if extra:
+        out["domain_metrics"] = list(extra)
+    report = getattr(domain, "eval_report", None)
+    text = report(out) if callable(report) and episodes else ""
+    if text:
+        out["domain_report"] = text
 
 
 def evaluate(
@@ -125,7 +143,7 @@ def evaluate(
         for p, state, temp in saved:
             p.set_rng_state(state)
             p.temperature = temp
-    return summarize(episodes, runs, agents), episodes
+    return summarize(episodes, runs, agents, domain), episodes
 
 
 def _seeded(sampler, seed: int):

@@ -708,14 +708,20 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
             rows.append(("SFT only", self.state["sft_eval"]))
         if not self.final_is_sft:  # with no update made, the SFT row is the final checkpoint's
             rows.append((self.label, self.state["final_eval"]))
-        metrics = ["reward"] + [
-            k[:-5]
-            for k in self.state["final_eval"]
-            if k.endswith("_mean")
-            and k not in ("reward_mean", "decisions_mean")
-            and k[:-5] in ("success", "spl", "ndtw")
-        ]
+        metrics = (
+            ["reward"]
+            + [
+                k[:-5]
+                for k in self.state["final_eval"]
+                if k.endswith("_mean")
+                and k not in ("reward_mean", "decisions_mean")
+                and k[:-5] in ("success", "spl", "ndtw")
+            ]
+            + list(self.state["final_eval"].get("domain_metrics", ()))
+        )
         table = format_table(rows, metrics)
+        if self.state["final_eval"].get("domain_report"):  # the domain's own report of the final checkpoint
+            table += f"\n\n{self.label}:\n\n{self.state['final_eval']['domain_report']}"
         results = {
             "domain": ctx.cfg.domain,
             "task": ctx.cfg.task_name,

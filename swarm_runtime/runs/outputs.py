@@ -158,6 +158,14 @@ def plot_training(run_dir: Path, agent_names: list[str]) -> list[Path]:
     return out
 
 
+def table_metrics(res: dict) -> list[str]:
+    """The columns of a held-out table of ``res`` (a summary): the reward, the success, SPL and nDTW the domain
+    reports, then the domain's own figures (its ``eval_figures``, listed under ``domain_metrics``)."""
+    return (
+        ["reward"] + [m for m in ("success", "spl", "ndtw") if f"{m}_mean" in res] + list(res.get("domain_metrics", ()))
+    )
+
+
 def format_table(rows: list[tuple[str, dict]], metrics: list[str]) -> str:
     """A markdown table of ``mean ± se`` for each named result."""
     head = "| checkpoint | " + " | ".join(metrics) + " |"
