@@ -13,6 +13,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# ``tests`` is this folder for the test modules' ``from tests.conftest import ...``, even where a dependency
+# installed a top-level package of that name (opensimplex, which the crafter extra brings, ships one): a regular
+# package in site-packages would win over this folder, which has no __init__.py
+if list(getattr(sys.modules.get("tests"), "__path__", [])) != [str(ROOT / "tests")]:
+    import types
+
+    sys.modules["tests"] = types.ModuleType("tests")
+    sys.modules["tests"].__path__ = [str(ROOT / "tests")]
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # under pytest-xdist (`-n 2`, .ci/run): one torch thread per worker, in the worker and in the processes it
     # starts, so that two workers on two cores do not each spin a pool sized for the whole machine
