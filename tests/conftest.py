@@ -13,6 +13,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# ``tests`` is this folder for the test modules' ``from tests.conftest import ...``, even where a dependency
+# installed a top-level package of that name (opensimplex, which the crafter extra brings, ships one): a regular
+# package in site-packages would win over this folder, which has no __init__.py
+if list(getattr(sys.modules.get("tests"), "__path__", [])) != [str(ROOT / "tests")]:
+    import types
+
+    sys.modules["tests"] = types.ModuleType("tests")
+    sys.modules["tests"].__path__ = [str(ROOT / "tests")]
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # under pytest-xdist (`-n 2`, .ci/run): one torch thread per worker, in the worker and in the processes it
     # starts, so that two workers on two cores do not each spin a pool sized for the whole machine
@@ -102,17 +111,19 @@ def pytest_configure(config):
 
 
 #: What the costliest test files cost one worker in each stage of .ci/run (the sum of a file's setup and call times,
-#: ``--durations=0``, in seconds, measured on 2 cores at a load of 4 to 12; the stage named by ``-m``). Under ``-n 2
-#: --dist loadfile`` the costliest go first, so that the last file a worker takes is a short one. Only the order
-#: matters: a file not listed goes after them, in collection order.
+#: ``--durations=0``, in seconds, measured on 2 cores at a load of 4 to 12; the stage named by ``-m``; for
+#: test_learner_actors, test_placement and test_learner_variants, their measured cost less the Ray runs and starts
+#: their tests no longer make, docs/benchmarks.md "CI and the test suite"). Under ``-n 2 --dist loadfile`` the
+#: costliest go first, so that the last file a worker takes is a short one. Only the order matters: a file not listed
+#: goes after them, in collection order.
 FILE_COST = {
     "ray": {
         "tests/test_multinode.py": 506,
-        "tests/test_learner_actors.py": 344,
         "tests/engine/test_replicas_ray.py": 265,
-        "tests/test_placement.py": 226,
-        "tests/test_learner_variants.py": 215,
+        "tests/test_learner_actors.py": 250,
+        "tests/test_placement.py": 205,
         "tests/test_sharded_learners.py": 188,
+        "tests/test_learner_variants.py": 180,
         "tests/test_sampler_actors.py": 166,
         "tests/test_deepspeed_bf16.py": 164,
         "tests/engine/test_staleness_ray.py": 152,

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import LOCAL_RAY, TINY_RUN, in_process_twin, patched_swarm, run_eval, run_rows, swarm
+from tests.conftest import TINY_RUN, in_process_twin, patched_swarm, run_eval, run_rows, swarm
 
 RAY_ARGS = ["cluster.kind=ray", "cluster.env_workers=2", "cluster.num_cpus=2", "cluster.learners=ray"]
 #: TINY_RUN with SFT long enough for bid pairs, 3 updates (action, bid, action) and the reference policies in both
@@ -91,53 +91,62 @@ KILLER = textwrap.dedent("""
     import os, signal, sys
     from swarm_runtime.cluster import learners as learner
 
-    KILL_AT = int(os.environ["KILL_AT"])
-    KILL_IN = os.environ.get("KILL_IN", "update")  # the LearnerGroup call whose KILL_AT-th kills: update or sft
-    seen = {"n": 0, "kills": 0}
-    update = getattr(learner.LearnerGroup, KILL_IN)
+    # the LearnerGroup calls whose n-th kills a learner: KILL_IN (update or sft) and KILL_AT, or KILL_PLAN
+    # ("sft:1,update:2": each method's calls counted apart)
+    PLAN = os.environ.get("KILL_PLAN") or f"{os.environ.get('KILL_IN', 'update')}:{os.environ['KILL_AT']}"
+    kills = {"n": 0}
 
-    def killing_update(self, fn, *args):
-        seen["n"] += 1
-        if seen["n"] == KILL_AT:  # the update is sent; kill its first learner before it answers
-            get = self._get
+    def killing(method, at):
+        call, seen = getattr(learner.LearnerGroup, method), {"n": 0}
 
-            def get_after_kill(refs):
-                del self._get
-                name = next(iter(refs))
-                # the pid file the actor writes in the run folder (a sharded learner's: its last rank's)
-                sharded = hasattr(self, "ranks")
-                pid = int(open(self._shard_pid_file(name, self.shards - 1) if sharded else self.pid_files[name]).read())
-                os.kill(pid, signal.SIGKILL)
-                seen["kills"] += 1
-                print(f"KILLED learner {name} pid {pid}", file=sys.stderr, flush=True)
-                return get(refs)
+        def killing_call(self, fn, *args):
+            seen["n"] += 1
+            if seen["n"] == at:  # the call is sent; kill its first learner before it answers
+                get = self._get
 
-            self._get = get_after_kill
-        return update(self, fn, *args)
+                def get_after_kill(refs):
+                    del self._get
+                    name = next(iter(refs))
+                    # the pid file the actor writes in the run folder (a sharded learner's: its last rank's)
+                    sharded = hasattr(self, "ranks")
+                    f = self._shard_pid_file(name, self.shards - 1) if sharded else self.pid_files[name]
+                    pid = int(open(f).read())
+                    os.kill(pid, signal.SIGKILL)
+                    kills["n"] += 1
+                    print(f"KILLED learner {name} pid {pid}", file=sys.stderr, flush=True)
+                    return get(refs)
 
-    setattr(learner.LearnerGroup, KILL_IN, killing_update)
+                self._get = get_after_kill
+            return call(self, fn, *args)
+
+        setattr(learner.LearnerGroup, method, killing_call)
+
+    for step in PLAN.split(","):
+        method, at = step.split(":")
+        killing(method, int(at))
     from swarm_runtime.cli.main import main
     rc = main(sys.argv[1:])
-    print(f"KILLS {seen['kills']}", file=sys.stderr, flush=True)
+    print(f"KILLS {kills['n']}", file=sys.stderr, flush=True)
     sys.exit(rc)
 """)
 
 
-def _killed_run(tmp_path, kill_at: int, *extra: str, run=(*RUN, *RAY_ARGS), kill_in: str = "update", head=None):
+def _killed_run(tmp_path, kill_at: int | str, *extra: str, run=(*RUN, *RAY_ARGS), kill_in: str = "update", head=None):
     """``swarm run`` (``run`` and ``extra``) under :data:`KILLER` (a learner killed in update ``kill_at``; ``kill_in``
-    ``sft``: in the SFT cold start), on a local Ray of its own, or joining ``head`` (a ``RayHead``)."""
+    ``sft``: in the SFT cold start; ``kill_at`` a string: :data:`KILLER`'s plan, ``"sft:1,update:2"``), on a local Ray
+    of its own, or joining ``head`` (a ``RayHead``)."""
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     run_dir = f"run_dir={tmp_path / 'run'}"
-    env = {"KILL_AT": str(kill_at), "KILL_IN": kill_in, **(head.env if head else {})}
+    plan = kill_at if isinstance(kill_at, str) else f"{kill_in}:{kill_at}"
+    env = {"KILL_PLAN": plan, **(head.env if head else {})}
     joins = head.args if head else []
     return patched_swarm(script, "run", *run, *extra, *joins, run_dir, cwd=tmp_path, env=env)
 
 
-def _stopped_during_sft_and_resumed(r, learner: str, tmp_path, head=None):
+def _stopped_during_sft(r, learner: str, tmp_path) -> list[str]:
     """``r``, a run whose learner ``learner`` was killed during the SFT cold start, stopped with one line naming it
-    and the command that starts it again (exit 2, no checkpoint); that command run (joining ``head``, the Ray the
-    run joined, given again as the line says; None: a local Ray of its own): its result."""
+    and the command that starts it again (exit 2, no checkpoint): that command's arguments (after ``swarm``)."""
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "KILLS 1" in r.stderr
     last = r.stderr.strip().splitlines()[-2]  # the last is the killer's KILLS line
@@ -147,62 +156,62 @@ def _stopped_during_sft_and_resumed(r, learner: str, tmp_path, head=None):
     resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
     assert resume in last
     assert not (tmp_path / "run" / "checkpoints" / "latest").exists()
-    joins = head.args if head else []
-    r = swarm(*resume.split()[1:], *joins, cwd=tmp_path, env=head.env if head else LOCAL_RAY)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
+    return resume.split()[1:]
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_learner_killed_during_sft_is_restarted_and_does_its_sft_again_in_the_run(in_process, ray_head, tmp_path):
+def test_a_learner_that_cannot_be_restarted_stops_the_run_resumably_in_its_sft_and_in_an_update(
+    in_process, ray_head, tmp_path
+):
+    """``cluster.learner_restarts=0`` (a node lost: no restart). A learner killed while the SFT cold start runs on it:
+    the run stops with one line (there is no checkpoint to rewind to) naming the learner and the command that starts
+    it again; exit 2. That resume does the SFT from the start on the learners; a learner killed in its second update:
+    one line naming the learner and its roles, where the run stopped and the command that resumes it; exit 2. The
+    checkpoint it names (iter-000001: its optimizer state taken from the actors) resumes in process
+    (``cluster.learners=local``) to the unkilled run's metrics and eval. (One run for what a run killed during SFT
+    and one killed in an update, each without restarts, checked: the first's resume is the second.)"""
+    killed = _killed_run(tmp_path, 1, "cluster.learner_restarts=0", "checkpoint_every=1", kill_in="sft", head=ray_head)
+    assert "cluster.learner_restarts=0" in killed.stderr.strip().splitlines()[-2]
+    resume = _stopped_during_sft(killed, "Logger", tmp_path)
+    script, env = tmp_path / "killer.py", {"KILL_PLAN": "update:2", **ray_head.env}
+    r = patched_swarm(script, *resume, *ray_head.args, cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "KILLS 1" in r.stderr
+    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
+    last = r.stderr.strip().splitlines()[-2]  # the last is the script's KILLS line
+    assert last.startswith("swarm: error: learner "), last
+    assert "cluster.learner_restarts=0" in last and "stopped at update 2" in last
+    assert "its last checkpoint is iter-000001" in last
+    assert " ".join(["swarm", *resume]) in last
+    r = swarm(*resume, "cluster.kind=local", "cluster.learners=local", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed at phase rl iteration 1" in r.stderr
+    assert run_rows(tmp_path / "run") == run_rows(in_process)
+    assert run_eval(tmp_path / "run") == run_eval(in_process)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_learner_actors_killed_during_sft_and_mid_update_restart_and_write_the_same_metrics_eval_and_checkpoints(
+    in_process, ray_head, tmp_path
+):
     """kill -9 of a learner actor while the SFT cold start runs on it: Ray restarts it (``cluster.learner_restarts``
-    allows it), it does its SFT again from the weights it was made with while the other learners' SFT is kept, and
-    the same ``swarm run`` goes on to the unkilled in-process run's SFT checkpoint, metrics and eval."""
+    allows it), it does its SFT again from the weights it was made with while the other learners' SFT is kept; then
+    kill -9 of a learner actor while the second update (a bid update) is in flight: Ray restarts it, the run rewinds to
+    its last checkpoint (iter-000000) inside the same ``swarm run`` and plays updates 1 and 2 again. metrics.jsonl (no
+    row twice), eval.json, the SFT checkpoint and the last checkpoint's optimizer state (from the actors) equal the
+    unkilled in-process run's. (One run for what a plain Ray run, one killed during SFT and one killed in an update
+    each checked: the killed run's end must equal the in-process twin anyway.)"""
     import re
 
-    r = _killed_run(tmp_path, 1, kill_in="sft", head=ray_head)
+    r = _killed_run(tmp_path, "sft:1,update:2", head=ray_head)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1
+    assert "learners on Ray: 3" in r.stderr  # one per role: full copies
+    assert "KILLS 2" in r.stderr and r.stderr.count("restarted: pid") == 2, r.stderr[-3000:]
     again = re.findall(r"learner (\S+) lost during the SFT cold start: its SFT runs again", r.stderr)
     assert again == ["Logger"], again
     _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"}, restarted=("Logger",))
-    _same_sft_checkpoint(tmp_path / "run", in_process)
-    assert run_rows(tmp_path / "run") == run_rows(in_process)
-    assert run_eval(tmp_path / "run") == run_eval(in_process)
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_learner_killed_during_sft_without_restarts_stops_the_run_and_a_resume_does_sft_again(
-    in_process, ray_head, tmp_path
-):
-    """``cluster.learner_restarts=0``, a learner killed while the SFT cold start runs on it: the run stops with one
-    line (there is no checkpoint to rewind to) naming the learner and the command that starts it again; exit 2.
-    That resume does the SFT from the start and ends with the unkilled in-process run's metrics and eval."""
-    killed = _killed_run(tmp_path, 1, "cluster.learner_restarts=0", kill_in="sft", head=ray_head)
-    assert "cluster.learner_restarts=0" in killed.stderr.strip().splitlines()[-2]
-    r = _stopped_during_sft_and_resumed(killed, "Logger", tmp_path, head=ray_head)
-    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
-    assert run_rows(tmp_path / "run") == run_rows(in_process)
-    assert run_eval(tmp_path / "run") == run_eval(in_process)
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_learner_actors_killed_mid_update_restart_rewind_and_write_the_same_metrics_eval_and_checkpoints(
-    in_process, ray_head, tmp_path
-):
-    """kill -9 of a learner actor while the second update (a bid update) is in flight: Ray restarts it, the run
-    rewinds to its last checkpoint (iter-000000) inside the same ``swarm run`` and plays updates 1 and 2 again;
-    metrics.jsonl (no row twice), eval.json, the SFT checkpoint and the last checkpoint's optimizer state (from the
-    actors) equal the unkilled in-process run's. (One run for what a plain Ray run and a killed one each checked: the
-    killed run's end must equal the in-process twin anyway.)"""
-    r = _killed_run(tmp_path, 2, head=ray_head)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "learners on Ray: 3" in r.stderr  # one per role: full copies
-    _sft_ran_on_the_learners(r.stderr, {"Logger": "Logger", "Miner": "Miner", "Smith": "Smith"})
-    assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1
     rewound = [line for line in r.stderr.splitlines() if "rewinding to checkpoint" in line]
     assert len(rewound) == 1 and "lost at update 2" in rewound[0] and "iter-000000" in rewound[0], rewound
     rows = run_rows(tmp_path / "run")
@@ -217,28 +226,6 @@ def test_learner_actors_killed_mid_update_restart_rewind_and_write_the_same_metr
     _same_sft_checkpoint(tmp_path / "run", in_process)
     # the last checkpoint's optimizer state came from the actors (a restarted one among them): the in-process run's
     _same_training_states(tmp_path / "run", in_process, "iter-000003")
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_learner_that_cannot_be_restarted_stops_the_run_resumably(in_process, ray_head, tmp_path):
-    """``cluster.learner_restarts=0`` (a node lost: no restart), a learner killed in the second update: one line
-    naming the learner and its roles, where the run stopped and the command that resumes it; exit 2. The checkpoint
-    it names (iter-000001: its optimizer state taken from the actors) resumes in process (``cluster.learners=local``)
-    to the unkilled run's metrics and eval."""
-    r = _killed_run(tmp_path, 2, "cluster.learner_restarts=0", "checkpoint_every=1", head=ray_head)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    last = r.stderr.strip().splitlines()[-2]  # the last is the script's KILLS line
-    assert last.startswith("swarm: error: learner "), last
-    assert "cluster.learner_restarts=0" in last and "stopped at update 2" in last
-    assert "its last checkpoint is iter-000001" in last
-    resume = f"swarm run run_dir={tmp_path / 'run'} resume=true"
-    assert resume in last
-    r = swarm(*resume.split()[1:], "cluster.kind=local", "cluster.learners=local", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed at phase rl iteration 1" in r.stderr
-    assert run_rows(tmp_path / "run") == run_rows(in_process)
-    assert run_eval(tmp_path / "run") == run_eval(in_process)
 
 
 @pytest.mark.parametrize(
@@ -413,7 +400,7 @@ def test_a_learner_worker_runs_the_sft_cold_start_as_in_process(registry, adapte
 def test_learner_group_sft_redoes_only_a_lost_learners_sft_and_keeps_the_others():
     """No Ray: :meth:`LearnerGroup.sft` with its calls faked. A learner lost and restarted (``LearnerLost`` with the
     others' answers) is asked again, alone; a learner that cannot be restarted (``LearnerGone``), or a loss that kept
-    no answers (a sharded learner's), ends the SFT as before. Milliseconds."""
+    no answers, ends the SFT as before. Milliseconds."""
     from swarm_runtime.cluster.learners import LearnerGone, LearnerGroup, LearnerLost
 
     def group(outcomes):
@@ -445,7 +432,7 @@ def test_learner_group_sft_redoes_only_a_lost_learners_sft_and_keeps_the_others(
     g, calls = group([lost("Miner", {"Logger": "L", "Smith": "S"}), LearnerGone("restarts used up")])
     with pytest.raises(LearnerGone, match="restarts used up"):
         g.sft(None, payloads)
-    g, calls = group([lost("Miner")])  # no answers kept: stops, as a sharded learner's loss does
+    g, calls = group([lost("Miner")])  # no answers kept: stops
     with pytest.raises(LearnerLost):
         g.sft(None, payloads)
     assert len(calls) == 3

@@ -1,6 +1,6 @@
 """Learner-actor variants on a local Ray bound to 127.0.0.1, each a real ``swarm run`` against its in-process twin:
 LoRA adapters on a bf16 base sharded by FSDP2 (``train.engine=fsdp``: the base frozen in bf16, the fp32 adapters
-trained as they are, learn/sharded.py: ``lora_units``), a rank killed during the SFT cold start; two bases
+trained as they are, learn/sharded.py: ``lora_units``), a rank killed during the SFT cold start and restarted; two bases
 (``model.bases``) on two learner actors. Without Ray: the sharded LoRA learner's updates on fixed samples and pairs,
 and a restarted rank of a LoRA learner given its trained base."""
 
@@ -16,7 +16,6 @@ from tests.test_learner_actors import (
     _killed_run,
     _same_sft_checkpoint,
     _sft_ran_on_the_learners,
-    _stopped_during_sft_and_resumed,
     fixed_samples,
 )
 from tests.test_sharded_learners import FSDP, LOGP_GAPS, LORA_RUN, _resumed_under_local
@@ -68,22 +67,29 @@ def lora_bf16(tmp_path_factory):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_lora_on_a_bf16_base_sharded_with_a_rank_killed_during_sft_resumes_as_in_process_and_under_local(
+def test_lora_on_a_bf16_base_sharded_with_a_rank_killed_during_sft_redoes_it_as_in_process_and_resumes_under_local(
     lora_bf16, ray_head, tmp_path
 ):
     """kill -9 of the last rank of the (LoRA, bf16 base) learner while the SFT cold start runs on its ranks (each its
-    own full copy, before the group forms): the run stops with one line naming the learner and the command that starts
-    it again, exit 2, no checkpoint; that resume does the SFT again on new ranks: one learner (the bf16 base with its 3
-    roles' fp32 adapters) of 2 FSDP2 ranks, each LoRA layer's base Linear and its adapters units of their own dtype.
-    Its SFT and the action update on the SFT weights' samples are the in-process run's (within the bf16 tolerance,
-    :func:`same_as_bf16`); its checkpoint after update 1 (no masters: the adapters are fp32) resumes under
-    ``train.engine=local``, where the bid update on the sharded run's pairs gives the sharded run's metrics. (One run
-    for what a plain sharded bf16 LoRA run and one killed during SFT each checked.)"""
-    killed = _killed_run(tmp_path, 1, kill_in="sft", run=(*LORA_BF16, *FSDP), head=ray_head)
-    r = _stopped_during_sft_and_resumed(killed, "base-default", tmp_path, head=ray_head)
+    own full copy, before the group forms): Ray restarts both ranks (``cluster.learner_restarts`` allows it), they do
+    the SFT again from the weights they were made with and then form their group, and the same ``swarm run`` goes on:
+    one learner (the bf16 base with its 3 roles' fp32 adapters) of 2 FSDP2 ranks, each LoRA layer's base Linear and its
+    adapters units of their own dtype. Its SFT and the action update on the SFT weights' samples are the in-process
+    run's (within the bf16 tolerance, :func:`same_as_bf16`); its checkpoint after update 1 (no masters: the adapters
+    are fp32) resumes under ``train.engine=local``, where the bid update on the sharded run's pairs gives the sharded
+    run's metrics. (One run for what a plain sharded bf16 LoRA run and one killed during SFT each checked.)"""
+    import re
+
+    r = _killed_run(tmp_path, 1, kill_in="sft", run=(*LORA_BF16, *FSDP), head=ray_head)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "KILLS 1" in r.stderr and r.stderr.count("restarted: pid") == 1, r.stderr[-3000:]
+    again = re.findall(r"learner (\S+) lost during the SFT cold start: its SFT runs again", r.stderr)
+    assert again == ["base-default"], again
     assert "learners on Ray: 1" in r.stderr and "2 ranks each (fsdp)" in r.stderr
-    _sft_ran_on_the_learners(r.stderr, {"Logger": "base-default", "Miner": "base-default", "Smith": "base-default"})
+    learner_of = {"Logger": "base-default", "Miner": "base-default", "Smith": "base-default"}
+    _sft_ran_on_the_learners(r.stderr, learner_of, restarted=("base-default",))
     assert "learners sharded after their SFT: 2 ranks each (fsdp)" in r.stderr
+    assert r.stderr.index("restarted: pid") < r.stderr.index("learners sharded after their SFT")  # joined after
     updates = [u for u in run_rows(tmp_path / "run") if "kind" in u]
     assert [u["kind"] for u in updates] == ["action", "bid"]
     assert any(updates[0].get(f"charts/grad_norm_{r}", 0) > 0 for r in ("Logger", "Miner", "Smith"))
@@ -119,6 +125,73 @@ def test_two_bases_on_two_learner_actors_run_as_in_process(tmp_path_factory, ray
     assert rows == run_rows(here)
     assert run_eval(tmp_path / "run") == run_eval(here)
     _same_sft_checkpoint(tmp_path / "run", here)
+
+
+def test_a_sharded_learner_lost_during_sft_restarts_its_ranks_unjoined_and_keeps_the_others_answers():
+    """No Ray: ``ShardedLearnerGroup._get`` with Ray's calls faked. Rank 1 of learner ``a`` lost while the SFT cold
+    start runs (the ranks not joined yet): its other rank is killed, both are waited for from new processes, no group
+    is formed, later calls name the new pids, and ``LearnerLost`` carries learner ``b``'s answer (so that
+    ``LearnerGroup.sft`` asks ``a`` alone again). After the ranks joined, the same loss forms ``a``'s group again; with
+    its restarts used up it is ``LearnerGone``. Milliseconds."""
+    from types import SimpleNamespace
+
+    from swarm_runtime.cluster.learners import LearnerGone, LearnerLost
+    from swarm_runtime.cluster.sharded_learners import ShardedLearnerGroup
+
+    class ActorDied(Exception):
+        pass
+
+    def get(ref, timeout=None):
+        if isinstance(answers[ref], Exception):
+            raise answers[ref]
+        return answers[ref]
+
+    killed, joins = [], []
+    ray = SimpleNamespace(
+        exceptions=SimpleNamespace(RayActorError=ActorDied, RayTaskError=KeyError, RayError=Exception),
+        wait=lambda refs, num_returns: (refs[:num_returns], refs[num_returns:]),
+        get=get,
+        kill=lambda actor, no_restart: killed.append((actor, no_restart)),
+    )
+    g = object.__new__(ShardedLearnerGroup)
+    g.__dict__.update(
+        ray=ray,
+        ranks={"a": ["A0", "A1"], "b": ["B0", "B1"]},
+        rank_pids={"a": [10, 11], "b": [20, 21]},
+        pids={"a": 10, "b": 20},
+        roles={"a": ["Logger"], "b": ["Miner"]},
+        restarts={"a": 0, "b": 0},
+        max_restarts=2,
+        restart_wait_s=5.0,
+        _unjoined=True,
+    )
+    restarted = iter([30, 31, 40, 41])
+    g.await_restart = lambda actor, old, timeout: next(restarted)
+
+    def join(*names):  # as ShardedLearnerGroup._join: the group formed, the ranks' pids as they answer
+        joins.append(names)
+        g.rank_pids[names[-1]] = [50, 51]
+        return [50, 51]
+
+    g._join = join
+    g.kill = lambda actors: killed.append(("for good", list(actors)))
+    answers = {"a0": {"a": 1}, "a1": ActorDied(), "b0": {"b": 2}, "b1": {}}
+    refs = {"a": ["a0", "a1"], "b": ["b0", "b1"]}
+    with pytest.raises(LearnerLost) as lost:
+        g._get(refs)
+    assert (lost.value.name, lost.value.pid, lost.value.new_pid) == ("a", 11, 31)
+    assert lost.value.answered == {"b": {"b": 2}}
+    assert killed == [("A0", False)] and joins == []
+    assert g.rank_pids == {"a": [30, 31], "b": [20, 21]} and g.pids["a"] == 30 and g.restarts["a"] == 1
+    answers["a1"] = {}
+    assert g._get(refs) == {"a": {"a": 1}, "b": {"b": 2}}  # every rank answered: rank 0's answer per learner
+    g._unjoined, answers["a1"] = False, ActorDied()
+    with pytest.raises(LearnerLost):
+        g._get(refs)
+    assert joins == [("a",)] and g.rank_pids["a"] == [50, 51] and g.pids["a"] == 50 and g.restarts["a"] == 2
+    with pytest.raises(LearnerGone, match="cluster.learner_restarts=2"):
+        g._get(refs)
+    assert killed[-1] == ("for good", ["A0", "A1"])
 
 
 def _rank_loads(rank, world, port, name, group, agents, make, states, out):

@@ -424,13 +424,12 @@ def test_env_workers_start_in_their_bundles(local_ray):
     [((), "Logger: 1 x {CPU: 1}", 5), (SHARDED[2:], "Logger: 2 x {CPU: 1}", 8)],
     ids=["local", "fsdp"],
 )
-def test_swarm_run_refuses_a_placement_ray_cannot_hold(sharded, learner, total, tmp_path):
+def test_swarm_run_refuses_a_placement_ray_cannot_hold(sharded, learner, total, ray_head, tmp_path):
     """The real run's path (config -> plan -> placement -> EnvCluster reserving it) up to the reservation; env
     workers in their bundles past it: test_env_workers_start_in_their_bundles; learner ranks:
     test_sharded_learners_run_in_their_bundles_colocated_and_split."""
-    pytest.importorskip("ray")
-    # 3 roles with full copies (3 bundles; fsdp with 2 ranks: 6) + 2 env workers = 5 (8) CPUs; a local Ray of 2
-    # cannot hold them
+    # 3 roles with full copies (3 bundles; fsdp with 2 ranks: 6) + 2 env workers = 5 (8) CPUs; the session's local
+    # Ray of 2 (tests/conftest.py ``ray_head``, joined) cannot hold them
     r = swarm(
         "run",
         *TINY_RUN,
@@ -438,11 +437,11 @@ def test_swarm_run_refuses_a_placement_ray_cannot_hold(sharded, learner, total, 
         "cluster.kind=ray",
         "cluster.env_workers=2",
         "cluster.placement=colocated",
-        "cluster.num_cpus=2",
         "cluster.placement_wait_s=2",
+        *ray_head.args,
         f"run_dir={tmp_path / 'run'}",
         cwd=tmp_path,
-        env={"RAY_ADDRESS": "local"},  # as the fixture above
+        env=ray_head.env,
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     line = r.stderr.strip().splitlines()[-1]

@@ -422,7 +422,7 @@ class LearnerGroup(ActorGroup):
             try:
                 done.update(self._get({n: self._call(n, "sft", fn, kw) for n, kw in pending.items()}))
             except LearnerLost as lost:
-                if lost.answered is None:  # a family that keeps no answers (sharded ranks): the run stops
+                if lost.answered is None:  # a loss that kept no answers of the others: the run stops
                     raise
                 done.update(lost.answered)
                 logger.warning("learner {} lost during the SFT cold start: its SFT runs again ({})", lost.name, lost)

@@ -12,7 +12,8 @@ Faults: a rank that dies breaks its group's collectives (the others would wait o
 :data:`~swarm_runtime.cluster.shards.GROUP_TIMEOUT_S`). The driver kills the learner's other ranks too (Ray restarts
 every rank, from its creation arguments), forms the group again and raises
 :class:`~swarm_runtime.cluster.learners.LearnerLost`: the run rewinds to its last checkpoint and loads it into every
-rank, as with one actor per learner.
+rank, as with one actor per learner. A rank lost during the SFT cold start (before the ranks join): its learner's ranks
+are restarted alike and do their SFT again, the other learners' SFT kept (``LearnerGroup.sft``); all join after it.
 """
 
 from __future__ import annotations
@@ -114,32 +115,54 @@ class ShardedLearnerGroup(LearnerGroup):
 
     def _get(self, refs: dict):
         """Every rank's answer (rank 0's returned per learner); a rank lost: :meth:`_regroup`, then
-        :class:`LearnerLost` (or :class:`LearnerGone`). The other ranks of a lost one fail too (gloo sees the
-        peer gone, or times out): their errors wait for the lost rank's; with no rank lost the first is raised."""
-        ray, out = self.ray, {}
+        :class:`LearnerLost` (or :class:`LearnerGone`) once the other learners answered (``answered``: theirs, as
+        :meth:`LearnerGroup._get` keeps them: an SFT asked again need not ask them). The other ranks of a lost one fail
+        too (gloo sees the peer gone, or times out): their errors wait for the lost rank's; with no rank lost the first
+        is raised."""
+        out, lost, failed = {}, None, None
         for name, rs in refs.items():
-            pending, failed = {r: k for k, r in enumerate(rs)}, None
-            while pending:  # as they come
-                done, _ = ray.wait(list(pending), num_returns=1)
-                k = pending.pop(done[0])
-                try:
-                    value = ray.get(done[0])
-                except ray.exceptions.RayActorError:
-                    raise self._regroup(name, k) from None
-                except ray.exceptions.RayTaskError as exc:
-                    failed = failed or exc
-                    continue
-                if isinstance(value, str) and value == RESTARTED:  # restarted between calls (LearnerWorker.checked)
-                    raise self._regroup(name, k) from None
-                if k == 0:
-                    out[name] = value
-            if failed is not None:
-                raise failed
+            answer, k, exc = self._rank0_answer(name, rs)
+            if k is not None:
+                lost = lost or (name, k)
+            elif exc is not None:
+                failed = failed or exc
+            else:
+                out[name] = answer
+        if lost is not None:
+            err = self._regroup(*lost)
+            if isinstance(err, LearnerLost):
+                err.answered = out
+            raise err
+        if failed is not None:
+            raise failed
         return out
+
+    def _rank0_answer(self, name: str, rs: list) -> tuple:
+        """Wait for every rank of learner ``name`` (refs ``rs``, as they come): ``(rank 0's answer, None, None)``;
+        ``(None, k, None)``: rank ``k`` lost (died, or restarted between calls: ``LearnerWorker.checked``); ``(None,
+        None, error)``: a rank's call failed."""
+        ray, answer, failed = self.ray, None, None
+        pending = {r: k for k, r in enumerate(rs)}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            k = pending.pop(done[0])
+            try:
+                value = ray.get(done[0])
+            except ray.exceptions.RayActorError:
+                return None, k, None
+            except ray.exceptions.RayTaskError as exc:
+                failed = failed or exc
+                continue
+            if isinstance(value, str) and value == RESTARTED:
+                return None, k, None
+            if k == 0:
+                answer = value
+        return (None, None, failed) if failed is not None else (answer, None, None)
 
     def _regroup(self, name: str, lost: int) -> Exception:
         """Rank ``lost`` of learner ``name`` died: kill its other ranks (their group is broken; Ray restarts them
-        all), wait for every rank to answer from a new process, form the group again; the exception to raise."""
+        all), wait for every rank to answer from a new process, form the group again (before the SFT cold start's
+        end: not yet, the ranks join after their SFT); the exception to raise."""
         ray, old = self.ray, list(self.rank_pids[name])
         self.pids[name] = old[lost]  # the process a message names
         if self.restarts[name] >= self.max_restarts:
@@ -151,15 +174,19 @@ class ShardedLearnerGroup(LearnerGroup):
             if k != lost:
                 ray.kill(a, no_restart=False)
         end = time.monotonic() + self.restart_wait_s  # for all ranks together (cluster.restart_wait_s)
+        new = []
         for k, a in enumerate(self.ranks[name]):
             try:
-                self.await_restart(a, old[k], max(1.0, end - time.monotonic()))
+                new.append(self.await_restart(a, old[k], max(1.0, end - time.monotonic())))
             except TimeoutError as exc:
                 return LearnerGone(self._gone(name, f"its rank {k}: {exc}"))
-        try:
-            new = self._join(name)
-        except ray.exceptions.RayError as exc:
-            return LearnerGone(self._gone(name, f"its restarted ranks did not form a group ({type(exc).__name__})"))
+        if self._unjoined:  # lost during the SFT cold start: the new ranks do their SFT again, then join
+            self.rank_pids[name] = new
+        else:
+            try:
+                new = self._join(name)
+            except ray.exceptions.RayError as exc:
+                return LearnerGone(self._gone(name, f"its restarted ranks did not form a group ({type(exc).__name__})"))
         self.restarts[name] += 1
         self.pids[name] = new[0]
         logger.warning(

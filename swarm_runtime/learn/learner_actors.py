@@ -83,8 +83,8 @@ class LearnerActors:
         process: the same result); the driver copies the trained weights (and fp32 masters, and a trained shared
         base) into its copies. The units in the in-process order (bases, then roles), each with the FLOPs it
         counted. A learner lost here is restarted and does its SFT again (``LearnerGroup.sft``, within
-        ``cluster.learner_restarts``); one that cannot be (its restarts used up; a sharded learner) ends the run with
-        one line: there is no checkpoint yet, and a resume does the SFT again."""
+        ``cluster.learner_restarts``; a sharded learner's ranks all); one that cannot be (its restarts used up) ends the
+        run with one line: there is no checkpoint yet, and a resume does the SFT again."""
         from swarm_runtime.cluster.learners import LearnerGone, LearnerLost, copy_params
 
         try:
