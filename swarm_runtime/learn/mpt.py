@@ -460,6 +460,9 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
         """One SFT unit's line and metrics: a shared base (``base``, ``base-NAME``) or a role (one the expert gave
         no demonstrations in ``demos`` starts untrained)."""
         if kind == "base":  # "base" (model.*), "base-NAME" (model.bases)
+            if not m.get("steps"):
+                logger.warning("SFT shared {}: the expert gave its roles no demonstrations; it starts untrained", name)
+                return
             logger.info(
                 "SFT shared {}: {} examples (its roles), loss {:.3f} -> {:.3f}",
                 name,
