@@ -244,6 +244,27 @@ def test_arms_mpt_monolithic_round_robin_and_sft_only(registry, tmp_path, base):
     assert (out / "arms_reward_vs_flops.png").exists()
 
 
+def test_arms_on_a_lora_swarm_fine_tunes_the_whole_base_for_the_monolithic_arm(monkeypatch):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.experiments import compare
+
+    trained = {}
+    x = SimpleNamespace(
+        cfg=OmegaConf.create({"model": {"adapter": "lora"}}),
+        plan=lambda n: None,
+        swarm_summary=lambda: {"flops": 1.0},
+        train=lambda key, extra, budget: trained.setdefault(key, list(extra)),
+    )
+    monkeypatch.setattr(compare, "_matched_report", lambda x, title, runs, plot, notes: (list(runs), notes))
+    labels, notes = compare.arms(x)
+    assert labels == ["MPT", "monolithic REINFORCE", "round-robin"]
+    assert trained["monolithic"] == ["algo=monolithic", "model.adapter=none"] and "whole base" in notes[0]
+    assert "model.adapter=none" not in trained["round_robin_rtg"]  # the round-robin swarm keeps its adapters
+
+
 def test_transfer_needs_tasks_then_adapts(registry, tmp_path, base):
     with pytest.raises(ConfigError, match="experiment.transfer_tasks is empty"):
         run(registry, "transfer", tmp_path / "none", *base)
