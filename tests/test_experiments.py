@@ -141,6 +141,7 @@ def test_list(capsys):
         "dropout",
         "transfer",
         "participation",
+        "arms",
     ):
         assert f"{name}:" in out
 
@@ -228,6 +229,40 @@ def test_credit_ablation(registry, tmp_path, base):
     assert OmegaConf.load(out / "trainings" / "random_bids" / "config.yaml").algo.credit == "random_bids"
     assert (out / "trainings" / "random_bids" / "metrics.jsonl").exists()
     assert (out / "credit_reward_vs_flops.png").exists()
+
+
+def test_arms_mpt_monolithic_round_robin_and_sft_only(registry, tmp_path, base):
+    from omegaconf import OmegaConf
+
+    out, res = run(registry, "arms", tmp_path, *base, "experiment.sft_eval=true")
+    assert [r["label"] for r in res["rows"]] == ["MPT", "monolithic REINFORCE", "round-robin"]
+    assert all("after SFT only" in r for r in res["rows"][1:])  # the SFT-only arm: each training's SFT checkpoint
+    mono = OmegaConf.load(out / "trainings" / "monolithic" / "config.yaml")
+    assert mono.algo.name == "monolithic" and (mono.model.adapter or "none") == "none"
+    rr = OmegaConf.load(out / "trainings" / "round_robin_rtg" / "config.yaml")
+    assert rr.algo.coordinator == "round_robin" and rr.algo.credit == "reward_to_go"
+    assert (out / "arms_reward_vs_flops.png").exists()
+
+
+def test_arms_on_a_lora_swarm_fine_tunes_the_whole_base_for_the_monolithic_arm(monkeypatch):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.experiments import compare
+
+    trained = {}
+    x = SimpleNamespace(
+        cfg=OmegaConf.create({"model": {"adapter": "lora"}}),
+        plan=lambda n: None,
+        swarm_summary=lambda: {"flops": 1.0},
+        train=lambda key, extra, budget: trained.setdefault(key, list(extra)),
+    )
+    monkeypatch.setattr(compare, "_matched_report", lambda x, title, runs, plot, notes: (list(runs), notes))
+    labels, notes = compare.arms(x)
+    assert labels == ["MPT", "monolithic REINFORCE", "round-robin"]
+    assert trained["monolithic"] == ["algo=monolithic", "model.adapter=none"] and "whole base" in notes[0]
+    assert "model.adapter=none" not in trained["round_robin_rtg"]  # the round-robin swarm keeps its adapters
 
 
 def test_transfer_needs_tasks_then_adapts(registry, tmp_path, base):

@@ -150,8 +150,8 @@ class HardwareConfig:
     tf32: bool = False  #: allow TF32 matmuls on CUDA (Ampere and later)
     gradient_checkpointing: bool = False  #: recompute activations in the backward pass (less memory, ~1/3 more
     #: compute in updates); applied to loaded checkpoints
-    micro_batch: int | None = None  #: rows per forward/backward chunk in updates (caps ``algo.minibatch``;
-    #: None = ``algo.minibatch``)
+    micro_batch: int | None = None  #: rows per forward/backward chunk in updates and SFT steps (caps
+    #: ``algo.minibatch`` and ``algo.sft.batch_size``, gradients summed; None = the whole batch)
     local_adapter: str | None = "none"  #: ``model.adapter`` default for ``model=local`` on this machine
 
 

@@ -9,7 +9,7 @@ resumes cell by cell (docs/guides/experiments.md).
 
 from __future__ import annotations
 
-from swarm_runtime.experiments.compare import credit_ablation, heldout, transfer
+from swarm_runtime.experiments.compare import arms, credit_ablation, heldout, transfer
 from swarm_runtime.experiments.context import ExperimentContext, Report
 from swarm_runtime.experiments.deployment import bid_action_ablation, coordination, dropout, participation, population
 
@@ -23,6 +23,7 @@ BUILTIN_EXPERIMENTS = {
     "dropout": dropout,
     "transfer": transfer,
     "participation": participation,
+    "arms": arms,
 }
 
 __all__ = ["BUILTIN_EXPERIMENTS", "ExperimentContext", "Report"]

@@ -1,5 +1,5 @@
 """Experiments that compare trainings at matched FLOPs: ``heldout`` (MPT vs monolithic
-REINFORCE), ``credit_ablation`` (bucket brigade vs random-bid credit vs round-robin) and
+REINFORCE), ``arms`` (MPT vs monolithic vs round-robin vs SFT only), ``credit_ablation`` (bucket brigade vs random-bid credit vs round-robin) and
 ``transfer`` (adapting an MPT swarm and a monolithic model to other tasks)."""
 
 from __future__ import annotations
@@ -87,6 +87,33 @@ def heldout(x: ExperimentContext) -> Report:
     return _matched_report(x, "Held-out: MPT vs monolithic REINFORCE", runs, "heldout_reward_vs_flops.png", notes)
 
 
+#: The round-robin baseline as ``credit_ablation`` and ``arms`` train it: agents act in turn, no bids, each agent's
+#: REINFORCE on the team's reward-to-go from its turn.
+ROUND_ROBIN = ["algo=mpt", "algo.coordinator=round_robin", "algo.bid_steps=0", "algo.credit=reward_to_go"]
+
+
+def arms(x: ExperimentContext) -> Report:
+    """MPT vs monolithic vs round-robin vs SFT only: the paper's central comparison, one command (any base)."""
+    x.plan(3)
+    mpt = x.swarm_summary()
+    # algo=monolithic trains one full model: on a LoRA swarm (a pretrained base) it fine-tunes the whole base
+    lora = (x.cfg.model.get("adapter") or "none") == "lora"
+    mono = x.train("monolithic", ["algo=monolithic"] + (["model.adapter=none"] if lora else []), budget=mpt["flops"])
+    rr = x.train("round_robin_rtg", ROUND_ROBIN, budget=mpt["flops"])
+    notes = [
+        "monolithic: one model doing every role (round-robin over one), trained to the MPT run's FLOPs"
+        + (
+            ", the whole base fine-tuned (algo=monolithic takes no adapters; the swarm trains LoRA adapters)"
+            if lora
+            else ""
+        )
+        + ". round-robin: agents act in turn, no bids; each agent's REINFORCE on the team's reward-to-go. "
+        "SFT only: the 'after SFT only' column (experiment.sft_eval=true), each training's SFT checkpoint."
+    ]
+    runs = {"MPT": mpt, "monolithic REINFORCE": mono, "round-robin": rr}
+    return _matched_report(x, "MPT vs monolithic vs round-robin vs SFT only", runs, "arms_reward_vs_flops.png", notes)
+
+
 def credit_ablation(x: ExperimentContext) -> Report:
     """MPT vs random-bid credit vs round-robin training, curves against FLOPs."""
     x.plan(3)
@@ -96,11 +123,7 @@ def credit_ablation(x: ExperimentContext) -> Report:
     # REINFORCE on the team's undiscounted reward-to-go from its turn (algo.credit=reward_to_go; the
     # per-agent mean credit is the baseline), not bucket brigade at bid 0, which would leave each actor
     # only its immediate reward (a myopic learner the paper does not describe)
-    rr = x.train(
-        "round_robin_rtg",
-        ["algo=mpt", "algo.coordinator=round_robin", "algo.bid_steps=0", "algo.credit=reward_to_go"],
-        budget=mpt["flops"],
-    )
+    rr = x.train("round_robin_rtg", ROUND_ROBIN, budget=mpt["flops"])
     notes = [
         "random credit: bucket brigade with random levels in place of the winning bids; auction and bid "
         "learning unchanged. round-robin: agents act in turn, no bids, no bid steps; each agent's REINFORCE "

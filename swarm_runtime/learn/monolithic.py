@@ -83,13 +83,25 @@ def monolithic_sft_units(
     max_steps: int | None,
     progress: bool,
     after=lambda: None,
+    micro_batch: int | None = None,
 ) -> list[tuple]:
     """The monolithic model's SFT cold start on ``demos`` (all roles' expert actions, ``single_prompt``) and its
     greedy demo-action accuracy, in process or on its learner actor (``cluster.learners=ray``: ``LearnerWorker.sft``
     calls it as it calls ``learn/mpt.py: sft_units``, whose unit shape it shares): ``[("role", MONOLITHIC,
     metrics, MONOLITHIC)]``; ``after()`` once the unit is done (a learner counts its FLOPs there)."""
     policy = policies[MONOLITHIC]
-    m = sft(policy, demos, epochs, lr, batch_size, seed, max_steps=max_steps, desc="SFT monolithic", progress=progress)
+    m = sft(
+        policy,
+        demos,
+        epochs,
+        lr,
+        batch_size,
+        seed,
+        max_steps=max_steps,
+        desc="SFT monolithic",
+        progress=progress,
+        micro_batch=micro_batch,
+    )
     if demos:
         m["demo_action_accuracy"] = demo_accuracy(policy, demos)
     after()
@@ -144,6 +156,7 @@ class MonolithicTrainer(MPTTrainer):
             seed=int(self.cfg.seed),
             max_steps=steps,
             progress=bool(self.cfg.progress),
+            micro_batch=self.cfg.hardware.get("micro_batch"),
         )
         if self._ray_learners():  # on its learner actor, as the swarm's SFT is (MPTTrainer._sft_on_learners)
             from swarm_runtime.cluster.learners import replay_flops

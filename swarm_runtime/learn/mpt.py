@@ -129,6 +129,7 @@ def sft_units(
     seed: int,
     progress: bool,
     after=lambda: None,
+    micro_batch: int | None = None,
 ) -> list[tuple]:
     """The SFT cold start of ``policies`` (the run's roles in process, or a learner actor's: ``cluster.learners=ray``,
     cluster/learners.py: ``LearnerWorker.sft``): each config-built shared base on its roles' demos first
@@ -143,7 +144,16 @@ def sft_units(
 
     def run(policy, examples, rate, at, desc):
         return sft(
-            policy, examples, epochs, rate, batch_size, at, desc=desc, progress=progress, action_epochs=action_epochs
+            policy,
+            examples,
+            epochs,
+            rate,
+            batch_size,
+            at,
+            desc=desc,
+            progress=progress,
+            action_epochs=action_epochs,
+            micro_batch=micro_batch,
         )
 
     def base_sft(policy, examples):
@@ -443,6 +453,7 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
             action_epochs=s.action_epochs,
             seed=int(self.cfg.seed),
             progress=bool(self.cfg.progress),
+            micro_batch=self.cfg.hardware.get("micro_batch"),
         )
         seeds = {role: int(self.cfg.seed) + i for i, role in enumerate(self.policies)}
         if self._ray_learners():

@@ -81,11 +81,14 @@ def sft(
     progress: bool = True,
     max_steps: int | None = None,
     action_epochs: int | None = None,
+    micro_batch: int | None = None,
 ) -> dict[str, float]:
     """Supervised fine-tuning on ``examples``: mean token cross-entropy of the targets.
 
     Bid examples get ``epochs`` passes, action examples ``action_epochs`` (None =
-    ``epochs``); each pass is shuffled, and one cosine schedule spans them all."""
+    ``epochs``); each pass is shuffled, and one cosine schedule spans them all. ``micro_batch``
+    (``hardware.micro_batch``; None = the whole batch): a step's forward and backward passes run on at most
+    that many examples at a time, their gradients summed before the step (:func:`batch_loss`)."""
     if not examples:
         return {"loss": float("nan"), "steps": 0}
     pairs = [
@@ -110,11 +113,9 @@ def sft(
             if step >= total:
                 break
             batch = epoch_pairs[i : i + batch_size]
-            logp = policy.logprobs([p for p, _ in batch], [t for _, t in batch])
-            loss = -logp.sum() / sum(len(t) for _, t in batch)
-            loss.backward()
+            loss = batch_loss(policy, batch, micro_batch)
             clip_and_step(policy.parameters(), opt, sched, 1.0)
-            losses.append(float(loss.detach()))
+            losses.append(loss)
             step += 1
             trained += len(batch)
             bar.update(1)
@@ -129,6 +130,23 @@ def sft(
         "examples": len(pairs),
         "examples_trained": trained,
     }
+
+
+def batch_loss(policy, batch: list[tuple], micro_batch: int | None = None) -> float:
+    """Backpropagate the mean token cross-entropy of ``batch`` ((prompt, target ids) pairs) and return it.
+    With ``micro_batch`` smaller than the batch, in slices of that many examples, each slice's summed
+    cross-entropy divided by the whole batch's token count: the same loss and gradient (up to the order of
+    floating-point sums), with the activations of one slice held at a time."""
+    tokens = sum(len(t) for _, t in batch)
+    size = len(batch) if micro_batch is None else max(1, int(micro_batch))
+    total = 0.0
+    for j in range(0, len(batch), size):
+        part = batch[j : j + size]
+        logp = policy.logprobs([p for p, _ in part], [t for _, t in part])
+        loss = -logp.sum() / tokens
+        loss.backward()
+        total += float(loss.detach())
+    return total
 
 
 @torch.no_grad()

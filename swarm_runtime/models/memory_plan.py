@@ -15,8 +15,11 @@ weight of the dtype):
   ``hardware.micro_batch``) of ``S`` tokens (``model.max_prompt_tokens + max_action_tokens``), per layer
   ``b (10 h + 4 i)`` per token (block inputs, norms, q/k/v/o, MLP gate/up/product; sdpa or flash
   attention keep no ``S x S`` matrix), or ``b h`` per layer plus one layer's worth with
-  ``hardware.gradient_checkpointing``; plus the fp32 logits, their log-softmax and its gradient
-  (``12 V`` per token).
+  ``hardware.gradient_checkpointing``; plus the fp32 logits, their log-softmax and its gradient (``12 V`` bytes
+  per position) of the positions scored at once (models/scoring.py): a chunk whose ``m S V`` logits fit
+  ``LOGITS_BUDGET`` is scored whole (``12 m S V``), a larger one at its scored positions only (``m`` rows of
+  ``model.max_action_tokens``), at most ``LOGITS_BUDGET / V`` of them at a time (a head whose logits are not its
+  plain output, e.g. a soft cap, is scored whole: not counted here).
 - **KV cache** of the largest rollout batch: a bid turn of every agent in every env of a branch step,
   ``E B G`` rows (``algo.envs_per_step``, ``algo.branches_per_episode``, agents) of ``S`` tokens,
   ``2 L k d b`` per token (``k`` key/value heads of width ``d``).
@@ -46,6 +49,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.models.logits_budget import LOGITS_BUDGET, chunk_positions
 
 GiB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -301,11 +305,21 @@ def _activations(cfg: DictConfig, arch: Arch, b: int) -> tuple[str, float, str]:
     else:
         layers = arch.num_layers * per_layer
         how = f"{arch.num_layers} layers"
+    positions, scoring = scored_positions(mb, S, int(cfg.model.max_action_tokens), arch.vocab_size)
     return (
         "activations",
-        mb * S * (layers + 12 * arch.vocab_size),
-        f"update chunk of {mb} rows x {S} tokens, {how}, fp32 logits",
+        mb * S * layers + 12 * positions * arch.vocab_size,
+        f"update chunk of {mb} rows x {S} tokens, {how}, fp32 logits of {positions} positions ({scoring})",
     )
+
+
+def scored_positions(rows: int, tokens: int, scored: int, vocab: int) -> tuple[int, str]:
+    """Positions whose full-vocabulary logits one update chunk holds at once, and how they are scored: every
+    position of ``rows`` x ``tokens`` where their logits fit ``LOGITS_BUDGET``, else the ``scored`` response
+    tokens of each row, at most ``chunk_positions(vocab)`` at a time (models/scoring.py)."""
+    if rows * tokens * vocab <= LOGITS_BUDGET:
+        return rows * tokens, "whole"
+    return min(rows * max(1, scored), chunk_positions(vocab)), "chunked"
 
 
 def _kv_cache(cfg: DictConfig, arch: Arch, b: int, n_agents: int) -> tuple[str, float, str]:

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-#: Logits one forward pass may hold at once (fp32: 128 MiB): a padded batch with at most this many
-#: (rows x tokens x vocabulary) is scored whole as before, a larger one position-chunked by :func:`scoring_head`.
-LOGITS_BUDGET = 1 << 25
+from swarm_runtime.models.logits_budget import LOGITS_BUDGET, chunk_positions
+
+__all__ = ["LOGITS_BUDGET", "Scored", "chunk_positions", "plain_head", "score_hidden", "scoring_head"]
+
 
 #: Config attributes of transformers models that change the head's output before returning it as the logits.
 POST_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier", "logits_soft_cap")
@@ -42,11 +43,6 @@ def plain_head(model) -> bool:
     config = getattr(model, "config", None)
     configs = [config, getattr(config, "text_config", None), getattr(config, "decoder", None)]
     return not any(getattr(c, k, None) is not None for c in configs for k in (*POST_HEAD, "unpadded_vocab_size"))
-
-
-def chunk_positions(vocab: int, budget: int = LOGITS_BUDGET) -> int:
-    """Positions per chunk: as many as keep a chunk's logits within ``budget`` (at least one)."""
-    return max(1, int(budget) // max(1, int(vocab)))
 
 
 @dataclass

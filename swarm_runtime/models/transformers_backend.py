@@ -25,6 +25,7 @@ from transformers.utils import logging as hf_logging
 hf_logging.disable_progress_bar()  # per-shard bars on every checkpoint drown the run's own progress bar
 
 from swarm_runtime.core.protocols import Bid, Response
+from swarm_runtime.models.allocator import fix_mmap_threshold
 from swarm_runtime.models.bids import bid_token, parse_bid
 from swarm_runtime.models.chat import prompt_ids
 from swarm_runtime.models.constrain import ActionTrie
@@ -607,6 +608,7 @@ def load_pretrained(
         tok = PreTrainedTokenizerFast.from_pretrained(path, trust_remote_code=False)
     else:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+        fix_mmap_threshold()  # a pretrained base: freed activation and logits buffers go back to the system
         if not getattr(tok, "chat_template", None):  # model.chat_template=auto means the raw prompt for it
             logger.info("{} has no chat template: model.chat_template=auto prompts it with the raw prompt", path)
     kw = {"attn_implementation": attention} if attention else {}

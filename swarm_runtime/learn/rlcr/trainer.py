@@ -255,6 +255,7 @@ class RLCRTrainer(PhasedTrainer):
             desc="SFT shared policy",
             progress=bool(self.cfg.progress),
             action_epochs=s.action_epochs,
+            micro_batch=self.cfg.hardware.get("micro_batch"),
         )
         m.update(stats)
         logger.info(
