@@ -74,6 +74,21 @@ TARGETS: dict[str, Target] = {
             ).split()
         ),
     ),
+    "bid_branches": Target(
+        "swarm_runtime/learn/bid.py",
+        ("tests/test_branch_pairs_pay.py", "tests/test_core_edges.py", "tests/test_bid_branches.py"),
+        None,
+        tuple(
+            f"x_{f}"
+            for f in "_resample resample_lower resample_higher forced_slot run_branches branch_slots bid_update".split()
+        ),
+    ),
+    "horizon_stop": Target(
+        "swarm_runtime/core/loop.py",
+        ("tests/test_branch_pairs_pay.py", "tests/test_core_edges.py", "tests/test_bid_branches.py"),
+        None,
+        ("x_settle",),
+    ),
     "adapter_sync": Target(
         "swarm_runtime/sampling/sync.py",
         ("tests/test_adapter_sync.py",),
