@@ -173,13 +173,18 @@ def test_bid_update_against_a_reference_takes_the_dpo_form_at_beta_and_reports_t
     low, ref = TablePolicy(LOW), TablePolicy(MID)
     agents = [SimpleNamespace(policy=low, role="Low", name="low")]
     lp = torch.log_softmax(torch.tensor(LOW, dtype=torch.float64), -1)
-    pairs = [BranchPair(0, "a", [1], [2], 1.0, 4.0, original_logprobs=[float(lp[1]) - 1.0])]  # ratio e: past 2
+    pairs = [
+        BranchPair(0, "a", [1], [2], 1.0, 4.0, original_logprobs=[float(lp[1]) - 1.0]),  # ratio e: past 2
+        BranchPair(0, "b", [0], [2], 2.0, 1.0),
+    ]
     m = bid_update(agents, pairs, {"Low": optimizer(low)}, 1, 100.0, reference={"Low": ref}, beta=0.5)
-    loss, grad = by_hand(LOW, [(2, 1, 1.0)], beta=0.5, ref=MID)
-    assert m["losses/bid_Low"] == pytest.approx(loss, rel=1e-9)
-    assert low.table.tolist() == pytest.approx(stepped(LOW, grad, 100.0), rel=1e-9)
+    loss, grad = by_hand(LOW, [(2, 1, 1.0), (0, 2, 1.0)], beta=0.5, ref=MID)
+    # the reference's log-probs are carried as float32 (bid.py: _bradley_terry_chunk)
+    assert m["losses/bid_Low"] == pytest.approx(loss, rel=1e-6)
+    assert low.table.tolist() == pytest.approx(stepped(LOW, grad, 100.0), rel=1e-6)
     rp = torch.log_softmax(torch.tensor(MID, dtype=torch.float64), -1)
-    assert m["charts/bid_ref_logodds_Low"] == pytest.approx(float((lp[2] - lp[1]) - (rp[2] - rp[1])), rel=1e-9)
+    shifts = [float((lp[a] - lp[b]) - (rp[a] - rp[b])) for a, b in ((2, 1), (0, 2))]  # the rows' log-odds shifts
+    assert m["charts/bid_ref_logodds_Low"] == pytest.approx(sum(shifts) / 2, rel=1e-6) and shifts[0] != shifts[1]
     assert m["mismatch/bid_past_cap_Low"] == 1.0 and "mismatch/bid_is_weight_mean_Low" not in m
 
 
