@@ -319,3 +319,48 @@ def test_run_branches_without_any_lower_bid_plays_nothing_and_makes_no_pair():
     picks = [pick(0, 0, 1, (0.8, 0.5))]
     assert run_branches(agents, None, COUNTING, TASK, picks, 2, random.Random(0), runner_up_pairs=True) == []
     assert pol.calls == [["00"], ["00"]]  # no higher bid asked for a pick that is not branched
+
+
+def test_run_branches_plays_the_picks_slots_once_with_its_arguments_and_pairs_what_they_paid(monkeypatch):
+    """One pick (turn 1 of an episode whose turns paid 1, 2, 4), two samples, a horizon of 1, the runner-up's pairs:
+    one batch of three slots goes to ``play`` with the caller's coordinator, rng, presence, sampler and models;
+    the pairs score the original's window (2) averaged with its re-roll (8) against the branches' mean (10, 20)."""
+    import swarm_runtime.learn.bid as bid_mod
+    from swarm_runtime.learn.bid import BranchPair, run_branches
+
+    calls = []
+
+    def play(slots, agents, coordinator, domain, max_decisions, rng, **kw):
+        calls.append((slots, agents, coordinator, domain, max_decisions, rng, kw))
+        return [Episode(s.episode.seed, reward=r) for s, r in zip(slots, (10.0, 20.0, 8.0))]
+
+    monkeypatch.setattr(bid_mod, "play", play)
+    ep = Episode(4, turns=[snapshot_turn(u) for u in range(3)])
+    for u, r in enumerate((1.0, 2.0, 4.0)):
+        ep.turns[u].reward = r
+    pol = ScriptedBids({"10": [0.3], "11": [0.9]})
+    agents = [SimpleNamespace(policy=pol) for _ in range(3)]
+    coordinator, rng, presence, sampler, models = object(), random.Random(0), object(), object(), ["m0", "m1", "m2"]
+    pairs = run_branches(
+        agents,
+        coordinator,
+        COUNTING,
+        TASK,
+        [(ep, ep.turns[1])],
+        1,
+        rng,
+        presence=presence,
+        samples=2,
+        horizon=1,
+        runner_up_pairs=True,
+        sampler=sampler,
+        models=models,
+    )
+    assert pairs == [
+        BranchPair(0, "10", [0], [30], 5.0, 15.0),
+        BranchPair(1, "11", [1], [90], 5.0, 15.0, runner_up=True),
+    ]
+    ((slots, *args, kw),) = calls
+    assert args == [agents, coordinator, COUNTING, 9, rng] and args[-1] is rng and args[1] is coordinator
+    assert kw == {"presence": presence, "sampler": sampler, "models": models}
+    assert [(s.t, s.stop_at, s.forced.winner) for s in slots] == [(1, 2, 1), (1, 2, 1), (1, 2, 0)]
