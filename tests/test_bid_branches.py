@@ -364,3 +364,23 @@ def test_run_branches_plays_the_picks_slots_once_with_its_arguments_and_pairs_wh
     assert args == [agents, coordinator, COUNTING, 9, rng] and args[-1] is rng and args[1] is coordinator
     assert kw == {"presence": presence, "sampler": sampler, "models": models}
     assert [(s.t, s.stop_at, s.forced.winner) for s in slots] == [(1, 2, 1), (1, 2, 1), (1, 2, 0)]
+
+
+def test_run_branches_by_default_plays_one_branch_a_pick_to_the_end_and_pairs_only_the_selected_agent(monkeypatch):
+    import swarm_runtime.learn.bid as bid_mod
+    from swarm_runtime.learn.bid import BranchPair, run_branches
+
+    calls = []
+
+    def play(slots, *args, **kw):
+        calls.append(slots)
+        return [Episode(s.episode.seed, reward=10.0) for s in slots]
+
+    monkeypatch.setattr(bid_mod, "play", play)
+    ep = Episode(4, turns=[snapshot_turn(u) for u in range(3)])
+    for u, r in enumerate((1.0, 2.0, 4.0)):
+        ep.turns[u].reward = r
+    agents = [SimpleNamespace(policy=ScriptedBids({"10": [0.3]})) for _ in range(3)]
+    pairs = run_branches(agents, object(), COUNTING, TASK, [(ep, ep.turns[1])], 1, random.Random(0))
+    assert pairs == [BranchPair(0, "10", [0], [30], 6.0, 10.0)]
+    assert [(s.t, s.stop_at, s.forced.winner) for s in calls[0]] == [(1, None, 1)]
