@@ -56,6 +56,10 @@ class Target:
 
 
 _FAST = ("tests/test_bid_branches.py", "tests/test_core_edges.py")
+_PAIRS = tuple(
+    f"x_{f}"
+    for f in "pick_contested window_score forced_turns _branch_pairs preference_rows _tracked _importance".split()
+)
 _GLUE = tuple(
     f"x_{f}"
     for f in "_resample resample_lower resample_higher forced_slot run_branches branch_slots bid_update".split()
@@ -71,17 +75,9 @@ TARGETS: dict[str, Target] = {
         ("tests/test_core_edges.py", "tests/test_rollout.py", "tests/test_training.py"),
         "test_core_edges or mismatch or importance or bid_loss or action_and_bid_steps",
     ),
-    "bid_pairs": Target(
-        "swarm_runtime/learn/bid.py",
-        ("tests/test_branch_pairs_pay.py", "tests/test_core_edges.py"),
-        None,
-        tuple(
-            f"x_{f}"
-            for f in (
-                "pick_contested window_score forced_turns _branch_pairs preference_rows _tracked _importance"
-            ).split()
-        ),
-    ),
+    # the bid pairs likewise: their unit tests, then the survivors with the paying-domain tests (bid_pairs+pay)
+    "bid_pairs": Target("swarm_runtime/learn/bid.py", _FAST, None, _PAIRS),
+    "bid_pairs+pay": Target("swarm_runtime/learn/bid.py", (*_FAST, "tests/test_branch_pairs_pay.py"), None, _PAIRS),
     # the branch glue and the horizon stop against their unit tests (each mutant ~2 s); the survivors of those
     # again against the paying-domain tests too, the "+pay" targets: `--mutants NAME ... bid_branches+pay`
     "bid_branches": Target("swarm_runtime/learn/bid.py", _FAST, None, _GLUE),
