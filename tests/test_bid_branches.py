@@ -287,12 +287,13 @@ def test_a_forced_slot_starts_from_the_turns_snapshot_with_its_noise_and_stop(no
 
 def test_branch_slots_skip_the_picks_without_a_new_bid_and_own_each_slot():
     """Three picks, the middle one without a re-sampled bid; two samples: per branched pick two branches (side 1)
-    and one re-roll (side 0); each branched pick keeps its re-sampled tokens and its window's original score."""
+    and one re-roll (side 0), each continuation with its noise; each branched pick keeps its re-sampled tokens and
+    its window's original score."""
     from swarm_runtime.learn.bid import branch_slots
 
     picks = []
     for t in (1, 2, 3):
-        ep = Episode(4, turns=[pick(u, 0, 1, (0.8, 0.5))[1] for u in range(5)])
+        ep = Episode(4, turns=[pick(u, 0, 1, (0.8, 0.5))[1] for u in range(5)], noise=77)
         for u, turn in enumerate(ep.turns):
             turn.reward = float(2**u)
         ep.turns[t] = snapshot_turn(t)
@@ -308,7 +309,9 @@ def test_branch_slots_skip_the_picks_without_a_new_bid_and_own_each_slot():
         (3, 5, 0)
     ]
     assert [s.forced.bids[0] for s in slots] == [0.1, 0.1, 0.0, 0.2, 0.2, 0.0]  # branches carry the lower bid
-    assert [s.episode.noise for s in slots] == [None] * 6
+    # under common random numbers: the first branch the original's noise, the j-th branch and re-roll their own
+    want = [n for t in (1, 3) for n in (77, key_hash(77, t, 1), key_hash(77, t, 1))]
+    assert [s.episode.noise for s in slots] == want
 
 
 def test_run_branches_without_any_lower_bid_plays_nothing_and_makes_no_pair():
