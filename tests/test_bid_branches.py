@@ -135,14 +135,14 @@ def test_bid_update_steps_each_roles_policy_on_its_decisive_pairs_weighted_by_ma
     from swarm_runtime.learn.bid import BranchPair, bid_update
 
     low, mid = TablePolicy(LOW), TablePolicy(MID)
-    agents = [SimpleNamespace(policy=low, role="Low", name="low"), SimpleNamespace(policy=mid, role="Mid", name="mid")]
+    agents = [SimpleNamespace(policy=mid, role="Mid", name="mid"), SimpleNamespace(policy=low, role="Low", name="low")]
     lp = torch.log_softmax(torch.tensor(LOW, dtype=torch.float64), -1)
     sampler = float(lp[1]) - math.log(3.0)  # the learner's ratio on the original bid [1]: 3, under the cap 4
     pairs = [
-        BranchPair(0, "a", [1], [2], 1.0, 4.0, original_logprobs=[sampler]),  # the branch won by 3: [2] over [1]
-        BranchPair(0, "b", [0], [2], 2.0, 1.0),  # the original won by 1: [0] over [2]
-        BranchPair(0, "c", [0], [1], 2.0, 2.0),  # a tie: dropped
-        BranchPair(1, "d", [0], [1], 5.0, 5.0),  # Mid's tie
+        BranchPair(1, "a", [1], [2], 1.0, 4.0, original_logprobs=[sampler]),  # the branch won by 3: [2] over [1]
+        BranchPair(1, "b", [0], [2], 2.0, 1.0),  # the original won by 1: [0] over [2]
+        BranchPair(1, "c", [0], [1], 2.0, 2.0),  # a tie: dropped
+        BranchPair(0, "d", [0], [1], 5.0, 5.0),  # Mid's tie (Mid first: the agents after it still step)
     ]
     opts = {"Low": optimizer(low), "Mid": optimizer(mid)}
     m = bid_update(agents, pairs, opts, minibatch=1, grad_clip=0.05, pair_weight="margin", is_cap=4.0)
