@@ -103,9 +103,26 @@ class TablePolicy(torch.nn.Module):
         return torch.stack([x.sum() for x in rows])
 
 
+class PlainSGD:
+    """Gradient descent at learning rate 1, with the optimizer calls :func:`clip_and_step` makes (a torch optimizer
+    would do, but its first construction costs seconds of imports)."""
+
+    def __init__(self, params):
+        self.params = list(params)
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for p in self.params:
+                p -= p.grad
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+
 def optimizer(policy) -> tuple:
-    opt = torch.optim.SGD(policy.parameters(), lr=1.0)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    """An optimizer and a scheduler for ``bid_update``'s ``optimizers`` (role -> both)."""
+    return PlainSGD(policy.parameters()), SimpleNamespace(step=lambda: None)
 
 
 def by_hand(logits: list[float], rows: list[tuple], beta: float = 1.0, ref=None) -> tuple[float, torch.Tensor]:
