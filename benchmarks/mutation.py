@@ -125,6 +125,8 @@ EQUIVALENT: dict[str, str] = {
     "min(cap, e^x) only for a cap above e^700; algo.is_cap is at most 1e6 (config/keys.py)",
     "swarm_runtime.learn.bid.x_preference_rows__mutmut_25": _TIES,
     "swarm_runtime.learn.bid.x_preference_rows__mutmut_26": _TIES,
+    "swarm_runtime.learn.bid.x__importance__mutmut_21": "a row's weight without a cap (2.0 for 1.0) is never read: "
+    "_bradley_terry_chunk multiplies by the weights only under is_cap",
     "swarm_runtime.core.auction.x_auction__mutmut_31": _DEFAULT,
     "swarm_runtime.core.auction.x_round_robin__mutmut_12": _DEFAULT,
     "swarm_runtime.core.auction.x_round_robin__mutmut_13": _DEFAULT,
