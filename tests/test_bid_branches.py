@@ -157,25 +157,26 @@ def test_bid_update_steps_each_roles_policy_on_its_decisive_pairs_weighted_by_ma
     sampler = float(lp[1]) - math.log(3.0)  # the learner's ratio on the original bid [1]: 3, under the cap 4
     pairs = [
         BranchPair(1, "a", [1], [2], 1.0, 4.0, original_logprobs=[sampler]),  # the branch won by 3: [2] over [1]
-        BranchPair(1, "b", [0], [2], 2.0, 1.0),  # the original won by 1: [0] over [2]
+        BranchPair(1, "b", [0], [2], 2.0, 1.0, original_logprobs=[float(lp[0]) - math.log(2.0)]),  # the original won
         BranchPair(1, "c", [0], [1], 2.0, 2.0),  # a tie: dropped
         BranchPair(0, "d", [0], [1], 5.0, 5.0),  # Mid's tie (Mid first: the agents after it still step)
     ]
     opts = {"Low": optimizer(low), "Mid": optimizer(mid)}
     m = bid_update(agents, pairs, opts, minibatch=1, grad_clip=0.05, pair_weight="margin", is_cap=4.0)
-    # margin weights: margins 3 and 1 over their mean 2; the first row's importance weight 3
-    loss, grad = by_hand(LOW, [(2, 1, 1.5 * 3.0), (0, 2, 0.5)])
+    # margin weights: margins 3 and 1 over their mean 2; importance weights 3 and 2 (each of the original bid: the
+    # loser of the first row, the winner of the second)
+    loss, grad = by_hand(LOW, [(2, 1, 1.5 * 3.0), (0, 2, 0.5 * 2.0)])
     assert m["losses/bid_Low"] == pytest.approx(loss, rel=1e-9)
     assert m["charts/bid_grad_norm_Low"] == pytest.approx(float(grad.norm()), rel=1e-9) and grad.norm() > 0.05
     assert low.table.tolist() == pytest.approx(stepped(LOW, grad, 0.05), rel=1e-9)
     assert mid.table.tolist() == MID and not any(k.endswith("_Mid") for k in m)
-    d = math.log(3.0)  # one tracked token: past the report cap 2's log, within the cap 4's
+    d = [math.log(3.0), math.log(2.0)]  # two tracked tokens: past the report cap 2's log or at it, within the cap 4's
     assert {k: v for k, v in m.items() if k.startswith("mismatch/")} == pytest.approx(
         {
-            "mismatch/bid_approx_kl_Low": math.exp(d) - 1 - d,
-            "mismatch/bid_max_abs_dlogp_Low": d,
+            "mismatch/bid_approx_kl_Low": sum(math.exp(x) - 1 - x for x in d) / 2,
+            "mismatch/bid_max_abs_dlogp_Low": d[0],
             "mismatch/bid_past_cap_Low": 0.0,
-            "mismatch/bid_is_weight_mean_Low": 3.0,
+            "mismatch/bid_is_weight_mean_Low": 2.5,
         }
     )
     assert (m["charts/bid_pairs"], m["charts/bid_pairs_higher_won"]) == (2.0, 1.0)
