@@ -405,3 +405,19 @@ def test_run_branches_by_default_plays_one_branch_a_pick_to_the_end_and_pairs_on
     pairs = run_branches(agents, object(), COUNTING, TASK, [(ep, ep.turns[1])], 1, random.Random(0))
     assert pairs == [BranchPair(0, "10", [0], [30], 6.0, 10.0)]
     assert [(s.t, s.stop_at, s.forced.winner) for s in calls[0]] == [(1, None, 1)]
+
+
+def test_bid_update_hands_a_sharded_policy_its_step_with_the_lists_the_chunks_fill():
+    """A policy with a ``shard`` (a rank of a sharded learner) takes the step itself (``learn/optim.py:
+    accumulate_and_step``), given the log-odds shifts and the mismatch sums its chunks fill, to merge across ranks."""
+    from swarm_runtime.learn.bid import BranchPair, bid_update
+    from swarm_runtime.sampling.mismatch import Mismatch
+
+    low, steps = TablePolicy(LOW), []
+    low.shard = SimpleNamespace(step=lambda *args: steps.append(args) or (0.25, 0.5))
+    agents = [SimpleNamespace(policy=low, role="Low", name="low")]
+    m = bid_update(agents, [BranchPair(0, "a", [1], [2], 1.0, 4.0)], {"Low": optimizer(low)}, 1, 100.0)
+    ((policy, batch, minibatch, _, _, _, clip, side),) = steps
+    assert (policy, len(batch), minibatch, clip) == (low, 1, 1, 100.0)
+    assert isinstance(side, tuple) and side[0] == [] and isinstance(side[1], Mismatch)
+    assert (m["losses/bid_Low"], m["charts/bid_grad_norm_Low"]) == (0.25, 0.5)
