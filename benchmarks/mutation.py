@@ -11,10 +11,12 @@ worker (``--max-children 1``), one target after another. Not part of CI.
     python benchmarks/mutation.py credit auction   # some of them
     python benchmarks/mutation.py --list           # the targets, their modules and tests
     python benchmarks/mutation.py --mutants NAME   # only these mutants (mutmut's names, as printed), again
+    python benchmarks/mutation.py --no-run bid_branches   # the verdicts of the copy already under --work
 
 Prints, per target: the mutants, killed (a timeout counts as killed: the mutant changed behaviour), survived, with
-no test, the listed equivalents (``EQUIVALENT``: mutants no test can kill, each with why) and the score, killed /
-(mutants - equivalents); then each survivor's diff. ``--json PATH`` writes the same as JSON.
+no test, not run (a run stopped part way: ``--no-run`` reads such a copy's verdicts), the listed equivalents
+(``EQUIVALENT``: mutants no test can kill, each with why) and the score, killed / (mutants run - equivalents); then
+each survivor's diff. ``--json PATH`` writes the same as JSON.
 """
 
 from __future__ import annotations
@@ -53,6 +55,16 @@ class Target:
         return [f"{self.dotted}.{f}__mutmut_*" for f in self.functions] or [f"{self.dotted}.*"]
 
 
+_FAST = ("tests/test_bid_branches.py", "tests/test_core_edges.py")
+_PAIRS = tuple(
+    f"x_{f}"
+    for f in "pick_contested window_score forced_turns _branch_pairs preference_rows _tracked _importance".split()
+)
+_GLUE = tuple(
+    f"x_{f}"
+    for f in "_resample resample_lower resample_higher forced_slot run_branches branch_slots bid_update".split()
+)
+
 #: What is mutated, and against which tests (each selection small: it runs once per mutant of a function it calls).
 TARGETS: dict[str, Target] = {
     "credit": Target("swarm_runtime/core/credit.py", ("tests/test_credit.py", "tests/test_core_edges.py")),
@@ -63,16 +75,16 @@ TARGETS: dict[str, Target] = {
         ("tests/test_core_edges.py", "tests/test_rollout.py", "tests/test_training.py"),
         "test_core_edges or mismatch or importance or bid_loss or action_and_bid_steps",
     ),
-    "bid_pairs": Target(
-        "swarm_runtime/learn/bid.py",
-        ("tests/test_branch_pairs_pay.py", "tests/test_core_edges.py"),
-        None,
-        tuple(
-            f"x_{f}"
-            for f in (
-                "pick_contested window_score forced_turns _branch_pairs preference_rows _tracked _importance"
-            ).split()
-        ),
+    # the bid pairs likewise: their unit tests, then the survivors with the paying-domain tests (bid_pairs+pay)
+    "bid_pairs": Target("swarm_runtime/learn/bid.py", _FAST, None, _PAIRS),
+    "bid_pairs+pay": Target("swarm_runtime/learn/bid.py", (*_FAST, "tests/test_branch_pairs_pay.py"), None, _PAIRS),
+    # the branch glue and the horizon stop against their unit tests (each mutant ~2 s); the survivors of those
+    # again against the paying-domain tests too, the "+pay" targets: `--mutants NAME ... bid_branches+pay`
+    "bid_branches": Target("swarm_runtime/learn/bid.py", _FAST, None, _GLUE),
+    "bid_branches+pay": Target("swarm_runtime/learn/bid.py", (*_FAST, "tests/test_branch_pairs_pay.py"), None, _GLUE),
+    "horizon_stop": Target("swarm_runtime/core/loop.py", _FAST, None, ("x_settle",)),
+    "horizon_stop+pay": Target(
+        "swarm_runtime/core/loop.py", (*_FAST, "tests/test_branch_pairs_pay.py"), None, ("x_settle",)
     ),
     "adapter_sync": Target(
         "swarm_runtime/sampling/sync.py",
@@ -113,6 +125,8 @@ EQUIVALENT: dict[str, str] = {
     "min(cap, e^x) only for a cap above e^700; algo.is_cap is at most 1e6 (config/keys.py)",
     "swarm_runtime.learn.bid.x_preference_rows__mutmut_25": _TIES,
     "swarm_runtime.learn.bid.x_preference_rows__mutmut_26": _TIES,
+    "swarm_runtime.learn.bid.x__importance__mutmut_21": "a row's weight without a cap (2.0 for 1.0) is never read: "
+    "_bradley_terry_chunk multiplies by the weights only under is_cap",
     "swarm_runtime.core.auction.x_auction__mutmut_31": _DEFAULT,
     "swarm_runtime.core.auction.x_round_robin__mutmut_12": _DEFAULT,
     "swarm_runtime.core.auction.x_round_robin__mutmut_13": _DEFAULT,
@@ -123,7 +137,7 @@ EQUIVALENT: dict[str, str] = {
 }
 
 #: mutmut's verdicts as this script counts them
-KILLED, SURVIVED, NO_TESTS = {"killed", "timeout", "segfault"}, {"survived"}, {"no tests"}
+KILLED, SURVIVED, NO_TESTS, NOT_RUN = {"killed", "timeout", "segfault"}, {"survived"}, {"no tests"}, {"not checked"}
 
 
 @dataclass
@@ -142,7 +156,7 @@ class Outcome:
 
     @property
     def score(self) -> float:
-        counted = len(self.verdicts) - self.equivalent
+        counted = len(self.verdicts) - self.equivalent - self.count(NOT_RUN)
         return self.count(KILLED) / counted if counted else 1.0
 
     def row(self) -> dict:
@@ -153,13 +167,23 @@ class Outcome:
             "killed": self.count(KILLED),
             "survived": self.count(SURVIVED),
             "no_tests": self.count(NO_TESTS),
+            "not_run": self.count(NOT_RUN),
             "equivalent": self.equivalent,
             "score": round(self.score, 4),
             "seconds": round(self.seconds),
             "survivors": {
-                m: self.diffs.get(m, "") for m, v in self.verdicts.items() if v not in KILLED and m not in EQUIVALENT
+                m: self.diffs.get(m, "")
+                for m, v in self.verdicts.items()
+                if v not in KILLED | NOT_RUN and m not in EQUIVALENT
             },
         }
+
+
+def head_commit() -> str:
+    """The checkout's commit, and whether files differ from it."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return f"{commit.stdout.strip()}{' (with uncommitted changes)' if dirty else ''}"
 
 
 def repo_files(root: Path) -> list[str]:
@@ -223,41 +247,55 @@ def verdicts(results_text: str, patterns: list[str]) -> dict[str, str]:
     return out
 
 
-def run_target(name: str, work: Path, log, only: list[str] | None = None) -> Outcome:
-    """Target ``name``'s mutants (``only``: those of them named, mutmut's names) against its tests."""
+def run_target(name: str, work: Path, log, only: list[str] | None = None, run: bool = True) -> Outcome:
+    """Target ``name``'s mutants (``only``: those of them named, mutmut's names) against its tests; ``run=False``:
+    only the verdicts of the copy already under ``work``."""
     t = TARGETS[name]
     patterns = [m for m in only if any(fnmatch.fnmatch(m, p) for p in t.patterns())] if only else t.patterns()
     copy = work / name
+    if not run:
+        if not (copy / "mutants").is_dir():
+            sys.exit(f"mutation: no run of {name} under {work} to read (run it without --no-run)")
+        commit = (copy / "MUTATION_COMMIT").read_text() if (copy / "MUTATION_COMMIT").exists() else "unrecorded"
+        print(f"{name}: the copy of commit {commit}", flush=True)
+        return verdicts_of(name, copy, patterns, log, Outcome(name))
     fresh_copy(ROOT, copy)
     (copy / "setup.cfg").write_text(mutmut_config(t))
+    (copy / "MUTATION_COMMIT").write_text(head_commit())
     t0 = time.time()
     res = mutmut(["run", "--max-children", "1", *patterns], copy, log)
     out = Outcome(name, seconds=time.time() - t0)
     if res.returncode != 0:
         tail = (res.stdout + res.stderr).strip().splitlines()[-15:]
         sys.exit(f"mutation: mutmut run failed for {name} (log: {log.name}):\n" + "\n".join(tail))
+    return verdicts_of(name, copy, patterns, log, out)
+
+
+def verdicts_of(name: str, copy: Path, patterns: list[str], log, out: Outcome) -> Outcome:
+    """``out`` with the verdicts of ``copy``'s mutants that ``patterns`` name, and each survivor's diff."""
     out.verdicts = verdicts(mutmut(["results", "--all", "true"], copy, log).stdout, patterns)
     if not out.verdicts:
         sys.exit(f"mutation: no mutant of {patterns} found for {name} (log: {log.name})")
     for m, v in out.verdicts.items():
-        if v not in KILLED and m not in EQUIVALENT:
+        if v not in KILLED | NOT_RUN and m not in EQUIVALENT:
             out.diffs[m] = mutmut(["show", m], copy, log).stdout.strip()
     return out
 
 
 def report(outcomes: list[Outcome]) -> str:
-    head = "| target | module | mutants | killed | survived | no tests | equivalent | score | seconds |\n"
-    head += "|---|---|---|---|---|---|---|---|---|\n"
+    head = "| target | module | mutants | killed | survived | no tests | not run | equivalent | score | seconds |\n"
+    head += "|---|---|---|---|---|---|---|---|---|---|\n"
     rows = [o.row() for o in outcomes]
     body = "".join(
         f"| {r['target']} | `{r['module']}` | {r['mutants']} | {r['killed']} | {r['survived']} | {r['no_tests']} | "
+        f"{r['not_run']} | "
         f"{r['equivalent']} | {100 * r['score']:.1f}% | {r['seconds']} |\n"
         for r in rows
     )
-    total = sum(r["mutants"] - r["equivalent"] for r in rows)
+    total = sum(r["mutants"] - r["equivalent"] - r["not_run"] for r in rows)
     killed = sum(r["killed"] for r in rows)
-    tail = f"\nAll targets: {killed} of {total} mutants killed ({100 * killed / max(total, 1):.1f}%)"
-    tail += f", {sum(r['equivalent'] for r in rows)} listed as equivalent.\n"
+    tail = f"\nAll targets: {killed} of {total} mutants run killed ({100 * killed / max(total, 1):.1f}%)"
+    tail += f", {sum(r['equivalent'] for r in rows)} listed as equivalent, {sum(r['not_run'] for r in rows)} not run.\n"
     for r in rows:
         for m, diff in r["survivors"].items():
             tail += f"\nSURVIVED {m}\n{diff}\n"
@@ -271,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--list", action="store_true", help="print the targets and exit")
     ap.add_argument("--mutants", nargs="+", metavar="NAME", help="run only these mutants (mutmut's names, as printed)")
+    ap.add_argument("--no-run", action="store_true", help="run nothing: read the verdicts of the copies under --work")
     a = ap.parse_args(argv)
     bad = [t for t in a.targets if t not in TARGETS]
     if bad:
@@ -285,21 +324,20 @@ def main(argv: list[str] | None = None) -> int:
         print("mutation: mutmut is not installed; pip install -e '.[mutation]'", file=sys.stderr)
         return 2
     a.work.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"commit {commit.stdout.strip()}{' (with uncommitted changes)' if dirty else ''}", flush=True)
+    if not a.no_run:
+        print(f"commit {head_commit()}", flush=True)
     outcomes = []
-    with open(a.work / "mutation.log", "w") as log:
+    with open(a.work / ("results.log" if a.no_run else "mutation.log"), "w") as log:
         names = a.targets or list(TARGETS)
         if a.mutants:  # the targets those mutants belong to
             names = [n for n in names if any(fnmatch.fnmatch(m, p) for m in a.mutants for p in TARGETS[n].patterns())]
         for name in names:
-            o = run_target(name, a.work, log, a.mutants)
+            o = run_target(name, a.work, log, a.mutants, run=not a.no_run)
             outcomes.append(o)
             r = o.row()
             print(
-                f"{name}: {r['killed']}/{r['mutants'] - r['equivalent']} killed ({100 * r['score']:.1f}%), "
-                f"{r['survived']} survived, {r['no_tests']} without a test, {r['seconds']} s",
+                f"{name}: {r['killed']}/{r['mutants'] - r['equivalent'] - r['not_run']} killed ({100 * r['score']:.1f}%), "
+                f"{r['survived']} survived, {r['no_tests']} without a test, {r['not_run']} not run, {r['seconds']} s",
                 flush=True,
             )
     print()
