@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -490,3 +491,21 @@ def make_local_checkpoint(out: Path) -> Path:
     Qwen2ForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def loopback_listener():
+    """A socket listening on 127.0.0.1 (a stand-in Ray head) and its ``host:port``."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    return sock, f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def heard(sock) -> bool:
+    """Whether anything connected to ``sock`` (a connection waits in its backlog until accepted)."""
+    sock.setblocking(False)
+    try:
+        sock.accept()[0].close()
+        return True
+    except BlockingIOError:
+        return False

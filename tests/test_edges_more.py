@@ -3,10 +3,9 @@ a run folder's trust rule for Ray heads too, and a served worker reads only JSON
 
 import importlib.util
 import json
-import socket
 
 import pytest
-from conftest import TINY_RUN, make_local_checkpoint, swarm
+from conftest import TINY_RUN, heard, loopback_listener, make_local_checkpoint, swarm
 
 httpx = pytest.importorskip("httpx")
 
@@ -21,16 +20,6 @@ def _error(res, *needles) -> str:
     for n in needles:
         assert n in lines[0], (n, lines[0])
     return lines[0]
-
-
-def _heard(sock) -> bool:
-    """Whether anything connected to ``sock`` (a connection waits in its backlog until accepted)."""
-    sock.setblocking(False)
-    try:
-        sock.accept()[0].close()
-        return True
-    except BlockingIOError:
-        return False
 
 
 # ------------------------------------------------------------------ a recipe's Ray head (~10 s: 4 forked commands)
@@ -48,10 +37,8 @@ def test_a_recipes_ray_head_is_refused_unless_the_command_line_gives_it(name, tm
     connects there or is written: the rule a run folder's saved address follows. Given again on the command line, the
     same recipe resolves with it (``swarm config`` prints it)."""
     key = "serve.address" if name.startswith("serve") else "cluster.address"
-    with socket.socket() as listener:  # a stand-in Ray head on loopback
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        address = f"127.0.0.1:{listener.getsockname()[1]}"
+    listener, address = loopback_listener()  # a stand-in Ray head on loopback
+    with listener:
         recipe = tmp_path / f"{name}.yaml"
         recipe.write_text(RECIPES[name].format(address=address))
         run = tmp_path / "run"
@@ -62,14 +49,14 @@ def test_a_recipes_ray_head_is_refused_unless_the_command_line_gives_it(name, tm
             f"give {key}=... on the command line if you trust it",
             f"{key}=null for a local Ray",
         )
-        assert not run.exists() and not _heard(listener)
+        assert not run.exists() and not heard(listener)
         res = warm_swarm("config", f"recipe={recipe}", *TINY_RUN, f"{key}={address}", cwd=tmp_path)
         if importlib.util.find_spec("ray") is None:  # past the recipe's check, to the extra the config needs
             _error(res, "=ray needs Ray, which is not installed")
         else:
             assert res.returncode == 0, res.stderr[-2000:]
             assert f"address: {address}" in res.stdout
-        assert not _heard(listener)
+        assert not heard(listener)
 
 
 def test_a_section_given_a_mapping_sets_its_keys_and_names_an_unknown_one(tmp_path, warm_swarm):

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN, copy_run, swarm
+from conftest import TINY_RUN, copy_run, heard, loopback_listener, swarm
 
 #: An OpenResearcher run as small as it gets, trained with a secret given as a list (item 7).
 RESEARCH = [
@@ -284,24 +284,6 @@ def test_a_judge_endpoint_saved_in_a_run_folder_gets_no_key(runs, tmp_path):
         server.shutdown()
 
 
-def _listener():
-    """A socket listening on 127.0.0.1 (a stand-in Ray head) and its ``host:port``."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    return sock, f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-def _heard(sock) -> bool:
-    """Whether anything connected to ``sock`` (a connection waits in its backlog until accepted)."""
-    sock.setblocking(False)
-    try:
-        sock.accept()[0].close()
-        return True
-    except BlockingIOError:
-        return False
-
-
 def test_a_ray_cluster_saved_in_a_run_folder_is_not_joined(runs, tmp_path, warm_swarm):
     """6b. A run folder whose config.yaml names a Ray head (``cluster.address`` with ``cluster.kind=ray``,
     ``serve.address`` with ``serve.cluster=ray``): swarm eval, swarm run resume=true and swarm serve exit 2
@@ -309,7 +291,7 @@ def test_a_ray_cluster_saved_in_a_run_folder_is_not_joined(runs, tmp_path, warm_
     ``cluster.kind=local`` (or not joining it), the same folder evaluates."""
     from omegaconf import OmegaConf
 
-    listener, address = _listener()
+    listener, address = loopback_listener()
     try:
         run = _copy(runs, "full", tmp_path / "run")
         cfg = OmegaConf.load(run / "config.yaml")
@@ -330,11 +312,11 @@ def test_a_ray_cluster_saved_in_a_run_folder_is_not_joined(runs, tmp_path, warm_
                     f"give {key}={address} on the command line",
                     f"{key}=null for a local Ray",
                 )
-        assert not _heard(listener)
+        assert not heard(listener)
         assert _tree(run) == before
         res = warm_swarm("eval", str(run), "cluster.kind=local", cwd=tmp_path)  # serve.cluster=ray: eval serves nothing
         assert res.returncode == 0, res.stderr[-2000:]
-        assert not _heard(listener)
+        assert not heard(listener)
     finally:
         listener.close()
 
@@ -628,7 +610,7 @@ def test_a_saved_rollout_url_gets_no_prompts(runs, tmp_path, warm_swarm):
     """15. A run folder saved with rollout.engine=openai and its own rollout.url (or rollout.urls.NAME): resume=true
     exits 2 naming it before anything connects; given again on the command line, the run connects (here to a port
     where nothing answers: named before anything trains)."""
-    listener, address = _listener()
+    listener, address = loopback_listener()
     url, dead = f"http://{address}", "http://127.0.0.1:9"
     run = _copy(runs, "lora", tmp_path / "run")
     resume = ("run", "resume=true", f"run_dir={run}")
@@ -637,7 +619,7 @@ def test_a_saved_rollout_url_gets_no_prompts(runs, tmp_path, warm_swarm):
         _error(warm_swarm(*resume, cwd=tmp_path), f"rollout.url={url!r}", str(run / "config.yaml"))
         _saved(run, rollout__url=dead, rollout__urls={"big": url})
         _error(warm_swarm(*resume, f"rollout.url={dead}", cwd=tmp_path), f"rollout.urls.big={url!r}")
-        assert not _heard(listener)
+        assert not heard(listener)
     finally:
         listener.close()
     _saved(run, rollout__urls={})
