@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from swarm_runtime import DomainEnv, StepResult
+from swarm_runtime import StepResult
 from swarm_runtime.core.auction import AuctionResult
 from swarm_runtime.core.domain import Event
 from swarm_runtime.core.episode import Episode, ForcedTurn, Slot, Turn
 from swarm_runtime.core.loop import make_env, settle
 from swarm_runtime.core.noise import key_hash
 from swarm_runtime.core.protocols import Bid
+from tests.test_core_edges import Counter as CoreCounter
 
 
 class World:
@@ -258,17 +259,8 @@ def test_resample_higher_asks_the_runner_up_for_a_bid_strictly_above_the_winning
     assert (b.level, b.tokens) == (0.85, [85])
 
 
-class Counter(DomainEnv):
-    def reset(self, seed: int) -> str:
-        self.n = 0
-        return self.observation()
-
-    def observation(self) -> str:
-        return f"count {self.n}"
-
-    def step(self, action: str, role: str | None = None) -> StepResult:
-        self.n += 1
-        return StepResult(self.observation(), reward=1.0, done=self.n >= 9)
+class Counter(CoreCounter):
+    pays, steps = 1.0, 9
 
 
 COUNTING = SimpleNamespace(name="counting", make_env=lambda task: Counter())

@@ -171,7 +171,9 @@ def test_merged_mismatch_sums_are_the_parts_sums():
 
 
 class Counter(DomainEnv):
-    """Counts its steps; each pays 1.5, the third ends the episode."""
+    """Counts its steps; each pays ``pays``, the ``steps``-th ends the episode."""
+
+    pays, steps = 1.5, 3
 
     def reset(self, seed: int) -> str:
         self.n = 0
@@ -182,7 +184,7 @@ class Counter(DomainEnv):
 
     def step(self, action: str, role: str | None = None) -> StepResult:
         self.n += 1
-        return StepResult(self.observation(), reward=1.5, done=self.n >= 3)
+        return StepResult(self.observation(), reward=self.pays, done=self.n >= self.steps)
 
 
 def test_a_validated_envs_snapshot_restores_its_own_counters_and_is_refused_after_close():
