@@ -509,3 +509,17 @@ def heard(sock) -> bool:
         return True
     except BlockingIOError:
         return False
+
+
+def cli_error(res, *needles, absent=()) -> str:
+    """The one ``swarm: error`` line of a command that exited 2, holding every needle."""
+    err = res.stderr.strip()
+    assert res.returncode == 2, (res.returncode, err[-2000:])
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("swarm:")]
+    assert len(lines) == 1 and err.splitlines()[-1] == lines[0], err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    for n in absent:
+        assert n not in lines[0], (n, lines[0])
+    return lines[0]

@@ -5,21 +5,9 @@ import importlib.util
 import json
 
 import pytest
-from conftest import TINY_RUN, heard, loopback_listener, make_local_checkpoint, swarm
+from conftest import TINY_RUN, cli_error, heard, loopback_listener, make_local_checkpoint, swarm
 
 httpx = pytest.importorskip("httpx")
-
-
-def _error(res, *needles) -> str:
-    """The one ``swarm: error`` line of a command that exited 2, holding every needle."""
-    err = res.stderr.strip()
-    assert res.returncode == 2, (res.returncode, err[-2000:])
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.startswith("swarm:")]
-    assert len(lines) == 1 and err.splitlines()[-1] == lines[0], err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 # ------------------------------------------------------------------ a recipe's Ray head (~10 s: 4 forked commands)
@@ -43,7 +31,7 @@ def test_a_recipes_ray_head_is_refused_unless_the_command_line_gives_it(name, tm
         recipe.write_text(RECIPES[name].format(address=address))
         run = tmp_path / "run"
         res = warm_swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path)
-        _error(
+        cli_error(
             res,
             f"recipe {str(recipe)!r} sets {key}={address!r}",
             f"give {key}=... on the command line if you trust it",
@@ -52,7 +40,7 @@ def test_a_recipes_ray_head_is_refused_unless_the_command_line_gives_it(name, tm
         assert not run.exists() and not heard(listener)
         res = warm_swarm("config", f"recipe={recipe}", *TINY_RUN, f"{key}={address}", cwd=tmp_path)
         if importlib.util.find_spec("ray") is None:  # past the recipe's check, to the extra the config needs
-            _error(res, "=ray needs Ray, which is not installed")
+            cli_error(res, "=ray needs Ray, which is not installed")
         else:
             assert res.returncode == 0, res.stderr[-2000:]
             assert f"address: {address}" in res.stdout
@@ -71,8 +59,8 @@ def test_a_section_given_a_mapping_sets_its_keys_and_names_an_unknown_one(tmp_pa
     assert [cluster[k] for k in ("kind", "env_workers", "address", "learners")] == ["ray", 3, None, "local"]
     for arg in ("cluster={kind: ray, nope: 3}", "cluster.nope=3"):
         res = warm_swarm("config", *TINY_RUN, arg, cwd=tmp_path)
-        _error(res, "unknown config key 'cluster.nope'", "valid: address")
-    _error(warm_swarm("config", *TINY_RUN, "cluster={kind: rayy}", cwd=tmp_path), "cluster.kind='rayy' is not valid")
+        cli_error(res, "unknown config key 'cluster.nope'", "valid: address")
+    cli_error(warm_swarm("config", *TINY_RUN, "cluster={kind: rayy}", cwd=tmp_path), "cluster.kind='rayy' is not valid")
 
 
 # ------------------------------------------------------------------ a worker's Content-Type (~15 s: one worker)

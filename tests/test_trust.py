@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN, copy_run, heard, loopback_listener, swarm
+from conftest import TINY_RUN, cli_error, copy_run, heard, loopback_listener, swarm
 
 #: An OpenResearcher run as small as it gets, trained with a secret given as a list (item 7).
 RESEARCH = [
@@ -76,20 +76,6 @@ def _latest(run: Path) -> Path:
     return run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
 
 
-def _error(res, *needles, absent=()) -> str:
-    """The one ``swarm: error`` line of a command that exited 2, holding every needle."""
-    err = res.stderr.strip()
-    assert res.returncode == 2, (res.returncode, err[-2000:])
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.startswith("swarm:")]
-    assert len(lines) == 1 and err.splitlines()[-1] == lines[0], err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    for n in absent:
-        assert n not in lines[0], (n, lines[0])
-    return lines[0]
-
-
 def _tree(path: Path) -> dict:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
@@ -108,19 +94,21 @@ def test_overwrite_deletes_only_what_the_runtime_wrote(runs, tmp_path, warm_swar
     for name in ("config.yaml", "loss.png", "tb/events", "eval-best.json"):
         (mine / name).write_text(f"the user's {name}")
     before = _tree(mine)
-    _error(swarm("run", *TINY_RUN, f"run_dir={mine}", "overwrite=true", cwd=tmp_path), "config.yaml", "did not write")
-    _error(
+    cli_error(
+        swarm("run", *TINY_RUN, f"run_dir={mine}", "overwrite=true", cwd=tmp_path), "config.yaml", "did not write"
+    )
+    cli_error(
         warm_swarm("run", *TINY_RUN, f"run_dir={mine}", cwd=tmp_path), "already holds a run", absent=("overwrite=true",)
     )
     assert _tree(mine) == before
     (mine / "config.yaml").unlink()  # no run here, but files a run would replace
-    _error(warm_swarm("run", *TINY_RUN, f"run_dir={mine}", cwd=tmp_path), "eval-best.json", "loss.png")
+    cli_error(warm_swarm("run", *TINY_RUN, f"run_dir={mine}", cwd=tmp_path), "eval-best.json", "loss.png")
     assert (mine / "loss.png").read_text() == "the user's loss.png"
 
     run = _copy(runs, "full", tmp_path / "run")
     assert (run / runfiles.MANIFEST).is_file() and runfiles.foreign(run) == []
     (run / "notes.txt").write_text("mine")
-    _error(warm_swarm("run", *TINY_RUN, f"run_dir={run}", "overwrite=true", cwd=tmp_path), "notes.txt")
+    cli_error(warm_swarm("run", *TINY_RUN, f"run_dir={run}", "overwrite=true", cwd=tmp_path), "notes.txt")
     assert (run / "checkpoints" / "latest").is_file()
     (run / "notes.txt").unlink()
     clear_run(run)
@@ -136,7 +124,7 @@ def test_run_control_keys_come_from_the_command_line_only(runs, tmp_path, regist
     for key, value in (("overwrite", "true"), ("resume", "true"), ("run_dir", str(tmp_path / "x"))):
         recipe = tmp_path / f"{key}.yaml"
         recipe.write_text(f"domain: minecraft\ntask: wooden_pickaxe\n{key}: {value}\n")
-        _error(warm_swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), key, str(recipe))
+        cli_error(warm_swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), key, str(recipe))
     assert _tree(run / "checkpoints") == before
 
     from swarm_runtime.config.errors import ConfigError
@@ -187,7 +175,7 @@ def test_no_write_follows_a_link_out_of_the_run_folder(runs, tmp_path, warm_swar
             )
         )
     for (_, name), res in zip(cases, results):
-        _error(res, name, "outside the run folder")
+        cli_error(res, name, "outside the run folder")
     assert victim.read_text() == "precious\n" * 5
 
 
@@ -201,7 +189,7 @@ def test_export_never_writes_into_a_checkpoint(runs, tmp_path, warm_swarm):
         (tmp_path / f"{name}-link").symlink_to(run / "checkpoints")
         outs = [ckpt / "agents"] + ([tmp_path / f"{name}-link" / ckpt.name] if name == "full" else [])
         for out in outs:
-            _error(
+            cli_error(
                 warm_swarm("export", str(run), f"checkpoint={ckpt.name}", f"out={out}", cwd=tmp_path),
                 "never writes into",
             )
@@ -225,7 +213,7 @@ def test_a_model_folder_asking_for_custom_code_is_refused(runs, tmp_path):
     config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
     (agent / "config.json").write_text(json.dumps(config))
     res = swarm("eval", str(run), cwd=tmp_path, input="y\ny\n", env={"HF_HOME": str(tmp_path / "hf")})
-    _error(res, "Logger", "auto_map", "custom code")
+    cli_error(res, "Logger", "auto_map", "custom code")
     assert not marker.exists()
 
 
@@ -275,7 +263,7 @@ def test_a_judge_endpoint_saved_in_a_run_folder_gets_no_key(runs, tmp_path):
         )
         env = {"OPENAI_API_KEY": "sk-ENVKEY-0123456789"}
         res = swarm("eval", str(run), "checkpoint=sft", cwd=tmp_path, env=env)
-        _error(res, "task.llm_judge.base_url", url, "on the command line")
+        cli_error(res, "task.llm_judge.base_url", url, "on the command line")
         assert _Judge.seen == []
         res = swarm("eval", str(run), "checkpoint=sft", f"task.llm_judge.base_url={url}", cwd=tmp_path, env=env)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -305,7 +293,7 @@ def test_a_ray_cluster_saved_in_a_run_folder_is_not_joined(runs, tmp_path, warm_
         }
         for key, argss in commands.items():
             for args in argss:
-                _error(
+                cli_error(
                     warm_swarm(*args, cwd=tmp_path),
                     f"{key}={address!r}",
                     str(run / "config.yaml"),
@@ -336,10 +324,10 @@ def test_each_command_asks_for_ray_only_where_it_uses_it(runs, tmp_path):
     res = swarm("eval", str(run), "cluster.kind=local", cwd=tmp_path, without_ray=True)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "saved " in res.stdout
-    _error(swarm("eval", str(run), cwd=tmp_path, without_ray=True), f"cluster.kind=ray {extra}")
+    cli_error(swarm("eval", str(run), cwd=tmp_path, without_ray=True), f"cluster.kind=ray {extra}")
     serve = ("serve", str(run), "checkpoint=nope")  # stops after validation, before a gateway starts
-    _error(swarm(*serve, "serve.cluster=local", cwd=tmp_path, without_ray=True), "checkpoint 'nope' not found")
-    _error(swarm(*serve, cwd=tmp_path, without_ray=True), f"serve.cluster=ray {extra}")
+    cli_error(swarm(*serve, "serve.cluster=local", cwd=tmp_path, without_ray=True), "checkpoint 'nope' not found")
+    cli_error(swarm(*serve, cwd=tmp_path, without_ray=True), f"serve.cluster=ray {extra}")
 
 
 def test_without_ray_a_config_that_cannot_run_is_named_before_the_extra(tmp_path):
@@ -348,9 +336,9 @@ def test_without_ray_a_config_that_cannot_run_is_named_before_the_extra(tmp_path
     (config/validation.py: validate)."""
     bad = ("rollout.max_staleness=1", "cluster.kind=ray", "cluster.samplers=ray")
     res = swarm("run", *TINY_RUN, *bad, f"run_dir={tmp_path / 'a'}", cwd=tmp_path, without_ray=True)
-    _error(res, "rollout.max_staleness=1 with cluster.samplers=ray and rollout.engine=local")
+    cli_error(res, "rollout.max_staleness=1 with cluster.samplers=ray and rollout.engine=local")
     res = swarm("run", *TINY_RUN, "cluster.kind=ray", f"run_dir={tmp_path / 'b'}", cwd=tmp_path, without_ray=True)
-    _error(res, "cluster.kind=ray needs Ray, which is not installed")
+    cli_error(res, "cluster.kind=ray needs Ray, which is not installed")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
@@ -370,15 +358,15 @@ def test_a_ray_head_a_recipe_or_a_run_folder_names_is_joined_only_when_the_comma
     recipe.write_text(f"cluster.kind: ray\ncluster.address: {address}\n")
     run, given = tmp_path / "run", f"cluster.address={address}"
     refused = f"recipe {str(recipe)!r} sets cluster.address={address!r}"
-    _error(swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), refused)
+    cli_error(swarm("run", f"recipe={recipe}", *TINY_RUN, f"run_dir={run}", cwd=tmp_path), refused)
     assert not run.exists()
     tried = f"cluster.address={address!r}: no Ray cluster answers there"
-    _error(swarm("run", f"recipe={recipe}", *TINY_RUN, given, f"run_dir={run}", cwd=tmp_path), tried)
+    cli_error(swarm("run", f"recipe={recipe}", *TINY_RUN, given, f"run_dir={run}", cwd=tmp_path), tried)
     assert OmegaConf.load(run / "config.yaml").cluster.address == address  # saved with the folder
     resume = ("run", "resume=true", f"run_dir={run}")
-    _error(swarm(*resume, cwd=tmp_path), f"cluster.address={address!r} comes from {run / 'config.yaml'}")
-    _error(swarm(*resume, f"recipe={recipe}", cwd=tmp_path), refused)
-    _error(swarm(*resume, given, cwd=tmp_path), tried)
+    cli_error(swarm(*resume, cwd=tmp_path), f"cluster.address={address!r} comes from {run / 'config.yaml'}")
+    cli_error(swarm(*resume, f"recipe={recipe}", cwd=tmp_path), refused)
+    cli_error(swarm(*resume, given, cwd=tmp_path), tried)
 
 
 def test_a_saved_ray_head_is_joined_only_when_the_command_line_gives_it(registry, tmp_path):
@@ -436,7 +424,7 @@ def test_resume_without_its_config_is_refused(runs, tmp_path):
     default config and writing that config as the run's."""
     run = _copy(runs, "full", tmp_path / "run")
     (run / "config.yaml").unlink()
-    _error(
+    cli_error(
         swarm("run", "resume=true", f"run_dir={run}", "domain=minecraft", "task=wooden_pickaxe", cwd=tmp_path),
         "config.yaml",
         "is missing",
@@ -474,7 +462,7 @@ def test_a_damaged_state_json_is_named_before_anything_resumes(runs, tmp_path, w
             )
         )
     for (run, needle, metrics), res in zip(cases, results):
-        _error(res, needle, "metrics.jsonl" if needle == "metrics.jsonl" else "state.json")
+        cli_error(res, needle, "metrics.jsonl" if needle == "metrics.jsonl" else "state.json")
         assert (run / "metrics.jsonl").read_bytes() == metrics
     good = json.loads((_latest(runs[0] / "full") / "state.json").read_text())
     assert state_problem(good, _latest(runs[0] / "full").name) == ""
@@ -494,9 +482,9 @@ def test_silent_nonsense_is_one_line(runs, tmp_path, warm_swarm):
     adapter checkpoint exported with NaN weights or a tampered base pointer: exit 2, one line naming it."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("domain: [minecraft\n  task: {")
-    _error(warm_swarm("run", f"recipe={bad}", cwd=tmp_path), str(bad), "not YAML")
+    cli_error(warm_swarm("run", f"recipe={bad}", cwd=tmp_path), str(bad), "not YAML")
     for arch in ("{hidden_size: 64}", "{hidden_size: -64, vocab_size: 100, num_hidden_layers: 2}"):
-        _error(warm_swarm("config", "model=local", f"model.arch={arch}", "--plan", cwd=tmp_path), "model.arch")
+        cli_error(warm_swarm("config", "model=local", f"model.arch={arch}", "--plan", cwd=tmp_path), "model.arch")
 
     from safetensors.torch import load_file, save_file
 
@@ -506,11 +494,11 @@ def test_silent_nonsense_is_one_line(runs, tmp_path, warm_swarm):
     first = sorted(weights)[0]
     weights[first][0] = float("nan")
     save_file(weights, str(f), metadata={"format": "pt"})
-    _error(warm_swarm("export", str(run), cwd=tmp_path), "Miner", "NaN")
+    cli_error(warm_swarm("export", str(run), cwd=tmp_path), "Miner", "NaN")
     assert not (run / "export" / _latest(run).name / "Miner").exists()
     run = _copy(runs, "lora", tmp_path / "ptr")
     (_latest(run) / "agents" / "Smith" / "swarm_base.json").write_text('{"base": 3')
-    _error(warm_swarm("export", str(run), cwd=tmp_path), "swarm_base.json")
+    cli_error(warm_swarm("export", str(run), cwd=tmp_path), "swarm_base.json")
 
 
 def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path, warm_swarm):
@@ -523,7 +511,7 @@ def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path, war
     ptr = json.loads(ptr_file.read_text())
     ptr["fingerprint"] = "0" * 64
     ptr_file.write_text(json.dumps(ptr))
-    _error(warm_swarm("eval", str(run), cwd=tmp_path), "Smith")
+    cli_error(warm_swarm("eval", str(run), cwd=tmp_path), "Smith")
 
     secret = tmp_path / "secret.txt"
     secret.write_text("TOPSECRET-CONTENT-0123456789")
@@ -531,7 +519,7 @@ def test_every_role_base_and_the_latest_pointer_stay_checked(runs, tmp_path, war
     (run / "checkpoints" / "latest").unlink()
     (run / "checkpoints" / "latest").symlink_to(secret)
     for args in (["eval", str(run)], ["run", "resume=true", f"run_dir={run}", "algo.iterations=3"]):
-        line = _error(warm_swarm(*args, cwd=tmp_path), "latest", absent=("TOPSECRET",))
+        line = cli_error(warm_swarm(*args, cwd=tmp_path), "latest", absent=("TOPSECRET",))
         assert "outside the run folder" in line or "link out of the run folder" in line, line
     for name in ("full", "lora", "research"):
         assert f"config_version: {CONFIG_VERSION}\n" in (runs[0] / name / "config.yaml").read_text()
@@ -567,13 +555,13 @@ def test_a_program_a_run_folder_or_recipe_names_is_not_run(runs, tmp_path, warm_
     _saved(run, rollout__engine="vllm", rollout__vllm__python=str(script))
     before = _tree(run / "checkpoints")
     resume = ("run", "resume=true", f"run_dir={run}")
-    _error(warm_swarm(*resume, cwd=tmp_path), "rollout.vllm.python=", str(script), str(run / "config.yaml"))
+    cli_error(warm_swarm(*resume, cwd=tmp_path), "rollout.vllm.python=", str(script), str(run / "config.yaml"))
     planted = tmp_path / "recipe.yaml"
     planted.write_text(f"model.adapter: lora\nrollout:\n  engine: vllm\n  vllm: {{python: {script}}}\n")
     recipe = ("run", f"recipe={planted}", *TINY_RUN, f"run_dir={tmp_path / 'fresh'}")
-    _error(warm_swarm(*recipe, cwd=tmp_path), str(planted), "rollout.vllm.python=", "on the command line")
+    cli_error(warm_swarm(*recipe, cwd=tmp_path), str(planted), "rollout.vllm.python=", "on the command line")
     assert not marker.exists() and not (tmp_path / "fresh").exists()
-    _error(warm_swarm(*resume, f"rollout.vllm.python={script}", cwd=tmp_path), "has no vllm", "swarm vllm setup")
+    cli_error(warm_swarm(*resume, f"rollout.vllm.python={script}", cwd=tmp_path), "has no vllm", "swarm vllm setup")
     assert marker.exists() and _tree(run / "checkpoints") == before
 
 
@@ -586,7 +574,7 @@ def test_server_flags_that_undo_the_guard_are_refused(runs, tmp_path, warm_swarm
 
     run = _copy(runs, "lora", tmp_path / "run")
     _saved(run, rollout__engine="vllm", rollout__vllm__args=["--max-num-seqs", "8"])
-    _error(warm_swarm("run", "resume=true", f"run_dir={run}", cwd=tmp_path), "rollout.vllm.args=", "config.yaml")
+    cli_error(warm_swarm("run", "resume=true", f"run_dir={run}", cwd=tmp_path), "rollout.vllm.args=", "config.yaml")
     conf = tmp_path / "vllm.yaml"
     conf.write_text("trust-remote-code: true\n")
     engine = ("config", "rollout.engine=vllm", "model.adapter=lora")
@@ -599,7 +587,7 @@ def test_server_flags_that_undo_the_guard_are_refused(runs, tmp_path, warm_swarm
         ("[--trust-rem]", "--trust-rem"),
         (f"[--config, {conf}]", f"--config {conf}"),
     ]:
-        _error(warm_swarm(*engine, f"rollout.vllm.args={args}", cwd=tmp_path), "rollout.vllm.args gives", flag)
+        cli_error(warm_swarm(*engine, f"rollout.vllm.args={args}", cwd=tmp_path), "rollout.vllm.args gives", flag)
     res = warm_swarm(*engine, "rollout.vllm.args=[--max-num-seqs, '8', --max-model-len, '512']", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     with pytest.raises(ConfigError, match="--host"):
@@ -616,15 +604,15 @@ def test_a_saved_rollout_url_gets_no_prompts(runs, tmp_path, warm_swarm):
     resume = ("run", "resume=true", f"run_dir={run}")
     try:
         _saved(run, rollout__engine="openai", rollout__url=url)
-        _error(warm_swarm(*resume, cwd=tmp_path), f"rollout.url={url!r}", str(run / "config.yaml"))
+        cli_error(warm_swarm(*resume, cwd=tmp_path), f"rollout.url={url!r}", str(run / "config.yaml"))
         _saved(run, rollout__url=dead, rollout__urls={"big": url})
-        _error(warm_swarm(*resume, f"rollout.url={dead}", cwd=tmp_path), f"rollout.urls.big={url!r}")
+        cli_error(warm_swarm(*resume, f"rollout.url={dead}", cwd=tmp_path), f"rollout.urls.big={url!r}")
         assert not heard(listener)
     finally:
         listener.close()
     _saved(run, rollout__urls={})
     before = _tree(run / "checkpoints")
-    _error(warm_swarm(*resume, f"rollout.url={dead}", cwd=tmp_path), f"rollout.url={dead} does not answer")
+    cli_error(warm_swarm(*resume, f"rollout.url={dead}", cwd=tmp_path), f"rollout.url={dead} does not answer")
     assert _tree(run / "checkpoints") == before
 
 
@@ -664,7 +652,7 @@ def test_judge_settings_are_bounded_and_a_key_is_no_url(tmp_path, warm_swarm):
     research = ("domain=openresearcher", "task=embedded")
     run = tmp_path / "run"
     res = warm_swarm("run", *RESEARCH, f"task.llm_judge.base_url={key}", f"run_dir={run}", cwd=tmp_path)
-    line = _error(res, "task.llm_judge.base_url", "looks like an API key", "OPENAI_API_KEY")
+    line = cli_error(res, "task.llm_judge.base_url", "looks like an API key", "OPENAI_API_KEY")
     assert key not in res.stdout + res.stderr and not run.exists(), line
     for value, needle in [
         ("base_url=file:///etc/passwd", "'file:///etc/passwd' is not an http(s) URL"),
@@ -674,7 +662,7 @@ def test_judge_settings_are_bounded_and_a_key_is_no_url(tmp_path, warm_swarm):
         ("cache_dir=/proc/nope", "cache_dir='/proc/nope' cannot hold the grade cache"),
     ]:
         res = warm_swarm("config", *research, "judge=llm", f"task.llm_judge.{value}", cwd=tmp_path)
-        _error(res, needle)
+        cli_error(res, needle)
     res = warm_swarm("config", *research, "judge=llm", f"task.llm_judge.cache_dir={tmp_path}/c", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert not (tmp_path / "c").exists()  # checked, not made
@@ -760,7 +748,7 @@ def test_eval_export_serve_and_resume_share_one_checkpoint_check(how, runs, tmp_
         ("serve", str(run)),
         ("run", "resume=true", f"run_dir={run}", "algo.iterations=3"),
     ):
-        _error(warm_swarm(*args, cwd=tmp_path), str(bad), absent=("cannot be loaded",))
+        cli_error(warm_swarm(*args, cwd=tmp_path), str(bad), absent=("cannot be loaded",))
     assert (run / "metrics.jsonl").read_bytes() == metrics and not (run / "export").exists()
 
 
