@@ -1,7 +1,7 @@
 """Live version swap on a real ``swarm serve`` (a subprocess, real HTTP, tiny models on 127.0.0.1): while a client
 thread plays episodes without a pause, the swarm moves v1 -> v2 -> v3 (the ``swarm swap`` command, and the API), a
-worker is killed, and a rollback returns it to v2. Every episode completes and names the version of each agent it
-ran on; per episode each agent's versions only go forward, but for the rollback. The bad input is refused before
+worker is killed, and a rollback returns it to v2. Every episode completes (done; one that overlaps the kill may end
+degraded, its turns lost to the killed worker) and names the version of each agent it ran on; per episode each agent's versions only go forward, but for the rollback. The bad input is refused before
 anything moves. An adapter run swaps adapters on its one base worker and keeps at most two versions loaded.
 
 Cost on a shared, loaded 2-core machine: about 135 s for the two full-copy tests (one gateway: 70 s to build and
@@ -189,6 +189,7 @@ def test_swaps_kill_and_rollback_while_serving(gateway):
             a for a in httpx.get(f"{url}/v1/swarm/agents", timeout=10).json()["agents"] if a["name"] == "Logger"
         )
         pids.add(victim["pid"])
+        killed = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
         end = time.time() + 30
         while httpx.get(f"{url}/v1/swarm/agents", timeout=10).json()["agents"][0]["status"] == "up":
@@ -200,6 +201,7 @@ def test_swaps_kill_and_rollback_while_serving(gateway):
         while True:
             agents = httpx.get(f"{url}/v1/swarm/agents", timeout=10).json()["agents"]
             if all(a["status"] == "up" for a in agents):
+                back = time.time()
                 break
             assert time.time() < end + 60
             time.sleep(0.2)
@@ -213,9 +215,12 @@ def test_swaps_kill_and_rollback_while_serving(gateway):
         client.join(150)
     pids |= {a["pid"] for a in httpx.get(f"{url}/v1/swarm/agents", timeout=10).json()["agents"] if a["pid"]}
     assert not client.errors and len(client.played) >= 8
-    assert all(code == 200 and body["status"] == "done" for _, _, code, body in client.played), [
-        (code, body.get("status"), body.get("error")) for _, _, code, body in client.played
-    ]
+    # every episode ends; one that ran while Logger was down may lose more than serve.degraded_share of its turns
+    # (a bid or an action in flight to the killed worker): degraded, not done; any other is done
+    for started, ended, code, body in client.played:
+        overlaps_kill = started < back and ended > killed
+        ok = ("done", "degraded") if overlaps_kill else ("done",)
+        assert code == 200 and body["status"] in ok, (started - killed, ended - back, body["status"], body.get("error"))
     names = {"Logger", "Miner", "Smith"}
     for started, ended, _, body in client.played:
         seen = versions_seen(body)
