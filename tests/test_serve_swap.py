@@ -65,7 +65,8 @@ def wait_job(url: str, timeout: float = 240) -> dict:
 
 
 class Client(threading.Thread):
-    """Plays server-side episodes one after another until stopped; keeps (started, ended, answer) of each."""
+    """Plays server-side episodes one after another until stopped; keeps (started, ended, answer) of each. Seeds
+    from 100000 on in ``split: any``: the task's eval split holds 32 seeds, and a fast machine plays more."""
 
     def __init__(self, url: str):
         super().__init__(daemon=True)
@@ -76,7 +77,9 @@ class Client(threading.Thread):
         while not self.stop.is_set():
             t0 = time.time()
             try:
-                r = httpx.post(f"{self.url}/v1/episodes", json={"seed": seed, "noise": str(seed)}, timeout=120)
+                r = httpx.post(
+                    f"{self.url}/v1/episodes", json={"seed": seed, "noise": str(seed), "split": "any"}, timeout=120
+                )
                 self.played.append((t0, time.time(), r.status_code, r.json()))
             except Exception as exc:  # noqa: BLE001 - counted: the test asserts there were none
                 self.errors.append(repr(exc))
@@ -220,7 +223,7 @@ def test_swaps_kill_and_rollback_while_serving(gateway):
     for started, ended, code, body in client.played:
         overlaps_kill = started < back and ended > killed
         ok = ("done", "degraded") if overlaps_kill else ("done",)
-        assert code == 200 and body["status"] in ok, (started - killed, ended - back, body["status"], body.get("error"))
+        assert code == 200 and body.get("status") in ok, (started - killed, ended - back, code, str(body)[:2000])
     names = {"Logger", "Miner", "Smith"}
     for started, ended, _, body in client.played:
         seen = versions_seen(body)
