@@ -112,34 +112,38 @@ def pytest_configure(config):
 
 
 #: What the costliest test files cost one worker in each stage of .ci/run (the sum of a file's setup and call times,
-#: ``--durations=0``, in seconds, measured on 2 cores at a load of 4 to 12; the stage named by ``-m``; for
-#: test_learner_actors, test_placement and test_learner_variants, their measured cost less the Ray runs and starts
-#: their tests no longer make, docs/benchmarks.md "CI and the test suite"). Under ``-n 2 --dist loadfile`` the
-#: costliest go first, so that the last file a worker takes is a short one. Only the order matters: a file not listed
-#: goes after them, in collection order.
+#: ``--durations=0``, in seconds; the stage named by ``-m``). Main suite: measured on 2 cores at a load of 4 to 12
+#: (docs/benchmarks.md "CI and the test suite"). Cluster stage: measured on an idle 2-core machine at f00591c, the ray
+#: tests and the engine tests in their stages then, less the two kill cases that now run on the real vLLM only
+#: (tests/engine/test_engine_actor.py: KILL_SERVERS); test_replicas_ray ahead of test_engine_actor: it makes the
+#: vLLM run both use (``served_here``) while the other worker has test_multinode, not a wait. Under ``-n 2 --dist
+#: loadfile`` the costliest go first, so that the last file a worker takes is a short one. Only the order matters: a
+#: file not listed goes after them, in collection order.
 FILE_COST = {
-    "ray": {
-        "tests/test_multinode.py": 506,
-        "tests/engine/test_replicas_ray.py": 265,
-        "tests/test_learner_actors.py": 250,
-        "tests/test_placement.py": 205,
-        "tests/test_sharded_learners.py": 188,
-        "tests/test_learner_variants.py": 180,
-        "tests/test_sampler_actors.py": 166,
-        "tests/test_deepspeed_bf16.py": 164,
-        "tests/engine/test_staleness_ray.py": 152,
-        "tests/test_deepspeed_learners.py": 127,
-        "tests/engine/test_engine_actor.py": 116,
-        "tests/test_cluster_more.py": 103,
-        "tests/test_cluster.py": 93,
-        "tests/test_serve_ray.py": 63,
-        "tests/test_sigterm.py": 56,
-        "tests/engine/test_replicas_placed.py": 46,
-        "tests/test_monolithic_learner.py": 37,
-        "tests/test_actor_env.py": 22,
-        "tests/test_trust.py": 11,
+    "ray or engine": {
+        "tests/test_multinode.py": 251,
+        "tests/engine/test_replicas_ray.py": 248,
+        "tests/engine/test_engine_actor.py": 202,
+        "tests/test_sharded_learners.py": 191,
+        "tests/test_placement.py": 158,
+        "tests/test_learner_actors.py": 138,
+        "tests/test_learner_variants.py": 125,
+        "tests/engine/test_staleness_ray.py": 122,
+        "tests/test_sampler_actors.py": 115,
+        "tests/engine/test_engine_run.py": 98,
+        "tests/test_cluster_more.py": 88,
+        "tests/test_deepspeed_bf16.py": 86,
+        "tests/engine/test_vllm.py": 81,
+        "tests/test_deepspeed_learners.py": 79,
+        "tests/test_cluster.py": 64,
+        "tests/test_serve_ray.py": 52,
+        "tests/test_sigterm.py": 44,
+        "tests/test_monolithic_learner.py": 31,
+        "tests/engine/test_replicas_placed.py": 23,
+        "tests/test_actor_env.py": 16,
+        "tests/test_trust.py": 13,
     },
-    "not ray": {
+    "not ray and not engine": {
         "tests/test_cli.py": 525,
         "tests/test_experiments.py": 417,
         "tests/test_reliability.py": 278,
@@ -153,12 +157,6 @@ FILE_COST = {
         "tests/test_env_close.py": 117,
         "tests/engine/test_sampler_http.py": 116,
         "tests/engine/test_staleness_worker.py": 108,
-    },
-    "engine": {
-        "tests/engine/test_engine_actor.py": 276,
-        "tests/engine/test_replicas_ray.py": 268,
-        "tests/engine/test_engine_run.py": 114,
-        "tests/engine/test_vllm.py": 81,
     },
 }
 

@@ -1,7 +1,7 @@
 """Engine sampler actors (``cluster.samplers=ray rollout.engine=vllm``; swarm_runtime/cluster/vllm_actors.py) on a local
-Ray bound to 127.0.0.1, with a real vLLM (marked ``engine``) and with our own serve worker standing in for vLLM's
-server (marked ``ray``: the cluster stage, no vLLM needed; ``swarm_runtime.serve.worker`` speaks vLLM's completion
-and runtime-LoRA API, started by the same ``VLLMServer`` code through a ``vllm`` module that runs it): a tiny
+Ray bound to 127.0.0.1, with a real vLLM (marked ``engine``) where one is given, else with our own serve worker standing
+in for vLLM's server (marked ``ray``, no vLLM needed; ``swarm_runtime.serve.worker`` speaks vLLM's completion and
+runtime-LoRA API, started by the same ``VLLMServer`` code through a ``vllm`` module that runs it): a tiny
 ``swarm run`` whose vLLM server a Ray actor started (the base shipped
 to it through the object store, every adapter version exported by the trainer and loaded by the actor) writes the
 same metrics.jsonl rows as the run that starts its server itself; kill -9 of the actor mid-run: Ray restarts it,
@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, TINY_RUN, shared_folder
-from enginekit import needs_vllm, vllm_env
+from enginekit import needs_vllm, vllm_env, vllm_python
 
 ARGS = [a for a in TINY_RUN if not a.startswith("tensorboard")] + [
     "tensorboard=false",
@@ -111,8 +111,12 @@ def worker_python(folder) -> str:
     return str(py)
 
 
-#: the server each case runs: our worker (no vLLM needed: the cluster stage) or a real vLLM (the engine stage)
+#: the server a case runs: our worker (no vLLM needed) or a real vLLM (marked ``engine``)
 SERVERS = [pytest.param("worker", marks=[pytest.mark.ray, pytest.mark.slow]), pytest.param("vllm", marks=needs_vllm)]
+#: the kill cases (here and in test_replicas_ray) run once, on the realest server there is: a real vLLM where one is
+#: given (``SWARM_VLLM_PYTHON``; ``SWARM_REQUIRE_VLLM=1`` as .ci/run sets it: fail without one), else our worker standing
+#: in for it. The worker stands in for vLLM's server only: with a real vLLM it would check nothing the vLLM case does not
+KILL_SERVERS = SERVERS[1:] if vllm_python() is not None or os.environ.get("SWARM_REQUIRE_VLLM") else SERVERS[:1]
 
 
 def _run(tmp_path, python: str, *extra: str, watch=None, head=None) -> tuple[int, str]:
@@ -161,6 +165,7 @@ def served_here(request, tmp_path_factory):
     return (str(tmp / "python") if request.param == "worker" else vllm_env()["SWARM_VLLM_PYTHON"]), tmp / "run"
 
 
+@pytest.mark.parametrize("served_here", KILL_SERVERS, indirect=True)
 def test_an_actor_started_server_killed_then_its_actor_killed_and_the_run_finishes_with_the_same_metrics(
     served_here, ray_head, tmp_path, request
 ):

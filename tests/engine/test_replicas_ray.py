@@ -4,8 +4,8 @@ its rows over both (requests counted per replica at close) and writes the same m
 starts one server itself; kill -9 of one replica's actor mid-run: Ray restarts it and the trainer adopts it (its
 rows sent again); kill -9 of its successor once its restarts are spent (``cluster.sampler_restarts=1``): the
 replica is dropped with one warning, its rows go to the other, and the run finishes with the same rows. With our
-serve worker standing in for vLLM (marked ``ray``, the cluster stage) and, the kill case only (each vLLM start costs
-minutes here), with a real vLLM (marked ``engine``; it also shows rows on both replicas and the same metrics)."""
+serve worker standing in for vLLM (marked ``ray``); the kill case on a real vLLM instead where one is given (marked
+``engine``; it also shows rows on both replicas and the same metrics; test_engine_actor.KILL_SERVERS)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,9 @@ import time
 
 import pytest
 import test_engine_actor
-from test_engine_actor import RAY, SERVERS, _run, _same_rows
+from test_engine_actor import KILL_SERVERS, RAY, SERVERS, _run, _same_rows
 
 served_here = test_engine_actor.served_here  #: the fixture: (vLLM's Python, the run that starts its own server)
-
-per_server = pytest.mark.parametrize("served_here", SERVERS, indirect=True)
 
 TWO = [*RAY, "cluster.sampler_replicas=2"]
 #: the trainer's log line of replica J's actor: its process
@@ -31,7 +29,7 @@ RESTARTED = re.compile(r"sampler actor of base default#1 restarted: pid (\d+) ->
 COUNTS = re.compile(r"sampler replicas of base default: rows \[(\d+), (\d+)\], requests \[(\d+), (\d+)\]")
 
 
-@pytest.mark.parametrize("served_here", SERVERS[:1], indirect=True)  # worker only: the vLLM case is the one below
+@pytest.mark.parametrize("served_here", SERVERS[:1], indirect=True)  # worker only: a vLLM case is the one below
 def test_two_replicas_share_the_rows_and_write_the_same_metrics(served_here, tmp_path):
     python, here = served_here
     code, out = _run(tmp_path, python, *TWO)
@@ -44,7 +42,7 @@ def test_two_replicas_share_the_rows_and_write_the_same_metrics(served_here, tmp
     _same_rows(tmp_path / "run", here)
 
 
-@per_server
+@pytest.mark.parametrize("served_here", KILL_SERVERS, indirect=True)  # a real vLLM where one is given
 def test_a_killed_replica_is_adopted_then_dropped_and_the_run_finishes(served_here, tmp_path):
     python, here = served_here
     seen: dict = {}
