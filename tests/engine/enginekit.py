@@ -56,7 +56,7 @@ def vllm_python() -> str | None:
 
 #: Marks a module's tests as needing a real vLLM (``pytest -m engine``).
 needs_vllm = [
-    pytest.mark.engine,  # SWARM_REQUIRE_VLLM=1 (.ci/run's engine stage): fail instead of skipping
+    pytest.mark.engine,  # SWARM_REQUIRE_VLLM=1 (.ci/run's cluster stage): fail instead of skipping
     pytest.mark.skipif(
         vllm_python() is None and not os.environ.get("SWARM_REQUIRE_VLLM"),
         reason="needs vLLM: set SWARM_VLLM_PYTHON to the python of a virtualenv with vllm "
