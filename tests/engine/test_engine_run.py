@@ -1,6 +1,6 @@
 """The whole run on a real vLLM server (marked ``engine``: ``.ci/run``'s cluster stage): ``swarm run ...
-model.adapter=lora rollout.engine=vllm`` in a subprocess trains, loads each changed role's adapter as a new version after every
-update (seen in ``/v1/models`` while it runs), evaluates through the server, reports a sampler-learner
+model.adapter=lora rollout.engine=vllm`` in a subprocess trains, loads each changed role's adapter as a new version
+after every update (seen in ``/v1/models`` while it runs), evaluates through the server, reports a sampler-learner
 mismatch within fp32 tolerance, and stops its server."""
 
 from __future__ import annotations
