@@ -322,3 +322,29 @@ def test_swap_check_names_what_differs(tmp_path, change, says):
     with pytest.raises(BadRequest) as err:
         check_swappable(served, new)
     assert err.value.status == 422 and says in err.value.message, err.value.message
+
+
+def test_a_swap_with_no_agent_of_the_gateways_own_to_move_is_refused():
+    """Every agent joined by URL (an external server's), or failed: a swap would move nothing, so it is a 409 naming
+    each agent; one agent of the gateway's own (up, or down and restarting) is enough to go on."""
+    from types import SimpleNamespace
+
+    from fastapi import HTTPException
+
+    from swarm_runtime.serve.population import AgentHandle
+    from swarm_runtime.serve.routes.swap import check_steady
+
+    def gateway(*agents):
+        versions = SimpleNamespace(job=None, running=lambda: False)
+        return SimpleNamespace(accepting=True, pop=SimpleNamespace(agents=list(agents), hosts=[]), versions=versions)
+
+    ext = AgentHandle(0, "Logger", "Logger", "http://127.0.0.1:8000", status="up")
+    dead = AgentHandle(1, "Miner", "Miner", "http://127.0.0.1:8001", status="failed", version=1)
+    for gw in (gateway(ext), gateway(ext, dead), gateway()):
+        with pytest.raises(HTTPException) as err:
+            check_steady(gw)
+        assert err.value.status_code == 409 and "no agent for a swap to move" in err.value.detail
+    assert "Logger (http://127.0.0.1:8000), Miner (failed)" in str(
+        pytest.raises(HTTPException, check_steady, gateway(ext, dead)).value.detail
+    )
+    check_steady(gateway(ext, AgentHandle(2, "Smith", "Smith", "http://127.0.0.1:8002", status="down", version=1)))

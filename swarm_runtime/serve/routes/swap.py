@@ -4,7 +4,9 @@ the background), ``POST /v1/swarm/rollback`` (202) and ``GET /v1/swarm/swap`` (t
 Refused before anything moves: a checkpoint that is not one of the run (422 naming the tags), one of another swarm
 (422 naming what differs: :func:`swarm_runtime.serve.swap_check.check_swappable`), the checkpoint already served
 by every agent (409), a swap or rollback while one runs (409), while a worker the gateway owns is starting or down
-(killed, restarting: 409 naming it, with ``Retry-After``: retry once it is up), and while the gateway drains (503)."""
+(killed, restarting: 409 naming it, with ``Retry-After``: retry once it is up), when no agent is the gateway's to move
+(each served from a URL it was given, failed or draining: 409; a swap would move nothing), and while the gateway
+drains (503)."""
 
 from __future__ import annotations
 
@@ -45,9 +47,20 @@ def swap_folder(setup, checkpoint: str) -> Path:
 
 
 def check_steady(gw) -> None:
-    """409 while a swap runs or a worker of the gateway is starting or down; 503 while the gateway drains."""
+    """409 while a swap runs, a worker of the gateway is starting or down, or no agent is the gateway's to move;
+    503 while the gateway drains."""
     if not gw.accepting:
         raise HTTPException(503, "the gateway is shutting down: no swap", headers={"Retry-After": "5"})
+    if not any(owned(a) for a in gw.pop.agents):
+        seen = [
+            f"{a.name} ({a.url if a.version is None else a.status})" for a in gw.pop.agents if a.status != "removed"
+        ]
+        raise HTTPException(
+            409,
+            "no agent for a swap to move: a swap moves the agents on the gateway's own workers (up, or down and "
+            f"restarting), and there is none: {', '.join(seen) or 'no agents'}; an agent served from a URL it was "
+            "given is not the gateway's to move (POST /v1/swarm/agents with a checkpoint adds one that is)",
+        )
     job = gw.versions.job
     if gw.versions.running():
         raise HTTPException(
