@@ -1,5 +1,5 @@
 """What ``swarm serve`` resolved before the gateway starts (:class:`GatewaySetup`), where a role's model is in a
-checkpoint (:func:`role_folder`)."""
+checkpoint (:func:`role_folder`), and which folder inside the run a request names (:func:`in_run`)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,29 @@ def role_folder(checkpoint: Path, role: str) -> Path:
     own = checkpoint / "agents" / role
     shared = checkpoint / "agents" / "Shared"
     return shared if not (own / "config.json").exists() and (shared / "config.json").exists() else own
+
+
+def in_run(setup: GatewaySetup, name: str, at_tag, found) -> Path | None:
+    """The folder ``name`` names inside the run folder (a swap's checkpoint, an added agent's model): ``at_tag(
+    checkpoints/TAG)`` when it is a tag (``latest``: the tag that file holds), else the path itself (relative to the
+    run folder); the first of the two that ``found`` accepts and that lies inside the run folder once links are
+    resolved, or None."""
+    ckpts = setup.run_dir / "checkpoints"
+    if name == "latest" and (ckpts / "latest").exists():
+        name = (ckpts / "latest").read_text().strip()
+    run = setup.run_dir.resolve()
+    candidates = [] if "/" in name or name in (".", "..") else [at_tag(ckpts / name)]
+    candidates.append(Path(name) if Path(name).is_absolute() else setup.run_dir / name)
+    for path in candidates:
+        path = path.resolve()
+        if found(path) and path.is_relative_to(run):
+            return path
+    return None
+
+
+def checkpoint_tags(setup: GatewaySetup) -> list[str]:
+    """The run's checkpoint tags (the folders of ``checkpoints/`` with ``agents/``), for an error naming them."""
+    return sorted(p.name for p in (setup.run_dir / "checkpoints").glob("*") if (p / "agents").is_dir())
 
 
 def check_agents_not_gateway(serve) -> None:

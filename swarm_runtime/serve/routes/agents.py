@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from swarm_runtime.serve.requests import AgentRequest
-from swarm_runtime.serve.resolved import role_folder
+from swarm_runtime.serve.resolved import checkpoint_tags, in_run, role_folder
 from swarm_runtime.serve.validate import BadRequest, check_agent_url, check_name, validated
 
 router = APIRouter()
@@ -58,22 +58,12 @@ def swarm_state(request: Request):
 def checkpoint_folder(setup, req: AgentRequest) -> Path:
     """The role folder an added agent serves: a checkpoint tag of the run, or a folder inside the run."""
     tag = req.checkpoint or setup.checkpoint.name
-    ckpts = setup.run_dir / "checkpoints"
-    if tag == "latest":
-        tag = (ckpts / "latest").read_text().strip()
-    run = setup.run_dir.resolve()
-    candidates = []
-    if "/" not in tag and tag not in (".", ".."):
-        candidates.append(role_folder(ckpts / tag, req.role))
-    candidates.append(Path(tag) if Path(tag).is_absolute() else setup.run_dir / tag)
-    for path in candidates:
-        path = path.resolve()
-        if (path / "config.json").exists() and path.is_relative_to(run):
-            return path
-    tags = sorted(p.name for p in ckpts.glob("*") if (p / "agents").is_dir())
+    path = in_run(setup, tag, lambda ckpt: role_folder(ckpt, req.role), lambda p: (p / "config.json").exists())
+    if path is not None:
+        return path
     raise BadRequest(
         f"checkpoint {req.checkpoint!r} is neither a tag of the run with a {req.role} model nor a "
-        f"role folder inside the run folder; tags: {', '.join(tags)}",
+        f"role folder inside the run folder; tags: {', '.join(checkpoint_tags(setup))}",
         param="checkpoint",
         status=422,
     )

@@ -17,6 +17,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from swarm_runtime.serve.requests import SwapRequest
+from swarm_runtime.serve.resolved import checkpoint_tags, in_run
 from swarm_runtime.serve.swap import begin, owned, unsteady
 from swarm_runtime.serve.swap_check import check_swappable
 from swarm_runtime.serve.validate import BadRequest, validated
@@ -26,21 +27,12 @@ router = APIRouter()
 
 def swap_folder(setup, checkpoint: str) -> Path:
     """The checkpoint folder ``checkpoint`` names: a tag of the run (``latest`` too), or a folder inside the run."""
-    ckpts = setup.run_dir / "checkpoints"
-    tag = (
-        (ckpts / "latest").read_text().strip() if checkpoint == "latest" and (ckpts / "latest").exists() else checkpoint
-    )
-    run = setup.run_dir.resolve()
-    candidates = [] if "/" in tag or tag in (".", "..") else [ckpts / tag]
-    candidates.append(Path(tag) if Path(tag).is_absolute() else setup.run_dir / tag)
-    for path in candidates:
-        path = path.resolve()
-        if (path / "agents").is_dir() and path.is_relative_to(run):
-            return path
-    tags = sorted(p.name for p in ckpts.glob("*") if (p / "agents").is_dir())
+    path = in_run(setup, checkpoint, lambda ckpt: ckpt, lambda p: (p / "agents").is_dir())
+    if path is not None:
+        return path
     raise BadRequest(
         f"checkpoint {checkpoint!r} is neither a tag of the run nor a checkpoint folder (with agents/) inside the run "
-        f"folder; tags: {', '.join(tags)}",
+        f"folder; tags: {', '.join(checkpoint_tags(setup))}",
         param="checkpoint",
         status=422,
     )
