@@ -67,18 +67,11 @@ def test_a_section_given_a_mapping_sets_its_keys_and_names_an_unknown_one(tmp_pa
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     """One served worker (``python -m swarm_runtime.serve.worker``) on a tiny byte-level BPE checkpoint."""
-    from test_serve import _free_port, _start, _stop, _wait_health
+    from test_serve import worker_on
 
     tmp = tmp_path_factory.mktemp("ctype")
-    ckpt = make_local_checkpoint(tmp / "bpe")
-    port = _free_port()
-    proc = _start(["swarm_runtime.serve.worker", "--model", str(ckpt), "--name", "bpe", "--port", str(port)], tmp / "w")
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_health(url, [proc], 240, logs=[tmp / "w"])
+    with worker_on(make_local_checkpoint(tmp / "bpe"), tmp / "w") as url:
         yield url
-    finally:
-        _stop(proc)
 
 
 BODY = json.dumps({"prompt": "goal wooden_pickaxe . action :", "max_tokens": 2, "seed": 1}).encode()

@@ -6,6 +6,7 @@ faults is started by the tests themselves. Every process started here is stopped
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -81,6 +82,20 @@ def _wait_health(url: str, procs, timeout: float, headers=None, logs=()) -> dict
             pass
         time.sleep(0.3)
     raise AssertionError(f"{url} not healthy after {timeout}s:\n" + "\n".join(l.read_text()[-2000:] for l in logs))
+
+
+@contextlib.contextmanager
+def worker_on(ckpt: Path, log: Path, name: str = "bpe"):
+    """The URL of one ``python -m swarm_runtime.serve.worker`` on ``ckpt`` (127.0.0.1, a free port), up until the
+    block ends; its output in ``log``."""
+    port = _free_port()
+    proc = _start(["swarm_runtime.serve.worker", "--model", str(ckpt), "--name", name, "--port", str(port)], log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_health(url, [proc], 240, logs=[log])
+        yield url
+    finally:
+        _stop(proc)
 
 
 def build_run(registry, out: Path) -> Path:

@@ -10,7 +10,7 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
 from conftest import make_local_checkpoint  # noqa: E402
-from test_serve import _free_port, _start, _stop, _wait_health  # noqa: E402
+from test_serve import worker_on  # noqa: E402
 
 TEMPLATE = (
     "{% for m in messages %}<|endoftext|>{{ m['role'] }} : {{ m['content'] }} . {% endfor %}"
@@ -25,16 +25,8 @@ def worker(tmp_path_factory):
     ckpt = make_local_checkpoint(tmp / "bpe")
     cfg = json.loads((ckpt / "tokenizer_config.json").read_text())
     (ckpt / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": TEMPLATE}))
-    port = _free_port()
-    proc = _start(
-        ["swarm_runtime.serve.worker", "--model", str(ckpt), "--name", "bpe", "--port", str(port)], tmp / "w.log"
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_health(url, [proc], 240, logs=[tmp / "w.log"])
+    with worker_on(ckpt, tmp / "w.log") as url:
         yield url
-    finally:
-        _stop(proc)
 
 
 def _events(r: httpx.Response) -> list:
