@@ -45,17 +45,24 @@ def _rows(run_dir):
     ]
 
 
-def _same_rows(run, reference) -> None:
+def _same_rows(run, reference, python: str | None = None) -> None:
     """metrics.jsonl of ``run`` and ``reference`` (but ``time/*``): every key identical except ``mismatch/*`` (the
     server's log-probs of the same tokens), within 1e-6: a server batches the requests in flight together, which
     rows share a batch depends on timing (and rows sent again after a kill go out in a batch of their own), and
     a batch's float reductions move those log-probs at float precision (seen on our worker: approx KL 1.61e-14
-    against 1.68e-14; on vLLM the two runs' rows were identical)."""
+    against 1.68e-14). On a real vLLM (``python`` is vLLM's Python) that float move can also flip a sampled token
+    where two are nearly equally likely (a tiny untrained model's distributions are nearly flat), so a reply can
+    come back a few tokens longer or shorter: the FLOPs counted on the sampled tokens (``flops/*``) are compared
+    within 2% there (seen in CI: ``flops/update`` 2.5217e9 against 2.5359e9, every other key identical). Every
+    other key stays exact: a flip that changed a parsed bid or action would change decisions, and is not excused."""
     got, want = _rows(run), _rows(reference)
-    exact = [{k: v for k, v in r.items() if not k.startswith("mismatch/")} for r in got]
-    assert exact == [{k: v for k, v in r.items() if not k.startswith("mismatch/")} for r in want]
+    loose = ("mismatch/", "flops/") if python is not None and python == vllm_python() else ("mismatch/",)
+    exact = [{k: v for k, v in r.items() if not k.startswith(loose)} for r in got]
+    assert exact == [{k: v for k, v in r.items() if not k.startswith(loose)} for r in want]
     for g, w in zip(got, want):
         assert g.keys() == w.keys() and all(abs(g[k] - w[k]) < 1e-6 for k in g if k.startswith("mismatch/")), (g, w)
+        flops = [k for k in g if k.startswith("flops/") and "flops/" in loose]
+        assert all(abs(g[k] - w[k]) <= 0.02 * max(abs(w[k]), 1.0) for k in flops), (g, w)
 
 
 def _models(url: str, key: str | None = None) -> set[str]:
@@ -223,7 +230,7 @@ def test_an_actor_started_server_killed_then_its_actor_killed_and_the_run_finish
     assert not _answers(seen["url"])  # the dead actor's (restarted) server went with it
     closed = next(ln for ln in out.splitlines() if "vLLM sampler actor of base default closed: {'calls'" in ln)
     assert "'restarts': 1" in closed
-    _same_rows(tmp_path / "run", here)
+    _same_rows(tmp_path / "run", here, python)
     assert len(_rows(here)) >= 3
     assert (tmp_path / "run" / "engine" / "base" / "config.json").exists()
     assert not (tmp_path / "run" / "engine" / "adapters").exists()

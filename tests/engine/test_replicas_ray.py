@@ -39,7 +39,7 @@ def test_two_replicas_share_the_rows_and_write_the_same_metrics(served_here, tmp
     rows = [int(v) for v in COUNTS.search(out).groups()]
     assert all(v > 0 for v in rows) and abs(rows[0] - rows[1]) <= rows[0] // 2, rows  # both drew rows
     assert len(COUNTS.findall(out)) == 1  # closed once
-    _same_rows(tmp_path / "run", here)
+    _same_rows(tmp_path / "run", here, python)
 
 
 @pytest.mark.parametrize("served_here", KILL_SERVERS, indirect=True)  # a real vLLM where one is given
@@ -68,7 +68,7 @@ def test_a_killed_replica_is_adopted_then_dropped_and_the_run_finishes(served_he
     assert re.search(r"rows \[\d+, \d+\], requests \[\d+, \d+\] per replica; \[1\] dropped", out), out[-3000:]
     rows = [int(v) for v in COUNTS.search(out).groups()]
     assert all(v > 0 for v in rows) and len(COUNTS.findall(out)) == 1, rows  # rows on both before the drop
-    _same_rows(tmp_path / "run", here)
+    _same_rows(tmp_path / "run", here, python)
 
 
 @pytest.mark.ray
