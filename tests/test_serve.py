@@ -319,12 +319,13 @@ def test_worker_killed_mid_episode_does_not_fail_it(served):
 PROMPT = "goal wooden_pickaxe . inventory : none"
 
 
-def _token_scores(policy, prompt: str, resp: list[int], temperature: float, allowed=None):
-    """In process, teacher-forced: log softmax(logits / T) at each of ``resp``'s positions, with the
-    worker's mask (``allowed``: one bool row per position; else the ban on bid and special tokens)."""
+def _token_scores(policy, prompt: str | list[int], resp: list[int], temperature: float, allowed=None):
+    """In process, teacher-forced: log softmax(logits / T) at each of ``resp``'s positions after ``prompt`` (text, or
+    its token ids), with the worker's mask (``allowed``: one bool row per position; else the ban on bid and special
+    tokens)."""
     import torch
 
-    ids = policy.encode_prompt(prompt) + resp
+    ids = (list(prompt) if isinstance(prompt, list) else policy.encode_prompt(prompt)) + resp
     with torch.no_grad():
         logits = policy.model(input_ids=torch.tensor([ids])).logits[0, len(ids) - len(resp) - 1 : -1].float()
     if allowed is not None:
@@ -400,6 +401,80 @@ def test_worker_logprobs_are_the_models_token_scores(served, registry):
         },
     ).json()["choices"][0]
     assert len(bid["logprobs"]["top_logprobs"][0]) == len(policy.bid_ids)
+
+
+def _transcript(run: Path, eid: str) -> dict:
+    """The episodes.jsonl line of episode ``eid``."""
+    lines = (run / "serve/episodes.jsonl").read_text().splitlines()
+    return next(json.loads(x) for x in lines if x.startswith(f'{{"id": "{eid}"'))
+
+
+def test_a_served_episode_is_kept_with_its_token_ids_and_log_probs(served):
+    """What training on served traffic needs: the transcript line of a served episode (serve/episodes.jsonl) holds,
+    per turn, every answered bid's and the action's prompt and reply token ids, the sampler's log-probs and the
+    version that answered; the action's log-probs are the model's own scores of its tokens at the episode's
+    temperature (in process, teacher-forced). The API's answer carries none of it."""
+    import torch
+
+    from swarm_runtime.serve.worker import WorkerOptions, load_policy
+
+    torch.set_num_threads(1)
+    body = httpx.post(
+        f"{served.url}/v1/episodes", json={"seed": 100003, "noise": "21", "temperature": 0.9}, timeout=120
+    ).json()
+    assert body["status"] == "done" and "samples" not in body and all("samples" not in t for t in body["turns"])
+    line = _transcript(served.run, body["id"])
+    assert line["turns"] == body["turns"] and len(line["samples"]) == body["decisions"]
+    policies, checked = {}, 0
+    for rec, drawn in zip(line["turns"], line["samples"]):
+        assert set(drawn["bids"]) == set(rec["bids"]), (rec, drawn)
+        for name, bid in drawn["bids"].items():
+            assert bid["version"] == rec["versions"][name] and bid["prompt_ids"] and len(bid["token_ids"]) == 1
+            assert len(bid["logprobs"]) == 1 and bid["logprobs"][0] <= 0.0
+        act = drawn["action"]
+        if rec["agent"] is None:
+            assert act is None
+            continue
+        assert act["text"] == rec["action"] and act["version"] == rec["versions"][rec["agent"]]
+        if rec["role"] not in policies:
+            folder = served.run / "checkpoints/final/agents" / rec["role"]
+            policies[rec["role"]] = load_policy(WorkerOptions(model=str(folder)))
+        scores = _token_scores(policies[rec["role"]], act["prompt_ids"], act["token_ids"], 0.9)
+        want = scores.gather(-1, torch.tensor(act["token_ids"])[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(act["logprobs"]), want, atol=1e-4), (act, want)
+        checked += 1
+    assert checked >= 3
+
+
+def test_a_client_side_reward_posted_later_once(served):
+    """A client-side episode whose last report says ``reward_later`` waits for its reward: one
+    ``POST /v1/episodes/{id}/reward`` adds it to the last turn's and ends the episode (in the transcript with it);
+    a second post, a post for an episode still playing or ended, or for an unknown one, is refused."""
+    u = served.url
+    ep = httpx.post(f"{u}/v1/episodes", json={"env": "client", "seed": 7, "split": "train"}).json()
+    turn = f"{u}/v1/episodes/{ep['id']}/turns"
+    first = httpx.post(turn, json={"observation": "x", "reward_later": True, "done": True})
+    assert first.status_code == 422 and "first" in first.json()["detail"]  # nothing played yet to credit
+    early = httpx.post(turn, json={"observation": "x", "reward_later": True})
+    assert early.status_code == 422 and "done" in early.json()["detail"]
+    for r in (0.0, 1.0):
+        assert httpx.post(turn, timeout=30, json={"observation": "goal wooden_pickaxe", "reward": r}).status_code == 200
+    playing = httpx.post(f"{u}/v1/episodes/{ep['id']}/reward", json={"reward": 1.0})
+    assert playing.status_code == 409 and "still playing" in playing.json()["detail"]
+    due = httpx.post(turn, timeout=30, json={"observation": "x", "reward": 0.5, "done": True, "reward_later": True})
+    assert due.status_code == 200 and due.json()["status"] == "running" and due.json()["reward_due"], due.text
+    assert due.json()["reward"] == 1.5
+    more = httpx.post(turn, json={"observation": "x"})
+    assert more.status_code == 409 and "reward is due" in more.json()["detail"]
+    got = httpx.post(f"{u}/v1/episodes/{ep['id']}/reward", json={"reward": 2.0})
+    assert got.status_code == 200, got.text
+    assert got.json()["status"] == "done" and got.json()["reward"] == 3.5 and got.json()["turns"][-1]["reward"] == 2.5
+    again = httpx.post(f"{u}/v1/episodes/{ep['id']}/reward", json={"reward": 2.0})
+    assert again.status_code == 409 and "done already" in again.json()["detail"]
+    assert httpx.post(f"{u}/v1/episodes/ep-nope/reward", json={"reward": 1.0}).status_code == 404
+    assert httpx.post(f"{u}/v1/episodes/{ep['id']}/reward", json={"reward": "x"}).status_code == 422
+    line = _transcript(served.run, ep["id"])
+    assert line["status"] == "done" and line["reward"] == 3.5 and len(line["samples"]) == 2
 
 
 def test_worker_n_samples_keyed_and_bounded(served):

@@ -532,6 +532,8 @@ def test_gateway_killed_mid_episode_reports_it_interrupted(run, slow_worker, tmp
         assert t.status_code == 410 and "interrupted" in t.json()["detail"] and "noise 77" in t.json()["detail"]
         lines = [json.loads(x) for x in (run / "serve/episodes.jsonl").read_text().splitlines()]
         assert [x["status"] for x in lines if x["id"] == ep["id"]] == ["interrupted"]
+        kept = next(x for x in lines if x["id"] == ep["id"])["samples"]  # its turns' token ids, from the journal
+        assert len(kept) == 2 and all(s["action"] is None or s["action"]["token_ids"] for s in kept), kept
     finally:
         g2.stop()
 
@@ -680,3 +682,23 @@ def test_an_agent_url_that_is_the_gateway_itself_is_refused_at_start_and_when_re
         assert len(g.agents(AUTH)) == 1
     finally:
         g.stop()
+
+
+def test_recovery_writes_an_episode_once_when_the_gateway_died_between_its_transcript_and_its_end(tmp_path):
+    """Exactly once: an episode whose transcript line was written (fsynced) but whose journal ``end`` was not (the
+    gateway killed between the two) is not written again as interrupted; an episode that never ended is, with its
+    turns' samples (token ids and log-probs), and the journal starts afresh."""
+    from swarm_runtime.serve.journal import Journal, append_synced, recover_into
+
+    journal, transcripts = tmp_path / "journal.jsonl", tmp_path / "episodes.jsonl"
+    j = Journal(journal)
+    for eid in ("ep-a", "ep-b"):
+        j.write({"ev": "start", "id": eid, "seed": 1, "noise": "2", "task": "wooden_pickaxe", "env": "server"})
+        j.turn(eid, {"t": 0, "reward": 1.0}, {"bids": {}, "action": {"token_ids": [3], "logprobs": [-0.5]}})
+    j.close()
+    append_synced(transcripts, {"id": "ep-a", "status": "done", "turns": [{"t": 0, "reward": 1.0}]})
+    assert [b["id"] for b in recover_into(journal, transcripts)] == ["ep-b"]
+    lines = [json.loads(x) for x in transcripts.read_text().splitlines()]
+    assert [(x["id"], x["status"]) for x in lines] == [("ep-a", "done"), ("ep-b", "interrupted")]
+    assert lines[1]["samples"] == [{"bids": {}, "action": {"token_ids": [3], "logprobs": [-0.5]}}]
+    assert recover_into(journal, transcripts) == [] and journal.read_bytes() == b""

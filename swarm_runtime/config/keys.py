@@ -382,4 +382,5 @@ register_rules(
     rule("serve.max_restarts", at_least(1, 1_000_000)),
     *(rule(f"serve.{k}", floats(0.0, 1e7)) for k in ("queue_wait_s", "restart_window_s", "restart_backoff_max_s")),
     rule("serve.degraded_share", floats(0.0, 1.0)),
+    rule("serve.journal_tokens", BOOL),
 )

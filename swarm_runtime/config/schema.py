@@ -231,6 +231,8 @@ class ServeConfig:
     client_episodes: int = 16  #: client-side episodes one client (API key or address) may hold open at once
     queue_wait_s: float = 5.0  #: at serve.max_episodes, how long a new episode waits for a slot before 429
     degraded_share: float = 0.1  #: an episode with more than this share of turns lost to faults is ``degraded``
+    journal_tokens: bool = True  #: ask agents for token ids and log-probs, kept in the journal and transcript
+    #: (training on served traffic); false for an agent server without vLLM's completions extensions
     max_restarts: int = 5  #: restarts of one worker within serve.restart_window_s before it is marked ``failed``
     restart_window_s: float = 60.0  #: the window of serve.max_restarts
     restart_backoff_max_s: float = 30.0  #: cap of the exponential wait between restarts of one worker

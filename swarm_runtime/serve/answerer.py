@@ -16,6 +16,11 @@
 
 The core settles each turn (:func:`swarm_runtime.core.loop.settle`); :meth:`TurnAnswerer.settled` (the loop's
 ``on_turn``) then completes its record with the turn's reward and validity.
+
+Every bid and action request asks for the tokens too (``return_token_ids``, ``logprobs`` 0: vLLM's completions
+extensions, which our worker speaks): each answered request's :func:`sample` (its prompt's and its reply's token ids,
+the reply's log-probs, the version that answered) is kept per turn in ``ep.samples`` beside ``ep.records``, for the
+journal and the transcript (what training on served traffic needs), never in the API's turn answers.
 """
 
 from __future__ import annotations
@@ -32,6 +37,29 @@ from swarm_runtime.models.bids import parse_bid
 from swarm_runtime.serve.population import AgentHandle
 from swarm_runtime.serve.protocol import seed_for
 from swarm_runtime.serve.turns import Bidders
+
+#: what every bid and action request asks for besides its text: the token ids (prompt and reply) and the sampled
+#: tokens' log-probs (vLLM's completions extensions; our worker answers them the same way)
+TOKEN_FIELDS = {"return_token_ids": True, "logprobs": 0}
+
+
+def sample(choice: dict, version: str | None) -> dict:
+    """What training needs of one answered request (a completion's first ``choice``): ``{"version", "text",
+    "prompt_ids", "token_ids", "logprobs"}``; a field the server did not return is None (a server without vLLM's
+    extensions answers text only)."""
+    lps = (choice.get("logprobs") or {}).get("token_logprobs")
+    return {
+        "version": version,
+        "text": choice.get("text"),
+        "prompt_ids": choice.get("prompt_token_ids"),
+        "token_ids": choice.get("token_ids"),
+        "logprobs": [None if v is None else float(v) for v in lps] if lps is not None else None,
+    }
+
+
+def new_samples() -> dict:
+    """A turn's samples: each agent's bid by name, and the action that was taken (None: no winner acted)."""
+    return {"bids": {}, "action": None}
 
 
 class NoAgentsLeft(RuntimeError):
@@ -78,6 +106,7 @@ class TurnAnswerer:
         self.started = 0.0  #: perf_counter when this turn's bidders were known
         self.record: dict | None = None  #: the turn being played
         self.versions: dict[str, str | None] = {}  #: this turn: the version (``Role@vN``) that answered each agent
+        self.samples = new_samples()  #: this turn: each answered request's :func:`sample`
 
     async def __call__(self, request) -> list:
         if isinstance(request, Bidders):
@@ -92,17 +121,19 @@ class TurnAnswerer:
     async def bidders(self) -> list[AgentHandle]:
         up = await up_agents(self.engine.pop, self.engine.opts.agent_wait_s)
         self.started, self.bid_compute, self.act_compute = time.perf_counter(), 0.0, 0.0
-        self.versions = {}
+        self.versions, self.samples = {}, new_samples()
         return up
 
     # ------------------------------------------------------------------ bids and actions over HTTP
-    async def _post(self, row: Row, body: dict, timeout: float) -> tuple[str, float]:
+    async def _post(self, row: Row, body: dict, timeout: float) -> tuple[str, float, dict]:
+        """The request's text, the worker's compute (seconds) and its :func:`sample`."""
         a: AgentHandle = row.context
         body = {
             "model": a.model_id,
             "prompt": row.prompt,
             "temperature": self.temperature,
             "seed": seed_for(*row.key),
+            **(TOKEN_FIELDS if self.engine.opts.journal_tokens else {}),
             **body,
         }
         url, using, label = a.url, self.engine.pop.using, a.label
@@ -112,7 +143,8 @@ class TurnAnswerer:
             answer, headers = await self.engine.client.post_json(url, "/v1/completions", body, timeout)
             ms = float(headers.get("x-swarm-compute-ms", 0.0))
             self.versions[a.name] = label
-            return answer["choices"][0]["text"], ms / 1000
+            choice = answer["choices"][0]
+            return choice["text"], ms / 1000, sample(choice, label)
         finally:
             a.inflight -= 1
             using[url, body["model"]] -= 1
@@ -123,9 +155,9 @@ class TurnAnswerer:
             body = {"max_tokens": 1, **choice(self.engine.bid_texts)}
         else:
             body = {"max_tokens": opts.max_bid_tokens, "swarm_kind": "bid"}
-        text, compute = await self._post(row, body, opts.bid_deadline_s)
+        text, compute, drawn = await self._post(row, body, opts.bid_deadline_s)
         level, parsed = parse_bid(text, opts.bid_levels)
-        return Bid(text, None, level=level, parsed=parsed), compute
+        return Bid(text, None, level=level, parsed=parsed), compute, drawn
 
     async def bids(self, rows: list[Row]) -> list[Bid | None]:
         eng = self.engine
@@ -137,8 +169,9 @@ class TurnAnswerer:
         for task, row in zip(tasks, rows):
             a: AgentHandle = row.context
             if task in done and task.exception() is None:
-                bid, compute = task.result()
+                bid, compute, drawn = task.result()
                 answers.append(bid)
+                self.samples["bids"][a.name] = drawn
                 self.bid_compute = max(self.bid_compute, compute)
                 a.misses = 0
                 continue
@@ -164,7 +197,7 @@ class TurnAnswerer:
             if choices:
                 body.update(choice(list(choices)))
         try:
-            text, self.act_compute = await self._post(row, body, eng.opts.action_timeout_s)
+            text, self.act_compute, self.samples["action"] = await self._post(row, body, eng.opts.action_timeout_s)
             return Response(text, None)
         except Exception as exc:  # the winner failed mid-action: the loop hands the turn to the next bidder
             with eng.metrics.lock:
@@ -234,6 +267,7 @@ class TurnAnswerer:
 
     def _joined(self, record: dict) -> None:
         self.ep.records.append(record)
+        self.ep.samples.append(self.samples)
         self.ep.last_used = time.monotonic()
         if self.on_turn is not None:
             self.on_turn(record)

@@ -48,6 +48,7 @@ class EngineOptions:
     bid_deadline_s: float = 2.0
     action_timeout_s: float = 10.0
     agent_wait_s: float = 10.0
+    journal_tokens: bool = True  #: ask every request for its token ids and log-probs (serve/answerer.py)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class ServedEpisode:
     status: str = "running"  #: running | done | degraded | failed | expired | cancelled | interrupted
     error: str | None = None
     records: list = field(default_factory=list)
+    samples: list = field(default_factory=list)  #: per record: its requests' token ids and log-probs (answerer.sample)
+    reward_due: bool = False  #: a client-side episode played to its end whose reward its client posts later
     temperature: float | None = None
     last_used: float = field(default_factory=time.monotonic)
     started: float = field(default_factory=time.monotonic)
@@ -130,7 +133,8 @@ class Engine:
             self.domain, self.coordinator, self.opts.bid_levels, self.pop.agents, ep.max_decisions, answerer.settled
         )
         await self.turns.arun(loop.rounds([ep.slot]), answerer)
-        ep.status = "done"
+        if not ep.reward_due:  # else it runs on until its client posts its reward
+            ep.status = "done"
         return ep
 
     def summary(self, ep: ServedEpisode) -> dict:
@@ -167,4 +171,5 @@ class Engine:
             "reward_missing": e.reward_missing,
             "agents": [a.name for a in self.pop.agents],
             "versions": versions_of(ep.records),
+            **({"reward_due": True} if ep.reward_due else {}),
         }

@@ -1,11 +1,21 @@
 """The gateway's request bodies (pydantic models, read by :func:`swarm_runtime.serve.validate.validated`): an
-agent to add, a checkpoint to swap in, an episode to start, a client-side episode's turn."""
+agent to add, a checkpoint to swap in, an episode to start, a client-side episode's turn and its reward posted
+later."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from swarm_runtime.serve.validate import no_bool
 
@@ -69,3 +79,19 @@ class TurnRequest(BaseModel):
     reward: Number = Field(0.0, ge=-1e12, le=1e12)
     valid: StrictBool = True
     done: StrictBool = False
+    #: with ``done``: the episode's reward comes later, once (``POST /v1/episodes/{id}/reward``)
+    reward_later: StrictBool = False
+
+    @model_validator(mode="after")
+    def _later_ends(self):
+        if self.reward_later and not self.done:
+            raise ValueError("reward_later is for the report that ends the episode: send it with done: true")
+        return self
+
+
+class RewardRequest(BaseModel):
+    """``POST /v1/episodes/{id}/reward``: a client-side episode's reward, posted once after its last report
+    (``reward_later``); added to its last turn's."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    reward: Number = Field(..., ge=-1e12, le=1e12)

@@ -7,7 +7,6 @@ as ``request.app.state.gateway``; :mod:`swarm_runtime.serve.lifecycle` starts an
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import time
@@ -18,7 +17,7 @@ from loguru import logger
 from swarm_runtime.core.env import close_all
 from swarm_runtime.serve.answerer import NoAgentsLeft
 from swarm_runtime.serve.episodes import EngineOptions, ServedEpisode, versions_of
-from swarm_runtime.serve.journal import COMPACT_BYTES, Journal, recover_into
+from swarm_runtime.serve.journal import COMPACT_BYTES, Journal, append_synced, recover_into
 from swarm_runtime.serve.metrics import Metrics
 from swarm_runtime.serve.population import Population, PopulationOptions
 from swarm_runtime.serve.resolved import GatewaySetup, role_folder
@@ -56,6 +55,7 @@ def engine_options(cfg) -> EngineOptions:
         bid_deadline_s=float(s.bid_deadline_ms) / 1000,
         action_timeout_s=float(s.action_timeout_ms) / 1000,
         agent_wait_s=float(s.agent_wait_s),
+        journal_tokens=bool(s.journal_tokens),
     )
 
 
@@ -164,8 +164,7 @@ class Gateway:
         with self.metrics.lock:
             self.metrics.episodes[ep.status] += 1
             self.metrics.episode_duration.observe(time.monotonic() - ep.started)
-        with self.transcripts.open("a") as f:
-            f.write(json.dumps(self.summary(ep, turns=True), default=float) + "\n")
+        append_synced(self.transcripts, {**self.summary(ep, turns=True), "samples": ep.samples})  # before its end
         self.journal.end(ep.id, ep.status, versions_of(ep.records))
         logger.info(
             "episode {} {}: reward {:.2f} in {} decisions{}",
@@ -176,12 +175,22 @@ class Gateway:
             f" ({error})" if error else "",
         )
 
+    def give_reward(self, ep: ServedEpisode, reward: float) -> None:
+        """A client-side episode whose reward was due (``reward_later``): ``reward`` is added to its last turn's
+        (its record, the core's turn and the journal) and the episode ends ``done``."""
+        rec, turn = ep.records[-1], ep.episode.turns[-1]
+        rec["reward"] = turn.reward = float(rec["reward"]) + float(reward)
+        ep.episode.reward += float(reward)
+        self.journal.reward(ep.id, rec["t"], rec["reward"], rec["valid"])
+        ep.reward_due = False
+        self.finish(ep, "done")
+
     async def run_episode(self, ep: ServedEpisode, on_turn=None) -> None:
         """Play ``ep`` on the engine and end it by its outcome (every turn's record journaled first; ``on_turn``
         too). Cancelled: it ends as ``ep.stop`` says, else ``interrupted`` (the gateway shuts down)."""
 
         def turned(rec):
-            self.journal.turn(ep.id, rec)
+            self.journal.turn(ep.id, rec, ep.samples[-1])
             if on_turn is not None:
                 on_turn(rec)
 
@@ -190,7 +199,8 @@ class Gateway:
 
         try:
             await self.engine.play(ep, turned, rewarded)
-            self.finish(ep, "done")
+            if not ep.reward_due:  # else it ends when its client posts the reward (give_reward), or expires
+                self.finish(ep, "done")
         except NoAgentsLeft as exc:
             self.finish(ep, "failed", str(exc))
         except asyncio.CancelledError:
@@ -233,7 +243,8 @@ class Gateway:
                     and not ep.lock.locked()  # a turn in progress is not idle
                     and now - ep.last_used > float(s.episode_idle_s)
                 ):
-                    await self.end(ep, "expired", f"no turn for more than serve.episode_idle_s={s.episode_idle_s}s")
+                    why = "its reward did not come within" if ep.reward_due else "no turn for more than"
+                    await self.end(ep, "expired", f"{why} serve.episode_idle_s={s.episode_idle_s}s")
                 if ep.status != "running" and now - ep.last_used > max(60.0, float(s.episode_idle_s)):
                     self.episodes.pop(eid, None)
             while len(self.past) > 10_000:
@@ -250,7 +261,7 @@ class Gateway:
             }
             for e in live
         ]
-        self.journal.compact([(start, e.records) for start, e in zip(starts, live)])
+        self.journal.compact([(start, e.records, e.samples) for start, e in zip(starts, live)])
         logger.info("journal compacted to the {} running episodes", len(live))
 
     async def drain(self) -> None:

@@ -1,6 +1,8 @@
 """Episodes: ``POST /v1/episodes`` (a whole server-side episode, as JSON or as JSON lines per turn with
 ``stream``; or a client-side episode opened, ``"env": "client"``), ``GET /v1/episodes[?status=S]``,
-``GET /v1/episodes/{id}`` and ``DELETE /v1/episodes/{id}`` (cancel: its owner only)."""
+``GET /v1/episodes/{id}``, ``DELETE /v1/episodes/{id}`` (cancel: its owner only) and
+``POST /v1/episodes/{id}/reward`` (a client-side episode's reward, posted once after its last report said
+``reward_later``: its owner only)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from swarm_runtime.serve.admission import client_of, new_episode
 from swarm_runtime.serve.episodes import ServedEpisode
-from swarm_runtime.serve.requests import EpisodeRequest
+from swarm_runtime.serve.requests import EpisodeRequest, RewardRequest
 from swarm_runtime.serve.validate import validated
 
 router = APIRouter()
@@ -117,4 +119,28 @@ async def cancel(eid: str, request: Request):
         async with ep.lock:
             if ep.status == "running":
                 await gw.end(ep, "cancelled", why)
+    return gw.summary(ep, turns=True)
+
+
+@router.post("/v1/episodes/{eid}/reward")
+async def reward(eid: str, request: Request):
+    """The reward of a client-side episode whose last report said ``reward_later``: added to its last turn's, and
+    the episode ends (``done``, or ``degraded``) with it. Once: a second post, or one for an episode that did not
+    ask for it (still playing, server-side, or ended), gets 409; an unknown one 404; another client's 403."""
+    gw = request.app.state.gateway
+    req = validated(RewardRequest, await request.body())
+    if eid in gw.past and eid not in gw.episodes:
+        raise HTTPException(409, f"episode {eid} is {gw.past[eid]['status']}: no reward is due")
+    ep = get_episode(gw, eid)
+    if ep.client != client_of(request):
+        raise HTTPException(403, f"episode {eid} belongs to another client")
+    async with ep.lock:
+        if not ep.reward_due:
+            why = "still playing" if ep.status == "running" else f"{ep.status} already"
+            raise HTTPException(
+                409,
+                f"episode {eid} is {why}: no reward is due (a client-side episode asks for one with "
+                '"reward_later": true on the report that ends it; a reward is taken once)',
+            )
+        gw.give_reward(ep, req.reward)
     return gw.summary(ep, turns=True)

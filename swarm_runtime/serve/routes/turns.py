@@ -1,6 +1,8 @@
 """A client-side episode's turns: ``POST /v1/episodes/{id}/turns`` ``{observation, reward, valid?, done?}``
 reports what the client's world did with the last action and shows now; the answer is the next decided turn
-``{agent, role, bid, action, ...}``, or the episode's summary once it ended (``done``, or ``max_decisions``).
+``{agent, role, bid, action, ...}``, or the episode's summary once it ended (``done``, or ``max_decisions``). A
+report that ends the episode with ``reward_later`` leaves it waiting for its reward
+(``POST /v1/episodes/{id}/reward``, :mod:`swarm_runtime.serve.routes.episodes`); it ends then.
 
 The episode's loop runs in a task of its own from the first turn on, suspended between requests at its world
 step (:class:`~swarm_runtime.serve.client_world.ClientWorld`): a report is the step's result, which the core
@@ -37,6 +39,8 @@ async def next_turn(gw, ep: ServedEpisode, req: TurnRequest) -> dict | None:
     """The next decided turn's record after the client's report ``req``, or None when the episode ended. The
     first report starts the episode's loop on its observation (or ends the episode, when it says done)."""
     if ep.world is None:
+        if req.reward_later:
+            raise HTTPException(422, "reward_later needs a played turn to credit: this report is the episode's first")
         ep.world = ClientWorld(req.observation)
         if req.done:
             ep.world.done = True
@@ -45,6 +49,7 @@ async def next_turn(gw, ep: ServedEpisode, req: TurnRequest) -> dict | None:
             return None
         gw.play(ep)
     else:
+        ep.reward_due = req.reward_later
         ep.world.tell(req)
     return await ep.world.next_decision(ep.runner)
 
@@ -64,11 +69,13 @@ async def turn(eid: str, request: Request):
     async with ep.lock:
         if ep.status != "running":
             raise ended(ep)
+        if ep.reward_due:
+            raise HTTPException(409, f"episode {eid} played its last turn; its reward is due: POST it to /reward")
         ep.last_used = time.monotonic()
         rec = await next_turn(gw, ep, req)
         if rec is not None:
             return {"id": ep.id, **{k: rec[k] for k in TURN_FIELDS}}
-        if ep.status in ("done", "degraded"):
+        if ep.status in ("done", "degraded") or ep.reward_due:
             return gw.summary(ep)
         if ep.status == "failed":
             raise HTTPException(503, ep.error)
