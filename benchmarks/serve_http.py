@@ -11,6 +11,10 @@ the worker's CPU (``/proc/PID/stat``, Linux) and the wall time:
 - ``aiohttp``: ``aiohttp.ClientSession``, only if aiohttp is installed (it is not a dependency).
 
     python benchmarks/serve_http.py --model RUN/checkpoints/TAG/agents/ROLE [--requests 400] [--rounds 2]
+
+``--journal-tokens``: instead, through ``httpcore`` only, a bid and an action request each with and without what
+the gateway asks every request for the journal (``return_token_ids``, ``logprobs`` 0:
+``swarm_runtime.serve.answerer.TOKEN_FIELDS``), and the cost of asking as a ratio per kind.
 """
 
 from __future__ import annotations
@@ -71,11 +75,44 @@ async def via_aiohttp(url: str, body: dict, n: int) -> None:
                 await r.json()
 
 
+def measure(pid: int, fn, url: str, body: dict, n: int) -> tuple[float, float, float]:
+    """Seconds per request of ``n`` sequential requests through ``fn``: the client's CPU, the worker's, the wall."""
+    asyncio.run(fn(url, body, 5))  # warm up (connections, first-call imports)
+    s0, c0, w0 = proc_cpu(pid), time.process_time(), time.perf_counter()
+    asyncio.run(fn(url, body, n))
+    s1, c1, w1 = proc_cpu(pid), time.process_time(), time.perf_counter()
+    return (c1 - c0) / n, (s1 - s0) / n, (w1 - w0) / n
+
+
+def show(cpu: tuple[float, float, float]) -> str:
+    return f"client CPU {cpu[0] * 1000:.2f} ms, worker CPU {cpu[1] * 1000:.2f} ms, wall {cpu[2] * 1000:.2f} ms"
+
+
+def journal_tokens(pid: int, url: str, bid: dict, n: int, rounds: int) -> None:
+    """A bid and a 12-token action, each with and without the journal's token fields, in turn."""
+    from swarm_runtime.serve.answerer import TOKEN_FIELDS
+
+    action = {k: v for k, v in bid.items() if k != "guided_choice"} | {"max_tokens": 12, "prompt": bid["prompt"][:-6]}
+    print(f"{n} sequential requests to one worker through httpcore, per request:", flush=True)
+    for r in range(rounds):
+        for kind, body in (("bid", bid), ("action", action)):
+            plain = measure(pid, via_httpcore, url, body, n)
+            tokens = measure(pid, via_httpcore, url, {**body, **TOKEN_FIELDS}, n)
+            print(f"round {r + 1} {kind:6s} text only   {show(plain)}", flush=True)
+            print(f"round {r + 1} {kind:6s} with tokens {show(tokens)}", flush=True)
+            print(
+                f"round {r + 1} {kind:6s} with/without: client CPU {tokens[0] / plain[0]:.2f}x, worker CPU "
+                f"{tokens[1] / plain[1]:.2f}x, wall {tokens[2] / plain[2]:.2f}x",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a role's checkpoint folder")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--journal-tokens", action="store_true", help="with vs without the journal's token fields")
     a = ap.parse_args()
     from swarm_runtime.models.tokenizer import bid_token
     from swarm_runtime.serve.population import free_port
@@ -115,22 +152,17 @@ def main() -> None:
             "seed": seed_for(7, 0, 0, 0),
             "guided_choice": [bid_token(b) for b in meta["bid_levels"]],
         }
+        if a.journal_tokens:
+            journal_tokens(worker.pid, url, body, a.requests, a.rounds)
+            return
         clients = {"httpx": via_httpx, "httpcore": via_httpcore}
         if importlib.util.find_spec("aiohttp") is not None:
             clients["aiohttp"] = via_aiohttp
         print(f"{a.requests} sequential bid requests to one {name} worker, per request:", flush=True)
         for r in range(a.rounds):
             for kind, fn in clients.items():
-                asyncio.run(fn(url, body, 5))  # warm up (connections, first-call imports)
-                s0, c0, w0 = proc_cpu(worker.pid), time.process_time(), time.perf_counter()
-                asyncio.run(fn(url, body, a.requests))
-                s1, c1, w1 = proc_cpu(worker.pid), time.process_time(), time.perf_counter()
-                n = a.requests
-                print(
-                    f"round {r + 1} {kind:9s} client CPU {(c1 - c0) / n * 1000:.2f} ms, worker CPU "
-                    f"{(s1 - s0) / n * 1000:.2f} ms, wall {(w1 - w0) / n * 1000:.2f} ms",
-                    flush=True,
-                )
+                cpu = measure(worker.pid, fn, url, body, a.requests)
+                print(f"round {r + 1} {kind:9s} {show(cpu)}", flush=True)
     finally:
         worker.send_signal(signal.SIGTERM)
         try:

@@ -439,6 +439,7 @@ def test_a_served_episode_is_kept_with_its_token_ids_and_log_probs(served):
         if rec["role"] not in policies:
             folder = served.run / "checkpoints/final/agents" / rec["role"]
             policies[rec["role"]] = load_policy(WorkerOptions(model=str(folder)))
+        assert policies[rec["role"]].encode_prompt(act["prompt"]) == act["prompt_ids"]  # what training re-encodes
         scores = _token_scores(policies[rec["role"]], act["prompt_ids"], act["token_ids"], 0.9)
         want = scores.gather(-1, torch.tensor(act["token_ids"])[:, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(act["logprobs"]), want, atol=1e-4), (act, want)

@@ -368,23 +368,29 @@ class TransformersPolicy:
         if not prompts:
             return []
         if self.bid_mode == "logits":
-            # Replicas of a role in one env send the same bid prompt: score each distinct prompt once,
-            # then sample every row independently (same draws, a 1/k of the forward pass and its memory).
-            distinct = list(dict.fromkeys(prompts))
-            row = {p: i for i, p in enumerate(distinct)}
-            full: list = []
-            probs = self.bid_distribution(distinct, logprobs_out=full)[[row[p] for p in prompts]]
-            full_lp = full[0][[row[p] for p in prompts]]
-            if self.temperature <= 0:
-                idx = probs.argmax(-1).tolist()
-            elif keys is not None:
-                idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
-            else:
-                idx = torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).tolist()
-            return self.level_bids(idx, full_lp)
+            return self.logit_bids(prompts, keys)[0]
         lps: list = []
         outs = self._sample([self.encode_prompt(p) for p in prompts], self.max_bid_tokens, None, keys, logprobs_out=lps)
         return self.parse_bids(outs, lps)
+
+    def logit_bids(
+        self, prompts: list[str], keys: list[tuple[int, ...]] | None = None
+    ) -> tuple[list[Bid], torch.Tensor]:
+        """``logits``-mode bids, and each row's probabilities over the bid levels they were drawn from (rows x
+        levels). Replicas of a role in one env send the same bid prompt: each distinct prompt is scored once, then
+        every row sampled independently (same draws, a 1/k of the forward pass and its memory)."""
+        distinct = list(dict.fromkeys(prompts))
+        row = {p: i for i, p in enumerate(distinct)}
+        full: list = []
+        probs = self.bid_distribution(distinct, logprobs_out=full)[[row[p] for p in prompts]]
+        full_lp = full[0][[row[p] for p in prompts]]
+        if self.temperature <= 0:
+            idx = probs.argmax(-1).tolist()
+        elif keys is not None:
+            idx = gumbel_max(probs.log(), [(*k, 0) for k in keys]).tolist()
+        else:
+            idx = torch.multinomial(probs.cpu(), 1, generator=self.gen).squeeze(1).tolist()
+        return self.level_bids(idx, full_lp), probs
 
     def level_bids(self, idx: list[int], full_lp: torch.Tensor) -> list[Bid]:
         """``logits``-mode bids: row ``i`` bid level ``idx[i]``, with its log-prob from ``full_lp`` (rows x levels)."""

@@ -43,13 +43,14 @@ from swarm_runtime.serve.turns import Bidders
 TOKEN_FIELDS = {"return_token_ids": True, "logprobs": 0}
 
 
-def sample(choice: dict, version: str | None) -> dict:
-    """What training needs of one answered request (a completion's first ``choice``): ``{"version", "text",
-    "prompt_ids", "token_ids", "logprobs"}``; a field the server did not return is None (a server without vLLM's
-    extensions answers text only)."""
+def sample(choice: dict, version: str | None, prompt: str) -> dict:
+    """What training needs of one answered request (a completion's first ``choice`` for ``prompt``): ``{"version",
+    "prompt", "text", "prompt_ids", "token_ids", "logprobs"}``; a field the server did not return is None (a server
+    without vLLM's extensions answers text only)."""
     lps = (choice.get("logprobs") or {}).get("token_logprobs")
     return {
         "version": version,
+        "prompt": prompt,
         "text": choice.get("text"),
         "prompt_ids": choice.get("prompt_token_ids"),
         "token_ids": choice.get("token_ids"),
@@ -144,7 +145,7 @@ class TurnAnswerer:
             ms = float(headers.get("x-swarm-compute-ms", 0.0))
             self.versions[a.name] = label
             choice = answer["choices"][0]
-            return choice["text"], ms / 1000, sample(choice, label)
+            return choice["text"], ms / 1000, sample(choice, label, row.prompt)
         finally:
             a.inflight -= 1
             using[url, body["model"]] -= 1

@@ -318,12 +318,13 @@ class Completer:
         return self._generate(p, j0, prompts, keys, want)
 
     def _logit_bids(self, p, prompts: list, keys, want) -> tuple[list[str], list, list]:
-        """Bids in one forward pass over the bid levels (with each level's log-prob when ``logprobs`` is set)."""
-        bids = p.bid(prompts, keys=keys) if keys else p.bid(prompts)
+        """Bids in one forward pass over the bid levels (with each level's log-prob, from the same pass, when
+        ``logprobs`` is set)."""
+        bids, probs = p.logit_bids(prompts, keys or None)
         texts, outs = [b.text for b in bids], [b.tokens for b in bids]
         logprobs = [None] * len(prompts)
         if want is not None:
-            probs = p.bid_distribution(prompts).clamp_min(1e-45).log().tolist()
+            probs = probs.clamp_min(1e-45).log().tolist()
             logprobs = [
                 {
                     "tokens": [t],
