@@ -1,4 +1,4 @@
-"""One check of a saved adapter's base (swarm_runtime/models/adapters.py: ``check_base``): the checkpoint check
+"""One check of a saved adapter's base (swarm_runtime/models/adapters.py: ``check_adapter_base``): the checkpoint check
 before anything loads it (runs/agents_check.py), a run building on the adapters (``resolve_base``) and an export
 refuse a missing or changed base with the same line naming the pointer file. Hand-made folders; well under a second."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from swarm_runtime.config.errors import ConfigError
-from swarm_runtime.models.adapters import check_base, export_adapters, fingerprint, resolve_base
+from swarm_runtime.models.adapters import check_adapter_base, export_adapters, fingerprint, resolve_base
 from swarm_runtime.runs.agents_check import OTHER, _base
 from swarm_runtime.runs.checkpoint import CheckpointError
 
@@ -39,7 +39,7 @@ def _refusals(smith: Path) -> list[str]:
 
 def test_a_missing_or_changed_base_is_one_line_everywhere(tmp_path):
     smith, base = _adapter(tmp_path)
-    ptr, folder = check_base(smith)
+    ptr, folder = check_adapter_base(smith)
     assert folder == base.resolve() and ptr["fingerprint"] == fingerprint(base)
     _base(smith)  # as the checkpoint check passes it
     (base / "config.json").write_text('{"model_type": "qwen2"}')

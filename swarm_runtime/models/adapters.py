@@ -405,7 +405,7 @@ def pointed_base(adapter_dir: Path, ptr: dict) -> Path:
     return base if base.is_absolute() else (Path(adapter_dir) / base).resolve()
 
 
-def check_base(adapter_dir: Path, advice: str = "") -> tuple[dict, Path]:
+def check_adapter_base(adapter_dir: Path, advice: str = "") -> tuple[dict, Path]:
     """An adapter folder's base pointer (:func:`read_pointer`) and the base folder it names, checked: the base is
     there and its files match the fingerprint the pointer recorded. Else a :class:`ConfigError` naming the pointer
     file, with ``advice`` (what to do) after it. The one check of a saved adapter's base: before anything loads a
@@ -488,7 +488,7 @@ def resolve_base(
                 f"model.path={ptr['base']!r} or the run's own config"
             )
         return str(path), Path(path), ptr["fingerprint"]
-    _, folder = check_base(first)
+    _, folder = check_adapter_base(first)
     if ptr.get("trained_base"):
         want = {
             "hidden_size": int(model_cfg.hidden_size),
@@ -698,7 +698,7 @@ def export_adapters(
     out = []
     for role in roles:
         src = Path(agents_dir) / role
-        ptr, folder = check_base(src)
+        ptr, folder = check_adapter_base(src)
         dst = Path(out_dir) / role
         check_finite(src)
         refuse_custom_code(src)

@@ -72,12 +72,13 @@ def _policy_file(folder: Path, adapter: bool) -> None:
 
 def _base(folder: Path) -> None:
     """An adapter's base: the folder its ``swarm_base.json`` names, whose files match the fingerprint recorded
-    (:func:`swarm_runtime.models.adapters.check_base`, as a run building on the checkpoint and an export check it)."""
+    (:func:`swarm_runtime.models.adapters.check_adapter_base`, the check a run building on the checkpoint and an
+    export make too)."""
     from swarm_runtime.config.errors import ConfigError
-    from swarm_runtime.models.adapters import check_base
+    from swarm_runtime.models.adapters import check_adapter_base
 
     try:
-        check_base(folder, advice=OTHER)  # a damaged pointer's error says what to do itself
+        check_adapter_base(folder, advice=OTHER)  # a damaged pointer's error says what to do itself
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
 
