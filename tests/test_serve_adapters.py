@@ -4,6 +4,7 @@ one batch; vLLM's runtime LoRA endpoints load a PEFT adapter folder onto the bas
 a loaded name replace the old ones: adapter sync) and unload one. Real processes on 127.0.0.1."""
 
 import asyncio
+import json
 import random
 import shutil
 
@@ -109,9 +110,19 @@ def test_runtime_lora_endpoints_load_route_and_sync(served):
             json={"model": model, "prompt": PROMPT, "max_tokens": 8, "seed": seed, "logprobs": 1},
         )
         assert r.status_code == 200, r.text
+        assert r.json()["model"] == model  # the adapter asked for, as OpenAI and vLLM answer (not the base's id)
         return r.json()["choices"][0]
 
     before = ask("Smith")
+    (base_id,) = [m["id"] for m in httpx.get(f"{worker}/v1/models").json()["data"] if not m.get("parent")]
+    ask(base_id)  # the base, asked for by its own id, answers with it
+    streamed = httpx.post(
+        f"{worker}/v1/completions",
+        timeout=60,
+        json={"model": "Logger", "prompt": PROMPT, "max_tokens": 4, "stream": True},
+    ).text
+    heads = [json.loads(x[6:]) for x in streamed.split("\n\n") if x.startswith("data: {")]
+    assert heads and {h["model"] for h in heads} == {"Logger"}
     r = httpx.post(f"{worker}/v1/load_lora_adapter", json={"lora_name": "Smith-v2", "lora_path": str(new)})
     assert r.status_code == 200 and "Smith-v2" in r.text, r.text
     assert "Smith-v2" in {m["id"] for m in httpx.get(f"{worker}/v1/models").json()["data"]}

@@ -45,6 +45,8 @@ def test_completions_stream_stop_echo_and_token_ids(worker):
         return r
 
     full = ask().json()["choices"][0]
+    # the model asked for answers (this worker's own when none is named), as OpenAI answers
+    assert ask().json()["model"] == "bpe" and ask(model="bpe").json()["model"] == "bpe"
     assert full["text"] and full["finish_reason"] in ("stop", "length")
     # streaming: the same keyed draw, token piece by piece, then the finish and the usage
     chunks = _events(ask(stream=True))
@@ -100,6 +102,12 @@ def test_chat_completions_with_the_template(worker):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+    assert body["model"] == "bpe"
+    # the model a chat asks for is the completion's: this worker's answers with it, another is a 404
+    named = httpx.post(f"{worker}/v1/chat/completions", json={"model": "bpe", "messages": msgs, "max_tokens": 2})
+    assert named.status_code == 200 and named.json()["model"] == "bpe", named.text
+    other = httpx.post(f"{worker}/v1/chat/completions", json={"model": "Wizard", "messages": msgs, "max_tokens": 2})
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found", other.text
     # it is the completion of the rendered template
     rendered = "".join(f"<|endoftext|>{m['role']} : {m['content']} . " for m in msgs) + "assistant :"
     same = httpx.post(
@@ -114,6 +122,7 @@ def test_chat_completions_with_the_template(worker):
         )
     )
     assert chunks[0]["object"] == "chat.completion.chunk" and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert {c["model"] for c in chunks} == {"bpe"}
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == same
     for bad, param in (
         ({"messages": []}, "messages"),

@@ -399,6 +399,30 @@ def read_pointer(adapter_dir: Path) -> dict:
     return ptr
 
 
+def pointed_base(adapter_dir: Path, ptr: dict) -> Path:
+    """The base folder ``ptr`` (``adapter_dir``'s :func:`read_pointer`) names: absolute, or relative to the adapter."""
+    base = Path(ptr["base"])
+    return base if base.is_absolute() else (Path(adapter_dir) / base).resolve()
+
+
+def check_adapter_base(adapter_dir: Path, advice: str = "") -> tuple[dict, Path]:
+    """An adapter folder's base pointer (:func:`read_pointer`) and the base folder it names, checked: the base is
+    there and its files match the fingerprint the pointer recorded. Else a :class:`ConfigError` naming the pointer
+    file, with ``advice`` (what to do) after it. The one check of a saved adapter's base: before anything loads a
+    checkpoint (runs/agents_check.py), when a run builds on one (:func:`resolve_base`), and when it is exported."""
+    adapter_dir = Path(adapter_dir)
+    ptr = read_pointer(adapter_dir)
+    base, then = pointed_base(adapter_dir, ptr), f"; {advice}" if advice else ""
+    if not (base / "config.json").is_file():
+        raise ConfigError(f"{adapter_dir / POINTER} names the base {str(base)!r}, which is missing{then}")
+    if fingerprint(base) != ptr["fingerprint"]:
+        raise ConfigError(
+            f"the base {str(base)!r} of {adapter_dir.name} does not match the fingerprint {adapter_dir / POINTER} "
+            f"recorded: the base was changed{then}"
+        )
+    return ptr, base
+
+
 def check_finite(folder: Path) -> None:
     """Refuse a folder whose weights (``*.safetensors``) hold a NaN or an infinite value, naming the
     file and tensor (a diverged or damaged checkpoint would otherwise be exported as a model)."""
@@ -452,7 +476,6 @@ def resolve_base(
             f"{ptr['base']!r}, but model.role_base puts them on {name!r} ({trained_base_dir(name)}); use "
             "the run's own model.role_base"
         )
-    folder = (first / ptr["base"]).resolve() if not Path(ptr["base"]).is_absolute() else Path(ptr["base"])
     if path:
         if (
             ptr.get("trained_base")
@@ -465,13 +488,7 @@ def resolve_base(
                 f"model.path={ptr['base']!r} or the run's own config"
             )
         return str(path), Path(path), ptr["fingerprint"]
-    if not (folder / "config.json").exists():
-        raise ConfigError(f"the base of the adapters in {str(init_dir)!r} ({str(folder)!r}) is missing")
-    if fingerprint(folder) != ptr["fingerprint"]:
-        raise ConfigError(
-            f"the base {str(folder)!r} does not match the fingerprint its adapters recorded "
-            f"({ptr['fingerprint'][:12]}): it changed after the adapters were trained"
-        )
+    _, folder = check_adapter_base(first)
     if ptr.get("trained_base"):
         want = {
             "hidden_size": int(model_cfg.hidden_size),
@@ -681,10 +698,7 @@ def export_adapters(
     out = []
     for role in roles:
         src = Path(agents_dir) / role
-        ptr = read_pointer(src)
-        folder = (src / ptr["base"]).resolve() if not Path(ptr["base"]).is_absolute() else Path(ptr["base"])
-        if fingerprint(folder) != ptr["fingerprint"]:
-            raise ConfigError(f"the base {str(folder)!r} of {role} does not match the fingerprint its adapter recorded")
+        ptr, folder = check_adapter_base(src)
         dst = Path(out_dir) / role
         check_finite(src)
         refuse_custom_code(src)

@@ -71,22 +71,16 @@ def _policy_file(folder: Path, adapter: bool) -> None:
 
 
 def _base(folder: Path) -> None:
-    """An adapter's base: the folder its ``swarm_base.json`` names, whose files match the fingerprint recorded."""
+    """An adapter's base: the folder its ``swarm_base.json`` names, whose files match the fingerprint recorded
+    (:func:`swarm_runtime.models.adapters.check_adapter_base`, the check a run building on the checkpoint and an
+    export make too)."""
     from swarm_runtime.config.errors import ConfigError
-    from swarm_runtime.models.adapters import fingerprint, read_pointer
+    from swarm_runtime.models.adapters import check_adapter_base
 
     try:
-        ptr = read_pointer(folder)
+        check_adapter_base(folder, advice=OTHER)  # a damaged pointer's error says what to do itself
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
-    base = Path(ptr["base"]) if Path(ptr["base"]).is_absolute() else (folder / ptr["base"]).resolve()
-    if not (base / "config.json").is_file():
-        raise CheckpointError(f"{folder / 'swarm_base.json'} names the base {str(base)!r}, which is missing; {OTHER}")
-    if fingerprint(base) != ptr["fingerprint"]:
-        raise CheckpointError(
-            f"the base {str(base)!r} of {folder.name} does not match the fingerprint {folder / 'swarm_base.json'} "
-            f"recorded: the base was changed; {OTHER}"
-        )
 
 
 def _finite(folder: Path) -> None:

@@ -66,13 +66,14 @@ PROBE_TOP = 5
 
 
 def local_probe(policy, ids: list[int]):
-    """The in-process base's ``log_softmax`` of the next token after ``ids`` (adapters off)."""
+    """The in-process base's ``log_softmax`` of the next token after ``ids`` (adapters off). The head runs on the
+    last position only (``logits_to_keep=1``, which PEFT passes on to the base, as the policies' passes do)."""
     import torch
 
     model = policy.shared_base.model
     x = torch.tensor([ids], device=policy.device)
     with torch.no_grad(), model.disable_adapter():
-        logits = model(input_ids=x, use_cache=False).logits[0, -1].float()
+        logits = model(input_ids=x, use_cache=False, logits_to_keep=1).logits[0, -1].float()
     return torch.log_softmax(logits, dim=-1).cpu()
 
 

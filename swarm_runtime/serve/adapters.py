@@ -33,11 +33,9 @@ def adapter_folder(path: str | Path) -> Path:
 
 def base_of(adapter: Path) -> Path:
     """The base folder an adapter checkpoint points to (``swarm_base.json``)."""
-    from swarm_runtime.models.adapters import POINTER
+    from swarm_runtime.models.adapters import POINTER, pointed_base
 
-    ptr = json.loads((adapter / POINTER).read_text())
-    base = Path(ptr["base"])
-    return base if base.is_absolute() else (adapter / base).resolve()
+    return pointed_base(adapter, json.loads((adapter / POINTER).read_text()))
 
 
 class AdapterHost:

@@ -113,6 +113,11 @@ class Completer:
             )
         return req.model
 
+    def answered_model(self, job: Job) -> str:
+        """The ``model`` a completion answers with: the one the request asked for (an adapter host's adapter, or its
+        base), as OpenAI and vLLM answer; this worker's model when the request named none."""
+        return job.req.model or self.model_id
+
     def context(self) -> int:
         """The model's context: its position embeddings (prompts beyond ``max_prompt_tokens`` but within
         it are cut from the left, as training cuts them)."""
@@ -372,7 +377,7 @@ class Completer:
                     "id": f"cmpl-{uuid.uuid4().hex}",
                     "object": "text_completion",
                     "created": int(time.time()),
-                    "model": self.model_id,
+                    "model": self.answered_model(j),
                     "choices": choices,
                     "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
                 }

@@ -29,6 +29,8 @@ from loguru import logger
 from swarm_runtime.serve.validate import GATEWAY_HEADER
 
 STATUSES = ("starting", "up", "down", "failed", "draining", "removed")
+#: seconds a stopped worker has to exit after SIGTERM before it is killed
+STOP_GRACE_S = 5.0
 
 #: Modules a worker needs, imported once in the fork server: a new or restarted worker is forked from
 #: it and only loads its model (about a second), instead of importing torch and transformers afresh.
@@ -94,6 +96,27 @@ class WorkerProcess:
         if self.p.exitcode is None:
             raise subprocess.TimeoutExpired("worker", timeout)
         return self.p.exitcode
+
+
+async def _exited(proc, timeout: float, every: float = 0.05) -> bool:
+    """Whether ``proc`` exits within ``timeout`` seconds, polled (never waited on) so the event loop runs on."""
+    end = time.monotonic() + timeout
+    while proc.poll() is None:
+        if time.monotonic() >= end:
+            return False
+        await asyncio.sleep(every)
+    return True
+
+
+async def _reaped(name: str, proc, grace_s: float) -> None:
+    """Until agent ``name``'s worker ``proc``, sent SIGTERM, has exited: SIGKILL after ``grace_s`` (a warning
+    if it outlives even that by ``grace_s``)."""
+    if await _exited(proc, grace_s):
+        return
+    logger.warning("agent {}: its worker did not exit {:g}s after SIGTERM: killed", name, grace_s)
+    proc.kill()
+    if not await _exited(proc, grace_s):
+        logger.warning("agent {}: its worker (pid {}) has not exited after SIGKILL", name, proc.pid)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -170,6 +193,8 @@ class Population:
         :class:`WorkerProcess`; :class:`~swarm_runtime.serve.ray_workers.RayWorkers`: a Ray actor)."""
         self.opts = opts
         self.launcher = launcher
+        #: workers being stopped in the background (:meth:`mark_failed` on the event loop): held until done
+        self.stopping: set[asyncio.Task] = set()
         self.agents: list[AgentHandle] = []
         #: adapter hosts: one worker per base holding every role's adapter (their agents are URL agents on it)
         self.hosts: list[AgentHandle] = []
@@ -286,7 +311,7 @@ class Population:
         if a.status not in ("draining", "removed", "failed"):
             a.status, a.since, a.error = "failed", time.time(), why
             logger.error("agent {} failed: {}", a.name, why)
-            self._stop(a)
+            self._stop_soon(a)
 
     def _restart(self, a: AgentHandle) -> None:
         """Restart ``a``'s dead worker once its backoff has passed; fail it after too many restarts."""
@@ -431,18 +456,41 @@ class Population:
         end = time.time() + timeout
         while a.inflight and time.time() < end:
             await asyncio.sleep(0.05)
-        self._stop(a)
+        await self.astop(a)
         a.status = "removed"
         logger.info("agent {} drained and removed", a.name)
 
     def _stop(self, a: AgentHandle) -> None:
+        """Stop ``a``'s worker: SIGTERM, SIGKILL after :data:`STOP_GRACE_S`; returns once it exited. It blocks:
+        for code off the event loop (:meth:`stop_all`); the gateway's coroutines use :meth:`astop`."""
         if a.proc is not None and a.proc.poll() is None:
             a.proc.terminate()
             try:
-                a.proc.wait(5)
+                a.proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 a.proc.kill()
                 a.proc.wait()
+
+    async def astop(self, a: AgentHandle, grace_s: float = STOP_GRACE_S) -> None:
+        """:meth:`_stop` without blocking the event loop: SIGTERM now, then its exit polled between sleeps
+        (:func:`_reaped`); returns once it exited."""
+        if a.proc is not None and a.proc.poll() is None:
+            a.proc.terminate()
+            await _reaped(a.name, a.proc, grace_s)
+
+    def _stop_soon(self, a: AgentHandle) -> None:
+        """Stop ``a``'s worker from synchronous code: on the event loop (a probe or the watch found it failed)
+        SIGTERM now and the rest of :meth:`astop` in the background; off it, :meth:`_stop`."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._stop(a)
+            return
+        if a.proc is not None and a.proc.poll() is None:
+            a.proc.terminate()
+            task = asyncio.ensure_future(_reaped(a.name, a.proc, STOP_GRACE_S))
+            self.stopping.add(task)
+            task.add_done_callback(self.stopping.discard)
 
     def stop_all(self) -> None:
         for a in self.agents + self.hosts:

@@ -150,14 +150,14 @@ async def replace_worker(gw, a: AgentHandle, version: int) -> None:
     try:
         await _candidate_up(gw, cand)
     except BaseException:
-        pop._stop(cand)
+        await pop.astop(cand)  # SIGTERM at once, even when this task is being cancelled
         raise
     old = AgentHandle(-1, a.name, a.role, a.url, model_id=a.model_id, proc=a.proc)
     a.proc, a.url, a.model_id, a.checkpoint, a.version = cand.proc, cand.url, cand.model_id, cand.checkpoint, version
     a.status, a.since, a.misses, a.error, a.next_start, a.restart_times = "up", time.time(), 0, None, 0.0, []
     logger.info("agent {} now serves {} ({} at {})", a.name, a.label, folder, a.url)
     await _until_idle(pop, old.url, old.model_id, float(gw.s.action_timeout_ms) / 1000 + 5)
-    pop._stop(old)
+    await pop.astop(old)
     if old.url != a.url:
         await gw.agent_clients.forget(old.url)
 
