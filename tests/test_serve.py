@@ -412,8 +412,9 @@ def _transcript(run: Path, eid: str) -> dict:
 def test_a_served_episode_is_kept_with_its_token_ids_and_log_probs(served):
     """What training on served traffic needs: the transcript line of a served episode (serve/episodes.jsonl) holds,
     per turn, every answered bid's and the action's prompt and reply token ids, the sampler's log-probs and the
-    version that answered; the action's log-probs are the model's own scores of its tokens at the episode's
-    temperature (in process, teacher-forced). The API's answer carries none of it."""
+    version that answered; the action's log-probs are the learner's scores of its tokens at the episode's
+    temperature (in process, teacher-forced, over the whole vocabulary: the basis the importance weight compares).
+    The API's answer carries none of it."""
     import torch
 
     from swarm_runtime.serve.worker import WorkerOptions, load_policy
@@ -439,10 +440,12 @@ def test_a_served_episode_is_kept_with_its_token_ids_and_log_probs(served):
         if rec["role"] not in policies:
             folder = served.run / "checkpoints/final/agents" / rec["role"]
             policies[rec["role"]] = load_policy(WorkerOptions(model=str(folder)))
-        assert policies[rec["role"]].encode_prompt(act["prompt"]) == act["prompt_ids"]  # what training re-encodes
-        scores = _token_scores(policies[rec["role"]], act["prompt_ids"], act["token_ids"], 0.9)
-        want = scores.gather(-1, torch.tensor(act["token_ids"])[:, None]).squeeze(-1)
-        assert torch.allclose(torch.tensor(act["logprobs"]), want, atol=1e-4), (act, want)
+        policy = policies[rec["role"]]
+        assert policy.encode_prompt(act["prompt"]) == act["prompt_ids"]  # what training re-encodes
+        per: list = []  # the learner's per-token basis: log softmax(logits / T) over the whole vocabulary
+        with torch.no_grad():
+            policy.logprobs([act["prompt"]], [act["token_ids"]], temperature=0.9, per_token_out=per)
+        assert torch.allclose(torch.tensor(act["logprobs"]), per[0], atol=1e-4), (act, per)
         checked += 1
     assert checked >= 3
 
@@ -476,6 +479,82 @@ def test_a_client_side_reward_posted_later_once(served):
     assert httpx.post(f"{u}/v1/episodes/{ep['id']}/reward", json={"reward": "x"}).status_code == 422
     line = _transcript(served.run, ep["id"])
     assert line["status"] == "done" and line["reward"] == 3.5 and len(line["samples"]) == 2
+
+
+def test_a_swarm_trains_its_actions_on_the_episodes_it_served(served, registry, tmp_path):
+    """``algo.served`` (learn/served.py): the usable episodes of a served transcript become action samples with the
+    sampler's log-probs; on the weights that served them the learner's log-probs are the sampler's (importance
+    weights 1, mismatch ~0) and an update moves the weights. A transcript cut mid-record is used up to its last
+    complete line (the rest reported); one of another swarm (a role the run does not have, prompt token ids its
+    tokenizer does not make) is refused naming the file and line; episodes at another temperature are skipped."""
+    import torch
+
+    from swarm_runtime.config.errors import ConfigError
+    from swarm_runtime.config.load import load_saved
+    from swarm_runtime.learn.action import action_update, credit_samples_and_turns
+    from swarm_runtime.learn.mpt import optimizer_settings, role_optimizers
+    from swarm_runtime.learn.served import load_served
+    from swarm_runtime.runs.context import RunContext
+
+    torch.set_num_threads(1)
+    for seed in (3, 4):
+        body = httpx.post(f"{served.url}/v1/episodes", json={"seed": seed, "split": "train"}, timeout=120).json()
+        assert body["status"] == "done"
+    cfg = load_saved(served.run / "config.yaml")
+    ctx = RunContext(cfg, *registry, served.run)
+    agents, policies = ctx.build_swarm(served.run / "checkpoints/final/agents")
+    T = float(cfg.model.temperature)
+    episodes, report = load_served([served.run], agents, T)
+    lines = (served.run / "serve/episodes.jsonl").read_text().splitlines()
+    assert report.lines == len(lines) and report.used == len(episodes) >= 2, report.summary()
+    assert any("temperature" in why for why in report.skipped), report.summary()  # the episode played at 0.9
+    samples, turns = credit_samples_and_turns(episodes, ctx.credit_fn(), random.Random(0))
+    assert samples and all(t.action_logprobs and len(t.action_logprobs) == len(t.action_tokens) for t in turns)
+    before = {r: [q.detach().clone() for q in p.parameters()] for r, p in policies.items()}
+    m = action_update(
+        agents,
+        samples,
+        role_optimizers(policies, optimizer_settings(cfg))["action"],
+        float(ctx.task.reward_max),
+        8,
+        1.0,
+        behaviour=[t.action_logprobs for t in turns],
+        is_cap=2.0,
+    )
+    weights = {k: v for k, v in m.items() if k.startswith("mismatch/is_weight_mean_")}
+    assert weights and all(abs(v - 1.0) < 1e-3 for v in weights.values()), m
+    assert all(v < 1e-6 for k, v in m.items() if k.startswith("mismatch/approx_kl_")), m
+    moved = [r for r, p in policies.items() if any(not torch.equal(a, b) for a, b in zip(before[r], p.parameters()))]
+    assert moved, m
+    # a transcript cut mid-record: its complete lines are used, the rest reported
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(lines) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    _, rep = load_served([cut], agents, T)
+    assert rep.used == report.used and rep.unreadable == [f"{cut}:{len(lines) + 1}"], rep.summary()
+    # another swarm: a role this run does not have, or prompt ids its tokenizer does not make
+    line = next(json.loads(x) for x in lines if json.loads(x)["id"] == episodes_id(lines, T))
+    acted = next(i for i, r in enumerate(line["turns"]) if r["agent"] is not None)
+    for change, says in (("role", "does not have"), ("ids", "another base or tokenizer")):
+        bad = json.loads(json.dumps(line))
+        if change == "role":
+            bad["turns"][acted]["role"] = "Wizard"
+        else:
+            bad["samples"][acted]["action"]["prompt_ids"][-1] += 1
+        path = tmp_path / f"{change}.jsonl"
+        path.write_text(json.dumps(bad) + "\n")
+        with pytest.raises(ConfigError, match=says) as err:
+            load_served([path], agents, T)
+        assert f"{path}:1" in str(err.value)
+
+
+def episodes_id(lines: list[str], temperature: float) -> str:
+    """The id of a transcript line (of ``lines``) that training can use: done, sampled at ``temperature``."""
+    for x in lines:
+        rec = json.loads(x)
+        if rec["status"] == "done" and rec.get("temperature") == temperature and rec.get("samples"):
+            if any(r["agent"] is not None for r in rec["turns"]):
+                return rec["id"]
+    raise AssertionError("no usable served episode")
 
 
 def test_worker_n_samples_keyed_and_bounded(served):

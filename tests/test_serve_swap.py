@@ -284,7 +284,7 @@ def test_adapter_run_swaps_adapters_and_keeps_two_versions(registry, tmp_path):
             _kill_pid(pid)
 
 
-def _fake_checkpoint(root, roles=("A", "B"), hidden=8, levels=(0.0, 0.5), vocab="v1"):
+def _fake_checkpoint(root, roles=("A", "B"), hidden=8, levels=(0.0, 0.5), vocab="v1", tok_config=None):
     """A checkpoint folder with tiny full-copy model folders (what the swap check reads, no model to load)."""
     import torch
     from safetensors.torch import save_file
@@ -295,6 +295,7 @@ def _fake_checkpoint(root, roles=("A", "B"), hidden=8, levels=(0.0, 0.5), vocab=
         (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": hidden, "vocab_size": 10}))
         (d / "swarm_policy.json").write_text(json.dumps({"bid_levels": list(levels), "bid_mode": "logits"}))
         (d / "tokenizer.json").write_text(json.dumps({"vocab": vocab}))
+        (d / "tokenizer_config.json").write_text(json.dumps(tok_config or {"model_max_length": 512}))
         save_file({"w": torch.zeros(2)}, str(d / "model.safetensors"))
     return root
 
@@ -306,6 +307,9 @@ def _fake_checkpoint(root, roles=("A", "B"), hidden=8, levels=(0.0, 0.5), vocab=
         ({"levels": (0.0, 0.25)}, "its bid levels differ"),
         ({"vocab": "v2"}, "its tokenizer differs (tokenizer.json)"),
         ({"roles": ("A", "C")}, "no folder for B"),
+        ({"tok_config": {"model_max_length": 64}}, "its tokenizer differs (tokenizer_config.json)"),
+        # what transformers adds when it saves a tokenizer it loaded from a folder (a resumed run's checkpoints)
+        ({"tok_config": {"model_max_length": 512, "is_local": True, "local_files_only": False}}, None),
         ({}, None),
     ],
 )

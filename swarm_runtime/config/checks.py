@@ -14,6 +14,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.rules import DTYPES, check_name, fmt
+from swarm_runtime.learn.served import transcript_file
 
 
 def registered_names(cfg: DictConfig, registry) -> None:
@@ -250,3 +251,21 @@ def _leaf_keys(node: DictConfig, prefix: str = "") -> list[str]:
         v = node[k]
         out += _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, DictConfig) else [f"{prefix}{k}"]
     return out
+
+
+def served(cfg: DictConfig, registry) -> None:
+    """``algo.served``: read by ``algo=mpt`` (actions of a swarm with a model per role), each path a served transcript
+    or a served run folder; ``algo.served_only`` needs ``algo.served``."""
+    a = cfg.algo
+    paths = list(a.get("served") or [])
+    if a.get("served_only") and not paths:
+        raise ConfigError("algo.served_only=true needs algo.served=[RUN/serve/episodes.jsonl, ...] to train on")
+    if not paths:
+        return
+    if a.name != "mpt":
+        raise ConfigError(
+            f"algo.served is read by algo=mpt only (a model per role, trained on its served actions), not "
+            f"algo={a.name}; set algo=mpt or drop algo.served"
+        )
+    for path in paths:
+        transcript_file(path)

@@ -296,6 +296,9 @@ RULES: dict[str, Rule] = {
         # rollout and cluster (docs/reference/engine.md, docs/guides/ray.md)
         rule("model.chat_template", choices("auto", "none")),
         rule("algo.is_cap", floats(1.0, 1e6), nullable=True, null_means="off: the plain on-policy loss"),
+        rule("algo.served", lists(PATH, nonempty=False)),
+        rule("algo.served_only", BOOL),
+        rule("algo.served_per_step", ints(1, 1_000_000), nullable=True, null_means="algo.envs_per_step"),
         rule("rollout.engine", choices(*ROLLOUT_ENGINES)),
         rule("rollout.url", HTTP_URL, nullable=True, null_means="none (rollout.engine=openai needs one)"),
         rule("rollout.api_key_env", STR, nullable=True, null_means="no bearer key"),

@@ -133,6 +133,10 @@ class AlgoConfig:
     reward_scale: float | None = None  #: advantages are divided by this (None = task.reward_max)
     is_cap: float | None = None  #: truncated importance weights ``min(cap, pi_learner / pi_sampler)`` on each
     #: response's REINFORCE term and bid-pair loss (off-policy rollouts; None = off, the plain on-policy loss)
+    served: list = field(default_factory=list)  #: served transcripts (``RUN/serve/episodes.jsonl``, or a served run
+    #: folder) whose episodes actions also train on, importance-weighted (docs/guides/serve.md)
+    served_only: bool = False  #: train on ``algo.served`` instead of rollouts of its own (action updates only)
+    served_per_step: int | None = None  #: served episodes per action update (None = ``algo.envs_per_step``)
     goa_responders: int = 2  #: ``graph_of_agents`` coordinator: how many of the agents most confident in their own
     #: proposal respond (their proposals are peer-scored)
     sft: SFTConfig = field(default_factory=SFTConfig)

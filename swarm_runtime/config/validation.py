@@ -57,6 +57,7 @@ CHECKS: list[Callable[[DictConfig, Any], None]] = [
     checks_serve.serve_agent_urls,
     checks.adapter_algo,
     checks.rlcr_only,
+    checks.served,
     checks.bid_steps_need_bids,
     checks.adapter_rates,
     checks_engine.rollout_engine,

@@ -23,6 +23,7 @@ from swarm_runtime.learn.bid import bid_update, pick_contested, run_branches
 from swarm_runtime.learn.learner_actors import LearnerActors
 from swarm_runtime.learn.optim import load_optimizer_state, make_optimizer
 from swarm_runtime.learn.phases import PhasedTrainer
+from swarm_runtime.learn.served import SERVED_IS_CAP, load_pool, served_metrics
 from swarm_runtime.learn.sft import collect_demos, demo_accuracy, sft
 from swarm_runtime.models.adapters import adapter_lr_scale, sft_shared_base
 from swarm_runtime.models.bases import base_dir
@@ -192,6 +193,7 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
         self._group = None  #: ``cluster.learners=ray``: the learner actors (:meth:`_learners`)
         self._group_loaded = False  #: whether they hold the driver's weights and optimizer state of now
         self.learner_options: dict = {}  #: extra Ray options of the learner actors (placement)
+        self.served = None  #: ``algo.served``: the served episodes actions also train on (learn/served.py)
 
     def env_domain(self):
         """The domain whose ``make_env`` rollouts, evaluations and branches use: the run's own
@@ -358,6 +360,7 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
             self.optimizers = self._optimizers(self.policies)
         self.coordinator = ctx.coordinator()
         self.credit = ctx.credit_fn()
+        self.served = load_pool(self.cfg, self.agents)
         self.writer = MetricsWriter(
             ctx.run_dir, bool(self.cfg.tensorboard), truncate_after=self.state["iteration"] if ctx.resume_from else None
         )
@@ -607,13 +610,20 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
         """RL update ``it``: its rollout (played now, or ahead), then an action step or a bid step
         (:func:`step_kind`); the roles it stepped go to the sampler. Its metrics row."""
         ctx, a = self.ctx, self.cfg.algo
-        kind = step_kind(it, int(a.action_steps), int(a.bid_steps))
+        served_only = self.served is not None and bool(a.get("served_only"))
+        kind = "action" if served_only else step_kind(it, int(a.action_steps), int(a.bid_steps))
         ctx.flops.category = "rollout"
         t_step = time.time()
-        episodes, rollout_s = self._episodes(it)
-        m = self._rollout_report(episodes, rollout_s)
+        episodes, m = [], {}
+        if served_only:  # no rollouts of its own (and so no bid steps: learn/served.py); the sampler still syncs
+            self._rollouts()
+        else:
+            episodes, rollout_s = self._episodes(it)
+            m = self._rollout_report(episodes, rollout_s)
+        served = self.served.batch(it) if self.served is not None and kind == "action" else []
+        m.update(served_metrics(served))
         t1 = time.time()
-        m.update(self._action_step(episodes) if kind == "action" else self._bid_step(episodes))
+        m.update(self._action_step(episodes, served) if kind == "action" else self._bid_step(episodes))
         self._synced(it, m)
         m["time/update_s"] = time.time() - t1
         # the update's wall: waiting for its rollout (played ahead or now) and training
@@ -639,14 +649,18 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
                 m["charts/staleness"] = lag
         return m
 
-    def _action_step(self, episodes) -> dict:
-        """REINFORCE on the episodes' acted turns, each with its credit (docs/reference/method.md)."""
+    def _action_step(self, episodes, served=()) -> dict:
+        """REINFORCE on the episodes' acted turns, each with its credit (docs/reference/method.md), and on the
+        served episodes' (``algo.served``), importance-weighted against the versions that served them
+        (``algo.is_cap``, else :data:`~swarm_runtime.learn.served.SERVED_IS_CAP`)."""
         ctx, a = self.ctx, self.cfg.algo
         scale = float(a.reward_scale or ctx.task.reward_max)
         ctx.flops.category = "update"
-        samples, turns = credit_samples_and_turns(episodes, self.credit, self.rng)
+        samples, turns = credit_samples_and_turns([*episodes, *served], self.credit, self.rng)
         kl_coef = float(a.kl_coef)
         is_cap = a.get("is_cap")
+        if is_cap is None and served:
+            is_cap = SERVED_IS_CAP
         return self._update(
             "action",
             action_update,
@@ -713,7 +727,8 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
         )
 
     def postfix(self, m: dict) -> dict:
-        return {"reward": f"{m['charts/episode_reward']:.1f}", "kind": m["kind"]}
+        reward = m.get("charts/episode_reward", m.get("served/reward_mean", 0.0))  # algo.served_only: no rollouts
+        return {"reward": f"{reward:.1f}", "kind": m["kind"]}
 
     def finish(self) -> dict:
         ctx = self.ctx

@@ -43,6 +43,11 @@ def machine_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]
     return out
 
 
+#: What ``swarm run resume=true`` may change besides the machine and the display: how many updates in all, and the
+#: served transcripts its actions train on next (docs/guides/serve.md, "Training on served traffic").
+RESUME_ALSO = ("algo.iterations", "algo.served", "algo.served_only", "algo.served_per_step")
+
+
 def resume_overrides(args, also: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """The command line's settings a resume applies on top of the saved run: the machine
     (``hardware=``, ``hardware.*``), the display (``DISPLAY_KEYS``), secrets (never saved, so given
@@ -377,7 +382,7 @@ class RunFolder:
             # refused here, before anything in the folder is repaired, cut or rewritten.
             saved = load_saved(config, registry)
             saved.resume, saved.run_dir = True, str(self.path)
-            applied = refuse_resume_conflicts(saved, args, config, also=("algo.iterations",))
+            applied = refuse_resume_conflicts(saved, args, config, also=RESUME_ALSO)
         self.resume_from = latest_checkpoint(self.path)
         if self.resume_from is not None:  # its models' files, before anything in the folder is cut or rewritten
             from swarm_runtime.runs.agents_check import check_agents

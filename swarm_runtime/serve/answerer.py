@@ -39,8 +39,9 @@ from swarm_runtime.serve.protocol import seed_for
 from swarm_runtime.serve.turns import Bidders
 
 #: what every bid and action request asks for besides its text: the token ids (prompt and reply) and the sampled
-#: tokens' log-probs (vLLM's completions extensions; our worker answers them the same way)
-TOKEN_FIELDS = {"return_token_ids": True, "logprobs": 0}
+#: tokens' log-probs (vLLM's completions extensions), in the learner's basis on our worker (``swarm_logprobs``:
+#: before its masks, serve/logprobs.py; vLLM ignores the field and answers in its ``--logprobs-mode``)
+TOKEN_FIELDS = {"return_token_ids": True, "logprobs": 0, "swarm_logprobs": "learner"}
 
 
 def sample(choice: dict, version: str | None, prompt: str) -> dict:

@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from swarm_runtime.models.bids import bid_token, parse_bid
-from swarm_runtime.serve.logprobs import StepRecorder
+from swarm_runtime.serve.logprobs import StepRecorder, learner_row
 from swarm_runtime.serve.vllm_fields import RawRecorder, cut_at_stop, token_fields
 
 #: ``Job.adapter`` of a request an adapter host answers with its base (``model`` names the base)
@@ -182,6 +182,7 @@ class Completer:
             float(req.top_p),
             fields,
             adapter == BASE,
+            req.swarm_logprobs,
         )
         return Job(
             req,
@@ -318,17 +319,20 @@ class Completer:
                 [[0]] * len(prompts),
                 [None] * len(prompts),
             )
+        learner = j0.req.swarm_logprobs == "learner" and want is not None
         if j0.is_bid and p.bid_mode == "logits":
-            return self._logit_bids(p, prompts, keys, want)
-        return self._generate(p, j0, prompts, keys, want)
+            return self._logit_bids(p, prompts, keys, want, learner)
+        return self._generate(p, j0, prompts, keys, want, learner)
 
-    def _logit_bids(self, p, prompts: list, keys, want) -> tuple[list[str], list, list]:
+    def _logit_bids(self, p, prompts: list, keys, want, learner: bool = False) -> tuple[list[str], list, list]:
         """Bids in one forward pass over the bid levels (with each level's log-prob, from the same pass, when
-        ``logprobs`` is set)."""
+        ``logprobs`` is set; ``learner``: the drawn level's over the whole vocabulary)."""
         bids, probs = p.logit_bids(prompts, keys or None)
         texts, outs = [b.text for b in bids], [b.tokens for b in bids]
         logprobs = [None] * len(prompts)
-        if want is not None:
+        if learner:
+            logprobs = [learner_row(b.tokens, b.text, b.logprobs, p.decode) for b in bids]
+        elif want is not None:
             probs = probs.clamp_min(1e-45).log().tolist()
             logprobs = [
                 {
@@ -341,21 +345,25 @@ class Completer:
             ]
         return texts, outs, logprobs
 
-    def _generate(self, p, j0: Job, prompts: list, keys, want) -> tuple[list[str], list, list]:
-        """Generated text: a bid in generate mode, or an action (among its choices' token prefix tree, if any)."""
+    def _generate(self, p, j0: Job, prompts: list, keys, want, learner: bool = False) -> tuple[list[str], list, list]:
+        """Generated text: a bid in generate mode, or an action (among its choices' token prefix tree, if any).
+        ``learner``: the log-probs the policy records itself, before its masks (:func:`learner_row`)."""
         ids = [self.prompt_ids(x) for x in prompts]
-        rec = StepRecorder(p, want) if want is not None else None
+        rec = StepRecorder(p, want) if want is not None and not learner else None
+        lps: list | None = [] if learner else None
         pick = rec  # top_p masks first; the recorder then scores the masked distribution
         if float(j0.req.top_p) < 1.0:
             pick = top_p_pick(p, float(j0.req.top_p), rec or p._pick)
         if j0.is_bid:
-            outs = p._sample(ids, int(j0.req.max_tokens), None, keys, pick=pick)
+            outs = p._sample(ids, int(j0.req.max_tokens), None, keys, pick=pick, logprobs_out=lps)
             texts = [b.text for b in p.parse_bids(outs)]
         else:
             trie = j0.trie
             longest = max(int(j0.req.max_tokens), trie.longest if trie is not None else 1)
-            outs = p._sample(ids, longest, p._action_ban, keys, trie, pick=pick)
+            outs = p._sample(ids, longest, p._action_ban, keys, trie, pick=pick, logprobs_out=lps)
             texts = [p.decode(o) for o in outs]
+        if lps is not None:
+            return texts, outs, [learner_row(o, t, lp, p.decode) for o, t, lp in zip(outs, texts, lps)]
         if rec is None:
             return texts, outs, [None] * len(prompts)
         return texts, outs, [rec.row(r, o, t, p.decode) for r, (o, t) in enumerate(zip(outs, texts))]

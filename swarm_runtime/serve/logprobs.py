@@ -6,7 +6,10 @@ from: ``log_softmax(logits / T)`` after the policy's masks (the ``guided_choice`
 the ban on bid and special tokens), with ``T`` the request's temperature (1 when greedy). That is
 the score the training losses give the same tokens (``policy.logprobs(..., temperature=T,
 actions=True)``), and what vLLM returns with ``--logprobs-mode processed_logprobs`` (vLLM's default,
-``raw_logprobs``, scores before temperature and masks).
+``raw_logprobs``, scores before temperature and masks). A request with our extension
+``"swarm_logprobs": "learner"`` gets instead ``log_softmax(logits / T)`` over the whole vocabulary, before the
+worker's masks (:func:`learner_row`): the basis the learner compares a sampler's log-probs with
+(``per_token_out`` of ``policy.logprobs``, :mod:`swarm_runtime.sampling.mismatch`); vLLM ignores the field.
 
 The answer per choice is ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``: ``tokens``
 are the pieces of the returned text each token added (they concatenate to the text; the
@@ -59,6 +62,21 @@ class StepRecorder:
             entry[pieces[s]] = token_logprobs[s]  # the sampled token is always listed, under its own piece
             top.append(dict(sorted(entry.items(), key=lambda kv: -kv[1])))
         return {"tokens": pieces, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def learner_row(out: list[int], text: str, lps: list[float], decode) -> dict:
+    """The ``logprobs`` object of generated ``out`` (token ids; returned ``text``) whose per-token log-probs ``lps``
+    are in the learner's basis (``swarm_logprobs: "learner"``: ``log_softmax(logits / T)`` over the whole
+    vocabulary, before the worker's masks): each step lists its sampled token only."""
+    offsets = _offsets(out, text, decode)
+    pieces = [text[a:b] for a, b in zip(offsets, offsets[1:] + [len(text)])]
+    lps = [float(v) for v in lps[: len(out)]]
+    return {
+        "tokens": pieces,
+        "token_logprobs": lps,
+        "top_logprobs": [{p: v} for p, v in zip(pieces, lps)],
+        "text_offset": offsets,
+    }
 
 
 def _offsets(out: list[int], text: str, decode) -> list[int]:

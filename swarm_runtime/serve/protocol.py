@@ -70,6 +70,8 @@ def sample_keys(seed: int, n: int) -> list[tuple[int, ...]]:
 
 def completion_models():
     """Pydantic models of the request (imported lazily: pydantic comes with the ``serve`` extra)."""
+    from typing import Literal
+
     from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
     class CompletionRequest(BaseModel):
@@ -91,6 +93,8 @@ def completion_models():
         logprobs: StrictInt | None = Field(None, ge=0, le=64)
         guided_choice: list[str] | None = Field(None, min_length=1, max_length=4096)
         n: StrictInt = Field(1, ge=1)  # at most MAX_N: more is refused with 400 naming the limit
+        #: our extension (vLLM ignores it): ``learner``: log-probs in the learner's basis (serve/logprobs.py)
+        swarm_logprobs: Literal["processed", "learner"] = "processed"
         # vLLM's token-level extensions (swarm_runtime/serve/vllm_fields.py): what rollout.engine=openai sends
         return_token_ids: StrictBool = False  #: each choice carries ``token_ids`` and ``prompt_token_ids``
         return_tokens_as_token_ids: StrictBool = False  #: tokens named ``token_id:N``

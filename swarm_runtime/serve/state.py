@@ -164,7 +164,9 @@ class Gateway:
         with self.metrics.lock:
             self.metrics.episodes[ep.status] += 1
             self.metrics.episode_duration.observe(time.monotonic() - ep.started)
-        append_synced(self.transcripts, {**self.summary(ep, turns=True), "samples": ep.samples})  # before its end
+        temperature = self.opts.temperature if ep.temperature is None else ep.temperature  # what its samples drew at
+        line = {**self.summary(ep, turns=True), "temperature": temperature, "samples": ep.samples}
+        append_synced(self.transcripts, line)  # before its end
         self.journal.end(ep.id, ep.status, versions_of(ep.records))
         logger.info(
             "episode {} {}: reward {:.2f} in {} decisions{}",

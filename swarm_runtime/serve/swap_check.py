@@ -24,8 +24,12 @@ ARCH_KEYS = (
     "num_key_value_heads",
     "intermediate_size",
 )
-#: The tokenizer files compared byte for byte (those a folder has).
+#: The tokenizer files compared (those a folder has): JSON ones by content less :data:`LOADER_KEYS`, others byte for
+#: byte.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
+#: Keys transformers writes into ``tokenizer_config.json`` about how the tokenizer was loaded, not what it is: a
+#: resumed run's checkpoints (its tokenizer loaded from the folder) have them, the first run's do not.
+LOADER_KEYS = ("is_local", "local_files_only", "name_or_path", "_commit_hash", "cache_dir")
 
 
 def _refuse(what: str) -> BadRequest:
@@ -43,7 +47,22 @@ def _json(path: Path) -> dict:
 
 
 def _digest(folder: Path, names) -> dict[str, str]:
-    return {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in names if (folder / n).is_file()}
+    """Each file's sha256: a JSON object's of its content without :data:`LOADER_KEYS` (keys sorted), else its bytes."""
+    out = {}
+    for n in names:
+        path = folder / n
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if n.endswith(".json"):
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                data = json.dumps({k: v for k, v in obj.items() if k not in LOADER_KEYS}, sort_keys=True).encode()
+        out[n] = hashlib.sha256(data).hexdigest()
+    return out
 
 
 def model_signature(folder: Path) -> dict:
