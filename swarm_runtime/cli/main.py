@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from swarm_runtime.cli.collect import add_parser as add_collect_parser
 from swarm_runtime.cli.config import cmd_config
 from swarm_runtime.cli.eval import cmd_eval
 from swarm_runtime.cli.experiment import cmd_experiment
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.set_defaults(func=cmd_serve)
     add_swap_parser(sub)
+    add_collect_parser(sub)
     x = sub.add_parser("experiment", help="run one of the paper's experiments (see --list)", epilog=epilog)
     x.add_argument("name", nargs="?", help="experiment name (swarm experiment --list)")
     x.add_argument(

@@ -73,13 +73,26 @@ class SwarmClient:
         return (await self._json("GET", "/v1/episodes", params={"status": status} if status else None))["episodes"]
 
     async def turn(
-        self, episode_id: str, observation: str, reward: float = 0.0, valid: bool = True, done: bool = False
+        self,
+        episode_id: str,
+        observation: str,
+        reward: float = 0.0,
+        valid: bool = True,
+        done: bool = False,
+        reward_later: bool = False,
     ) -> dict:
+        """Report the last turn's outcome and what the world shows now; the next turn, or the summary once done
+        (``reward_later``: with ``done``, the episode waits for :meth:`reward`)."""
+        body = {"observation": observation, "reward": reward, "valid": valid, "done": done}
         return await self._json(
             "POST",
             f"/v1/episodes/{episode_id}/turns",
-            json={"observation": observation, "reward": reward, "valid": valid, "done": done},
+            json={**body, **({"reward_later": True} if reward_later else {})},
         )
+
+    async def reward(self, episode_id: str, reward: float) -> dict:
+        """A client-side episode's reward, once, after its last report said ``reward_later``."""
+        return await self._json("POST", f"/v1/episodes/{episode_id}/reward", json={"reward": reward})
 
 
 def to_episode(body: dict):

@@ -38,7 +38,8 @@ def health(request: Request):
             "episodes_running": gw.running_count(),
             "domain": gw.cfg.domain,
             "task": gw.cfg.task_name,
-            "checkpoint": gw.setup.checkpoint.name,
+            "checkpoint": gw.versions.folders[gw.versions.current].name,  # the current version's, after a swap
+            "version": f"v{gw.versions.current}",
         },
         status_code=200 if ok else 503,
     )
