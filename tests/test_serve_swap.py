@@ -128,7 +128,11 @@ def test_bad_swaps_are_refused_before_anything_moves(gateway):
     foreign = run / "checkpoints" / "foreign"
     shutil.copytree(run / "checkpoints" / "final", foreign)
     tok = foreign / "agents" / "Smith" / "tokenizer.json"
-    tok.write_text(json.dumps(json.loads(tok.read_text()), indent=1))  # the same vocabulary, other bytes
+    data = json.loads(tok.read_text())
+    vocab = data["model"]["vocab"]
+    word = next(w for w in vocab if w.isalpha())
+    vocab[word + "x"] = vocab.pop(word)  # one token spelled otherwise: another tokenizer
+    tok.write_text(json.dumps(data, indent=1))
     other = run / "checkpoints" / "other"
     shutil.copytree(run / "checkpoints" / "final", other)
     (other / "agents" / "Smith").rename(other / "agents" / "Baker")

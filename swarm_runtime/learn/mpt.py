@@ -360,7 +360,7 @@ class MPTTrainer(LearnerActors, PhasedTrainer):
             self.optimizers = self._optimizers(self.policies)
         self.coordinator = ctx.coordinator()
         self.credit = ctx.credit_fn()
-        self.served = load_pool(self.cfg, self.agents)
+        self.served = load_pool(self.ctx, self.agents)
         self.writer = MetricsWriter(
             ctx.run_dir, bool(self.cfg.tensorboard), truncate_after=self.state["iteration"] if ctx.resume_from else None
         )

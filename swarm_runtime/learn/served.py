@@ -15,7 +15,10 @@ Only what can be trained on honestly is used; the rest is counted in the :class:
   return is incomplete);
 - with token ids and log-probs for every action (``serve.journal_tokens=false`` leaves them out);
 - sampled at the run's temperature (the learner scores at ``model.temperature``; a sampler's log-probs at another
-  temperature are another distribution's, and would bias the weight).
+  temperature are another distribution's, and would bias the weight);
+- of the run's task, and, played on the server's env, not on one of its held-out seeds (its ``eval`` and ``dev``
+  splits): ``swarm eval serve.url=`` plays those, and training on them would leak the evaluation into training
+  (a client-side episode's seed names no world of ours, so it is not held out).
 
 A line that is not JSON (a transcript cut mid-record) is skipped and reported; the complete lines are used. A
 transcript is data: nothing in it is executed, and nothing is written next to it. A role the run does not have,
@@ -98,10 +101,15 @@ def read_lines(path: Path, report: ServedReport) -> list[tuple[int, dict]]:
     return out
 
 
-def skip_reason(rec: dict, temperature: float) -> str | None:
-    """Why the transcript line ``rec`` cannot be trained on, or None."""
+def skip_reason(rec: dict, temperature: float, task: str | None = None, held_out=frozenset()) -> str | None:
+    """Why the transcript line ``rec`` cannot be trained on, or None (``task``: the run's; ``held_out``: its
+    held-out seeds)."""
     if rec.get("status") not in USABLE:
         return f"{rec.get('status')} (return incomplete)"
+    if task is not None and rec.get("task") != task:
+        return f"of another task than the run's {task}"
+    if rec.get("env", "server") == "server" and rec.get("seed") in held_out:
+        return "on held-out seeds (eval, dev): kept out of training"
     turns, samples = rec.get("turns"), rec.get("samples")
     if not isinstance(turns, list) or not isinstance(samples, list) or len(samples) != len(turns):
         return "without samples (served before token ids were kept)"
@@ -164,10 +172,12 @@ def served_episode(rec: dict, where: str, agent_of: dict[str, int], n_agents: in
     )
 
 
-def load_served(paths, agents, temperature: float) -> tuple[list[Episode], ServedReport]:
+def load_served(
+    paths, agents, temperature: float, task: str | None = None, held_out=frozenset()
+) -> tuple[list[Episode], ServedReport]:
     """The usable episodes of the served transcripts ``paths`` (module docstring) for the swarm ``agents`` (the
-    run's :class:`~swarm_runtime.core.episode.Agent` list: each role stands for its served replicas), and what was
-    read."""
+    run's :class:`~swarm_runtime.core.episode.Agent` list: each role stands for its served replicas) of ``task``
+    (None: any) with the held-out seeds ``held_out``, and what was read."""
     report = ServedReport()
     agent_of: dict[str, int] = {}
     for i, a in enumerate(agents):
@@ -181,7 +191,7 @@ def load_served(paths, agents, temperature: float) -> tuple[list[Episode], Serve
         f = transcript_file(path)
         report.files.append(str(f))
         for n, rec in read_lines(f, report):
-            why = skip_reason(rec, temperature)
+            why = skip_reason(rec, temperature, task, held_out)
             if why is not None:
                 report.skipped[why] += 1
                 continue
@@ -218,16 +228,17 @@ def served_metrics(batch: list[Episode]) -> dict[str, float]:
     }
 
 
-def load_pool(cfg, agents) -> ServedPool | None:
-    """``algo.served``'s pool for the swarm ``agents`` (None without it), its report logged; no usable episode with
-    ``algo.served_only`` is a :class:`ConfigError` (there would be nothing to train on)."""
+def load_pool(ctx, agents) -> ServedPool | None:
+    """``algo.served``'s pool for the run ``ctx``'s swarm ``agents`` (None without it), its report logged; no usable
+    episode with ``algo.served_only`` is a :class:`ConfigError` (there would be nothing to train on)."""
     from loguru import logger
 
-    a = cfg.algo
+    cfg, a = ctx.cfg, ctx.cfg.algo
     paths = list(a.get("served") or [])
     if not paths:
         return None
-    episodes, report = load_served(paths, agents, float(cfg.model.temperature))
+    held_out = {s for split in ("eval", "dev") for s in ctx.domain.episode_seeds(ctx.task, split)}
+    episodes, report = load_served(paths, agents, float(cfg.model.temperature), str(cfg.task_name), held_out)
     if not episodes and a.get("served_only"):
         raise ConfigError(f"algo.served_only=true, but no served episode can be trained on: {report.summary()}")
     (logger.info if episodes else logger.warning)("algo.served: {}", report.summary())

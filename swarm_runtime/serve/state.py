@@ -165,7 +165,8 @@ class Gateway:
             self.metrics.episodes[ep.status] += 1
             self.metrics.episode_duration.observe(time.monotonic() - ep.started)
         temperature = self.opts.temperature if ep.temperature is None else ep.temperature  # what its samples drew at
-        line = {**self.summary(ep, turns=True), "temperature": temperature, "samples": ep.samples}
+        env = "server" if ep.env is not None else "client"
+        line = {**self.summary(ep, turns=True), "env": env, "temperature": temperature, "samples": ep.samples}
         append_synced(self.transcripts, line)  # before its end
         self.journal.end(ep.id, ep.status, versions_of(ep.records))
         logger.info(
