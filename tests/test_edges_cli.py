@@ -59,6 +59,17 @@ def test_a_section_still_takes_null_where_the_task_allows_it_and_its_keys_as_bef
     assert "dev_seeds: null" in res.stdout and "kind: ray" in res.stdout
 
 
+def test_none_is_the_word_for_a_string_setting_that_has_it_and_null_for_an_optional_one(tmp_path, warm_swarm):
+    """``model.chat_template=none`` and ``cluster.placement=none`` (documented values) are the word ``none``, not
+    YAML's null (which those settings refuse); an optional setting (``model.adapter``) still takes null."""
+    args = ("model.chat_template=none", "cluster.placement=NONE", "model.adapter=none")
+    res = warm_swarm("config", "domain=minecraft", "task=wooden_pickaxe", *args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    cfg = yaml.safe_load(res.stdout)
+    assert cfg["model"]["chat_template"] == "none" and cfg["cluster"]["placement"] == "none"
+    assert cfg["model"]["adapter"] is None
+
+
 @pytest.mark.parametrize("name", ["a\nb", "a\tb", "a\x01b", "a\rb"], ids=["newline", "tab", "soh", "cr"])
 def test_a_run_dir_with_control_characters_is_refused_not_rewritten(tmp_path, name, warm_swarm):
     res = warm_swarm("run", f"run_dir={tmp_path / name}", "algo.iterations=0", cwd=tmp_path, timeout=120)

@@ -288,7 +288,7 @@ def test_adapter_run_swaps_adapters_and_keeps_two_versions(registry, tmp_path):
             _kill_pid(pid)
 
 
-def _fake_checkpoint(root, roles=("A", "B"), hidden=8, levels=(0.0, 0.5), vocab="v1", tok_config=None):
+def _fake_checkpoint(root, roles=("A", "B"), hidden=8, levels=(0.0, 0.5), vocab="v1", tok_config=None, template=None):
     """A checkpoint folder with tiny full-copy model folders (what the swap check reads, no model to load)."""
     import torch
     from safetensors.torch import save_file
@@ -300,6 +300,8 @@ def _fake_checkpoint(root, roles=("A", "B"), hidden=8, levels=(0.0, 0.5), vocab=
         (d / "swarm_policy.json").write_text(json.dumps({"bid_levels": list(levels), "bid_mode": "logits"}))
         (d / "tokenizer.json").write_text(json.dumps({"vocab": vocab}))
         (d / "tokenizer_config.json").write_text(json.dumps(tok_config or {"model_max_length": 512}))
+        if tok_config is None and template is not None:  # transformers 5 saves a chat template to its own file
+            (d / "chat_template.jinja").write_text(template)
         save_file({"w": torch.zeros(2)}, str(d / "model.safetensors"))
     return root
 
@@ -314,6 +316,10 @@ def _fake_checkpoint(root, roles=("A", "B"), hidden=8, levels=(0.0, 0.5), vocab=
         ({"tok_config": {"model_max_length": 64}}, "its tokenizer differs (tokenizer_config.json)"),
         # what transformers adds when it saves a tokenizer it loaded from a folder (a resumed run's checkpoints)
         ({"tok_config": {"model_max_length": 512, "is_local": True, "local_files_only": False}}, None),
+        (
+            {"tok_config": {"model_max_length": 512, "chat_template": "{{ x }}"}},
+            "its tokenizer differs (chat template)",
+        ),
         ({}, None),
     ],
 )
@@ -330,6 +336,19 @@ def test_swap_check_names_what_differs(tmp_path, change, says):
     with pytest.raises(BadRequest) as err:
         check_swappable(served, new)
     assert err.value.status == 422 and says in err.value.message, err.value.message
+
+
+def test_a_chat_template_is_compared_wherever_the_tokenizer_keeps_it(tmp_path):
+    """In tokenizer_config.json (as served) or in chat_template.jinja (where transformers 5 saves it: a resumed run's
+    checkpoints): the same template is the same tokenizer, another is refused naming it."""
+    from swarm_runtime.serve.swap_check import check_swappable
+    from swarm_runtime.serve.validate import BadRequest
+
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    served = _fake_checkpoint(tmp_path / "served", tok_config={"model_max_length": 512, "chat_template": template})
+    check_swappable(served, _fake_checkpoint(tmp_path / "moved", template=template))
+    with pytest.raises(BadRequest, match=r"its tokenizer differs \(chat template\)"):
+        check_swappable(served, _fake_checkpoint(tmp_path / "other", template=template + "!"))
 
 
 def test_a_swap_with_no_agent_of_the_gateways_own_to_move_is_refused():

@@ -75,6 +75,8 @@ def _set(cfg: DictConfig, key: str, value: str, literal: bool = False) -> None:
             node = node[p]
     parsed = _parse(value, literal)
     target = node._get_node(parts[-1])
+    if parsed is None and value.strip().lower() == "none" and _literal_none(target):
+        parsed = "none"  # the word of a string setting (model.chat_template=none, cluster.placement=none), not null
     if isinstance(target, DictConfig) and not isinstance(parsed, dict) and (parsed is not None or _typed(target)):
         raise section_given_a_value(key, target, parsed, value)
     merge = isinstance(target, DictConfig) and isinstance(parsed, dict) and _typed(target)
@@ -87,6 +89,14 @@ def _set(cfg: DictConfig, key: str, value: str, literal: bool = False) -> None:
         OmegaConf.update(cfg, key, parsed, merge=merge)
     except Exception as exc:  # omegaconf validation error: wrong type
         raise ConfigError(f"bad value {value!r} for {key!r}: {exc}") from exc
+
+
+def _literal_none(target) -> bool:
+    """Whether ``target`` (a config node) is a string setting that may not be null: ``none`` given to it is the word
+    (its valid values say ``none``), not YAML's null."""
+    from omegaconf import ValueNode
+
+    return isinstance(target, ValueNode) and not target._is_optional() and isinstance(target._value(), str)
 
 
 def _typed(node: DictConfig) -> bool:

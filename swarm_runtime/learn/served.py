@@ -25,6 +25,11 @@ transcript is data: nothing in it is executed, and nothing is written next to it
 or prompt token ids that this run's tokenizer does not reproduce, is a transcript of another swarm: refused with
 a :class:`~swarm_runtime.config.errors.ConfigError` naming the file and line.
 
+An intercepted call (intercept mode, swarm_runtime/serve/routes/intercept.py) is a turn whose prompt is chat
+messages: its action prompt is the served prompt token ids, checked against the run's chat template of the
+messages; it has no bid, so under the bucket brigade it keeps its own turn's reward (a reward posted at the end
+credits the last call; ``algo.credit=reward_to_go`` gives every call the reward that followed it).
+
 Bids learn only from the run's own rollouts: a bid is trained on counterfactual branches, which replay a
 contested turn from a snapshot of the env before it; a served episode keeps no snapshot (and a client-side one
 has no env here at all).
@@ -41,6 +46,7 @@ from pathlib import Path
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.core.auction import AuctionResult
 from swarm_runtime.core.episode import Episode, Turn
+from swarm_runtime.models.chat import template_ids
 
 #: The importance-weight cap served actions are trained with when ``algo.is_cap`` is unset (served episodes were
 #: sampled by the versions that served them, not by the learner as it is now).
@@ -120,9 +126,11 @@ def skip_reason(rec: dict, temperature: float, task: str | None = None, held_out
         ids, lps = act.get("token_ids"), act.get("logprobs")
         if not ids or lps is None or len(lps) != len(ids) or any(v is None for v in lps):
             return "without action token ids or log-probs (serve.journal_tokens=false)"
-    t = rec.get("temperature")
-    if t is None or not math.isclose(float(t), temperature, abs_tol=1e-9):
-        return f"sampled at another temperature than the learner's {temperature:g}"
+        if act.get("prompt") is None and not act.get("prompt_ids"):
+            return "without the prompt's token ids"
+        t = act.get("temperature", rec.get("temperature"))  # an intercepted call's own, else the episode's
+        if t is None or not math.isclose(float(t), temperature, abs_tol=1e-9):
+            return f"sampled at another temperature than the learner's {temperature:g}"
     return None
 
 
@@ -142,7 +150,10 @@ def served_episode(rec: dict, where: str, agent_of: dict[str, int], n_agents: in
                     f"({', '.join(agent_of)}): a transcript of another swarm"
                 )
             winner, act = agent_of[role], s["action"]
-            if act.get("prompt_ids") is not None and encode(role, act["prompt"]) != list(act["prompt_ids"]):
+            # a text prompt (the gateway's own turns) or chat messages (an intercepted call): the run's tokenizer must
+            # make the served prompt token ids of it
+            made = encode(role, act["prompt"] if act.get("prompt") is not None else act.get("messages"))
+            if act.get("prompt_ids") is not None and made != list(act["prompt_ids"]):
                 raise ConfigError(
                     f"{where}: turn {t}: the served prompt's token ids are not what this run's {role} tokenizer makes "
                     "of its text: a transcript of another swarm (another base or tokenizer)"
@@ -155,7 +166,7 @@ def served_episode(rec: dict, where: str, agent_of: dict[str, int], n_agents: in
                 bid_tokens=list(none),
                 bid_prompts=list(none),
                 auction=AuctionResult(winner, None, float(r.get("bid") or 0.0) if winner is not None else 0.0),
-                action_prompt=act.get("prompt"),
+                action_prompt=act["prompt"] if act.get("prompt") is not None else act.get("prompt_ids"),
                 action_tokens=[int(x) for x in act["token_ids"]] if winner is not None else None,
                 action_text=act.get("text") or "",
                 reward=float(r.get("reward") or 0.0),
@@ -183,8 +194,14 @@ def load_served(
     for i, a in enumerate(agents):
         agent_of.setdefault(a.role, i)
 
-    def encode(role: str, prompt: str) -> list[int]:
-        return list(agents[agent_of[role]].policy.encode_prompt(prompt))
+    def encode(role: str, prompt) -> list[int]:
+        """The run's token ids of a text prompt, or of chat messages through its chat template (none: no ids)."""
+        policy = agents[agent_of[role]].policy
+        if isinstance(prompt, str):
+            return list(policy.encode_prompt(prompt))
+        if not getattr(policy.tok, "chat_template", None):
+            return []
+        return template_ids(policy.tok, list(prompt))
 
     episodes = []
     for path in paths:

@@ -161,10 +161,12 @@ class TransformersPolicy:
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     # ------------------------------------------------------------------ encoding
-    def encode_prompt(self, prompt: str) -> list[int]:
-        """The prompt's token ids (beginning of sequence first). A prompt longer than
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's token ids (beginning of sequence first; a list of token ids is taken as it is). A prompt longer than
         ``max_prompt_tokens`` is a :class:`PromptOverflowError`, or, with ``SWARM_PROMPT_OVERFLOW=warn``,
         cut from the left (losing its opening: the role line and the start of the state) and counted."""
+        if isinstance(prompt, list):  # token ids already (a served chat call's prompt: learn/served.py)
+            return [int(t) for t in prompt][-self.max_prompt_tokens :]
         ids = self._prompt_cache.get(prompt)
         if ids is None and self.templated:  # the template places its own special tokens
             ids = prompt_ids(self.tok, prompt)  # role card as the system message, the rest as the user turn

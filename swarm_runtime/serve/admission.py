@@ -70,7 +70,7 @@ async def admit(gw: Gateway, req: EpisodeRequest, cid: str) -> None:
     s = gw.s
     if not gw.accepting:
         raise refuse(503, "the gateway is shutting down: no new episodes", retry_after=float(s.shutdown_grace_s))
-    if req.env == "client":
+    if req.env in ("client", "intercept"):
         mine = [e for e in gw.episodes.values() if e.status == "running" and e.env is None and e.client == cid]
         if len(mine) >= int(s.client_episodes):
             now = time.monotonic()
@@ -127,6 +127,7 @@ async def new_episode(gw: Gateway, req: EpisodeRequest, cid: str) -> ServedEpiso
     ep.client = cid
     if req.env == "server":
         start_env(gw, ep)
+    ep.intercept = ep.reward_due = req.env == "intercept"  # its calls are its turns, its reward ends it
     gw.episodes[ep.id] = ep
     gw.journal.start(ep, req.env, cid)
     logger.info("episode {} starts: {} seed {} ({} env)", ep.id, task_name, seed, req.env)

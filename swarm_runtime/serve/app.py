@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from swarm_runtime.serve.guard import Guard, error_body
 from swarm_runtime.serve.lifecycle import lifespan
 from swarm_runtime.serve.resolved import GatewaySetup
-from swarm_runtime.serve.routes import agents, episodes, health, swap, turns
+from swarm_runtime.serve.routes import agents, episodes, health, intercept, swap, turns
 from swarm_runtime.serve.state import Gateway
 from swarm_runtime.serve.validate import BadRequest
 
@@ -43,7 +43,7 @@ def make_app(setup: GatewaySetup) -> FastAPI:
     app.add_exception_handler(BadRequest, bad_request)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, invalid)
-    for module in (health, agents, swap, episodes, turns):
+    for module in (health, agents, swap, episodes, turns, intercept):
         app.include_router(module.router)
     app.add_middleware(
         Guard,

@@ -69,6 +69,7 @@ class ServedEpisode:
     records: list = field(default_factory=list)
     samples: list = field(default_factory=list)  #: per record: its requests' token ids and log-probs (answerer.sample)
     reward_due: bool = False  #: a client-side episode played to its end whose reward its client posts later
+    intercept: bool = False  #: its turns are an external harness's chat calls (serve/routes/intercept.py)
     temperature: float | None = None
     last_used: float = field(default_factory=time.monotonic)
     started: float = field(default_factory=time.monotonic)
@@ -84,6 +85,12 @@ class ServedEpisode:
     def __post_init__(self):
         if self.episode is None:
             self.episode = Episode(self.seed, noise=self.noise)
+
+    @property
+    def kind(self) -> str:
+        """``server`` (the gateway steps its env), ``client`` (the client's world, the gateway's auction) or
+        ``intercept`` (a harness's chat calls, no auction)."""
+        return "intercept" if self.intercept else "server" if self.env is not None else "client"
 
     @property
     def t(self) -> int:

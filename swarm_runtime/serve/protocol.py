@@ -129,6 +129,10 @@ def chat_model():
         seed: StrictInt | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)
         stop: str | list[str] | None = Field(None, max_length=MAX_STOP)
         stream: StrictBool = False
+        logprobs: StrictBool = False  #: each choice's ``logprobs.content``: the sampled tokens' log-probs
+        top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+        return_token_ids: StrictBool = False  #: vLLM's: ``prompt_token_ids``, and each choice's ``token_ids``
+        swarm_logprobs: Literal["processed", "learner"] = "processed"  #: ours, as on completions
 
     return ChatRequest
 

@@ -52,7 +52,7 @@ class EpisodeRequest(BaseModel):
     noise: StrictInt | str | None = None
     temperature: Number | None = Field(None, ge=0.0, le=100.0)
     stream: StrictBool = False
-    env: Literal["server", "client"] = "server"
+    env: Literal["server", "client", "intercept"] = "server"
     max_decisions: StrictInt | None = Field(None, ge=1, le=100_000)
 
     @field_validator("noise", mode="before")

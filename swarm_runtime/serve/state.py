@@ -165,8 +165,7 @@ class Gateway:
             self.metrics.episodes[ep.status] += 1
             self.metrics.episode_duration.observe(time.monotonic() - ep.started)
         temperature = self.opts.temperature if ep.temperature is None else ep.temperature  # what its samples drew at
-        env = "server" if ep.env is not None else "client"
-        line = {**self.summary(ep, turns=True), "env": env, "temperature": temperature, "samples": ep.samples}
+        line = {**self.summary(ep, turns=True), "env": ep.kind, "temperature": temperature, "samples": ep.samples}
         append_synced(self.transcripts, line)  # before its end
         self.journal.end(ep.id, ep.status, versions_of(ep.records))
         logger.info(
@@ -177,6 +176,17 @@ class Gateway:
             len(ep.records),
             f" ({error})" if error else "",
         )
+
+    def record_call(self, ep: ServedEpisode, turn, rec: dict, samples: dict) -> None:
+        """An intercept episode's chat call as its next turn: the core's ``turn``, the API's record ``rec`` and its
+        ``samples``, journaled before the answer leaves."""
+        ep.episode.turns.append(turn)
+        ep.records.append(rec)
+        ep.samples.append(samples)
+        ep.last_used = time.monotonic()
+        with self.metrics.lock:
+            self.metrics.turns += 1
+        self.journal.turn(ep.id, rec, samples)
 
     def give_reward(self, ep: ServedEpisode, reward: float) -> None:
         """A client-side episode whose reward was due (``reward_later``): ``reward`` is added to its last turn's
@@ -259,7 +269,7 @@ class Gateway:
         live = [e for e in self.episodes.values() if e.status == "running"]
         starts = [
             {
-                **self.journal.start_event(e, "server" if e.env is not None else "client", e.client),
+                **self.journal.start_event(e, e.kind, e.client),
                 "time": e.started_wall,
             }
             for e in live

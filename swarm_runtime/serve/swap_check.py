@@ -30,6 +30,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
 #: Keys transformers writes into ``tokenizer_config.json`` about how the tokenizer was loaded, not what it is: a
 #: resumed run's checkpoints (its tokenizer loaded from the folder) have them, the first run's do not.
 LOADER_KEYS = ("is_local", "local_files_only", "name_or_path", "_commit_hash", "cache_dir")
+#: Where a tokenizer's chat template is: ``tokenizer_config.json``'s ``chat_template`` (older transformers, or written
+#: by hand), or this file (transformers 5 saves it there): compared as one thing, wherever it is.
+TEMPLATE_FILE = "chat_template.jinja"
 
 
 def _refuse(what: str) -> BadRequest:
@@ -47,7 +50,8 @@ def _json(path: Path) -> dict:
 
 
 def _digest(folder: Path, names) -> dict[str, str]:
-    """Each file's sha256: a JSON object's of its content without :data:`LOADER_KEYS` (keys sorted), else its bytes."""
+    """Each file's sha256: a JSON object's of its content without :data:`LOADER_KEYS` and the chat template (keys
+    sorted), else its bytes; and the chat template's, wherever it is (:data:`TEMPLATE_FILE`)."""
     out = {}
     for n in names:
         path = folder / n
@@ -60,8 +64,14 @@ def _digest(folder: Path, names) -> dict[str, str]:
             except ValueError:
                 obj = None
             if isinstance(obj, dict):
-                data = json.dumps({k: v for k, v in obj.items() if k not in LOADER_KEYS}, sort_keys=True).encode()
+                keep = {k: v for k, v in obj.items() if k not in LOADER_KEYS and k != "chat_template"}
+                data = json.dumps(keep, sort_keys=True).encode()
         out[n] = hashlib.sha256(data).hexdigest()
+    template = _json(folder / "tokenizer_config.json").get("chat_template")
+    if template is None and (folder / TEMPLATE_FILE).is_file():
+        template = (folder / TEMPLATE_FILE).read_text()
+    if template is not None:
+        out["chat template"] = hashlib.sha256(json.dumps(template).encode()).hexdigest()
     return out
 
 

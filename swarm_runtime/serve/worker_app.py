@@ -55,9 +55,21 @@ def chat_head(body: dict) -> dict:
     return {"id": body["id"].replace("cmpl-", "chatcmpl-"), "created": body["created"], "model": body["model"]}
 
 
-def chat_body(body: dict) -> dict:
-    """A completion as a chat completion: each choice's text the assistant's message."""
-    return {
+def chat_logprobs(lp: dict | None) -> dict | None:
+    """A completion choice's ``logprobs`` in the chat shape: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    if lp is None:
+        return None
+    content = []
+    for tok, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        alts = [{"token": t, "logprob": a, "bytes": list(t.encode())} for t, a in (top or {}).items() if t != tok]
+        content.append({"token": tok, "logprob": v, "bytes": list(tok.encode()), "top_logprobs": alts})
+    return {"content": content}
+
+
+def chat_body(body: dict, prompt_ids: list[int] | None = None) -> dict:
+    """A completion as a chat completion: each choice's text the assistant's message (with its log-probs and token
+    ids when the completion has them; ``prompt_ids``: vLLM's top-level ``prompt_token_ids``)."""
+    out = {
         **chat_head(body),
         "object": "chat.completion",
         "usage": body["usage"],
@@ -65,13 +77,15 @@ def chat_body(body: dict) -> dict:
             {
                 "index": c["index"],
                 "message": {"role": "assistant", "content": c["text"]},
-                "logprobs": None,
+                "logprobs": chat_logprobs(c.get("logprobs")),
                 "finish_reason": c["finish_reason"],
                 "stop_reason": c["stop_reason"],
+                **({"token_ids": c["token_ids"]} if "token_ids" in c else {}),
             }
             for c in body["choices"]
         ],
     }
+    return {**out, "prompt_token_ids": prompt_ids} if prompt_ids is not None else out
 
 
 def chat_chunks(body: dict) -> list[dict]:
@@ -206,13 +220,17 @@ def add_completions(app: FastAPI, policy, completer: Completer, batcher: Batcher
         """OpenAI's chat completions over the model's chat template (a 400 when it has none)."""
         req = validated(ChatRequest, await request.body())
         prompt = chat_prompt(policy, completer.model_id, req.messages)
-        fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "n", "seed", "stop", "stream")}
+        names = ("model", "temperature", "top_p", "n", "seed", "stop", "stream", "return_token_ids", "swarm_logprobs")
+        fields = {k: getattr(req, k) for k in names}
+        if req.logprobs:
+            fields["logprobs"] = int(req.top_logprobs or 0)
         max_tokens = req.max_completion_tokens or req.max_tokens or 16
         body, ms = await complete(
             validated(CompletionRequest, json.dumps({**fields, "prompt": prompt, "max_tokens": max_tokens}).encode())
         )
         if not req.stream:
-            return JSONResponse(chat_body(body), headers={"x-swarm-compute-ms": f"{ms:.3f}"})
+            ids = body["choices"][0].get("prompt_token_ids") if req.return_token_ids else None
+            return JSONResponse(chat_body(body, ids), headers={"x-swarm-compute-ms": f"{ms:.3f}"})
         return sse(chat_chunks(body))
 
 

@@ -75,15 +75,16 @@ async def episodes(request: Request):
     gw = request.app.state.gateway
     req = validated(EpisodeRequest, await request.body())
     ep = await new_episode(gw, req, client_of(request))
-    if req.env == "client":
-        return {
+    if req.env in ("client", "intercept"):
+        body = {
             "id": ep.id,
             "status": "running",
             "task": ep.task_name,
             "seed": ep.seed,
             "noise": str(ep.noise),
             "agents": [a.name for a in gw.pop.agents],
-        }
+        }  # an intercept episode's OpenAI base URL: /v1/episodes/{id} (its chat: .../chat/completions)
+        return {**body, "base_url": f"/v1/episodes/{ep.id}"} if ep.intercept else body
     return streamed(gw, ep) if req.stream else await played(gw, ep)
 
 
@@ -135,6 +136,8 @@ async def reward(eid: str, request: Request):
     if ep.client != client_of(request):
         raise HTTPException(403, f"episode {eid} belongs to another client")
     async with ep.lock:
+        if ep.reward_due and not ep.records:
+            raise HTTPException(409, f"episode {eid} has no call recorded yet: nothing to credit the reward to")
         if not ep.reward_due:
             why = "still playing" if ep.status == "running" else f"{ep.status} already"
             raise HTTPException(

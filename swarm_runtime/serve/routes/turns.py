@@ -66,6 +66,11 @@ async def turn(eid: str, request: Request):
     ep = get_episode(gw, eid)
     if ep.env is not None:
         raise HTTPException(409, f"episode {eid} is a server-side episode; its turns are played by the gateway")
+    if ep.intercept:
+        raise HTTPException(
+            409,
+            f"episode {eid} is an intercept episode: its turns are its chat calls (/v1/episodes/{eid}/chat/completions)",
+        )
     async with ep.lock:
         if ep.status != "running":
             raise ended(ep)
