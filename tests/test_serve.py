@@ -486,7 +486,8 @@ def test_a_swarm_trains_its_actions_on_the_episodes_it_served(served, registry, 
     sampler's log-probs; on the weights that served them the learner's log-probs are the sampler's (importance
     weights 1, mismatch ~0) and an update moves the weights. A transcript cut mid-record is used up to its last
     complete line (the rest reported); one of another swarm (a role the run does not have, prompt token ids its
-    tokenizer does not make) is refused naming the file and line; episodes at another temperature are skipped."""
+    tokenizer does not make) is refused naming the file and line; episodes at another temperature are skipped; a
+    run folder whose transcript is a link out of it is refused."""
     import torch
 
     from swarm_runtime.config.errors import ConfigError
@@ -497,9 +498,13 @@ def test_a_swarm_trains_its_actions_on_the_episodes_it_served(served, registry, 
     from swarm_runtime.runs.context import RunContext
 
     torch.set_num_threads(1)
-    for seed in (3, 4):
-        body = httpx.post(f"{served.url}/v1/episodes", json={"seed": seed, "split": "train"}, timeout=120).json()
-        assert body["status"] == "done"
+    for seed, more in ((3, {}), (4, {}), (5, {"temperature": 0.9})):
+        body = {"seed": seed, "split": "train", **more}
+        assert httpx.post(f"{served.url}/v1/episodes", json=body, timeout=120).json()["status"] == "done"
+    ep = httpx.post(f"{served.url}/v1/episodes", json={"env": "client", "seed": 6, "split": "train"}).json()
+    for r, done in ((0.0, False), (1.0, False), (2.0, True)):  # rewards: the tiny swarm earns none on its own
+        report = {"observation": "goal wooden_pickaxe . inventory : none", "reward": r, "done": done}
+        assert httpx.post(f"{served.url}/v1/episodes/{ep['id']}/turns", json=report, timeout=30).status_code == 200
     cfg = load_saved(served.run / "config.yaml")
     ctx = RunContext(cfg, *registry, served.run)
     agents, policies = ctx.build_swarm(served.run / "checkpoints/final/agents")
@@ -507,7 +512,7 @@ def test_a_swarm_trains_its_actions_on_the_episodes_it_served(served, registry, 
     episodes, report = load_served([served.run], agents, T)
     lines = (served.run / "serve/episodes.jsonl").read_text().splitlines()
     assert report.lines == len(lines) and report.used == len(episodes) >= 2, report.summary()
-    assert any("temperature" in why for why in report.skipped), report.summary()  # the episode played at 0.9
+    assert any("temperature" in why for why in report.skipped), report.summary()  # the one played at 0.9
     samples, turns = credit_samples_and_turns(episodes, ctx.credit_fn(), random.Random(0))
     assert samples and all(t.action_logprobs and len(t.action_logprobs) == len(t.action_tokens) for t in turns)
     before = {r: [q.detach().clone() for q in p.parameters()] for r, p in policies.items()}
@@ -545,6 +550,12 @@ def test_a_swarm_trains_its_actions_on_the_episodes_it_served(served, registry, 
         with pytest.raises(ConfigError, match=says) as err:
             load_served([path], agents, T)
         assert f"{path}:1" in str(err.value)
+    # a run folder whose transcript leads out of it: refused by the run-folder rules, nothing read through the link
+    linked = tmp_path / "linked"
+    (linked / "serve").mkdir(parents=True)
+    (linked / "serve/episodes.jsonl").symlink_to(served.run / "serve/episodes.jsonl")
+    with pytest.raises(ConfigError, match="outside the run folder"):
+        load_served([linked], agents, T)
 
 
 def episodes_id(lines: list[str], temperature: float) -> str:

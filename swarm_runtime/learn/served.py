@@ -47,6 +47,7 @@ from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.core.auction import AuctionResult
 from swarm_runtime.core.episode import Episode, Turn
 from swarm_runtime.models.chat import template_ids
+from swarm_runtime.runs.runfiles import check_link, check_links
 
 #: The importance-weight cap served actions are trained with when ``algo.is_cap`` is unset (served episodes were
 #: sampled by the versions that served them, not by the learner as it is now).
@@ -77,7 +78,10 @@ class ServedReport:
 def transcript_file(path: str | Path) -> Path:
     """``path`` itself (a transcript), or a served run folder's ``serve/episodes.jsonl``."""
     p = Path(path).expanduser()
-    if p.is_dir():
+    if p.is_dir():  # a run folder: its transcript must not lead out of it (the run-folder rules: runs/runfiles.py)
+        check_links(p)
+        for inner in (p / "serve", p / "serve" / "episodes.jsonl"):
+            check_link(p, inner)
         p = p / "serve" / "episodes.jsonl"
     if not p.is_file():
         raise ConfigError(
