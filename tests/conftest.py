@@ -157,6 +157,7 @@ FILE_COST = {
         "tests/test_env_close.py": 117,
         "tests/engine/test_sampler_http.py": 116,
         "tests/engine/test_staleness_worker.py": 108,
+        "tests/test_serve_loop.py": 45,  # the closed loop: run, serve, collect, train on served, swap, eval
     },
 }
 
