@@ -10,6 +10,7 @@ limits) and one the journal and SIGTERM tests start and stop themselves. Every p
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import socket
@@ -702,3 +703,30 @@ def test_recovery_writes_an_episode_once_when_the_gateway_died_between_its_trans
     assert [(x["id"], x["status"]) for x in lines] == [("ep-a", "done"), ("ep-b", "interrupted")]
     assert lines[1]["samples"] == [{"bids": {}, "action": {"token_ids": [3], "logprobs": [-0.5]}}]
     assert recover_into(journal, transcripts) == [] and journal.read_bytes() == b""
+
+
+def test_a_checkpoint_a_live_gateway_serves_is_kept_from_pruning_and_a_dead_ones_note_is_ignored(tmp_path):
+    """``serve/serving.json`` (a gateway's versions): a run training in the folder keeps those checkpoints past
+    ``keep_checkpoints``; the note of a gateway that is gone protects nothing, and only its writer removes it."""
+    import subprocess
+    import sys
+
+    from swarm_runtime.runs.checkpoint import _prune
+    from swarm_runtime.runs.runfiles import SERVING, clear_serving, serving_checkpoints, write_serving
+
+    ck = tmp_path / "checkpoints"
+    for i in range(4):
+        (ck / f"iter-{i:06d}").mkdir(parents=True)
+    write_serving(tmp_path, os.getpid(), [ck / "iter-000000"])
+    _prune(ck, 2, set())
+    assert sorted(p.name for p in ck.iterdir()) == ["iter-000000", "iter-000002", "iter-000003"]
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    write_serving(tmp_path, gone.pid, [ck / "iter-000000"])
+    assert serving_checkpoints(tmp_path) == set()
+    _prune(ck, 2, set())
+    assert sorted(p.name for p in ck.iterdir()) == ["iter-000002", "iter-000003"]
+    clear_serving(tmp_path, os.getpid())  # another process's note: kept
+    assert (tmp_path / SERVING).exists()
+    clear_serving(tmp_path, gone.pid)
+    assert not (tmp_path / SERVING).exists()

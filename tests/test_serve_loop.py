@@ -83,7 +83,7 @@ def test_serve_collect_train_swap_and_evaluate_before_and_after(tmp_path):
                 "run",
                 "resume=true",
                 f"run_dir={run}",
-                "algo.iterations=4",
+                "algo.iterations=6",
                 f"algo.served=[{run}]",
                 "algo.served_only=true",
                 cwd=tmp_path,
@@ -93,18 +93,24 @@ def test_serve_collect_train_swap_and_evaluate_before_and_after(tmp_path):
         assert "algo.served: 5 of 7 served episodes used" in said and "2 on held-out seeds" in said, said
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         served = [r for r in rows if "served/episodes" in r]
-        assert [r["step"] for r in served] == [3, 4] and all(r["kind"] == "action" for r in served), served
+        assert [r["step"] for r in served] == [3, 4, 5, 6] and all(r["kind"] == "action" for r in served), served
         assert all(not any(k.startswith("charts/episode") for k in r) for r in served)  # no rollouts of its own
-        assert (run / "checkpoints/latest").read_text().strip() == "iter-000004"
+        assert (run / "checkpoints/latest").read_text().strip() == "iter-000006"
+        # keep_checkpoints=2 keeps the newest two, and the one the gateway serves (serve/serving.json)
+        kept = sorted(p.name for p in (run / "checkpoints").glob("iter-*"))
+        assert kept == ["iter-000002", "iter-000005", "iter-000006"], kept
         swapped = _ok(swarm("swap", url, "latest", cwd=tmp_path)).stdout
-        assert "to v2" in swapped and "iter-000004" in swapped, swapped
+        assert "to v2" in swapped and "iter-000006" in swapped, swapped
         health = httpx.get(f"{url}/health", timeout=10).json()
-        assert health["version"] == "v2" and health["checkpoint"] == "iter-000004", health
+        assert health["version"] == "v2" and health["checkpoint"] == "iter-000006", health
+        note = json.loads((run / "serve/serving.json").read_text())
+        assert note["checkpoints"] == ["iter-000002", "iter-000006"], note  # both versions: a rollback finds v1
         after = _ok(swarm("eval", str(run), f"serve.url={url}", cwd=tmp_path)).stdout
-        assert "served checkpoint iter-000004" in after, after
-        assert (run / "eval-served-iter-000002.json").exists() and (run / "eval-served-iter-000004.json").exists()
+        assert "served checkpoint iter-000006" in after, after
+        assert (run / "eval-served-iter-000002.json").exists() and (run / "eval-served-iter-000006.json").exists()
     finally:
         pids |= {a["pid"] for a in httpx.get(f"{url}/v1/swarm/agents", timeout=10).json()["agents"] if a["pid"]}
         _stop(g)
         for pid in pids:
             _kill_pid(pid)
+    assert not (run / "serve/serving.json").exists()  # the gateway's note goes with it

@@ -27,7 +27,7 @@ from loguru import logger
 
 from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.models.masters import master_weights
-from swarm_runtime.runs.runfiles import claim, inside
+from swarm_runtime.runs.runfiles import claim, inside, serving_checkpoints
 
 #: A checkpoint tag as ``latest`` may name it: one plain folder name inside ``checkpoints/``.
 TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -125,6 +125,9 @@ def save_rng(path: Path, run_rng: random.Random, sampler_rng=None) -> None:
 
 
 def _prune(root: Path, keep: int, protect: set[str]) -> None:
+    """Remove the ``iter-*`` checkpoints of ``root`` but the newest ``keep``, ``protect`` and those a live ``swarm
+    serve`` of the run serves (:func:`~swarm_runtime.runs.runfiles.serving_checkpoints`)."""
+    protect = protect | serving_checkpoints(root.parent)
     tags = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith("iter-")), key=lambda p: p.name)
     for p in tags[:-keep] if keep > 0 else []:
         if p.name not in protect:

@@ -149,3 +149,38 @@ def check_links(run_dir: Path) -> None:
         for top, dirs, files in os.walk(ckpts, followlinks=False):
             for name in dirs + files:
                 check_link(run_dir, Path(top) / name)
+
+
+#: Where a running ``swarm serve`` names the checkpoints it serves (its versions), so that a run training in the same
+#: folder (the closed loop: docs/guides/serve.md) does not prune them from under it (:func:`serving_checkpoints`).
+SERVING = Path("serve") / "serving.json"
+
+
+def write_serving(run_dir: Path, pid: int, folders) -> None:
+    """Say (atomically) that process ``pid`` serves the checkpoint ``folders`` of ``run_dir``."""
+    path = Path(run_dir) / SERVING
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": int(pid), "checkpoints": sorted({Path(f).name for f in folders})}))
+    os.replace(tmp, path)
+
+
+def clear_serving(run_dir: Path, pid: int) -> None:
+    """Process ``pid`` serves no more (its own note removed; another's kept)."""
+    path = Path(run_dir) / SERVING
+    try:
+        if json.loads(path.read_text()).get("pid") == int(pid):
+            path.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def serving_checkpoints(run_dir: Path) -> set[str]:
+    """The checkpoint names a live ``swarm serve`` of ``run_dir`` serves (none when its note is missing, unreadable
+    or its process is gone)."""
+    try:
+        note = json.loads((Path(run_dir) / SERVING).read_text())
+        os.kill(int(note["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+    return {str(n) for n in note.get("checkpoints", [])}

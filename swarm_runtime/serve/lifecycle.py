@@ -5,11 +5,13 @@ episodes get ``serve.shutdown_grace_s`` to finish, the rest are ``interrupted``,
 from __future__ import annotations
 
 import asyncio
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from loguru import logger
 
+from swarm_runtime.runs.runfiles import clear_serving
 from swarm_runtime.serve.episodes import Engine
 from swarm_runtime.serve.resolved import role_folder
 from swarm_runtime.serve.state import Gateway
@@ -111,6 +113,7 @@ async def stop(gw: Gateway) -> None:
         t.cancel()
     gw.pop.stop_all()
     gw.journal.close()
+    clear_serving(gw.setup.run_dir, os.getpid())
     await gw.http.aclose()
     await gw.agent_clients.aclose()
     logger.info(

@@ -15,6 +15,7 @@ from typing import Any
 from loguru import logger
 
 from swarm_runtime.core.env import close_all
+from swarm_runtime.runs.runfiles import write_serving
 from swarm_runtime.serve.answerer import NoAgentsLeft
 from swarm_runtime.serve.episodes import EngineOptions, ServedEpisode, versions_of
 from swarm_runtime.serve.journal import COMPACT_BYTES, Journal, append_synced, recover_into
@@ -114,6 +115,12 @@ class Gateway:
         self.recover_journal()
         self.journal = Journal(self.journal_path)
         self.journal_limit = int(os.environ.get("SWARM_JOURNAL_COMPACT_BYTES", COMPACT_BYTES))  # tests make it small
+        self.note_serving()
+
+    def note_serving(self) -> None:
+        """Name the checkpoints this gateway serves (its versions) in ``RUN/serve/serving.json``: a run training in
+        this folder keeps them (runs/runfiles.py ``serving_checkpoints``), so a swap and a rollback find them."""
+        write_serving(self.setup.run_dir, os.getpid(), self.versions.folders.values())
 
     def replicas(self, role: str) -> int:
         r = self.s.replicas

@@ -94,6 +94,7 @@ async def swap(request: Request):
         n = max(v.folders) + 1
         v.folders[n] = folder
         v.previous, v.current = v.current, n
+        gw.note_serving()
     return JSONResponse(begin(gw, "swap", n).public(), status_code=202)
 
 
