@@ -83,8 +83,13 @@ async def swap(request: Request):
     gw = request.app.state.gateway
     req = validated(SwapRequest, await request.body())
     folder = swap_folder(gw.setup, req.checkpoint)
+    served = gw.versions.folders[gw.versions.current]
+    if not served.is_dir():  # deleted by hand (a run training in the folder keeps it: serve/serving.json)
+        raise HTTPException(
+            409, f"the checkpoint being served, {served}, is gone from disk: nothing to check a swap against"
+        )
     # off the event loop: every weight is read (finite), which takes a while for a large model
-    await asyncio.to_thread(check_swappable, gw.versions.folders[gw.versions.current], folder)
+    await asyncio.to_thread(check_swappable, served, folder)
     check_steady(gw)
     v = gw.versions
     n = v.version_of(folder)
