@@ -123,17 +123,17 @@ def skip_reason(rec: dict, temperature: float, task: str | None = None, held_out
     turns, samples = rec.get("turns"), rec.get("samples")
     if not isinstance(turns, list) or not isinstance(samples, list) or len(samples) != len(turns):
         return "without samples (served before token ids were kept)"
-    for t, s in zip(turns, samples):
-        if t.get("agent") is None:
+    for turn, drawn in zip(turns, samples):
+        if turn.get("agent") is None:
             continue
-        act = (s or {}).get("action") or {}
+        act = (drawn or {}).get("action") or {}
         ids, lps = act.get("token_ids"), act.get("logprobs")
         if not ids or lps is None or len(lps) != len(ids) or any(v is None for v in lps):
             return "without action token ids or log-probs (serve.journal_tokens=false)"
         if act.get("prompt") is None and not act.get("prompt_ids"):
             return "without the prompt's token ids"
-        t = act.get("temperature", rec.get("temperature"))  # an intercepted call's own, else the episode's
-        if t is None or not math.isclose(float(t), temperature, abs_tol=1e-9):
+        drawn_at = act.get("temperature", rec.get("temperature"))  # an intercepted call's own, else the episode's
+        if drawn_at is None or not math.isclose(float(drawn_at), temperature, abs_tol=1e-9):
             return f"sampled at another temperature than the learner's {temperature:g}"
     return None
 
