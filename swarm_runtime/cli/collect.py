@@ -29,16 +29,11 @@ def pick_seeds(train_seeds: list[int], n: int, seed: int) -> list[tuple[int, int
 async def collect(url: str, plan: list[tuple[int, int]], concurrency: int, domain_task: tuple[str, str]) -> list[dict]:
     """Each (seed, noise) of ``plan`` played as a server-side episode at ``url`` (which must serve ``domain_task``):
     the service's answers."""
-    from swarm_runtime.serve.client import SwarmClient
+    from swarm_runtime.serve.client import SwarmClient, check_serves
 
     sem = asyncio.Semaphore(max(1, int(concurrency)))
     async with SwarmClient(url) as c:
-        health = await c.health()
-        if (health.get("domain"), health.get("task")) != domain_task:
-            raise ConfigError(
-                f"the service at {url} serves {health.get('domain')}/{health.get('task')}, "
-                f"this run is {'/'.join(domain_task)}"
-            )
+        await check_serves(c, url, *domain_task)
 
         async def one(seed: int, noise: int) -> dict:
             async with sem:
@@ -53,7 +48,7 @@ def cmd_collect(args) -> int:
     from swarm_runtime.cli.serve import served_run
     from swarm_runtime.runs.context import RunContext
     from swarm_runtime.serve import require_serve_extra
-    from swarm_runtime.serve.client import ServeError
+    from swarm_runtime.serve.client import run_against
 
     require_serve_extra()
     if args.episodes < 1:
@@ -61,14 +56,7 @@ def cmd_collect(args) -> int:
     run_dir = Path(args.run_dir)
     cfg, pm, reg, _ = served_run(run_dir, [])
     plan = pick_seeds(RunContext(cfg, pm, reg, run_dir).seeds("train"), args.episodes, args.seed)
-    try:
-        bodies = asyncio.run(collect(args.url, plan, args.concurrency, (cfg.domain, cfg.task_name)))
-    except (ServeError, OSError) as exc:
-        raise ConfigError(f"the service at {args.url}: {exc}") from exc
-    except Exception as exc:  # httpx transport errors
-        if type(exc).__module__.startswith("httpx"):
-            raise ConfigError(f"cannot reach the service at {args.url}: {type(exc).__name__}: {exc}") from exc
-        raise
+    bodies = run_against(args.url, collect(args.url, plan, args.concurrency, (cfg.domain, cfg.task_name)))
     statuses = Counter(b.get("status") for b in bodies)
     rewards = [float(b["reward"]) for b in bodies if b.get("status") in ("done", "degraded")]
     se = stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else 0.0

@@ -16,7 +16,6 @@ from swarm_runtime.cli.common import (
     without_checkpoint,
 )
 from swarm_runtime.cli.serve import served_run
-from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import load_saved
 
 
@@ -158,14 +157,12 @@ def _eval_checkpoint(args, run_dir: Path, cfg, reg, ctx, ckpt: Path, domain) -> 
 
 def cmd_eval_served(args) -> int:
     """``swarm eval RUN serve.url=URL``: the held-out table of the swarm a running service serves."""
-    import asyncio
-
     from swarm_runtime.config.secrets import redact_args
     from swarm_runtime.runs.context import RunContext
     from swarm_runtime.runs.outputs import write_json
     from swarm_runtime.runs.provenance import versions, versions_line
     from swarm_runtime.serve import require_serve_extra
-    from swarm_runtime.serve.client import ServeError, SwarmClient, evaluate_served
+    from swarm_runtime.serve.client import SwarmClient, check_serves, evaluate_served, run_against
 
     require_serve_extra()
     run_dir = Path(args.run_dir)
@@ -175,12 +172,7 @@ def cmd_eval_served(args) -> int:
 
     async def go():
         async with SwarmClient(url) as c:
-            health = await c.health()
-        if (health.get("domain"), health.get("task")) != (cfg.domain, cfg.task_name):
-            raise ConfigError(
-                f"the service at {url} serves {health.get('domain')}/{health.get('task')}, "
-                f"this run is {cfg.domain}/{cfg.task_name}"
-            )
+            health = await check_serves(c, url, cfg.domain, cfg.task_name)
         res, _, _ = await evaluate_served(
             url,
             ctx.seeds("eval"),
@@ -192,16 +184,7 @@ def cmd_eval_served(args) -> int:
         )
         return health, res
 
-    try:
-        health, res = asyncio.run(go())
-    except ServeError as exc:
-        raise ConfigError(str(exc)) from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot reach the service at {url}: {exc}") from exc
-    except Exception as exc:  # httpx transport errors
-        if type(exc).__module__.startswith("httpx"):
-            raise ConfigError(f"cannot reach the service at {url}: {type(exc).__name__}: {exc}") from exc
-        raise
+    health, res = run_against(url, go())
     tag = f"served-{health['checkpoint']}"
     table = result_table(tag, res)
     out = run_dir / eval_file_name(tag, [o for o in args.overrides if not o.startswith(("checkpoint=", "serve.url="))])

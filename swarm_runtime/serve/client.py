@@ -127,6 +127,35 @@ def to_episode(body: dict):
     return ep
 
 
+async def check_serves(c: SwarmClient, url: str, domain: str, task: str) -> dict:
+    """The service's ``/health``, once it is known to serve ``domain``/``task`` (else a ConfigError naming both)."""
+    from swarm_runtime.config.errors import ConfigError
+
+    health = await c.health()
+    if (health.get("domain"), health.get("task")) != (domain, task):
+        raise ConfigError(
+            f"the service at {url} serves {health.get('domain')}/{health.get('task')}, this run is {domain}/{task}"
+        )
+    return health
+
+
+def run_against(url: str, work):
+    """``asyncio.run(work)``, a coroutine talking to the service at ``url``: its errors (an error answer, no answer)
+    as one ConfigError line naming the service."""
+    from swarm_runtime.config.errors import ConfigError
+
+    try:
+        return asyncio.run(work)
+    except ServeError as exc:
+        raise ConfigError(str(exc)) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot reach the service at {url}: {exc}") from exc
+    except Exception as exc:  # httpx transport errors
+        if type(exc).__module__.startswith("httpx"):
+            raise ConfigError(f"cannot reach the service at {url}: {type(exc).__name__}: {exc}") from exc
+        raise
+
+
 async def evaluate_served(
     url: str,
     seeds: Sequence[int],
