@@ -165,6 +165,76 @@ def _older_version(text: str) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(cfg))
 
 
+#: The keys a version-1 config.yaml has (every key since is in ADDED_KEYS), frozen: a key added to the schema without
+#: its version in ADDED_KEYS makes every earlier run folder unloadable ("lacks KEY: it is truncated").
+VERSION_1_KEYS = """
+    algo.action_steps algo.adam_eps algo.bid_beta algo.bid_levels algo.bid_lr algo.bid_pair_weight algo.bid_pairs
+    algo.bid_reference algo.bid_steps algo.branch_horizon algo.branch_samples algo.branches_per_episode
+    algo.common_random_numbers algo.coordinator algo.credit algo.envs_per_step algo.goa_responders algo.grad_clip
+    algo.iterations algo.kl_coef algo.lr algo.min_lr_ratio algo.minibatch algo.name algo.resample_tries
+    algo.reward_scale algo.sft.action_epochs algo.sft.batch_size algo.sft.demo_episodes algo.sft.epochs algo.sft.lr
+    algo.sft.match algo.sft.other_bids algo.sft.owner_bids algo.warmup_steps algo.weight_decay checkpoint_every
+    domain eval.common_random_numbers eval.episodes eval.runs eval.temperature experiment.base
+    experiment.budget_factor experiment.coordinators experiment.dropout_p experiment.dropout_per
+    experiment.dropout_replicas experiment.eval_episodes experiment.iterations experiment.milestones
+    experiment.monolithic_sft experiment.name experiment.pass_k experiment.replicas experiment.sft_eval
+    experiment.transfer_iterations experiment.transfer_tasks hardware.device hardware.name hardware.threads
+    keep_checkpoints log_level model.backend model.bid_mode model.constrained_actions model.device model.dtype
+    model.hidden_size model.intermediate_size model.max_action_tokens model.max_bid_tokens model.max_positions
+    model.max_prompt_tokens model.name model.num_heads model.num_kv_heads model.num_layers model.path
+    model.temperature progress seed skip_sft_eval task task_name tensorboard
+""".split()
+
+
+def _version_1_keys() -> list[str]:
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.config.load import ADDED_KEYS, FOLDER_KEYS, _leaf_keys
+    from swarm_runtime.config.schema import RunConfig
+
+    added = [a for keys in ADDED_KEYS.values() for a in keys]
+    return sorted(
+        k
+        for k in _leaf_keys(OmegaConf.structured(RunConfig))
+        if k not in FOLDER_KEYS
+        and not k.startswith("serve.")
+        and not any(k == a or (a.endswith(".") and k.startswith(a)) for a in added)
+    )
+
+
+def test_every_key_added_since_version_1_is_in_added_keys():
+    new = sorted(set(_version_1_keys()) - set(VERSION_1_KEYS))
+    assert not new, (
+        f"{new} are in the schema but not in config/load.py ADDED_KEYS: bump CONFIG_VERSION and list them there "
+        "with the value an earlier run folder reads, or earlier run folders stop loading"
+    )
+    assert sorted(VERSION_1_KEYS) == _version_1_keys()  # and none listed here went missing
+
+
+def test_a_version_9_run_folder_without_the_served_and_parallel_keys_loads(tmp_path):
+    from omegaconf import OmegaConf
+
+    from swarm_runtime.config.load import load_saved, resolve
+    from swarm_runtime.config.schema import CONFIG_VERSION
+    from swarm_runtime.plugins.manager import build_registry, make_plugin_manager
+
+    cfg = OmegaConf.to_container(
+        resolve(["domain=minecraft", "task=wooden_pickaxe"], build_registry(make_plugin_manager()))
+    )
+    cfg["config_version"] = 9
+    for section, key in (("algo", "served"), ("algo", "served_only"), ("algo", "served_per_step"),
+                         ("experiment", "parallel")):  # fmt: skip
+        cfg[section].pop(key)
+    cfg = OmegaConf.create(cfg)
+    OmegaConf.save(cfg, tmp_path / "config.yaml")
+    loaded = load_saved(tmp_path / "config.yaml")
+    assert loaded.algo.served == [] and loaded.experiment.parallel == 1 and loaded.config_version == CONFIG_VERSION
+    cfg.config_version = CONFIG_VERSION  # the same file claiming this version is truncated
+    OmegaConf.save(cfg, tmp_path / "config.yaml")
+    with pytest.raises(Exception, match="lacks algo.served"):
+        load_saved(tmp_path / "config.yaml")
+
+
 def test_a_run_folder_of_an_earlier_config_version_evaluates_with_that_versions_behaviour(
     smoke_run, tmp_path, warm_swarm
 ):

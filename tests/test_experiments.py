@@ -310,13 +310,15 @@ def test_third_party_experiment_of_the_docs(tmp_path, base):
 
 # ---------------------------------------------------------------------- replication over training seeds
 def test_coordination_over_training_seeds_with_paired_differences(registry, tmp_path):
-    out, res = run(
-        registry,
-        "coordination",
-        tmp_path,
-        "experiment.train_seeds=[0,1]",
-        "experiment.coordinators=[auction,round_robin]",
-    )
+    """Two training seeds run side by side (experiment.parallel=2, each seed a `swarm experiment` process of its own):
+    the same cells as one seed run in this process, then combined as always."""
+    args = ("experiment.coordinators=[auction,round_robin]",)
+    out, res = run(registry, "coordination", tmp_path, "experiment.train_seeds=[0,1]", "experiment.parallel=2", *args)
+    alone, _ = run(registry, "coordination", tmp_path / "alone", "experiment.train_seeds=[1]", *args)
+    for cell in ("train-mpt", "coordination-auction", "coordination-round_robin"):
+        a, b = ({**json.loads((d / "seed-1/cells" / f"{cell}.json").read_text()), "wall_s": 0} for d in (out, alone))
+        assert json.dumps(a).replace(str(out), "X") == json.dumps(b).replace(str(alone), "X"), cell
+    assert (out / "seed-0" / "experiment.out").exists() and "training seed 1 started" in (out / "run.log").read_text()
     assert res["train_seeds"] == [0, 1]
     for s in (0, 1):  # every arm trained and evaluated per training seed, in its own folder
         saved = json.loads((out / f"seed-{s}" / "cells" / "train-mpt.json").read_text())
@@ -407,3 +409,50 @@ def test_notes_of_several_training_seeds_say_which_seed_wrote_a_per_seed_note():
         "training seed 1: team 2: useful work 0.63",
     ]
     assert seed_notes({3: ["a", "b"]}) == ["a", "b"]
+
+
+# ---------------------------------------------------------------------- experiment.parallel
+def test_parallel_seed_commands_share_the_threads_and_resume_a_started_seed(tmp_path):
+    from swarm_runtime.experiments.parallel import seed_command, threads_each
+
+    assert threads_each(0, 2) == max(1, (__import__("os").cpu_count() or 1) // 2)
+    assert threads_each(8, 3) == 2 and threads_each(1, 4) == 1
+    given = ["domain=minecraft", "seed=7", "hardware.threads=8", "experiment.parallel=2", "base=/x", "progress=true"]
+    cmd = seed_command("arms", given, 1, "/runs/b1", tmp_path, 4)
+    assert cmd[2:5] == ["swarm_runtime.cli.main", "experiment", "arms"] and "domain=minecraft" in cmd
+    for dropped in ("seed=7", "hardware.threads=8", "experiment.parallel=2", "base=/x", "progress=true"):
+        assert dropped not in cmd
+    for own in ("seed=1", "experiment.train_seeds=null", "hardware.threads=4", "experiment.base=/runs/b1"):
+        assert own in cmd
+    assert cmd[-1] == f"run_dir={tmp_path}"  # a first start
+    (tmp_path / "experiment.json").write_text("{}")
+    assert seed_command("arms", given, 1, None, tmp_path, 4)[-1] == "resume=true"  # started before: resumed
+
+
+def test_a_failed_seed_process_is_named_after_the_others_finish(tmp_path, monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    from swarm_runtime.experiments import parallel
+
+    def fake(name, args, seed, base, sub, threads):
+        if seed == 1:
+            return [sys.executable, "-c", "print('swarm: error: the disk is full'); raise SystemExit(2)"]
+        return [
+            sys.executable,
+            "-c",
+            f"import pathlib, time; time.sleep(0.5); pathlib.Path({str(sub)!r}, 'results.json').write_text('{{}}')",
+        ]
+
+    monkeypatch.setattr(parallel, "seed_command", fake)
+    (tmp_path / "seed-2").mkdir()
+    (tmp_path / "seed-2" / "results.json").write_text("{}")  # finished before: not started again
+    x = SimpleNamespace(name="arms", run_dir=tmp_path, args=[], xcfg=SimpleNamespace(parallel=2),
+                        cfg=SimpleNamespace(hardware=SimpleNamespace(threads=2)))  # fmt: skip
+    with pytest.raises(RuntimeError) as err:
+        parallel.run_seeds_apart(x, [0, 1, 2, 3], [None] * 4)
+    msg = str(err.value)
+    assert "training seed 1 (exit 2" in msg and "the disk is full" in msg and "resume=true" in msg, msg
+    assert "seed 0" not in msg and "seed 3" not in msg
+    assert all((tmp_path / f"seed-{s}" / "results.json").exists() for s in (0, 3))  # the others ran to the end
+    assert not (tmp_path / "seed-2" / "experiment.out").exists()

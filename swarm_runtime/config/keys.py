@@ -185,6 +185,7 @@ RULES: dict[str, Rule] = {
         ),
         rule("experiment.train_seeds", lists(ints(0, MAX_SEED)), nullable=True, null_means="the run's seed alone"),
         rule("eval.split", choices("eval", "dev")),
+        rule("experiment.parallel", ints(1, 64)),
         rule("experiment.iterations", ints(0)),
         rule("experiment.eval_episodes", ints(1), nullable=True),
         rule("experiment.sft_eval", BOOL),

@@ -215,6 +215,12 @@ ADDED_KEYS: dict[int, dict[str, Any]] = {
         "cluster.sampler_replicas": 1,  # one engine sampler per base
     },
     9: {"cluster.env_vars": None},  # no more variables for the actors of a joined cluster (the default, [])
+    10: {
+        "algo.served": [],  # no served traffic
+        "algo.served_only": False,
+        "algo.served_per_step": None,
+        "experiment.parallel": 1,  # one training seed after another
+    },
 }
 
 

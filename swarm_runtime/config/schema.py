@@ -179,6 +179,8 @@ class ExperimentConfig:
     train_seeds: list | None = field(default_factory=lambda: [0, 1, 2])  #: training seeds: every arm is trained
     #: and evaluated once per seed (run seed = training seed, in ``seed-<s>/``); tables show the mean over seeds
     #: ± SE over seeds, plus paired differences; null = the run's ``seed`` alone, in the folder itself
+    parallel: int = 1  #: training seeds run at once, each in a process of its own with ``hardware.threads``
+    #: shared out among them (docs/guides/experiments.md); 1 = one after another in this process
     iterations: int = 10  #: RL updates of each training inside an experiment (overrides algo.iterations there)
     eval_episodes: int | None = 16  #: held-out seeds per evaluated condition (eval.episodes wins when set;
     #: None = all)
@@ -374,7 +376,7 @@ class RLCRConfig:
 
 
 #: The current version of the config's key set (``RunConfig.config_version``; :data:`ADDED_KEYS`).
-CONFIG_VERSION = 9
+CONFIG_VERSION = 10
 
 
 @dataclass

@@ -16,6 +16,7 @@ from swarm_runtime.config.errors import ConfigError
 from swarm_runtime.config.load import parse_overrides, resolve
 from swarm_runtime.config.secrets import refuse_saved_choices
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
+from swarm_runtime.experiments.parallel import run_seeds_apart
 from swarm_runtime.experiments.replicate import combine
 from swarm_runtime.experiments.report import markdown_table
 from swarm_runtime.runs.context import check_hardware, check_task
@@ -200,6 +201,8 @@ def _replicated(x: ExperimentContext, seeds: list[int]) -> Report:
                     f"experiment.base {b!r} was trained with seed {trained}, but it stands for "
                     f"training seed {s} in experiment.train_seeds={seeds}; reorder the lists"
                 )
+    if int(x.xcfg.parallel) > 1 and len(seeds) > 1:  # each seed in a process of its own; the pass below combines
+        run_seeds_apart(x, seeds, bases)
     reports: dict[int, Report] = {}
     for s, b in zip(seeds, bases):
         args = x.args + [f"seed={s}"] + ([f"experiment.base={b}"] if b is not None else [])
