@@ -16,6 +16,11 @@ Only what can be trained on honestly is used; the rest is counted in the :class:
 - with token ids and log-probs for every action (``serve.journal_tokens=false`` leaves them out);
 - sampled at the run's temperature (the learner scores at ``model.temperature``; a sampler's log-probs at another
   temperature are another distribution's, and would bias the weight);
+- with log-probs in the learner's basis (each sample's ``logprobs_basis``: ``"learner"`` when the agent said so, as
+  our worker does), or, in the sampler's own (``"sampler"``: a vLLM agent's ``--logprobs-mode``, any other server's),
+  only when the run samples at temperature 1, where vLLM's default (``raw_logprobs``) is the learner's basis; a
+  sample without the field was written before it existed, by the gateway asking our worker for the learner's basis,
+  and is read as ``"learner"``;
 - of the run's task, and, played on the server's env, not on one of its held-out seeds (its ``eval`` and ``dev``
   splits): ``swarm eval serve.url=`` plays those, and training on them would leak the evaluation into training
   (a client-side episode's seed names no world of ours, so it is not held out).
@@ -135,6 +140,10 @@ def skip_reason(rec: dict, temperature: float, task: str | None = None, held_out
         drawn_at = act.get("temperature", rec.get("temperature"))  # an intercepted call's own, else the episode's
         if drawn_at is None or not math.isclose(float(drawn_at), temperature, abs_tol=1e-9):
             return f"sampled at another temperature than the learner's {temperature:g}"
+        # no logprobs_basis: a transcript written before the field existed, whose log-probs the gateway asked of our
+        # worker in the learner's basis (swarm_logprobs: "learner"); read as such
+        if act.get("logprobs_basis", "learner") != "learner" and not math.isclose(temperature, 1.0, abs_tol=1e-9):
+            return f"log-probs not in the learner's basis at temperature {temperature:g}"
     return None
 
 

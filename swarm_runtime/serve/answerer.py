@@ -19,7 +19,7 @@ The core settles each turn (:func:`swarm_runtime.core.loop.settle`); :meth:`Turn
 
 Every bid and action request asks for the tokens too (``return_token_ids``, ``logprobs`` 0: vLLM's completions
 extensions, which our worker speaks): each answered request's :func:`sample` (its prompt's and its reply's token ids,
-the reply's log-probs, the version that answered) is kept per turn in ``ep.samples`` beside ``ep.records``, for the
+the reply's log-probs and whose basis they are in, the version that answered) is kept per turn in ``ep.samples`` beside ``ep.records``, for the
 journal and the transcript (what training on served traffic needs), never in the API's turn answers.
 """
 
@@ -40,22 +40,39 @@ from swarm_runtime.serve.turns import Bidders
 
 #: what every bid and action request asks for besides its text: the token ids (prompt and reply) and the sampled
 #: tokens' log-probs (vLLM's completions extensions), in the learner's basis on our worker (``swarm_logprobs``:
-#: before its masks, serve/logprobs.py; vLLM ignores the field and answers in its ``--logprobs-mode``)
+#: before its masks, serve/logprobs.py, and it says so in its answer; vLLM ignores the field and answers in its
+#: ``--logprobs-mode``: :func:`sample`'s ``logprobs_basis``)
 TOKEN_FIELDS = {"return_token_ids": True, "logprobs": 0, "swarm_logprobs": "learner"}
 
 
-def sample(choice: dict, version: str | None, prompt: str) -> dict:
-    """What training needs of one answered request (a completion's first ``choice`` for ``prompt``): ``{"version",
-    "prompt", "text", "prompt_ids", "token_ids", "logprobs"}``; a field the server did not return is None (a server
-    without vLLM's extensions answers text only)."""
-    lps = (choice.get("logprobs") or {}).get("token_logprobs")
+def sample(
+    answer: dict, version: str | None, prompt: str | None = None, messages: list | None = None, temperature=None
+) -> dict:
+    """What training needs of one answered request, from the server's ``answer``: a completion for the text ``prompt``
+    (the gateway's bids and actions), or, with ``messages``, a chat completion (an intercepted call,
+    swarm_runtime/serve/routes/intercept.py, with the ``temperature`` the harness asked for). ``{"version", "prompt",
+    "text", "prompt_ids", "token_ids", "logprobs", "logprobs_basis"}`` (a chat's also ``"temperature"`` and
+    ``"messages"``, and ``"prompt"`` None); a field the server did not return is None (a server without vLLM's
+    extensions answers text only). ``logprobs_basis``: ``"learner"`` when the answer says its log-probs are in the
+    learner's basis (our worker echoes ``"swarm_logprobs": "learner"``), else ``"sampler"`` (a vLLM agent's
+    ``--logprobs-mode``, or any other server's): swarm_runtime/learn/served.py trains on those only at temperature 1."""
+    choice = answer["choices"][0]
+    if messages is None:
+        lps = (choice.get("logprobs") or {}).get("token_logprobs")
+        head = {"version": version, "prompt": prompt, "text": choice.get("text")}
+        prompt_ids = choice.get("prompt_token_ids")
+    else:
+        content = (choice.get("logprobs") or {}).get("content")
+        lps = None if content is None else [c["logprob"] for c in content]
+        head = {"version": version, "temperature": float(temperature), "messages": messages, "prompt": None}
+        head["text"] = (choice.get("message") or {}).get("content")
+        prompt_ids = answer.get("prompt_token_ids")  # vLLM's chat answer carries them at the top level
     return {
-        "version": version,
-        "prompt": prompt,
-        "text": choice.get("text"),
-        "prompt_ids": choice.get("prompt_token_ids"),
+        **head,
+        "prompt_ids": prompt_ids,
         "token_ids": choice.get("token_ids"),
         "logprobs": [None if v is None else float(v) for v in lps] if lps is not None else None,
+        "logprobs_basis": "learner" if choice.get("swarm_logprobs") == "learner" else "sampler",
     }
 
 
@@ -145,8 +162,7 @@ class TurnAnswerer:
             answer, headers = await self.engine.client.post_json(url, "/v1/completions", body, timeout)
             ms = float(headers.get("x-swarm-compute-ms", 0.0))
             self.versions[a.name] = label
-            choice = answer["choices"][0]
-            return choice["text"], ms / 1000, sample(choice, label, row.prompt)
+            return answer["choices"][0]["text"], ms / 1000, sample(answer, label, row.prompt)
         finally:
             a.inflight -= 1
             using[url, body["model"]] -= 1

@@ -319,10 +319,19 @@ class Completer:
                 [[0]] * len(prompts),
                 [None] * len(prompts),
             )
-        learner = j0.req.swarm_logprobs == "learner" and want is not None
+        learner = self.learner_basis(j0)
         if j0.is_bid and p.bid_mode == "logits":
             return self._logit_bids(p, prompts, keys, want, learner)
         return self._generate(p, j0, prompts, keys, want, learner)
+
+    def learner_basis(self, job: Job) -> bool:
+        """Whether ``job``'s log-probs are answered in the learner's basis: it asked for them with
+        ``swarm_logprobs: "learner"``, and the policy samples it itself (not vLLM's token-level fields, scored as vLLM
+        scores them, nor an injected bid, which has none). Its choices then say so (``"swarm_logprobs": "learner"``)."""
+        req = job.req
+        if req.swarm_logprobs != "learner" or req.logprobs is None or job.fields is not None:
+            return False
+        return not (job.is_bid and self.opts.fault_bid is not None)
 
     def _logit_bids(self, p, prompts: list, keys, want, learner: bool = False) -> tuple[list[str], list, list]:
         """Bids in one forward pass over the bid levels (with each level's log-prob, from the same pass, when
@@ -375,6 +384,9 @@ class Completer:
             rows = range(i, i + len(j.prompts))
             i += len(j.prompts)
             choices = [finish_choice(j, n, texts[r], logprobs[r], outs[r], p) for n, r in enumerate(rows)]
+            if self.learner_basis(j):  # say whose log-probs these are (an extra field: OpenAI clients ignore it)
+                for c in choices:
+                    c["swarm_logprobs"] = "learner"
             if j.req.return_token_ids:
                 for c, r in zip(choices, rows):
                     c["token_ids"], c["prompt_token_ids"] = list(outs[r]), self.prompt_ids(prompts[r])

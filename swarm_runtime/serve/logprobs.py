@@ -9,7 +9,9 @@ actions=True)``), and what vLLM returns with ``--logprobs-mode processed_logprob
 ``raw_logprobs``, scores before temperature and masks). A request with our extension
 ``"swarm_logprobs": "learner"`` gets instead ``log_softmax(logits / T)`` over the whole vocabulary, before the
 worker's masks (:func:`learner_row`): the basis the learner compares a sampler's log-probs with
-(``per_token_out`` of ``policy.logprobs``, :mod:`swarm_runtime.sampling.mismatch`); vLLM ignores the field.
+(``per_token_out`` of ``policy.logprobs``, :mod:`swarm_runtime.sampling.mismatch`), and each choice says so with the
+extra field ``"swarm_logprobs": "learner"`` (:meth:`~swarm_runtime.serve.completer.Completer.learner_basis`); vLLM
+ignores the request's field and its choices carry none.
 
 The answer per choice is ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``: ``tokens``
 are the pieces of the returned text each token added (they concatenate to the text; the

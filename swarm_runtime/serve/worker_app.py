@@ -81,6 +81,7 @@ def chat_body(body: dict, prompt_ids: list[int] | None = None) -> dict:
                 "finish_reason": c["finish_reason"],
                 "stop_reason": c["stop_reason"],
                 **({"token_ids": c["token_ids"]} if "token_ids" in c else {}),
+                **({"swarm_logprobs": c["swarm_logprobs"]} if "swarm_logprobs" in c else {}),
             }
             for c in body["choices"]
         ],

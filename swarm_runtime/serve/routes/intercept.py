@@ -8,9 +8,10 @@ also for the reply's token ids and log-probs (as for its own turns: serve/answer
 worker's chat completion (``model``: the name asked for; token ids and log-probs only if the harness asked for
 them) and records the call as the episode's next turn: who answered (its version), the reply as the action, no bids
 (the harness chose the agent, not an auction), the messages, prompt and reply token ids and log-probs as its
-sample. Calls of one episode are taken one at a time, in the order they come. The episode ends with its reward,
-posted once (``POST /v1/episodes/{id}/reward``: added to the last call's turn), or with ``DELETE``, or expires
-after ``serve.episode_idle_s`` without a call; what training does with its turns: swarm_runtime/learn/served.py.
+sample (:func:`swarm_runtime.serve.answerer.sample`, as the gateway's own turns). Calls of one episode are taken one
+at a time, in the order they come. The episode ends with its reward, posted once (``POST
+/v1/episodes/{id}/reward``: added to the last call's turn), or with ``DELETE``, or expires after
+``serve.episode_idle_s`` without a call; what training does with its turns: swarm_runtime/learn/served.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fastapi.responses import JSONResponse
 
 from swarm_runtime.core.auction import AuctionResult
 from swarm_runtime.core.episode import Turn
-from swarm_runtime.serve.answerer import TOKEN_FIELDS
+from swarm_runtime.serve.answerer import TOKEN_FIELDS, sample
 from swarm_runtime.serve.protocol import chat_model
 from swarm_runtime.serve.routes.episodes import get_episode
 from swarm_runtime.serve.routes.turns import ended
@@ -58,32 +59,16 @@ def pick_agent(pop, model: str | None):
     return min(up, key=lambda a: a.inflight)
 
 
-def call_sample(answer: dict, messages: list, version: str | None, temperature: float) -> dict:
-    """The call's sample (as :func:`swarm_runtime.serve.answerer.sample`, with the ``messages`` instead of a text
-    prompt, and the ``temperature`` the harness asked for)."""
-    choice = answer["choices"][0]
-    content = (choice.get("logprobs") or {}).get("content")
-    return {
-        "version": version,
-        "temperature": float(temperature),
-        "messages": messages,
-        "prompt": None,
-        "text": (choice.get("message") or {}).get("content"),
-        "prompt_ids": answer.get("prompt_token_ids"),
-        "token_ids": choice.get("token_ids"),
-        "logprobs": [float(c["logprob"]) for c in content] if content is not None else None,
-    }
-
-
 def as_asked(answer: dict, body: dict, model: str) -> dict:
     """The worker's chat completion as the harness asked for it: ``model`` its name, and token ids and log-probs only
-    if it asked for them."""
+    if it asked for them (the log-probs with the worker's word on their basis, ``swarm_logprobs``, if it gave one)."""
     out = {**answer, "model": model}
     if not body.get("return_token_ids"):
         out.pop("prompt_token_ids", None)
+    unasked = {k for k, ask in (("token_ids", "return_token_ids"), ("swarm_logprobs", "logprobs")) if not body.get(ask)}
     out["choices"] = [
         {
-            **{k: v for k, v in c.items() if k != "token_ids" or body.get("return_token_ids")},
+            **{k: v for k, v in c.items() if k not in unasked},
             "logprobs": c.get("logprobs") if body.get("logprobs") else None,
         }
         for c in answer["choices"]
@@ -121,14 +106,14 @@ async def chat(eid: str, request: Request):
             a.inflight -= 1
         latency = time.perf_counter() - t0
         n = len(gw.pop.agents)
-        sample = call_sample(answer, body["messages"], a.label, req.temperature)
+        drawn = sample(answer, a.label, messages=body["messages"], temperature=req.temperature)
         turn = Turn(
             t=len(ep.records),
             bids=[None] * n,
             bid_tokens=[None] * n,
             bid_prompts=[None] * n,
             auction=AuctionResult(a.index, None),
-            action_text=sample["text"] or "",
+            action_text=drawn["text"] or "",
         )
         rec = {
             "t": turn.t,
@@ -138,12 +123,12 @@ async def chat(eid: str, request: Request):
             "agent": a.name,
             "role": a.role,
             "bid": None,
-            "action": sample["text"],
+            "action": drawn["text"],
             "versions": {a.name: a.label},
             "latency_ms": round(latency * 1000, 3),
             "compute_ms": round(float(headers.get("x-swarm-compute-ms", 0.0)), 3),
             "reward": 0.0,
             "valid": True,
         }
-        gw.record_call(ep, turn, rec, {"bids": {}, "action": sample})
+        gw.record_call(ep, turn, rec, {"bids": {}, "action": drawn})
     return JSONResponse(as_asked(answer, body, req.model or a.name))
