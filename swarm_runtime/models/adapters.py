@@ -39,6 +39,7 @@ from swarm_runtime.models.flops import FlopCounter
 from swarm_runtime.models.mixed_batch import GroupedLoRA, spans_of
 from swarm_runtime.models.tokenizer import build_tokenizer
 from swarm_runtime.models.transformers_backend import (
+    BID_ROWS,
     TransformersPolicy,
     build_tiny_model,
     cast_weights,
@@ -224,6 +225,7 @@ class SharedBase:
                 "fingerprint": self.source_fingerprint,
                 "arch": arch_of(self.model.get_base_model().config),
                 "trained_base": False,
+                "bid_rows": BID_ROWS,  # how the bid tokens' rows are drawn at each load of the base
             }
         rel = trained_base_dir(self.name)
         fp = self.save_base(adapter_dir / rel)
@@ -420,7 +422,22 @@ def check_adapter_base(adapter_dir: Path, advice: str = "") -> tuple[dict, Path]
             f"the base {str(base)!r} of {adapter_dir.name} does not match the fingerprint {adapter_dir / POINTER} "
             f"recorded: the base was changed{then}"
         )
+    if not ptr["trained_base"] and ptr.get("bid_rows") != BID_ROWS and not _has_bid_tokens(base):
+        raise ConfigError(
+            f"{adapter_dir / POINTER} is an adapter trained before the bid tokens' rows were drawn apart (no "
+            f"bid_rows: {BID_ROWS}): on that base every bid level had the same logit, so its bids were uniform "
+            f"whatever it learned, and they would not be its bids now; train it again{then}"
+        )
     return ptr, base
+
+
+def _has_bid_tokens(base: Path) -> bool:
+    """Whether the base folder's tokenizer has the bid tokens already (then no rows are added when it loads)."""
+    try:
+        added = json.loads((Path(base) / "tokenizer.json").read_text()).get("added_tokens") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(str(t.get("content", "")).startswith("<bid_") for t in added if isinstance(t, dict))
 
 
 def check_finite(folder: Path) -> None:

@@ -585,6 +585,40 @@ def refuse_custom_code(path: str | Path) -> None:
             )
 
 
+#: How the bid-token rows added to a pretrained vocabulary are drawn; adapters record it (``swarm_base.json``'s
+#: ``bid_rows``). 2: each row its own seeded draw from the vocabulary's per-dimension mean and standard deviation
+#: (:func:`distinct_new_rows`). Before (unrecorded), transformers' mean resizing drew them from a covariance it shrinks
+#: so far that the five rows were alike to 1e-5: with tied embeddings and a frozen base every bid level got the same
+#: logit whatever an adapter learned, so ``logits``-mode bids were uniform on every pretrained LoRA swarm.
+BID_ROWS = 2
+
+
+def distinct_new_rows(model, old_rows: int, seed: int = 0) -> None:
+    """Draw the embedding rows from ``old_rows`` on (the added bid tokens), in the input embedding and in an untied
+    output head, each from ``N(mean, std^2)`` of the existing rows per dimension, with a generator of its own seeded
+    with ``seed``: rows as distinct as two ordinary tokens', the same on every load. The statistics are taken in
+    chunks, so a 150k-row vocabulary is never copied whole."""
+    weights = [model.get_input_embeddings().weight]
+    head = model.get_output_embeddings()
+    if head is not None and head.weight.data_ptr() != weights[0].data_ptr():
+        weights.append(head.weight)
+    gen = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        for w in weights:
+            if w.shape[0] <= old_rows:
+                continue
+            total = torch.zeros(w.shape[1], dtype=torch.float64)
+            squares = torch.zeros(w.shape[1], dtype=torch.float64)
+            for i in range(0, old_rows, 8192):
+                part = w[i : min(old_rows, i + 8192)].to(torch.float64)
+                total += part.sum(0)
+                squares += (part * part).sum(0)
+            mean = total / old_rows
+            std = (squares / old_rows - mean * mean).clamp_min(0).sqrt()
+            noise = torch.randn(w.shape[0] - old_rows, w.shape[1], generator=gen, dtype=torch.float64)
+            w[old_rows:] = (mean + std * noise).to(w.dtype)
+
+
 def load_pretrained(
     path: str | Path,
     bid_levels: Sequence[float],
@@ -629,13 +663,16 @@ def load_pretrained(
         tok.add_tokens(missing, special_tokens=True)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    if len(tok) > model.get_input_embeddings().weight.shape[0]:
+    old_rows = model.get_input_embeddings().weight.shape[0]
+    if len(tok) > old_rows:
+        # the added rows are ours (distinct_new_rows), not transformers' mean resizing: its draws are alike to 1e-5
         if seeded_resize:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(0)
-                model.resize_token_embeddings(len(tok))
+                model.resize_token_embeddings(len(tok), mean_resizing=False)
         else:
-            model.resize_token_embeddings(len(tok))
+            model.resize_token_embeddings(len(tok), mean_resizing=False)
+        distinct_new_rows(model, old_rows)
         logger.info("resized embeddings of {} to {} tokens for the bid levels", path, len(tok))
     tok.padding_side = "left"
     return model, tok
