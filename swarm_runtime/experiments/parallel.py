@@ -50,12 +50,14 @@ def _key(arg: str) -> str:
     return "experiment.base" if key == "base" else key
 
 
-def _tail(path: Path, lines: int = 6) -> str:
+def _tail(path: Path) -> str:
+    """What a seed's process said last: its ``swarm: ...`` line (the CLI's one-line error), else its last line."""
     try:
-        text = path.read_text(errors="replace").strip().splitlines()
+        text = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return "(no output)"
-    return " | ".join(line.strip() for line in text[-lines:]) or "(no output)"
+    said = [line for line in text if line.startswith("swarm: ")]
+    return (said or text or ["(no output)"])[-1]
 
 
 def run_seeds_apart(x, seeds: list[int], bases: list[str | None]) -> None:

@@ -147,7 +147,11 @@ def resume_conflicts(saved: DictConfig, args, applied=()) -> list[tuple[str, obj
         return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
 
     out = []
+    last: dict[str, str] = {}  # a key given twice (a recipe's value, then the command line's) counts as resolved: last
     for a in args:
+        k = a.partition("=")[0]
+        last[k if k in GROUP_PICKS else config_key(saved, k)] = a
+    for a in last.values():
         k, _, v = a.partition("=")
         if k in applied or k in ("resume", "run_dir") or is_secret_key(k):
             continue
