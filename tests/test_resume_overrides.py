@@ -172,6 +172,9 @@ def test_swarm_run_refuses_what_resuming_would_change_with_the_same_comparison(r
         "to start a run with them"
     )
     assert resume_conflicts(saved, ["algo.iterations=9"]) == [("algo.iterations", int(saved.algo.iterations), "9")]
+    # a key given twice counts as resolving reads it, the last value: a recipe's expanded 24, then the command line's 16
+    assert resume_conflicts(saved, ["task.max_decisions=24", "max_decisions=16", "run_dir=x", "resume=true"]) == []
+    assert resume_conflicts(saved, ["max_decisions=16", "task.max_decisions=24"]) == [("task.max_decisions", 16, "24")]
 
 
 @pytest.fixture(scope="module")
