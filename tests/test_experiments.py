@@ -456,3 +456,34 @@ def test_a_failed_seed_process_is_named_after_the_others_finish(tmp_path, monkey
     assert "seed 0" not in msg and "seed 3" not in msg
     assert all((tmp_path / f"seed-{s}" / "results.json").exists() for s in (0, 3))  # the others ran to the end
     assert not (tmp_path / "seed-2" / "experiment.out").exists()
+
+
+def test_sigterm_stops_the_seed_processes_and_names_the_resume(tmp_path):
+    """SIGTERM to `swarm experiment ... experiment.parallel=2` while its seeds train: every seed process stops too, and
+    the one line names the experiment and its folder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "x"
+    args = [*SMOKE, "experiment.train_seeds=[0,1]", "experiment.parallel=2", "experiment.coordinators=[auction]"]
+    cmd = [sys.executable, "-m", "swarm_runtime.cli.main", "experiment", "coordination", *args, f"run_dir={out}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("seed-*/trainings/mpt/checkpoints/sft")) and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the experiment ended before its first SFT checkpoint"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"swarm: stopped by SIGTERM; continue with: swarm experiment coordination resume=true run_dir={out}"
+    )
+    pids = [int(p) for p in re.findall(r"started \(pid (\d+),", err)]
+    assert len(pids) == 2
+    for pid in pids:  # each seed's process stopped with it (its own resume line in its output)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not (out / "results.json").exists()

@@ -156,7 +156,10 @@ RESUMABLE = ("run", "experiment")
 def _resume_hint(args, run_dir) -> str:
     """``; continue with: swarm run resume=true run_dir=DIR`` for a stopped ``run`` or ``experiment`` (the folder when
     the command had opened one)."""
-    return f"; continue with: swarm {args.command} resume=true" + (f" run_dir={run_dir}" if run_dir is not None else "")
+    name = f" {args.name}" if args.command == "experiment" and getattr(args, "name", None) else ""
+    return f"; continue with: swarm {args.command}{name} resume=true" + (
+        f" run_dir={run_dir}" if run_dir is not None else ""
+    )
 
 
 def _one_line(exc: Exception) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from loguru import logger
 from omegaconf import OmegaConf
 
-from swarm_runtime.config.errors import ConfigError
+from swarm_runtime.config.errors import ConfigError, Stopped
 from swarm_runtime.config.load import parse_overrides, resolve
 from swarm_runtime.config.secrets import refuse_saved_choices
 from swarm_runtime.experiments.context import ExperimentContext, Report, _atomic_json
@@ -163,6 +163,9 @@ def run_experiment(name: str, args: list[str], pm, registry) -> Path:
         else:
             report = _replicated(x, seeds)
         write_results(x, report, command, time.time() - t0)
+    except Stopped as exc:  # SIGTERM: the resume line names this folder
+        exc.run_dir = run_dir
+        raise
     finally:
         lock.release()
     return run_dir
