@@ -20,7 +20,7 @@ def _adapter(tmp_path: Path) -> tuple[Path, Path]:
     (base / "config.json").write_text('{"model_type": "llama"}')
     smith = tmp_path / "agents" / "Smith"
     smith.mkdir(parents=True)
-    ptr = {"base": "../../base", "fingerprint": fingerprint(base), "trained_base": False, "arch": {}, "bid_rows": 2}
+    ptr = {"base": "../../base", "fingerprint": fingerprint(base), "trained_base": False, "arch": {}, "bid_rows": 3}
     (smith / "swarm_base.json").write_text(json.dumps(ptr))
     return smith, base
 

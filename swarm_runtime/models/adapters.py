@@ -424,9 +424,9 @@ def check_adapter_base(adapter_dir: Path, advice: str = "") -> tuple[dict, Path]
         )
     if not ptr["trained_base"] and ptr.get("bid_rows") != BID_ROWS and not _has_bid_tokens(base):
         raise ConfigError(
-            f"{adapter_dir / POINTER} is an adapter trained before the bid tokens' rows were drawn apart (no "
-            f"bid_rows: {BID_ROWS}): on that base every bid level had the same logit, so its bids were uniform "
-            f"whatever it learned, and they would not be its bids now; train it again{then}"
+            f"{adapter_dir / POINTER} is an adapter trained on bid-token rows drawn otherwise (bid_rows "
+            f"{ptr.get('bid_rows')}, now {BID_ROWS}; before 2 every bid level had the same logit, so its bids were "
+            f"uniform whatever it learned): its bids would not be its bids now; train it again{then}"
         )
     return ptr, base
 

@@ -586,18 +586,25 @@ def refuse_custom_code(path: str | Path) -> None:
 
 
 #: How the bid-token rows added to a pretrained vocabulary are drawn; adapters record it (``swarm_base.json``'s
-#: ``bid_rows``). 2: each row its own seeded draw from the vocabulary's per-dimension mean and standard deviation
-#: (:func:`distinct_new_rows`). Before (unrecorded), transformers' mean resizing drew them from a covariance it shrinks
-#: so far that the five rows were alike to 1e-5: with tied embeddings and a frozen base every bid level got the same
-#: logit whatever an adapter learned, so ``logits``-mode bids were uniform on every pretrained LoRA swarm.
-BID_ROWS = 2
+#: ``bid_rows``). 3: each row the vocabulary's per-dimension mean plus its own seeded draw of
+#: :data:`BID_ROW_SCALE` x the per-dimension standard deviation (:func:`distinct_new_rows`). Before (unrecorded),
+#: transformers' mean resizing drew them from a covariance it shrinks so far that the five rows were alike to 1e-5:
+#: with tied embeddings and a frozen base every bid level got the same logit whatever an adapter learned, so
+#: ``logits``-mode bids were uniform on every pretrained LoRA swarm. (2, for a few commits: a whole standard
+#: deviation, which made a frozen SmolLM2 bid one level with probability 0.8-0.98 before any training.)
+BID_ROWS = 3
+
+#: The spread of the added rows around the vocabulary's mean, in per-dimension standard deviations. On SmolLM2-135M
+#: (hidden states of norm ~57) 0.1 leaves the untrained bid nearly uniform over five levels (largest probability
+#: 0.32-0.37) with rows 0.33 apart, which an adapter separates; 1.0 gave 0.8-0.98 on one level before training.
+BID_ROW_SCALE = 0.1
 
 
-def distinct_new_rows(model, old_rows: int, seed: int = 0) -> None:
+def distinct_new_rows(model, old_rows: int, seed: int = 0, scale: float = BID_ROW_SCALE) -> None:
     """Draw the embedding rows from ``old_rows`` on (the added bid tokens), in the input embedding and in an untied
-    output head, each from ``N(mean, std^2)`` of the existing rows per dimension, with a generator of its own seeded
-    with ``seed``: rows as distinct as two ordinary tokens', the same on every load. The statistics are taken in
-    chunks, so a 150k-row vocabulary is never copied whole."""
+    output head, each from ``N(mean, (scale * std)^2)`` of the existing rows per dimension, with a generator of its
+    own seeded with ``seed``: distinct rows near the vocabulary's centre, the same on every load. The statistics are
+    taken in chunks, so a 150k-row vocabulary is never copied whole."""
     weights = [model.get_input_embeddings().weight]
     head = model.get_output_embeddings()
     if head is not None and head.weight.data_ptr() != weights[0].data_ptr():
@@ -616,7 +623,7 @@ def distinct_new_rows(model, old_rows: int, seed: int = 0) -> None:
             mean = total / old_rows
             std = (squares / old_rows - mean * mean).clamp_min(0).sqrt()
             noise = torch.randn(w.shape[0] - old_rows, w.shape[1], generator=gen, dtype=torch.float64)
-            w[old_rows:] = (mean + std * noise).to(w.dtype)
+            w[old_rows:] = (mean + float(scale) * std * noise).to(w.dtype)
 
 
 def load_pretrained(
